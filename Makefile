@@ -1,0 +1,33 @@
+# Stepwise: two commands set up everything on a fresh machine.
+#   make demo   - set up, then materialize the whole asset graph on embedded defaults
+#   make test   - set up, then run the test suite (what .ci/run calls)
+SHELL := /bin/bash
+export STEPWISE_HOME ?= $(CURDIR)/.stepwise
+export DAGSTER_HOME ?= $(STEPWISE_HOME)/dagster
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+VENV := .venv
+PORT ?= 3000
+
+.PHONY: setup demo test test-fast ui bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	@$(VENV)/bin/stepwise demo
+
+test: setup
+	@$(VENV)/bin/python -m pytest -q
+
+test-fast: setup
+	@$(VENV)/bin/python -m pytest -q -m "not e2e"
+
+ui: setup
+	@$(VENV)/bin/stepwise ui --port $(PORT)
+
+bench: setup
+	@$(VENV)/bin/python benchmarks/bench_import.py
+
+clean:
+	rm -rf $(STEPWISE_HOME)

@@ -1,0 +1,327 @@
+"""Key-step discovery and progress labels (ProgRM §2.2, stages 2 and 3; Eq. 4).
+
+Stage 2, key step discovery: each trajectory T_i of a task is matched to the recipe L_j of the
+task's library that maximises the completion ratio CR(T_i; L_j) = |l_ij| / |L_j| (Eq. 4); the
+steps of T_i matched by that soft LCS are its *key steps*.
+
+Stage 3, progress labels: if the lambda-th key step corresponds to the kappa-th position of L_j,
+its label is kappa / |L_j|; every other step inherits the label of the nearest preceding key step
+(0 before the first). Labels therefore lie in [0, 1] and never decrease along a trajectory.
+
+The environment-milestone variant (§2.2, last paragraph; used for ProgRM_Env) takes key steps
+from the environment instead: the steps that reach a new milestone, progress rising evenly
+(m / |milestones|) as in §3.3.
+
+All functions are pure. :func:`label_corpus` runs the whole annotation (tables, recipes, key
+steps, labels) with every dynamic programme of the corpus batched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from annotation.recipes import (
+    DEFAULT_MIN_GROUP_SIZE,
+    DEFAULT_THETA,
+    Episode,
+    TaskRecipes,
+    build_recipe_libraries,
+)
+from annotation.soft_lcs import (
+    EPSILON_NOTHING,
+    MatchMode,
+    MatchTable,
+    build_match_tables,
+    completion_ratio,
+    soft_lcs_alignment_arrays,
+    soft_lcs_scores,
+)
+from annotation.text_similarity import Embed
+
+#: How kappa, the numerator of a key step's label, is counted.
+#: "recipe_position" (the paper): the 1-based position in the recipe of the matched element.
+#: "matched_count": how many recipe elements the trajectory has matched so far; it differs when
+#: the trajectory skips recipe elements, and never credits skipped ones.
+KappaRule = Literal["recipe_position", "matched_count"]
+
+LabelSource = Literal["lcs", "env"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepLabel:
+    """The label of one step: progress p*_t in [0, 1], and where it came from."""
+
+    progress: float
+    is_key_step: bool
+    recipe_id: str | None
+    completion_ratio: float | None
+
+
+@dataclass(frozen=True)
+class TrajectoryLabels:
+    """Per-step labels of one trajectory, or the reason it has none (then ``steps`` is empty)."""
+
+    episode_id: str
+    source: LabelSource
+    steps: tuple[StepLabel, ...]
+    recipe_id: str | None
+    completion_ratio: float | None
+    reason: str | None = None
+
+    @property
+    def labelled(self) -> bool:
+        return self.reason is None
+
+    @property
+    def progress(self) -> tuple[float, ...]:
+        return tuple(s.progress for s in self.steps)
+
+    @property
+    def key_steps(self) -> tuple[int, ...]:
+        return tuple(t for t, s in enumerate(self.steps) if s.is_key_step)
+
+
+@dataclass(frozen=True)
+class CorpusLabels:
+    """Everything :func:`label_corpus` derived: per-task tables and recipe libraries, per-episode labels."""
+
+    tables: dict[str, MatchTable]
+    recipes: dict[str, TaskRecipes]
+    labels: dict[str, TrajectoryLabels]  # by episode id
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 3: labels from key steps
+# --------------------------------------------------------------------------------------------
+
+
+def progress_from_alignment(
+    n_steps: int,
+    step_indices: Sequence[int] | np.ndarray,
+    recipe_indices: Sequence[int] | np.ndarray,
+    recipe_length: int,
+    *,
+    kappa_rule: KappaRule = "recipe_position",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Progress labels (§2.2 stage 3) from the matched (step, recipe position) pairs of the soft LCS.
+
+    Key step k_lambda matched to recipe position kappa (0-based index kappa-1) gets kappa / |L|;
+    a non-key step t with k_lambda < t < k_lambda+1 gets p*_{k_lambda}; steps before the first key
+    step get 0. Returns (progress float64 array, key-step bool array), both of length ``n_steps``.
+    """
+    steps = np.asarray(step_indices, dtype=np.int64)
+    positions = np.asarray(recipe_indices, dtype=np.int64)
+    if steps.shape != positions.shape:
+        raise ValueError("step_indices and recipe_indices must pair up")
+    if steps.size and (np.any(np.diff(steps) <= 0) or np.any(np.diff(positions) <= 0)):
+        raise ValueError("an LCS alignment increases strictly in both sequences")
+    if steps.size and (steps[0] < 0 or steps[-1] >= n_steps or positions[0] < 0 or positions[-1] >= recipe_length):
+        raise ValueError("alignment indices out of range")
+    is_key = np.zeros(n_steps, dtype=bool)
+    is_key[steps] = True
+    kappa = positions + 1 if kappa_rule == "recipe_position" else np.arange(1, steps.size + 1)
+    at_key = np.zeros(n_steps, dtype=np.float64)
+    at_key[steps] = kappa / recipe_length if recipe_length > 0 else 0.0
+    # kappa increases along the alignment, so "inherit the preceding key step's label" is a running max.
+    return np.maximum.accumulate(at_key) if n_steps else at_key, is_key
+
+
+def _trajectory_labels(
+    episode_id: str,
+    source: LabelSource,
+    progress: np.ndarray,
+    is_key: np.ndarray,
+    recipe_id: str | None,
+    ratio: float | None,
+) -> TrajectoryLabels:
+    steps = tuple(
+        StepLabel(progress=p, is_key_step=k, recipe_id=recipe_id, completion_ratio=ratio)
+        for p, k in zip(progress.tolist(), is_key.tolist())
+    )
+    return TrajectoryLabels(episode_id, source, steps, recipe_id, ratio)
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 2: key step discovery against the recipe library
+# --------------------------------------------------------------------------------------------
+
+
+def assign_progress_labels(
+    episodes_by_task: Mapping[str, Sequence[Episode]],
+    recipes_by_task: Mapping[str, TaskRecipes],
+    tables: Mapping[str, MatchTable],
+    *,
+    codes_by_episode: Mapping[str, np.ndarray] | None = None,
+    kappa_rule: KappaRule = "recipe_position",
+) -> dict[str, TrajectoryLabels]:
+    """Key steps and progress labels of every episode, successful or not (§2.2 stages 2-3).
+
+    Each episode is scored against every recipe of its task (one batched DP for the corpus), the
+    recipe of highest completion ratio (Eq. 4) is chosen (ties: the earlier recipe), and the
+    episode is aligned with it (a second batched DP) to find its key steps. Episodes of tasks
+    without recipes get no labels and the task's reason.
+    """
+
+    def codes_of(task: str, episode: Episode) -> np.ndarray:
+        if codes_by_episode is not None and episode.episode_id in codes_by_episode:
+            return codes_by_episode[episode.episode_id]
+        return tables[task].encode(episode.actions)
+
+    labels: dict[str, TrajectoryLabels] = {}
+    labelled_tasks = [t for t in episodes_by_task if recipes_by_task[t].has_recipes]
+    for task in episodes_by_task:
+        if task not in labelled_tasks:
+            reason = f"task {task} has no recipe: {recipes_by_task[task].reason}"
+            for episode in episodes_by_task[task]:
+                labels[episode.episode_id] = TrajectoryLabels(episode.episode_id, "lcs", (), None, None, reason)
+
+    table_position = {task: k for k, task in enumerate(labelled_tasks)}
+    score_tables = [tables[t].scores for t in labelled_tasks]
+    jobs: list[tuple[str, Episode, np.ndarray]] = [
+        (task, episode, codes_of(task, episode)) for task in labelled_tasks for episode in episodes_by_task[task]
+    ]
+    recipe_codes = {
+        task: [np.asarray(r.symbols, dtype=np.int64) for r in recipes_by_task[task].recipes] for task in labelled_tasks
+    }
+
+    # Stage 2a: CR (Eq. 4) of every (episode, recipe of its task) pair.
+    a_seqs, b_seqs, table_index = [], [], []
+    for task, _, codes in jobs:
+        for recipe in recipe_codes[task]:
+            a_seqs.append(codes)
+            b_seqs.append(recipe)
+            table_index.append(table_position[task])
+    scores = soft_lcs_scores(a_seqs, b_seqs, score_tables, table_index) if a_seqs else np.zeros(0)
+    best: list[tuple[int, float]] = []
+    start = 0
+    for task, _, _ in jobs:
+        lengths = [len(r) for r in recipe_codes[task]]
+        ratios = [completion_ratio(float(s), n) for s, n in zip(scores[start : start + len(lengths)], lengths)]
+        start += len(lengths)
+        j = int(np.argmax(ratios))
+        best.append((j, ratios[j]))
+
+    # Stage 2b: align each episode with its chosen recipe; the matched steps are its key steps.
+    _, alignments = soft_lcs_alignment_arrays(
+        [codes for _, _, codes in jobs],
+        [recipe_codes[task][j] for (task, _, _), (j, _) in zip(jobs, best)],
+        score_tables,
+        [table_position[task] for task, _, _ in jobs],
+    )
+    for (task, episode, codes), (j, ratio), (step_idx, recipe_idx) in zip(jobs, best, alignments):
+        recipe = recipes_by_task[task].recipes[j]
+        progress, is_key = progress_from_alignment(len(codes), step_idx, recipe_idx, len(recipe), kappa_rule=kappa_rule)
+        labels[episode.episode_id] = _trajectory_labels(episode.episode_id, "lcs", progress, is_key, recipe.recipe_id, ratio)
+    return {e.episode_id: labels[e.episode_id] for episodes in episodes_by_task.values() for e in episodes}
+
+
+def label_episodes(
+    task_recipes: TaskRecipes,
+    episodes: Sequence[Episode],
+    table: MatchTable,
+    *,
+    kappa_rule: KappaRule = "recipe_position",
+) -> list[TrajectoryLabels]:
+    """Key steps and progress labels of one task's episodes (see :func:`assign_progress_labels`)."""
+    task = task_recipes.task_id
+    labels = assign_progress_labels({task: episodes}, {task: task_recipes}, {task: table}, kappa_rule=kappa_rule)
+    return [labels[e.episode_id] for e in episodes]
+
+
+def label_corpus(
+    episodes_by_task: Mapping[str, Sequence[Episode]],
+    embed: Embed | None,
+    *,
+    theta: float = DEFAULT_THETA,
+    epsilon: float = EPSILON_NOTHING,
+    mode: MatchMode = "soft",
+    min_group_size: int = DEFAULT_MIN_GROUP_SIZE,
+    kappa_rule: KappaRule = "recipe_position",
+    input_target_must_match: bool = False,
+) -> CorpusLabels:
+    """The whole LCS self-annotation of §2.2: match tables, recipe libraries, key steps, labels.
+
+    ``embed`` supplies the sentence embeddings of INPUT/ANSWER texts for Eq. (9) (e.g. a
+    :class:`annotation.text_similarity.TextEmbedder`); it may be None in ``mode="hard"``.
+    Episode ids must be unique across the corpus.
+    """
+    tables = build_match_tables(
+        {task: [e.actions for e in episodes] for task, episodes in episodes_by_task.items()},
+        embed,
+        mode=mode,
+        epsilon=epsilon,
+        input_target_must_match=input_target_must_match,
+    )
+    codes = {e.episode_id: tables[task].encode(e.actions) for task, episodes in episodes_by_task.items() for e in episodes}
+    if len(codes) != sum(len(episodes) for episodes in episodes_by_task.values()):
+        raise ValueError("episode ids must be unique across the corpus")
+    recipes = build_recipe_libraries(
+        episodes_by_task, tables, theta=theta, min_group_size=min_group_size, codes_by_episode=codes
+    )
+    labels = assign_progress_labels(episodes_by_task, recipes, tables, codes_by_episode=codes, kappa_rule=kappa_rule)
+    return CorpusLabels(tables=tables, recipes=recipes, labels=labels)
+
+
+# --------------------------------------------------------------------------------------------
+# Environment milestones (ProgRM_Env)
+# --------------------------------------------------------------------------------------------
+
+
+def milestone_progress(
+    milestones_hit: Sequence[Collection[str]],
+    ordered_milestones: Sequence[str],
+    *,
+    in_order: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Progress from environment milestones: key steps are the steps that reach a new milestone.
+
+    ``milestones_hit[t]`` lists the milestones step t triggered; ``ordered_milestones`` is the
+    task's milestone sequence. With ``in_order`` (the default), milestones count only in their
+    order: a step advances past milestone m only once milestones before m are reached (several at
+    once if it triggers them all). Otherwise any first hit of a milestone counts. After a step
+    with m milestones reached, progress is m / |milestones| (even gains, as in §3.3); milestones
+    not in the task's list are ignored. Returns (progress, key-step mask).
+    """
+    if len(set(ordered_milestones)) != len(ordered_milestones):
+        raise ValueError("a task's milestones must be distinct")
+    total = len(ordered_milestones)
+    progress = np.zeros(len(milestones_hit), dtype=np.float64)
+    is_key = np.zeros(len(milestones_hit), dtype=bool)
+    if total == 0:
+        return progress, is_key
+    reached: set[str] = set()
+    next_index = 0  # in-order mode: the first milestone not reached yet
+    for t, hits in enumerate(milestones_hit):
+        before = len(reached)
+        hit_now = set(hits)
+        if in_order:
+            while next_index < total and ordered_milestones[next_index] in hit_now:
+                reached.add(ordered_milestones[next_index])
+                next_index += 1
+        else:
+            reached.update(hit_now.intersection(ordered_milestones))
+        is_key[t] = len(reached) > before
+        progress[t] = len(reached) / total
+    return progress, is_key
+
+
+def label_with_milestones(
+    episode_id: str,
+    milestones_hit: Sequence[Collection[str]],
+    ordered_milestones: Sequence[str],
+    *,
+    in_order: bool = True,
+) -> TrajectoryLabels:
+    """Environment-milestone labels of one trajectory (§2.2, ProgRM_Env), see :func:`milestone_progress`.
+
+    ``completion_ratio`` is the share of milestones reached by the end of the trajectory.
+    """
+    if not ordered_milestones:
+        return TrajectoryLabels(episode_id, "env", (), None, None, reason="the task defines no milestones")
+    progress, is_key = milestone_progress(milestones_hit, ordered_milestones, in_order=in_order)
+    final = float(progress[-1]) if progress.size else 0.0
+    return _trajectory_labels(episode_id, "env", progress, is_key, None, final)

@@ -1,0 +1,290 @@
+"""LCS recipe library construction (ProgRM §2.2, stage 1; App. A, Eqs. 3 and 10).
+
+For each task, the successful trajectories are grouped so that every two trajectories of a group
+have Sim >= theta_L (Eq. 3, theta_L = 0.6 in the paper), on the assumption that a group shares
+one core policy. Each group yields one *recipe*: the left-associative pairwise LCS of its
+members, a_1 ⊙ a_2 ⊙ ... ⊙ a_n (Eq. 10), i.e. the steps common to all of them.
+
+A recipe is the common part of at least two trajectories. A task with fewer than two successful
+trajectories, or whose successes are all too dissimilar to pair up, gets no recipe and a stated
+reason; a lone trajectory is never passed off as a recipe (it would make every one of its steps a
+"key step", which is the naive linear labelling the paper argues against).
+
+Everything here is pure: plain data in, plain data out. The batched entry point
+(:func:`build_recipe_libraries`) runs the DP of all tasks together for speed;
+:func:`build_recipe_library` is the same for one task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from annotation.soft_lcs import MatchTable, soft_lcs_alignment_arrays, soft_lcs_scores
+from warehouse.model import Action
+
+#: theta_L of App. A: the least Sim (Eq. 3) between any two trajectories of a group.
+DEFAULT_THETA: float = 0.6
+
+#: Groups smaller than this give no recipe (a recipe is what at least two trajectories share).
+DEFAULT_MIN_GROUP_SIZE: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """One trajectory as the annotation sees it: its id, its actions (steps) and its outcome."""
+
+    episode_id: str
+    actions: tuple[Action, ...]
+    success: bool
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The common steps of one group of successful trajectories (Eq. 10).
+
+    ``actions`` are taken from the group's first member (the left operand of every ⊙), at
+    ``anchor_step_indices`` of that trajectory; ``symbols`` are the same actions encoded in the
+    task's :class:`MatchTable`.
+    """
+
+    recipe_id: str
+    task_id: str
+    actions: tuple[Action, ...]
+    symbols: tuple[int, ...]
+    member_episode_ids: tuple[str, ...]
+    anchor_step_indices: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+
+@dataclass(frozen=True)
+class TaskRecipes:
+    """The recipe library L^(g) of one task, how it was grouped, and why it is empty if it is."""
+
+    task_id: str
+    recipes: tuple[Recipe, ...]
+    groups: tuple[tuple[str, ...], ...]  # every group of successful episodes, recipe or not
+    n_successful: int
+    reason: str | None = None  # set iff there is no recipe
+    notes: tuple[str, ...] = field(default=())  # groups that gave no recipe, and why
+
+    @property
+    def has_recipes(self) -> bool:
+        return bool(self.recipes)
+
+
+# --------------------------------------------------------------------------------------------
+# Grouping
+# --------------------------------------------------------------------------------------------
+
+
+def group_by_similarity(similarity: np.ndarray, theta: float = DEFAULT_THETA) -> list[list[int]]:
+    """Partition trajectories so that every two in a group have Sim >= theta (greedy, deterministic).
+
+    ``similarity`` is the symmetric (n, n) matrix of Eq. (3). Trajectories are visited by
+    decreasing number of neighbours (Sim >= theta), ties by index, so that well-connected ones
+    seed groups; each joins the first existing group compatible with *all* its members, or starts a
+    new one. Exact maximum cliques are NP-hard; this is the usual greedy stand-in and always
+    satisfies the all-pairs constraint. Members of a group are listed in visiting order.
+    """
+    n = similarity.shape[0]
+    if n == 0:
+        return []
+    linked = similarity >= theta
+    np.fill_diagonal(linked, True)
+    degree = linked.sum(axis=1)
+    visit_order = np.lexsort((np.arange(n), -degree))
+    groups: list[list[int]] = []
+    for t in visit_order.tolist():
+        for group in groups:
+            if linked[t, group].all():
+                group.append(t)
+                break
+        else:
+            groups.append([t])
+    return groups
+
+
+def similarity_matrix(codes: Sequence[np.ndarray], table: MatchTable | np.ndarray) -> np.ndarray:
+    """Sim (Eq. 3) between every two encoded trajectories of one task, as a symmetric matrix."""
+    scores = table.scores if isinstance(table, MatchTable) else table
+    return _similarity_matrices([list(codes)], [scores])[0]
+
+
+def _similarity_matrices(codes_per_task: Sequence[Sequence[np.ndarray]], tables: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Eq. (3) matrices of several tasks, all pairs of all tasks in one batched DP."""
+    a_seqs: list[np.ndarray] = []
+    b_seqs: list[np.ndarray] = []
+    table_index: list[int] = []
+    spans: list[tuple[np.ndarray, np.ndarray]] = []
+    for t, codes in enumerate(codes_per_task):
+        upper_i, upper_j = np.triu_indices(len(codes), k=1)
+        spans.append((upper_i, upper_j))
+        a_seqs.extend(codes[i] for i in upper_i)
+        b_seqs.extend(codes[j] for j in upper_j)
+        table_index.extend([t] * upper_i.size)
+    scores = soft_lcs_scores(a_seqs, b_seqs, list(tables), table_index) if a_seqs else np.zeros(0)
+    matrices: list[np.ndarray] = []
+    start = 0
+    for codes, (upper_i, upper_j) in zip(codes_per_task, spans):
+        lengths = np.array([len(c) for c in codes], dtype=np.float64)
+        pair_scores = scores[start : start + upper_i.size]
+        start += upper_i.size
+        shorter = np.minimum(lengths[upper_i], lengths[upper_j])
+        # Eq. (3) (soft_lcs.trajectory_similarity), vectorised: SoftLCS / min length; 0 if one is empty.
+        sim = np.divide(pair_scores, shorter, out=np.zeros_like(pair_scores), where=shorter > 0)
+        matrix = np.eye(len(codes), dtype=np.float64)
+        matrix[upper_i, upper_j] = sim
+        matrix[upper_j, upper_i] = sim
+        matrices.append(matrix)
+    return matrices
+
+
+# --------------------------------------------------------------------------------------------
+# Recipes: left-associative pairwise LCS (Eq. 10)
+# --------------------------------------------------------------------------------------------
+
+
+def _fold_groups(
+    member_codes: Sequence[Sequence[np.ndarray]], tables: Sequence[np.ndarray], table_of_group: Sequence[int]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """a_1 ⊙ a_2 ⊙ ... ⊙ a_n (Eq. 10) for every group; round r folds member r+1 into all groups at once.
+
+    Returns, per group, (recipe symbols, their indices in the first member).
+    """
+    recipes = [(np.asarray(codes[0]), np.arange(len(codes[0]), dtype=np.int64)) for codes in member_codes]
+    rounds = max((len(codes) for codes in member_codes), default=0)
+    for r in range(1, rounds):
+        folding = [g for g, codes in enumerate(member_codes) if len(codes) > r and recipes[g][0].size > 0]
+        if not folding:
+            break
+        _, alignments = soft_lcs_alignment_arrays(
+            [recipes[g][0] for g in folding],
+            [member_codes[g][r] for g in folding],
+            list(tables),
+            [table_of_group[g] for g in folding],
+        )
+        for g, (recipe_idx, _) in zip(folding, alignments):
+            symbols, anchors = recipes[g]
+            recipes[g] = (symbols[recipe_idx], anchors[recipe_idx])
+    return recipes
+
+
+def fold_group(member_codes: Sequence[np.ndarray], table: MatchTable | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The recipe of one group by Eq. (10): (symbols, indices of those steps in the first member)."""
+    scores = table.scores if isinstance(table, MatchTable) else table
+    return _fold_groups([list(member_codes)], [scores], [0])[0]
+
+
+def build_recipe_libraries(
+    episodes_by_task: Mapping[str, Sequence[Episode]],
+    tables: Mapping[str, MatchTable],
+    *,
+    theta: float = DEFAULT_THETA,
+    min_group_size: int = DEFAULT_MIN_GROUP_SIZE,
+    codes_by_episode: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, TaskRecipes]:
+    """The recipe library of every task (§2.2 stage 1), all tasks' DPs batched together.
+
+    Only successful episodes take part. ``codes_by_episode`` may hold the episodes' symbols
+    (:meth:`MatchTable.encode`) when the caller already has them.
+    """
+    if min_group_size < 2:
+        raise ValueError("min_group_size must be at least 2: a recipe is what two or more trajectories share")
+    task_ids = list(episodes_by_task)
+    successes = {task: [e for e in episodes_by_task[task] if e.success] for task in task_ids}
+
+    def codes_of(task: str, episode: Episode) -> np.ndarray:
+        if codes_by_episode is not None and episode.episode_id in codes_by_episode:
+            return codes_by_episode[episode.episode_id]
+        return tables[task].encode(episode.actions)
+
+    results: dict[str, TaskRecipes] = {}
+    comparable = [task for task in task_ids if len(successes[task]) >= 2]
+    for task in task_ids:
+        n = len(successes[task])
+        if n == 0:
+            results[task] = TaskRecipes(task, (), (), 0, reason="no successful trajectory (a recipe needs at least two)")
+        elif n == 1:
+            only = successes[task][0].episode_id
+            results[task] = TaskRecipes(
+                task, (), ((only,),), 1,
+                reason=f"only one successful trajectory ({only}); a recipe is the common part of at least two",
+            )
+
+    task_codes = {task: [codes_of(task, e) for e in successes[task]] for task in comparable}
+    matrices = _similarity_matrices([task_codes[t] for t in comparable], [tables[t].scores for t in comparable])
+
+    # Group every task, then fold all kept groups of all tasks together.
+    groups_of: dict[str, list[list[int]]] = {}
+    kept: list[tuple[str, list[int]]] = []
+    for task, sim in zip(comparable, matrices):
+        groups_of[task] = group_by_similarity(sim, theta)
+        kept.extend((task, g) for g in groups_of[task] if len(g) >= min_group_size)
+    table_position = {task: k for k, task in enumerate(comparable)}
+    folded = _fold_groups(
+        [[task_codes[task][m] for m in group] for task, group in kept],
+        [tables[t].scores for t in comparable],
+        [table_position[task] for task, _ in kept],
+    )
+    folded_of = {(task, tuple(group)): result for (task, group), result in zip(kept, folded)}
+
+    for task, sim in zip(comparable, matrices):
+        episodes, table = successes[task], tables[task]
+        recipes: list[Recipe] = []
+        notes: list[str] = []
+        for group in groups_of[task]:
+            members = tuple(episodes[m].episode_id for m in group)
+            if len(group) < min_group_size:
+                notes.append(f"group {list(members)} has {len(group)} member(s), fewer than {min_group_size}: no recipe")
+                continue
+            symbols, anchors = folded_of[(task, tuple(group))]
+            if symbols.size == 0:
+                notes.append(f"group {list(members)} has an empty common subsequence: no recipe")
+                continue
+            recipes.append(
+                Recipe(
+                    recipe_id=f"{task}/recipe-{len(recipes)}",
+                    task_id=task,
+                    actions=tuple(episodes[group[0]].actions[i] for i in anchors.tolist()),
+                    symbols=tuple(symbols.tolist()),
+                    member_episode_ids=members,
+                    anchor_step_indices=tuple(anchors.tolist()),
+                )
+            )
+        reason = None
+        if not recipes:
+            off_diagonal = sim[~np.eye(sim.shape[0], dtype=bool)]
+            reason = (
+                f"no group of {min_group_size} or more among the {len(episodes)} successful trajectories "
+                f"with every Sim >= {theta:g} (highest Sim {off_diagonal.max():.3f})"
+                if all(len(g) < min_group_size for g in groups_of[task])
+                else "every group's common subsequence is empty"
+            )
+        results[task] = TaskRecipes(
+            task_id=task,
+            recipes=tuple(recipes),
+            groups=tuple(tuple(episodes[m].episode_id for m in g) for g in groups_of[task]),
+            n_successful=len(episodes),
+            reason=reason,
+            notes=tuple(notes),
+        )
+    return {task: results[task] for task in task_ids}
+
+
+def build_recipe_library(
+    task_id: str,
+    episodes: Sequence[Episode],
+    table: MatchTable,
+    *,
+    theta: float = DEFAULT_THETA,
+    min_group_size: int = DEFAULT_MIN_GROUP_SIZE,
+) -> TaskRecipes:
+    """The recipe library L^(g) of one task (see :func:`build_recipe_libraries`)."""
+    return build_recipe_libraries(
+        {task_id: episodes}, {task_id: table}, theta=theta, min_group_size=min_group_size
+    )[task_id]

@@ -1,0 +1,595 @@
+"""Soft and hard longest common subsequence between action trajectories (ProgRM §2.2, App. A).
+
+The paper's self-annotation compares trajectories with a *soft* LCS: the Bellman equation of the
+classic LCS (Eq. 7) with the exact-equality test replaced by a match score ``f(a, b)`` in [0, 1]
+(Eq. 8), where ``f`` (Eq. 9) is
+
+* 0 when the action types differ,
+* SBERT(text_a, text_b) for two INPUTs or two ANSWERs (clipped to [0, 1]),
+* epsilon = 0.4 for two NOTHINGs (waiting is sometimes needed, but should weigh less),
+* 1[a = b] otherwise, where "a = b" compares the *semantic* identity of the actions
+  (:func:`action_key`): the target element's role / id / text for clicks, the direction for
+  SCROLL, nothing more for GOBACK.
+
+Two implementations of Eq. (8) live here:
+
+* :func:`soft_lcs_reference`: a plain-Python transcription of the equations, on any sequences
+  and any match function. It is the specification the fast path is tested against.
+* :func:`soft_lcs_scores` / :func:`soft_lcs_alignments`: the fast path. Each task's distinct
+  actions are encoded once as integer *symbols* of a :class:`MatchTable` whose (V, V) matrix
+  holds Eq. (9) between symbols (text similarities come from one batched embedding call). A
+  pair's match matrix M[i, j] is then a gather from that table, and the DP runs on many pairs at
+  once: one numpy step per DP row for a whole batch of pairs, the within-row dependency
+  ``dp[i][j-1]`` resolved by a running maximum (see :func:`_dp_rows`). Pairs of different tasks
+  share a batch: each pair indexes its own table in a flat concatenation.
+
+Both return the optimal score and the alignment (matched index pairs, used for key steps),
+with the same deterministic tie-breaking, so their outputs are identical, not merely close.
+
+Also here: the trajectory similarity of Eq. (3) and the completion ratio of Eq. (4), both
+ratios of a soft-LCS score to a length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal, TypeVar
+
+import numpy as np
+
+from annotation.text_similarity import Embed, normalise_text, text_similarity, text_similarity_matrix
+from warehouse.model import Action, ActionType, UIElement
+
+#: epsilon of Eq. (9): the score of matching two NOTHING actions.
+EPSILON_NOTHING: Final[float] = 0.4
+
+#: Action types whose match is the similarity of their free-form text (Eq. 9, second case).
+SOFT_TEXT_TYPES: Final[frozenset[ActionType]] = frozenset({ActionType.INPUT, ActionType.ANSWER})
+
+#: Types matched on the target element's identity.
+TARGET_MATCHED_TYPES: Final[frozenset[ActionType]] = frozenset(
+    {ActionType.CLICK, ActionType.LONG_CLICK, ActionType.INPUT}
+)
+
+MatchMode = Literal["soft", "hard"]
+ActionKey = tuple[str, ...]
+TextSimilarity = Callable[[str, str], float]
+Item = TypeVar("Item")
+
+# Upper bound on the DP cells (pairs x rows x columns) one batch of the fast path holds at once:
+# bounds memory (8 bytes a cell for the kept DP table when aligning) whatever the corpus size.
+_ALIGN_CELL_BUDGET: Final[int] = 4_000_000
+_SCORE_CELL_BUDGET: Final[int] = 16_000_000
+
+
+# --------------------------------------------------------------------------------------------
+# Semantic identity of an action and the match function f of Eq. (9)
+# --------------------------------------------------------------------------------------------
+
+
+def target_identity(element: UIElement | None) -> ActionKey:
+    """The identity of a target element across episodes: (role, id, visible label).
+
+    ``ref`` is deliberately left out: it is a per-episode handle. When the page gives no id, the
+    element's classes stand in for it, so two unnamed elements of different kinds stay distinct.
+    """
+    if element is None:
+        return ("", "", "")
+    identity = element.element_id or (f".{'.'.join(element.classes.split())}" if element.classes else "")
+    return (element.role, identity, normalise_text(element.text or element.description))
+
+
+def action_key(action: Action) -> ActionKey:
+    """Hashable semantic identity of an action: two actions are "equal" in Eq. (7)/(9) iff their keys are.
+
+    * CLICK / LONG_CLICK: the target element's identity (:func:`target_identity`).
+    * INPUT: target identity and the typed text (the hard match compares both; the soft match
+      scores the text by similarity instead, see :func:`soft_match`).
+    * ANSWER, PRESS_KEY, OPEN_APP: the (whitespace-normalised) text.
+    * SCROLL: the direction. GOBACK, NOTHING: the type alone.
+    * UNKNOWN: the importer's detail; UNKNOWN actions never match anything (see :func:`soft_match`).
+    """
+    kind = action.type
+    if kind in (ActionType.CLICK, ActionType.LONG_CLICK):
+        return (kind.value, *target_identity(action.target))
+    if kind is ActionType.INPUT:
+        return (kind.value, *target_identity(action.target), normalise_text(action.text))
+    if kind in (ActionType.ANSWER, ActionType.PRESS_KEY, ActionType.OPEN_APP):
+        return (kind.value, normalise_text(action.text))
+    if kind is ActionType.SCROLL:
+        return (kind.value, action.direction or "")
+    if kind is ActionType.UNKNOWN:
+        return (kind.value, action.detail or "")
+    return (kind.value,)
+
+
+def soft_match(
+    a: Action,
+    b: Action,
+    similarity: TextSimilarity,
+    *,
+    epsilon: float = EPSILON_NOTHING,
+    input_target_must_match: bool = False,
+) -> float:
+    """The soft match function f of Eq. (9), generalised to the canonical action space.
+
+    ``similarity(text_a, text_b)`` must return a value in [0, 1] (e.g. a clipped SBERT cosine,
+    :func:`annotation.text_similarity.text_similarity`). The paper scores two INPUTs on their text
+    alone; ``input_target_must_match=True`` additionally requires the same target field (so a
+    username typed into the password box does not count).
+    UNKNOWN actions (events the importer could not type) score 0: nothing is known of what they did.
+    """
+    if a.type is not b.type or a.type is ActionType.UNKNOWN:
+        return 0.0
+    if a.type in SOFT_TEXT_TYPES:
+        if input_target_must_match and target_identity(a.target) != target_identity(b.target):
+            return 0.0
+        return float(similarity(normalise_text(a.text), normalise_text(b.text)))
+    if a.type is ActionType.NOTHING:
+        return epsilon
+    return 1.0 if action_key(a) == action_key(b) else 0.0
+
+
+def hard_match(a: Action, b: Action) -> float:
+    """The exact match of Eq. (7): 1 iff the actions have the same :func:`action_key` (UNKNOWN never)."""
+    if a.type is ActionType.UNKNOWN:
+        return 0.0
+    return 1.0 if action_key(a) == action_key(b) else 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Results, Eq. (3) and Eq. (4)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SoftLCSResult:
+    """Optimal soft-LCS score (Eq. 8) and one optimal alignment.
+
+    ``pairs`` are the matched (index in a, index in b) pairs, increasing in both; the score is
+    the sum of the match scores of these pairs.
+    """
+
+    score: float
+    pairs: tuple[tuple[int, int], ...]
+
+    @property
+    def n_matched(self) -> int:
+        return len(self.pairs)
+
+
+def trajectory_similarity(soft_lcs_score: float, length_a: int, length_b: int) -> float:
+    """Sim(T_i, T_j) of Eq. (3): SoftLCS(T_i, T_j) / min(|T_i|, |T_j|); 0 when either is empty."""
+    shorter = min(length_a, length_b)
+    return soft_lcs_score / shorter if shorter > 0 else 0.0
+
+
+def completion_ratio(soft_lcs_score: float, recipe_length: int) -> float:
+    """CR(T_i; L_j) of Eq. (4): |l_ij| / |L_j|, the share of recipe L_j that trajectory T_i matches.
+
+    |l_ij| is the soft-LCS score between the trajectory and the recipe (the "length" of a soft
+    LCS), so CR lies in [0, 1]. An empty recipe has CR 0.
+    """
+    return soft_lcs_score / recipe_length if recipe_length > 0 else 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Reference implementation: the equations, cell by cell
+# --------------------------------------------------------------------------------------------
+
+
+def soft_lcs_reference(a: Sequence[Item], b: Sequence[Item], match: Callable[[Item, Item], float]) -> SoftLCSResult:
+    """Soft LCS of Eq. (8) by the textbook dynamic programme, in plain Python.
+
+    dp[i][j] = max(dp[i-1][j-1] + f(a_i, b_j), dp[i-1][j], dp[i][j-1]), dp[0][*] = dp[*][0] = 0.
+    With ``match`` = 1[a == b] this is the classic LCS length of Eq. (7).
+
+    Backtracking from (|a|, |b|) takes, in this order of preference: the diagonal when f > 0 and
+    it produced the optimum (a match), else up (skip a_i), else left (skip b_j). Preferring the
+    diagonal matches the *latest* occurrences of repeated actions: a step repeated after a failed
+    attempt gets its credit when it is done for good.
+    """
+    m, n = len(a), len(b)
+    dp = [[0.0] * (n + 1) for _ in range(m + 1)]
+    scores = [[0.0] * n for _ in range(m)]
+    for i in range(1, m + 1):
+        a_i = a[i - 1]
+        above, row, score_row = dp[i - 1], dp[i], scores[i - 1]
+        for j in range(1, n + 1):
+            f = float(match(a_i, b[j - 1]))
+            score_row[j - 1] = f
+            row[j] = max(above[j - 1] + f, above[j], row[j - 1])
+    pairs: list[tuple[int, int]] = []
+    i, j = m, n
+    while i > 0 and j > 0:
+        f = scores[i - 1][j - 1]
+        if f > 0.0 and dp[i][j] == dp[i - 1][j - 1] + f:
+            pairs.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif dp[i][j] == dp[i - 1][j]:
+            i -= 1
+        else:
+            j -= 1
+    pairs.reverse()
+    return SoftLCSResult(score=dp[m][n], pairs=tuple(pairs))
+
+
+def soft_lcs_reference_actions(
+    a: Sequence[Action],
+    b: Sequence[Action],
+    embed: Embed,
+    *,
+    epsilon: float = EPSILON_NOTHING,
+    input_target_must_match: bool = False,
+) -> SoftLCSResult:
+    """Eq. (8) with the match function of Eq. (9) evaluated action by action (no encoding, no tables)."""
+
+    def similarity(text_a: str, text_b: str) -> float:
+        return text_similarity(text_a, text_b, embed)
+
+    def match(x: Action, y: Action) -> float:
+        return soft_match(x, y, similarity, epsilon=epsilon, input_target_must_match=input_target_must_match)
+
+    return soft_lcs_reference(a, b, match)
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding: distinct actions -> symbols, Eq. (9) between symbols -> one small matrix per task
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class MatchTable:
+    """The distinct actions ("symbols") of a set of trajectories and Eq. (9) between every two of them.
+
+    ``scores[x, y]`` is f(a, b) for any actions a, b with symbols x, y; trajectories are encoded
+    once (:meth:`encode`) and every DP then works on integer arrays.
+    """
+
+    keys: tuple[ActionKey, ...]
+    representatives: tuple[Action, ...]  # one action per symbol, e.g. to spell out a recipe
+    scores: np.ndarray  # (V, V) float64, symmetric, values in [0, 1]
+    mode: MatchMode
+    symbol_of: Mapping[ActionKey, int]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def encode(self, actions: Iterable[Action]) -> np.ndarray:
+        """Symbols of a trajectory (int64 array). Raises KeyError for an action the table has not seen."""
+        return np.fromiter((self.symbol_of[action_key(a)] for a in actions), dtype=np.int64)
+
+    def decode(self, symbols: Iterable[int]) -> tuple[Action, ...]:
+        return tuple(self.representatives[int(s)] for s in symbols)
+
+
+def build_match_table(
+    trajectories: Iterable[Sequence[Action]],
+    embed: Embed | None = None,
+    *,
+    mode: MatchMode = "soft",
+    epsilon: float = EPSILON_NOTHING,
+    input_target_must_match: bool = False,
+) -> MatchTable:
+    """Collect the distinct actions of ``trajectories`` and score every two of them by Eq. (9).
+
+    ``mode="soft"`` is Eq. (9); it needs ``embed`` when INPUT/ANSWER actions occur (all their
+    distinct texts are embedded in one call). ``mode="hard"`` is Eq. (7): 1 iff identical keys.
+    Symbols are numbered in order of first appearance, so the table is deterministic.
+    """
+    symbol_of: dict[ActionKey, int] = {}
+    representatives: list[Action] = []
+    for trajectory in trajectories:
+        for action in trajectory:
+            key = action_key(action)
+            if key not in symbol_of:
+                symbol_of[key] = len(representatives)
+                representatives.append(action)
+    n_symbols = len(representatives)
+    types = [a.type for a in representatives]
+    known = np.array([t is not ActionType.UNKNOWN for t in types], dtype=bool)
+    scores = np.zeros((n_symbols, n_symbols), dtype=np.float64)
+    # Every symbol matches itself fully (1[a = b]); UNKNOWN never matches.
+    scores[np.arange(n_symbols), np.arange(n_symbols)] = known.astype(np.float64)
+    if mode == "soft":
+        for symbol, kind in enumerate(types):
+            if kind is ActionType.NOTHING:
+                scores[symbol, symbol] = epsilon
+        for kind in SOFT_TEXT_TYPES:
+            members = np.array([s for s, t in enumerate(types) if t is kind], dtype=np.int64)
+            if members.size == 0:
+                continue
+            if embed is None:
+                raise ValueError(f"soft matching of {kind.value} actions needs an embedder for their texts")
+            texts = [normalise_text(representatives[s].text) for s in members]
+            distinct = list(dict.fromkeys(texts))
+            row_of = {text: row for row, text in enumerate(distinct)}
+            rows = np.array([row_of[t] for t in texts], dtype=np.int64)
+            text_scores = text_similarity_matrix(distinct, distinct, embed)
+            block = text_scores[np.ix_(rows, rows)]
+            if input_target_must_match:
+                targets = [target_identity(representatives[s].target) for s in members]
+                same_target = np.array([[x == y for y in targets] for x in targets], dtype=bool)
+                block = np.where(same_target, block, 0.0)
+            scores[np.ix_(members, members)] = block
+    elif mode != "hard":
+        raise ValueError(f"mode must be 'soft' or 'hard', got {mode!r}")
+    scores.setflags(write=False)
+    return MatchTable(
+        keys=tuple(symbol_of),
+        representatives=tuple(representatives),
+        scores=scores,
+        mode=mode,
+        symbol_of=symbol_of,
+    )
+
+
+def build_match_tables(
+    trajectories_by_task: Mapping[str, Iterable[Sequence[Action]]],
+    embed: Embed | None = None,
+    *,
+    mode: MatchMode = "soft",
+    epsilon: float = EPSILON_NOTHING,
+    input_target_must_match: bool = False,
+) -> dict[str, MatchTable]:
+    """One :class:`MatchTable` per task (recipes and key steps never compare across tasks).
+
+    All INPUT/ANSWER texts of all tasks are embedded in a single call first, so a model-backed
+    embedder batches the whole corpus and each task then reads its cache.
+    """
+    materialised = {task: [list(t) for t in trajectories] for task, trajectories in trajectories_by_task.items()}
+    if mode == "soft" and embed is not None:
+        texts = {
+            normalise_text(a.text)
+            for trajectories in materialised.values()
+            for trajectory in trajectories
+            for a in trajectory
+            if a.type in SOFT_TEXT_TYPES
+        }
+        if texts:
+            embed(sorted(texts))
+    return {
+        task: build_match_table(
+            trajectories, embed, mode=mode, epsilon=epsilon, input_target_must_match=input_target_must_match
+        )
+        for task, trajectories in materialised.items()
+    }
+
+
+def encode_hashables(sequences: Sequence[Sequence[Hashable]]) -> tuple[list[np.ndarray], np.ndarray]:
+    """Encode arbitrary hashable sequences for the hard LCS: (symbol arrays, identity score table)."""
+    symbol_of: dict[Hashable, int] = {}
+    encoded = [
+        np.fromiter((symbol_of.setdefault(item, len(symbol_of)) for item in sequence), dtype=np.int64)
+        for sequence in sequences
+    ]
+    return encoded, np.eye(max(len(symbol_of), 1), dtype=np.float64)
+
+
+def lcs_length(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
+    """Classic LCS length (Eq. 7) of two sequences of hashables, via the fast DP in hard mode."""
+    (codes_a, codes_b), table = encode_hashables([a, b])
+    return int(round(soft_lcs_scores([codes_a], [codes_b], table)[0]))
+
+
+# --------------------------------------------------------------------------------------------
+# Fast path: many pairs at once
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _PreparedPairs:
+    """Pairs ready for the batched DP: lengths, table offsets into one flat score array."""
+
+    a_seqs: Sequence[np.ndarray]
+    b_seqs: Sequence[np.ndarray]
+    a_len: np.ndarray
+    b_len: np.ndarray
+    flat_scores: np.ndarray  # the used tables, raveled and concatenated
+    table_offset: np.ndarray  # per pair: where its table starts in flat_scores
+    table_size: np.ndarray  # per pair: V of its table (row stride)
+
+
+def _prepare_pairs(
+    a_seqs: Sequence[np.ndarray],
+    b_seqs: Sequence[np.ndarray],
+    tables: np.ndarray | Sequence[np.ndarray],
+    table_index: Sequence[int] | np.ndarray | None,
+) -> _PreparedPairs:
+    if len(a_seqs) != len(b_seqs):
+        raise ValueError(f"got {len(a_seqs)} first sequences but {len(b_seqs)} second sequences")
+    n_pairs = len(a_seqs)
+    if isinstance(tables, np.ndarray) and tables.ndim == 2:
+        tables = [tables]
+        table_index = np.zeros(n_pairs, dtype=np.int64)
+    elif table_index is None:
+        if len(tables) != 1:
+            raise ValueError("table_index is required when several tables are given")
+        table_index = np.zeros(n_pairs, dtype=np.int64)
+    table_index = np.asarray(table_index, dtype=np.int64).reshape(n_pairs)
+    # Only the tables these pairs use are concatenated (recipe folding calls with few pairs).
+    used, remapped = np.unique(table_index, return_inverse=True)
+    used_tables = [np.asarray(tables[t], dtype=np.float64) for t in used]
+    sizes = np.array([t.shape[0] for t in used_tables], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes * sizes)[:-1]]).astype(np.int64)
+    flat = np.concatenate([t.ravel() for t in used_tables]) if used_tables else np.zeros(0)
+    return _PreparedPairs(
+        a_seqs=a_seqs,
+        b_seqs=b_seqs,
+        a_len=np.fromiter((len(s) for s in a_seqs), dtype=np.int64, count=n_pairs),
+        b_len=np.fromiter((len(s) for s in b_seqs), dtype=np.int64, count=n_pairs),
+        flat_scores=flat,
+        table_offset=offsets[remapped] if n_pairs else np.zeros(0, dtype=np.int64),
+        table_size=sizes[remapped] if n_pairs else np.zeros(0, dtype=np.int64),
+    )
+
+
+def _batches(pairs: _PreparedPairs, cell_budget: int) -> Iterable[np.ndarray]:
+    """Split the non-empty pairs into batches of similar shape, each within ``cell_budget`` DP cells.
+
+    Sorting by the second length keeps a batch's padded width close to its pairs' real widths;
+    within a batch, pairs are ordered by the first length so that finished pairs form a prefix
+    the row loop can drop (see :func:`_dp_rows`). Both keep padding waste small.
+    """
+    nonempty = np.nonzero((pairs.a_len > 0) & (pairs.b_len > 0))[0]
+    order = nonempty[np.lexsort((pairs.a_len[nonempty], pairs.b_len[nonempty]))]
+    start = 0
+    while start < order.size:
+        stop, max_a, max_b = start, 0, 0
+        while stop < order.size:
+            k = order[stop]
+            new_a, new_b = max(max_a, int(pairs.a_len[k])), max(max_b, int(pairs.b_len[k]))
+            if stop > start and (stop - start + 1) * (new_a + 1) * (new_b + 1) > cell_budget:
+                break
+            max_a, max_b, stop = new_a, new_b, stop + 1
+        batch = order[start:stop]
+        yield batch[np.argsort(pairs.a_len[batch], kind="stable")]
+        start = stop
+
+
+def _padded(seqs: Sequence[np.ndarray], batch: np.ndarray, width: int) -> np.ndarray:
+    # Padding symbol 0 is a real symbol, which is harmless: cell (i, j) of the DP depends only on
+    # cells above-left of it, so padded cells never reach a pair's own (|a|, |b|) corner.
+    out = np.zeros((batch.size, width), dtype=np.int64)
+    for row, k in enumerate(batch):
+        seq = seqs[k]
+        out[row, : len(seq)] = seq
+    return out
+
+
+def _dp_rows(
+    pairs: _PreparedPairs, batch: np.ndarray, keep_table: bool
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+    """Eq. (8) for a batch of pairs, one numpy step per DP row.
+
+    Within row i, dp[i][j] = max(c_j, dp[i][j-1]) with c_j = max(dp[i-1][j], dp[i-1][j-1] + M[i, j])
+    and dp[i][0] = 0, so the row is the running maximum of c (all values are >= 0): a
+    ``np.maximum.accumulate`` replaces the sequential scan. The max is over the same candidates as
+    the reference, computed with the same float operations, hence bit-identical results.
+
+    Returns (scores, dp table or None, first-sequence symbols, second-sequence symbols).
+    """
+    a_len, b_len = pairs.a_len[batch], pairs.b_len[batch]
+    n_pairs, rows, cols = batch.size, int(a_len.max()), int(b_len.max())
+    a_sym = _padded(pairs.a_seqs, batch, rows)
+    b_sym = _padded(pairs.b_seqs, batch, cols)
+    # M[i, j] = flat[offset + a_i * V + b_j]: precompute the row part once.
+    row_base = pairs.table_offset[batch, None] + a_sym * pairs.table_size[batch, None]
+    flat = pairs.flat_scores
+    table = np.zeros((n_pairs, rows + 1, cols + 1), dtype=np.float64) if keep_table else None
+    previous = np.zeros((n_pairs, cols + 1), dtype=np.float64)
+    scores = np.zeros(n_pairs, dtype=np.float64)
+    first_active = 0  # pairs are sorted by |a|: those with |a| < i are finished and dropped
+    for i in range(1, rows + 1):
+        while first_active < n_pairs and a_len[first_active] < i:
+            first_active += 1
+        live = slice(first_active, n_pairs)
+        match_row = flat[row_base[live, i - 1, None] + b_sym[live]]
+        candidate = previous[live, :-1] + match_row
+        np.maximum(candidate, previous[live, 1:], out=candidate)
+        current = np.zeros((n_pairs, cols + 1), dtype=np.float64)
+        np.maximum.accumulate(candidate, axis=1, out=current[live, 1:])
+        if table is not None:
+            table[live, i, :] = current[live]
+        ends = np.nonzero(a_len[live] == i)[0] + first_active
+        scores[ends] = current[ends, b_len[ends]]
+        previous = current
+    return scores, table, a_sym, b_sym
+
+
+def _backtrack(
+    pairs: _PreparedPairs, batch: np.ndarray, table: np.ndarray, a_sym: np.ndarray, b_sym: np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Alignments of a batch, all pairs stepping back together, with the reference's tie-breaking."""
+    flat = pairs.flat_scores
+    i = pairs.a_len[batch].copy()
+    j = pairs.b_len[batch].copy()
+    hit_pair: list[np.ndarray] = []
+    hit_i: list[np.ndarray] = []
+    hit_j: list[np.ndarray] = []
+    live = np.nonzero((i > 0) & (j > 0))[0]
+    while live.size:
+        ii, jj = i[live], j[live]
+        here = table[live, ii, jj]
+        match = flat[pairs.table_offset[batch[live]] + a_sym[live, ii - 1] * pairs.table_size[batch[live]] + b_sym[live, jj - 1]]
+        diagonal = (match > 0.0) & (here == table[live, ii - 1, jj - 1] + match)
+        up = ~diagonal & (here == table[live, ii - 1, jj])
+        if diagonal.any():
+            hit_pair.append(live[diagonal])
+            hit_i.append(ii[diagonal] - 1)
+            hit_j.append(jj[diagonal] - 1)
+        i[live] = ii - (diagonal | up)
+        j[live] = jj - ~up
+        live = live[(i[live] > 0) & (j[live] > 0)]
+    alignments: list[tuple[np.ndarray, np.ndarray]] = [
+        (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)) for _ in range(batch.size)
+    ]
+    if hit_pair:
+        owner, a_idx, b_idx = np.concatenate(hit_pair), np.concatenate(hit_i), np.concatenate(hit_j)
+        order = np.lexsort((a_idx, owner))
+        owner, a_idx, b_idx = owner[order], a_idx[order], b_idx[order]
+        bounds = np.searchsorted(owner, np.arange(batch.size + 1))
+        for row in np.unique(owner):
+            lo, hi = bounds[row], bounds[row + 1]
+            alignments[row] = (a_idx[lo:hi], b_idx[lo:hi])
+    return alignments
+
+
+def soft_lcs_scores(
+    a_seqs: Sequence[np.ndarray],
+    b_seqs: Sequence[np.ndarray],
+    tables: np.ndarray | Sequence[np.ndarray],
+    table_index: Sequence[int] | np.ndarray | None = None,
+) -> np.ndarray:
+    """SoftLCS(a_k, b_k) of Eq. (8) for every pair k, batched (the fast path).
+
+    ``a_seqs[k]``, ``b_seqs[k]`` are symbol arrays (:meth:`MatchTable.encode`) and
+    ``tables[table_index[k]]`` the (V, V) Eq. (9) score matrix they index (``MatchTable.scores``);
+    pass a single 2-D matrix to use it for all pairs. Returns a float64 array of scores.
+    """
+    pairs = _prepare_pairs(a_seqs, b_seqs, tables, table_index)
+    scores = np.zeros(len(a_seqs), dtype=np.float64)
+    for batch in _batches(pairs, _SCORE_CELL_BUDGET):
+        scores[batch] = _dp_rows(pairs, batch, keep_table=False)[0]
+    return scores
+
+
+def soft_lcs_alignment_arrays(
+    a_seqs: Sequence[np.ndarray],
+    b_seqs: Sequence[np.ndarray],
+    tables: np.ndarray | Sequence[np.ndarray],
+    table_index: Sequence[int] | np.ndarray | None = None,
+) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """Like :func:`soft_lcs_scores`, plus each pair's alignment as (indices in a, indices in b) arrays."""
+    pairs = _prepare_pairs(a_seqs, b_seqs, tables, table_index)
+    scores = np.zeros(len(a_seqs), dtype=np.float64)
+    empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    alignments: list[tuple[np.ndarray, np.ndarray]] = [empty] * len(a_seqs)
+    for batch in _batches(pairs, _ALIGN_CELL_BUDGET):
+        batch_scores, table, a_sym, b_sym = _dp_rows(pairs, batch, keep_table=True)
+        assert table is not None
+        scores[batch] = batch_scores
+        for k, alignment in zip(batch, _backtrack(pairs, batch, table, a_sym, b_sym)):
+            alignments[k] = alignment
+    return scores, alignments
+
+
+def soft_lcs_alignments(
+    a_seqs: Sequence[np.ndarray],
+    b_seqs: Sequence[np.ndarray],
+    tables: np.ndarray | Sequence[np.ndarray],
+    table_index: Sequence[int] | np.ndarray | None = None,
+) -> list[SoftLCSResult]:
+    """Eq. (8) scores and alignments for every pair (fast path), identical to :func:`soft_lcs_reference`."""
+    scores, alignments = soft_lcs_alignment_arrays(a_seqs, b_seqs, tables, table_index)
+    return [
+        SoftLCSResult(score=float(score), pairs=tuple(zip(a_idx.tolist(), b_idx.tolist())))
+        for score, (a_idx, b_idx) in zip(scores, alignments)
+    ]
+
+
+def soft_lcs(a: np.ndarray, b: np.ndarray, table: MatchTable | np.ndarray) -> SoftLCSResult:
+    """Eq. (8) for one pair of encoded trajectories (fast path; batch many pairs for speed)."""
+    scores = table.scores if isinstance(table, MatchTable) else table
+    return soft_lcs_alignments([a], [b], scores)[0]

@@ -1,0 +1,305 @@
+"""Import a folder of recorded MiniWoB++ demonstrations into the warehouse.
+
+Files are converted in parallel worker processes (JSON parsing dominates, so processes, not
+threads), in chunks that come back as Arrow record batches. Every file ends up in exactly one of
+three states, recorded in the ``source_files`` table:
+
+* ``imported``: it became an episode;
+* ``duplicate``: same recording as a file already imported (git-style link files pointing to
+  another file of the folder, or byte-identical recordings); its episode is the original's;
+* ``quarantined``: it could not be imported; ``quarantine`` says why (corrupted gzip, malformed
+  JSON, no states, ...). Event-level problems inside imported files are listed there too.
+
+Episode ids are derived from the recording's content, so re-importing a folder replaces its
+previous version instead of adding duplicates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from envs.miniwob.demos import RecordingError, parse_recording_json, read_recording_bytes, recording_to_episode
+from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
+from warehouse.model import ActionType
+from warehouse.schema import EPISODES, QUARANTINE, SOURCE_FILES, STEPS, element_records
+from warehouse.storage import git_revision
+
+IMPORTER_VERSION = "demos-1"
+DEMO_SUFFIXES = (".json.gz", ".json")
+ASSET_NAME = "human_demonstrations"
+
+
+@dataclass
+class ImportReport:
+    import_root: str
+    files: int = 0
+    imported: int = 0
+    duplicates: int = 0
+    quarantined: int = 0
+    episodes: int = 0
+    successes: int = 0
+    failures: int = 0
+    steps: int = 0
+    untyped_steps: int = 0
+    event_problems: int = 0
+    tasks: int = 0
+    seconds: float = 0.0
+    materialization_id: str = ""
+    outputs: dict[str, str] = field(default_factory=dict)
+    quarantine_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def untyped_share(self) -> float:
+        return self.untyped_steps / self.steps if self.steps else 0.0
+
+
+def find_demo_files(root: Path) -> list[Path]:
+    """All recordings under ``root`` (``*.json.gz`` and ``*.json``), in a stable order."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"demonstrations folder not found: {root}")
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(DEMO_SUFFIXES))
+
+
+def episode_id_for(task_id: str, recording_sha256: str) -> str:
+    return f"demo:{task_id}:{recording_sha256[:16]}"
+
+
+@dataclass
+class _Chunk:
+    episodes: pa.RecordBatch
+    steps: pa.RecordBatch
+    files: list[dict]
+    quarantine: list[dict]
+
+
+def _convert_chunk(root_str: str, rel_paths: list[str], created_at: datetime, run_id: str | None) -> _Chunk:
+    """Worker: convert some files. Pure apart from reading them."""
+    root = Path(root_str)
+    episodes: dict[str, list] = {name: [] for name in EPISODES.names}
+    steps: dict[str, list] = {name: [] for name in STEPS.names}
+    files: list[dict] = []
+    quarantine: list[dict] = []
+    for rel in rel_paths:
+        path = root / rel
+        file_row = {
+            "source_file": rel,
+            "import_root": root_str,
+            "file_sha256": None,
+            "recording_sha256": None,
+            "link_target": None,
+            "status": "quarantined",
+            "episode_id": None,
+            "n_steps": None,
+        }
+        files.append(file_row)
+        try:
+            file_row["file_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+            data, link_target = read_recording_bytes(path)
+            recording_sha = hashlib.sha256(data).hexdigest()
+            file_row["recording_sha256"] = recording_sha
+            if link_target is not None:
+                file_row["link_target"] = _relative_or_absolute(link_target, root)
+                if link_target.is_relative_to(root):
+                    # The target is imported on its own; this file names the same recording.
+                    file_row["status"] = "duplicate"
+                    continue
+            episode = recording_to_episode(parse_recording_json(data), task_hint=path.parent.name)
+            if not episode.steps:
+                raise RecordingError("recording has no actions (empty episode)")
+        except RecordingError as exc:
+            quarantine.append(
+                {"source_file": rel, "import_root": root_str, "event_index": None, "severity": "file", "reason": str(exc)}
+            )
+            continue
+        episode_id = episode_id_for(episode.task_id, recording_sha)
+        file_row.update(status="imported", episode_id=episode_id, n_steps=len(episode.steps))
+        for problem in episode.problems:
+            quarantine.append(
+                {
+                    "source_file": rel,
+                    "import_root": root_str,
+                    "event_index": problem.event_index,
+                    "severity": "event",
+                    "reason": problem.reason,
+                }
+            )
+        row = {
+            "episode_id": episode_id,
+            "task_id": episode.task_id,
+            "task_family": "miniwob",
+            "instruction": episode.instruction,
+            "source": "human_demo",
+            "parent_episode_id": None,
+            "policy_id": "human",
+            "env_backend": "miniwob",
+            "seed": None,
+            "success": episode.success,
+            "outcome_reward": episode.raw_reward,
+            "decayed_reward": episode.decayed_reward,
+            "n_steps": len(episode.steps),
+            "duration_ms": episode.duration_ms,
+            "source_file": rel,
+            "source_sha256": recording_sha,
+            "import_root": root_str,
+            "created_at": created_at,
+            "run_id": run_id,
+        }
+        for name, value in row.items():
+            episodes[name].append(value)
+        for idx, step in enumerate(episode.steps):
+            action, target = step.action, step.action.target
+            steps["episode_id"].append(episode_id)
+            steps["step_idx"].append(idx)
+            steps["action_type"].append(action.type.value)
+            steps["action_text"].append(action.canonical_text())
+            steps["target_ref"].append(target.ref if target else None)
+            steps["target_role"].append(target.role if target else None)
+            steps["target_text"].append(target.text if target else None)
+            steps["target_element_id"].append(target.element_id if target else None)
+            steps["target_bounds"].append(list(target.bounds) if target else None)
+            steps["input_text"].append(action.text if action.type is ActionType.INPUT else None)
+            steps["scroll_direction"].append(action.direction)
+            steps["screen"].append(element_records(step.screen))
+            steps["n_elements"].append(len(step.screen.elements))
+            steps["screenshot_path"].append(step.screen.screenshot_path)
+            steps["env_reward"].append(None)
+            steps["milestones_hit"].append(None)
+            steps["done"].append(idx == len(episode.steps) - 1)
+            steps["time_ms"].append(step.time_ms)
+            steps["raw_event_first"].append(step.raw_event_first)
+            steps["raw_event_last"].append(step.raw_event_last)
+            steps["problem"].append(step.problem)
+    return _Chunk(
+        pa.RecordBatch.from_pydict(episodes, schema=EPISODES),
+        pa.RecordBatch.from_pydict(steps, schema=STEPS),
+        files,
+        quarantine,
+    )
+
+
+def _relative_or_absolute(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def import_demonstrations(
+    root: Path | str,
+    warehouse: Warehouse,
+    *,
+    run_id: str | None = None,
+    workers: int | None = None,
+    chunk_size: int = 64,
+    progress: Callable[[int, int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ImportReport:
+    """Convert every recording under ``root`` and publish episodes, steps, source_files and
+    quarantine as one new version of the dataset keyed by ``root`` (atomic: all or nothing)."""
+    import time
+
+    started = time.perf_counter()
+    root = Path(root).resolve()
+    rel_paths = [str(p.relative_to(root)) for p in find_demo_files(root)]
+    if not rel_paths:
+        raise FileNotFoundError(f"no *.json or *.json.gz demonstrations under {root}")
+    workers = workers or min(2, os.cpu_count() or 1)
+    created_at = datetime.now(UTC)
+    report = ImportReport(import_root=str(root), files=len(rel_paths))
+
+    batches = list(_chunks(rel_paths, chunk_size))
+    if workers <= 1:
+        results = (_convert_chunk(str(root), b, created_at, run_id) for b in batches)
+        chunks = _collect(results, batches, progress, len(rel_paths))
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            results = pool.map(_convert_chunk, [str(root)] * len(batches), batches, [created_at] * len(batches), [run_id] * len(batches))
+            chunks = _collect(results, batches, progress, len(rel_paths))
+
+    episodes = pa.Table.from_batches([c.episodes for c in chunks], schema=EPISODES)
+    steps = pa.Table.from_batches([c.steps for c in chunks], schema=STEPS)
+    files = [row for c in chunks for row in c.files]
+    quarantine = [row for c in chunks for row in c.quarantine]
+
+    # Episode and step rows follow the order of the files the workers imported.
+    converted = [(row, row["n_steps"]) for row in files if row["status"] == "imported"]
+    # Byte-identical recordings under different names: keep the first (in path order).
+    first_file_by_episode: dict[str, str] = {}
+    for row, _ in converted:
+        earlier = first_file_by_episode.setdefault(row["episode_id"], row["source_file"])
+        if earlier != row["source_file"]:
+            row.update(status="duplicate", link_target=earlier)
+    episodes = episodes.filter(pa.array([row["status"] == "imported" for row, _ in converted], type=pa.bool_()))
+    steps = steps.filter(
+        pa.array([row["status"] == "imported" for row, n in converted for _ in range(n)], type=pa.bool_())
+    )
+    keep_files = [row for row, _ in converted if row["status"] == "imported"]
+    # Link files inherit the episode of the file they point to.
+    episode_by_file = {f["source_file"]: f["episode_id"] for f in keep_files}
+    for row in files:
+        if row["status"] == "duplicate" and row["episode_id"] is None and row["link_target"]:
+            row["episode_id"] = episode_by_file.get(row["link_target"])
+
+    materialization = Materialization(
+        asset=ASSET_NAME,
+        run_id=run_id,
+        code_version=f"{IMPORTER_VERSION}+{git_revision()}",
+        parameters={"import_root": str(root), "workers": workers},
+        inputs=[
+            LineageInput(kind="file", path=str(root / f["source_file"]), version=f["file_sha256"]) for f in files
+        ],
+    )
+    dataset = str(root)
+    outputs: list[TableOutput] = [
+        warehouse.stage_table("episodes", dataset, episodes, materialization),
+        warehouse.stage_table("steps", dataset, steps, materialization),
+        warehouse.stage_table("source_files", dataset, pa.Table.from_pylist(files, schema=SOURCE_FILES), materialization),
+        warehouse.stage_table("quarantine", dataset, pa.Table.from_pylist(quarantine, schema=QUARANTINE), materialization),
+    ]
+    warehouse.publish(materialization, outputs)
+
+    report.materialization_id = materialization.materialization_id
+    report.outputs = {o.table_name: str(o.path) for o in outputs}
+    report.episodes = episodes.num_rows
+    report.imported = len(keep_files)
+    report.duplicates = sum(f["status"] == "duplicate" for f in files)
+    report.quarantined = sum(f["status"] == "quarantined" for f in files)
+    report.successes = int(pc.sum(episodes["success"].cast(pa.int64())).as_py() or 0)
+    report.failures = report.episodes - report.successes
+    report.steps = steps.num_rows
+    report.untyped_steps = int(pc.sum(pc.equal(steps["action_type"], "UNKNOWN").cast(pa.int64())).as_py() or 0)
+    report.event_problems = sum(q["severity"] == "event" for q in quarantine)
+    report.tasks = len(set(episodes["task_id"].to_pylist()))
+    reasons: dict[str, int] = {}
+    for q in quarantine:
+        if q["severity"] == "file":
+            key = q["reason"].split(":")[0]
+            reasons[key] = reasons.get(key, 0) + 1
+    report.quarantine_reasons = reasons
+    report.seconds = time.perf_counter() - started
+    if log:
+        log(json.dumps({k: v for k, v in report.__dict__.items() if k != "outputs"}, default=str))
+    return report
+
+
+def _collect(results: Iterator[_Chunk], batches: list[list[str]], progress, total: int) -> list[_Chunk]:
+    chunks = []
+    done = 0
+    for chunk, batch in zip(results, batches):
+        chunks.append(chunk)
+        done += len(batch)
+        if progress:
+            progress(done, total)
+    return chunks

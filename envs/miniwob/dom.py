@@ -1,0 +1,105 @@
+"""MiniWoB++ DOM trees -> canonical screens.
+
+Both the recorded human demonstrations and the live benchmark describe the page as a tree of
+nodes with a tag, a stable ``ref``, geometry, id, classes, text and value. Text nodes (tag ``t``)
+are folded into their parent's text, so a label reads "furious" rather than being an empty box
+with an anonymous child.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from warehouse.model import Screen, UIElement
+
+_ROLE_BY_TAG = {
+    "input_checkbox": "checkbox",
+    "input_radio": "radio",
+    "input_text": "textbox",
+    "input_password": "password",
+    "input_number": "number",
+    "input_date": "date",
+    "input_email": "textbox",
+    "input_tel": "textbox",
+    "input_search": "textbox",
+    "input_url": "textbox",
+    "input_button": "button",
+    "input_submit": "button",
+    "input_reset": "button",
+    "textarea": "textbox",
+    "a": "link",
+    "select": "combobox",
+}
+EDITABLE_ROLES = frozenset({"textbox", "password", "number", "date"})
+_CLICKABLE_ROLES = frozenset(
+    {"button", "link", "checkbox", "radio", "combobox", "option", "label", "li", "textbox", "password", "number", "date"}
+)
+TEXT_NODE_TAGS = frozenset({"t"})
+
+
+def role_of(tag: str) -> str:
+    lowered = tag.lower()
+    return _ROLE_BY_TAG.get(lowered, lowered)
+
+
+def dom_to_screen(root: dict[str, Any], screenshot_path: str | None = None) -> Screen:
+    """Flatten a MiniWoB++ DOM tree (as recorded: tag, ref, left/top/width/height, ...) into a Screen.
+
+    Raises ValueError naming the missing field when a node lacks tag, ref or geometry.
+    """
+    elements: list[UIElement] = []
+    stack: list[tuple[dict[str, Any], str | None, int]] = [(root, None, 0)]
+    # Depth-first, children in document order: push them reversed onto the stack.
+    while stack:
+        node, parent_ref, depth = stack.pop()
+        try:
+            tag = node["tag"]
+            ref = str(node["ref"])
+            left = float(node["left"])
+            top = float(node["top"])
+            width = float(node["width"])
+            height = float(node["height"])
+        except KeyError as exc:
+            raise ValueError(f"DOM node missing field {exc.args[0]!r}: {_brief(node)}") from None
+        except (TypeError, ValueError):
+            raise ValueError(f"DOM node has non-numeric geometry: {_brief(node)}") from None
+        children = node.get("children") or ()
+        own_text = node.get("text") or ""
+        text_parts = [own_text] if own_text else []
+        element_children = []
+        for child in children:
+            if child.get("tag") in TEXT_NODE_TAGS:
+                child_text = child.get("text") or ""
+                if child_text:
+                    text_parts.append(child_text)
+            else:
+                element_children.append(child)
+        role = role_of(tag)
+        raw_value = node.get("value")
+        checked = bool(raw_value) if role in ("checkbox", "radio") and isinstance(raw_value, bool) else None
+        value = None if raw_value is None or isinstance(raw_value, bool) else str(raw_value)
+        elements.append(
+            UIElement(
+                ref=ref,
+                role=role,
+                text=" ".join(" ".join(text_parts).split()),
+                element_id=str(node.get("id") or ""),
+                classes=str(node.get("classes") or ""),
+                value=value,
+                bounds=(left, top, left + width, top + height),
+                clickable=role in _CLICKABLE_ROLES,
+                editable=role in EDITABLE_ROLES,
+                checked=checked,
+                focused=bool(node.get("focused", False)),
+                parent_ref=parent_ref,
+                depth=depth,
+            )
+        )
+        for child in reversed(element_children):
+            stack.append((child, ref, depth + 1))
+    return Screen(tuple(elements), screenshot_path)
+
+
+def _brief(node: dict[str, Any]) -> str:
+    shown = {k: node[k] for k in ("tag", "ref", "id") if k in node}
+    return str(shown) if shown else "<node without tag/ref/id>"

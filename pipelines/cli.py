@@ -1,0 +1,149 @@
+"""The ``stepwise`` command: the pipeline's main job, imports and SQL for users outside Dagster."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from warehouse.storage import REPO_ROOT, stepwise_home
+
+
+def prepare_dagster_home() -> Path:
+    """$DAGSTER_HOME (default <STEPWISE_HOME>/dagster) holding the repo's dagster.yaml."""
+    home = Path(os.environ.get("DAGSTER_HOME") or stepwise_home() / "dagster").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    os.environ["DAGSTER_HOME"] = str(home)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return home
+
+
+def _print_table(table, max_rows: int = 50) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    shown = Table(show_lines=False)
+    for name in table.column_names:
+        shown.add_column(name, overflow="fold")
+    for row in table.slice(0, max_rows).to_pylist():
+        shown.add_row(*("NULL" if v is None else str(v) for v in row.values()))
+    console = Console()
+    console.print(shown)
+    if table.num_rows > max_rows:
+        console.print(f"... {table.num_rows - max_rows} more rows ({table.num_rows} in all)")
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from warehouse.catalog import Warehouse
+
+    warehouse = Warehouse()
+    try:
+        table = warehouse.query(args.query)
+    except duckdb.Error as exc:
+        print(f"stepwise sql: {exc}", file=sys.stderr)
+        return 2
+    _print_table(table, args.max_rows)
+    return 0
+
+
+def cmd_import_demos(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from envs.miniwob.demo_import import import_demonstrations
+    from warehouse.catalog import Warehouse
+
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        print(f"stepwise import-demos: not a folder: {folder}", file=sys.stderr)
+        return 2
+    with Progress() as bar:
+        task = bar.add_task(f"importing {folder}", total=None)
+        report = import_demonstrations(
+            folder, Warehouse(), workers=args.workers, progress=lambda done, total: bar.update(task, completed=done, total=total)
+        )
+    _print_report(report)
+    return 0
+
+
+def _print_report(report) -> None:
+    print(
+        f"{report.files} files from {report.import_root}: {report.episodes} episodes "
+        f"({report.successes} successes, {report.failures} failures) over {report.tasks} tasks, {report.steps} steps; "
+        f"{report.duplicates} duplicate files (links or identical recordings), {report.quarantined} quarantined"
+        + (f" {report.quarantine_reasons}" if report.quarantine_reasons else "")
+        + f"; untyped steps {report.untyped_share:.2%}; {report.seconds:.1f} s"
+    )
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Materialize the whole asset graph (with its checks) into the local Dagster instance."""
+    prepare_dagster_home()
+    from dagster import DagsterInstance
+
+    from pipelines.definitions import defs
+    from warehouse.catalog import Warehouse
+
+    started = time.perf_counter()
+    with DagsterInstance.get() as instance:
+        result = defs.get_job_def("stepwise_main").execute_in_process(instance=instance, raise_on_error=False)
+    warehouse = Warehouse()
+    print()
+    print(f"== Stepwise: main job {'succeeded' if result.success else 'FAILED'} in {time.perf_counter() - started:.0f} s (run {result.run_id})")
+    for check in result.get_asset_check_evaluations():
+        print(f"   check {check.check_name}: {'passed' if check.passed else 'FAILED'}")
+    if result.success:
+        _print_table(
+            warehouse.query(
+                "SELECT source, count(*) AS episodes, count(*) FILTER (WHERE success) AS successes, "
+                "count(*) FILTER (WHERE NOT success) AS failures, sum(n_steps) AS steps, count(DISTINCT task_id) AS tasks "
+                "FROM episodes GROUP BY source ORDER BY source"
+            )
+        )
+        _print_table(warehouse.query("SELECT status, count(*) AS files FROM source_files GROUP BY status ORDER BY status"))
+    print(f"   warehouse: {warehouse.db_path} (views: episodes, steps, source_files, quarantine, lineage)")
+    print(f"   parquet:   {warehouse.data_dir}")
+    print("   query:     .venv/bin/stepwise sql \"SELECT task_id, avg(success::int) FROM episodes GROUP BY 1\"")
+    print("   UI:        make ui   (then open http://127.0.0.1:3000)")
+    return 0 if result.success else 1
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    prepare_dagster_home()
+    exe = Path(sys.executable).with_name("dagster-webserver")
+    print(f"Dagster UI on http://127.0.0.1:{args.port} (Ctrl-C to stop)")
+    return subprocess.call([str(exe), "-h", "127.0.0.1", "-p", str(args.port), "-w", str(REPO_ROOT / "workspace.yaml")], cwd=REPO_ROOT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stepwise", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("demo", help="materialize the whole asset graph on embedded defaults and print a summary")
+    p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("import-demos", help="import a folder of MiniWoB++-format demonstrations (*.json, *.json.gz)")
+    p.add_argument("folder")
+    p.add_argument("--workers", type=int, default=2)
+    p.set_defaults(func=cmd_import_demos)
+    p = sub.add_parser("sql", help="run a SQL query against the warehouse and print the result")
+    p.add_argument("query")
+    p.add_argument("--max-rows", type=int, default=50)
+    p.set_defaults(func=cmd_sql)
+    p = sub.add_parser("ui", help="start the Dagster UI on 127.0.0.1")
+    p.add_argument("--port", type=int, default=3000)
+    p.set_defaults(func=cmd_ui)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a .venv with torch 2.13.0 (CPU wheel, first), the project and its tools, and
+# Debian's Chromium + chromedriver. Quick when nothing changed (a stamp records what was installed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.stepwise-setup
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] installing torch==2.13.0 first (CPU wheel), then the project"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q "torch==2.13.0"
+  "$VENV/bin/pip" install -q -e ".[dev]"
+  echo "$want" > "$STAMP"
+fi
+
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  echo "[setup] installing Debian's chromium and chromium-driver"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium chromium-driver >/dev/null
+fi
+echo "[setup] ready: $($VENV/bin/python -c 'import torch, dagster, duckdb; print(f"torch {torch.__version__}, dagster {dagster.__version__}, duckdb {duckdb.__version__}")'), $(chromium --version 2>/dev/null | head -1)"

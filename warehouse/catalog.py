@@ -1,0 +1,266 @@
+"""The DuckDB catalog: versioned Parquet tables behind SQL views, and lineage.
+
+Data lives in Parquet under ``<home>/data/<table>/<dataset>/<materialization>.parquet``. The
+DuckDB file ``<home>/warehouse.duckdb`` records which version of each (table, dataset) is current
+and exposes one view per table over the current files, so SQL users see one ``episodes`` and one
+``steps`` whatever produced them (human demonstrations, rollouts, synthetic data).
+
+Publishing is two-phase: Parquet files are first written under new names (atomically), then one
+DuckDB transaction switches the current versions, records lineage and rebuilds the views. If
+anything fails before the commit, the previous versions stay current and nothing is half-written.
+
+Lineage: every materialization gets a row in ``lineage_materializations`` (asset, partition,
+Dagster run id, code version, parameters, row counts, outputs) and one row per input it read in
+``lineage_inputs``: either another materialization (kind ``asset``) or a raw file with its hash
+(kind ``file``). A recursive query walks from any output back to raw files; see ``walk_back``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from warehouse.schema import TABLE_SCHEMAS
+from warehouse.storage import slug, stepwise_home, write_parquet_atomic
+
+_CATALOG_DDL = """
+CREATE TABLE IF NOT EXISTS table_versions (
+    table_name VARCHAR NOT NULL,
+    dataset VARCHAR NOT NULL,
+    path VARCHAR NOT NULL,
+    materialization_id VARCHAR NOT NULL,
+    n_rows BIGINT,
+    created_at TIMESTAMPTZ,
+    is_current BOOLEAN NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lineage_materializations (
+    materialization_id VARCHAR PRIMARY KEY,
+    asset VARCHAR NOT NULL,
+    partition_key VARCHAR,
+    run_id VARCHAR,
+    code_version VARCHAR,
+    parameters JSON,
+    row_counts JSON,
+    output_paths VARCHAR[],
+    created_at TIMESTAMPTZ
+);
+CREATE TABLE IF NOT EXISTS lineage_inputs (
+    materialization_id VARCHAR NOT NULL,
+    kind VARCHAR NOT NULL,               -- 'asset' or 'file'
+    input_asset VARCHAR,                 -- for kind = 'asset'
+    input_materialization_id VARCHAR,    -- for kind = 'asset'
+    path VARCHAR,                        -- the file read (a Parquet output or a raw file)
+    version VARCHAR                      -- content hash of a raw file, or the input's materialization id
+);
+"""
+
+_LINEAGE_VIEW = """
+CREATE OR REPLACE VIEW lineage AS
+SELECT m.materialization_id, m.asset, m.partition_key, m.run_id, m.code_version, m.parameters,
+       m.row_counts, m.output_paths, m.created_at,
+       i.kind AS input_kind, i.input_asset, i.input_materialization_id,
+       i.path AS input_path, i.version AS input_version
+FROM lineage_materializations m
+LEFT JOIN lineage_inputs i USING (materialization_id)
+"""
+
+
+@dataclass
+class LineageInput:
+    kind: str  # 'asset' | 'file'
+    path: str | None = None
+    version: str | None = None
+    input_asset: str | None = None
+    input_materialization_id: str | None = None
+
+
+@dataclass
+class Materialization:
+    """What one materialization produced and read; filled in by an asset, published by the catalog."""
+
+    asset: str
+    run_id: str | None = None
+    partition_key: str | None = None
+    code_version: str | None = None
+    parameters: dict = field(default_factory=dict)
+    inputs: list[LineageInput] = field(default_factory=list)
+    materialization_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+
+
+@dataclass(frozen=True)
+class TableOutput:
+    table_name: str
+    dataset: str
+    path: Path
+    n_rows: int
+
+
+class Warehouse:
+    """The project's warehouse under one home folder (``STEPWISE_HOME`` by default)."""
+
+    def __init__(self, home: Path | str | None = None) -> None:
+        self.home = Path(home).resolve() if home is not None else stepwise_home()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.db_path = self.home / "warehouse.duckdb"
+        self.data_dir = self.home / "data"
+
+    # -- connections -------------------------------------------------------------------------
+    @contextmanager
+    def connect(self, *, read_only: bool = False, attempts: int = 40) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A short-lived connection. DuckDB allows one writing process: wait for a busy file, don't fail."""
+        if read_only and not self.db_path.exists():
+            self.ensure_catalog()
+        delay = 0.05
+        for attempt in range(attempts):
+            try:
+                con = duckdb.connect(str(self.db_path), read_only=read_only)
+                break
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower() or attempt == attempts - 1:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 1.5, 1.0)
+        try:
+            yield con
+        finally:
+            con.close()
+
+    def ensure_catalog(self) -> None:
+        with self.connect() as con:
+            con.execute(_CATALOG_DDL)
+            self._rebuild_views(con)
+
+    # -- writing -----------------------------------------------------------------------------
+    def stage_table(self, table_name: str, dataset: str, table: pa.Table, materialization: Materialization) -> TableOutput:
+        """Write one table version to Parquet (atomically); it becomes current only on ``publish``."""
+        expected = TABLE_SCHEMAS.get(table_name)
+        if expected is not None and not table.schema.equals(expected, check_metadata=False):
+            table = table.cast(expected)
+        path = self.data_dir / table_name / slug(dataset) / f"{materialization.materialization_id}.parquet"
+        write_parquet_atomic(table, path)
+        return TableOutput(table_name, dataset, path, table.num_rows)
+
+    def publish(self, materialization: Materialization, outputs: Iterable[TableOutput]) -> None:
+        """Make the staged outputs current and record lineage, in one transaction."""
+        outputs = list(outputs)
+        now = datetime.now(UTC)
+        with self.connect() as con:
+            con.execute(_CATALOG_DDL)
+            con.execute("BEGIN TRANSACTION")
+            try:
+                for out in outputs:
+                    con.execute(
+                        "UPDATE table_versions SET is_current = false WHERE table_name = ? AND dataset = ?",
+                        [out.table_name, out.dataset],
+                    )
+                    con.execute(
+                        "INSERT INTO table_versions VALUES (?, ?, ?, ?, ?, ?, true)",
+                        [out.table_name, out.dataset, str(out.path), materialization.materialization_id, out.n_rows, now],
+                    )
+                con.execute(
+                    "INSERT INTO lineage_materializations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        materialization.materialization_id,
+                        materialization.asset,
+                        materialization.partition_key,
+                        materialization.run_id,
+                        materialization.code_version,
+                        json.dumps(materialization.parameters, sort_keys=True, default=str),
+                        json.dumps({o.table_name: o.n_rows for o in outputs}, sort_keys=True),
+                        [str(o.path) for o in outputs],
+                        now,
+                    ],
+                )
+                if materialization.inputs:
+                    con.executemany(
+                        "INSERT INTO lineage_inputs VALUES (?, ?, ?, ?, ?, ?)",
+                        [
+                            [
+                                materialization.materialization_id,
+                                i.kind,
+                                i.input_asset,
+                                i.input_materialization_id,
+                                i.path,
+                                i.version,
+                            ]
+                            for i in materialization.inputs
+                        ],
+                    )
+                self._rebuild_views(con)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                for out in outputs:  # the staged files were never current: remove them
+                    out.path.unlink(missing_ok=True)
+                raise
+
+    def _rebuild_views(self, con: duckdb.DuckDBPyConnection) -> None:
+        current = con.execute(
+            "SELECT table_name, list(path ORDER BY dataset) FROM table_versions WHERE is_current GROUP BY table_name"
+        ).fetchall()
+        paths_by_table = dict(current)
+        for table_name, schema in TABLE_SCHEMAS.items():
+            paths = paths_by_table.pop(table_name, None) or [str(self._empty_file(table_name, schema))]
+            con.execute(f"CREATE OR REPLACE VIEW {table_name} AS SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)")
+        for table_name, paths in paths_by_table.items():  # tables registered by later stages
+            con.execute(f"CREATE OR REPLACE VIEW {table_name} AS SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)")
+        con.execute(_LINEAGE_VIEW)
+
+    def _empty_file(self, table_name: str, schema: pa.Schema) -> Path:
+        path = self.data_dir / "_empty" / f"{table_name}.parquet"
+        if not path.exists():
+            write_parquet_atomic(schema.empty_table(), path)
+        return path
+
+    # -- reading -----------------------------------------------------------------------------
+    def query(self, sql: str, params: list | None = None) -> pa.Table:
+        with self.connect(read_only=True) as con:
+            return con.sql(sql, params=params or None).to_arrow_table()
+
+    def current_version(self, table_name: str, dataset: str) -> tuple[str, str] | None:
+        """(materialization_id, path) of the current version of a table, if any."""
+        if not self.db_path.exists():
+            return None
+        with self.connect(read_only=True) as con:
+            try:
+                row = con.execute(
+                    "SELECT materialization_id, path FROM table_versions WHERE is_current AND table_name = ? AND dataset = ?",
+                    [table_name, dataset],
+                ).fetchone()
+            except duckdb.CatalogException:
+                return None
+        return (row[0], row[1]) if row else None
+
+    def walk_back(self, output_path: str) -> pa.Table:
+        """Every input, transitively, behind the materialization that wrote ``output_path``.
+
+        Returns rows (depth, asset, materialization_id, kind, path, version); raw files have kind 'file'.
+        """
+        sql = """
+        WITH RECURSIVE chain(depth, materialization_id) AS (
+            SELECT 0, materialization_id FROM lineage_materializations WHERE list_contains(output_paths, ?)
+            UNION
+            SELECT c.depth + 1, i.input_materialization_id
+            FROM chain c JOIN lineage_inputs i ON i.materialization_id = c.materialization_id
+            WHERE i.kind = 'asset' AND i.input_materialization_id IS NOT NULL
+        )
+        SELECT c.depth, m.asset, c.materialization_id, i.kind, i.path, i.version
+        FROM chain c
+        JOIN lineage_materializations m USING (materialization_id)
+        JOIN lineage_inputs i USING (materialization_id)
+        ORDER BY c.depth, i.kind, i.path
+        """
+        return self.query(sql, [output_path])
+
+
+def _sql_list(paths: list[str]) -> str:
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"

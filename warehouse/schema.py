@@ -1,0 +1,139 @@
+"""Arrow schemas of the warehouse tables.
+
+Column names are part of the product's interface: people write SQL against them, so they are
+plain and stable. Episodes and steps follow design.md "Data model".
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+ELEMENT_TYPE = pa.struct(
+    [
+        ("ref", pa.string()),
+        ("role", pa.string()),
+        ("text", pa.string()),
+        ("element_id", pa.string()),
+        ("classes", pa.string()),
+        ("description", pa.string()),
+        ("value", pa.string()),
+        ("bounds", pa.list_(pa.float32())),
+        ("clickable", pa.bool_()),
+        ("editable", pa.bool_()),
+        ("checked", pa.bool_()),
+        ("focused", pa.bool_()),
+        ("parent_ref", pa.string()),
+        ("depth", pa.int16()),
+    ]
+)
+
+EPISODES = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        ("task_family", pa.string()),
+        ("instruction", pa.string()),
+        pa.field("source", pa.string(), nullable=False),  # human_demo | rollout | synthetic:<kind>
+        ("parent_episode_id", pa.string()),
+        ("policy_id", pa.string()),
+        ("env_backend", pa.string()),
+        ("seed", pa.int64()),
+        pa.field("success", pa.bool_(), nullable=False),
+        ("outcome_reward", pa.float64()),  # the environment's raw reward (MiniWoB++: 1 success, <= 0 failure)
+        ("decayed_reward", pa.float64()),  # MiniWoB++'s time-decayed reward, where recorded
+        pa.field("n_steps", pa.int32(), nullable=False),
+        ("duration_ms", pa.int64()),
+        ("source_file", pa.string()),  # path of the raw file, relative to the import root
+        ("source_sha256", pa.string()),  # hash of the decompressed recording: identity of the raw data
+        ("import_root", pa.string()),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+        ("run_id", pa.string()),
+    ]
+)
+
+STEPS = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("step_idx", pa.int32(), nullable=False),
+        pa.field("action_type", pa.string(), nullable=False),
+        pa.field("action_text", pa.string(), nullable=False),  # canonical form, see Action.canonical_text
+        ("target_ref", pa.string()),
+        ("target_role", pa.string()),
+        ("target_text", pa.string()),
+        ("target_element_id", pa.string()),
+        ("target_bounds", pa.list_(pa.float32())),
+        ("input_text", pa.string()),
+        ("scroll_direction", pa.string()),
+        ("screen", pa.list_(ELEMENT_TYPE)),  # the screen before the action
+        ("n_elements", pa.int32()),
+        ("screenshot_path", pa.string()),
+        ("env_reward", pa.float64()),
+        ("milestones_hit", pa.list_(pa.string())),
+        ("done", pa.bool_()),
+        ("time_ms", pa.int64()),  # time of the action since the episode started
+        ("raw_event_first", pa.int32()),  # index range of the raw events this step was built from
+        ("raw_event_last", pa.int32()),
+        ("problem", pa.string()),  # why the importer could not fully type this step, if so
+    ]
+)
+
+# Every raw file an import saw, and what became of it: the bridge from outputs back to raw data.
+SOURCE_FILES = pa.schema(
+    [
+        pa.field("source_file", pa.string(), nullable=False),
+        ("import_root", pa.string()),
+        ("file_sha256", pa.string()),  # hash of the bytes on disk
+        ("recording_sha256", pa.string()),  # hash of the decompressed recording (equal for links)
+        ("link_target", pa.string()),  # set when the file is a git-style link to another file
+        pa.field("status", pa.string(), nullable=False),  # imported | duplicate | quarantined
+        ("episode_id", pa.string()),
+        ("n_steps", pa.int32()),
+    ]
+)
+
+QUARANTINE = pa.schema(
+    [
+        pa.field("source_file", pa.string(), nullable=False),
+        ("import_root", pa.string()),
+        ("event_index", pa.int32()),  # null when the whole file is unreadable
+        pa.field("severity", pa.string(), nullable=False),  # file (not imported) | event (step kept as UNKNOWN)
+        pa.field("reason", pa.string(), nullable=False),
+    ]
+)
+
+TABLE_SCHEMAS: dict[str, pa.Schema] = {
+    "episodes": EPISODES,
+    "steps": STEPS,
+    "source_files": SOURCE_FILES,
+    "quarantine": QUARANTINE,
+}
+
+
+def element_records(screen) -> list[dict]:
+    """Screen -> list of dicts matching ELEMENT_TYPE (bounds as 4 floats)."""
+    return [
+        {
+            "ref": e.ref,
+            "role": e.role,
+            "text": e.text,
+            "element_id": e.element_id,
+            "classes": e.classes,
+            "description": e.description,
+            "value": e.value,
+            "bounds": list(e.bounds),
+            "clickable": e.clickable,
+            "editable": e.editable,
+            "checked": e.checked,
+            "focused": e.focused,
+            "parent_ref": e.parent_ref,
+            "depth": e.depth,
+        }
+        for e in screen.elements
+    ]
+
+
+def same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
+    """Type equality as SQL users see it: time zones compare by presence (DuckDB says Etc/UTC for UTC)."""
+    if pa.types.is_timestamp(actual) and pa.types.is_timestamp(expected):
+        return actual.unit == expected.unit and (actual.tz is None) == (expected.tz is None)
+    return actual.equals(expected)

@@ -168,8 +168,12 @@ class TextEmbedder(_CachedEmbedder):
 
     @property
     def dimension(self) -> int:
-        get_dim = getattr(self.model, "get_sentence_embedding_dimension", None)
-        return int(get_dim()) if get_dim is not None else 384
+        # sentence-transformers 6 renamed get_sentence_embedding_dimension to get_embedding_dimension.
+        for name in ("get_embedding_dimension", "get_sentence_embedding_dimension"):
+            get_dim = getattr(self.model, name, None)
+            if get_dim is not None:
+                return int(get_dim())
+        return int(np.asarray(self.model.encode([""])).shape[-1])
 
 
 class HashingTextEmbedder(_CachedEmbedder):

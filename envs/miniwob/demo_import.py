@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -285,7 +286,7 @@ def import_demonstrations(
     reasons: dict[str, int] = {}
     for q in quarantine:
         if q["severity"] == "file":
-            key = q["reason"].split(":")[0]
+            key = re.sub(r"\d+", "N", q["reason"].split(":")[0])
             reasons[key] = reasons.get(key, 0) + 1
     report.quarantine_reasons = reasons
     report.seconds = time.perf_counter() - started

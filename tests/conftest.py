@@ -1,0 +1,67 @@
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = REPO_ROOT.parent / "shared"
+DEMOS_DIR = SHARED / "data" / "miniwob-demos"
+
+
+@pytest.fixture(scope="session")
+def demos_dir() -> Path:
+    if not DEMOS_DIR.is_dir():
+        pytest.fail(f"the shared demonstrations are missing: {DEMOS_DIR} (tests read ../shared directly)")
+    return DEMOS_DIR
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """A private STEPWISE_HOME for one test."""
+    path = tmp_path / "stepwise-home"
+    monkeypatch.setenv("STEPWISE_HOME", str(path))
+    monkeypatch.setenv("DAGSTER_HOME", str(path / "dagster"))
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_demos(demos_dir, tmp_path_factory) -> Path:
+    """A small folder in the demonstrations' format: a few real files of four tasks, including a
+    git-style link file and its target, so imports run in seconds."""
+    root = tmp_path_factory.mktemp("small-demos")
+    for batch, task, count in (
+        ("2017-10-16_second-turk", "login-user", 6),
+        ("2017-10-16_second-turk", "search-engine", 6),
+        ("2017-10-16_second-turk", "click-checkboxes-soft", 6),
+        ("2017-10-26_third-turk", "social-media", 4),
+    ):
+        candidates = sorted((demos_dir / batch / task).glob("*.json.gz"))
+        failures = [f for f in candidates[:200] if _raw_reward(f) <= 0][:2]
+        files = [f for f in candidates[:count] if f not in failures][: count - len(failures)] + failures
+        (root / batch / task).mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copyfile(f, root / batch / task / f.name)
+    linked = sorted((root / "2017-10-26_third-turk" / "social-media").glob("*.json.gz"))[0]
+    link_dir = root / "2017-11-05_fourth-turk" / "social-media"
+    link_dir.mkdir(parents=True)
+    (link_dir / linked.name).write_text(f"../../2017-10-26_third-turk/social-media/{linked.name}")
+    return root
+
+
+def _raw_reward(path: Path) -> float:
+    try:
+        return float(json.loads(gzip.decompress(path.read_bytes()))["rawReward"])
+    except (OSError, ValueError, KeyError):
+        return 0.0
+
+
+def write_recording(path: Path, recording: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(json.dumps(recording).encode()))
+    return path

@@ -92,7 +92,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     with DagsterInstance.get() as instance:
-        result = defs.resolve_job_def("stepwise_main").execute_in_process(instance=instance, raise_on_error=False)
+        result = defs.resolve_job_def("stepwise_main").execute_in_process(
+            instance=instance,
+            raise_on_error=False,
+            run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
+        )
     warehouse = Warehouse()
     print()
     print(f"== Stepwise: main job {'succeeded' if result.success else 'FAILED'} in {time.perf_counter() - started:.0f} s (run {result.run_id})")

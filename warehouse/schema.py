@@ -101,11 +101,57 @@ QUARANTINE = pa.schema(
     ]
 )
 
+# Progress labels per step (ProgRM §2.2): one row per (episode, step, source, method).
+PROGRESS_LABELS = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("step_idx", pa.int32(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),  # lcs | env | admire | human | model
+        ("method", pa.string()),  # for lcs: paper (faithful to ProgRM) | improved
+        pa.field("progress", pa.float64(), nullable=False),  # in [0, 1]
+        pa.field("is_key_step", pa.bool_(), nullable=False),
+        ("recipe_id", pa.string()),
+        ("completion_ratio", pa.float64()),
+        ("label_version", pa.string()),
+    ]
+)
+
+# The recipe library (ProgRM §2.2, Eq. 10): one recipe per group of similar successful trajectories.
+RECIPES = pa.schema(
+    [
+        pa.field("recipe_id", pa.string(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        ("method", pa.string()),
+        ("group_idx", pa.int32()),
+        ("length", pa.int32()),
+        ("steps", pa.list_(pa.string())),  # the recipe's action keys, in order
+        ("n_members", pa.int32()),
+        ("member_episode_ids", pa.list_(pa.string())),
+        ("label_version", pa.string()),
+    ]
+)
+
+# The reward-model split (ProgRM App. C): split by task goal; failed steps sampled to ~1:1.
+PROGRESS_SPLIT = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        ("goal_key", pa.string()),  # what "same goal" means: task plus instruction slots
+        pa.field("split", pa.string(), nullable=False),  # train | validation | test
+        ("success", pa.bool_()),
+        ("n_steps", pa.int32()),
+        ("n_steps_sampled", pa.int32()),  # steps kept by the success:failure balancing
+    ]
+)
+
 TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "episodes": EPISODES,
     "steps": STEPS,
     "source_files": SOURCE_FILES,
     "quarantine": QUARANTINE,
+    "progress_labels": PROGRESS_LABELS,
+    "recipes": RECIPES,
+    "progress_split": PROGRESS_SPLIT,
 }
 
 

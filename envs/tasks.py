@@ -20,7 +20,8 @@ milestones:
 
 Predicates (``when``), over the screen after a step and the step's action:
 
-* ``visible: SELECTOR`` - an element matching the selector is on the screen;
+* ``visible: SELECTOR`` - an element matching the selector is on the screen (non-empty and
+  overlapping the root element, i.e. not scrolled out of view);
 * ``field_value: {element: SELECTOR, equals: TEMPLATE}`` - an editable element holds the value
   (case- and whitespace-insensitive);
 * ``checked: SELECTOR`` / ``unchecked: SELECTOR`` - a checkbox or radio button matching it is (not) checked;
@@ -31,7 +32,9 @@ Predicates (``when``), over the screen after a step and the step's action:
 
 A SELECTOR is a mapping of ``role``, ``text`` (exact), ``text_contains``, ``element_id``,
 ``classes_contains``, ``description``; every key given must match. Values may name instruction
-slots as ``{slot}`` (the named groups of ``instruction``). Milestones are reached in order: a
+slots as ``{slot}``: the named groups of ``instruction``, and the fields the environment recorded
+with the episode (``episodes.task_fields``; a slot named in a predicate must be one of the groups
+unless the spec lists it under ``fields:``). Milestones are reached in order: a
 milestone counts once every milestone before it has been reached.
 """
 
@@ -77,12 +80,17 @@ class TaskSpec:
     extra: Mapping[str, Any] = field(default_factory=dict)
     path: str | None = None
 
-    def slots(self, instruction: str) -> dict[str, str] | None:
-        """The instruction's slot values, or None when the instruction does not fit the template."""
+    def slots(self, instruction: str, fields: Mapping[str, Any] | None = None) -> dict[str, str] | None:
+        """The instruction's slot values: the template's named groups, plus the fields the
+        environment recorded with the episode (MiniWoB++ records them for natural-language tasks).
+        None when the instruction fits neither."""
+        recorded = {str(k): str(v) for k, v in (fields or {}).items() if v is not None}
         if self.instruction is None:
-            return {}
+            return recorded
         match = self.instruction.search(instruction)
-        return None if match is None else {k: v for k, v in match.groupdict().items() if v is not None}
+        if match is None:
+            return recorded or None
+        return recorded | {k: v for k, v in match.groupdict().items() if v is not None}
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -112,7 +120,10 @@ def task_spec_from_mapping(raw: Any, source: str = "<spec>") -> TaskSpec:
             pattern = re.compile(str(raw["instruction"]), re.IGNORECASE | re.DOTALL)
         except re.error as exc:
             raise TaskSpecError(f"{where}: field 'instruction' is not a valid regular expression: {exc}") from None
-    slots = set(pattern.groupindex) if pattern else set()
+    declared_fields = raw.get("fields") or []
+    if not isinstance(declared_fields, list) or not all(isinstance(f, str) for f in declared_fields):
+        raise TaskSpecError(f"{where}: field 'fields' must be a list of slot names")
+    slots = (set(pattern.groupindex) if pattern else set()) | set(declared_fields)
     milestones_raw = raw.get("milestones")
     if not isinstance(milestones_raw, list) or not milestones_raw:
         raise TaskSpecError(f"{where}: field 'milestones' must be a non-empty list")
@@ -127,7 +138,7 @@ def task_spec_from_mapping(raw: Any, source: str = "<spec>") -> TaskSpec:
         seen_names.add(m["name"])
         _validate_predicate(m["when"], f"{at}.when", slots)
         milestones.append(Milestone(m["name"], m["when"]))
-    known = {"task_id", "instruction", "milestones", "backend", "family", "app", "solution"}
+    known = {"task_id", "instruction", "milestones", "backend", "family", "app", "solution", "fields"}
     return TaskSpec(
         task_id=task_id,
         milestones=tuple(milestones),
@@ -198,7 +209,7 @@ def _validate_value(value: Any, at: str, slots: set[str]) -> None:
         raise TaskSpecError(f"{at}: expected a string or number, got {type(value).__name__}")
     for slot in _SLOT.findall(str(value)):
         if slot not in slots:
-            raise TaskSpecError(f"{at}: slot {{{slot}}} is not a named group of 'instruction' (has {sorted(slots)})")
+            raise TaskSpecError(f"{at}: slot {{{slot}}} is neither a named group of 'instruction' nor in 'fields' (has {sorted(slots)})")
 
 
 # -- evaluation -------------------------------------------------------------------------------
@@ -210,6 +221,12 @@ def _render(value: Any, slots: Mapping[str, str]) -> str:
 
 def _norm(text: str | None) -> str:
     return " ".join((text or "").split()).casefold()
+
+
+def _in_view(element: UIElement, viewport: tuple[float, float, float, float]) -> bool:
+    """On screen: non-empty and overlapping the root element (the page or the device screen)."""
+    left, top, right, bottom = element.bounds
+    return right > left and bottom > top and left < viewport[2] and right > viewport[0] and top < viewport[3] and bottom > viewport[1]
 
 
 def element_matches(element: UIElement, selector: Mapping[str, Any], slots: Mapping[str, str]) -> bool:
@@ -249,7 +266,8 @@ def evaluate(
     if kind == "episode_success":
         return success
     if kind == "visible":
-        return any(element_matches(e, arg, slots) for e in elements)
+        viewport = elements[0].bounds if elements else (0.0, 0.0, 0.0, 0.0)
+        return any(_in_view(e, viewport) and element_matches(e, arg, slots) for e in elements)
     if kind in ("checked", "unchecked"):
         want = kind == "checked"
         return any(e.checked is want and element_matches(e, arg, slots) for e in elements)
@@ -291,6 +309,7 @@ def track_milestones(
     instruction: str,
     steps: Iterable[tuple[Screen | None, Action | None]],
     success: bool = False,
+    fields: Mapping[str, Any] | None = None,
 ) -> MilestoneTrack:
     """Walk a trajectory given as (screen after the step, action of the step) pairs.
 
@@ -299,7 +318,7 @@ def track_milestones(
     ``episode_success`` at the last step only. Raises TaskSpecError when the instruction does not
     fit the spec's template, so a mislabelled episode is never scored silently.
     """
-    slots = spec.slots(instruction)
+    slots = spec.slots(instruction, fields)
     if slots is None:
         raise TaskSpecError(f"task {spec.task_id}: instruction does not fit the spec's template: {instruction!r}")
     steps = list(steps)

@@ -33,6 +33,7 @@ EPISODES = pa.schema(
         pa.field("task_id", pa.string(), nullable=False),
         ("task_family", pa.string()),
         ("instruction", pa.string()),
+        ("task_fields", pa.string()),  # JSON of the instruction's slots when the source records them
         pa.field("source", pa.string(), nullable=False),  # human_demo | rollout | synthetic:<kind>
         ("parent_episode_id", pa.string()),
         ("policy_id", pa.string()),

@@ -35,7 +35,7 @@ from warehouse.model import ActionType
 from warehouse.schema import EPISODES, QUARANTINE, SOURCE_FILES, STEPS, element_records
 from warehouse.storage import git_revision
 
-IMPORTER_VERSION = "demos-1"
+IMPORTER_VERSION = "demos-2"
 DEMO_SUFFIXES = (".json.gz", ".json")
 ASSET_NAME = "human_demonstrations"
 
@@ -139,6 +139,7 @@ def _convert_chunk(root_str: str, rel_paths: list[str], created_at: datetime, ru
             "task_id": episode.task_id,
             "task_family": "miniwob",
             "instruction": episode.instruction,
+            "task_fields": json.dumps(episode.fields, sort_keys=True) if episode.fields else None,
             "source": "human_demo",
             "parent_episode_id": None,
             "policy_id": "human",

@@ -35,10 +35,10 @@ from annotation.soft_lcs import (
     EPSILON_NOTHING,
     MatchMode,
     MatchTable,
+    SequenceStore,
     build_match_tables,
-    completion_ratio,
-    soft_lcs_alignment_arrays,
-    soft_lcs_scores,
+    soft_lcs_alignment_arrays_indexed,
+    soft_lcs_scores_indexed,
 )
 from annotation.text_similarity import Embed
 
@@ -181,41 +181,46 @@ def assign_progress_labels(
 
     table_position = {task: k for k, task in enumerate(labelled_tasks)}
     score_tables = [tables[t].scores for t in labelled_tasks]
-    jobs: list[tuple[str, Episode, np.ndarray]] = [
-        (task, episode, codes_of(task, episode)) for task in labelled_tasks for episode in episodes_by_task[task]
-    ]
-    recipe_codes = {
-        task: [np.asarray(r.symbols, dtype=np.int64) for r in recipes_by_task[task].recipes] for task in labelled_tasks
-    }
+    jobs: list[tuple[str, Episode]] = [(task, e) for task in labelled_tasks for e in episodes_by_task[task]]
+    libraries = [recipes_by_task[task].recipes for task in labelled_tasks]
+    # One store: every episode to label, then every recipe; pairs are index pairs into it.
+    store = SequenceStore.from_sequences(
+        [codes_of(task, e) for task, e in jobs]
+        + [np.asarray(r.symbols, dtype=np.int64) for recipes in libraries for r in recipes]
+    )
+    first_recipe_id = len(jobs) + np.cumsum([0] + [len(recipes) for recipes in libraries])[:-1]
+    job_task = np.array([table_position[task] for task, _ in jobs], dtype=np.int64)
+    n_recipes = np.array([len(recipes) for recipes in libraries], dtype=np.int64)[job_task]
 
     # Stage 2a: CR (Eq. 4) of every (episode, recipe of its task) pair.
-    a_seqs, b_seqs, table_index = [], [], []
-    for task, _, codes in jobs:
-        for recipe in recipe_codes[task]:
-            a_seqs.append(codes)
-            b_seqs.append(recipe)
-            table_index.append(table_position[task])
-    scores = soft_lcs_scores(a_seqs, b_seqs, score_tables, table_index) if a_seqs else np.zeros(0)
-    best: list[tuple[int, float]] = []
-    start = 0
-    for task, _, _ in jobs:
-        lengths = [len(r) for r in recipe_codes[task]]
-        ratios = [completion_ratio(float(s), n) for s, n in zip(scores[start : start + len(lengths)], lengths)]
-        start += len(lengths)
-        j = int(np.argmax(ratios))
-        best.append((j, ratios[j]))
+    pair_job = np.repeat(np.arange(len(jobs)), n_recipes)
+    pair_rank = np.arange(pair_job.size) - np.repeat(np.cumsum(n_recipes) - n_recipes, n_recipes)
+    pair_recipe = first_recipe_id[job_task[pair_job]] + pair_rank
+    scores = soft_lcs_scores_indexed(store, pair_job, pair_recipe, score_tables, job_task[pair_job])
+    recipe_len = store.lengths[pair_recipe].astype(np.float64)
+    # Eq. (4) (soft_lcs.completion_ratio), vectorised; an empty recipe has CR 0.
+    ratios = np.divide(scores, recipe_len, out=np.zeros_like(scores), where=recipe_len > 0)
+    # Best recipe per episode: the highest CR, the earliest recipe on ties.
+    best_rank = np.zeros(len(jobs), dtype=np.int64)
+    best_ratio = np.full(len(jobs), -1.0)
+    for k in range(int(n_recipes.max(initial=0))):
+        at_k = pair_rank == k
+        jobs_k, ratios_k = pair_job[at_k], ratios[at_k]
+        better = ratios_k > best_ratio[jobs_k]
+        best_rank[jobs_k[better]] = k
+        best_ratio[jobs_k[better]] = ratios_k[better]
 
     # Stage 2b: align each episode with its chosen recipe; the matched steps are its key steps.
-    _, alignments = soft_lcs_alignment_arrays(
-        [codes for _, _, codes in jobs],
-        [recipe_codes[task][j] for (task, _, _), (j, _) in zip(jobs, best)],
-        score_tables,
-        [table_position[task] for task, _, _ in jobs],
-    )
-    for (task, episode, codes), (j, ratio), (step_idx, recipe_idx) in zip(jobs, best, alignments):
-        recipe = recipes_by_task[task].recipes[j]
-        progress, is_key = progress_from_alignment(len(codes), step_idx, recipe_idx, len(recipe), kappa_rule=kappa_rule)
-        labels[episode.episode_id] = _trajectory_labels(episode.episode_id, "lcs", progress, is_key, recipe.recipe_id, ratio)
+    chosen = first_recipe_id[job_task] + best_rank
+    _, alignments = soft_lcs_alignment_arrays_indexed(store, np.arange(len(jobs)), chosen, score_tables, job_task)
+    for k, ((task, episode), (step_idx, recipe_idx)) in enumerate(zip(jobs, alignments)):
+        recipe = recipes_by_task[task].recipes[int(best_rank[k])]
+        progress, is_key = progress_from_alignment(
+            int(store.lengths[k]), step_idx, recipe_idx, len(recipe), kappa_rule=kappa_rule
+        )
+        labels[episode.episode_id] = _trajectory_labels(
+            episode.episode_id, "lcs", progress, is_key, recipe.recipe_id, float(best_ratio[k])
+        )
     return {e.episode_id: labels[e.episode_id] for episodes in episodes_by_task.values() for e in episodes}
 
 
@@ -256,7 +261,9 @@ def label_corpus(
         epsilon=epsilon,
         input_target_must_match=input_target_must_match,
     )
-    codes = {e.episode_id: tables[task].encode(e.actions) for task, episodes in episodes_by_task.items() for e in episodes}
+    codes = {
+        e.episode_id: tables[task].encode(e.actions) for task, episodes in episodes_by_task.items() for e in episodes
+    }
     if len(codes) != sum(len(episodes) for episodes in episodes_by_task.values()):
         raise ValueError("episode ids must be unique across the corpus")
     recipes = build_recipe_libraries(

@@ -22,7 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from annotation.soft_lcs import MatchTable, soft_lcs_alignment_arrays, soft_lcs_scores
+from annotation.soft_lcs import (
+    MatchTable,
+    SequenceStore,
+    soft_lcs_alignment_arrays,
+    soft_lcs_scores_indexed,
+)
 from warehouse.model import Action
 
 #: theta_L of App. A: the least Sim (Eq. 3) between any two trajectories of a group.
@@ -115,31 +120,27 @@ def similarity_matrix(codes: Sequence[np.ndarray], table: MatchTable | np.ndarra
     return _similarity_matrices([list(codes)], [scores])[0]
 
 
-def _similarity_matrices(codes_per_task: Sequence[Sequence[np.ndarray]], tables: Sequence[np.ndarray]) -> list[np.ndarray]:
+def _similarity_matrices(
+    codes_per_task: Sequence[Sequence[np.ndarray]], tables: Sequence[np.ndarray]
+) -> list[np.ndarray]:
     """Eq. (3) matrices of several tasks, all pairs of all tasks in one batched DP."""
-    a_seqs: list[np.ndarray] = []
-    b_seqs: list[np.ndarray] = []
-    table_index: list[int] = []
-    spans: list[tuple[np.ndarray, np.ndarray]] = []
-    for t, codes in enumerate(codes_per_task):
-        upper_i, upper_j = np.triu_indices(len(codes), k=1)
-        spans.append((upper_i, upper_j))
-        a_seqs.extend(codes[i] for i in upper_i)
-        b_seqs.extend(codes[j] for j in upper_j)
-        table_index.extend([t] * upper_i.size)
-    scores = soft_lcs_scores(a_seqs, b_seqs, list(tables), table_index) if a_seqs else np.zeros(0)
+    store = SequenceStore.from_sequences(codes for task_codes in codes_per_task for codes in task_codes)
+    first_id = np.cumsum([0] + [len(c) for c in codes_per_task])
+    spans = [np.triu_indices(len(codes), k=1) for codes in codes_per_task]
+    a_ids = np.concatenate([first_id[t] + upper_i for t, (upper_i, _) in enumerate(spans)] or [np.zeros(0, int)])
+    b_ids = np.concatenate([first_id[t] + upper_j for t, (_, upper_j) in enumerate(spans)] or [np.zeros(0, int)])
+    table_index = np.repeat(np.arange(len(spans)), [upper_i.size for upper_i, _ in spans])
+    scores = soft_lcs_scores_indexed(store, a_ids, b_ids, list(tables), table_index) if a_ids.size else np.zeros(0)
+    # Eq. (3) (soft_lcs.trajectory_similarity), vectorised: SoftLCS / min length; 0 if one is empty.
+    shorter = np.minimum(store.lengths[a_ids], store.lengths[b_ids]).astype(np.float64)
+    sims = np.divide(scores, shorter, out=np.zeros_like(scores), where=shorter > 0)
     matrices: list[np.ndarray] = []
     start = 0
     for codes, (upper_i, upper_j) in zip(codes_per_task, spans):
-        lengths = np.array([len(c) for c in codes], dtype=np.float64)
-        pair_scores = scores[start : start + upper_i.size]
-        start += upper_i.size
-        shorter = np.minimum(lengths[upper_i], lengths[upper_j])
-        # Eq. (3) (soft_lcs.trajectory_similarity), vectorised: SoftLCS / min length; 0 if one is empty.
-        sim = np.divide(pair_scores, shorter, out=np.zeros_like(pair_scores), where=shorter > 0)
         matrix = np.eye(len(codes), dtype=np.float64)
-        matrix[upper_i, upper_j] = sim
-        matrix[upper_j, upper_i] = sim
+        matrix[upper_i, upper_j] = sims[start : start + upper_i.size]
+        matrix[upper_j, upper_i] = sims[start : start + upper_i.size]
+        start += upper_i.size
         matrices.append(matrix)
     return matrices
 
@@ -208,11 +209,16 @@ def build_recipe_libraries(
     for task in task_ids:
         n = len(successes[task])
         if n == 0:
-            results[task] = TaskRecipes(task, (), (), 0, reason="no successful trajectory (a recipe needs at least two)")
+            results[task] = TaskRecipes(
+                task, (), (), 0, reason="no successful trajectory (a recipe needs at least two)"
+            )
         elif n == 1:
             only = successes[task][0].episode_id
             results[task] = TaskRecipes(
-                task, (), ((only,),), 1,
+                task,
+                (),
+                ((only,),),
+                1,
                 reason=f"only one successful trajectory ({only}); a recipe is the common part of at least two",
             )
 
@@ -240,7 +246,9 @@ def build_recipe_libraries(
         for group in groups_of[task]:
             members = tuple(episodes[m].episode_id for m in group)
             if len(group) < min_group_size:
-                notes.append(f"group {list(members)} has {len(group)} member(s), fewer than {min_group_size}: no recipe")
+                notes.append(
+                    f"group {list(members)} has {len(group)} member(s), fewer than {min_group_size}: no recipe"
+                )
                 continue
             symbols, anchors = folded_of[(task, tuple(group))]
             if symbols.size == 0:
@@ -285,6 +293,6 @@ def build_recipe_library(
     min_group_size: int = DEFAULT_MIN_GROUP_SIZE,
 ) -> TaskRecipes:
     """The recipe library L^(g) of one task (see :func:`build_recipe_libraries`)."""
-    return build_recipe_libraries(
-        {task_id: episodes}, {task_id: table}, theta=theta, min_group_size=min_group_size
-    )[task_id]
+    return build_recipe_libraries({task_id: episodes}, {task_id: table}, theta=theta, min_group_size=min_group_size)[
+        task_id
+    ]

@@ -47,20 +47,24 @@ EPSILON_NOTHING: Final[float] = 0.4
 #: Action types whose match is the similarity of their free-form text (Eq. 9, second case).
 SOFT_TEXT_TYPES: Final[frozenset[ActionType]] = frozenset({ActionType.INPUT, ActionType.ANSWER})
 
-#: Types matched on the target element's identity.
-TARGET_MATCHED_TYPES: Final[frozenset[ActionType]] = frozenset(
-    {ActionType.CLICK, ActionType.LONG_CLICK, ActionType.INPUT}
-)
-
 MatchMode = Literal["soft", "hard"]
 ActionKey = tuple[str, ...]
 TextSimilarity = Callable[[str, str], float]
 Item = TypeVar("Item")
 
-# Upper bound on the DP cells (pairs x rows x columns) one batch of the fast path holds at once:
-# bounds memory (8 bytes a cell for the kept DP table when aligning) whatever the corpus size.
-_ALIGN_CELL_BUDGET: Final[int] = 4_000_000
-_SCORE_CELL_BUDGET: Final[int] = 16_000_000
+# Upper bound on the DP cells (pairs x rows x columns) of one batch of the fast path. Scoring keeps
+# two rows, and a batch this size keeps them in L2 cache (measured best on the 2-core dev box);
+# aligning keeps the whole table (8 bytes a cell), so the bound also caps memory.
+_ALIGN_CELL_BUDGET: Final[int] = 2_000_000
+_SCORE_CELL_BUDGET: Final[int] = 800_000
+
+# Below this many live pairs, the running max along a row uses np.maximum.accumulate rather than
+# one np.maximum call per column (crossover measured on the dev box).
+_FEW_PAIRS: Final[int] = 128
+
+_NO_ALIGNMENT: Final[tuple[np.ndarray, np.ndarray]] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+_NO_ALIGNMENT[0].setflags(write=False)
+_NO_ALIGNMENT[1].setflags(write=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,7 +94,7 @@ def action_key(action: Action) -> ActionKey:
     * SCROLL: the direction. GOBACK, NOTHING: the type alone.
     * UNKNOWN: the importer's detail; UNKNOWN actions never match anything (see :func:`soft_match`).
     """
-    kind = action.type
+    kind = ActionType(action.type)  # also accepts the plain strings of a deserialised action
     if kind in (ActionType.CLICK, ActionType.LONG_CLICK):
         return (kind.value, *target_identity(action.target))
     if kind is ActionType.INPUT:
@@ -120,20 +124,21 @@ def soft_match(
     username typed into the password box does not count).
     UNKNOWN actions (events the importer could not type) score 0: nothing is known of what they did.
     """
-    if a.type is not b.type or a.type is ActionType.UNKNOWN:
+    kind = ActionType(a.type)
+    if kind != b.type or kind is ActionType.UNKNOWN:
         return 0.0
-    if a.type in SOFT_TEXT_TYPES:
+    if kind in SOFT_TEXT_TYPES:
         if input_target_must_match and target_identity(a.target) != target_identity(b.target):
             return 0.0
         return float(similarity(normalise_text(a.text), normalise_text(b.text)))
-    if a.type is ActionType.NOTHING:
+    if kind is ActionType.NOTHING:
         return epsilon
     return 1.0 if action_key(a) == action_key(b) else 0.0
 
 
 def hard_match(a: Action, b: Action) -> float:
     """The exact match of Eq. (7): 1 iff the actions have the same :func:`action_key` (UNKNOWN never)."""
-    if a.type is ActionType.UNKNOWN:
+    if a.type == ActionType.UNKNOWN:
         return 0.0
     return 1.0 if action_key(a) == action_key(b) else 0.0
 
@@ -287,7 +292,7 @@ def build_match_table(
                 symbol_of[key] = len(representatives)
                 representatives.append(action)
     n_symbols = len(representatives)
-    types = [a.type for a in representatives]
+    types = [ActionType(a.type) for a in representatives]
     known = np.array([t is not ActionType.UNKNOWN for t in types], dtype=bool)
     scores = np.zeros((n_symbols, n_symbols), dtype=np.float64)
     # Every symbol matches itself fully (1[a = b]); UNKNOWN never matches.
@@ -378,12 +383,40 @@ def lcs_length(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, eq=False)
+class SequenceStore:
+    """Symbol sequences concatenated into one array once, addressed by index.
+
+    The batched DP takes pairs as (index, index) into a store, so scoring N pairs costs no
+    per-pair Python work: padding a batch is one gather from ``symbols``.
+    """
+
+    symbols: np.ndarray  # int64, all sequences back to back
+    starts: np.ndarray  # int64, where sequence k starts
+    lengths: np.ndarray  # int64, its length
+
+    @classmethod
+    def from_sequences(cls, sequences: Iterable[np.ndarray]) -> SequenceStore:
+        arrays = [np.asarray(s, dtype=np.int64).ravel() for s in sequences]
+        lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        symbols = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+        return cls(symbols=symbols, starts=np.cumsum(lengths) - lengths, lengths=lengths)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        start = int(self.starts[k])
+        return self.symbols[start : start + int(self.lengths[k])]
+
+
 @dataclass(frozen=True, slots=True)
 class _PreparedPairs:
-    """Pairs ready for the batched DP: lengths, table offsets into one flat score array."""
+    """Pairs ready for the batched DP: where their sequences lie, and their tables in one flat array."""
 
-    a_seqs: Sequence[np.ndarray]
-    b_seqs: Sequence[np.ndarray]
+    symbols: np.ndarray
+    a_start: np.ndarray  # per pair: where its first sequence starts in ``symbols``
+    b_start: np.ndarray
     a_len: np.ndarray
     b_len: np.ndarray
     flat_scores: np.ndarray  # the used tables, raveled and concatenated
@@ -392,37 +425,61 @@ class _PreparedPairs:
 
 
 def _prepare_pairs(
-    a_seqs: Sequence[np.ndarray],
-    b_seqs: Sequence[np.ndarray],
+    store: SequenceStore,
+    a_ids: Sequence[int] | np.ndarray,
+    b_ids: Sequence[int] | np.ndarray,
     tables: np.ndarray | Sequence[np.ndarray],
     table_index: Sequence[int] | np.ndarray | None,
+    *,
+    shorter_first: bool = False,
 ) -> _PreparedPairs:
-    if len(a_seqs) != len(b_seqs):
-        raise ValueError(f"got {len(a_seqs)} first sequences but {len(b_seqs)} second sequences")
-    n_pairs = len(a_seqs)
+    a_ids = np.asarray(a_ids, dtype=np.int64).ravel()
+    b_ids = np.asarray(b_ids, dtype=np.int64).ravel()
+    if a_ids.shape != b_ids.shape:
+        raise ValueError(f"got {a_ids.size} first sequences but {b_ids.size} second sequences")
+    n_pairs = a_ids.size
     if isinstance(tables, np.ndarray) and tables.ndim == 2:
         tables = [tables]
-        table_index = np.zeros(n_pairs, dtype=np.int64)
-    elif table_index is None:
+        table_index = None
+    if table_index is None:
         if len(tables) != 1:
             raise ValueError("table_index is required when several tables are given")
         table_index = np.zeros(n_pairs, dtype=np.int64)
     table_index = np.asarray(table_index, dtype=np.int64).reshape(n_pairs)
     # Only the tables these pairs use are concatenated (recipe folding calls with few pairs).
     used, remapped = np.unique(table_index, return_inverse=True)
-    used_tables = [np.asarray(tables[t], dtype=np.float64) for t in used]
+    used_tables = [np.asarray(tables[t], dtype=np.float64) for t in used.tolist()]
     sizes = np.array([t.shape[0] for t in used_tables], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes * sizes)[:-1]]).astype(np.int64)
+    offsets = (np.cumsum(sizes * sizes) - sizes * sizes).astype(np.int64)
     flat = np.concatenate([t.ravel() for t in used_tables]) if used_tables else np.zeros(0)
+    remapped = remapped.ravel()
+    if shorter_first:
+        # Scores only: SoftLCS(a, b) = SoftLCS(b, a) bit for bit when the table is symmetric (the
+        # DP of the transposed matrix holds the transposed values), and fewer rows mean fewer
+        # numpy calls. Alignments are not swapped: tie-breaking is orientation-specific.
+        symmetric = np.array([np.array_equal(t, t.T) for t in used_tables], dtype=bool)
+        swap = (store.lengths[a_ids] > store.lengths[b_ids]) & symmetric[remapped]
+        a_ids, b_ids = np.where(swap, b_ids, a_ids), np.where(swap, a_ids, b_ids)
     return _PreparedPairs(
-        a_seqs=a_seqs,
-        b_seqs=b_seqs,
-        a_len=np.fromiter((len(s) for s in a_seqs), dtype=np.int64, count=n_pairs),
-        b_len=np.fromiter((len(s) for s in b_seqs), dtype=np.int64, count=n_pairs),
+        symbols=store.symbols,
+        a_start=store.starts[a_ids],
+        b_start=store.starts[b_ids],
+        a_len=store.lengths[a_ids],
+        b_len=store.lengths[b_ids],
         flat_scores=flat,
-        table_offset=offsets[remapped] if n_pairs else np.zeros(0, dtype=np.int64),
-        table_size=sizes[remapped] if n_pairs else np.zeros(0, dtype=np.int64),
+        table_offset=offsets[remapped],
+        table_size=sizes[remapped],
     )
+
+
+def _pairs_of_lists(
+    a_seqs: Sequence[np.ndarray], b_seqs: Sequence[np.ndarray]
+) -> tuple[SequenceStore, np.ndarray, np.ndarray]:
+    if len(a_seqs) != len(b_seqs):
+        raise ValueError(f"got {len(a_seqs)} first sequences but {len(b_seqs)} second sequences")
+    store = SequenceStore.from_sequences([*a_seqs, *b_seqs])
+    n_pairs = len(a_seqs)
+    return store, np.arange(n_pairs), np.arange(n_pairs, 2 * n_pairs)
 
 
 def _batches(pairs: _PreparedPairs, cell_budget: int) -> Iterable[np.ndarray]:
@@ -434,67 +491,100 @@ def _batches(pairs: _PreparedPairs, cell_budget: int) -> Iterable[np.ndarray]:
     """
     nonempty = np.nonzero((pairs.a_len > 0) & (pairs.b_len > 0))[0]
     order = nonempty[np.lexsort((pairs.a_len[nonempty], pairs.b_len[nonempty]))]
+    # Padded cells per pair if a batch ended here: non-decreasing along ``order``, so a batch from
+    # ``start`` may grow while (count * this bound) stays within budget.
+    padded_cost = (np.maximum.accumulate(pairs.a_len[order]) + 1) * (pairs.b_len[order] + 1)
     start = 0
     while start < order.size:
-        stop, max_a, max_b = start, 0, 0
-        while stop < order.size:
-            k = order[stop]
-            new_a, new_b = max(max_a, int(pairs.a_len[k])), max(max_b, int(pairs.b_len[k]))
-            if stop > start and (stop - start + 1) * (new_a + 1) * (new_b + 1) > cell_budget:
-                break
-            max_a, max_b, stop = new_a, new_b, stop + 1
+        # At most budget / cost[start] pairs fit, so only that window needs looking at.
+        window = padded_cost[start : start + cell_budget // int(padded_cost[start]) + 1]
+        count = np.arange(1, window.size + 1)
+        fits = int(np.searchsorted(count * window > cell_budget, True))
+        stop = start + max(fits, 1)
         batch = order[start:stop]
-        yield batch[np.argsort(pairs.a_len[batch], kind="stable")]
+        # Finished pairs must form a prefix (sort by |a|); among equal |a|, neighbours share a
+        # table, so the gathers of M hit the same cache lines.
+        yield batch[np.lexsort((pairs.table_offset[batch], pairs.a_len[batch]))]
         start = stop
 
 
-def _padded(seqs: Sequence[np.ndarray], batch: np.ndarray, width: int) -> np.ndarray:
-    # Padding symbol 0 is a real symbol, which is harmless: cell (i, j) of the DP depends only on
-    # cells above-left of it, so padded cells never reach a pair's own (|a|, |b|) corner.
-    out = np.zeros((batch.size, width), dtype=np.int64)
-    for row, k in enumerate(batch):
-        seq = seqs[k]
-        out[row, : len(seq)] = seq
-    return out
+def _padded_columns(symbols: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
+    """(width, pairs) symbols, one pair per column (the batch axis is the contiguous one).
+
+    Past a sequence's end the column holds whatever follows it in ``symbols`` (not zeros: masking
+    would cost a pass). That is harmless: cell (i, j) of the DP depends only on cells above-left
+    of it, so padded cells never reach a pair's own (|a|, |b|) corner, and the gathers of M are
+    done with ``mode="clip"`` so a foreign symbol cannot index outside the tables.
+    """
+    index = starts[None, :] + np.arange(width, dtype=np.int64)[:, None]
+    return np.take(symbols, index, mode="clip")
 
 
 def _dp_rows(
-    pairs: _PreparedPairs, batch: np.ndarray, keep_table: bool
+    pairs: _PreparedPairs, batch: np.ndarray, workspace: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
     """Eq. (8) for a batch of pairs, one numpy step per DP row.
 
     Within row i, dp[i][j] = max(c_j, dp[i][j-1]) with c_j = max(dp[i-1][j], dp[i-1][j-1] + M[i, j])
-    and dp[i][0] = 0, so the row is the running maximum of c (all values are >= 0): a
-    ``np.maximum.accumulate`` replaces the sequential scan. The max is over the same candidates as
-    the reference, computed with the same float operations, hence bit-identical results.
+    and dp[i][0] = 0: the c_j of a whole row (gather of M, add, max) are computed in three numpy
+    calls over all pairs, and only the running maximum over j stays sequential, one
+    ``np.maximum`` per column across all pairs. (``np.maximum.accumulate`` computes the same but
+    measured ~25x slower on batches of thousands of short rows, but is faster for fewer than
+    ``_FEW_PAIRS`` pairs, where it is used.) The max is over the same candidates as the
+    reference, computed with the same float operations, hence bit-identical results.
+    Arrays are laid out (row, column, pair) so every numpy call runs along the contiguous pair axis.
 
-    Returns (scores, dp table or None, first-sequence symbols, second-sequence symbols).
+    With a ``workspace`` (a flat float64 buffer, reused across batches so the kernel does not
+    fault in fresh pages for every batch) the whole DP table is kept there for backtracking;
+    without one, only two rows live at a time.
+
+    Returns (scores, dp table (|a|+1, |b|+1, pairs) or None, a symbols, b symbols).
     """
     a_len, b_len = pairs.a_len[batch], pairs.b_len[batch]
     n_pairs, rows, cols = batch.size, int(a_len.max()), int(b_len.max())
-    a_sym = _padded(pairs.a_seqs, batch, rows)
-    b_sym = _padded(pairs.b_seqs, batch, cols)
-    # M[i, j] = flat[offset + a_i * V + b_j]: precompute the row part once.
-    row_base = pairs.table_offset[batch, None] + a_sym * pairs.table_size[batch, None]
+    a_sym = _padded_columns(pairs.symbols, pairs.a_start[batch], a_len, rows)  # (rows, pairs)
+    b_sym = _padded_columns(pairs.symbols, pairs.b_start[batch], b_len, cols)  # (cols, pairs)
+    # M[i, j] = flat[offset + a_i * V + b_j]: precompute the part that depends on a_i once.
+    row_base = pairs.table_offset[batch] + a_sym * pairs.table_size[batch]
     flat = pairs.flat_scores
-    table = np.zeros((n_pairs, rows + 1, cols + 1), dtype=np.float64) if keep_table else None
-    previous = np.zeros((n_pairs, cols + 1), dtype=np.float64)
+    table = None
+    if workspace is not None:
+        n_cells = (rows + 1) * (cols + 1) * n_pairs
+        storage = workspace[:n_cells] if n_cells <= workspace.size else np.empty(n_cells)
+        table = storage.reshape(rows + 1, cols + 1, n_pairs)
+        # Row 0 and column 0 are the DP's boundary; other cells are written before being read
+        # (cells of finished pairs in later rows are never read: backtracking starts at (|a|, |b|)).
+        table[0] = 0.0
+        table[:, 0] = 0.0
+    else:
+        buffers = (np.zeros((cols + 1, n_pairs)), np.zeros((cols + 1, n_pairs)))
     scores = np.zeros(n_pairs, dtype=np.float64)
-    first_active = 0  # pairs are sorted by |a|: those with |a| < i are finished and dropped
+    index = np.empty((cols, n_pairs), dtype=np.int64)
+    match_row = np.empty((cols, n_pairs), dtype=np.float64)
+    # Pairs are sorted by |a|: those with |a| < i (before row_start[i]) are finished and dropped,
+    # and those with |a| == i (row_start[i]:row_start[i+1]) end at row i.
+    row_start = np.searchsorted(a_len, np.arange(rows + 2))
     for i in range(1, rows + 1):
-        while first_active < n_pairs and a_len[first_active] < i:
-            first_active += 1
-        live = slice(first_active, n_pairs)
-        match_row = flat[row_base[live, i - 1, None] + b_sym[live]]
-        candidate = previous[live, :-1] + match_row
-        np.maximum(candidate, previous[live, 1:], out=candidate)
-        current = np.zeros((n_pairs, cols + 1), dtype=np.float64)
-        np.maximum.accumulate(candidate, axis=1, out=current[live, 1:])
+        live = slice(int(row_start[i]), n_pairs)
         if table is not None:
-            table[live, i, :] = current[live]
-        ends = np.nonzero(a_len[live] == i)[0] + first_active
-        scores[ends] = current[ends, b_len[ends]]
-        previous = current
+            previous, current = table[i - 1], table[i]
+        else:
+            previous, current = buffers[(i - 1) % 2], buffers[i % 2]
+        idx, m_row = index[:, live], match_row[:, live]
+        np.add(b_sym[:, live], row_base[i - 1, live], out=idx)
+        np.take(flat, idx, out=m_row, mode="clip")  # clip: see _padded_columns; 'raise' also buffers out
+        np.add(previous[:-1, live], m_row, out=m_row)  # dp[i-1][j-1] + M[i, j]
+        np.maximum(m_row, previous[1:, live], out=m_row)  # vs dp[i-1][j]
+        # Running max along the row (vs dp[i][j-1]); current[0] stays 0. Across many pairs, one
+        # np.maximum per column; for a few (long) pairs, accumulate is cheaper than the calls.
+        if n_pairs - live.start < _FEW_PAIRS:
+            np.maximum.accumulate(m_row, axis=0, out=current[1:, live])
+        else:
+            np.copyto(current[1, live], m_row[0])
+            for j in range(1, cols):
+                np.maximum(current[j, live], m_row[j], out=current[j + 1, live])
+        ending = np.arange(row_start[i], row_start[i + 1])
+        scores[ending] = current[b_len[ending], ending]
     return scores, table, a_sym, b_sym
 
 
@@ -503,6 +593,12 @@ def _backtrack(
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Alignments of a batch, all pairs stepping back together, with the reference's tie-breaking."""
     flat = pairs.flat_scores
+    offset, size = pairs.table_offset[batch], pairs.table_size[batch]
+    # Walk the table through flat indices: cheaper than 3-D fancy indexing.
+    cells = table.reshape(-1)
+    n_pairs = batch.size
+    stride_j = n_pairs
+    stride_i = table.shape[1] * n_pairs
     i = pairs.a_len[batch].copy()
     j = pairs.b_len[batch].copy()
     hit_pair: list[np.ndarray] = []
@@ -511,29 +607,71 @@ def _backtrack(
     live = np.nonzero((i > 0) & (j > 0))[0]
     while live.size:
         ii, jj = i[live], j[live]
-        here = table[live, ii, jj]
-        match = flat[pairs.table_offset[batch[live]] + a_sym[live, ii - 1] * pairs.table_size[batch[live]] + b_sym[live, jj - 1]]
-        diagonal = (match > 0.0) & (here == table[live, ii - 1, jj - 1] + match)
-        up = ~diagonal & (here == table[live, ii - 1, jj])
+        here_at = ii * stride_i + jj * stride_j + live
+        here = cells[here_at]
+        match = flat[offset[live] + a_sym[ii - 1, live] * size[live] + b_sym[jj - 1, live]]
+        diagonal = (match > 0.0) & (here == cells[here_at - stride_i - stride_j] + match)
+        up = ~diagonal & (here == cells[here_at - stride_i])
         if diagonal.any():
             hit_pair.append(live[diagonal])
             hit_i.append(ii[diagonal] - 1)
             hit_j.append(jj[diagonal] - 1)
-        i[live] = ii - (diagonal | up)
-        j[live] = jj - ~up
-        live = live[(i[live] > 0) & (j[live] > 0)]
-    alignments: list[tuple[np.ndarray, np.ndarray]] = [
-        (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)) for _ in range(batch.size)
-    ]
+        ii -= diagonal | up
+        jj -= ~up  # left or diagonal
+        i[live] = ii
+        j[live] = jj
+        live = live[(ii > 0) & (jj > 0)]
+    alignments: list[tuple[np.ndarray, np.ndarray]] = [_NO_ALIGNMENT] * batch.size
     if hit_pair:
         owner, a_idx, b_idx = np.concatenate(hit_pair), np.concatenate(hit_i), np.concatenate(hit_j)
         order = np.lexsort((a_idx, owner))
         owner, a_idx, b_idx = owner[order], a_idx[order], b_idx[order]
         bounds = np.searchsorted(owner, np.arange(batch.size + 1))
-        for row in np.unique(owner):
-            lo, hi = bounds[row], bounds[row + 1]
-            alignments[row] = (a_idx[lo:hi], b_idx[lo:hi])
+        for row in np.unique(owner).tolist():
+            alignments[row] = (a_idx[bounds[row] : bounds[row + 1]], b_idx[bounds[row] : bounds[row + 1]])
     return alignments
+
+
+def soft_lcs_scores_indexed(
+    store: SequenceStore,
+    a_ids: Sequence[int] | np.ndarray,
+    b_ids: Sequence[int] | np.ndarray,
+    tables: np.ndarray | Sequence[np.ndarray],
+    table_index: Sequence[int] | np.ndarray | None = None,
+) -> np.ndarray:
+    """SoftLCS(store[a_ids[k]], store[b_ids[k]]) of Eq. (8) for every pair k, batched (the fast path).
+
+    ``tables[table_index[k]]`` is the (V, V) Eq. (9) score matrix the pair's symbols index
+    (``MatchTable.scores``); pass a single 2-D matrix to use it for all pairs.
+    """
+    pairs = _prepare_pairs(store, a_ids, b_ids, tables, table_index, shorter_first=True)
+    scores = np.zeros(pairs.a_len.size, dtype=np.float64)
+    for batch in _batches(pairs, _SCORE_CELL_BUDGET):
+        scores[batch] = _dp_rows(pairs, batch)[0]
+    return scores
+
+
+def soft_lcs_alignment_arrays_indexed(
+    store: SequenceStore,
+    a_ids: Sequence[int] | np.ndarray,
+    b_ids: Sequence[int] | np.ndarray,
+    tables: np.ndarray | Sequence[np.ndarray],
+    table_index: Sequence[int] | np.ndarray | None = None,
+) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """Like :func:`soft_lcs_scores_indexed`, plus each pair's alignment as (indices in a, indices in b)."""
+    pairs = _prepare_pairs(store, a_ids, b_ids, tables, table_index)
+    scores = np.zeros(pairs.a_len.size, dtype=np.float64)
+    alignments: list[tuple[np.ndarray, np.ndarray]] = [_NO_ALIGNMENT] * pairs.a_len.size
+    batches = list(_batches(pairs, _ALIGN_CELL_BUDGET))
+    padded_cells = [(pairs.a_len[b].max() + 1) * (pairs.b_len[b].max() + 1) * b.size for b in batches]
+    workspace = np.empty(int(max(padded_cells, default=0)), dtype=np.float64)
+    for batch in batches:
+        batch_scores, table, a_sym, b_sym = _dp_rows(pairs, batch, workspace)
+        assert table is not None
+        scores[batch] = batch_scores
+        for k, alignment in zip(batch.tolist(), _backtrack(pairs, batch, table, a_sym, b_sym)):
+            alignments[k] = alignment
+    return scores, alignments
 
 
 def soft_lcs_scores(
@@ -542,17 +680,14 @@ def soft_lcs_scores(
     tables: np.ndarray | Sequence[np.ndarray],
     table_index: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
-    """SoftLCS(a_k, b_k) of Eq. (8) for every pair k, batched (the fast path).
+    """SoftLCS(a_k, b_k) of Eq. (8) for every pair k of symbol arrays, batched (the fast path).
 
     ``a_seqs[k]``, ``b_seqs[k]`` are symbol arrays (:meth:`MatchTable.encode`) and
     ``tables[table_index[k]]`` the (V, V) Eq. (9) score matrix they index (``MatchTable.scores``);
     pass a single 2-D matrix to use it for all pairs. Returns a float64 array of scores.
     """
-    pairs = _prepare_pairs(a_seqs, b_seqs, tables, table_index)
-    scores = np.zeros(len(a_seqs), dtype=np.float64)
-    for batch in _batches(pairs, _SCORE_CELL_BUDGET):
-        scores[batch] = _dp_rows(pairs, batch, keep_table=False)[0]
-    return scores
+    store, a_ids, b_ids = _pairs_of_lists(a_seqs, b_seqs)
+    return soft_lcs_scores_indexed(store, a_ids, b_ids, tables, table_index)
 
 
 def soft_lcs_alignment_arrays(
@@ -562,17 +697,8 @@ def soft_lcs_alignment_arrays(
     table_index: Sequence[int] | np.ndarray | None = None,
 ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """Like :func:`soft_lcs_scores`, plus each pair's alignment as (indices in a, indices in b) arrays."""
-    pairs = _prepare_pairs(a_seqs, b_seqs, tables, table_index)
-    scores = np.zeros(len(a_seqs), dtype=np.float64)
-    empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    alignments: list[tuple[np.ndarray, np.ndarray]] = [empty] * len(a_seqs)
-    for batch in _batches(pairs, _ALIGN_CELL_BUDGET):
-        batch_scores, table, a_sym, b_sym = _dp_rows(pairs, batch, keep_table=True)
-        assert table is not None
-        scores[batch] = batch_scores
-        for k, alignment in zip(batch, _backtrack(pairs, batch, table, a_sym, b_sym)):
-            alignments[k] = alignment
-    return scores, alignments
+    store, a_ids, b_ids = _pairs_of_lists(a_seqs, b_seqs)
+    return soft_lcs_alignment_arrays_indexed(store, a_ids, b_ids, tables, table_index)
 
 
 def soft_lcs_alignments(

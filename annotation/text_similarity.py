@@ -10,11 +10,11 @@ sees an ``Embed`` callable (texts -> L2-normalised rows), so it runs the same wi
   hashing) for tests and benchmarks that must not pay for, or depend on, a neural model.
 
 Similarities are clipped to [0, 1] (a negative cosine means "unrelated", not "anti-progress")
-and rounded to a dyadic grid (:data:`SIMILARITY_RESOLUTION`). The rounding makes every
-similarity an exact binary fraction, so a score matrix computed with a BLAS matrix product and
-one computed pair by pair hold bit-identical values: the fast and the reference LCS then agree
-exactly, ties included, and labels do not depend on summation order. 2**-20 is far below the
-precision a sentence embedding carries.
+and rounded to a dyadic grid (:data:`SIMILARITY_RESOLUTION`). A cosine computed by a BLAS matrix
+product and the same cosine computed for one pair may differ in the last bit; after rounding
+they are the same binary fraction (unless the cosine lies within that bit of a grid boundary,
+a chance of about 1e-10), so the fast LCS and the reference agree exactly, ties included.
+2**-20 is far below the precision a sentence embedding carries.
 
 No I/O happens here beyond loading the model on first use.
 """

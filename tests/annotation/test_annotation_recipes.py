@@ -124,7 +124,11 @@ def test_batched_libraries_equal_one_task_at_a_time() -> None:
     rng = np.random.default_rng(7)
     corpus = {
         f"task{t}": [
-            episode(f"task{t}-e{k}", "".join(rng.choice(list("abcdef."), size=rng.integers(1, 10))), bool(rng.random() < 0.7))
+            episode(
+                f"task{t}-e{k}",
+                "".join(rng.choice(list("abcdef."), size=rng.integers(1, 10))),
+                bool(rng.random() < 0.7),
+            )
             for k in range(int(rng.integers(0, 7)))
         ]
         for t in range(12)

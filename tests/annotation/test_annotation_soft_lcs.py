@@ -10,6 +10,7 @@ from rapidfuzz.distance import LCSseq
 
 from annotation.soft_lcs import (
     EPSILON_NOTHING,
+    SequenceStore,
     action_key,
     build_match_table,
     build_match_tables,
@@ -17,10 +18,12 @@ from annotation.soft_lcs import (
     hard_match,
     lcs_length,
     soft_lcs,
+    soft_lcs_alignment_arrays_indexed,
     soft_lcs_alignments,
     soft_lcs_reference,
     soft_lcs_reference_actions,
     soft_lcs_scores,
+    soft_lcs_scores_indexed,
     soft_match,
     trajectory_similarity,
 )
@@ -60,8 +63,10 @@ def test_hard_lcs_equals_rapidfuzz_on_strings(a: str, b: str) -> None:
 @settings(max_examples=50, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.lists(st.sampled_from(["ok", "back", "x", "y"]), max_size=15),
-                  st.lists(st.sampled_from(["ok", "back", "x", "y"]), max_size=15)),
+        st.tuples(
+            st.lists(st.sampled_from(["ok", "back", "x", "y"]), max_size=15),
+            st.lists(st.sampled_from(["ok", "back", "x", "y"]), max_size=15),
+        ),
         min_size=1,
         max_size=30,
     )
@@ -132,6 +137,51 @@ def test_pairs_of_different_tables_share_a_batch(data: st.DataObject) -> None:
     assert batched == one_by_one
 
 
+def test_large_batches_of_mixed_tables_equal_reference() -> None:
+    """Hundreds of pairs per batch (the per-column kernel, pairs finishing at different rows)."""
+    rng = np.random.default_rng(11)
+    tables = []
+    for size in (3, 7, 12):
+        raw = rng.choice([0.0, 0.0, 0.0, 0.4, 1.0, 0.61, 0.25], size=(size, size))
+        tables.append(np.triu(raw) + np.triu(raw, 1).T)
+    which = rng.integers(0, len(tables), size=600)
+    a_seqs = [rng.integers(0, len(tables[t]), size=rng.integers(0, 40)) for t in which]
+    b_seqs = [rng.integers(0, len(tables[t]), size=rng.integers(0, 40)) for t in which]
+    fast = soft_lcs_alignments(a_seqs, b_seqs, tables, which)
+    lists = [t.tolist() for t in tables]
+    for a, b, t, result in zip(a_seqs, b_seqs, which, fast):
+        assert result == soft_lcs_reference(a.tolist(), b.tolist(), lambda x, y, s=lists[t]: s[x][y])
+    assert soft_lcs_scores(a_seqs, b_seqs, tables, which).tolist() == [r.score for r in fast]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_asymmetric_tables_are_never_transposed(data: st.DataObject) -> None:
+    """The scorer puts the shorter sequence first only for symmetric tables (where it is exact)."""
+    n_symbols = data.draw(st.integers(2, 5))
+    table = np.array(
+        data.draw(st.lists(st.sampled_from([0.0, 0.3, 1.0]), min_size=n_symbols**2, max_size=n_symbols**2))
+    )
+    table = table.reshape(n_symbols, n_symbols)
+    sequence = st.lists(st.integers(0, n_symbols - 1), max_size=12).map(lambda s: np.array(s, dtype=np.int64))
+    a_seqs = [data.draw(sequence) for _ in range(6)]
+    b_seqs = [data.draw(sequence) for _ in range(6)]
+    as_lists = table.tolist()
+    expected = [soft_lcs_reference(a.tolist(), b.tolist(), lambda x, y: as_lists[x][y]) for a, b in zip(a_seqs, b_seqs)]
+    assert soft_lcs_scores(a_seqs, b_seqs, table).tolist() == [r.score for r in expected]
+    assert soft_lcs_alignments(a_seqs, b_seqs, table) == expected
+
+
+def test_indexed_api_reads_pairs_from_a_store() -> None:
+    table = np.eye(3)
+    store = SequenceStore.from_sequences([np.array([0, 1, 2]), np.array([2, 1]), np.array([0, 2, 2, 1])])
+    assert store[2].tolist() == [0, 2, 2, 1] and len(store) == 3
+    scores = soft_lcs_scores_indexed(store, [0, 0, 1], [1, 2, 2], table)
+    assert scores.tolist() == [1.0, 2.0, 2.0]
+    _, alignments = soft_lcs_alignment_arrays_indexed(store, [0], [2], table)
+    assert [x.tolist() for x in alignments[0]] == [[0, 1], [0, 3]]  # [0, 1] common; ties go to the end
+
+
 def test_empty_sequences_score_zero() -> None:
     table = np.eye(2)
     empty = np.zeros(0, dtype=np.int64)
@@ -156,7 +206,10 @@ def test_soft_match_cases_of_eq9() -> None:
     assert soft_match(click("a"), Action(ActionType.LONG_CLICK, click("a").target), similarity) == 0.0
     assert soft_match(type_into("user", "vanda"), type_into("pass", "vanda"), similarity) == 1.0
     assert soft_match(type_into("user", "vanda"), type_into("user", "x"), similarity) == 0.5
-    assert soft_match(type_into("user", "vanda"), type_into("pass", "vanda"), similarity, input_target_must_match=True) == 0.0
+    assert (
+        soft_match(type_into("user", "vanda"), type_into("pass", "vanda"), similarity, input_target_must_match=True)
+        == 0.0
+    )
     answer = Action(ActionType.ANSWER, text="42")
     assert soft_match(answer, Action(ActionType.ANSWER, text="forty two"), similarity) == 0.5
     assert soft_match(NOTHING, NOTHING, similarity) == EPSILON_NOTHING

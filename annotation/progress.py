@@ -28,6 +28,8 @@ from annotation.recipes import (
     DEFAULT_MIN_GROUP_SIZE,
     DEFAULT_THETA,
     Episode,
+    RecipeRule,
+    SimilarityNorm,
     TaskRecipes,
     build_recipe_libraries,
 )
@@ -49,6 +51,9 @@ from annotation.text_similarity import Embed
 KappaRule = Literal["recipe_position", "matched_count"]
 
 LabelSource = Literal["lcs", "env"]
+
+#: Which recipe a trajectory takes when several have its highest completion ratio (Eq. 4).
+TieBreak = Literal["earlier", "more_matched"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +162,13 @@ def assign_progress_labels(
     *,
     codes_by_episode: Mapping[str, np.ndarray] | None = None,
     kappa_rule: KappaRule = "recipe_position",
+    tie_break: TieBreak = "earlier",
 ) -> dict[str, TrajectoryLabels]:
     """Key steps and progress labels of every episode, successful or not (§2.2 stages 2-3).
 
     Each episode is scored against every recipe of its task (one batched DP for the corpus), the
-    recipe of highest completion ratio (Eq. 4) is chosen (ties: the earlier recipe), and the
+    recipe of highest completion ratio (Eq. 4) is chosen (ties: the earlier recipe, or with
+    ``tie_break="more_matched"`` the recipe that matches more of the episode's steps), and the
     episode is aligned with it (a second batched DP) to find its key steps. Episodes of tasks
     without recipes get no labels and the task's reason.
     """
@@ -203,12 +210,17 @@ def assign_progress_labels(
     # Best recipe per episode: the highest CR, the earliest recipe on ties.
     best_rank = np.zeros(len(jobs), dtype=np.int64)
     best_ratio = np.full(len(jobs), -1.0)
+    best_score = np.full(len(jobs), -1.0)
     for k in range(int(n_recipes.max(initial=0))):
         at_k = pair_rank == k
-        jobs_k, ratios_k = pair_job[at_k], ratios[at_k]
-        better = ratios_k > best_ratio[jobs_k]
+        jobs_k, ratios_k, scores_k = pair_job[at_k], ratios[at_k], scores[at_k]
+        better = ratios_k > best_ratio[jobs_k] + 1e-12
+        if tie_break == "more_matched":
+            tied = np.abs(ratios_k - best_ratio[jobs_k]) <= 1e-12
+            better |= tied & (scores_k > best_score[jobs_k] + 1e-12)
         best_rank[jobs_k[better]] = k
         best_ratio[jobs_k[better]] = ratios_k[better]
+        best_score[jobs_k[better]] = scores_k[better]
 
     # Stage 2b: align each episode with its chosen recipe; the matched steps are its key steps.
     chosen = first_recipe_id[job_task] + best_rank
@@ -247,6 +259,10 @@ def label_corpus(
     min_group_size: int = DEFAULT_MIN_GROUP_SIZE,
     kappa_rule: KappaRule = "recipe_position",
     input_target_must_match: bool = False,
+    recipe_rule: RecipeRule = "fold",
+    support: float = 0.5,
+    similarity_norm: SimilarityNorm = "min",
+    tie_break: TieBreak = "earlier",
 ) -> CorpusLabels:
     """The whole LCS self-annotation of §2.2: match tables, recipe libraries, key steps, labels.
 
@@ -267,9 +283,18 @@ def label_corpus(
     if len(codes) != sum(len(episodes) for episodes in episodes_by_task.values()):
         raise ValueError("episode ids must be unique across the corpus")
     recipes = build_recipe_libraries(
-        episodes_by_task, tables, theta=theta, min_group_size=min_group_size, codes_by_episode=codes
+        episodes_by_task,
+        tables,
+        theta=theta,
+        min_group_size=min_group_size,
+        codes_by_episode=codes,
+        recipe_rule=recipe_rule,
+        support=support,
+        similarity_norm=similarity_norm,
     )
-    labels = assign_progress_labels(episodes_by_task, recipes, tables, codes_by_episode=codes, kappa_rule=kappa_rule)
+    labels = assign_progress_labels(
+        episodes_by_task, recipes, tables, codes_by_episode=codes, kappa_rule=kappa_rule, tie_break=tie_break
+    )
     return CorpusLabels(tables=tables, recipes=recipes, labels=labels)
 
 

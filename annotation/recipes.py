@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from typing import Literal
+
 import numpy as np
 
 from annotation.soft_lcs import (
@@ -120,10 +122,18 @@ def similarity_matrix(codes: Sequence[np.ndarray], table: MatchTable | np.ndarra
     return _similarity_matrices([list(codes)], [scores])[0]
 
 
+SimilarityNorm = Literal["min", "mean"]
+
+
 def _similarity_matrices(
-    codes_per_task: Sequence[Sequence[np.ndarray]], tables: Sequence[np.ndarray]
+    codes_per_task: Sequence[Sequence[np.ndarray]], tables: Sequence[np.ndarray], norm: SimilarityNorm = "min"
 ) -> list[np.ndarray]:
-    """Eq. (3) matrices of several tasks, all pairs of all tasks in one batched DP."""
+    """Eq. (3) matrices of several tasks, all pairs of all tasks in one batched DP.
+
+    ``norm="min"`` is Eq. (3): SoftLCS / min(|a|, |b|). ``"mean"`` divides by the mean length
+    instead (2 SoftLCS / (|a| + |b|)), so a short trajectory is no longer "similar" to every longer
+    one that contains it: variants of a task (with and without a detour that some instances need)
+    then form groups, and recipes, of their own."""
     store = SequenceStore.from_sequences(codes for task_codes in codes_per_task for codes in task_codes)
     first_id = np.cumsum([0] + [len(c) for c in codes_per_task])
     spans = [np.triu_indices(len(codes), k=1) for codes in codes_per_task]
@@ -132,7 +142,10 @@ def _similarity_matrices(
     table_index = np.repeat(np.arange(len(spans)), [upper_i.size for upper_i, _ in spans])
     scores = soft_lcs_scores_indexed(store, a_ids, b_ids, list(tables), table_index) if a_ids.size else np.zeros(0)
     # Eq. (3) (soft_lcs.trajectory_similarity), vectorised: SoftLCS / min length; 0 if one is empty.
-    shorter = np.minimum(store.lengths[a_ids], store.lengths[b_ids]).astype(np.float64)
+    if norm == "mean":
+        shorter = (store.lengths[a_ids] + store.lengths[b_ids]).astype(np.float64) / 2.0
+    else:
+        shorter = np.minimum(store.lengths[a_ids], store.lengths[b_ids]).astype(np.float64)
     sims = np.divide(scores, shorter, out=np.zeros_like(scores), where=shorter > 0)
     matrices: list[np.ndarray] = []
     start = 0
@@ -181,6 +194,48 @@ def fold_group(member_codes: Sequence[np.ndarray], table: MatchTable | np.ndarra
     return _fold_groups([list(member_codes)], [scores], [0])[0]
 
 
+RecipeRule = Literal["fold", "consensus"]
+
+
+def _consensus_groups(
+    member_codes: Sequence[Sequence[np.ndarray]],
+    similarities: Sequence[np.ndarray],
+    tables: Sequence[np.ndarray],
+    table_of_group: Sequence[int],
+    support: float,
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A noise-tolerant generalisation of Eq. (10) for the improved mode.
+
+    Eq. (10) keeps only what *every* member shares, so one hurried or unusual (yet successful)
+    human demonstration removes a step from the recipe of all the others. Here the group's medoid
+    (the member with the highest total Sim, Eq. 3, to the others) is aligned with every other
+    member, and its steps matched by at least ``support`` of them form the recipe. With
+    ``support=1`` a step must be shared by all members, as in Eq. (10).
+
+    Returns, per group, (recipe symbols, their indices in the medoid) and puts the medoid first.
+    """
+    medoids = [int(np.argmax(sim.sum(axis=1))) for sim in similarities]
+    a_seqs, b_seqs, table_index, owner = [], [], [], []
+    for g, (codes, medoid) in enumerate(zip(member_codes, medoids)):
+        for m, other in enumerate(codes):
+            if m != medoid:
+                a_seqs.append(codes[medoid])
+                b_seqs.append(other)
+                table_index.append(table_of_group[g])
+                owner.append(g)
+    support_counts = [np.zeros(len(codes[medoid]), dtype=np.int64) for codes, medoid in zip(member_codes, medoids)]
+    if a_seqs:
+        _, alignments = soft_lcs_alignment_arrays(a_seqs, b_seqs, list(tables), table_index)
+        for g, (medoid_idx, _) in zip(owner, alignments):
+            support_counts[g][medoid_idx] += 1
+    results = []
+    for codes, medoid, counts in zip(member_codes, medoids, support_counts):
+        others = max(1, len(codes) - 1)
+        keep = np.flatnonzero(counts >= support * others - 1e-9)
+        results.append((np.asarray(codes[medoid])[keep], keep.astype(np.int64)))
+    return results, medoids
+
+
 def build_recipe_libraries(
     episodes_by_task: Mapping[str, Sequence[Episode]],
     tables: Mapping[str, MatchTable],
@@ -188,9 +243,14 @@ def build_recipe_libraries(
     theta: float = DEFAULT_THETA,
     min_group_size: int = DEFAULT_MIN_GROUP_SIZE,
     codes_by_episode: Mapping[str, np.ndarray] | None = None,
+    recipe_rule: RecipeRule = "fold",
+    support: float = 0.5,
+    similarity_norm: SimilarityNorm = "min",
 ) -> dict[str, TaskRecipes]:
     """The recipe library of every task (§2.2 stage 1), all tasks' DPs batched together.
 
+    ``recipe_rule="fold"`` is Eq. (10); ``"consensus"`` keeps the steps of the group's medoid
+    that at least ``support`` of the other members share (:func:`_consensus_groups`).
     Only successful episodes take part. ``codes_by_episode`` may hold the episodes' symbols
     (:meth:`MatchTable.encode`) when the caller already has them.
     """
@@ -223,7 +283,9 @@ def build_recipe_libraries(
             )
 
     task_codes = {task: [codes_of(task, e) for e in successes[task]] for task in comparable}
-    matrices = _similarity_matrices([task_codes[t] for t in comparable], [tables[t].scores for t in comparable])
+    matrices = _similarity_matrices(
+        [task_codes[t] for t in comparable], [tables[t].scores for t in comparable], similarity_norm
+    )
 
     # Group every task, then fold all kept groups of all tasks together.
     groups_of: dict[str, list[list[int]]] = {}
@@ -232,11 +294,27 @@ def build_recipe_libraries(
         groups_of[task] = group_by_similarity(sim, theta)
         kept.extend((task, g) for g in groups_of[task] if len(g) >= min_group_size)
     table_position = {task: k for k, task in enumerate(comparable)}
-    folded = _fold_groups(
-        [[task_codes[task][m] for m in group] for task, group in kept],
-        [tables[t].scores for t in comparable],
-        [table_position[task] for task, _ in kept],
-    )
+    if recipe_rule == "consensus":
+        matrix_of = dict(zip(comparable, matrices))
+        folded, medoids = _consensus_groups(
+            [[task_codes[task][m] for m in group] for task, group in kept],
+            [matrix_of[task][np.ix_(group, group)] for task, group in kept],
+            [tables[t].scores for t in comparable],
+            [table_position[task] for task, _ in kept],
+            support,
+        )
+        # The medoid becomes the group's first member: recipe anchors index into it.
+        reordered = [[group[medoid], *[m for k, m in enumerate(group) if k != medoid]] for (_, group), medoid in zip(kept, medoids)]
+        groups_of = {task: [g for g in groups if len(g) < min_group_size] for task, groups in groups_of.items()}
+        for (task, _), group in zip(kept, reordered):
+            groups_of[task].append(group)
+        kept = [(task, group) for (task, _), group in zip(kept, reordered)]
+    else:
+        folded = _fold_groups(
+            [[task_codes[task][m] for m in group] for task, group in kept],
+            [tables[t].scores for t in comparable],
+            [table_position[task] for task, _ in kept],
+        )
     folded_of = {(task, tuple(group)): result for (task, group), result in zip(kept, folded)}
 
     for task, sim in zip(comparable, matrices):

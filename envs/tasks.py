@@ -23,7 +23,8 @@ Predicates (``when``), over the screen after a step and the step's action:
 * ``visible: SELECTOR`` - an element matching the selector is on the screen (non-empty and
   overlapping the root element, i.e. not scrolled out of view);
 * ``field_value: {element: SELECTOR, equals: TEMPLATE}`` - an editable element holds the value
-  (case- and whitespace-insensitive);
+  (case- and whitespace-insensitive); ``contains``, ``starts_with`` or ``ends_with`` instead of
+  ``equals`` compare part of it;
 * ``checked: SELECTOR`` / ``unchecked: SELECTOR`` - a checkbox or radio button matching it is (not) checked;
 * ``clicked: SELECTOR`` - the step's action clicked an element matching the selector;
 * ``typed: {element: SELECTOR, equals: TEMPLATE}`` - the step's action typed that text there;
@@ -55,6 +56,7 @@ SELECTOR_KEYS = frozenset({"role", "text", "text_contains", "element_id", "class
 PREDICATE_KINDS = frozenset(
     {"visible", "field_value", "checked", "unchecked", "clicked", "typed", "episode_success", "all", "any", "not"}
 )
+VALUE_COMPARISONS = ("equals", "contains", "starts_with", "ends_with")
 _SLOT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -183,10 +185,12 @@ def _validate_predicate(pred: Any, at: str, slots: set[str]) -> None:
         if arg is not True:
             raise TaskSpecError(f"{at}.episode_success must be true")
     elif kind in ("field_value", "typed"):
-        if not isinstance(arg, Mapping) or "element" not in arg or "equals" not in arg:
-            raise TaskSpecError(f"{at}.{kind} needs 'element' (selector) and 'equals' (value)")
+        comparisons = VALUE_COMPARISONS if kind == "field_value" else ("equals",)
+        given = [c for c in comparisons if isinstance(arg, Mapping) and c in arg]
+        if not isinstance(arg, Mapping) or "element" not in arg or len(given) != 1:
+            raise TaskSpecError(f"{at}.{kind} needs 'element' (selector) and one of {list(comparisons)}")
         _validate_selector(arg["element"], f"{at}.{kind}.element", slots)
-        _validate_value(arg["equals"], f"{at}.{kind}.equals", slots)
+        _validate_value(arg[given[0]], f"{at}.{kind}.{given[0]}", slots)
     else:
         _validate_selector(arg, f"{at}.{kind}", slots)
 
@@ -221,6 +225,16 @@ def _render(value: Any, slots: Mapping[str, str]) -> str:
 
 def _norm(text: str | None) -> str:
     return " ".join((text or "").split()).casefold()
+
+
+def _compare(value: str, comparison: str, want: str) -> bool:
+    if comparison == "equals":
+        return value == want
+    if comparison == "contains":
+        return bool(want) and want in value
+    if comparison == "starts_with":
+        return bool(want) and value.startswith(want)
+    return bool(want) and value.endswith(want)
 
 
 def _in_view(element: UIElement, viewport: tuple[float, float, float, float]) -> bool:
@@ -272,8 +286,12 @@ def evaluate(
         want = kind == "checked"
         return any(e.checked is want and element_matches(e, arg, slots) for e in elements)
     if kind == "field_value":
-        value = _norm(_render(arg["equals"], slots))
-        return any(e.editable and _norm(e.value) == value and element_matches(e, arg["element"], slots) for e in elements)
+        comparison = next(c for c in VALUE_COMPARISONS if c in arg)
+        want = _norm(_render(arg[comparison], slots))
+        return any(
+            e.editable and _compare(_norm(e.value), comparison, want) and element_matches(e, arg["element"], slots)
+            for e in elements
+        )
     if kind == "clicked":
         return (
             action is not None

@@ -166,3 +166,19 @@ def test_real_login_demo(demos_dir: Path):
     password = episode.instruction.split('"')[3]
     assert username in inputs and password in inputs
     assert texts[-1] == 'CLICK(button#subbtn "Login")'
+
+
+def test_label_click_echo_is_one_step():
+    """Clicking a <label> makes the browser click its checkbox too, at the same point: one action."""
+    dom = login_dom()
+    states = [event(0, None, dom)]
+    states += twice(100, "mousedown", dom, x=30, y=115)
+    states += twice(180, "mouseup", dom, x=30, y=115)
+    states += twice(180, "click", dom, x=30, y=115)
+    states += twice(190, "click", dom, x=30, y=115)  # the echo on the checkbox
+    states += twice(900, "mousedown", dom, x=30, y=115)
+    states += twice(950, "mouseup", dom, x=30, y=115)
+    states += twice(951, "click", dom, x=30, y=115)
+    steps, _ = events_to_steps(states)
+    assert [s.action.canonical_text() for s in steps] == ['CLICK(label "remember")'] * 2
+    assert [s.time_ms for s in steps] == [100, 900]

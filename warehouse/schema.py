@@ -142,6 +142,7 @@ PROGRESS_SPLIT = pa.schema(
         ("success", pa.bool_()),
         ("n_steps", pa.int32()),
         ("n_steps_sampled", pa.int32()),  # steps kept by the success:failure balancing
+        ("sampled_steps", pa.list_(pa.int32())),  # which step_idx those are
     ]
 )
 

@@ -35,7 +35,7 @@ from warehouse.model import ActionType
 from warehouse.schema import EPISODES, QUARANTINE, SOURCE_FILES, STEPS, element_records
 from warehouse.storage import git_revision
 
-IMPORTER_VERSION = "demos-2"
+IMPORTER_VERSION = "demos-3"
 DEMO_SUFFIXES = (".json.gz", ".json")
 ASSET_NAME = "human_demonstrations"
 

@@ -7,7 +7,8 @@ text. This module rebuilds those actions:
 
 * mousedown ... mouseup ... click  -> CLICK on the element under the pointer at mousedown
   (a drag, e.g. selecting text to copy, is a CLICK on where it started, marked in ``detail``);
-  a dblclick is folded into the click before it.
+  a dblclick is folded into the click before it, and so is the click a browser dispatches itself
+  at the same point right after (clicking a <label> clicks its checkbox too).
 * a run of key events on one focused element -> INPUT(text = the element's value after the run)
   when the value changed (typing, pasting, deleting), else PRESS_KEY(the keys pressed);
   a trailing Enter becomes its own PRESS_KEY("Enter").
@@ -253,8 +254,10 @@ def events_to_steps(states: list[dict[str, Any]]) -> tuple[list[DemoStep], list[
                 elif events[j].type == "click":
                     click = events[j]
                 j += 1
-            while j < len(events) and events[j].type == "dblclick":  # part of this gesture
-                j += 1
+            while j < len(events) and (
+                events[j].type == "dblclick" or (click is not None and _is_activation_echo(click, events[j]))
+            ):
+                j += 1  # part of this gesture
             steps.append(_pointer_step(event, up, events[j - 1], screens, problems))
             i = j
         elif kind in ("click", "mouseup", "dblclick"):
@@ -289,6 +292,20 @@ def events_to_steps(states: list[dict[str, Any]]) -> tuple[list[DemoStep], list[
             )
             i += 1
     return steps, problems
+
+
+ACTIVATION_ECHO_MS = 50
+
+
+def _is_activation_echo(click: _Event, event: _Event) -> bool:
+    """A click the browser dispatches itself right after a user's click at the same point, e.g. on
+    the checkbox of a clicked <label>: not a second user action."""
+    return (
+        event.type == "click"
+        and event.params.get("x") == click.params.get("x")
+        and event.params.get("y") == click.params.get("y")
+        and 0 <= event.time_ms - click.time_ms <= ACTIVATION_ECHO_MS
+    )
 
 
 def _has_point(params: dict[str, Any]) -> bool:

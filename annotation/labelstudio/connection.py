@@ -1,0 +1,46 @@
+"""Which Label Studio to talk to: the user's own (environment) or the project's own (local data folder)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from annotation.labelstudio.client import LabelStudioClient, LabelStudioUnavailable
+from annotation.labelstudio.secrets import (
+    API_KEY_ENV,
+    Credentials,
+    annotator_salt,
+    credentials_from_environment,
+)
+from annotation.labelstudio.server import LocalLabelStudio, labelstudio_dir
+
+
+def resolve_credentials(home: Path | str, *, start_local: bool, port: int | None = None,
+                        progress: Callable[[str], None] | None = None,
+                        environ: dict[str, str] | None = None) -> Credentials:
+    """``LABEL_STUDIO_URL`` + ``LABEL_STUDIO_API_KEY`` when both are set; else the project's own server.
+
+    With ``start_local`` the project's server is started if it is not running (the first start
+    takes about a minute); without, a stopped server raises :class:`LabelStudioUnavailable`.
+    """
+    from_env = credentials_from_environment(environ)
+    if from_env is not None:
+        return from_env
+    server = LocalLabelStudio(home, port=port)
+    if not start_local and not server.status().running:
+        raise LabelStudioUnavailable(
+            f"the project's Label Studio server is not running (data in {server.data_dir}); "
+            f"start it with `make annotate`, or set LABEL_STUDIO_URL and {API_KEY_ENV} to use your own"
+        )
+    return server.credentials(progress)
+
+
+def connect(home: Path | str, *, start_local: bool = True, port: int | None = None, timeout_s: float = 60.0,
+            progress: Callable[[str], None] | None = None) -> LabelStudioClient:
+    """A client for the Label Studio this project uses (see :func:`resolve_credentials`)."""
+    return LabelStudioClient(resolve_credentials(home, start_local=start_local, port=port, progress=progress), timeout_s=timeout_s)
+
+
+def pseudonym_salt(home: Path | str) -> str:
+    """The secret that turns Label Studio user ids into pseudonymous annotator ids (kept in the data folder)."""
+    return annotator_salt(labelstudio_dir(Path(home)))

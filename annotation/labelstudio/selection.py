@@ -1,0 +1,253 @@
+"""Active selection: which steps (and milestone-action pairs) go to people, under a budget.
+
+People are expensive, so they see the steps where the automatic labels are least certain:
+
+* **label disagreement**: the soft-LCS progress label and the environment-milestone label of a
+  step differ (in progress, or in whether the step is a key step);
+* **model disagreement**: the current reward model's prediction differs from the labels' consensus;
+* **no signal**: a step with one label source and no model (nothing to compare), ranked after
+  any real disagreement;
+* **spot checks**: a small share of the budget goes to random steps the sources agree on, as the
+  quality control of automatic labels that GUI-Shepherd (§3) runs on its own annotations.
+
+The budget is split evenly across strata, a stratum being (task, success or failure), so that
+rare tasks and failed episodes (where automatic labels are weakest) are represented; a stratum
+with fewer candidates than its share hands the rest to the others (water-filling). Within a
+stratum, candidates are taken by uncertainty, at most ``max_per_episode`` steps per episode, ties
+broken by a seeded hash so that a selection is reproducible.
+
+All functions are pure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+NO_SIGNAL_UNCERTAINTY = 0.5
+KEY_STEP_DISAGREEMENT = 0.5
+
+
+@dataclass(frozen=True)
+class StepCandidate:
+    """A step with whatever automatic labels and predictions exist for it (None where absent)."""
+
+    episode_id: str
+    step_idx: int
+    task_id: str
+    success: bool | None = None
+    lcs_progress: float | None = None
+    env_progress: float | None = None
+    lcs_key_step: bool | None = None
+    env_key_step: bool | None = None
+    model_progress: float | None = None
+    model_previous_progress: float | None = None  # the model's prediction for the step before (None at step 0)
+    model_id: str | None = None
+
+    @property
+    def stratum(self) -> str:
+        outcome = "unknown" if self.success is None else "success" if self.success else "failure"
+        return f"{self.task_id}|{outcome}"
+
+    @property
+    def label_consensus(self) -> float | None:
+        """The mean of the available automatic progress labels."""
+        values = [v for v in (self.lcs_progress, self.env_progress) if v is not None]
+        return sum(values) / len(values) if values else None
+
+
+@dataclass(frozen=True)
+class Selected:
+    candidate: StepCandidate
+    uncertainty: float
+    reason: str  # label_disagreement | model_disagreement | no_signal | spot_check
+    rank_in_stratum: int
+
+
+def uncertainty(candidate: StepCandidate) -> tuple[float, str]:
+    """How unsure the automatic labels are about a step, in [0, 1], and why.
+
+    label disagreement = max(|lcs - env|, 0.5 if they disagree on the key step);
+    model disagreement = |model - mean(labels)|. The larger wins. With no pair to compare the
+    step gets 0.5 ("no_signal"): after clear disagreements, before clear agreements.
+    """
+    signals: list[tuple[float, str]] = []
+    if candidate.lcs_progress is not None and candidate.env_progress is not None:
+        gap = abs(candidate.lcs_progress - candidate.env_progress)
+        if (candidate.lcs_key_step is not None and candidate.env_key_step is not None
+                and candidate.lcs_key_step != candidate.env_key_step):
+            gap = max(gap, KEY_STEP_DISAGREEMENT)
+        signals.append((gap, "label_disagreement"))
+    consensus = candidate.label_consensus
+    if candidate.model_progress is not None and consensus is not None:
+        signals.append((abs(candidate.model_progress - consensus), "model_disagreement"))
+    if not signals:
+        return NO_SIGNAL_UNCERTAINTY, "no_signal"
+    score, reason = max(signals, key=lambda s: s[0])
+    return min(1.0, max(0.0, score)), reason
+
+
+def stable_hash(*parts: object, seed: int = 0) -> float:
+    """A reproducible pseudo-random number in [0, 1) for tie-breaking and sampling."""
+    digest = hashlib.blake2b("|".join(map(str, (seed, *parts))).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def allocate_budget(sizes: dict[str, int], budget: int) -> dict[str, int]:
+    """Split ``budget`` evenly across strata, capped by each stratum's size (water-filling).
+
+    The remainder after even shares goes to strata in name order, so the split is deterministic.
+    """
+    quota = dict.fromkeys(sizes, 0)
+    remaining = min(budget, sum(sizes.values()))
+    open_strata = sorted(s for s, n in sizes.items() if n > 0)
+    while remaining > 0 and open_strata:
+        share = max(1, remaining // len(open_strata))
+        for stratum in list(open_strata):
+            if remaining == 0:
+                break
+            take = min(share, sizes[stratum] - quota[stratum], remaining)
+            quota[stratum] += take
+            remaining -= take
+            if quota[stratum] >= sizes[stratum]:
+                open_strata.remove(stratum)
+    return quota
+
+
+def select_steps(
+    candidates: Iterable[StepCandidate],
+    budget: int,
+    *,
+    exclude: set[tuple[str, int]] | frozenset = frozenset(),
+    spot_check_share: float = 0.1,
+    max_per_episode: int = 2,
+    seed: int = 0,
+) -> list[Selected]:
+    """Pick up to ``budget`` steps where labels are least certain, stratified by task and outcome.
+
+    ``exclude`` holds (episode_id, step_idx) already queued or labeled. ``spot_check_share`` of
+    the budget (rounded down) goes to a seeded random sample of the remaining steps, whatever
+    their uncertainty.
+    """
+    if budget <= 0:
+        return []
+    scored = [
+        (c, *uncertainty(c)) for c in candidates if (c.episode_id, c.step_idx) not in exclude
+    ]
+    n_spot = int(math.floor(budget * max(0.0, min(1.0, spot_check_share))))
+    main = _stratified_pick(scored, budget - n_spot, max_per_episode, seed, by_uncertainty=True)
+    taken = {(s.candidate.episode_id, s.candidate.step_idx) for s in main}
+    rest = [row for row in scored if (row[0].episode_id, row[0].step_idx) not in taken]
+    spots = _stratified_pick(rest, n_spot, max_per_episode, seed + 1, by_uncertainty=False)
+    spots = [replace(s, reason="spot_check") for s in spots]
+    if len(main) + len(spots) < budget:  # too few spot-check candidates: fill with the next most uncertain
+        taken |= {(s.candidate.episode_id, s.candidate.step_idx) for s in spots}
+        extra = [row for row in scored if (row[0].episode_id, row[0].step_idx) not in taken]
+        main += _stratified_pick(extra, budget - len(main) - len(spots), max_per_episode, seed + 2, by_uncertainty=True)
+    return main + spots
+
+
+def _stratified_pick(
+    scored: Sequence[tuple[StepCandidate, float, str]], budget: int, max_per_episode: int, seed: int, *, by_uncertainty: bool
+) -> list[Selected]:
+    if budget <= 0 or not scored:
+        return []
+    by_stratum: dict[str, list[tuple[StepCandidate, float, str]]] = defaultdict(list)
+    for row in scored:
+        by_stratum[row[0].stratum].append(row)
+    ordered: dict[str, list[tuple[StepCandidate, float, str]]] = {}
+    for stratum, rows in by_stratum.items():
+        key = (
+            (lambda r: (-r[1], stable_hash(r[0].episode_id, r[0].step_idx, seed=seed)))
+            if by_uncertainty else (lambda r: stable_hash(r[0].episode_id, r[0].step_idx, seed=seed))
+        )
+        rows = sorted(rows, key=key)
+        per_episode: dict[str, int] = defaultdict(int)
+        capped = []
+        for row in rows:
+            if per_episode[row[0].episode_id] < max_per_episode:
+                per_episode[row[0].episode_id] += 1
+                capped.append(row)
+        ordered[stratum] = capped
+    quota = allocate_budget({s: len(rows) for s, rows in ordered.items()}, budget)
+    picked: list[Selected] = []
+    for stratum in sorted(ordered):
+        for rank, (candidate, score, reason) in enumerate(ordered[stratum][: quota[stratum]]):
+            picked.append(Selected(candidate, score, reason, rank))
+    return picked
+
+
+# -- milestone-action match pairs (ADMIRE App. B.4.2) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class MatchPairCandidate:
+    """A milestone next to one step of an episode of its task, with the automatic matcher's similarity."""
+
+    milestone_set_id: str
+    milestone_idx: int
+    milestone: str
+    episode_id: str
+    step_idx: int
+    task_id: str
+    success: bool | None
+    similarity: float
+
+    @property
+    def stratum(self) -> str:
+        outcome = "unknown" if self.success is None else "success" if self.success else "failure"
+        return f"{self.task_id}|{outcome}"
+
+
+def match_uncertainty(similarity: float, threshold: float) -> float:
+    """1 at the matcher's threshold, falling linearly to 0 at similarity 0 or 1: pairs the matcher is least sure of."""
+    span = max(threshold, 1.0 - threshold, 1e-9)
+    return max(0.0, 1.0 - abs(similarity - threshold) / span)
+
+
+def select_match_pairs(
+    pairs: Iterable[MatchPairCandidate], budget: int, *, threshold: float = 0.75,
+    exclude: set[str] | frozenset = frozenset(), seed: int = 0,
+) -> list[tuple[MatchPairCandidate, float]]:
+    """Pairs nearest the similarity threshold (where matching errs), stratified by task and outcome.
+
+    Each (milestone, episode) contributes at most its best-matching step and the step nearest the
+    threshold, so both likely matches and hard near-misses are labeled. ``exclude`` holds item keys.
+    """
+    best: dict[tuple[str, int, str], MatchPairCandidate] = {}
+    nearest: dict[tuple[str, int, str], MatchPairCandidate] = {}
+    for pair in pairs:
+        if match_item_key(pair) in exclude:
+            continue
+        key = (pair.milestone_set_id, pair.milestone_idx, pair.episode_id)
+        if key not in best or pair.similarity > best[key].similarity:
+            best[key] = pair
+        if key not in nearest or abs(pair.similarity - threshold) < abs(nearest[key].similarity - threshold):
+            nearest[key] = pair
+    unique = {match_item_key(p): p for p in (*best.values(), *nearest.values())}
+    by_stratum: dict[str, list[MatchPairCandidate]] = defaultdict(list)
+    for pair in unique.values():
+        by_stratum[pair.stratum].append(pair)
+    for stratum in by_stratum:
+        by_stratum[stratum].sort(key=lambda p: (-match_uncertainty(p.similarity, threshold),
+                                                stable_hash(match_item_key(p), seed=seed)))
+    quota = allocate_budget({s: len(v) for s, v in by_stratum.items()}, budget)
+    chosen = []
+    for stratum in sorted(by_stratum):
+        chosen += [(p, match_uncertainty(p.similarity, threshold)) for p in by_stratum[stratum][: quota[stratum]]]
+    return chosen
+
+
+def step_item_key(episode_id: str, step_idx: int) -> str:
+    return f"step:{episode_id}:{step_idx}"
+
+
+def milestone_set_item_key(milestone_set_id: str) -> str:
+    return f"milestones:{milestone_set_id}"
+
+
+def match_item_key(pair: MatchPairCandidate) -> str:
+    return f"match:{pair.milestone_set_id}:{pair.milestone_idx}:{pair.episode_id}:{pair.step_idx}"

@@ -1,0 +1,470 @@
+"""Ingesting annotations: Label Studio snapshot exports -> the ``human_labels`` table, nothing lost.
+
+One sync of one project:
+
+1. **Change check** (two small requests): task and annotation counts, and the latest task update
+   (editing an annotation touches its task). Unchanged since the last applied sync: stop here.
+   A full sync still runs every ``full_resync_every_s`` as a safety net.
+2. **Snapshot export** of every task with an annotation, skipped and ground-truth ones included.
+   The export's title is recorded *before* asking for it, so a sync interrupted while Label
+   Studio builds a slow export finds that export again on its next attempt instead of losing it.
+3. **Diff by annotation id** against the current ``human_labels`` rows of the project:
+   new ids are added, changed ones replaced (``revision`` + 1), ids no longer exported are
+   retracted (``status = 'retracted'``, kept for audit, not for training). Applying the same
+   snapshot twice changes nothing, so a retried sync never counts an annotation twice.
+4. **Publish** the project's new table version atomically, with lineage to the Label Studio server
+   (``local`` or host:port, never a key), project, export and the queue it came from.
+
+A failure anywhere before the publish leaves the previous version current; the caller keeps the
+returned state (pending export, fingerprints) and retries later: the Dagster sensor backs off
+exponentially (:func:`backoff_seconds`).
+
+Pure parts (:func:`annotation_rows`, :func:`merge_labels`, :func:`backoff_seconds`) are separate
+from the I/O (:class:`ProjectSyncer`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import hmac
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from annotation.labelstudio.client import LabelStudioClient, LabelStudioUnavailable
+from annotation.labelstudio.interfaces import Interface, parse_result
+from warehouse.catalog import LineageInput, Materialization, Warehouse
+from warehouse.tables_annotation import HUMAN_LABELS
+
+SYNC_CODE_VERSION = "human-labels-sync-1"
+EXPORT_TITLE_PREFIX = "stepwise-sync-"
+FULL_RESYNC_EVERY_S = 1800.0
+EXPORT_TIMEOUT_S = 900.0  # an export not done by then (e.g. lost in a server restart) is asked for again
+NOT_FOUND_GRACE_S = 120.0
+
+Stage = Callable[[str, dict[str, Any]], None]
+
+
+# -- pure parts ----------------------------------------------------------------------------------
+
+
+def pseudonymous_annotator_id(user_id: object, salt: str, server_key: str) -> str | None:
+    """``ann-`` + 12 hex of HMAC-SHA256(salt, server|user): stable per person, meaningless without the salt."""
+    if user_id is None:
+        return None
+    if isinstance(user_id, dict):
+        user_id = user_id.get("id") or user_id.get("email")
+    digest = hmac.new(salt.encode(), f"{server_key}|{user_id}".encode(), hashlib.sha256).hexdigest()
+    return f"ann-{digest[:12]}"
+
+
+def parse_timestamp(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return None
+
+
+def _content_hash(annotation: dict) -> str:
+    relevant = {k: annotation.get(k) for k in ("result", "was_cancelled", "ground_truth", "updated_at", "lead_time", "completed_by")}
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _int_or_none(value: object) -> int | None:
+    try:
+        return None if value is None or value == "" else int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def annotation_rows(tasks: Sequence[dict], *, interface: Interface, project_id: int, server_key: str, salt: str,
+                    task_url: Callable[[int, int], str]) -> list[dict]:
+    """One ``human_labels`` row per annotation in a Label Studio JSON export (status active)."""
+    rows = []
+    for task in tasks:
+        data = task.get("data") or {}
+        task_id = int(task["id"])
+        for annotation in task.get("annotations") or []:
+            answer = parse_result(interface.name, annotation.get("result"))
+            cancelled = bool(annotation.get("was_cancelled"))
+            origins = {str(r.get("origin", "")) for r in annotation.get("result") or []}
+            lead = annotation.get("lead_time")
+            rows.append({
+                "ls_server": server_key,
+                "annotation_id": int(annotation["id"]),
+                "ls_project_id": project_id,
+                "ls_task_id": task_id,
+                "ls_task_url": task_url(project_id, task_id),
+                "interface": interface.name,
+                "interface_version": data.get("interface_version") or interface.version_key,
+                "item_key": data.get("item_key"),
+                "episode_id": data.get("episode_id"),
+                "step_idx": _int_or_none(data.get("step_idx")),
+                "task_id": data.get("task_id"),
+                "milestone_set_id": data.get("milestone_set_id"),
+                "milestone_idx": _int_or_none(data.get("milestone_idx")),
+                "label": answer.label,
+                "value": answer.value,
+                "quality_factuality": answer.factuality,
+                "quality_order": answer.order,
+                "quality_granularity": answer.granularity,
+                "rationale": answer.rationale,
+                "status": "active",
+                "was_cancelled": cancelled,
+                "ground_truth": bool(annotation.get("ground_truth")),
+                "usable_for_training": (not cancelled) and answer.has_answer and answer.label != "unsure",
+                "annotator_id": pseudonymous_annotator_id(annotation.get("completed_by"), salt, server_key),
+                "lead_time_s": float(lead) if lead is not None else None,
+                "from_prediction": bool(annotation.get("parent_prediction")) or any(o.startswith("prediction") for o in origins),
+                "created_at": parse_timestamp(annotation.get("created_at")),
+                "updated_at": parse_timestamp(annotation.get("updated_at")),
+                "content_hash": _content_hash(annotation),
+            })
+    return rows
+
+
+@dataclass(frozen=True)
+class LabelDiff:
+    created: int = 0
+    updated: int = 0
+    retracted: int = 0
+    restored: int = 0
+    unchanged: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.updated or self.retracted or self.restored)
+
+
+def merge_labels(previous: Sequence[dict], current: Sequence[dict], now: datetime) -> tuple[list[dict], LabelDiff]:
+    """Apply a full snapshot (``current``) to the project's rows (``previous``), keyed by annotation id.
+
+    New ids are added (revision 1); changed ones replaced (revision + 1, first sync time kept);
+    ids missing from the snapshot retracted (kept, ``status = 'retracted'``); a retracted id that
+    reappears is restored. Idempotent: merging the same snapshot again changes nothing.
+    """
+    before = {int(r["annotation_id"]): r for r in previous}
+    seen: set[int] = set()
+    merged: list[dict] = []
+    created = updated = retracted = restored = unchanged = 0
+    for row in current:
+        annotation_id = int(row["annotation_id"])
+        if annotation_id in seen:
+            continue  # an export never repeats an annotation; be safe anyway
+        seen.add(annotation_id)
+        old = before.get(annotation_id)
+        if old is None:
+            merged.append({**row, "first_synced_at": now, "last_synced_at": now, "retracted_at": None, "revision": 1})
+            created += 1
+        elif old.get("status") == "retracted":
+            merged.append({**row, "first_synced_at": old.get("first_synced_at") or now, "last_synced_at": now,
+                           "retracted_at": None, "revision": int(old.get("revision") or 1) + 1})
+            restored += 1
+        elif old.get("content_hash") != row.get("content_hash"):
+            merged.append({**row, "first_synced_at": old.get("first_synced_at") or now, "last_synced_at": now,
+                           "retracted_at": None, "revision": int(old.get("revision") or 1) + 1})
+            updated += 1
+        else:
+            merged.append(dict(old))
+            unchanged += 1
+    for annotation_id, old in before.items():
+        if annotation_id in seen:
+            continue
+        if old.get("status") == "retracted":
+            merged.append(dict(old))
+            unchanged += 1
+        else:
+            merged.append({**old, "status": "retracted", "retracted_at": now, "last_synced_at": now,
+                           "usable_for_training": False})
+            retracted += 1
+    merged.sort(key=lambda r: int(r["annotation_id"]))
+    return merged, LabelDiff(created, updated, retracted, restored, unchanged)
+
+
+def backoff_seconds(failures: int, *, base_s: float = 30.0, max_s: float = 900.0) -> float:
+    """Exponential back-off after ``failures`` consecutive failed attempts: base, 2 base, 4 base, ... capped."""
+    if failures <= 0:
+        return 0.0
+    return float(min(max_s, base_s * 2 ** (failures - 1)))
+
+
+def human_labels_dataset(server_key: str, project_id: int) -> str:
+    """The warehouse dataset holding one Label Studio project's labels."""
+    return f"labelstudio-{server_key}-project-{project_id}"
+
+
+# -- state kept between attempts (the sensor's cursor) ---------------------------------------------
+
+
+@dataclass
+class ProjectSyncState:
+    fingerprint: str | None = None  # the counts of the last applied snapshot
+    pending_export_title: str | None = None
+    pending_export_id: int | None = None
+    pending_fingerprint: str | None = None
+    export_requested_at: float | None = None
+    last_full_sync_at: float | None = None
+
+    def clear_pending(self) -> None:
+        self.pending_export_title = self.pending_export_id = self.pending_fingerprint = None
+        self.export_requested_at = None
+
+
+@dataclass
+class SyncState:
+    """Everything a sync needs to resume; JSON in the Dagster sensor's cursor (never a secret)."""
+
+    projects: dict[str, ProjectSyncState] = field(default_factory=dict)
+    consecutive_failures: int = 0
+    retry_after: float | None = None
+    last_error: str | None = None
+
+    def project(self, server_key: str, project_id: int) -> ProjectSyncState:
+        return self.projects.setdefault(f"{server_key}|{project_id}", ProjectSyncState())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> SyncState:
+        if not text:
+            return cls()
+        try:
+            raw = json.loads(text)
+        except ValueError:
+            return cls()
+        projects = {k: ProjectSyncState(**v) for k, v in (raw.get("projects") or {}).items()}
+        return cls(projects=projects, consecutive_failures=int(raw.get("consecutive_failures") or 0),
+                   retry_after=raw.get("retry_after"), last_error=raw.get("last_error"))
+
+
+@dataclass
+class ProjectSyncResult:
+    interface: str
+    project_id: int
+    status: str  # unchanged | waiting_for_export | applied | no_changes
+    diff: LabelDiff = field(default_factory=LabelDiff)
+    active: int = 0
+    total: int = 0
+    usable: int = 0
+    export_id: int | None = None
+    materialization_id: str | None = None
+    output_path: str | None = None
+    seconds: float = 0.0
+
+
+# -- I/O -------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def sync_lock(path: Path, *, timeout_s: float = 0.0) -> Iterator[bool]:
+    """An inter-process lock so two syncs (sensor and asset) never interleave; yields whether it was taken."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                taken = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    taken = False
+                    break
+                time.sleep(0.2)
+        try:
+            yield taken
+        finally:
+            if taken:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class ProjectSyncer:
+    """Runs syncs of Label Studio projects into the warehouse (see the module docstring)."""
+
+    def __init__(self, client: LabelStudioClient, warehouse: Warehouse, *, salt: str, run_id: str | None = None,
+                 blocking: bool = False, export_request_timeout_s: float = 45.0, export_wait_s: float = 600.0,
+                 full_resync_every_s: float = FULL_RESYNC_EVERY_S, on_stage: Stage | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.client = client
+        self.warehouse = warehouse
+        self.salt = salt
+        self.run_id = run_id
+        self.blocking = blocking
+        self.export_request_timeout_s = export_request_timeout_s
+        self.export_wait_s = export_wait_s
+        self.full_resync_every_s = full_resync_every_s
+        self.on_stage = on_stage or (lambda stage, info: None)
+        self.log = log or (lambda message: None)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _previous_rows(self, dataset: str) -> tuple[list[dict], str | None]:
+        current = self.warehouse.current_version("human_labels", dataset)
+        if current is None:
+            return [], None
+        return pq.read_table(current[1]).to_pylist(), current[0]
+
+    def _last_publish_at(self, dataset: str) -> float | None:
+        if not self.warehouse.db_path.exists():
+            return None
+        with self.warehouse.connect(read_only=True) as con:
+            try:
+                row = con.execute(
+                    "SELECT max(created_at) FROM table_versions WHERE table_name = 'human_labels' AND dataset = ?", [dataset]
+                ).fetchone()
+            except Exception:  # noqa: BLE001 - a catalog without the table yet
+                return None
+        return row[0].timestamp() if row and row[0] is not None else None
+
+    def _request_export(self, project_id: int, state: ProjectSyncState, fingerprint: str, now: float):
+        state.pending_export_title = f"{EXPORT_TITLE_PREFIX}{uuid.uuid4().hex[:12]}"
+        state.pending_export_id = None
+        state.pending_fingerprint = fingerprint
+        state.export_requested_at = now
+        self.on_stage("export_requested", {"project_id": project_id, "title": state.pending_export_title})
+        export = self.client.create_export(project_id, state.pending_export_title, timeout_s=self.export_request_timeout_s)
+        state.pending_export_id = export.export_id
+        return export
+
+    def _pending_export(self, project_id: int, state: ProjectSyncState, now: float):
+        """The export asked for earlier, if it can still be used (None: ask for a new one)."""
+        age = now - (state.export_requested_at or now)
+        if state.pending_export_id is None and state.pending_export_title:
+            found = self.client.find_export(project_id, state.pending_export_title)
+            if found is None:
+                if age > NOT_FOUND_GRACE_S:
+                    state.clear_pending()
+                return found
+            state.pending_export_id = found.export_id
+            return found
+        if state.pending_export_id is None:
+            return None
+        try:
+            export = self.client.get_export(project_id, state.pending_export_id)
+        except LabelStudioUnavailable:
+            raise
+        except Exception:  # noqa: BLE001 - deleted or unreadable: ask again
+            state.clear_pending()
+            return None
+        if export.status == "failed" or (export.status != "completed" and age > EXPORT_TIMEOUT_S):
+            self.client.delete_export(project_id, export.export_id)
+            state.clear_pending()
+            return None
+        return export
+
+    # -- one project -------------------------------------------------------------------------------
+    def sync(self, interface: Interface, project_id: int, state: ProjectSyncState, *, now: float | None = None,
+             queue_version: tuple[str, str] | None = None) -> ProjectSyncResult:
+        """Sync one project; mutates ``state`` (keep it even when this raises, to resume)."""
+        started = time.perf_counter()
+        now = time.time() if now is None else now
+        server_key = self.client.server_key
+        dataset = human_labels_dataset(server_key, project_id)
+        result = ProjectSyncResult(interface.name, project_id, "unchanged")
+
+        counts = self.client.project_counts(project_id)
+        fingerprint = counts.fingerprint()
+        self.on_stage("counted", {"project_id": project_id, "fingerprint": fingerprint})
+        has_previous = self.warehouse.current_version("human_labels", dataset) is not None
+        due_full = state.last_full_sync_at is None or now - state.last_full_sync_at >= self.full_resync_every_s
+        nothing_yet = counts.total_annotations + counts.skipped_annotations == 0 and not has_previous
+        if state.pending_export_title is None and (nothing_yet or (fingerprint == state.fingerprint and has_previous and not due_full)):
+            result.seconds = time.perf_counter() - started
+            return result
+
+        export = self._pending_export(project_id, state, now) if state.pending_export_title else None
+        if export is not None:
+            last_publish = self._last_publish_at(dataset)
+            if last_publish is not None and state.export_requested_at is not None and last_publish > state.export_requested_at:
+                # another sync applied a newer snapshot meanwhile: this one is stale
+                self.client.delete_export(project_id, export.export_id)
+                state.clear_pending()
+                export = None
+        if export is None and state.pending_export_title is None:
+            export = self._request_export(project_id, state, fingerprint, now)
+        if export is None:
+            result.status = "waiting_for_export"
+            result.seconds = time.perf_counter() - started
+            return result
+        if export.status != "completed":
+            if not self.blocking:
+                result.status = "waiting_for_export"
+                result.export_id = export.export_id
+                result.seconds = time.perf_counter() - started
+                return result
+            export = self.client.wait_for_export(project_id, export, timeout_s=self.export_wait_s)
+            if export.status != "completed":
+                state.clear_pending()
+                raise LabelStudioUnavailable(f"Label Studio could not build export {export.export_id} of project {project_id}")
+        result.export_id = export.export_id
+        self.on_stage("export_ready", {"project_id": project_id, "export_id": export.export_id})
+
+        tasks = self.client.download_export(project_id, export.export_id)
+        self.on_stage("downloaded", {"project_id": project_id, "export_id": export.export_id, "tasks": len(tasks)})
+        rows = annotation_rows(tasks, interface=interface, project_id=project_id, server_key=server_key,
+                               salt=self.salt, task_url=self.client.task_url)
+        previous, previous_materialization = self._previous_rows(dataset)
+        active_before = sum(1 for r in previous if r.get("status") == "active")
+        if not rows and active_before and (counts.total_annotations + counts.skipped_annotations) > 0:
+            raise LabelStudioUnavailable(
+                f"export {export.export_id} of project {project_id} is empty while the project has annotations; retrying later"
+            )
+        stamp = datetime.fromtimestamp(now, UTC)
+        merged, diff = merge_labels(previous, rows, stamp)
+        result.diff = diff
+        result.total = len(merged)
+        result.active = sum(1 for r in merged if r["status"] == "active")
+        result.usable = sum(1 for r in merged if r["usable_for_training"])
+        if diff.changed or previous_materialization is None:
+            materialization = Materialization(
+                asset="human_labels",
+                run_id=self.run_id,
+                code_version=SYNC_CODE_VERSION,
+                parameters={
+                    "ls_server": server_key,
+                    "ls_project_id": project_id,
+                    "interface_version": interface.version_key,
+                    "export_id": export.export_id,
+                    "export_md5": export.md5,
+                    "created": diff.created, "updated": diff.updated, "retracted": diff.retracted, "restored": diff.restored,
+                },
+                inputs=[LineageInput(kind="file", path=f"labelstudio://{server_key}/projects/{project_id}/exports/{export.export_id}",
+                                     version=export.md5 or str(export.export_id))],
+            )
+            if previous_materialization:
+                materialization.inputs.append(LineageInput(kind="asset", input_asset="human_labels",
+                                                           input_materialization_id=previous_materialization))
+            if queue_version:
+                materialization.inputs.append(LineageInput(kind="asset", input_asset="annotation_queue",
+                                                           input_materialization_id=queue_version[0], path=queue_version[1]))
+            table = pa.Table.from_pylist(merged, schema=HUMAN_LABELS)
+            output = self.warehouse.stage_table("human_labels", dataset, table, materialization)
+            self.warehouse.publish(materialization, [output])
+            result.status = "applied"
+            result.materialization_id = materialization.materialization_id
+            result.output_path = str(output.path)
+        else:
+            result.status = "no_changes"
+        self.on_stage("published", {"project_id": project_id, "status": result.status})
+        state.fingerprint = state.pending_fingerprint or fingerprint
+        state.last_full_sync_at = now
+        state.clear_pending()
+        self.client.delete_export(project_id, export.export_id)
+        result.seconds = time.perf_counter() - started
+        self.log(
+            f"{interface.name} (project {project_id}): {result.status}; +{diff.created} new, {diff.updated} updated, "
+            f"{diff.retracted} retracted; {result.active} active labels ({result.seconds:.1f} s)"
+        )
+        return result

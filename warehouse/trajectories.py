@@ -1,0 +1,104 @@
+"""Episodes and steps from the warehouse as model objects (actions with their screens)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from warehouse.catalog import Warehouse
+from warehouse.model import Action, ActionType, Screen, UIElement, screen_from_records
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    episode_id: str
+    task_id: str
+    instruction: str
+    source: str
+    success: bool
+    actions: tuple[Action, ...]
+    screens: tuple[Screen, ...]  # the screen before each step
+    milestones_hit: tuple[tuple[str, ...], ...] | None = None  # online milestone hits, when recorded
+    fields: dict[str, Any] = field(default_factory=dict)
+    parent_episode_id: str | None = None
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.actions)
+
+    def screens_after(self) -> list[Screen | None]:
+        """The screen after each step: the next step's screen; unknown (None) after the last."""
+        return [*self.screens[1:], None]
+
+
+def action_from_row(row: dict[str, Any], screen: Screen) -> Action:
+    """Rebuild a step's typed action; the target is the element of the step's screen it names."""
+    target: UIElement | None = None
+    if row.get("target_ref") is not None:
+        target = screen.by_ref(row["target_ref"]) or UIElement(
+            ref=row["target_ref"],
+            role=row.get("target_role") or "",
+            text=row.get("target_text") or "",
+            element_id=row.get("target_element_id") or "",
+            bounds=tuple(row.get("target_bounds") or (0, 0, 0, 0)),
+        )
+    kind = ActionType(row["action_type"])
+    text = row.get("input_text")
+    if text is None and kind in (ActionType.PRESS_KEY, ActionType.ANSWER, ActionType.OPEN_APP):
+        text = _text_argument(row["action_text"])
+    return Action(kind, target=target, text=text, direction=row.get("scroll_direction"))
+
+
+def _text_argument(action_text: str) -> str | None:
+    """The quoted text argument at the end of a canonical action string, e.g. PRESS_KEY(..., "Enter")."""
+    if not action_text.endswith('")'):
+        return None
+    start = action_text.rfind(', "')
+    start = start + 2 if start >= 0 else action_text.find('("') + 1
+    try:
+        return json.loads(action_text[start:-1])
+    except (json.JSONDecodeError, ValueError):
+        return None
+
+
+def load_trajectories(
+    warehouse: Warehouse, where: str = "TRUE", params: list | None = None, *, batch_episodes: int = 2000
+) -> Iterator[Trajectory]:
+    """Trajectories of the episodes matching ``where`` (SQL over ``episodes e``), in episode order."""
+    episodes = warehouse.query(
+        f"SELECT e.episode_id, e.task_id, e.instruction, e.task_fields, e.source, e.success, e.parent_episode_id "
+        f"FROM episodes e WHERE {where} ORDER BY e.episode_id",
+        params,
+    ).to_pylist()
+    for start in range(0, len(episodes), batch_episodes):
+        batch = episodes[start : start + batch_episodes]
+        ids = [e["episode_id"] for e in batch]
+        rows = warehouse.query(
+            "SELECT episode_id, step_idx, action_type, action_text, target_ref, target_role, target_text, "
+            "target_element_id, target_bounds, input_text, scroll_direction, screen, milestones_hit "
+            "FROM steps WHERE list_contains(?, episode_id) ORDER BY episode_id, step_idx",
+            [ids],
+        ).to_pylist()
+        by_episode: dict[str, list[dict]] = {}
+        for row in rows:
+            by_episode.setdefault(row["episode_id"], []).append(row)
+        for e in batch:
+            steps = by_episode.get(e["episode_id"], [])
+            screens = tuple(screen_from_records(r["screen"]) for r in steps)
+            actions = tuple(action_from_row(r, s) for r, s in zip(steps, screens))
+            recorded = [r["milestones_hit"] for r in steps]
+            milestones = tuple(tuple(m or ()) for m in recorded) if any(m is not None for m in recorded) else None
+            yield Trajectory(
+                episode_id=e["episode_id"],
+                task_id=e["task_id"],
+                instruction=e["instruction"] or "",
+                source=e["source"],
+                success=bool(e["success"]),
+                actions=actions,
+                screens=screens,
+                milestones_hit=milestones,
+                fields=json.loads(e["task_fields"]) if e.get("task_fields") else {},
+                parent_episode_id=e.get("parent_episode_id"),
+            )

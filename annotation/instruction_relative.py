@@ -162,13 +162,26 @@ def garbage_mask(screens_before: Sequence[Screen], n_steps: int) -> list[bool]:
     return garbage
 
 
+def collapse_repeats(actions: Sequence[Action], kept: Sequence[int]) -> tuple[int, ...]:
+    """Of a run of identical consecutive actions (scrolling down five times to find a post), keep
+    the last: repeating a step is one step of the recipe, and the last repetition completes it."""
+    out: list[int] = []
+    for i in kept:
+        if out and actions[out[-1]].canonical_text() == actions[i].canonical_text():
+            out[-1] = i
+        else:
+            out.append(i)
+    return tuple(out)
+
+
 def clean_trajectory(
     actions: Sequence[Action], screens_before: Sequence[Screen], instruction: str
 ) -> CleanedTrajectory:
-    """Drop garbage steps and rewrite the rest relative to the instruction (the improved mode)."""
+    """Drop garbage steps, collapse repeated ones, and rewrite the rest relative to the instruction
+    (the improved mode)."""
     n = len(actions)
     garbage = garbage_mask(screens_before, n)
-    kept = tuple(i for i in range(n) if not garbage[i])
+    kept = collapse_repeats(actions, [i for i in range(n) if not garbage[i]])
     rewritten = tuple(relative_action(actions[i], screens_before[i], instruction) for i in kept)
     return CleanedTrajectory(rewritten, kept, n)
 

@@ -1,8 +1,6 @@
 """Ingest stage: recorded human demonstrations -> episodes and steps in the warehouse."""
 
 
-import base64
-import io
 import os
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from dagster import (
     asset_check,
 )
 
+from assets.plots import save_and_inline
 from envs.miniwob.demo_import import ASSET_NAME, IMPORTER_VERSION, import_demonstrations
 from pipelines.resources import WarehouseResource
 from warehouse.model import KNOWN_ACTION_TYPES
@@ -85,9 +84,6 @@ def human_demonstrations(
 
 def _success_by_task_plot(warehouse: WarehouseResource, import_root: str) -> str:
     """Successes and failures per task as a horizontal bar chart, inlined as markdown."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = warehouse.get().query(
@@ -104,14 +100,7 @@ def _success_by_task_plot(warehouse: WarehouseResource, import_root: str) -> str
     ax.tick_params(axis="y", labelsize=6)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    plots = warehouse.get().home / "plots"
-    plots.mkdir(parents=True, exist_ok=True)
-    fig.savefig(plots / "human_demonstrations_success_by_task.png", dpi=110)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=80)
-    plt.close(fig)
-    encoded = base64.b64encode(buffer.getvalue()).decode()
-    return f"![success and failure per task](data:image/png;base64,{encoded})"
+    return save_and_inline(fig, warehouse.get().home / "plots" / "human_demonstrations_success_by_task.png", "success and failure per task")
 
 
 # -- asset checks -----------------------------------------------------------------------------

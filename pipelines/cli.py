@@ -24,18 +24,25 @@ def prepare_dagster_home() -> Path:
 
 
 def _print_table(table, max_rows: int = 50) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """A result table: boxed by rich on a terminal, plain aligned columns when piped."""
+    rows = [["NULL" if v is None else str(v) for v in row.values()] for row in table.slice(0, max_rows).to_pylist()]
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
 
-    shown = Table(show_lines=False)
-    for name in table.column_names:
-        shown.add_column(name, overflow="fold")
-    for row in table.slice(0, max_rows).to_pylist():
-        shown.add_row(*("NULL" if v is None else str(v) for v in row.values()))
-    console = Console()
-    console.print(shown)
+        shown = Table()
+        for name in table.column_names:
+            shown.add_column(name, overflow="fold")
+        for row in rows:
+            shown.add_row(*row)
+        Console().print(shown)
+    else:
+        widths = [max([len(name), *(len(r[i]) for r in rows)]) for i, name in enumerate(table.column_names)]
+        print("  ".join(name.ljust(w) for name, w in zip(table.column_names, widths)))
+        for row in rows:
+            print("  ".join(value.ljust(w) for value, w in zip(row, widths)))
     if table.num_rows > max_rows:
-        console.print(f"... {table.num_rows - max_rows} more rows ({table.num_rows} in all)")
+        print(f"... {table.num_rows - max_rows} more rows ({table.num_rows} in all)")
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -69,6 +76,47 @@ def cmd_import_demos(args: argparse.Namespace) -> int:
             folder, Warehouse(), workers=args.workers, progress=lambda done, total: bar.update(task, completed=done, total=total)
         )
     _print_report(report)
+    return 0
+
+
+def cmd_label(args: argparse.Namespace) -> int:
+    from assets.labels import run_labeling, run_split, run_synthesis
+    from envs.tasks import TaskSpecError
+    from warehouse.catalog import Warehouse
+
+    warehouse = Warehouse()
+    try:
+        if args.synthesize:
+            run_synthesis(warehouse, seed=args.seed)
+        summary = run_labeling(warehouse, specs_dir=args.tasks, embedder=args.embedder, theta=args.theta)
+        run_split(warehouse, by=args.split_by, seed=args.seed)
+    except TaskSpecError as exc:
+        print(f"stepwise label: {exc}", file=sys.stderr)
+        return 2
+    print(f"recipes: {summary.recipes}; step labels: {summary.label_rows}")
+    for method, notes in summary.tasks_without_recipe.items():
+        for task, reason in sorted(notes.items()):
+            print(f"  no {method} recipe for {task}: {reason}")
+    print(f"plots: {', '.join(str(warehouse.home / 'plots' / n) for n in ('progress_curves.png', 'label_distribution.png'))}")
+    return 0
+
+
+def cmd_label_report(args: argparse.Namespace) -> int:
+    from assets.labels import run_label_report
+    from envs.tasks import TaskSpecError
+    from warehouse.catalog import Warehouse
+
+    try:
+        rows = run_label_report(Warehouse(), specs_dir=args.tasks, publish=not args.no_save)
+    except TaskSpecError as exc:
+        print(f"stepwise label-report: {exc}", file=sys.stderr)
+        return 2
+    if not rows:
+        print("stepwise label-report: no labelled episodes of these tasks (run `stepwise label` first)", file=sys.stderr)
+        return 1
+    import pyarrow as pa
+
+    _print_table(pa.Table.from_pylist([{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "specs_dir"} for r in rows]), 200)
     return 0
 
 
@@ -111,7 +159,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
         )
         _print_table(warehouse.query("SELECT status, count(*) AS files FROM source_files GROUP BY status ORDER BY status"))
-    print(f"   warehouse: {warehouse.db_path} (views: episodes, steps, source_files, quarantine, lineage)")
+        _print_table(
+            warehouse.query(
+                "SELECT source, method, count(*) AS steps, count(DISTINCT episode_id) AS episodes, round(avg(progress), 3) AS mean_progress, "
+                "round(avg(is_key_step::INT), 3) AS key_step_share FROM progress_labels GROUP BY ALL ORDER BY ALL"
+            )
+        )
+        _print_table(
+            warehouse.query(
+                "SELECT method, task_set, episodes, round(key_step_precision, 3) AS precision, round(key_step_recall, 3) AS recall, "
+                "round(key_step_progress_error, 3) AS key_step_error FROM label_quality WHERE task_set IN ('dev', 'held_out') ORDER BY task_set, method"
+            )
+        )
+    print(f"   warehouse: {warehouse.db_path} (views: episodes, steps, progress_labels, recipes, progress_split, label_quality, lineage, ...)")
+    print(f"   plots:     {warehouse.home / 'plots'}")
     print(f"   parquet:   {warehouse.data_dir}")
     print("   query:     .venv/bin/stepwise sql \"SELECT task_id, avg(success::int) FROM episodes GROUP BY 1\"")
     print("   UI:        make ui   (then open http://127.0.0.1:3000)")
@@ -134,6 +195,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder")
     p.add_argument("--workers", type=int, default=2)
     p.set_defaults(func=cmd_import_demos)
+    p = sub.add_parser("label", help="(re)compute recipes, progress labels (LCS paper/improved, env milestones) and the RM split")
+    p.add_argument("--tasks", default=None, help="folder of task specs (YAML, one per task); default: envs/task_specs")
+    p.add_argument("--embedder", default="minilm", choices=["minilm", "hashing"])
+    p.add_argument("--theta", type=float, default=0.6)
+    p.add_argument("--synthesize", action="store_true", help="also (re)generate the synthetic trajectories first")
+    p.add_argument("--split-by", default="goal", choices=["goal", "task"])
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_label)
+    p = sub.add_parser("label-report", help="score the LCS labels against the milestone specs in a folder")
+    p.add_argument("--tasks", default=None, help="folder of task specs (YAML, one per task); default: envs/task_specs")
+    p.add_argument("--no-save", action="store_true", help="print only; do not write the label_quality table")
+    p.set_defaults(func=cmd_label_report)
     p = sub.add_parser("sql", help="run a SQL query against the warehouse and print the result")
     p.add_argument("query")
     p.add_argument("--max-rows", type=int, default=50)

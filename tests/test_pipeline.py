@@ -20,7 +20,9 @@ def test_definitions_load_and_group_assets_by_stage():
     repo = defs.get_repository_def()
     graph = repo.asset_graph
     groups = {node.key.to_user_string(): node.group_name for node in graph.asset_nodes}
-    assert groups == {"human_demonstrations": "ingest"}
+    assert groups["human_demonstrations"] == "ingest"
+    for name in ("synthetic_trajectories", "recipe_library", "progress_labels", "progress_split", "label_quality_report"):
+        assert groups[name] == "labels"
     checks = {c.name for c in repo.asset_graph.asset_check_keys}
     assert {"demonstrations_schema", "demonstrations_no_empty_episodes", "demonstrations_action_types_known",
             "demonstrations_success_and_failure"} <= checks

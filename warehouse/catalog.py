@@ -240,6 +240,23 @@ class Warehouse:
                 return None
         return (row[0], row[1]) if row else None
 
+    def current_inputs(self, table_names: Iterable[str], exclude_dataset: str | None = None) -> list[LineageInput]:
+        """Lineage inputs for a materialization that reads the current versions of these tables."""
+        names = list(table_names)
+        if not self.db_path.exists():
+            return []
+        rows = self.query(
+            "SELECT v.table_name, v.dataset, v.path, v.materialization_id, m.asset FROM table_versions v "
+            "JOIN lineage_materializations m USING (materialization_id) WHERE v.is_current AND list_contains(?, v.table_name) "
+            "ORDER BY v.table_name, v.dataset",
+            [names],
+        ).to_pylist()
+        return [
+            LineageInput(kind="asset", path=r["path"], version=r["materialization_id"], input_asset=r["asset"], input_materialization_id=r["materialization_id"])
+            for r in rows
+            if r["dataset"] != exclude_dataset
+        ]
+
     def walk_back(self, output_path: str) -> pa.Table:
         """Every input, transitively, behind the materialization that wrote ``output_path``.
 

@@ -146,6 +146,31 @@ PROGRESS_SPLIT = pa.schema(
     ]
 )
 
+# Why a task has no recipe, or an episode no label (nothing is labelled falsely; the reason is said).
+LABEL_NOTES = pa.schema(
+    [
+        pa.field("scope", pa.string(), nullable=False),  # task | episode
+        pa.field("key", pa.string(), nullable=False),  # the task id or episode id
+        ("method", pa.string()),
+        pa.field("reason", pa.string(), nullable=False),
+    ]
+)
+
+# LCS labels scored against milestone ground truth (the label-quality report).
+LABEL_QUALITY = pa.schema(
+    [
+        pa.field("method", pa.string(), nullable=False),
+        pa.field("task_set", pa.string(), nullable=False),  # dev | held_out | a task id
+        ("tasks", pa.int32()),
+        ("episodes", pa.int32()),
+        ("key_step_precision", pa.float64()),
+        ("key_step_recall", pa.float64()),
+        ("key_step_progress_error", pa.float64()),
+        ("step_progress_error", pa.float64()),
+        ("specs_dir", pa.string()),
+    ]
+)
+
 TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "episodes": EPISODES,
     "steps": STEPS,
@@ -154,6 +179,8 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "progress_labels": PROGRESS_LABELS,
     "recipes": RECIPES,
     "progress_split": PROGRESS_SPLIT,
+    "label_notes": LABEL_NOTES,
+    "label_quality": LABEL_QUALITY,
 }
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from warehouse.catalog import Warehouse
 from warehouse.model import Action, ActionType, Screen, UIElement, screen_from_records
+from warehouse.schema import EPISODES, STEPS, element_records
 
 
 @dataclass(frozen=True)
@@ -102,3 +105,60 @@ def load_trajectories(
                 fields=json.loads(e["task_fields"]) if e.get("task_fields") else {},
                 parent_episode_id=e.get("parent_episode_id"),
             )
+
+
+def trajectories_to_tables(
+    trajectories: Iterable[Trajectory], *, created_at, run_id: str | None, env_backend: str | None = None
+) -> tuple[pa.Table, pa.Table]:
+    """Trajectories -> (episodes, steps) Arrow tables in the warehouse schemas."""
+    episodes: list[dict] = []
+    steps: dict[str, list] = {name: [] for name in STEPS.names}
+    for t in trajectories:
+        episodes.append(
+            {
+                "episode_id": t.episode_id,
+                "task_id": t.task_id,
+                "task_family": "miniwob" if env_backend in (None, "miniwob") else env_backend,
+                "instruction": t.instruction,
+                "task_fields": json.dumps(t.fields, sort_keys=True) if t.fields else None,
+                "source": t.source,
+                "parent_episode_id": t.parent_episode_id,
+                "policy_id": None,
+                "env_backend": env_backend,
+                "seed": None,
+                "success": t.success,
+                "outcome_reward": 1.0 if t.success else 0.0,
+                "decayed_reward": None,
+                "n_steps": t.n_steps,
+                "duration_ms": None,
+                "source_file": None,
+                "source_sha256": None,
+                "import_root": None,
+                "created_at": created_at,
+                "run_id": run_id,
+            }
+        )
+        for idx, (action, screen) in enumerate(zip(t.actions, t.screens)):
+            target = action.target
+            steps["episode_id"].append(t.episode_id)
+            steps["step_idx"].append(idx)
+            steps["action_type"].append(action.type.value)
+            steps["action_text"].append(action.canonical_text())
+            steps["target_ref"].append(target.ref if target else None)
+            steps["target_role"].append(target.role if target else None)
+            steps["target_text"].append(target.text if target else None)
+            steps["target_element_id"].append(target.element_id if target else None)
+            steps["target_bounds"].append(list(target.bounds) if target else None)
+            steps["input_text"].append(action.text if action.type is ActionType.INPUT else None)
+            steps["scroll_direction"].append(action.direction)
+            steps["screen"].append(element_records(screen))
+            steps["n_elements"].append(len(screen.elements))
+            steps["screenshot_path"].append(screen.screenshot_path)
+            steps["env_reward"].append(None)
+            steps["milestones_hit"].append(list(t.milestones_hit[idx]) if t.milestones_hit else None)
+            steps["done"].append(idx == t.n_steps - 1)
+            steps["time_ms"].append(None)
+            steps["raw_event_first"].append(None)
+            steps["raw_event_last"].append(None)
+            steps["problem"].append(None)
+    return pa.Table.from_pylist(episodes, schema=EPISODES), pa.Table.from_pydict(steps, schema=STEPS)

@@ -40,6 +40,7 @@ class LabelRun:
     recipe_rows: list[dict] = field(default_factory=list)
     unlabelled: dict[str, str] = field(default_factory=dict)  # episode id -> reason
     task_notes: dict[str, str] = field(default_factory=dict)  # task id -> why it has no recipe
+    step_notes: dict[str, str] = field(default_factory=dict)  # episode id -> odd steps it holds
 
 
 def lcs_labels(
@@ -58,8 +59,13 @@ def lcs_labels(
     actions_of: dict[str, tuple[Action, ...]] = {}
     for trajectory in trajectories:
         if trajectory.n_steps == 0:
-            run.unlabelled[trajectory.episode_id] = "empty trajectory"
+            run.unlabelled[trajectory.episode_id] = f"task {trajectory.task_id}: empty trajectory (no steps)"
             continue
+        odd = [i for i, a in enumerate(trajectory.actions) if a.type is ActionType.UNKNOWN and (a.detail or "").startswith("unknown action type")]
+        if odd:
+            run.step_notes[trajectory.episode_id] = (
+                f"task {trajectory.task_id}: steps {odd} have an unknown action type ({trajectory.actions[odd[0]].detail}); they never match a recipe"
+            )
         if method == "improved":
             cleaned = clean_trajectory(trajectory.actions, trajectory.screens, trajectory.instruction)
             cleaned_by_episode[trajectory.episode_id] = cleaned

@@ -140,6 +140,7 @@ def run_labeling(
         summary.unlabelled[method] = len(run.unlabelled)
         note_rows += [{"scope": "task", "key": k, "method": method, "reason": v} for k, v in sorted(run.task_notes.items())]
         note_rows += [{"scope": "episode", "key": k, "method": method, "reason": v} for k, v in sorted(run.unlabelled.items())]
+        note_rows += [{"scope": "step", "key": k, "method": method, "reason": v} for k, v in sorted(run.step_notes.items())]
         log(f"lcs/{method}: {len(run.recipe_rows)} recipes, {len(run.label_rows)} step labels, {len(run.task_notes)} tasks without recipe")
     env = env_labels(trajectories, specs)
     label_rows += env.label_rows

@@ -149,7 +149,7 @@ PROGRESS_SPLIT = pa.schema(
 # Why a task has no recipe, or an episode no label (nothing is labelled falsely; the reason is said).
 LABEL_NOTES = pa.schema(
     [
-        pa.field("scope", pa.string(), nullable=False),  # task | episode
+        pa.field("scope", pa.string(), nullable=False),  # task | episode | step
         pa.field("key", pa.string(), nullable=False),  # the task id or episode id
         ("method", pa.string()),
         pa.field("reason", pa.string(), nullable=False),

@@ -47,7 +47,11 @@ def action_from_row(row: dict[str, Any], screen: Screen) -> Action:
             element_id=row.get("target_element_id") or "",
             bounds=tuple(row.get("target_bounds") or (0, 0, 0, 0)),
         )
-    kind = ActionType(row["action_type"])
+    try:
+        kind = ActionType(row["action_type"])
+    except ValueError:
+        # Kept, never matched, and reported by the labellers: one odd step must not stop a corpus.
+        return Action(ActionType.UNKNOWN, detail=f"unknown action type {row['action_type']!r}")
     text = row.get("input_text")
     if text is None and kind in (ActionType.PRESS_KEY, ActionType.ANSWER, ActionType.OPEN_APP):
         text = _text_argument(row["action_text"])

@@ -146,3 +146,18 @@ def test_training_split_balances_steps():
     assert 0.75 < ok / failed < 1.33
     again = training_split(trajectories, seed=0)
     assert again == rows  # deterministic
+
+
+def test_empty_trajectories_and_unknown_action_types_are_reported_not_fatal():
+    from warehouse.trajectories import action_from_row
+
+    odd = action_from_row({"action_type": "TELEPORT", "action_text": "TELEPORT()"}, Screen(()))
+    assert odd.type is ActionType.UNKNOWN and "TELEPORT" in odd.detail
+    good = corpus()
+    weird = login_trajectory("w", "zed", "pw")
+    weird = Trajectory(**{**weird.__dict__, "actions": (odd, *weird.actions[1:])})
+    empty = Trajectory("e", "login-user", "x", "human_demo", False, (), ())
+    run = lcs_labels([*good, weird, empty], HashingTextEmbedder(), "improved")
+    assert "empty trajectory" in run.unlabelled["e"] and "login-user" in run.unlabelled["e"]
+    assert "unknown action type" in run.step_notes["w"]
+    assert {r["episode_id"] for r in run.label_rows} >= {"a", "b", "c", "f", "w"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pyarrow as pa
@@ -70,6 +70,30 @@ def _text_argument(action_text: str) -> str | None:
         return None
 
 
+_ELEMENT_FIELDS = [f.name for f in fields(UIElement)]
+
+
+def screens_from_arrow(column: pa.ChunkedArray) -> list[Screen]:
+    """The ``screen`` column (list of element structs) as Screens, converted field by field: far
+    faster than turning every struct into a dict first."""
+    screens: list[Screen] = []
+    for chunk in column.chunks:
+        offsets = chunk.offsets.to_pylist()
+        flat = chunk.values
+        values = {name: flat.field(name).to_pylist() for name in _ELEMENT_FIELDS}
+        values["bounds"] = [tuple(b) if b is not None else (0.0, 0.0, 0.0, 0.0) for b in values["bounds"]]
+        for text_field in ("text", "element_id", "classes", "description"):
+            values[text_field] = [v or "" for v in values[text_field]]
+        for flag in ("clickable", "editable", "focused"):
+            values[flag] = [bool(v) for v in values[flag]]
+        values["depth"] = [v or 0 for v in values["depth"]]
+        elements = list(map(UIElement, *(values[name] for name in _ELEMENT_FIELDS)))
+        valid = chunk.is_valid().to_pylist()
+        for k in range(len(chunk)):
+            screens.append(Screen(tuple(elements[offsets[k] : offsets[k + 1]]) if valid[k] else ()))
+    return screens
+
+
 def load_trajectories(
     warehouse: Warehouse, where: str = "TRUE", params: list | None = None, *, batch_episodes: int = 2000
 ) -> Iterator[Trajectory]:
@@ -82,20 +106,22 @@ def load_trajectories(
     for start in range(0, len(episodes), batch_episodes):
         batch = episodes[start : start + batch_episodes]
         ids = [e["episode_id"] for e in batch]
-        rows = warehouse.query(
+        steps_table = warehouse.query(
             "SELECT episode_id, step_idx, action_type, action_text, target_ref, target_role, target_text, "
             "target_element_id, target_bounds, input_text, scroll_direction, screen, milestones_hit "
             "FROM steps WHERE list_contains(?, episode_id) ORDER BY episode_id, step_idx",
             [ids],
-        ).to_pylist()
-        by_episode: dict[str, list[dict]] = {}
-        for row in rows:
-            by_episode.setdefault(row["episode_id"], []).append(row)
+        )
+        all_screens = screens_from_arrow(steps_table.column("screen"))
+        rows = steps_table.drop_columns(["screen"]).to_pylist()
+        by_episode: dict[str, list[tuple[dict, Screen]]] = {}
+        for row, screen in zip(rows, all_screens):
+            by_episode.setdefault(row["episode_id"], []).append((row, screen))
         for e in batch:
             steps = by_episode.get(e["episode_id"], [])
-            screens = tuple(screen_from_records(r["screen"]) for r in steps)
-            actions = tuple(action_from_row(r, s) for r, s in zip(steps, screens))
-            recorded = [r["milestones_hit"] for r in steps]
+            screens = tuple(screen for _, screen in steps)
+            actions = tuple(action_from_row(r, screen) for r, screen in steps)
+            recorded = [r["milestones_hit"] for r, _ in steps]
             milestones = tuple(tuple(m or ()) for m in recorded) if any(m is not None for m in recorded) else None
             yield Trajectory(
                 episode_id=e["episode_id"],

@@ -168,7 +168,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         _print_table(
             warehouse.query(
                 "SELECT method, task_set, episodes, round(key_step_precision, 3) AS precision, round(key_step_recall, 3) AS recall, "
-                "round(key_step_progress_error, 3) AS key_step_error FROM label_quality WHERE task_set IN ('dev', 'held_out') ORDER BY task_set, method"
+                "round(key_step_progress_error, 3) AS key_step_error FROM label_quality WHERE task_set NOT IN (SELECT DISTINCT task_id FROM episodes) ORDER BY task_set, method"
             )
         )
     print(f"   warehouse: {warehouse.db_path} (views: episodes, steps, progress_labels, recipes, progress_split, label_quality, lineage, ...)")

@@ -177,7 +177,7 @@ def run_labeling(
 
 def run_split(warehouse: Warehouse, *, by: str = "goal", seed: int = 0, run_id: str | None = None, log: Log = print) -> dict:
     """ProgRM App. C: split by task goal, failed steps sampled to ~1:1 with successful ones."""
-    trajectories = list(load_trajectories(warehouse))
+    trajectories = list(load_trajectories(warehouse, with_screens=False))
     rows = training_split(trajectories, by=by, seed=seed)
     table = pa.Table.from_pylist(
         [

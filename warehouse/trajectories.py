@@ -95,9 +95,17 @@ def screens_from_arrow(column: pa.ChunkedArray) -> list[Screen]:
 
 
 def load_trajectories(
-    warehouse: Warehouse, where: str = "TRUE", params: list | None = None, *, batch_episodes: int = 2000
+    warehouse: Warehouse,
+    where: str = "TRUE",
+    params: list | None = None,
+    *,
+    batch_episodes: int = 2000,
+    with_screens: bool = True,
 ) -> Iterator[Trajectory]:
-    """Trajectories of the episodes matching ``where`` (SQL over ``episodes e``), in episode order."""
+    """Trajectories of the episodes matching ``where`` (SQL over ``episodes e``), in episode order.
+
+    ``with_screens=False`` skips the screens (the bulk of the data) for callers that only need
+    the actions and outcomes; each step's screen is then empty."""
     episodes = warehouse.query(
         f"SELECT e.episode_id, e.task_id, e.instruction, e.task_fields, e.source, e.success, e.parent_episode_id "
         f"FROM episodes e WHERE {where} ORDER BY e.episode_id",
@@ -108,12 +116,17 @@ def load_trajectories(
         ids = [e["episode_id"] for e in batch]
         steps_table = warehouse.query(
             "SELECT episode_id, step_idx, action_type, action_text, target_ref, target_role, target_text, "
-            "target_element_id, target_bounds, input_text, scroll_direction, screen, milestones_hit "
-            "FROM steps WHERE list_contains(?, episode_id) ORDER BY episode_id, step_idx",
+            "target_element_id, target_bounds, input_text, scroll_direction, milestones_hit"
+            + (", screen" if with_screens else "")
+            + " FROM steps WHERE list_contains(?, episode_id) ORDER BY episode_id, step_idx",
             [ids],
         )
-        all_screens = screens_from_arrow(steps_table.column("screen"))
-        rows = steps_table.drop_columns(["screen"]).to_pylist()
+        if with_screens:
+            all_screens = screens_from_arrow(steps_table.column("screen"))
+            steps_table = steps_table.drop_columns(["screen"])
+        else:
+            all_screens = [Screen(())] * steps_table.num_rows
+        rows = steps_table.to_pylist()
         by_episode: dict[str, list[tuple[dict, Screen]]] = {}
         for row, screen in zip(rows, all_screens):
             by_episode.setdefault(row["episode_id"], []).append((row, screen))

@@ -224,13 +224,15 @@ def run_label_report(
     specs_dir = str(specs_dir or default_specs_dir())
     specs = load_task_specs(specs_dir)
     tasks = sorted(specs)
-    trajectories = list(load_trajectories(warehouse, "list_contains(?, e.task_id)", [tasks]))
+    # Real trajectories only: a synthetic one (another task's instruction, a random walk over
+    # recorded screens) has no environment behind it to define ground truth.
+    trajectories = list(load_trajectories(warehouse, "list_contains(?, e.task_id) AND e.source NOT LIKE 'synthetic:%'", [tasks]))
     if not trajectories:
         log(f"no episodes of the tasks with specs in {specs_dir} ({', '.join(tasks)})")
     truth = env_labels(trajectories, specs)
     lcs_rows = warehouse.query(
         "SELECT l.episode_id, l.step_idx, l.method, l.progress, l.is_key_step FROM progress_labels l "
-        "JOIN episodes e USING (episode_id) WHERE l.source = 'lcs' AND list_contains(?, e.task_id)",
+        "JOIN episodes e USING (episode_id) WHERE l.source = 'lcs' AND list_contains(?, e.task_id) AND e.source NOT LIKE 'synthetic:%'",
         [tasks],
     ).to_pylist()
     task_of = {t.episode_id: t.task_id for t in trajectories}
@@ -311,7 +313,7 @@ class LabelReportConfig(Config):
     task_specs_dir: str = default_specs_dir()
 
 
-@asset(group_name="labels", deps=["human_demonstrations"], code_version=LABELS_CODE_VERSION, kinds={"parquet"},
+@asset(group_name="labels", deps=["human_demonstrations", "rollouts"], code_version=LABELS_CODE_VERSION, kinds={"parquet"},
        description="ProgRM App. B: failed trajectories by mismatched instruction and random walk, successful ones by adding or removing no-op steps; each records its kind and parent.")
 def synthetic_trajectories(context: AssetExecutionContext, config: SynthesisConfig, warehouse: WarehouseResource) -> MaterializeResult:
     result = run_synthesis(warehouse.get(), seed=config.seed, run_id=context.run_id, log=context.log.info)
@@ -320,9 +322,9 @@ def synthetic_trajectories(context: AssetExecutionContext, config: SynthesisConf
 
 @multi_asset(
     specs=[
-        AssetSpec("recipe_library", group_name="labels", deps=["human_demonstrations", "synthetic_trajectories"], kinds={"parquet"},
+        AssetSpec("recipe_library", group_name="labels", deps=["human_demonstrations", "rollouts", "synthetic_trajectories"], kinds={"parquet"},
                   description="Recipes per task (ProgRM §2.2, Eq. 10), paper-faithful and improved modes, with member episodes."),
-        AssetSpec("progress_labels", group_name="labels", deps=["human_demonstrations", "synthetic_trajectories"], kinds={"parquet"},
+        AssetSpec("progress_labels", group_name="labels", deps=["human_demonstrations", "rollouts", "synthetic_trajectories"], kinds={"parquet"},
                   description="Per-step progress labels: LCS (paper, improved) and environment milestones; key steps."),
     ],
     check_specs=[

@@ -25,6 +25,7 @@ from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetCheckSeverity,
+    AssetCheckSpec,
     AssetExecutionContext,
     Config,
     ConfigurableResource,
@@ -34,8 +35,8 @@ from dagster import (
     MultiPartitionsDefinition,
     StaticPartitionsDefinition,
     asset,
-    asset_check,
     define_asset_job,
+    multi_asset_check,
 )
 from pydantic import Field
 
@@ -197,9 +198,10 @@ def _run_rollouts(
         f"{len(jobs)} episodes of {len(tasks)} tasks ({', '.join(t.task_id for t in tasks)}) with "
         f"{policy.policy_id}, {config.workers} workers + {env_pool.spares} spares"
     )
-    progress = _ProgressLog(context.log, f"{asset_name} {family}|{batch}")
     pool = (env_pool.miniwob_pool if backend == "miniwob" else env_pool.android_pool)(config.workers, log=context.log.warning)
     with pool:
+        context.log.info(f"worker pool ready: {len(pool.status())} workers started")
+        progress = _ProgressLog(context.log, f"{asset_name} {family}|{batch}")
         result = pool.run(jobs, policy, on_episode=progress)
     if not result.episodes:
         reasons = Counter(reason for _, reason in result.lost)
@@ -325,123 +327,148 @@ def android_rollouts(
 
 
 # -- asset checks -----------------------------------------------------------------------------
+# One multi-asset check per asset: the five checks share one step (one process under the
+# multiprocess executor instead of five) and read only the rows this run wrote.
+
+CHECK_DESCRIPTIONS = {
+    "whole_episodes": "every episode is whole: steps 0..n-1, n_steps matches, done only at the end; ids unique",
+    "attempts_accounted": "each episode has exactly one completed attempt, or a final abort and no episode row",
+    "rewards_and_milestones": "env_reward sums to outcome_reward; milestones_hit filled on every step; some milestones hit",
+    "success_and_failure": "the batch holds both successes and failures (reward models need both)",
+    "attempts_schema": "the rollout_attempts table has the documented columns and types",
+}
 
 
-def _run_rows(warehouse: WarehouseResource, sql: str, run_id: str) -> list[dict]:
+def _rows(warehouse: WarehouseResource, sql: str, run_id: str) -> list[dict]:
     return warehouse.get().query(sql, [run_id]).to_pylist()
 
 
-def _make_checks(asset_name: str) -> list:
-    @asset_check(asset=asset_name, name=f"{asset_name}_whole_episodes",
-                 description="every episode is whole: steps 0..n-1, n_steps matches, done only at the end; ids unique")
-    def whole_episodes(context: AssetCheckExecutionContext, warehouse: WarehouseResource) -> AssetCheckResult:
+def _check_whole_episodes(warehouse: WarehouseResource, run_id: str) -> tuple[bool, dict]:
+    row = _rows(
+        warehouse,
+        """
+        WITH s AS (SELECT episode_id, count(*) AS n, count(DISTINCT step_idx) AS distinct_idx,
+                          min(step_idx) AS lo, max(step_idx) AS hi, count(*) FILTER (WHERE done) AS dones,
+                          max(step_idx) FILTER (WHERE done) AS done_idx
+                   FROM steps GROUP BY episode_id)
+        SELECT count(*) AS episodes,
+               count(*) FILTER (WHERE s.n IS NULL OR s.n <> e.n_steps OR s.distinct_idx <> s.n
+                                OR s.lo <> 0 OR s.hi <> e.n_steps - 1) AS broken,
+               count(*) FILTER (WHERE s.dones IS DISTINCT FROM 1 OR s.done_idx IS DISTINCT FROM s.hi) AS bad_done,
+               count(*) - count(DISTINCT e.episode_id) AS duplicates
+        FROM episodes e LEFT JOIN s USING (episode_id)
+        WHERE e.source = 'rollout' AND e.run_id = ?
+        """,
+        run_id,
+    )[0]
+    passed = row["episodes"] > 0 and row["broken"] == 0 and row["bad_done"] == 0 and row["duplicates"] == 0
+    return passed, {k: int(v) for k, v in row.items()}
+
+
+def _check_attempts_accounted(warehouse: WarehouseResource, run_id: str) -> tuple[bool, dict]:
+    rows = _rows(
+        warehouse,
+        f"""
+        SELECT a.episode_id,
+               count(*) FILTER (WHERE a.status = 'completed') AS completed,
+               count(*) FILTER (WHERE a.status = 'aborted') AS aborted,
+               count(*) FILTER (WHERE a.status = 'aborted' AND a.final) AS final_aborts,
+               bool_or(e.episode_id IS NOT NULL) AS has_episode
+        FROM {ATTEMPTS_TABLE} a LEFT JOIN episodes e ON e.episode_id = a.episode_id AND e.run_id = a.run_id
+        WHERE a.run_id = ? GROUP BY a.episode_id
+        """,
+        run_id,
+    )
+    bad = [
+        r["episode_id"]
+        for r in rows
+        if not ((r["completed"] == 1 and r["has_episode"]) or (r["completed"] == 0 and r["final_aborts"] == 1 and not r["has_episode"]))
+    ]
+    return bool(rows) and not bad, {
+        "episodes": len(rows),
+        "aborted_attempts": sum(r["aborted"] for r in rows),
+        "lost_episodes": sum(r["completed"] == 0 for r in rows),
+        "inconsistent": MetadataValue.json(bad[:20]),
+    }
+
+
+def _check_rewards_and_milestones(warehouse: WarehouseResource, run_id: str) -> tuple[bool, dict]:
+    row = _rows(
+        warehouse,
+        """
+        SELECT count(*) FILTER (WHERE abs(coalesce(r.total, 0) - coalesce(e.outcome_reward, 0)) > 1e-6) AS reward_mismatch,
+               sum(r.null_milestones) AS null_milestones, sum(r.hits) AS milestone_hits,
+               count(*) FILTER (WHERE r.hits > 0) AS episodes_with_milestones
+        FROM episodes e JOIN (SELECT episode_id, sum(env_reward) AS total,
+                                     count(*) FILTER (WHERE milestones_hit IS NULL) AS null_milestones,
+                                     sum(len(milestones_hit)) AS hits
+                              FROM steps GROUP BY episode_id) r USING (episode_id)
+        WHERE e.source = 'rollout' AND e.run_id = ?
+        """,
+        run_id,
+    )[0]
+    metadata = {k: int(v or 0) for k, v in row.items()}
+    passed = metadata["reward_mismatch"] == 0 and metadata["null_milestones"] == 0 and metadata["milestone_hits"] > 0
+    return passed, metadata
+
+
+def _check_success_and_failure(warehouse: WarehouseResource, run_id: str) -> tuple[bool, dict]:
+    row = _rows(
+        warehouse,
+        "SELECT count(*) FILTER (WHERE success) AS successes, count(*) FILTER (WHERE NOT success) AS failures "
+        "FROM episodes WHERE source = 'rollout' AND run_id = ?",
+        run_id,
+    )[0]
+    return row["successes"] > 0 and row["failures"] > 0, row
+
+
+def _check_attempts_schema(warehouse: WarehouseResource, run_id: str) -> tuple[bool, dict]:
+    from envs.pool import ROLLOUT_ATTEMPTS
+
+    with warehouse.get().connect(read_only=True) as con:
+        actual = con.sql(f"SELECT * FROM {ATTEMPTS_TABLE} LIMIT 0").to_arrow_table().schema
+    problems = [
+        f"{f.name}: {'missing' if f.name not in actual.names else actual.field(f.name).type}"
+        for f in ROLLOUT_ATTEMPTS
+        if f.name not in actual.names or not same_type(actual.field(f.name).type, f.type)
+    ]
+    return not problems, {"problems": MetadataValue.json(problems)}
+
+
+_CHECKS = {
+    "whole_episodes": _check_whole_episodes,
+    "attempts_accounted": _check_attempts_accounted,
+    "rewards_and_milestones": _check_rewards_and_milestones,
+    "success_and_failure": _check_success_and_failure,
+    "attempts_schema": _check_attempts_schema,
+}
+_WARN_ONLY = {"success_and_failure"}
+
+
+def _make_checks(asset_name: str):
+    specs = [
+        AssetCheckSpec(f"{asset_name}_{name}", asset=asset_name, description=description)
+        for name, description in CHECK_DESCRIPTIONS.items()
+    ]
+
+    @multi_asset_check(specs=specs, name=f"{asset_name}_checks", description=f"data checks of {asset_name}")
+    def checks(context: AssetCheckExecutionContext, warehouse: WarehouseResource):
         run_id = context.run.run_id
-        row = _run_rows(
-            warehouse,
-            """
-            WITH s AS (SELECT episode_id, count(*) AS n, count(DISTINCT step_idx) AS distinct_idx,
-                              min(step_idx) AS lo, max(step_idx) AS hi, count(*) FILTER (WHERE done) AS dones,
-                              max(step_idx) FILTER (WHERE done) AS done_idx
-                       FROM steps GROUP BY episode_id)
-            SELECT count(*) AS episodes,
-                   count(*) FILTER (WHERE s.n IS NULL OR s.n <> e.n_steps OR s.distinct_idx <> s.n
-                                    OR s.lo <> 0 OR s.hi <> e.n_steps - 1) AS broken,
-                   count(*) FILTER (WHERE s.dones IS DISTINCT FROM 1 OR s.done_idx IS DISTINCT FROM s.hi) AS bad_done,
-                   count(*) - count(DISTINCT e.episode_id) AS duplicates
-            FROM episodes e LEFT JOIN s USING (episode_id)
-            WHERE e.source = 'rollout' AND e.run_id = ?
-            """,
-            run_id,
-        )[0]
-        passed = row["episodes"] > 0 and row["broken"] == 0 and row["bad_done"] == 0 and row["duplicates"] == 0
-        return AssetCheckResult(passed=passed, metadata={k: int(v) for k, v in row.items()})
+        for name, check in _CHECKS.items():
+            passed, metadata = check(warehouse, run_id)
+            yield AssetCheckResult(
+                asset_key=asset_name,
+                check_name=f"{asset_name}_{name}",
+                passed=bool(passed),
+                severity=AssetCheckSeverity.WARN if name in _WARN_ONLY else AssetCheckSeverity.ERROR,
+                metadata=metadata,
+            )
 
-    @asset_check(asset=asset_name, name=f"{asset_name}_attempts_accounted",
-                 description="every attempt is recorded; each episode has exactly one completed attempt or a final abort")
-    def attempts_accounted(context: AssetCheckExecutionContext, warehouse: WarehouseResource) -> AssetCheckResult:
-        run_id = context.run.run_id
-        rows = _run_rows(
-            warehouse,
-            f"""
-            SELECT a.episode_id,
-                   count(*) FILTER (WHERE a.status = 'completed') AS completed,
-                   count(*) FILTER (WHERE a.status = 'aborted') AS aborted,
-                   count(*) FILTER (WHERE a.status = 'aborted' AND a.final) AS final_aborts,
-                   bool_or(e.episode_id IS NOT NULL) AS has_episode
-            FROM {ATTEMPTS_TABLE} a LEFT JOIN episodes e USING (episode_id)
-            WHERE a.run_id = ? GROUP BY a.episode_id
-            """,
-            run_id,
-        )
-        bad = [r["episode_id"] for r in rows if not ((r["completed"] == 1 and r["has_episode"]) or (r["completed"] == 0 and r["final_aborts"] == 1 and not r["has_episode"]))]
-        return AssetCheckResult(
-            passed=bool(rows) and not bad,
-            metadata={
-                "episodes": len(rows),
-                "aborted_attempts": sum(r["aborted"] for r in rows),
-                "lost_episodes": sum(r["completed"] == 0 for r in rows),
-                "inconsistent": MetadataValue.json(bad[:20]),
-            },
-        )
-
-    @asset_check(asset=asset_name, name=f"{asset_name}_rewards_and_milestones",
-                 description="env_reward sums to outcome_reward; milestones_hit filled on every step; some milestones hit")
-    def rewards_and_milestones(context: AssetCheckExecutionContext, warehouse: WarehouseResource) -> AssetCheckResult:
-        run_id = context.run.run_id
-        row = _run_rows(
-            warehouse,
-            """
-            SELECT count(*) FILTER (WHERE abs(coalesce(r.total, 0) - coalesce(e.outcome_reward, 0)) > 1e-6) AS reward_mismatch,
-                   sum(r.null_milestones) AS null_milestones, sum(r.hits) AS milestone_hits,
-                   count(*) FILTER (WHERE e.success) AS successes, count(*) FILTER (WHERE NOT e.success) AS failures
-            FROM episodes e JOIN (SELECT episode_id, sum(env_reward) AS total,
-                                         count(*) FILTER (WHERE milestones_hit IS NULL) AS null_milestones,
-                                         sum(len(milestones_hit)) AS hits
-                                  FROM steps GROUP BY episode_id) r USING (episode_id)
-            WHERE e.source = 'rollout' AND e.run_id = ?
-            """,
-            run_id,
-        )[0]
-        metadata = {k: int(v or 0) for k, v in row.items()}
-        return AssetCheckResult(
-            passed=metadata["reward_mismatch"] == 0 and metadata["null_milestones"] == 0 and metadata["milestone_hits"] > 0,
-            metadata=metadata,
-        )
-
-    @asset_check(asset=asset_name, name=f"{asset_name}_success_and_failure",
-                 description="a batch holds both successes and failures (reward models need both)")
-    def success_and_failure(context: AssetCheckExecutionContext, warehouse: WarehouseResource) -> AssetCheckResult:
-        row = _run_rows(
-            warehouse,
-            "SELECT count(*) FILTER (WHERE success) AS ok, count(*) FILTER (WHERE NOT success) AS failed "
-            "FROM episodes WHERE source = 'rollout' AND run_id = ?",
-            context.run.run_id,
-        )[0]
-        return AssetCheckResult(
-            passed=row["ok"] > 0 and row["failed"] > 0,
-            severity=AssetCheckSeverity.WARN,
-            metadata={"successes": row["ok"], "failures": row["failed"]},
-        )
-
-    @asset_check(asset=asset_name, name=f"{asset_name}_schema",
-                 description="the rollout_attempts table has the documented columns and types")
-    def attempts_schema(warehouse: WarehouseResource) -> AssetCheckResult:
-        from envs.pool import ROLLOUT_ATTEMPTS
-
-        with warehouse.get().connect(read_only=True) as con:
-            actual = con.sql(f"SELECT * FROM {ATTEMPTS_TABLE} LIMIT 0").to_arrow_table().schema
-        problems = [
-            f"{f.name}: {'missing' if f.name not in actual.names else actual.field(f.name).type}"
-            for f in ROLLOUT_ATTEMPTS
-            if f.name not in actual.names or not same_type(actual.field(f.name).type, f.type)
-        ]
-        return AssetCheckResult(passed=not problems, metadata={"problems": MetadataValue.json(problems)})
-
-    return [whole_episodes, attempts_accounted, rewards_and_milestones, success_and_failure, attempts_schema]
+    return checks
 
 
 ROLLOUT_ASSETS = [rollouts, android_rollouts]
-ROLLOUT_CHECKS = [*_make_checks(ASSET_NAME), *_make_checks(ANDROID_ASSET_NAME)]
+ROLLOUT_CHECKS = [_make_checks(ASSET_NAME), _make_checks(ANDROID_ASSET_NAME)]
 ROLLOUT_JOBS = [
     define_asset_job("miniwob_rollouts_job", selection=[ASSET_NAME], partitions_def=MINIWOB_PARTITIONS,
                      description="MiniWoB++ rollouts, one family x batch partition per run"),

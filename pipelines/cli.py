@@ -138,16 +138,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pipelines.definitions import defs
     from warehouse.catalog import Warehouse
 
+    from dagster import MultiPartitionKey
+
+    from envs.catalog import families
+
     started = time.perf_counter()
+    quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+    rollout_runs = []
     with DagsterInstance.get() as instance:
-        result = defs.resolve_job_def("stepwise_main").execute_in_process(
-            instance=instance,
-            raise_on_error=False,
-            run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
-        )
+        # First a batch of live rollouts (Chromium) per MiniWoB++ family, so the labels stage
+        # below sees human demonstrations and rollouts alike.
+        rollout_job = defs.resolve_job_def("miniwob_rollouts_job")
+        for family in families("miniwob"):
+            partition = MultiPartitionKey({"batch": "b00", "family": family})
+            run = rollout_job.execute_in_process(
+                instance=instance,
+                partition_key=partition,
+                raise_on_error=False,
+                run_config=quiet | {"ops": {"rollouts": {"config": {"episodes_per_task": args.episodes_per_task}}}},
+            )
+            rollout_runs.append((str(partition), run.success))
+        result = defs.resolve_job_def("stepwise_main").execute_in_process(instance=instance, raise_on_error=False, run_config=quiet)
     warehouse = Warehouse()
     print()
-    print(f"== Stepwise: main job {'succeeded' if result.success else 'FAILED'} in {time.perf_counter() - started:.0f} s (run {result.run_id})")
+    all_ok = result.success and all(ok for _, ok in rollout_runs)
+    print(f"== Stepwise: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s (main run {result.run_id})")
+    for partition, ok in rollout_runs:
+        print(f"   rollouts {partition}: {'ok' if ok else 'FAILED'}")
     for check in result.get_asset_check_evaluations():
         print(f"   check {check.check_name}: {'passed' if check.passed else 'FAILED'}")
     if result.success:
@@ -176,7 +193,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"   parquet:   {warehouse.data_dir}")
     print("   query:     .venv/bin/stepwise sql \"SELECT task_id, avg(success::int) FROM episodes GROUP BY 1\"")
     print("   UI:        make ui   (then open http://127.0.0.1:3000)")
-    return 0 if result.success else 1
+    return 0 if all_ok else 1
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -190,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stepwise", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="materialize the whole asset graph on embedded defaults and print a summary")
+    p.add_argument("--episodes-per-task", type=int, default=2, help="live rollouts per catalog task (batch b00)")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("import-demos", help="import a folder of MiniWoB++-format demonstrations (*.json, *.json.gz)")
     p.add_argument("folder")

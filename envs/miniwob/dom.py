@@ -19,6 +19,7 @@ _ROLE_BY_TAG = {
     "input_password": "password",
     "input_number": "number",
     "input_date": "date",
+    "input_time": "time",
     "input_email": "textbox",
     "input_tel": "textbox",
     "input_search": "textbox",
@@ -30,9 +31,9 @@ _ROLE_BY_TAG = {
     "a": "link",
     "select": "combobox",
 }
-EDITABLE_ROLES = frozenset({"textbox", "password", "number", "date"})
+EDITABLE_ROLES = frozenset({"textbox", "password", "number", "date", "time"})
 _CLICKABLE_ROLES = frozenset(
-    {"button", "link", "checkbox", "radio", "combobox", "option", "label", "li", "textbox", "password", "number", "date"}
+    {"button", "link", "checkbox", "radio", "combobox", "option", "label", "li", "textbox", "password", "number", "date", "time"}
 )
 TEXT_NODE_TAGS = frozenset({"t"})
 

@@ -1,0 +1,562 @@
+"""MiniWoB++ live, in Debian's Chromium, behind the environment protocol (``envs.protocol``).
+
+Built on the Farama ``miniwob`` package: its task pages, its ``SeleniumInstance`` (episode start
+with a seed, the benchmark's reward globals) and its action executor
+(``execute_action_on_chromedriver``), with two changes:
+
+* the browser is Debian's Chromium with our flags (``CHROMIUM_FLAGS``: a fresh profile, no
+  outside lookups); miniwob hard-codes its own, so ``create_driver`` is overridden;
+* one browser serves every task (a task switch loads another page), and WebDriver commands are
+  few, since each costs the browser and chromedriver more CPU than the work it carries: a click
+  and the state after it (the benchmark's reward globals and the DOM) are one script, other
+  actions are the action plus that state script, an episode start is one script (miniwob's own
+  path makes five commands per click and seven per reset, and builds numpy arrays we don't use).
+
+Canonical actions map to MiniWoB++ action types (``to_miniwob_actions``):
+
+==============================  ============================================================
+CLICK(target)                   CLICK_ELEMENT(ref), preceded by the mousedown / mouseup a pointer
+                                sends at the element's centre (jQuery UI widgets act on
+                                mousedown; a bare element.click() leaves a spinner unmoved)
+INPUT(target, text)             FOCUS_ELEMENT_AND_TYPE_TEXT(ref, text); a non-empty field is
+                                cleared first (CLICK_ELEMENT, PRESS_KEY C-a, TYPE_TEXT): INPUT
+                                replaces the value, as on Android. A <select> takes the text
+                                as type-ahead: the matching option is chosen.
+SCROLL(UP|DOWN[, target])       SCROLL_UP_COORDS / SCROLL_DOWN_COORDS at the target's centre, else
+                                the task area's
+PRESS_KEY(keys)                 PRESS_KEY per key ("Enter", "Ctrl+A", "ArrowDown Tab", ...)
+NOTHING                         NONE, then wait ``wait_ms`` (pages animate)
+==============================  ============================================================
+
+LONG_CLICK, GOBACK, ANSWER, OPEN_APP and horizontal scrolls have no MiniWoB++ counterpart: they
+are failed steps, as are targets not on the screen and text into a non-editable element.
+
+Success is the benchmark's own: raw reward 1 (partial credit is not success, as for the recorded
+demonstrations). Milestones of the task spec are checked on every screen after an action.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# miniwob reads these when it starts a driver; users should not have to set them.
+os.environ.setdefault("MINIWOB_CHROME_BINARY", "/usr/bin/chromium")
+os.environ.setdefault("MINIWOB_CHROMEDRIVER", "/usr/bin/chromedriver")
+
+from miniwob.action import ActionSpaceConfig, ActionTypes  # noqa: E402
+from miniwob.constants import TASK_HEIGHT, TASK_WIDTH, WEBDRIVER_SPECIAL_KEYS  # noqa: E402
+from miniwob.fields import get_field_extractor  # noqa: E402
+from miniwob.selenium_actions import execute_action_on_chromedriver, execute_press_key  # noqa: E402
+from miniwob.selenium_instance import HTML_DIR, SeleniumInstance  # noqa: E402
+
+from envs.miniwob.dom import _CLICKABLE_ROLES as CLICKABLE_ROLES  # noqa: E402
+from envs.miniwob.dom import EDITABLE_ROLES, TEXT_NODE_TAGS, dom_to_screen, role_of  # noqa: E402
+from envs.protocol import InvalidAction, MilestoneTracker, Observation, StepResult, resolve_target  # noqa: E402
+from envs.tasks import TaskSpec, TaskSpecError  # noqa: E402
+from warehouse.model import Action, ActionType, Screen, UIElement  # noqa: E402
+
+BACKEND = "miniwob"
+TASK_PAGES = HTML_DIR / "miniwob"
+SUCCESS_RAW_REWARD = 1.0
+# The task area (MiniWoB++ draws every task in the top-left 160 x 210 px); scrolls without a
+# target land in the middle of its content, below the 50 px instruction bar.
+TASK_AREA_CENTRE = (TASK_WIDTH / 2, 50 + (TASK_HEIGHT - 50) / 2)
+
+CHROMIUM_FLAGS: tuple[str, ...] = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--mute-audio",
+)
+NO_OUTSIDE_LOOKUPS = "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost , EXCLUDE 127.0.0.1"
+
+SUPPORTED_ACTIONS = frozenset(
+    {ActionType.CLICK, ActionType.INPUT, ActionType.SCROLL, ActionType.PRESS_KEY, ActionType.NOTHING}
+)
+_SELECT_ROLES = frozenset({"combobox"})
+
+# The benchmark's reward globals and the DOM, read in the same script as the action where it can
+# be: every WebDriver command costs the browser and chromedriver CPU, more than the work itself.
+_STATE_JS = """
+function __stepwiseState() {
+  var dom = core.getDOMInfo();
+  return {done: WOB_DONE_GLOBAL, env_reward: WOB_REWARD_GLOBAL, raw_reward: WOB_RAW_REWARD_GLOBAL,
+          reason: WOB_REWARD_REASON, dom: dom};
+}
+"""
+_STATE_SCRIPT = _STATE_JS + "return __stepwiseState();"
+# CLICK_ELEMENT as core.elementClick does it (click(), then focus()), preceded by the pointer
+# events a real click sends first; then, if asked (arguments[1]), the state after the click.
+_CLICK_SCRIPT = _STATE_JS + """
+var ref = arguments[0], element = core.previousDOMInfo[ref];
+if (!element) { return {error: 'no element with ref ' + ref + ' on the last screen'}; }
+var rect = element.getBoundingClientRect();
+var init = {bubbles: true, cancelable: true, view: window, button: 0,
+            clientX: rect.left + rect.width / 2, clientY: rect.top + rect.height / 2};
+element.dispatchEvent(new MouseEvent('mousedown', init));
+element.dispatchEvent(new MouseEvent('mouseup', init));
+var outcome = core.elementClick(ref);
+if (outcome !== true) { return {error: String(outcome)}; }
+return arguments[1] ? {state: __stepwiseState()} : {};
+"""
+# An episode start in one script: what miniwob's force_stop + begin_task(seed) do (end the running
+# episode, Math.seedrandom(seed), the data mode, core.startEpisodeReal), plus a fresh ref namespace
+# (core.getDOMInfo keys refs by episode id, which endEpisode bumps only for a running episode: the
+# DOM read after an episode's end would lend its refs to the next episode's elements), then the
+# instruction with the fields some tasks state themselves, and the first state.
+_RESET_SCRIPT = _STATE_JS + """
+core.endEpisode(0);
+WOB_EPISODE_ID++;
+Math.seedrandom(arguments[0]);
+core.setDataMode(arguments[1]);
+core.startEpisodeReal();
+if (!WOB_TASK_READY) { return {ready: false}; }
+var u = core.getUtterance();
+var fields = (typeof u === 'string') ? null : (u.fields || null);
+return {ready: true, utterance: (typeof u === 'string') ? u : u.utterance, fields: fields,
+        state: __stepwiseState()};
+"""
+_AFTER_READY_SCRIPT = _STATE_JS + """
+if (!WOB_TASK_READY) { return {ready: false}; }
+var u = core.getUtterance();
+return {ready: true, utterance: (typeof u === 'string') ? u : u.utterance,
+        fields: (typeof u === 'string') ? null : (u.fields || null), state: __stepwiseState()};
+"""
+READY_POLL_S, READY_ATTEMPTS = 0.05, 40  # tasks that build their page asynchronously
+
+_ACTION_CONFIG = ActionSpaceConfig.get_preset("all_supported")
+_ACTION_CONFIG.screen_width, _ACTION_CONFIG.screen_height = TASK_WIDTH, TASK_HEIGHT
+_ACTION_INDEX = {t: i for i, t in enumerate(_ACTION_CONFIG.action_types)}
+_MODIFIER_PREFIX = {"ctrl": "C-", "control": "C-", "shift": "S-", "alt": "A-", "meta": "M-", "cmd": "M-"}
+
+
+def available_tasks() -> list[str]:
+    """Every MiniWoB++ task the installed package ships (one HTML page each)."""
+    return sorted(p.stem for p in TASK_PAGES.glob("*.html"))
+
+
+def utterance_fields(task_id: str, utterance: str, stated: Mapping[str, Any] | None) -> dict[str, str]:
+    """The task's fields: those the page states, else miniwob's field extractor's, else none."""
+    if stated:
+        return {str(k): str(v) for k, v in stated.items() if v is not None}
+    try:
+        pairs = get_field_extractor(task_id)(utterance)
+    except (KeyError, ValueError):  # no extractor for this task, or an utterance it does not parse
+        return {}
+    return {str(k): str(v) for k, v in pairs}
+
+
+# -- DOM -> screen ---------------------------------------------------------------------------
+
+
+def _normalise_node(node: dict[str, Any]) -> dict[str, Any]:
+    """SVG elements report className as an object; keep its string. Applied in place, recursively."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        classes = current.get("classes")
+        if isinstance(classes, Mapping):
+            current["classes"] = str(classes.get("baseVal") or classes.get("animVal") or "")
+        stack.extend(current.get("children") or ())
+    return node
+
+
+def live_dom_to_screen(dom: dict[str, Any], screenshot_path: str | None = None) -> Screen:
+    """``core.getDOMInfo()``'s tree -> Screen: the recorded demonstrations' format, so ``dom_to_screen``
+    applies unchanged and live screens look exactly like the demonstrations' screens."""
+    return dom_to_screen(_normalise_node(dom), screenshot_path)
+
+
+def dom_elements_to_screen(dom_elements: Sequence[Mapping[str, Any]], screenshot_path: str | None = None) -> Screen:
+    """The gymnasium observation's ``dom_elements`` (a flat list in document order: ref, parent,
+    left/top/width/height as 1-element arrays, tag, text, value, id, classes, colours, flags
+    focused/tampered/targeted/is_leaf) -> Screen, with the roles and text folding of ``dom.py``.
+
+    For users of ``gymnasium.make("miniwob/...")``; our environment reads the DOM tree directly.
+    The flat list stringifies values, so a checkbox's state arrives as "True" / "".
+    """
+
+    def number(value: Any) -> float:
+        try:
+            return float(value[0])
+        except (TypeError, IndexError):
+            return float(value)
+
+    by_ref: dict[int, dict[str, Any]] = {}
+    order: list[int] = []
+    text_parts: dict[int, list[str]] = {}
+    for raw in dom_elements:
+        ref, parent = int(raw["ref"]), int(raw["parent"])
+        tag = str(raw["tag"]).lower()
+        if tag in TEXT_NODE_TAGS:  # text pseudo-element: fold into its parent's text
+            if raw.get("text"):
+                text_parts.setdefault(parent, []).append(str(raw["text"]))
+            continue
+        by_ref[ref] = dict(raw, tag=tag)
+        order.append(ref)
+        own = str(raw.get("text") or "")
+        text_parts.setdefault(ref, [])
+        if own:
+            text_parts[ref].insert(0, own)
+    depth: dict[int, int] = {}
+    elements: list[UIElement] = []
+    for ref in order:
+        raw = by_ref[ref]
+        parent = int(raw["parent"])
+        depth[ref] = depth[parent] + 1 if parent in depth else 0
+        role = role_of(raw["tag"])
+        value_text = str(raw.get("value") or "")
+        checked = None
+        value: str | None = value_text
+        if role in ("checkbox", "radio"):
+            checked, value = value_text == "True", None
+        elif not raw["tag"].startswith("input") and raw["tag"] != "textarea":
+            value = None
+        left, top = number(raw["left"]), number(raw["top"])
+        flags = raw.get("flags")
+        focused = bool(flags[0]) if flags is not None and len(flags) else False
+        elements.append(
+            UIElement(
+                ref=str(ref),
+                role=role,
+                text=" ".join(" ".join(text_parts[ref]).split()),
+                element_id=str(raw.get("id") or ""),
+                classes=str(raw.get("classes") or ""),
+                value=value,
+                bounds=(left, top, left + number(raw["width"]), top + number(raw["height"])),
+                clickable=role in CLICKABLE_ROLES,
+                editable=role in EDITABLE_ROLES,
+                checked=checked,
+                focused=focused,
+                parent_ref=str(parent) if parent in by_ref else None,
+                depth=depth[ref],
+            )
+        )
+    return Screen(tuple(elements), screenshot_path)
+
+
+# -- canonical action -> MiniWoB++ actions ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NativeAction:
+    """One MiniWoB++ action: its type and the fields that type reads (ref, text, key, coords)."""
+
+    type: ActionTypes
+    ref: int | None = None
+    text: str | None = None
+    key: str | None = None  # MiniWoB++ key syntax: "<Enter>", "C-a", "x"
+    coords: tuple[float, float] | None = None
+
+    def execute(self, driver: Any, *, read_state: bool = False) -> dict[str, Any] | None:
+        """Carry it out with miniwob's own executors (CLICK_ELEMENT with pointer events first).
+
+        With ``read_state``, a click returns the state after it from the same script (one round
+        trip instead of two); other actions return None and the caller reads the state.
+        """
+        if self.type is ActionTypes.CLICK_ELEMENT:
+            outcome = driver.execute_script(_CLICK_SCRIPT, self.ref, read_state)
+            if "error" in outcome:
+                raise InvalidAction(f"the click did not happen: {outcome['error']}")
+            return outcome.get("state")
+        if self.type is ActionTypes.PRESS_KEY:
+            # miniwob's executor reads keys by index into a fixed list that lacks combinations
+            # such as "C-a"; its key function takes the syntax itself.
+            execute_press_key(self.key or "", driver)
+            return None
+        fields: dict[str, Any] = {"action_type": _ACTION_INDEX[self.type]}
+        if self.ref is not None:
+            fields["ref"] = self.ref
+        if self.text is not None:
+            fields["text"] = self.text
+        if self.coords is not None:
+            fields["coords"] = self.coords
+        execute_action_on_chromedriver(fields, (), _ACTION_CONFIG, driver)
+        return None
+
+
+def miniwob_key(name: str) -> str:
+    """A canonical key name ("Enter", "Ctrl+A", "a") -> MiniWoB++'s key syntax ("<Enter>", "C-a", "a")."""
+    *modifiers, key = name.split("+") if len(name) > 1 else [name]
+    prefix = ""
+    for modifier in modifiers:
+        try:
+            prefix += _MODIFIER_PREFIX[modifier.strip().lower()]
+        except KeyError:
+            raise InvalidAction(f"unknown modifier {modifier!r} in key {name!r}") from None
+    if len(key) == 1:
+        key = key.lower() if prefix else key
+    elif f"<{key}>" in WEBDRIVER_SPECIAL_KEYS:
+        key = f"<{key}>"
+    else:
+        raise InvalidAction(f"key {name!r} is not one MiniWoB++ can press")
+    return prefix + key
+
+
+def to_miniwob_actions(action: Action, screen: Screen) -> list[NativeAction]:
+    """The MiniWoB++ actions that carry out a canonical action on ``screen``, in order.
+
+    Raises InvalidAction when it cannot be carried out; nothing has been done then.
+    """
+    kind = action.type
+    if kind is ActionType.NOTHING:
+        return [NativeAction(ActionTypes.NONE)]
+    if kind is ActionType.CLICK:
+        element = resolve_target(screen, action.target)
+        return [NativeAction(ActionTypes.CLICK_ELEMENT, ref=int(element.ref))]
+    if kind is ActionType.INPUT:
+        element = resolve_target(screen, action.target)
+        if not (element.editable or element.role in _SELECT_ROLES):
+            raise InvalidAction(f"text into a non-editable element: {element.describe()}")
+        text = action.text or ""
+        ref = int(element.ref)
+        if element.role in _SELECT_ROLES or not element.value:
+            return [NativeAction(ActionTypes.FOCUS_ELEMENT_AND_TYPE_TEXT, ref=ref, text=text)]
+        # INPUT replaces the value: select what is there, then type over it (or delete it).
+        clear = [NativeAction(ActionTypes.CLICK_ELEMENT, ref=ref), NativeAction(ActionTypes.PRESS_KEY, key="C-a")]
+        if text:
+            return [*clear, NativeAction(ActionTypes.TYPE_TEXT, text=text)]
+        return [*clear, NativeAction(ActionTypes.PRESS_KEY, key="<Backspace>")]
+    if kind is ActionType.SCROLL:
+        if action.direction not in ("UP", "DOWN"):
+            raise InvalidAction(f"MiniWoB++ scrolls only UP or DOWN, not {action.direction}")
+        if action.target is not None:
+            element = resolve_target(screen, action.target)
+            left, top, right, bottom = element.bounds
+            x, y = (left + right) / 2, (top + bottom) / 2
+        else:
+            x, y = TASK_AREA_CENTRE
+        native = ActionTypes.SCROLL_UP_COORDS if action.direction == "UP" else ActionTypes.SCROLL_DOWN_COORDS
+        return [NativeAction(native, coords=(x, y))]
+    if kind is ActionType.PRESS_KEY:
+        names = (action.text or "").split()
+        if not names:
+            raise InvalidAction("PRESS_KEY needs the key(s) to press")
+        return [NativeAction(ActionTypes.PRESS_KEY, key=miniwob_key(name)) for name in names]
+    raise InvalidAction(f"MiniWoB++ has no {kind.value} action")
+
+
+# -- the browser ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MiniWoBConfig:
+    """How to start a MiniWoB++ environment; picklable, so a pool worker process can build one."""
+
+    chromium_binary: str = os.environ.get("MINIWOB_CHROME_BINARY", "/usr/bin/chromium")
+    chromedriver: str = os.environ.get("MINIWOB_CHROMEDRIVER", "/usr/bin/chromedriver")
+    headless: bool = True
+    block_outside_lookups: bool = True
+    wait_ms: int = 100  # how long NOTHING waits
+    settle_ms: int = 0  # pause after every action before observing (0: observe at once)
+    screenshot_dir: str | None = None  # save a PNG per screen there (slow; off by default)
+    extra_flags: tuple[str, ...] = ()
+    profile_dir: str | None = None  # Chromium's user-data-dir; a fresh temporary one when None
+
+    def create(self) -> "MiniWoBEnv":
+        return MiniWoBEnv(self)
+
+
+class _ChromiumInstance(SeleniumInstance):
+    """miniwob's SeleniumInstance on Debian's Chromium with our flags; one browser for every task."""
+
+    def __init__(self, config: MiniWoBConfig, profile_dir: str) -> None:
+        super().__init__(index=0, subdomain="click-test", headless=config.headless)
+        self.config = config
+        self.profile_dir = profile_dir
+        self.subdomain: str | None = None
+
+    def create_driver(self) -> None:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service as ChromeService
+
+        options = webdriver.ChromeOptions()
+        options.binary_location = self.config.chromium_binary
+        for flag in CHROMIUM_FLAGS if self.config.headless else CHROMIUM_FLAGS[1:]:
+            options.add_argument(flag)
+        if self.config.block_outside_lookups:
+            options.add_argument(NO_OUTSIDE_LOOKUPS)
+        options.add_argument(f"--user-data-dir={self.profile_dir}")
+        for flag in self.config.extra_flags:
+            options.add_argument(flag)
+        service = ChromeService(executable_path=self.config.chromedriver, log_output=subprocess.DEVNULL)
+        self.driver = webdriver.Chrome(service=service, options=options)
+
+    def open_task(self, subdomain: str) -> None:
+        """Load a task's page and wait for its start cover (the page is ready for an episode)."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions as EC
+        from selenium.webdriver.support.wait import WebDriverWait
+
+        self.url = urllib.parse.urljoin(f"file://{TASK_PAGES}/", f"{subdomain}.html")
+        self.driver.get(self.url)
+        WebDriverWait(self.driver, 10).until(EC.presence_of_element_located((By.ID, self.SYNC_SCREEN_ID)))
+        self.inner_width, self.inner_height = self.driver.execute_script(
+            "return [window.innerWidth, window.innerHeight];"
+        )
+        self.subdomain = subdomain
+
+
+class MiniWoBEnv:
+    """A MiniWoB++ environment in one Chromium; see the module docstring for the action mapping."""
+
+    backend = BACKEND
+    supported_actions = SUPPORTED_ACTIONS
+
+    def __init__(self, config: MiniWoBConfig | None = None) -> None:
+        self.config = config or MiniWoBConfig()
+        self._own_profile = self.config.profile_dir is None
+        self._profile_dir = self.config.profile_dir or tempfile.mkdtemp(prefix="stepwise-chromium-")
+        self._instance = _ChromiumInstance(self.config, self._profile_dir)
+        try:
+            self._instance.create_driver()
+        except BaseException:
+            self._remove_profile()
+            raise
+        self._task: TaskSpec | None = None
+        self._tracker: MilestoneTracker | None = None
+        self._screen: Screen | None = None
+        self._done = True
+        self._episode = 0
+        self._step = 0
+        self._closed = False
+
+    # -- protocol ------------------------------------------------------------------------
+    def reset(self, task: TaskSpec, seed: int) -> Observation:
+        """Start an episode of ``task`` (a MiniWoB++ task id with its spec) with ``seed``."""
+        if task.backend != BACKEND:
+            raise TaskSpecError(f"task {task.task_id} is for backend {task.backend!r}, not {BACKEND!r}")
+        if not (TASK_PAGES / f"{task.task_id}.html").is_file():
+            raise TaskSpecError(f"task {task.task_id}: the miniwob package has no such task page")
+        instance = self._instance
+        if instance.subdomain != task.task_id:
+            instance.open_task(task.task_id)
+        # Math.seedrandom(seed): the same seed, the same task instance (see _RESET_SCRIPT).
+        started = instance.driver.execute_script(_RESET_SCRIPT, int(seed), instance.mode)
+        for _ in range(READY_ATTEMPTS):
+            if started["ready"]:
+                break
+            time.sleep(READY_POLL_S)
+            started = instance.driver.execute_script(_AFTER_READY_SCRIPT)
+        else:
+            raise RuntimeError(f"task {task.task_id} did not become ready")
+        instance.start_time = time.time()
+        instruction = " ".join(str(started["utterance"]).split())
+        fields = utterance_fields(task.task_id, instruction, started.get("fields"))
+        self._tracker = MilestoneTracker(task, instruction, fields)  # raises when the instruction does not fit
+        self._task = task
+        self._episode += 1
+        self._step = 0
+        state = started["state"]
+        self._screen = self._to_screen(state)
+        self._done = bool(state["done"])
+        return Observation(self._screen, instruction, task.task_id, fields, {"seed": int(seed)})
+
+    def step(self, action: Action) -> StepResult:
+        if self._screen is None or self._tracker is None:
+            raise RuntimeError("step() before reset()")
+        if self._done:
+            return StepResult(self._screen, done=True, problem="the episode has already ended")
+        try:
+            natives = to_miniwob_actions(action, self._screen)
+            problem = None
+        except InvalidAction as exc:
+            natives, problem = [], str(exc)
+        driver = self._instance.driver
+        pause_ms = self.config.wait_ms if action.type is ActionType.NOTHING else self.config.settle_ms
+        state = None
+        try:
+            for i, native in enumerate(natives):
+                last = i == len(natives) - 1
+                state = native.execute(driver, read_state=last and not pause_ms and not self.config.screenshot_dir)
+        except InvalidAction as exc:
+            problem, state = str(exc), None
+        if pause_ms:
+            time.sleep(pause_ms / 1000)
+        self._step += 1
+        if state is None:
+            state = self._state()
+        screen = self._to_screen(state)
+        done = bool(state["done"])
+        raw = float(state["raw_reward"] or 0.0) if done else 0.0
+        success = done and raw >= SUCCESS_RAW_REWARD
+        started = time.perf_counter()
+        hit = self._tracker.update(screen, None if problem else action, success_at_end=success)
+        milestone_ms = (time.perf_counter() - started) * 1000
+        self._screen, self._done = screen, done
+        info: dict[str, Any] = {"milestone_ms": milestone_ms}
+        if done:
+            info.update(
+                raw_reward=raw,
+                decayed_reward=float(state["env_reward"] or 0.0),
+                reason=None if state["reason"] is None else str(state["reason"]),
+            )
+        return StepResult(screen, raw, hit, done, success, problem, info)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._instance.driver.quit()
+        except Exception:  # the browser may already be gone; the profile still has to go
+            pass
+        self._remove_profile()
+
+    def healthy(self) -> bool:
+        try:
+            return self._instance.driver.execute_script("return 1;") == 1
+        except Exception:
+            return False
+
+    # -- helpers -------------------------------------------------------------------------
+    def browser_pids(self) -> list[int]:
+        """Process ids of chromedriver and the Chromium processes it started (for fault injection)."""
+        import psutil
+
+        try:
+            driver_process = psutil.Process(self._instance.driver.service.process.pid)
+            return [driver_process.pid, *(p.pid for p in driver_process.children(recursive=True))]
+        except (psutil.Error, AttributeError):
+            return []
+
+    @property
+    def task(self) -> TaskSpec | None:
+        return self._task
+
+    def _state(self) -> dict[str, Any]:
+        return self._instance.driver.execute_script(_STATE_SCRIPT)
+
+    def _to_screen(self, state: dict[str, Any]) -> Screen:
+        path = None
+        if self.config.screenshot_dir:
+            folder = Path(self.config.screenshot_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            path = str(folder / f"{os.getpid()}-{self._episode:05d}-{self._step:03d}.png")
+            self._instance.driver.save_screenshot(path)
+        return live_dom_to_screen(state["dom"], path)
+
+    def _remove_profile(self) -> None:
+        if self._own_profile:
+            shutil.rmtree(self._profile_dir, ignore_errors=True)
+
+    def __enter__(self) -> "MiniWoBEnv":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

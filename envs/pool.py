@@ -1,0 +1,815 @@
+"""A fault-tolerant pool of environment workers: N active plus warm spares.
+
+GUI-Shepherd (App. B.1) ran 16 emulators and kept 8 as backups, because GUI environments die:
+browsers crash, devices drop off the network, pages hang. This pool does the same for any
+``envs.protocol`` environment:
+
+* every worker is its own process (its own session, so the worker and the browser or adb
+  processes it starts can be killed as one group), driven over a pipe by a thread of the parent;
+* ``workers`` workers run episodes at once; ``spares`` more are started and kept ready, so a dead
+  worker is replaced at once while another spare starts in the background;
+* a worker is health-checked (a cheap probe) before every episode it takes;
+* every call has a timeout (``step_timeout_s`` per step, ``reset_timeout_s`` per reset): a step
+  that hangs past it gets its worker killed;
+* an episode whose worker dies or hangs is recorded as an *aborted attempt* (with the reason and
+  how far it got) and retried from the start, same task and seed, on a fresh worker, up to
+  ``max_attempts`` times. An episode is returned whole or not at all: never half.
+
+Policies run in the parent (``envs.policies``; learned policies keep their model in one process);
+environments run in the workers. ``run`` returns a ``BatchResult``: completed episodes (one per
+job at most), every attempt, and the jobs that could not be completed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from envs.catalog import CatalogTask
+from envs.policies import Policy, SolutionError
+from envs.protocol import EpisodeRecord, Environment, Observation, StepResult, run_episode
+from envs.tasks import TaskSpec, TaskSpecError
+from warehouse.model import Action, ActionType
+
+ATTEMPT_COMPLETED = "completed"
+ATTEMPT_ABORTED = "aborted"
+
+# The attempts table: every try at an episode, completed or aborted, with the reason.
+ROLLOUT_ATTEMPTS = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("attempt", pa.int32(), nullable=False),  # 0 for the first try
+        ("task_id", pa.string()),
+        ("seed", pa.int64()),
+        ("worker_id", pa.string()),
+        pa.field("status", pa.string(), nullable=False),  # completed | aborted
+        ("reason", pa.string()),  # why an attempt was aborted
+        ("final", pa.bool_()),  # no further attempt follows this one
+        ("steps_done", pa.int32()),  # steps carried out before the end (or the failure)
+        ("started_at", pa.timestamp("us", tz="UTC")),
+        ("duration_ms", pa.int64()),
+        ("run_id", pa.string()),
+    ]
+)
+
+
+class EnvConfig(Protocol):
+    """A picklable recipe for an environment; ``create`` runs in the worker process."""
+
+    def create(self) -> Environment: ...
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    workers: int = 2  # episodes run at once
+    spares: int = 1  # ready workers kept in reserve
+    step_timeout_s: float = 10.0
+    reset_timeout_s: float = 30.0
+    start_timeout_s: float = 60.0
+    health_timeout_s: float = 5.0
+    max_attempts: int = 3  # tries per episode, the first included
+    start_retries: int = 3  # consecutive worker start failures tolerated before giving up
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError("workers must be >= 1")
+        if self.spares < 0 or self.max_attempts < 1:
+            raise ValueError("spares must be >= 0 and max_attempts >= 1")
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    """One episode to run: which task, which seed, which id it will have in the warehouse."""
+
+    episode_id: str
+    task: TaskSpec
+    seed: int
+    max_steps: int
+    family: str | None = None
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    episode_id: str
+    task_id: str
+    seed: int
+    attempt: int
+    worker_id: str | None
+    status: str  # completed | aborted
+    reason: str | None
+    final: bool
+    steps_done: int
+    started_at: datetime
+    duration_ms: int
+
+
+@dataclass
+class BatchResult:
+    episodes: list[EpisodeRecord]
+    attempts: list[AttemptRecord]
+    lost: list[tuple[EpisodeJob, str]]  # jobs with no completed attempt, and why
+    seconds: float
+    workers_started: int
+    workers_replaced: int
+
+    @property
+    def steps(self) -> int:
+        return sum(e.n_steps for e in self.episodes)
+
+    @property
+    def successes(self) -> int:
+        return sum(e.success for e in self.episodes)
+
+    @property
+    def aborted_attempts(self) -> int:
+        return sum(a.status == ATTEMPT_ABORTED for a in self.attempts)
+
+    def attempts_table(self, run_id: str | None = None) -> pa.Table:
+        rows = [
+            {
+                "episode_id": a.episode_id,
+                "attempt": a.attempt,
+                "task_id": a.task_id,
+                "seed": a.seed,
+                "worker_id": a.worker_id,
+                "status": a.status,
+                "reason": a.reason,
+                "final": a.final,
+                "steps_done": a.steps_done,
+                "started_at": a.started_at,
+                "duration_ms": a.duration_ms,
+                "run_id": run_id,
+            }
+            for a in self.attempts
+        ]
+        return pa.Table.from_pylist(rows, schema=ROLLOUT_ATTEMPTS)
+
+
+class WorkerFailure(RuntimeError):
+    """The worker is unusable (crashed, hung, or its environment broke): kill it, retry elsewhere."""
+
+
+class WorkerTimeout(WorkerFailure):
+    pass
+
+
+class EpisodeError(RuntimeError):
+    """The episode cannot run (its task spec does not fit, the policy failed): retrying will not help."""
+
+
+class PoolError(RuntimeError):
+    pass
+
+
+SEEDS_PER_BATCH = 10_000
+HEALTH_FRESH_S = 2.0  # a worker that answered this recently is not probed again before an episode
+
+
+def plan_jobs(
+    tasks: Sequence[CatalogTask],
+    *,
+    batch: str,
+    batch_index: int = 0,
+    episodes_per_task: int = 4,
+    base_seed: int = 0,
+    seeds: Sequence[int] = (),
+    max_steps: int | None = None,
+) -> list[EpisodeJob]:
+    """The episodes of one rollout batch: every task with the same seeds, task after task (a
+    worker then stays on one task page instead of loading another for every episode).
+
+    Seeds are ``base_seed + SEEDS_PER_BATCH * batch_index + i`` (or ``seeds`` when given), so a
+    batch is reproducible and batches do not overlap. Episode ids name task, batch and seed:
+    re-running a batch yields the same ids (the new version replaces the old).
+    """
+    if seeds:
+        chosen = list(dict.fromkeys(int(s) for s in seeds))
+    else:
+        if not 0 < episodes_per_task <= SEEDS_PER_BATCH:
+            raise ValueError(f"episodes_per_task must be in 1..{SEEDS_PER_BATCH}")
+        start = base_seed + SEEDS_PER_BATCH * batch_index
+        chosen = list(range(start, start + episodes_per_task))
+    return [
+        EpisodeJob(
+            episode_id=f"rollout:{task.task_id}:{batch}:{seed}",
+            task=task.spec,
+            seed=seed,
+            max_steps=max_steps or task.max_steps,
+            family=task.family,
+        )
+        for task in tasks
+        for seed in chosen
+    ]
+
+
+# -- the worker process ----------------------------------------------------------------------
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    """A short, one-line reason: WebDriver errors carry stack traces and help links; drop them."""
+    text = str(getattr(exc, "msg", None) or exc)
+    for cut in ("\nStacktrace", "Stacktrace:", "; For documentation", "\n  (Session info"):
+        text = text.split(cut, 1)[0]
+    text = " ".join(text.split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text[:limit]}"
+
+
+def _worker_main(conn: Any, env_config: EnvConfig, worker_id: str) -> None:
+    """Serve one environment over ``conn`` until told to close or the parent goes away."""
+    os.setsid()  # own process group: the parent kills the worker and its browser/adb children at once
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+
+    def _terminate(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        env = env_config.create()
+    except BaseException as exc:  # noqa: BLE001 - report any start failure to the parent
+        with contextlib.suppress(Exception):
+            conn.send(("error", "env", f"could not start the environment: {_first_line(exc)}"))
+        return
+    try:
+        conn.send(("ready", {"pid": os.getpid(), "backend": env.backend, "supported": sorted(a.value for a in env.supported_actions)}))
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break  # the parent is gone
+            op, args = message[0], message[1:]
+            if op == "close":
+                break
+            try:
+                if op == "reset":
+                    reply: Any = env.reset(*args)
+                elif op == "step":
+                    reply = env.step(*args)
+                elif op == "healthy":
+                    reply = bool(env.healthy())
+                else:
+                    raise ValueError(f"unknown operation {op!r}")
+                conn.send(("ok", reply))
+            except (TaskSpecError, SolutionError) as exc:
+                conn.send(("error", "task", _first_line(exc)))
+            except Exception as exc:  # noqa: BLE001 - the environment broke; the parent replaces us
+                conn.send(("error", "env", _first_line(exc)))
+    finally:
+        with contextlib.suppress(Exception):
+            env.close()
+
+
+class _Worker:
+    """The parent's handle on one worker process."""
+
+    def __init__(self, worker_id: str, env_config: EnvConfig, config_index: int, ctx: Any) -> None:
+        self.id = worker_id
+        self.config_index = config_index
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child, env_config, worker_id), name=f"stepwise-{worker_id}", daemon=True)
+        self.process.start()
+        child.close()
+        self.backend = ""
+        self.supported: frozenset[ActionType] = frozenset()
+        self.episodes = 0
+        self.alive = True
+        self.last_ok = 0.0  # when the worker last answered a call successfully
+        self.task_id: str | None = None  # the task page it has open (affinity: fewer page loads)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def wait_ready(self, timeout: float) -> None:
+        if not self.conn.poll(timeout):
+            raise WorkerTimeout(f"worker {self.id} did not start within {timeout:g} s")
+        try:
+            reply = self.conn.recv()
+        except (EOFError, OSError):
+            raise WorkerFailure(f"worker {self.id} exited while starting (exit code {self.process.exitcode})") from None
+        if reply[0] != "ready":
+            raise WorkerFailure(f"worker {self.id}: {reply[2]}")
+        self.backend = reply[1]["backend"]
+        self.supported = frozenset(ActionType(a) for a in reply[1]["supported"])
+
+    def call(self, op: str, *args: Any, timeout: float) -> Any:
+        try:
+            self.conn.send((op, *args))
+        except (BrokenPipeError, OSError) as exc:
+            raise WorkerFailure(f"worker {self.id} is gone ({op}): {_first_line(exc)}") from None
+        if not self.conn.poll(timeout):
+            raise WorkerTimeout(f"{op} timed out after {timeout:g} s on worker {self.id}")
+        try:
+            reply = self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(0.5)
+            raise WorkerFailure(f"worker {self.id} died during {op} (exit code {self.process.exitcode})") from None
+        if reply[0] == "ok":
+            self.last_ok = time.monotonic()
+            return reply[1]
+        if reply[1] == "task":
+            raise EpisodeError(reply[2])
+        raise WorkerFailure(f"{op} failed on worker {self.id}: {reply[2]}")
+
+    def descendants(self) -> list[Any]:
+        """The worker's child processes (chromedriver, Chromium, adb), as psutil processes."""
+        import psutil
+
+        try:
+            return psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def kill(self) -> None:
+        """Kill the worker and everything it started (its process group), now."""
+        self.alive = False
+        children = self.descendants()
+        pid = self.process.pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)  # the group exists once the worker called setsid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for child in children:  # started before setsid took effect, or moved to another group
+            with contextlib.suppress(Exception):
+                child.kill()
+        self.process.join(5)
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Ask the worker to close its environment and exit; kill it if it does not."""
+        if self.alive:
+            with contextlib.suppress(Exception):
+                self.conn.send(("close",))
+            self.process.join(timeout)
+        self.kill()
+
+
+class RemoteEnv:
+    """The ``Environment`` protocol over a worker's pipe, with the pool's timeouts."""
+
+    def __init__(self, worker: _Worker, config: PoolConfig) -> None:
+        self.worker, self.config = worker, config
+        self.backend = worker.backend
+        self.supported_actions = worker.supported
+
+    def reset(self, task: TaskSpec, seed: int) -> Observation:
+        return self.worker.call("reset", task, seed, timeout=self.config.reset_timeout_s)
+
+    def step(self, action: Action) -> StepResult:
+        return self.worker.call("step", action, timeout=self.config.step_timeout_s)
+
+    def healthy(self) -> bool:
+        try:
+            return bool(self.worker.call("healthy", timeout=self.config.health_timeout_s))
+        except (WorkerFailure, EpisodeError):
+            return False
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+# -- the pool --------------------------------------------------------------------------------
+
+BeforeStep = Callable[["StepContext"], None]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Handed to ``before_step`` hooks: which worker is about to run which step of which episode."""
+
+    worker_id: str
+    worker_pid: int | None
+    job: EpisodeJob
+    attempt: int
+    step_idx: int
+    pool: "EnvPool"
+
+
+class EnvPool:
+    """Workers plus spares running episodes; see the module docstring.
+
+    ``env_configs``: one config (every worker builds the same environment, e.g. a Chromium), or a
+    sequence of configs each used by at most one live worker at a time (e.g. one per Android
+    device; ``workers + spares`` should not exceed their number).
+    """
+
+    def __init__(
+        self,
+        env_configs: EnvConfig | Sequence[EnvConfig],
+        config: PoolConfig | None = None,
+        *,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config or PoolConfig()
+        if isinstance(env_configs, Sequence):
+            if not env_configs:
+                raise PoolError("no environment configs (e.g. no Android devices) given to the pool")
+            self._configs: list[EnvConfig] = list(env_configs)
+            self._exclusive = True
+        else:
+            self._configs = [env_configs]
+            self._exclusive = False
+        self._log = log or (lambda message: None)
+        self._ctx = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._ready: deque[_Worker] = deque()
+        self._ready_cv = threading.Condition(self._lock)
+        self._starting = 0
+        self._held = 0  # workers taken by slots (running episodes or about to)
+        self._in_use: set[int] = set()
+        self._all: dict[str, _Worker] = {}
+        self._ids = itertools.count()
+        self._config_cursor = itertools.count()
+        self._start_failures = 0
+        self._last_start_error = ""
+        self.workers_started = 0
+        self.workers_replaced = 0
+        self._closed = False
+
+    # -- workers ---------------------------------------------------------------------------
+    def start(self) -> "EnvPool":
+        """Start ``workers + spares`` workers; returns once ``workers`` of them are ready."""
+        self._top_up()
+        need = min(self.config.workers, self._target())
+        deadline = time.monotonic() + self.config.start_timeout_s + 5
+        with self._ready_cv:
+            while len(self._ready) < need and not self._give_up_starting() and time.monotonic() < deadline:
+                self._ready_cv.wait(0.2)
+            if not self._ready:
+                raise PoolError(f"no worker could be started: {self._last_start_error or 'timed out'}")
+        return self
+
+    def _target(self) -> int:
+        """How many workers should be alive: the active ones plus the spares (devices permitting)."""
+        wanted = self.config.workers + self.config.spares
+        return min(wanted, len(self._configs)) if self._exclusive else wanted
+
+    def _top_up(self) -> None:
+        """Start workers until held + ready + starting reaches the target."""
+        with self._lock:
+            deficit = self._target() - (self._held + len(self._ready) + self._starting)
+        for _ in range(max(0, deficit)):
+            self._provision()
+
+    def _give_up_starting(self) -> bool:
+        return self._start_failures >= self.config.start_retries and self._starting == 0
+
+    def _provision(self) -> None:
+        """Start one more worker in the background; it joins the ready queue when it is up."""
+        with self._lock:
+            if self._closed:
+                return
+            index = self._free_config_index()
+            if index is None:
+                return
+            self._starting += 1
+            if self._exclusive:
+                self._in_use.add(index)
+            worker_id = f"w{next(self._ids)}"
+        threading.Thread(target=self._start_worker, args=(worker_id, index), name=f"start-{worker_id}", daemon=True).start()
+
+    def _free_config_index(self) -> int | None:
+        if not self._exclusive:
+            return 0
+        for _ in range(len(self._configs)):
+            index = next(self._config_cursor) % len(self._configs)
+            if index not in self._in_use:
+                return index
+        return None
+
+    def _start_worker(self, worker_id: str, index: int) -> None:
+        worker: _Worker | None = None
+        try:
+            worker = _Worker(worker_id, self._configs[index], index, self._ctx)
+            with self._lock:
+                self._all[worker_id] = worker
+            worker.wait_ready(self.config.start_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - any start failure counts the same
+            if worker is not None:
+                worker.kill()
+            with self._ready_cv:
+                self._starting -= 1
+                self._in_use.discard(index)
+                self._start_failures += 1
+                self._last_start_error = str(exc)
+                self._all.pop(worker_id, None)
+                self._ready_cv.notify_all()
+            self._log(f"worker {worker_id} failed to start: {exc}")
+            if not self._give_up_starting():
+                self._top_up()
+            return
+        with self._ready_cv:
+            self._starting -= 1
+            self._start_failures = 0
+            self.workers_started += 1
+            if self._closed:
+                worker.kill()
+                return
+            self._ready.append(worker)
+            self._ready_cv.notify_all()
+
+    def _acquire(self) -> _Worker | None:
+        """A ready, healthy worker (a spare), provisioning its own replacement; None if none can be had."""
+        deadline = time.monotonic() + self.config.start_timeout_s + 5
+        while True:
+            worker = None
+            with self._ready_cv:
+                if self._ready:
+                    worker = self._ready.popleft()
+                elif self._closed or time.monotonic() > deadline or self._give_up_starting():
+                    return None
+                else:
+                    idle = self._starting == 0
+                    if not idle:
+                        self._ready_cv.wait(0.2)
+            if worker is None:
+                if idle:  # nothing on its way (every spare used up): start one
+                    self._top_up()
+                continue
+            with self._lock:
+                self._held += 1
+            self._top_up()  # a spare was taken: start another
+            if self._probe(worker):
+                return worker
+            self._retire(worker, "failed its health check")
+
+    def _probe(self, worker: _Worker) -> bool:
+        if not worker.alive or not worker.process.is_alive():
+            return False
+        try:
+            return bool(worker.call("healthy", timeout=self.config.health_timeout_s))
+        except (WorkerFailure, EpisodeError):
+            return False
+
+    def _retire(self, worker: _Worker, reason: str) -> None:
+        self._log(f"replacing worker {worker.id} (pid {worker.pid}): {reason}")
+        worker.kill()
+        with self._lock:
+            self._in_use.discard(worker.config_index)
+            self.workers_replaced += 1
+            self._held -= 1
+            self._all.pop(worker.id, None)
+        self._top_up()
+
+    def _release(self, worker: _Worker) -> None:
+        with self._ready_cv:
+            self._held -= 1
+            if self._closed:
+                worker.close()
+                return
+            self._ready.append(worker)
+            self._ready_cv.notify_all()
+
+    def worker_processes(self, worker_id: str) -> list[Any]:
+        """The psutil processes a worker started (chromedriver, Chromium, adb): for fault injection."""
+        worker = self._all.get(worker_id)
+        return worker.descendants() if worker is not None else []
+
+    def status(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                {"worker_id": w.id, "pid": w.pid, "alive": w.alive and w.process.is_alive(), "episodes": w.episodes,
+                 "ready": w in self._ready}
+                for w in self._all.values()
+            ]
+
+    # -- episodes --------------------------------------------------------------------------
+    def run(
+        self,
+        jobs: Sequence[EpisodeJob],
+        policy: Policy,
+        *,
+        on_episode: Callable[[EpisodeRecord | None, int, int], None] | None = None,
+        before_step: BeforeStep | None = None,
+    ) -> BatchResult:
+        """Run every job once to completion (retrying on fresh workers), ``workers`` at a time.
+
+        ``on_episode(record, resolved, total)`` is called as each job is resolved (record None for a
+        job given up on); ``before_step`` before every step (progress, fault injection).
+        """
+        if self._closed:
+            raise PoolError("the pool is closed")
+        ids = [job.episode_id for job in jobs]
+        if len(set(ids)) != len(ids):
+            raise ValueError("episode ids of a batch must be unique")
+        if not self._ready and self._starting == 0:
+            self.start()
+        started = time.perf_counter()
+        replaced_before = self.workers_replaced
+        state = _BatchState(jobs)
+        slots = [
+            threading.Thread(
+                target=self._slot, args=(state, policy, on_episode, before_step), name=f"slot-{i}", daemon=True
+            )
+            for i in range(min(self.config.workers, max(1, len(jobs))))
+        ]
+        for slot in slots:
+            slot.start()
+        try:
+            for slot in slots:
+                while slot.is_alive():
+                    slot.join(0.2)  # short joins keep the main thread responsive to Ctrl-C / run termination
+        except BaseException:
+            state.stop()
+            self.close()
+            raise
+        order = {job.episode_id: i for i, job in enumerate(jobs)}
+        state.episodes.sort(key=lambda e: order[e.episode_id])
+        state.attempts.sort(key=lambda a: (order[a.episode_id], a.attempt))
+        return BatchResult(
+            episodes=state.episodes,
+            attempts=state.attempts,
+            lost=sorted(state.lost, key=lambda item: order[item[0].episode_id]),
+            seconds=time.perf_counter() - started,
+            workers_started=self.workers_started,
+            workers_replaced=self.workers_replaced - replaced_before,
+        )
+
+    def _slot(
+        self,
+        state: "_BatchState",
+        policy: Policy,
+        on_episode: Callable[[EpisodeRecord | None, int, int], None] | None,
+        before_step: BeforeStep | None,
+    ) -> None:
+        worker: _Worker | None = None
+        try:
+            while (item := state.next_job(worker.task_id if worker is not None else None)) is not None:
+                job, attempt = item
+                recently_fine = worker is not None and time.monotonic() - worker.last_ok < HEALTH_FRESH_S
+                if worker is not None and not recently_fine and not self._probe(worker):
+                    self._retire(worker, "failed its health check between episodes")
+                    worker = None
+                if worker is None:
+                    worker = self._acquire()
+                if worker is None:
+                    reason = f"no worker available: {self._last_start_error or 'the pool is closed'}"
+                    state.abort(job, attempt, None, reason, 0, datetime.now(UTC), 0, final=True)
+                    if on_episode is not None:
+                        on_episode(None, *state.progress())
+                    continue
+                outcome = self._attempt(state, worker, job, attempt, policy, before_step)
+                if outcome == "worker_failed":
+                    worker = None
+                if on_episode is not None and state.is_resolved(job):
+                    on_episode(outcome if isinstance(outcome, EpisodeRecord) else None, *state.progress())
+        finally:
+            if worker is not None:
+                self._release(worker)
+
+    def _attempt(
+        self, state: "_BatchState", worker: _Worker, job: EpisodeJob, attempt: int, policy: Policy,
+        before_step: BeforeStep | None,
+    ) -> EpisodeRecord | str:
+        started_at = datetime.now(UTC)
+        t0 = time.perf_counter()
+        progress = {"steps": 0}
+
+        def hook(step_idx: int) -> None:
+            progress["steps"] = step_idx
+            if before_step is not None:
+                before_step(StepContext(worker.id, worker.pid, job, attempt, step_idx, self))
+
+        def elapsed() -> int:
+            return int((time.perf_counter() - t0) * 1000)
+
+        try:
+            record = run_episode(
+                RemoteEnv(worker, self.config), policy, job.task, job.seed, episode_id=job.episode_id,
+                max_steps=job.max_steps, family=job.family, before_step=hook, attempt=attempt, worker_id=worker.id,
+            )
+        except WorkerFailure as exc:
+            final = attempt + 1 >= self.config.max_attempts
+            state.abort(job, attempt, worker.id, str(exc), progress["steps"], started_at, elapsed(), final=final)
+            self._retire(worker, str(exc))
+            if not final:
+                state.retry(job, attempt + 1)
+            return "worker_failed"
+        except EpisodeError as exc:
+            state.abort(job, attempt, worker.id, str(exc), progress["steps"], started_at, elapsed(), final=True)
+            return "episode_failed"
+        except Exception as exc:  # noqa: BLE001 - a policy bug must not take the batch down
+            state.abort(job, attempt, worker.id, f"policy error: {_first_line(exc)}", progress["steps"], started_at,
+                        elapsed(), final=True)
+            return "episode_failed"
+        worker.episodes += 1
+        worker.task_id = job.task.task_id
+        state.complete(record, started_at, elapsed())
+        return record
+
+    # -- shutdown --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close every worker (their browsers or device sessions with them)."""
+        with self._ready_cv:
+            self._closed = True
+            workers = list(self._all.values())
+            self._ready.clear()
+            self._all.clear()
+            self._ready_cv.notify_all()
+        closers = [threading.Thread(target=w.close, args=(5.0,), daemon=True) for w in workers]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join(15)
+
+    def __enter__(self) -> "EnvPool":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class _BatchState:
+    """Jobs to run, attempts made, episodes completed: shared by the slot threads under one lock."""
+
+    jobs: Sequence[EpisodeJob]
+    episodes: list[EpisodeRecord] = field(default_factory=list)
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    lost: list[tuple[EpisodeJob, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.queue: deque[tuple[EpisodeJob, int]] = deque((job, 0) for job in self.jobs)
+        self.unresolved = len(self.jobs)
+        self.cv = threading.Condition()
+        self.stopped = False
+        self.resolved_ids: set[str] = set()
+
+    def next_job(self, current_task: str | None = None) -> tuple[EpisodeJob, int] | None:
+        """The next job for a slot: a retry first, else one of the task its worker has open,
+        else the start of the task most jobs wait for (so two workers split tasks, not pages)."""
+        with self.cv:
+            while not self.queue:
+                if self.unresolved == 0 or self.stopped:
+                    return None
+                self.cv.wait(0.2)  # a retry may still be queued by another slot
+            if self.stopped:
+                return None
+            if self.queue[0][1] > 0 or current_task is None:
+                return self.queue.popleft()
+            for index, (job, _) in enumerate(self.queue):
+                if job.task.task_id == current_task:
+                    del self.queue[index]
+                    return job, 0
+            waiting = Counter(job.task.task_id for job, _ in self.queue)
+            busiest = max(waiting, key=lambda task: waiting[task])
+            for index, (job, attempt) in enumerate(self.queue):
+                if job.task.task_id == busiest:
+                    del self.queue[index]
+                    return job, attempt
+            return self.queue.popleft()
+
+    def retry(self, job: EpisodeJob, attempt: int) -> None:
+        with self.cv:
+            self.queue.appendleft((job, attempt))  # retried next, on whichever fresh worker asks first
+            self.cv.notify_all()
+
+    def complete(self, record: EpisodeRecord, started_at: datetime, duration_ms: int) -> None:
+        with self.cv:
+            self.episodes.append(record)
+            self.attempts.append(
+                AttemptRecord(record.episode_id, record.task_id, record.seed, record.attempt, record.worker_id,
+                              ATTEMPT_COMPLETED, None, True, record.n_steps, started_at, duration_ms)
+            )
+            self.unresolved -= 1
+            self.resolved_ids.add(record.episode_id)
+            self.cv.notify_all()
+
+    def abort(self, job: EpisodeJob, attempt: int, worker_id: str | None, reason: str, steps_done: int,
+              started_at: datetime, duration_ms: int, *, final: bool) -> None:
+        with self.cv:
+            self.attempts.append(
+                AttemptRecord(job.episode_id, job.task.task_id, job.seed, attempt, worker_id, ATTEMPT_ABORTED, reason,
+                              final, steps_done, started_at, duration_ms)
+            )
+            if final:
+                self.lost.append((job, reason))
+                self.unresolved -= 1
+                self.resolved_ids.add(job.episode_id)
+            self.cv.notify_all()
+
+    def is_resolved(self, job: EpisodeJob) -> bool:
+        with self.cv:
+            return job.episode_id in self.resolved_ids
+
+    def progress(self) -> tuple[int, int]:
+        with self.cv:
+            return len(self.jobs) - self.unresolved, len(self.jobs)
+
+    def stop(self) -> None:
+        with self.cv:
+            self.stopped = True
+            self.cv.notify_all()

@@ -1,0 +1,418 @@
+"""One protocol for every GUI environment, and the loop that runs an episode through it.
+
+An environment (MiniWoB++ in Chromium: ``envs.miniwob.live``; Android through uiautomator2:
+``envs.android``) does four things::
+
+    reset(task, seed) -> Observation      # the first screen, and the episode's instruction
+    step(action)      -> StepResult       # screen after, env reward, milestones hit, done, success
+    close()
+    healthy()         -> bool             # a cheap liveness probe, for the worker pool
+
+Screens and actions are the canonical ones of ``warehouse.model`` so every backend's trajectories
+look alike in the warehouse. Milestones are the task spec's (``envs.tasks``), checked by the
+environment on every screen after an action, with exactly the semantics of
+``envs.tasks.track_milestones`` (ProgRM §2.2: environment-milestone progress labels).
+
+An action the environment cannot carry out (a target that is not on the screen, text into an
+element that is not editable, an action type the backend lacks) is not an error: the step is
+recorded as a *failed step* with ``problem`` set, the environment is left as it was, and the
+episode goes on. Exceptions are kept for a broken environment (a crashed browser, a lost device),
+which the worker pool (``envs.pool``) answers by replacing the worker and retrying the episode.
+
+``run_episode`` drives a policy (``envs.policies``) through an environment and returns an
+``EpisodeRecord``; ``episode_tables`` turns records into rows of the warehouse's ``episodes`` and
+``steps`` tables.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from envs.tasks import TaskSpec, TaskSpecError, evaluate
+from warehouse.model import Action, ActionType, Screen, UIElement
+from warehouse.schema import EPISODES, STEPS, element_records
+
+if TYPE_CHECKING:  # policies import this module; the reverse import is for type names only
+    from envs.policies import Policy
+
+SOURCE_ROLLOUT = "rollout"
+
+# Why an episode ended (EpisodeRecord.end_reason).
+END_SUCCESS = "success"  # the environment reported success
+END_FAILURE = "failure"  # the environment ended the episode without success (wrong answer, its own timer)
+END_MAX_STEPS = "max_steps"  # our step budget ran out first (truncated; outcome reward 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What ``reset`` returns: the first screen and the instruction the environment generated.
+
+    ``fields`` are slot values the benchmark itself states (MiniWoB++'s utterance fields, e.g.
+    ``by`` and ``to`` of a natural-language e-mail task); they fill the slots a spec's instruction
+    template does not capture (specs whose instructions vary too much for one template).
+    """
+
+    screen: Screen
+    instruction: str
+    task_id: str
+    fields: Mapping[str, str] = field(default_factory=dict)
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What ``step`` returns.
+
+    ``env_reward`` is the environment's own reward for this step: MiniWoB++'s raw reward
+    (1 success, -1 failure, partial credit in between) at the step that ends the episode, 0 before;
+    so the rewards of an episode sum to its outcome reward. ``milestones_hit`` are the task spec's
+    milestones first reached at this step, in order. ``problem`` is set when the action could not be
+    carried out (a failed step): nothing was done to the environment.
+    """
+
+    screen: Screen
+    env_reward: float = 0.0
+    milestones_hit: tuple[str, ...] = ()
+    done: bool = False
+    success: bool = False
+    problem: str | None = None
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A GUI environment behind the canonical screens and actions (see the module docstring)."""
+
+    backend: str
+    supported_actions: frozenset[ActionType]
+
+    def reset(self, task: TaskSpec, seed: int) -> Observation: ...
+
+    def step(self, action: Action) -> StepResult: ...
+
+    def close(self) -> None: ...
+
+    def healthy(self) -> bool: ...
+
+
+class InvalidAction(ValueError):
+    """Raised inside a backend when an action cannot be mapped to the screen; becomes ``StepResult.problem``."""
+
+
+class EnvironmentFailure(RuntimeError):
+    """The environment itself is broken (browser gone, device lost): the pool retries elsewhere."""
+
+
+# -- targets ---------------------------------------------------------------------------------
+
+
+def resolve_target(screen: Screen, target: UIElement | None) -> UIElement:
+    """The element of ``screen`` that an action's target designates, or ``InvalidAction``.
+
+    Refs are the backend's handles within one episode (a DOM ref, an Android hierarchy path); a ref
+    whose element now has another role or id is a different element, so it does not count.
+    """
+    if target is None:
+        raise InvalidAction("the action needs a target element")
+    element = screen.by_ref(target.ref)
+    if element is None:
+        raise InvalidAction(f"target not on the screen: {target.describe()} (ref {target.ref})")
+    if element.role != target.role or element.element_id != target.element_id:
+        raise InvalidAction(
+            f"target not on the screen: ref {target.ref} is now {element.describe()}, not {target.describe()}"
+        )
+    return element
+
+
+# -- milestones ------------------------------------------------------------------------------
+
+
+def episode_slots(spec: TaskSpec, instruction: str, fields: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The slot values of one episode (``TaskSpec.slots``: the template's groups over the fields).
+
+    Raises TaskSpecError when the instruction fits neither, so a mislabelled episode is never
+    scored silently (as ``envs.tasks.track_milestones`` does).
+    """
+    slots = spec.slots(instruction, fields)
+    if slots is None:
+        raise TaskSpecError(f"task {spec.task_id}: instruction does not fit the spec's template: {instruction!r}")
+    return slots
+
+
+class MilestoneTracker:
+    """Incremental ``envs.tasks.track_milestones``: one ``update`` per step, same semantics.
+
+    A milestone is reached at the first step where its predicate holds over (screen after the step,
+    the step's action) and every earlier milestone has been reached; several may be reached at one
+    step. ``episode_success`` sees the outcome at the episode's last step only. A failed step is
+    evaluated with no action (it clicked nothing, typed nothing).
+    """
+
+    def __init__(self, spec: TaskSpec, instruction: str, fields: Mapping[str, str] | None = None) -> None:
+        self.spec = spec
+        self.slots: dict[str, str] = episode_slots(spec, instruction, fields)
+        self.reached = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.reached == len(self.spec.milestones)
+
+    def update(self, screen_after: Screen | None, action: Action | None, *, success_at_end: bool = False) -> tuple[str, ...]:
+        """Milestones first reached at this step. ``success_at_end``: the episode ends here, successfully."""
+        milestones = self.spec.milestones
+        hit: list[str] = []
+        while self.reached < len(milestones) and evaluate(
+            milestones[self.reached].when, self.slots, screen_after, action, success_at_end
+        ):
+            hit.append(milestones[self.reached].name)
+            self.reached += 1
+        return tuple(hit)
+
+
+# -- episodes --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step as the warehouse stores it: the screen *before* the action, the action, what it did."""
+
+    step_idx: int
+    screen: Screen
+    action: Action
+    env_reward: float
+    milestones_hit: tuple[str, ...]
+    done: bool
+    time_ms: int  # when the action was issued, since the episode started (after reset)
+    latency_ms: float  # how long the environment took to carry it out and observe the result
+    problem: str | None = None
+    milestone_ms: float | None = None  # time spent checking milestones, where the backend measured it
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeRecord:
+    episode_id: str
+    task_id: str
+    family: str
+    instruction: str
+    seed: int
+    policy_id: str
+    backend: str
+    steps: tuple[StepRecord, ...]
+    final_screen: Screen  # the screen after the last action (not stored in the warehouse)
+    fields: Mapping[str, str]  # the benchmark's own slot values, where it states them
+    slots: Mapping[str, str]  # the instruction's slot values (template groups, then fields)
+    success: bool
+    outcome_reward: float
+    decayed_reward: float | None
+    end_reason: str
+    milestones_reached: int
+    n_milestones: int
+    reset_ms: float
+    duration_ms: int
+    created_at: datetime
+    attempt: int = 0
+    worker_id: str | None = None
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def failed_steps(self) -> int:
+        return sum(s.problem is not None for s in self.steps)
+
+
+def run_episode(
+    env: Environment,
+    policy: Policy,
+    task: TaskSpec,
+    seed: int,
+    *,
+    episode_id: str,
+    max_steps: int,
+    family: str | None = None,
+    before_step: Callable[[int], None] | None = None,
+    attempt: int = 0,
+    worker_id: str | None = None,
+) -> EpisodeRecord:
+    """Reset ``env`` on ``task`` with ``seed``, let ``policy`` act until the episode ends or
+    ``max_steps`` actions were taken, and return the whole trajectory.
+
+    The environment's own end (success or failure) wins; running out of steps ends the episode as
+    a failure with outcome reward 0 (``end_reason = "max_steps"``). The last step is marked done
+    either way, as in the recorded demonstrations. ``before_step(i)`` runs before action ``i``
+    (progress, fault injection). Exceptions from the environment propagate: the caller (the pool)
+    decides whether to retry; nothing partial is returned.
+    """
+    from envs.policies import EpisodeContext  # policies import this module
+
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    created_at = datetime.now(UTC)
+    t_reset = time.perf_counter()
+    observation = env.reset(task, seed)
+    t0 = time.perf_counter()
+    reset_ms = (t0 - t_reset) * 1000.0
+    slots = episode_slots(task, observation.instruction, observation.fields)
+    actor = policy.start(
+        EpisodeContext(
+            task=task,
+            instruction=observation.instruction,
+            slots=slots,
+            seed=seed,
+            backend=env.backend,
+            supported_actions=env.supported_actions,
+            max_steps=max_steps,
+        )
+    )
+    screen = observation.screen
+    steps: list[StepRecord] = []
+    result: StepResult | None = None
+    reached = 0
+    for idx in range(max_steps):
+        if before_step is not None:
+            before_step(idx)
+        action = actor.act(screen)
+        issued = time.perf_counter()
+        result = env.step(action)
+        latency_ms = (time.perf_counter() - issued) * 1000.0
+        reached += len(result.milestones_hit)
+        ends = result.done or idx == max_steps - 1
+        steps.append(
+            StepRecord(
+                step_idx=idx,
+                screen=screen,
+                action=action,
+                env_reward=float(result.env_reward),
+                milestones_hit=tuple(result.milestones_hit),
+                done=ends,
+                time_ms=int((issued - t0) * 1000),
+                latency_ms=latency_ms,
+                problem=result.problem,
+                milestone_ms=result.info.get("milestone_ms"),
+            )
+        )
+        actor.observe(action, result)
+        screen = result.screen
+        if result.done:
+            break
+    assert result is not None
+    if result.done:
+        end_reason = END_SUCCESS if result.success else END_FAILURE
+        outcome = float(sum(s.env_reward for s in steps))
+        decayed = result.info.get("decayed_reward")
+    else:
+        end_reason, outcome, decayed = END_MAX_STEPS, 0.0, None
+    return EpisodeRecord(
+        episode_id=episode_id,
+        task_id=task.task_id,
+        family=family or task.family,
+        instruction=observation.instruction,
+        seed=seed,
+        policy_id=policy.policy_id,
+        backend=env.backend,
+        steps=tuple(steps),
+        final_screen=result.screen,
+        fields=dict(observation.fields),
+        slots=dict(slots),
+        success=bool(result.done and result.success),
+        outcome_reward=outcome,
+        decayed_reward=None if decayed is None else float(decayed),
+        end_reason=end_reason,
+        milestones_reached=reached,
+        n_milestones=len(task.milestones),
+        reset_ms=reset_ms,
+        duration_ms=int((time.perf_counter() - t0) * 1000),
+        created_at=created_at,
+        attempt=attempt,
+        worker_id=worker_id,
+    )
+
+
+# -- warehouse rows --------------------------------------------------------------------------
+
+
+def episode_tables(records: Sequence[EpisodeRecord], *, run_id: str | None = None) -> tuple[pa.Table, pa.Table]:
+    """Rollout episodes -> (episodes, steps) Arrow tables in the warehouse's schemas.
+
+    ``steps.env_reward`` is the environment's reward at the step, ``steps.milestones_hit`` the
+    task-spec milestones first reached there (an empty list when none: never null for rollouts),
+    ``steps.problem`` why a failed step's action could not be carried out.
+    """
+    episodes: dict[str, list] = {name: [] for name in EPISODES.names}
+    steps: dict[str, list] = {name: [] for name in STEPS.names}
+    for record in records:
+        row = {
+            "task_fields": json.dumps(dict(record.slots), ensure_ascii=False, sort_keys=True),
+            "episode_id": record.episode_id,
+            "task_id": record.task_id,
+            "task_family": record.family,
+            "instruction": record.instruction,
+            "source": SOURCE_ROLLOUT,
+            "parent_episode_id": None,
+            "policy_id": record.policy_id,
+            "env_backend": record.backend,
+            "seed": record.seed,
+            "success": record.success,
+            "outcome_reward": record.outcome_reward,
+            "decayed_reward": record.decayed_reward,
+            "n_steps": record.n_steps,
+            "duration_ms": record.duration_ms,
+            "source_file": None,
+            "source_sha256": None,
+            "import_root": None,
+            "created_at": record.created_at,
+            "run_id": run_id,
+        }
+        for name in episodes:  # columns added to the schema later stay null here
+            episodes[name].append(row.get(name))
+        for step in record.steps:
+            action, target = step.action, step.action.target
+            steps["episode_id"].append(record.episode_id)
+            steps["step_idx"].append(step.step_idx)
+            steps["action_type"].append(action.type.value)
+            steps["action_text"].append(action.canonical_text())
+            steps["target_ref"].append(target.ref if target else None)
+            steps["target_role"].append(target.role if target else None)
+            steps["target_text"].append(target.text if target else None)
+            steps["target_element_id"].append(target.element_id if target else None)
+            steps["target_bounds"].append(list(target.bounds) if target else None)
+            steps["input_text"].append(action.text if action.type is ActionType.INPUT else None)
+            steps["scroll_direction"].append(action.direction)
+            steps["screen"].append(element_records(step.screen))
+            steps["n_elements"].append(len(step.screen.elements))
+            steps["screenshot_path"].append(step.screen.screenshot_path)
+            steps["env_reward"].append(step.env_reward)
+            steps["milestones_hit"].append(list(step.milestones_hit))
+            steps["done"].append(step.done)
+            steps["time_ms"].append(step.time_ms)
+            steps["raw_event_first"].append(None)
+            steps["raw_event_last"].append(None)
+            steps["problem"].append(step.problem)
+        width = max((len(v) for v in steps.values()), default=0)
+        for column in steps.values():  # columns added to the schema later stay null here
+            column.extend([None] * (width - len(column)))
+    return pa.Table.from_pydict(episodes, schema=EPISODES), pa.Table.from_pydict(steps, schema=STEPS)
+
+
+def milestone_track_matches(record: EpisodeRecord, spec: TaskSpec) -> bool:
+    """Do the milestones recorded online equal ``envs.tasks.track_milestones`` over the trajectory?
+
+    The offline tracker sees (screen after each step, the step's action), failed steps with no
+    action, and the episode's outcome: the online tracker and the offline one must agree.
+    """
+    from envs.tasks import track_milestones
+
+    pairs: list[tuple[Screen | None, Action | None]] = []
+    for i, step in enumerate(record.steps):
+        after = record.steps[i + 1].screen if i + 1 < len(record.steps) else record.final_screen
+        pairs.append((after, None if step.problem is not None else step.action))
+    offline = track_milestones(spec, record.instruction, pairs, success=record.success, fields=record.fields)
+    return offline.hits == tuple(s.milestones_hit for s in record.steps)

@@ -1,0 +1,141 @@
+"""MiniWoB++ in real Chromium: screens, the action mapping, failed steps, milestones, the catalog."""
+
+import pytest
+
+from envs.catalog import load_catalog
+from envs.miniwob.live import dom_elements_to_screen, miniwob_key, to_miniwob_actions
+from envs.policies import ScriptedPolicy, make_policy
+from envs.protocol import InvalidAction, milestone_track_matches, run_episode
+from envs.tasks import TaskSpecError, task_spec_from_mapping
+from warehouse.model import Action, ActionType, UIElement
+
+
+def by_id(screen, element_id):
+    return next(e for e in screen.elements if e.element_id == element_id)
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog(fresh=True)
+
+
+def test_live_screens_look_like_the_demonstrations(miniwob_env, catalog):
+    observation = miniwob_env.reset(catalog["login-user-popup"].spec, 3)
+    assert observation.instruction.startswith('Enter the username "keneth"')
+    screen = observation.screen
+    roles = {e.element_id: e.role for e in screen.elements if e.element_id}
+    assert roles["username"] == "textbox" and roles["password"] == "password" and roles["subbtn"] == "button"
+    assert by_id(screen, "username").editable and by_id(screen, "username").value == ""
+    labels = [e.text for e in screen.elements if e.role == "label"]
+    assert labels == ["Username", "Password"]  # text nodes folded into their element, as in dom.py
+    assert len({e.ref for e in screen.elements}) == len(screen.elements)
+
+
+def test_gym_observation_converts_to_the_same_screen(miniwob_env, catalog):
+    """The flat ``dom_elements`` of miniwob's gymnasium env give the screen our env reads directly."""
+    from miniwob.environment import MiniWoBEnvironment
+
+    gym_env = MiniWoBEnvironment(subdomain="click-option")
+    try:
+        observation, _ = gym_env.reset(seed=11, options={"record_screenshots": False})
+        flat = dom_elements_to_screen(observation["dom_elements"])
+    finally:
+        gym_env.close()
+    ours = miniwob_env.reset(catalog["click-option"].spec, 11).screen
+
+    def key(e: UIElement):
+        return (e.role, e.text, e.element_id, e.classes, e.value, e.checked, e.depth, tuple(round(b) for b in e.bounds))
+
+    assert [key(e) for e in flat.elements] == [key(e) for e in ours.elements]
+
+
+def test_actions_map_to_miniwob_action_types(miniwob_env, catalog):
+    screen = miniwob_env.reset(catalog["login-user-popup"].spec, 3).screen
+    username, login = by_id(screen, "username"), by_id(screen, "subbtn")
+    assert [a.type.value for a in to_miniwob_actions(Action(ActionType.CLICK, login), screen)] == ["CLICK_ELEMENT"]
+    (typed,) = to_miniwob_actions(Action(ActionType.INPUT, username, "ada"), screen)
+    assert typed.type.value == "FOCUS_ELEMENT_AND_TYPE_TEXT" and typed.ref == int(username.ref) and typed.text == "ada"
+    (scroll,) = to_miniwob_actions(Action(ActionType.SCROLL, direction="DOWN"), screen)
+    assert scroll.type.value == "SCROLL_DOWN_COORDS"
+    assert [a.key for a in to_miniwob_actions(Action(ActionType.PRESS_KEY, text="Ctrl+A Enter"), screen)] == ["C-a", "<Enter>"]
+    assert miniwob_key("Tab") == "<Tab>" and miniwob_key("x") == "x"
+    for action, reason in [
+        (Action(ActionType.GOBACK), "no GOBACK"),
+        (Action(ActionType.SCROLL, direction="LEFT"), "only UP or DOWN"),
+        (Action(ActionType.INPUT, login, "x"), "non-editable"),
+        (Action(ActionType.PRESS_KEY, text="Hyper+Q"), "unknown modifier"),
+    ]:
+        with pytest.raises(InvalidAction, match=reason):
+            to_miniwob_actions(action, screen)
+
+
+def test_an_episode_with_failed_steps_records_them_and_goes_on(miniwob_env, catalog):
+    spec = catalog["login-user-popup"].spec
+    ghost = UIElement(ref="999", role="button", text="Ghost", element_id="ghost")
+    script = [
+        lambda s, c: Action(ActionType.INPUT, by_id(s, "username"), "wrong"),
+        lambda s, c: Action(ActionType.INPUT, by_id(s, "username"), c.slots["username"]),  # replaces "wrong"
+        lambda s, c: Action(ActionType.CLICK, ghost),  # a target not on the screen
+        lambda s, c: Action(ActionType.INPUT, by_id(s, "subbtn"), "text"),  # into a button
+        lambda s, c: Action(ActionType.GOBACK),  # MiniWoB++ has no back
+        lambda s, c: Action(ActionType.PRESS_KEY, text="Tab"),  # focus moves to the password field
+        lambda s, c: Action(ActionType.INPUT, by_id(s, "password"), c.slots["password"]),
+        lambda s, c: Action(ActionType.CLICK, by_id(s, "subbtn")),
+    ]
+    record = run_episode(miniwob_env, ScriptedPolicy(script), spec, 3, episode_id="t", max_steps=12)
+    problems = [s.problem for s in record.steps]
+    assert problems[:2] == [None, None] and problems[5:] == [None, None, None]
+    assert "not on the screen" in problems[2] and "non-editable" in problems[3] and "no GOBACK" in problems[4]
+    assert by_id(record.steps[2].screen, "username").value == "keneth"  # INPUT replaced the value
+    assert by_id(record.steps[6].screen, "password").focused  # after Tab
+    assert record.success and record.end_reason == "success" and record.outcome_reward == 1.0
+    assert [s.env_reward for s in record.steps] == [0.0] * 7 + [1.0] and record.steps[-1].done
+    assert [s.milestones_hit for s in record.steps] == [(), ("username typed",), (), (), (), (), ("password typed",), ("login clicked",)]
+    assert 0 < record.decayed_reward < 1.0
+    assert milestone_track_matches(record, spec)
+
+
+def test_refs_stay_unique_when_an_episode_follows_a_finished_one(miniwob_env, catalog):
+    """Regression: reading the DOM after an episode ended used to lend its refs to the next episode."""
+    spec = catalog["click-option"].spec
+    for seed in (1, 2, 3):
+        record = run_episode(miniwob_env, make_policy("expert"), spec, seed, episode_id=f"r{seed}", max_steps=4)
+        assert record.success and not any(s.problem for s in record.steps)
+        first = record.steps[0].screen
+        assert len({e.ref for e in first.elements}) == len(first.elements)
+
+
+def test_an_instruction_that_does_not_fit_its_spec_is_refused(miniwob_env):
+    spec = task_spec_from_mapping(
+        {"task_id": "click-button-sequence", "instruction": "Never (?P<x>.*)", "milestones": [{"name": "m", "when": {"visible": {"text": "x"}}}]}
+    )
+    with pytest.raises(TaskSpecError, match="does not fit"):
+        miniwob_env.reset(spec, 0)
+
+
+@pytest.mark.e2e
+def test_expert_solves_every_catalog_task_and_milestones_agree(miniwob_env, catalog):
+    """Every catalog task with a solution: the noiseless expert succeeds, every milestone is hit,
+    and the online milestones equal envs.tasks.track_milestones over the recorded trajectory."""
+    expert = make_policy("expert")
+    failures = []
+    for task in (t for t in catalog.values() if t.has_solution):
+        for seed in (101, 202):
+            record = run_episode(miniwob_env, expert, task.spec, seed, episode_id=f"{task.task_id}:{seed}",
+                                 max_steps=task.max_steps)
+            if not (record.success and record.milestones_reached == record.n_milestones):
+                failures.append((task.task_id, seed, record.end_reason, record.milestones_reached,
+                                 [s.action.canonical_text() for s in record.steps]))
+            assert milestone_track_matches(record, task.spec), task.task_id
+    assert not failures, failures
+
+
+@pytest.mark.e2e
+def test_random_walk_explores_without_crashing(miniwob_env, catalog):
+    walker = make_policy("random_walk")
+    for task_id in ("email-inbox-forward", "multi-orderings", "use-spinner"):
+        task = catalog[task_id]
+        record = run_episode(miniwob_env, walker, task.spec, 5, episode_id=task_id, max_steps=15)
+        assert 1 <= record.n_steps <= 15 and record.steps[-1].done
+        assert {s.action.type for s in record.steps} <= miniwob_env.supported_actions
+        assert milestone_track_matches(record, task.spec)

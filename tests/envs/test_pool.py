@@ -1,0 +1,144 @@
+"""The worker pool under real faults: a Chromium killed mid-batch, a step that hangs, a worker that
+dies between episodes, an episode that cannot run. Real browsers, real processes, real signals."""
+
+import psutil
+import pytest
+
+from assets.rollouts import ATTEMPTS_TABLE, publish_rollouts
+from envs.catalog import load_catalog
+from envs.miniwob.live import MiniWoBConfig
+from envs.policies import make_policy
+from envs.pool import EnvPool, EpisodeJob, PoolConfig, plan_jobs
+from envs.tasks import task_spec_from_mapping
+from pipelines.resources import WarehouseResource
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    catalog = load_catalog(fresh=True)
+    return plan_jobs([catalog["login-user-popup"], catalog["click-option"]], batch="t", episodes_per_task=2)
+
+
+def browsers_of(pool, worker_id):
+    """Chromium's main process of a worker (the one chromedriver started)."""
+    return [p for p in pool.worker_processes(worker_id) if p.name() == "chromium" and p.parent() and p.parent().name() == "chromedriver"]
+
+
+class Injector:
+    """Acts once, before step ``step_idx`` of the job ``episode_id``'s first attempt."""
+
+    def __init__(self, episode_id, step_idx, act):
+        self.episode_id, self.step_idx, self.act = episode_id, step_idx, act
+        self.fired: list[tuple[str, list[int]]] = []
+
+    def __call__(self, ctx):
+        if not self.fired and ctx.job.episode_id == self.episode_id and ctx.attempt == 0 and ctx.step_idx == self.step_idx:
+            processes = self.act(ctx)
+            self.fired.append((ctx.worker_id, [p.pid for p in processes]))
+
+
+def assert_nothing_lost_or_duplicated(result, jobs):
+    assert not result.lost
+    assert sorted(e.episode_id for e in result.episodes) == sorted(j.episode_id for j in jobs)
+    for record in result.episodes:
+        assert [s.step_idx for s in record.steps] == list(range(record.n_steps)) and record.steps[-1].done
+    completed = [a for a in result.attempts if a.status == "completed"]
+    assert len(completed) == len(jobs) and len({a.episode_id for a in completed}) == len(jobs)
+
+
+def gone(pids):
+    def dead(pid):
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    return all(dead(pid) for pid in pids)
+
+
+def test_chromium_killed_mid_batch_episode_retried_on_a_fresh_worker(jobs, tmp_path):
+    target = jobs[1].episode_id  # login-user-popup: long enough to be hit mid-episode
+
+    def kill_browser(ctx):
+        victims = browsers_of(ctx.pool, ctx.worker_id)
+        for process in victims:
+            process.kill()
+        return victims
+
+    injector = Injector(target, 2, kill_browser)
+    with EnvPool(MiniWoBConfig(), PoolConfig(workers=2, spares=1, step_timeout_s=10)) as pool:
+        result = pool.run(jobs, make_policy("noisy_expert"), before_step=injector)
+        worker_pids = [w["pid"] for w in pool.status()]
+    assert injector.fired, "the fault was injected"
+    killed_worker, killed_pids = injector.fired[0]
+    assert_nothing_lost_or_duplicated(result, jobs)
+    attempts = [a for a in result.attempts if a.episode_id == target]
+    assert [(a.attempt, a.status) for a in attempts] == [(0, "aborted"), (1, "completed")]
+    aborted, retried = attempts
+    assert aborted.worker_id == killed_worker and retried.worker_id != killed_worker
+    assert aborted.steps_done == 2 and not aborted.final and aborted.reason
+    assert "Stacktrace" not in aborted.reason and len(aborted.reason) < 400
+    assert result.workers_replaced == 1 and gone(killed_pids)
+    assert all(psutil.pid_exists(pid) is False or gone([pid]) for pid in worker_pids)  # pool closed: all gone
+
+    # Written to the warehouse: each episode once, the aborted attempt recorded with its reason.
+    warehouse = WarehouseResource(home=str(tmp_path / "home"))
+    publish_rollouts(warehouse, result, asset="test", dataset="fault", run_id="r", partition_key=None,
+                     parameters={}, spec_paths=[])
+    store = warehouse.get()
+    assert store.query("SELECT count(*) AS n, count(DISTINCT episode_id) AS d FROM episodes").to_pylist() == [
+        {"n": len(jobs), "d": len(jobs)}
+    ]
+    rows = store.query(f"SELECT attempt, status, reason FROM {ATTEMPTS_TABLE} WHERE episode_id = ? ORDER BY attempt", [target]).to_pylist()
+    assert [(r["attempt"], r["status"]) for r in rows] == [(0, "aborted"), (1, "completed")] and rows[0]["reason"]
+    n_steps = store.query("SELECT n_steps FROM episodes WHERE episode_id = ?", [target]).to_pylist()[0]["n_steps"]
+    assert store.query("SELECT count(*) AS n FROM steps WHERE episode_id = ?", [target]).to_pylist()[0]["n"] == n_steps
+
+
+def test_a_step_hanging_past_its_timeout_gets_its_worker_replaced(jobs):
+    target = jobs[0].episode_id
+
+    def freeze_browser(ctx):
+        frozen = [p for p in ctx.pool.worker_processes(ctx.worker_id) if p.name() == "chromium"]
+        for process in frozen:
+            process.suspend()  # SIGSTOP: the next WebDriver command waits forever
+        return frozen
+
+    injector = Injector(target, 1, freeze_browser)
+    with EnvPool(MiniWoBConfig(), PoolConfig(workers=2, spares=1, step_timeout_s=2)) as pool:
+        result = pool.run(jobs, make_policy("noisy_expert"), before_step=injector)
+    assert injector.fired
+    assert_nothing_lost_or_duplicated(result, jobs)
+    aborted = [a for a in result.attempts if a.status == "aborted"]
+    assert len(aborted) == 1 and aborted[0].episode_id == target
+    assert aborted[0].reason.startswith("step timed out after 2 s") and 2000 <= aborted[0].duration_ms < 6000
+    assert gone(injector.fired[0][1])
+
+
+def test_a_worker_dying_between_episodes_is_caught_by_the_health_check(jobs):
+    with EnvPool(MiniWoBConfig(), PoolConfig(workers=1, spares=0)) as pool:  # no spare: it must be reused
+        first = pool.run(jobs[:2], make_policy("expert"))
+        idle = [w for w in pool.status() if w["episodes"] > 0]
+        for process in browsers_of(pool, idle[0]["worker_id"]):
+            process.kill()
+        second = pool.run(jobs[2:4], make_policy("expert"))
+    assert not first.lost and not second.lost
+    assert second.aborted_attempts == 0 and second.workers_replaced == 1
+    assert all(e.worker_id != idle[0]["worker_id"] for e in second.episodes)
+
+
+def test_an_episode_that_cannot_run_is_recorded_once_not_retried(jobs):
+    misfit = task_spec_from_mapping(
+        {"task_id": "click-button-sequence", "instruction": "Never (?P<x>.*)",
+         "milestones": [{"name": "m", "when": {"visible": {"text": "x"}}}]}
+    )
+    bad = EpisodeJob("rollout:misfit:t:0", misfit, 0, 5)
+    with EnvPool(MiniWoBConfig(), PoolConfig(workers=1, spares=0)) as pool:
+        result = pool.run([bad, *jobs[:2]], make_policy("random_walk"))
+    assert [job.episode_id for job, _ in result.lost] == [bad.episode_id]
+    assert "does not fit" in result.lost[0][1]
+    attempts = [a for a in result.attempts if a.episode_id == bad.episode_id]
+    assert len(attempts) == 1 and attempts[0].final and attempts[0].status == "aborted"
+    assert len(result.episodes) == 2 and result.workers_replaced == 0

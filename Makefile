@@ -28,6 +28,8 @@ ui: setup
 
 bench: setup
 	@$(VENV)/bin/python benchmarks/bench_import.py
+	@$(VENV)/bin/python benchmarks/bench_labels.py
+	@$(VENV)/bin/python benchmarks/bench_rollouts.py
 
 clean:
 	rm -rf $(STEPWISE_HOME)

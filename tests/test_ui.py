@@ -31,7 +31,8 @@ SCREENSHOT = ARTIFACTS / "dagster-asset-graph.png"
 ASSET = "human_demonstrations"
 GROUP = "ingest"
 # The "Lineage" page of Dagster 1.13: the global asset graph (SVG nodes plus a sidebar list).
-GRAPH_PATH = "/asset-groups"
+GRAPH_PATH = "/asset-groups"  # the global lineage: one collapsed node per group
+GROUP_PATH = "/locations/stepwise/asset-groups/{group}"  # one group's graph, assets expanded
 STARTUP_TIMEOUT_S = 90
 PAGE_TIMEOUT_S = 60
 
@@ -260,7 +261,13 @@ def test_asset_graph_shows_asset_in_browser(webserver, browser):
         return False
 
     ARTIFACTS.mkdir(exist_ok=True)
+    # The global lineage shows every stage as a group.
     browser.get(f"{webserver}{GRAPH_PATH}")
+    WebDriverWait(browser, PAGE_TIMEOUT_S, poll_frequency=0.25).until(
+        lambda d: all(g in d.find_element(By.TAG_NAME, "body").text for g in ("ingest", "labels", "rollouts"))
+    )
+    browser.save_screenshot(str(ARTIFACTS / "dagster-global-lineage.png"))
+    browser.get(f"{webserver}{GROUP_PATH.format(group=GROUP)}")
     try:
         node = WebDriverWait(
             browser, PAGE_TIMEOUT_S, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,)

@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 VENV := .venv
 PORT ?= 3000
 
-.PHONY: setup demo test test-fast ui bench clean
+.PHONY: setup demo test test-fast ui annotate bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -26,10 +26,14 @@ test-fast: setup
 ui: setup
 	@$(VENV)/bin/stepwise ui --port $(PORT)
 
+annotate: setup
+	@bash scripts/annotate.sh
+
 bench: setup
 	@$(VENV)/bin/python benchmarks/bench_import.py
 	@$(VENV)/bin/python benchmarks/bench_labels.py
 	@$(VENV)/bin/python benchmarks/bench_rollouts.py
+	@$(VENV)/bin/python benchmarks/bench_annotation.py
 
 clean:
 	rm -rf $(STEPWISE_HOME)

@@ -20,19 +20,19 @@ Register with ``ANNOTATION_ASSETS``, ``ANNOTATION_CHECKS``, ``ANNOTATION_SENSORS
 
 
 import base64
+import functools
 import io
-import json
 import mimetypes
 import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from dagster import (
     AssetCheckResult,
@@ -73,7 +73,6 @@ from annotation.labelstudio.interfaces import (
     progress_prediction,
 )
 from annotation.labelstudio.push import (
-    ProjectHandle,
     QueueItem,
     ensure_project,
     match_task_data,
@@ -93,11 +92,11 @@ from annotation.labelstudio.selection import (
     select_steps,
     step_item_key,
 )
-from annotation.labelstudio.server import LocalLabelStudio, labelstudio_dir
+from annotation.labelstudio.server import labelstudio_dir
 from annotation.labelstudio.sync import ProjectSyncer, SyncState, backoff_seconds, sync_lock
 from pipelines.resources import WarehouseResource
 from warehouse.catalog import LineageInput, Materialization, Warehouse
-from warehouse.model import screen_from_records
+from warehouse.model import Screen, UIElement
 from warehouse.schema import PROGRESS_LABELS
 from warehouse.storage import git_revision
 from warehouse.tables_annotation import (
@@ -112,9 +111,11 @@ GROUP = "annotation"
 SELECTION_VERSION = "active-selection-1"
 PUSH_VERSION = "labelstudio-push-1"
 REPORT_VERSION = "annotation-report-1"
-#: Assets whose tables the selection reads; extend with the progress-label and reward-model assets once they exist.
-CANDIDATE_UPSTREAM: list[str] = ["human_demonstrations"]
+#: Assets whose tables the selection reads (steps, episodes, progress_labels); add the reward-model predictions asset when it lands.
+CANDIDATE_UPSTREAM: list[str] = ["human_demonstrations", "progress_labels"]
 DOWNSTREAM_OF_LABELS = ["human_step_labels", "annotation_agreement", "label_source_comparison"]
+ANNOTATION_TABLES = ("annotation_candidates", "annotation_queue", "human_labels", "human_step_labels", "annotator_stats",
+                     "label_source_agreement")
 
 
 # -- resource -------------------------------------------------------------------------------------
@@ -366,7 +367,7 @@ def annotation_candidates(context: AssetExecutionContext, config: CandidateSelec
     wh = warehouse.get()
     candidates = load_step_candidates(wh, model=config.prediction_model, episode_source=config.episode_source)
     queued = _read_all(wh, "annotation_queue", ANNOTATION_QUEUE)
-    step_rows = queued.filter(pa.compute.is_in(queued.column("interface"), pa.array(list(STEP_INTERFACES)))).select(
+    step_rows = queued.filter(pc.is_in(queued.column("interface"), pa.array(list(STEP_INTERFACES)))).select(
         ["episode_id", "step_idx"]).to_pylist() if queued.num_rows else []
     exclude = {(r["episode_id"], int(r["step_idx"])) for r in step_rows if r["episode_id"] is not None}
     picked = select_steps(candidates, config.budget, exclude=exclude, spot_check_share=config.spot_check_share,
@@ -481,7 +482,8 @@ def annotation_queue(context: AssetExecutionContext, config: PushConfig, warehou
         project_urls = {}
         for name in config.interfaces:
             interface = INTERFACES[name]
-            handle = ensure_project(client, interface, label_studio.project_namespace, overlap_share=config.overlap_share)
+            handle = ensure_project(client, interface, label_studio.project_namespace, overlap_share=config.overlap_share,
+                                    local_files_root=label_studio.stepwise_home() if client.server_key == "local" else None)
             dataset = f"{client.server_key}-{interface.version_key}"
             previous, _, _ = _current_rows(wh, "annotation_queue", dataset)
             adopted = reconcile_queue(client, handle, previous)
@@ -491,7 +493,8 @@ def annotation_queue(context: AssetExecutionContext, config: PushConfig, warehou
             def progress(done: int, total: int, name: str = name) -> None:
                 context.log.info(f"{name}: imported {done}/{total} tasks")
 
-            outcome = push_items(client, handle, items, queued_keys, chunk_size=config.chunk_size, progress=progress)
+            outcome = push_items(client, handle, items, queued_keys, chunk_size=config.chunk_size, progress=progress,
+                                 expected=len({i.item_key for i in items} - queued_keys))
             new_rows = adopted + outcome.pushed_rows
             project_urls[name] = f"{client.url}/projects/{handle.project_id}"
             summary[name] = {"project_id": handle.project_id, "pushed": len(outcome.pushed_rows), "adopted": len(adopted),
@@ -524,8 +527,13 @@ def _login_hint(label_studio: LabelStudioResource) -> str:
 
 
 def _screenshot_url(path: str | None, home: Path, local_root: Path | None) -> str | None:
-    """A URL Label Studio can show: the local-files route of the project's own server for files under its
-    document root (``local_root``, i.e. STEPWISE_HOME), else a small data URI; relative paths are under ``home``."""
+    """A URL Label Studio can show for a screenshot (relative paths are under ``home``).
+
+    On the project's own server (``local_root`` = STEPWISE_HOME, which every project has as a
+    local-files storage) a file under it is served at ``/data/local-files/?d=<path relative to the
+    server's document root, the parent of STEPWISE_HOME>``; anywhere else it is inlined as a data
+    URI when small (<= 400 kB), else left out.
+    """
     if not path:
         return None
     file = Path(path)
@@ -534,46 +542,88 @@ def _screenshot_url(path: str | None, home: Path, local_root: Path | None) -> st
     if not file.is_file():
         return None
     if local_root is not None:
-        try:
-            return f"/data/local-files/?d={file.resolve().relative_to(local_root.resolve())}"
-        except ValueError:
-            pass
+        root = local_root.resolve()
+        if file.resolve().is_relative_to(root):
+            return f"/data/local-files/?d={file.resolve().relative_to(root.parent)}"
     if file.stat().st_size > 400_000:
         return None
     mime = mimetypes.guess_type(file.name)[0] or "image/png"
     return f"data:{mime};base64,{base64.b64encode(file.read_bytes()).decode()}"
 
 
+_ELEMENT_FIELDS = ("ref", "role", "text", "element_id", "classes", "description", "value", "bounds", "clickable",
+                   "editable", "checked", "focused", "parent_ref", "depth")
+
+
+def _bounds_column(bounds: pa.Array | None, n: int) -> list[tuple[float, float, float, float]]:
+    """Element bounds as 4-tuples, through numpy when every element has four (the usual case)."""
+    if bounds is None:
+        return [(0.0, 0.0, 0.0, 0.0)] * n
+    lengths = pc.fill_null(pc.list_value_length(bounds), 0).to_numpy()
+    if (lengths == 4).all():
+        values = pc.list_flatten(bounds).to_numpy(zero_copy_only=False).astype("float64").reshape(-1, 4)
+        return [tuple(row) for row in values.tolist()]
+    return [tuple(float(b) for b in box) if box and len(box) == 4 else (0.0, 0.0, 0.0, 0.0) for box in bounds.to_pylist()]
+
+
+def screens_from_arrow(screens: pa.ChunkedArray | pa.Array) -> list[Screen]:
+    """The ``steps.screen`` column as Screens, converting column-wise (much faster than row dicts)."""
+    if isinstance(screens, pa.ChunkedArray):
+        screens = screens.combine_chunks() if screens.num_chunks != 1 else screens.chunk(0)
+    offsets = screens.offsets.to_pylist()
+    flat = screens.values
+    names = set(flat.type.names) if flat.type.num_fields else set()
+    columns = {name: (flat.field(name).to_pylist() if name in names else [None] * len(flat))
+               for name in _ELEMENT_FIELDS if name != "bounds"}
+    columns["bounds"] = _bounds_column(flat.field("bounds") if "bounds" in names else None, len(flat))
+    elements = [
+        UIElement(ref=str(ref), role=role or "", text=text or "", element_id=element_id or "", classes=classes or "",
+                  description=description or "", value=value, bounds=bounds,
+                  clickable=bool(clickable), editable=bool(editable), checked=checked, focused=bool(focused),
+                  parent_ref=parent_ref, depth=int(depth or 0))
+        for ref, role, text, element_id, classes, description, value, bounds, clickable, editable, checked, focused, parent_ref, depth
+        in zip(*(columns[name] for name in _ELEMENT_FIELDS), strict=True)
+    ]
+    valid = screens.is_valid().to_pylist()
+    return [Screen(tuple(elements[offsets[i]:offsets[i + 1]]) if valid[i] else ()) for i in range(len(screens))]
+
+
 def _step_views(wh: Warehouse, keys: set[tuple[str, int]], home: Path, local_root: Path | None) -> dict[tuple[str, int], StepView]:
-    """StepViews (screen, action, history) for the given steps, reading whole episodes for their history."""
+    """StepViews (screen, action, history) for the given steps; histories from the episodes' action texts."""
     if not keys:
         return {}
     episodes = sorted({e for e, _ in keys})
-    table = _query(
-        wh,
-        "SELECT s.episode_id, s.step_idx, s.action_type, s.action_text, s.target_ref, s.input_text, s.scroll_direction, "
-        "s.screen, s.screenshot_path, e.task_id, e.instruction FROM steps s JOIN episodes e USING (episode_id) "
-        "WHERE s.episode_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY s.episode_id, s.step_idx",
-        [episodes],
-    )
+    actions = _query(wh, "SELECT episode_id, step_idx, action_text FROM steps WHERE episode_id IN (SELECT unnest(?::VARCHAR[])) "
+                         "ORDER BY episode_id, step_idx", [episodes])
+    history: dict[tuple[str, int], tuple[str, ...]] = {}
+    current, done = None, []
+    for episode_id, step_idx, action_text in zip(*(actions.column(c).to_pylist() for c in ("episode_id", "step_idx", "action_text")),
+                                                 strict=True) if actions is not None else ():
+        if episode_id != current:
+            current, done = episode_id, []
+        if (episode_id, int(step_idx)) in keys:
+            history[(episode_id, int(step_idx))] = tuple(done)
+        done.append(action_text)
+    wanted = pa.table({"episode_id": [k[0] for k in keys], "step_idx": pa.array([k[1] for k in keys], pa.int32())})
+    with wh.connect(read_only=True) as con:
+        con.register("wanted", wanted)
+        table = con.sql(
+            "SELECT s.episode_id, s.step_idx, s.action_type, s.action_text, s.target_ref, s.input_text, s.scroll_direction, "
+            "s.screen, s.screenshot_path, e.task_id, e.instruction FROM steps s JOIN episodes e USING (episode_id) "
+            "JOIN wanted w ON w.episode_id = s.episode_id AND w.step_idx = s.step_idx"
+        ).to_arrow_table()
+    screens = screens_from_arrow(table.column("screen"))
+    columns = {name: table.column(name).to_pylist() for name in table.column_names if name != "screen"}
     views: dict[tuple[str, int], StepView] = {}
-    if table is None:
-        return views
-    history: list[str] = []
-    current = None
-    for row in table.to_pylist():
-        if row["episode_id"] != current:
-            current, history = row["episode_id"], []
-        key = (row["episode_id"], int(row["step_idx"]))
-        if key in keys:
-            views[key] = StepView(
-                episode_id=row["episode_id"], step_idx=int(row["step_idx"]), task_id=row["task_id"],
-                instruction=row["instruction"] or "", screen=screen_from_records(row["screen"]),
-                action_type=row["action_type"], action_text=row["action_text"], target_ref=row["target_ref"],
-                input_text=row["input_text"], scroll_direction=row["scroll_direction"], history=tuple(history),
-                screenshot_url=_screenshot_url(row["screenshot_path"], home, local_root),
-            )
-        history.append(row["action_text"])
+    for i, screen in enumerate(screens):
+        key = (columns["episode_id"][i], int(columns["step_idx"][i]))
+        views[key] = StepView(
+            episode_id=key[0], step_idx=key[1], task_id=columns["task_id"][i], instruction=columns["instruction"][i] or "",
+            screen=screen, action_type=columns["action_type"][i], action_text=columns["action_text"][i],
+            target_ref=columns["target_ref"][i], input_text=columns["input_text"][i],
+            scroll_direction=columns["scroll_direction"][i], history=history.get(key, ()),
+            screenshot_url=_screenshot_url(columns["screenshot_path"][i], home, local_root),
+        )
     return views
 
 
@@ -598,13 +648,22 @@ def _build_items(wh: Warehouse, label_studio: LabelStudioResource, config: PushC
     step_interfaces = [i for i in config.interfaces if i in STEP_INTERFACES]
     if step_interfaces and candidates:
         views = _step_views(wh, {(c["episode_id"], int(c["step_idx"])) for c in candidates}, home, local)
-        for c in candidates:
-            view = views.get((c["episode_id"], int(c["step_idx"])))
-            if view is None:
-                continue
-            key = step_item_key(view.episode_id, view.step_idx)
-            for name in step_interfaces:
-                interface = INTERFACES[name]
+        rendered: dict[str, dict] = {}  # the HTML of a step, shared by the step interfaces
+
+        def render(view: StepView, interface: Interface, key: str, reason: str | None) -> dict:
+            if key not in rendered:
+                rendered[key] = step_task_data(view, interface=interface, item_key=key, extra={"reason": reason})
+            data = rendered.pop(key) if len(step_interfaces) == 1 else dict(rendered[key])
+            data["interface_version"] = interface.version_key
+            return data
+
+        for name in step_interfaces:
+            interface = INTERFACES[name]
+            for c in candidates:
+                view = views.get((c["episode_id"], int(c["step_idx"])))
+                if view is None:
+                    continue
+                key = step_item_key(view.episode_id, view.step_idx)
                 prediction = _step_prediction(name, c)
                 fields = {k: c.get(k) for k in ("success", "stratum", "reason", "uncertainty", "lcs_progress", "env_progress")}
                 fields["model_progress"] = c.get("model_progress")
@@ -612,7 +671,7 @@ def _build_items(wh: Warehouse, label_studio: LabelStudioResource, config: PushC
                     first = prediction["result"][0]["value"]
                     fields["prediction_label"] = (first.get("choices") or [None])[0]
                     fields["prediction_value"] = first.get("number") / 100 if first.get("number") is not None else None
-                data = step_task_data(view, interface=interface, item_key=key, extra={"reason": c.get("reason")})
+                data = functools.partial(render, view, interface, key, c.get("reason"))
                 items[name].append(QueueItem(name, key, data, prediction, fields))
     if {"milestone_review", "milestone_match"} & set(config.interfaces):
         _milestone_items(wh, config, items, home, local, client.server_key, log)
@@ -691,7 +750,7 @@ def _milestone_items(wh: Warehouse, config: PushConfig, items: dict[str, list[Qu
         references = {}
         for s in chosen:
             ok = sorted((e for e in by_task.get(s["task_id"], []) if e["success"]), key=lambda e: (e["n_steps"], e["episode_id"]))
-            references[s["milestone_set_id"]] = ok[0] if ok else None
+            references[s["milestone_set_id"]] = ok[len(ok) // 2] if ok else None  # a typical (median-length) success
         ref_views = _step_views(wh, {(e["episode_id"], 0) for e in references.values() if e}, home, local)
         ref_actions = _episode_actions(wh, [e["episode_id"] for e in references.values() if e])
         for s in chosen:
@@ -843,6 +902,7 @@ def build_label_studio_sensor(
     backoff_base_s: float = 30.0,
     backoff_max_s: float = 900.0,
     full_resync_every_s: float = 1800.0,
+    tick_budget_s: float = 35.0,
     on_stage: Callable[[str, dict], None] | None = None,
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
 ):
@@ -852,7 +912,9 @@ def build_label_studio_sensor(
     changed), report a ``human_labels`` materialization per changed project and request a run of
     the downstream assets. Label Studio unreachable or slow: the tick records the state (a
     pending export survives) and backs off ``backoff_base_s`` x 2^(failures-1), at most
-    ``backoff_max_s``. A refused key raises one clear :class:`LabelStudioAuthError`.
+    ``backoff_max_s``. A refused key raises one clear :class:`LabelStudioAuthError`. Projects left
+    when a tick has run ``tick_budget_s`` wait for the next tick (Dagster stops a sensor
+    evaluation after 60 s); a large export that outlives its request is picked up by title later.
     ``on_stage`` is called at each stage of a project sync (tests use it to stop the server mid-sync).
     """
 
@@ -880,7 +942,13 @@ def build_label_studio_sensor(
                 syncer = ProjectSyncer(client, wh, salt=label_studio.salt(), run_id=f"sensor:{name}",
                                        blocking=False, full_resync_every_s=full_resync_every_s, on_stage=on_stage,
                                        log=context.log.info)
-                for interface, project_id in managed_projects(client, label_studio.project_namespace):
+                tick_started = time.monotonic()
+                projects = sorted(managed_projects(client, label_studio.project_namespace),  # least recently checked first
+                                  key=lambda p: state.project(client.server_key, p[1]).last_checked_at or 0.0)
+                for interface, project_id in projects:
+                    if time.monotonic() - tick_started > tick_budget_s:
+                        context.log.info(f"tick budget used; {interface.name} waits for the next tick")
+                        break
                     results.append(syncer.sync(interface, project_id, state.project(client.server_key, project_id),
                                                queue_version=_queue_version(wh, client.server_key, interface)))
         except LabelStudioAuthError:
@@ -1149,8 +1217,9 @@ def annotation_queue_no_duplicates(warehouse: WarehouseResource) -> AssetCheckRe
     return AssetCheckResult(passed=duplicates == 0, metadata={"queued": len(rows), "duplicated_items": duplicates})
 
 
-@asset_check(asset="human_labels", description="no Label Studio key or password in any Parquet file or the lineage")
+@asset_check(asset="human_labels", description="no Label Studio key or password in the warehouse (Parquet, catalog, lineage, plots)")
 def annotation_tables_free_of_secrets(warehouse: WarehouseResource, label_studio: LabelStudioResource) -> AssetCheckResult:
+    from annotation.labelstudio.audit import file_text, files_containing
     from annotation.labelstudio.secrets import read_local_secrets
 
     wh = warehouse.get()
@@ -1158,12 +1227,9 @@ def annotation_tables_free_of_secrets(warehouse: WarehouseResource, label_studio
     local = read_local_secrets(label_studio.data_dir())
     if local is not None:
         secrets += [s for s in (local.api_key, local.password) if s]
-    found = []
-    for path in wh.data_dir.rglob("*.parquet"):
-        blob = path.read_bytes()
-        if any(s.encode() in blob for s in secrets):
-            found.append(str(path.relative_to(wh.home)))
-    if wh.db_path.exists() and any(s.encode() in wh.db_path.read_bytes() for s in secrets):
+    found = [f"data/{table}/{path}" for table in ANNOTATION_TABLES for path in files_containing(wh.data_dir / table, secrets)]
+    found += [f"plots/{path}" for path in files_containing(wh.home / "plots", secrets)]
+    if wh.db_path.exists() and any(s.encode() in file_text(wh.db_path) for s in secrets):
         found.append(wh.db_path.name)
     return AssetCheckResult(passed=not found, metadata={"secrets_checked": len(secrets), "files_with_a_secret": MetadataValue.json(found)})
 

@@ -4,22 +4,30 @@ from __future__ import annotations
 
 from dagster import AssetSelection, Definitions, define_asset_job
 
+from assets.annotation import ANNOTATION_ASSETS, ANNOTATION_CHECKS, ANNOTATION_RESOURCES, ANNOTATION_SENSORS
 from assets.ingest import INGEST_CHECKS, human_demonstrations
 from assets.labels import LABEL_ASSETS, LABEL_CHECKS
 from assets.rollouts import ROLLOUT_ASSETS, ROLLOUT_CHECKS, ROLLOUT_JOBS, ROLLOUT_RESOURCES
 from pipelines.resources import WarehouseResource
 
-# Everything unpartitioned, on embedded defaults: what `make demo` runs after a batch of rollouts
-# (rollouts are partitioned by task family x batch and run by their own jobs).
+# Everything unpartitioned and offline, on embedded defaults: what `make demo` runs after a batch
+# of rollouts. Rollouts are partitioned (task family x batch) and run by their own jobs; the
+# annotation stage talks to people through Label Studio and runs by its own job and sensor.
 main_job = define_asset_job(
     "stepwise_main",
-    selection=AssetSelection.all() - AssetSelection.groups("rollouts"),
-    description="The whole unpartitioned asset graph on embedded defaults.",
+    selection=AssetSelection.all() - AssetSelection.groups("rollouts") - AssetSelection.groups("annotation"),
+    description="The whole unpartitioned asset graph on embedded defaults (no Label Studio).",
+)
+annotation_job = define_asset_job(
+    "annotation_push",
+    selection=AssetSelection.assets("annotation_candidates", "annotation_queue"),
+    description="Pick the least certain steps under a budget and push them to Label Studio.",
 )
 
 defs = Definitions(
-    assets=[human_demonstrations, *ROLLOUT_ASSETS, *LABEL_ASSETS],
-    asset_checks=[*INGEST_CHECKS, *ROLLOUT_CHECKS, *LABEL_CHECKS],
-    jobs=[main_job, *ROLLOUT_JOBS],
-    resources={"warehouse": WarehouseResource(), **ROLLOUT_RESOURCES},
+    assets=[human_demonstrations, *ROLLOUT_ASSETS, *LABEL_ASSETS, *ANNOTATION_ASSETS],
+    asset_checks=[*INGEST_CHECKS, *ROLLOUT_CHECKS, *LABEL_CHECKS, *ANNOTATION_CHECKS],
+    jobs=[main_job, annotation_job, *ROLLOUT_JOBS],
+    sensors=ANNOTATION_SENSORS,
+    resources={"warehouse": WarehouseResource(), **ROLLOUT_RESOURCES, **ANNOTATION_RESOURCES},
 )

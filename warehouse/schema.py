@@ -212,3 +212,15 @@ def same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
     if pa.types.is_timestamp(actual) and pa.types.is_timestamp(expected):
         return actual.unit == expected.unit and (actual.tz is None) == (expected.tz is None)
     return actual.equals(expected)
+
+
+def _register_stage_tables() -> None:
+    """Tables defined next to the stages that write them join the registry (views exist, typed,
+    before the first write)."""
+    from warehouse.tables_annotation import ANNOTATION_TABLE_SCHEMAS
+
+    for name, schema in ANNOTATION_TABLE_SCHEMAS.items():
+        TABLE_SCHEMAS.setdefault(name, schema)
+
+
+_register_stage_tables()

@@ -205,7 +205,7 @@ def step_training_labels(rows: Iterable[dict], label_version: str) -> list[dict]
         else:
             correctness = None
         progress = entry["progress"]
-        if correctness is None and not progress and not entry["unsure"]:
+        if not n_votes and not progress and not entry["unsure"]:
             continue
         out.append({
             "episode_id": episode_id,

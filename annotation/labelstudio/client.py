@@ -19,6 +19,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -37,6 +38,10 @@ class LabelStudioError(RuntimeError):
 
 class LabelStudioUnavailable(LabelStudioError):
     """Label Studio could not be reached or is not ready (down, restarting, overloaded): try again later."""
+
+
+class LabelStudioTimeout(LabelStudioUnavailable):
+    """Label Studio did not answer in time (it may still finish the work, e.g. a large export)."""
 
 
 class LabelStudioAuthError(LabelStudioError):
@@ -119,6 +124,8 @@ class LabelStudioClient:
             if status is not None and (status >= 500 or status in (408, 429)):
                 raise LabelStudioUnavailable(f"Label Studio at {self.url} is not ready ({what}: HTTP {status})") from None
             raise LabelStudioError(f"Label Studio at {self.url} refused {what} (HTTP {status}): {scrub(_short(exc.body))}") from None
+        except httpx.TimeoutException:
+            raise LabelStudioTimeout(f"Label Studio at {self.url} did not answer {what} in time") from None
         except (httpx.TransportError, ConnectionError) as exc:
             raise LabelStudioUnavailable(f"Label Studio at {self.url} is unreachable ({what}: {type(exc).__name__})") from None
         except json.JSONDecodeError:
@@ -128,7 +135,7 @@ class LabelStudioClient:
         """A request through the SDK's authenticated HTTP client, for endpoints the SDK does not type."""
 
         def send() -> httpx.Response:
-            options = {"max_retries": 0, "timeout_in_seconds": int(timeout_s or self.timeout_s)}
+            options = {"max_retries": 0, "timeout_in_seconds": timeout_s or self.timeout_s}
             return self.sdk._client_wrapper.httpx_client.request(
                 path, method=method, params=params, json=json_body, request_options=options
             )
@@ -197,6 +204,19 @@ class LabelStudioClient:
             ground_truth=int(project.get("ground_truth_number") or 0),
             latest_task_update=tasks[0].get("updated_at") if tasks else None,
         )
+
+    def ensure_local_files_storage(self, project_id: int, root: Path | str) -> int:
+        """A local-files storage of the project on ``root`` (created once; never synced: it only grants
+        the project's annotators access to files under ``root`` at ``/data/local-files/?d=<relative path>``)."""
+        root = str(Path(root).resolve())
+        found = self._raw("GET", "api/storages/localfiles/", params={"project": project_id}, what="list local storages")
+        for storage in found or []:
+            if storage.get("path") == root:
+                return int(storage["id"])
+        created = self._raw("POST", "api/storages/localfiles/", what="create a local storage", json_body={
+            "project": project_id, "path": root, "title": "Stepwise screenshots", "use_blob_urls": True,
+            "regex_filter": r"\.(png|jpg|jpeg|webp)$"})
+        return int(created["id"])
 
     def task_url(self, project_id: int, task_id: int) -> str:
         """The labeling page of one task."""

@@ -8,15 +8,19 @@ the queue's, and on a mismatch the tasks past the highest known task id are read
 *adopted* (recorded with ``adopted = true``), so they are not imported a second time.
 
 Speed. Tasks go in one bulk import request per chunk (1,000 by default) with their
-pre-annotations attached as predictions; 10,000 MiniWoB++ steps import in seconds.
+pre-annotations attached as predictions. Rendering is pipelined with importing: while Label
+Studio stores chunk k (a request in a background thread), chunk k + 1 is rendered; an item's
+HTML is only rendered if the item is not queued yet.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from annotation.labelstudio.client import LabelStudioClient, LabelStudioError
@@ -35,13 +39,20 @@ DEFAULT_CHUNK_SIZE = 1000
 
 @dataclass(frozen=True)
 class QueueItem:
-    """One thing to show people: the task data Label Studio stores, an optional pre-annotation, and queue columns."""
+    """One thing to show people: the task data Label Studio stores, an optional pre-annotation, and queue columns.
+
+    ``data`` may be a zero-argument function returning the data, so that rendering happens only
+    for items that are actually pushed.
+    """
 
     interface: str
     item_key: str
-    data: dict[str, Any]
+    data: dict[str, Any] | Callable[[], dict[str, Any]]
     prediction: dict[str, Any] | None = None  # {"model_version", "score", "result"}
     fields: dict[str, Any] = field(default_factory=dict)  # annotation_queue columns (episode_id, reason, ...)
+
+    def task_data(self) -> dict[str, Any]:
+        return self.data() if callable(self.data) else self.data
 
 
 @dataclass(frozen=True)
@@ -116,12 +127,23 @@ def match_task_data(view: StepView, *, milestone_set_id: str, milestone_idx: int
 
 
 def ensure_project(client: LabelStudioClient, interface: Interface, namespace: str, *,
-                   overlap_share: float = 0.1, annotators_per_overlap_task: int = 2) -> ProjectHandle:
+                   overlap_share: float = 0.1, annotators_per_overlap_task: int = 2,
+                   local_files_root: Path | None = None) -> ProjectHandle:
     """The project of this interface version (found by title), created if missing, its config kept current.
 
     ``overlap_share`` of the tasks are shown to ``annotators_per_overlap_task`` people (Label
-    Studio's overlap cohort), so agreement (Cohen's kappa) can be measured.
+    Studio's overlap cohort), so agreement (Cohen's kappa) can be measured. With
+    ``local_files_root`` (the project's own server) the project gets a local-files storage on that
+    folder, which is what lets Label Studio serve screenshots under it to the project's annotators.
     """
+    handle = _ensure_project(client, interface, namespace, overlap_share, annotators_per_overlap_task)
+    if local_files_root is not None:
+        client.ensure_local_files_storage(handle.project_id, local_files_root)
+    return handle
+
+
+def _ensure_project(client: LabelStudioClient, interface: Interface, namespace: str, overlap_share: float,
+                    annotators_per_overlap_task: int) -> ProjectHandle:
     title = interface.project_title(namespace)
     maximum = annotators_per_overlap_task if overlap_share > 0 else 1
     percentage = int(round(max(0.0, min(1.0, overlap_share)) * 100)) if overlap_share > 0 else 100
@@ -166,39 +188,62 @@ def reconcile_queue(client: LabelStudioClient, handle: ProjectHandle, queued_row
         key = data.get("item_key")
         if not key or int(task["id"]) in known_ids:
             continue  # a task someone imported by hand: not ours to queue
-        adopted.append(_queue_row(client, handle, key, int(task["id"]), data, {}, None, stamp, adopted=True))
+        fields: dict[str, Any] = {}
+        if key.startswith("step:") and data.get("episode_id") is None:
+            episode_id, _, step = key[len("step:"):].rpartition(":")
+            if step.isdigit():
+                fields = {"episode_id": episode_id, "step_idx": int(step)}
+        adopted.append(_queue_row(client, handle, key, int(task["id"]), data, fields, None, stamp, adopted=True))
     return adopted
 
 
-def push_items(client: LabelStudioClient, handle: ProjectHandle, items: Sequence[QueueItem], already_queued: set[str],
-               *, chunk_size: int = DEFAULT_CHUNK_SIZE, progress: Callable[[int, int], None] | None = None) -> PushOutcome:
-    """Import the items not yet queued, in bulk chunks; return the new queue rows."""
+def push_items(client: LabelStudioClient, handle: ProjectHandle, items: Iterable[QueueItem], already_queued: set[str],
+               *, chunk_size: int = DEFAULT_CHUNK_SIZE, progress: Callable[[int, int], None] | None = None,
+               expected: int | None = None) -> PushOutcome:
+    """Import the items not yet queued, in bulk chunks (rendering the next chunk while one imports); the new queue rows.
+
+    Every chunk is recorded only once Label Studio has answered for it, so the rows returned are
+    exactly the tasks that exist; an error stops at the failing chunk (earlier chunks were
+    imported and will be adopted by the next push's reconciliation).
+    """
     started = time.perf_counter()
     outcome = PushOutcome(handle.interface.name, handle.project_id)
-    fresh: list[QueueItem] = []
     seen: set[str] = set(already_queued)
-    for item in items:
-        if item.item_key in seen:
-            outcome.already_queued += 1
-            continue
-        seen.add(item.item_key)
-        fresh.append(item)
     done = 0
-    for start in range(0, len(fresh), max(1, chunk_size)):
-        chunk = fresh[start : start + chunk_size]
-        payload = [
-            {"data": item.data, **({"predictions": [item.prediction]} if item.prediction else {})}
-            for item in chunk
-        ]
-        task_ids = client.import_tasks(handle.project_id, payload)
+
+    def send(chunk: list[tuple[QueueItem, dict]]) -> list[int]:
+        payload = [{"data": data, **({"predictions": [item.prediction]} if item.prediction else {})} for item, data in chunk]
+        return client.import_tasks(handle.project_id, payload)
+
+    def record(chunk: list[tuple[QueueItem, dict]], task_ids: list[int]) -> None:
+        nonlocal done
         stamp = datetime.now(UTC)
-        for item, task_id in zip(chunk, task_ids, strict=True):
+        for (item, data), task_id in zip(chunk, task_ids, strict=True):
             outcome.pushed_rows.append(
-                _queue_row(client, handle, item.item_key, task_id, item.data, item.fields, item.prediction, stamp, adopted=False)
+                _queue_row(client, handle, item.item_key, task_id, data, item.fields, item.prediction, stamp, adopted=False)
             )
         done += len(chunk)
         if progress:
-            progress(done, len(fresh))
+            progress(done, expected if expected is not None else done)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="labelstudio-import") as pool:
+        in_flight: tuple[list, Future] | None = None
+        chunk: list[tuple[QueueItem, dict]] = []
+        for item in items:
+            if item.item_key in seen:
+                outcome.already_queued += 1
+                continue
+            seen.add(item.item_key)
+            chunk.append((item, item.task_data()))
+            if len(chunk) >= max(1, chunk_size):
+                if in_flight is not None:
+                    record(in_flight[0], in_flight[1].result())
+                in_flight = (chunk, pool.submit(send, chunk))
+                chunk = []
+        if in_flight is not None:
+            record(in_flight[0], in_flight[1].result())
+        if chunk:
+            record(chunk, send(chunk))
     outcome.seconds = time.perf_counter() - started
     return outcome
 

@@ -104,7 +104,7 @@ def screen_boxes_svg(screen: Screen, target_ref: str | None = None) -> str:
         return ""
     left, top, right, bottom = viewport
     width, height = right - left, bottom - top
-    font = max(5.0, min(width, height) / 22)
+    font = max(5.0, min(width, height) / 26)
     shapes: list[str] = []
     target_shape = ""
     for element in sorted(screen.elements, key=lambda e: e.depth):

@@ -15,16 +15,22 @@ project runs Label Studio from PyPI itself:
   ends exactly that process (by the pid it recorded).
 
 Label Studio silently moves to the next port when the one asked for is busy: the port it really
-took is read from its log. The first start runs migrations (~35 s, more on a busy machine);
-later starts take ~5-10 s.
+took is read from its log. The first start of a data folder would run ~400 Django migrations
+(~35 s, over a minute on a busy machine); instead a migrated, empty database (schema only: no
+user, no secret) is built once per Label Studio version in a cache folder
+(``$STEPWISE_LS_SCHEMA_CACHE``, default ``~/.cache/stepwise``) and copied into each new data
+folder, so a fresh home starts in ~10-15 s. Set ``STEPWISE_LS_SCHEMA_CACHE=off`` to disable it.
 
-Run ``python -m annotation.labelstudio.server {start,stop,status,url}``.
+Run ``python -m annotation.labelstudio {start,stop,status,url}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
+import importlib.metadata
+import shutil
+import tempfile
 import json
 import os
 import re
@@ -56,6 +62,7 @@ STATE_FILE = "stepwise-server.json"
 LOG_FILE = "stepwise-server.log"
 LOCK_FILE = ".stepwise-server.lock"
 FIRST_START_TIMEOUT_S = 420.0
+SCHEMA_CACHE_ENV = "STEPWISE_LS_SCHEMA_CACHE"
 _STARTED_AT_LINE = re.compile(r"Starting development server at http://[^:/]+:(\d+)/")
 _children: dict[int, subprocess.Popen] = {}  # processes this Python process started, to reap them
 
@@ -101,7 +108,7 @@ def free_port(preferred: int | None = None) -> int:
 
 
 def server_environment(data_dir: Path, document_root: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for a quiet, local, private Label Studio process."""
+    """Environment for a quiet, local, private Label Studio process (``document_root``: the parent of STEPWISE_HOME)."""
     env = dict(os.environ if base is None else base)
     for name in ("LABEL_STUDIO_URL", "LABEL_STUDIO_API_KEY", "LABEL_STUDIO_USER_TOKEN"):
         env.pop(name, None)
@@ -113,13 +120,67 @@ def server_environment(data_dir: Path, document_root: Path, base: dict[str, str]
             "COLLECT_ANALYTICS": "false",
             "LATEST_VERSION_CHECK": "false",
             "LABEL_STUDIO_DISABLE_SIGNUP_WITHOUT_LINK": "true",
-            # screenshots under $STEPWISE_HOME are served at /data/local-files/?d=<relative path>
+            # files under a project's local-files storage (the push gives each project one on
+            # $STEPWISE_HOME, which must lie strictly inside this root) are served at
+            # /data/local-files/?d=<path relative to this root>
             "LOCAL_FILES_SERVING_ENABLED": "true",
             "LOCAL_FILES_DOCUMENT_ROOT": str(document_root),
             "PYTHONUNBUFFERED": "1",
         }
     )
     return env
+
+
+def schema_cache_dir() -> Path | None:
+    """Where migrated empty databases are cached (None when disabled)."""
+    configured = os.environ.get(SCHEMA_CACHE_ENV, "")
+    if configured.lower() in ("off", "0", "false", "no"):
+        return None
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stepwise"
+
+
+def migrated_schema(progress: Callable[[str], None] | None = None, timeout_s: float = FIRST_START_TIMEOUT_S) -> Path | None:
+    """A Label Studio SQLite database with every migration applied and no rows of users or secrets.
+
+    Built once per Label Studio version with ``label-studio version`` (which migrates and exits)
+    in a scratch folder; only the database file is kept (the scratch folder's generated secret
+    key is thrown away). None when the cache is disabled or the build fails (then Label Studio
+    migrates the new folder itself, as usual).
+    """
+    root = schema_cache_dir()
+    if root is None:
+        return None
+    version = importlib.metadata.version("label-studio")
+    target = root / f"labelstudio-{version}-schema.sqlite3"
+    if target.exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".labelstudio-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():
+            return target
+        if progress:
+            progress(f"migrating an empty Label Studio {version} database once (cached in {root})")
+        scratch = Path(tempfile.mkdtemp(prefix="stepwise-ls-schema-", dir=root))
+        try:
+            env = server_environment(scratch, scratch)
+            for name in ("LABEL_STUDIO_USERNAME", "LABEL_STUDIO_PASSWORD"):
+                env.pop(name, None)
+            result = subprocess.run([label_studio_executable(), "version", "--data-dir", str(scratch)], env=env, cwd=scratch,
+                                    stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s)
+            built = scratch / "label_studio.sqlite3"
+            if result.returncode != 0 or not built.exists():
+                return None
+            tmp = target.with_suffix(".tmp")
+            shutil.copyfile(built, tmp)
+            os.replace(tmp, target)
+            return target
+        except (OSError, subprocess.SubprocessError):
+            return None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 class LocalLabelStudio:
@@ -202,9 +263,12 @@ class LocalLabelStudio:
         if local is None:
             local = LocalSecrets(username=ADMIN_EMAIL, password=_random.token_urlsafe(18))
             write_local_secrets(self.data_dir, local)
+        schema = migrated_schema(say) if first_start else None
+        if schema is not None:
+            shutil.copyfile(schema, self.data_dir / "label_studio.sqlite3")
         previous = self._read_state() or {}
         port = free_port(previous.get("port") or self.preferred_port)
-        env = server_environment(self.data_dir, self.home)
+        env = server_environment(self.data_dir, self.home.parent)
         env["LABEL_STUDIO_USERNAME"] = local.username  # creates the admin on first start (ignored after)
         env["LABEL_STUDIO_PASSWORD"] = local.password
         command = [
@@ -214,7 +278,8 @@ class LocalLabelStudio:
         log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         say(
             f"starting Label Studio on 127.0.0.1:{port} (data {self.data_dir}; "
-            + ("first start runs migrations, about a minute)" if first_start else "a few seconds)")
+            + ("first start runs the database migrations, a minute or more)" if first_start and schema is None
+               else "a few seconds)")
         )
         with open(self.log_path, "ab") as log:
             process = subprocess.Popen(
@@ -412,10 +477,10 @@ def _create_personal_access_token(url: str, email: str, password: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m annotation.labelstudio.server start|stop|status|url`` for the project's own server."""
+    """``python -m annotation.labelstudio start|stop|status|url`` for the project's own server."""
     from warehouse.storage import stepwise_home
 
-    parser = argparse.ArgumentParser(prog="python -m annotation.labelstudio.server", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m annotation.labelstudio", description=main.__doc__)
     parser.add_argument("command", choices=["start", "stop", "status", "url"])
     parser.add_argument("--home", default=None, help="STEPWISE_HOME (default: $STEPWISE_HOME or ./.stepwise)")
     parser.add_argument("--port", type=int, default=None, help=f"preferred port (default ${PORT_ENV} or {DEFAULT_PORT})")

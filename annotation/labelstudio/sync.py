@@ -41,7 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from annotation.labelstudio.client import LabelStudioClient, LabelStudioUnavailable
+from annotation.labelstudio.client import LabelStudioClient, LabelStudioError, LabelStudioTimeout, LabelStudioUnavailable
 from annotation.labelstudio.interfaces import Interface, parse_result
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.tables_annotation import HUMAN_LABELS
@@ -216,6 +216,7 @@ class ProjectSyncState:
     pending_fingerprint: str | None = None
     export_requested_at: float | None = None
     last_full_sync_at: float | None = None
+    last_checked_at: float | None = None  # the last attempt, applied or not: projects checked longest ago go first
 
     def clear_pending(self) -> None:
         self.pending_export_title = self.pending_export_id = self.pending_fingerprint = None
@@ -245,7 +246,8 @@ class SyncState:
             raw = json.loads(text)
         except ValueError:
             return cls()
-        projects = {k: ProjectSyncState(**v) for k, v in (raw.get("projects") or {}).items()}
+        known = set(ProjectSyncState.__dataclass_fields__)
+        projects = {k: ProjectSyncState(**{f: x for f, x in v.items() if f in known}) for k, v in (raw.get("projects") or {}).items()}
         return cls(projects=projects, consecutive_failures=int(raw.get("consecutive_failures") or 0),
                    retry_after=raw.get("retry_after"), last_error=raw.get("last_error"))
 
@@ -373,6 +375,7 @@ class ProjectSyncer:
         server_key = self.client.server_key
         dataset = human_labels_dataset(server_key, project_id)
         result = ProjectSyncResult(interface.name, project_id, "unchanged")
+        state.last_checked_at = now
 
         counts = self.client.project_counts(project_id)
         fingerprint = counts.fingerprint()
@@ -393,7 +396,16 @@ class ProjectSyncer:
                 state.clear_pending()
                 export = None
         if export is None and state.pending_export_title is None:
-            export = self._request_export(project_id, state, fingerprint, now)
+            try:
+                export = self._request_export(project_id, state, fingerprint, now)
+            except LabelStudioTimeout:
+                if self.blocking:
+                    raise
+                # a large export outlived the request; Label Studio goes on building it: find it by title next time
+                self.log(f"export of project {project_id} is still being built; resuming it on the next attempt")
+                result.status = "waiting_for_export"
+                result.seconds = time.perf_counter() - started
+                return result
         if export is None:
             result.status = "waiting_for_export"
             result.seconds = time.perf_counter() - started
@@ -411,13 +423,21 @@ class ProjectSyncer:
         result.export_id = export.export_id
         self.on_stage("export_ready", {"project_id": project_id, "export_id": export.export_id})
 
-        tasks = self.client.download_export(project_id, export.export_id)
+        try:
+            tasks = self.client.download_export(project_id, export.export_id)
+        except LabelStudioUnavailable:
+            raise  # transient: keep the export to resume
+        except LabelStudioError:
+            state.clear_pending()  # the snapshot is gone or unreadable: ask for a new one next time
+            raise
         self.on_stage("downloaded", {"project_id": project_id, "export_id": export.export_id, "tasks": len(tasks)})
         rows = annotation_rows(tasks, interface=interface, project_id=project_id, server_key=server_key,
                                salt=self.salt, task_url=self.client.task_url)
         previous, previous_materialization = self._previous_rows(dataset)
         active_before = sum(1 for r in previous if r.get("status") == "active")
         if not rows and active_before and (counts.total_annotations + counts.skipped_annotations) > 0:
+            self.client.delete_export(project_id, export.export_id)
+            state.clear_pending()
             raise LabelStudioUnavailable(
                 f"export {export.export_id} of project {project_id} is empty while the project has annotations; retrying later"
             )

@@ -6,7 +6,6 @@ what the ``stepwise label`` / ``stepwise label-report`` commands call; the Dagst
 are thin wrappers around them.
 """
 
-import json
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -19,7 +18,6 @@ from dagster import (
     AssetCheckResult,
     AssetCheckSpec,
     AssetExecutionContext,
-    AssetKey,
     AssetSpec,
     Config,
     MaterializeResult,
@@ -38,7 +36,7 @@ from pipelines.resources import WarehouseResource
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.schema import LABEL_NOTES, LABEL_QUALITY, PROGRESS_LABELS, PROGRESS_SPLIT, RECIPES
 from warehouse.storage import REPO_ROOT, git_revision
-from warehouse.trajectories import Trajectory, load_trajectories, trajectories_to_tables
+from warehouse.trajectories import load_trajectories, trajectories_to_tables
 
 DEFAULT_SPECS_DIR = REPO_ROOT / "envs" / "task_specs"
 LABELS_CODE_VERSION = "labels-1"

@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from envs.tasks import TaskSpec, TaskSpecError, evaluate
 from warehouse.model import Action, ActionType, Screen, UIElement
-from warehouse.schema import EPISODES, STEPS, element_records
+from warehouse.schema import EPISODES, STEPS, append_step
 
 if TYPE_CHECKING:  # policies import this module; the reverse import is for type names only
     from envs.policies import Policy
@@ -374,28 +374,18 @@ def episode_tables(records: Sequence[EpisodeRecord], *, run_id: str | None = Non
         for name in episodes:  # columns added to the schema later stay null here
             episodes[name].append(row.get(name))
         for step in record.steps:
-            action, target = step.action, step.action.target
-            steps["episode_id"].append(record.episode_id)
-            steps["step_idx"].append(step.step_idx)
-            steps["action_type"].append(action.type.value)
-            steps["action_text"].append(action.canonical_text())
-            steps["target_ref"].append(target.ref if target else None)
-            steps["target_role"].append(target.role if target else None)
-            steps["target_text"].append(target.text if target else None)
-            steps["target_element_id"].append(target.element_id if target else None)
-            steps["target_bounds"].append(list(target.bounds) if target else None)
-            steps["input_text"].append(action.text if action.type is ActionType.INPUT else None)
-            steps["scroll_direction"].append(action.direction)
-            steps["screen"].append(element_records(step.screen))
-            steps["n_elements"].append(len(step.screen.elements))
-            steps["screenshot_path"].append(step.screen.screenshot_path)
-            steps["env_reward"].append(step.env_reward)
-            steps["milestones_hit"].append(list(step.milestones_hit))
-            steps["done"].append(step.done)
-            steps["time_ms"].append(step.time_ms)
-            steps["raw_event_first"].append(None)
-            steps["raw_event_last"].append(None)
-            steps["problem"].append(step.problem)
+            append_step(
+                steps,
+                record.episode_id,
+                step.step_idx,
+                step.action,
+                step.screen,
+                env_reward=step.env_reward,
+                milestones_hit=list(step.milestones_hit),
+                done=step.done,
+                time_ms=step.time_ms,
+                problem=step.problem,
+            )
         width = max((len(v) for v in steps.values()), default=0)
         for column in steps.values():  # columns added to the schema later stay null here
             column.extend([None] * (width - len(column)))

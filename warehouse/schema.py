@@ -207,6 +207,51 @@ def element_records(screen) -> list[dict]:
     ]
 
 
+def append_step(
+    columns: dict[str, list],
+    episode_id: str,
+    step_idx: int,
+    action,
+    screen,
+    *,
+    env_reward: float | None = None,
+    milestones_hit: list[str] | None = None,
+    done: bool | None = None,
+    time_ms: int | None = None,
+    raw_event_first: int | None = None,
+    raw_event_last: int | None = None,
+    problem: str | None = None,
+) -> None:
+    """Append one step (its action and the screen before it) to column lists keyed by STEPS' names:
+    the one place where a typed action becomes the ``steps`` table's target_* / input / scroll columns."""
+    target = action.target
+    row = {
+        "episode_id": episode_id,
+        "step_idx": step_idx,
+        "action_type": action.type.value,
+        "action_text": action.canonical_text(),
+        "target_ref": target.ref if target else None,
+        "target_role": target.role if target else None,
+        "target_text": target.text if target else None,
+        "target_element_id": target.element_id if target else None,
+        "target_bounds": list(target.bounds) if target else None,
+        "input_text": action.text if action.type.value == "INPUT" else None,
+        "scroll_direction": action.direction,
+        "screen": element_records(screen),
+        "n_elements": len(screen.elements),
+        "screenshot_path": screen.screenshot_path,
+        "env_reward": env_reward,
+        "milestones_hit": milestones_hit,
+        "done": done,
+        "time_ms": time_ms,
+        "raw_event_first": raw_event_first,
+        "raw_event_last": raw_event_last,
+        "problem": problem,
+    }
+    for name in STEPS.names:
+        columns[name].append(row[name])
+
+
 def same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
     """Type equality as SQL users see it: time zones compare by presence (DuckDB says Etc/UTC for UTC)."""
     if pa.types.is_timestamp(actual) and pa.types.is_timestamp(expected):

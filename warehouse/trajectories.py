@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 
 from warehouse.catalog import Warehouse
-from warehouse.model import Action, ActionType, Screen, UIElement, screen_from_records
-from warehouse.schema import EPISODES, STEPS, element_records
+from warehouse.model import Action, ActionType, Screen, UIElement
+from warehouse.schema import EPISODES, STEPS, append_step
 
 
 @dataclass(frozen=True)
@@ -182,26 +182,13 @@ def trajectories_to_tables(
             }
         )
         for idx, (action, screen) in enumerate(zip(t.actions, t.screens)):
-            target = action.target
-            steps["episode_id"].append(t.episode_id)
-            steps["step_idx"].append(idx)
-            steps["action_type"].append(action.type.value)
-            steps["action_text"].append(action.canonical_text())
-            steps["target_ref"].append(target.ref if target else None)
-            steps["target_role"].append(target.role if target else None)
-            steps["target_text"].append(target.text if target else None)
-            steps["target_element_id"].append(target.element_id if target else None)
-            steps["target_bounds"].append(list(target.bounds) if target else None)
-            steps["input_text"].append(action.text if action.type is ActionType.INPUT else None)
-            steps["scroll_direction"].append(action.direction)
-            steps["screen"].append(element_records(screen))
-            steps["n_elements"].append(len(screen.elements))
-            steps["screenshot_path"].append(screen.screenshot_path)
-            steps["env_reward"].append(None)
-            steps["milestones_hit"].append(list(t.milestones_hit[idx]) if t.milestones_hit else None)
-            steps["done"].append(idx == t.n_steps - 1)
-            steps["time_ms"].append(None)
-            steps["raw_event_first"].append(None)
-            steps["raw_event_last"].append(None)
-            steps["problem"].append(None)
+            append_step(
+                steps,
+                t.episode_id,
+                idx,
+                action,
+                screen,
+                milestones_hit=list(t.milestones_hit[idx]) if t.milestones_hit else None,
+                done=idx == t.n_steps - 1,
+            )
     return pa.Table.from_pylist(episodes, schema=EPISODES), pa.Table.from_pydict(steps, schema=STEPS)

@@ -31,8 +31,7 @@ import pyarrow.compute as pc
 
 from envs.miniwob.demos import RecordingError, parse_recording_json, read_recording_bytes, recording_to_episode
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
-from warehouse.model import ActionType
-from warehouse.schema import EPISODES, QUARANTINE, SOURCE_FILES, STEPS, element_records
+from warehouse.schema import EPISODES, QUARANTINE, SOURCE_FILES, STEPS, append_step
 from warehouse.storage import git_revision
 
 IMPORTER_VERSION = "demos-3"
@@ -159,28 +158,18 @@ def _convert_chunk(root_str: str, rel_paths: list[str], created_at: datetime, ru
         for name, value in row.items():
             episodes[name].append(value)
         for idx, step in enumerate(episode.steps):
-            action, target = step.action, step.action.target
-            steps["episode_id"].append(episode_id)
-            steps["step_idx"].append(idx)
-            steps["action_type"].append(action.type.value)
-            steps["action_text"].append(action.canonical_text())
-            steps["target_ref"].append(target.ref if target else None)
-            steps["target_role"].append(target.role if target else None)
-            steps["target_text"].append(target.text if target else None)
-            steps["target_element_id"].append(target.element_id if target else None)
-            steps["target_bounds"].append(list(target.bounds) if target else None)
-            steps["input_text"].append(action.text if action.type is ActionType.INPUT else None)
-            steps["scroll_direction"].append(action.direction)
-            steps["screen"].append(element_records(step.screen))
-            steps["n_elements"].append(len(step.screen.elements))
-            steps["screenshot_path"].append(step.screen.screenshot_path)
-            steps["env_reward"].append(None)
-            steps["milestones_hit"].append(None)
-            steps["done"].append(idx == len(episode.steps) - 1)
-            steps["time_ms"].append(step.time_ms)
-            steps["raw_event_first"].append(step.raw_event_first)
-            steps["raw_event_last"].append(step.raw_event_last)
-            steps["problem"].append(step.problem)
+            append_step(
+                steps,
+                episode_id,
+                idx,
+                step.action,
+                step.screen,
+                done=idx == len(episode.steps) - 1,
+                time_ms=step.time_ms,
+                raw_event_first=step.raw_event_first,
+                raw_event_last=step.raw_event_last,
+                problem=step.problem,
+            )
     return _Chunk(
         pa.RecordBatch.from_pydict(episodes, schema=EPISODES),
         pa.RecordBatch.from_pydict(steps, schema=STEPS),

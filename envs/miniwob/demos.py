@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.miniwob.dom import EDITABLE_ROLES, dom_to_screen
-from warehouse.model import Action, ActionType, Screen, UIElement
+from warehouse.model import Action, ActionType, Screen
 
 MOUSE_EVENTS = frozenset({"mousedown", "mouseup", "click", "dblclick"})
 KEY_EVENTS = frozenset({"keydown", "keypress", "keyup"})

@@ -7,6 +7,8 @@ from dagster import AssetSelection, Definitions, define_asset_job
 from assets.annotation import ANNOTATION_ASSETS, ANNOTATION_CHECKS, ANNOTATION_RESOURCES, ANNOTATION_SENSORS
 from assets.ingest import INGEST_CHECKS, human_demonstrations
 from assets.labels import LABEL_ASSETS, LABEL_CHECKS
+from assets.reward_models import GROUP as REWARD_MODEL_GROUP
+from assets.reward_models import KIND_PARTITIONS, REWARD_MODEL_ASSETS, REWARD_MODEL_CHECKS
 from assets.rollouts import ROLLOUT_ASSETS, ROLLOUT_CHECKS, ROLLOUT_JOBS, ROLLOUT_RESOURCES
 from pipelines.resources import WarehouseResource
 
@@ -15,8 +17,22 @@ from pipelines.resources import WarehouseResource
 # annotation stage talks to people through Label Studio and runs by its own job and sensor.
 main_job = define_asset_job(
     "stepwise_main",
-    selection=AssetSelection.all() - AssetSelection.groups("rollouts") - AssetSelection.groups("annotation"),
+    selection=AssetSelection.all()
+    - AssetSelection.groups("rollouts")
+    - AssetSelection.groups("annotation")
+    - AssetSelection.groups(REWARD_MODEL_GROUP),
     description="The whole unpartitioned asset graph on embedded defaults (no Label Studio).",
+)
+reward_models_job = define_asset_job(
+    "reward_models",
+    selection=AssetSelection.assets("reward_model_datasets", "reward_model"),
+    partitions_def=KIND_PARTITIONS,
+    description="Dataset and model of one reward-model kind (partition).",
+)
+reward_model_report_job = define_asset_job(
+    "reward_model_evaluation",
+    selection=AssetSelection.assets("reward_model_report"),
+    description="ORM vs ProgRM-LCS vs ProgRM-Env (and PRM) on the held-out split.",
 )
 annotation_job = define_asset_job(
     "annotation_push",
@@ -25,9 +41,9 @@ annotation_job = define_asset_job(
 )
 
 defs = Definitions(
-    assets=[human_demonstrations, *ROLLOUT_ASSETS, *LABEL_ASSETS, *ANNOTATION_ASSETS],
-    asset_checks=[*INGEST_CHECKS, *ROLLOUT_CHECKS, *LABEL_CHECKS, *ANNOTATION_CHECKS],
-    jobs=[main_job, annotation_job, *ROLLOUT_JOBS],
+    assets=[human_demonstrations, *ROLLOUT_ASSETS, *LABEL_ASSETS, *ANNOTATION_ASSETS, *REWARD_MODEL_ASSETS],
+    asset_checks=[*INGEST_CHECKS, *ROLLOUT_CHECKS, *LABEL_CHECKS, *ANNOTATION_CHECKS, *REWARD_MODEL_CHECKS],
+    jobs=[main_job, annotation_job, reward_models_job, reward_model_report_job, *ROLLOUT_JOBS],
     sensors=ANNOTATION_SENSORS,
     resources={"warehouse": WarehouseResource(), **ROLLOUT_RESOURCES, **ANNOTATION_RESOURCES},
 )

@@ -1,0 +1,161 @@
+"""Benchmark of the CPU reward model (frozen MiniLM segments + trained fusion/head): scoring
+throughput, single-call latency, training speed and peak memory.
+
+    python benchmarks/bench_reward_models.py --checkpoint <model folder> [--home <STEPWISE_HOME>]
+    python benchmarks/bench_reward_models.py --checkpoint ... --train-examples rm_examples.parquet --train-steps 60
+
+Measured on the held-out (test) trajectories of the warehouse (``progress_split``), in this order:
+
+1. cold batched scoring: a fresh scorer with an empty embedding cache scores every step of every
+   test trajectory in batches (every distinct screen line, action and instruction is encoded once);
+2. warm batched scoring: the same steps again (every segment cached; the fusion/head's cost);
+3. deployed batched scoring: a fresh scorer started from the training run's saved cache (the
+   screens of the tasks it was trained on), then the test steps;
+4. single-call latency: one state per call, trajectories in order (an RL loop calling the
+   reward model after each step), cold and from the training cache;
+5. training: optimizer steps per second of the Trainer on the real examples (segments cached),
+   and the whole-run time from a training summary if given (``--training-summary``);
+6. peak resident memory of this process (``ru_maxrss``).
+
+Goals (issue): >= 200 steps/s batched, <= 50 ms p50 per single call on 2 cores, the full
+ProgRM-style training split in under 15 minutes. The machine is shared: the load average is
+recorded with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from training.evaluate import measure_latency, predict_trajectories, trajectory_states  # noqa: E402
+from training.models import RewardScorer  # noqa: E402
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _batched(scorer: RewardScorer, trajectories) -> dict:
+    misses_before = scorer.cache.misses if scorer.cache is not None else 0
+    n_steps = sum(len(t) for t in trajectories)
+    t0 = time.perf_counter()
+    predict_trajectories(scorer, trajectories)
+    seconds = time.perf_counter() - t0
+    encoded = (scorer.cache.misses - misses_before) if scorer.cache is not None else None
+    return {"steps": n_steps, "seconds": round(seconds, 3), "steps_per_second": round(n_steps / seconds, 1),
+            "segments_encoded": encoded, "segments_encoded_per_step": round(encoded / n_steps, 2) if encoded is not None else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, help="an exported reward model folder")
+    parser.add_argument("--home", default=None, help="STEPWISE_HOME with the warehouse (default: $STEPWISE_HOME)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--max-trajectories", type=int, default=None)
+    parser.add_argument("--warm-cache", default=None, help="the training run's segment cache (default: <home>/cache/segment_embeddings/<fingerprint>)")
+    parser.add_argument("--latency-calls", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--train-examples", default=None, help="rm_examples Parquet: also time training steps")
+    parser.add_argument("--train-steps", type=int, default=60)
+    parser.add_argument("--training-summary", default=None, help="training_summary.json of a full run, to report its time")
+    parser.add_argument("--out", default=None, help="JSON results file (default: <home>/benchmarks/reward_models.json)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from training.datasets import read_splits, read_trajectories
+    from training.train import default_embedding_cache_dir
+    from warehouse.catalog import Warehouse
+
+    warehouse = Warehouse(args.home)
+    results: dict = {"threads": args.threads, "load_average_start": os.getloadavg(), "checkpoint": args.checkpoint,
+                     "cpu_count": os.cpu_count(), "torch": torch.__version__}
+    ids = [e for e, info in read_splits(warehouse).items() if info.split == args.split]
+    trajectories = [t for _, t in sorted(read_trajectories(warehouse, ids).items()) if len(t)]
+    if args.max_trajectories:
+        trajectories = trajectories[: args.max_trajectories]
+    results["trajectories"] = len(trajectories)
+    results["steps"] = sum(len(t) for t in trajectories)
+    print(f"{len(trajectories)} {args.split} trajectories, {results['steps']} steps; threads {args.threads}", flush=True)
+
+    t0 = time.perf_counter()
+    cold = RewardScorer.from_checkpoint(args.checkpoint)
+    results["load_seconds"] = round(time.perf_counter() - t0, 2)
+    kind = cold.kind
+    results["kind"] = kind
+    results["batched_cold"] = _batched(cold, trajectories)
+    print("batched, cold cache:", results["batched_cold"], flush=True)
+    results["batched_warm"] = _batched(cold, trajectories)
+    print("batched, all cached:", results["batched_warm"], flush=True)
+
+    warm_dir = Path(args.warm_cache) if args.warm_cache else (
+        default_embedding_cache_dir(cold.encoder.fingerprint, str(warehouse.home)) if cold.encoder is not None else None)
+    deployed = RewardScorer.from_checkpoint(args.checkpoint, warm_cache=warm_dir if warm_dir and warm_dir.exists() else None)
+    results["warm_cache_entries"] = len(deployed.cache) if deployed.cache is not None else 0
+    results["batched_deployed"] = _batched(deployed, trajectories)
+    print(f"batched, started from the training cache ({results['warm_cache_entries']} entries):",
+          results["batched_deployed"], flush=True)
+
+    states = [s for t in trajectories for s in trajectory_states(kind, t)]
+    fresh = RewardScorer.from_checkpoint(args.checkpoint)
+    results["single_call_cold"] = {k: round(v, 2) for k, v in measure_latency(fresh, states[: args.latency_calls]).items()}
+    print("single call, cold cache:", results["single_call_cold"], flush=True)
+    deployed_latency = RewardScorer.from_checkpoint(args.checkpoint, warm_cache=warm_dir if warm_dir and warm_dir.exists() else None)
+    results["single_call_deployed"] = {
+        k: round(v, 2) for k, v in measure_latency(deployed_latency, states[-args.latency_calls:]).items()
+    }
+    print("single call, from the training cache:", results["single_call_deployed"], flush=True)
+    results["peak_rss_mb_scoring"] = round(_peak_rss_mb(), 1)
+
+    if args.train_examples:
+        import tempfile
+
+        from training.train import parse_args, train_reward_model
+
+        with tempfile.TemporaryDirectory() as tmp:
+            model_config, data, training_args = parse_args([
+                "--kind", kind, "--examples", args.train_examples, "--output_dir", tmp,
+                "--max_steps", str(args.train_steps), "--eval_strategy", "no", "--save_steps", "100000",
+                "--logging_steps", "1000", "--disable_tqdm", "true", "--threads", str(args.threads),
+                *(["--embedding_cache_dir", str(warm_dir)] if warm_dir else []),
+            ])
+            summary = train_reward_model(model_config, data, training_args)
+        results["training"] = {
+            "steps": summary["global_steps"], "seconds": round(summary["train_seconds"], 1),
+            "steps_per_second": round(summary["global_steps"] / summary["train_seconds"], 3),
+            "examples_per_second": round(summary["global_steps"] * 128 / summary["train_seconds"], 1),
+            "encode_seconds": round(summary["encode_seconds"], 1), "n_train_examples": summary["n_train_examples"],
+            "projected_3_epochs_minutes": round(3 * summary["n_train_examples"] / 128
+                                                / (summary["global_steps"] / summary["train_seconds"]) / 60, 1),
+        }
+        print("training:", results["training"], flush=True)
+    if args.training_summary:
+        full = json.loads(Path(args.training_summary).read_text())
+        results["full_training_run"] = {k: full.get(k) for k in ("kind", "global_steps", "train_seconds", "encode_seconds",
+                                                                  "total_seconds", "train_steps_per_second",
+                                                                  "n_train_examples", "peak_rss_mb", "used_deepspeed")}
+        print("full training run:", results["full_training_run"], flush=True)
+    results["peak_rss_mb"] = round(_peak_rss_mb(), 1)
+    results["load_average_end"] = os.getloadavg()
+    out = Path(args.out) if args.out else warehouse.home / "benchmarks" / "reward_models.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"peak RSS {results['peak_rss_mb']} MB; load average {results['load_average_start']} -> "
+          f"{results['load_average_end']}; written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

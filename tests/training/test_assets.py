@@ -1,0 +1,81 @@
+"""The reward-model assets in Dagster: datasets -> models (partitioned by kind) -> report, with checks and lineage."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import DagsterInstance, materialize
+
+from assets.reward_models import (
+    KIND_PARTITIONS,
+    REWARD_MODEL_ASSETS,
+    REWARD_MODEL_CHECKS,
+    reward_model,
+    reward_model_datasets,
+    reward_model_report,
+)
+from pipelines.resources import WarehouseResource
+from warehouse.catalog import Warehouse
+
+from .conftest import build_tiny_warehouse
+
+TRAIN = {"max_steps": 30, "per_device_train_batch_size": 16, "learning_rate": 3e-3, "threads": 1,
+         "extra_args": ["--eval_strategy", "steps", "--eval_steps", "30", "--save_steps", "15"]}
+
+
+def test_asset_definitions():
+    assert set(KIND_PARTITIONS.get_partition_keys()) == {"orm", "progrm_lcs", "progrm_env", "prm", "guidnav"}
+    keys = {a.key.to_user_string() for a in REWARD_MODEL_ASSETS}
+    assert keys == {"reward_model_datasets", "reward_model", "reward_model_report"}
+    assert reward_model.partitions_def == KIND_PARTITIONS == reward_model_datasets.partitions_def
+    assert reward_model_report.partitions_def is None
+    deps = {k.to_user_string() for k in reward_model_datasets.dependency_keys}
+    assert {"progress_labels", "progress_split"} <= deps
+    assert {k.name for c in REWARD_MODEL_CHECKS for k in c.check_keys} == {"reward_model_report_metrics_present", "reward_model_report_progrm_beats_orm"}
+
+
+@pytest.mark.e2e
+def test_datasets_models_and_report_materialize_with_checks(tmp_path):
+    home = tmp_path / "home"
+    build_tiny_warehouse(home)
+    resources = {"warehouse": WarehouseResource(home=str(home))}
+    instance = DagsterInstance.ephemeral()
+    for kind in ("orm", "progrm_lcs", "progrm_env"):
+        result = materialize([reward_model_datasets, reward_model], partition_key=kind, resources=resources,
+                             instance=instance, run_config={"ops": {"reward_model": {"config": TRAIN}}})
+        assert result.success
+        checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+        assert checks == {"dataset_is_valid": True, "checkpoint_loads": True}
+        meta = result.asset_materializations_for_node("reward_model")[0].metadata
+        assert meta["global_steps"].value == 30 and "mae" in meta["validation_metrics"].value
+
+    report = materialize([reward_model_report, *REWARD_MODEL_CHECKS], resources=resources, instance=instance,
+                         run_config={"ops": {"reward_model_report": {"config": {"latency_calls": 10, "threads": 1}}}})
+    assert report.success
+    checks = {e.check_name: e.passed for e in report.get_asset_check_evaluations()}
+    assert checks["reward_model_report_metrics_present"] is True
+    meta = report.asset_materializations_for_node("reward_model_report")[0].metadata
+    table = meta["report"].value
+    for name in ("ORM", "ProgRM-LCS", "ProgRM-Env", "#TP", "Key Step Prog. Err.", "Latency p50"):
+        assert name in table
+    assert meta["progress_curves_plot"].value.startswith("![progress_curves](data:image/png;base64,")
+
+    warehouse = Warehouse(home)
+    models = warehouse.query("SELECT kind, checkpoint_path, dataset_materialization_id, label_versions FROM models ORDER BY kind").to_pylist()
+    assert [m["kind"] for m in models] == ["orm", "progrm_env", "progrm_lcs"]
+    assert models[1]["label_versions"] == ["env-test-v1"]
+    from training.models import RewardScorer
+
+    served = RewardScorer.from_checkpoint(models[1]["checkpoint_path"])
+    model_ids = warehouse.query("SELECT model_id FROM models WHERE kind = 'progrm_env'").column("model_id").to_pylist()
+    assert served.metadata["model_id"] == model_ids[0]
+    counts = warehouse.query(
+        "SELECT kind, count(*) AS n, count(*) FILTER (WHERE split = 'test') AS test FROM rm_predictions GROUP BY 1 ORDER BY 1"
+    ).to_pylist()
+    assert [c["kind"] for c in counts] == ["orm", "progrm_env", "progrm_lcs"] and all(c["test"] > 0 for c in counts)
+    metrics = warehouse.query("SELECT DISTINCT metric FROM rm_metrics WHERE split = 'test'").column("metric").to_pylist()
+    assert {"accuracy", "key_step_progress_error", "mean_final_step_score", "latency_ms_p50"} <= set(metrics)
+    # lineage: from the report's predictions back through the model and its dataset to the labels
+    path = warehouse.query("SELECT path FROM table_versions WHERE table_name = 'rm_predictions' AND is_current LIMIT 1").to_pylist()[0]["path"]
+    chain = {r["asset"] for r in warehouse.walk_back(path).to_pylist()}
+    assert {"reward_model_report", "reward_model", "reward_model_datasets", "progress_labels", "progress_split",
+            "human_demonstrations"} <= chain

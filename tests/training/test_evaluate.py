@@ -1,0 +1,94 @@
+"""Evaluation metrics as ProgRM reports them (Tables 2-3), calibration and plots."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from training.datasets import EpisodeLabels, Trajectory, TrajectoryStep
+from training.evaluate import (
+    EvaluationSet,
+    calibration_bins,
+    choose_threshold,
+    evaluate_scores,
+    key_step_progress_error,
+    markdown_table,
+    plot_calibration,
+    plot_progress_curves,
+    roc_auc,
+    success_judgement,
+)
+
+
+def test_success_judgement_counts_and_rates():
+    # 10 trajectories: 6 successes, 4 failures
+    scores = [0.9, 0.8, 0.7, 0.6, 0.4, 0.2, 0.9, 0.3, 0.1, 0.2]
+    success = [True, True, True, True, True, False, False, False, False, True]
+    m = success_judgement(scores, success, threshold=0.5)
+    assert (m["tp"], m["fn"], m["tn"], m["fp"]) == (4, 2, 3, 1)
+    assert m["tp_pct"] == 40 and m["fp_pct"] == 10
+    assert m["precision"] == pytest.approx(80.0) and m["recall"] == pytest.approx(100 * 4 / 6)
+    assert m["accuracy"] == pytest.approx(70.0)
+
+
+def test_threshold_maximises_accuracy_and_prefers_the_middle():
+    assert choose_threshold([0.1, 0.2, 0.8, 0.9], [False, False, True, True]) == pytest.approx(0.5)
+    t = choose_threshold([0.6, 0.7, 0.8, 0.9], [False, False, True, True])
+    assert 0.7 < t < 0.8
+    assert choose_threshold([0.3, 0.4], [True, True]) == 0.5
+
+
+def test_key_step_error_uses_only_milestone_steps():
+    labels = {"e": EpisodeLabels((0.0, 0.5, 0.5, 1.0), (False, True, False, True), "v")}
+    scores = {"e": np.array([0.9, 0.4, 0.0, 0.7])}
+    m = key_step_progress_error(scores, labels)
+    assert m["key_steps"] == 2 and m["key_step_progress_error"] == pytest.approx((0.1 + 0.3) / 2)
+
+
+def test_roc_auc_matches_pair_counting():
+    rng = np.random.default_rng(0)
+    s = rng.integers(0, 5, size=40) / 4
+    y = rng.random(40) < 0.5
+    pairs = [(a, b) for a, b in itertools.product(s[y], s[~y])]
+    expected = np.mean([1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs])
+    assert roc_auc(s, y) == pytest.approx(expected)
+    assert np.isnan(roc_auc([0.1, 0.2], [True, True]))
+
+
+def test_calibration_bins_and_ece():
+    bins = calibration_bins([0.05, 0.15, 0.95, 0.95], [0.0, 0.0, 1.0, 1.0], n_bins=10)
+    assert bins.counts.sum() == 4 and bins.counts[9] == 2
+    assert bins.ece == pytest.approx((0.05 + 0.15 + 0.05 + 0.05) / 4)
+
+
+def _evaluation_set():
+    trajs = [
+        Trajectory(f"e{i}", "login-user" if i % 2 else "click", "goal",
+                   tuple(TrajectoryStep(("body",), f"A{t}") for t in range(3)), success=i % 3 != 0)
+        for i in range(6)
+    ]
+    env = {t.episode_id: EpisodeLabels((0.0, 0.5, 1.0 if t.success else 0.5), (False, True, bool(t.success)), "env") for t in trajs}
+    lcs = {t.episode_id: EpisodeLabels((1 / 3, 2 / 3, 1.0 if t.success else 2 / 3), (True, True, bool(t.success)), "lcs") for t in trajs}
+    verdicts = {t.episode_id: [("positive", "derived"), ("positive", "derived"), ("positive" if t.success else "negative", "human")] for t in trajs}
+    return EvaluationSet(trajs, lcs, env, verdicts)
+
+
+def test_evaluate_scores_and_tables(tmp_path):
+    data = _evaluation_set()
+    progrm = {t.episode_id: np.array(data.env_labels[t.episode_id].progress) for t in data.trajectories}
+    orm = {t.episode_id: np.array([0.5, 0.5, 0.9]) for t in data.trajectories}
+    m_progrm = evaluate_scores("progrm_env", progrm, data, threshold=0.75)
+    m_orm = evaluate_scores("orm", orm, data, threshold=0.75)
+    assert m_progrm["accuracy"] == 100 and m_progrm["key_step_progress_error"] == 0
+    assert m_orm["accuracy"] == pytest.approx(100 * 4 / 6) and m_orm["key_step_progress_error"] > 0
+    assert m_progrm["mean_final_step_score"] == pytest.approx(np.mean([1.0 if t.success else 0.5 for t in data.trajectories]))
+    assert m_progrm["human_labelled_steps"] == 6 and m_progrm["labelled_steps"] == 18
+    table = markdown_table({"orm": m_orm, "progrm_env": m_progrm}, (("accuracy", "Acc"),), ["orm", "progrm_env"])
+    assert "| ORM | 66.667 |" in table.replace("66.67", "66.667") or "| ORM |" in table
+    assert "| ProgRM-Env | 100 |" in table
+    curves = plot_progress_curves(data.trajectories[:4], {"progrm_env": progrm, "orm": orm}, data, tmp_path / "c.png")
+    calib = plot_calibration({"progrm_env": progrm, "orm": orm}, data, tmp_path / "k.png")
+    assert curves.stat().st_size > 10_000 and calib.stat().st_size > 10_000
+    assert curves.read_bytes()[:4] == b"\x89PNG"

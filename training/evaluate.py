@@ -1,0 +1,659 @@
+"""Evaluation of reward models as the papers report it.
+
+* Success judgement at the final step (ProgRM Table 2): the score of a trajectory's final state,
+  thresholded, against the environment's outcome: TP, FN, TN, FP (as % of trajectories, like the
+  paper, and as counts), precision, recall, accuracy. The threshold of each model is chosen on the
+  validation split (the accuracy-maximising cut; 0.5 when there is no validation data).
+* Key-step progress error (Table 3): the mean absolute error between predicted progress and the
+  milestone ground truth at the steps where the environment's milestones are reached (progress
+  split evenly among milestones, §3.3).
+* Average final-step score (Table 3) and latency per call (Table 3, one state per call).
+* Step judges (GUI-Shepherd PRM, GuidNav): accuracy, precision, recall and ROC AUC of step
+  scores against positive/negative step labels (human where present, else derived).
+* Calibration: reliability bins and expected calibration error.
+
+Metric functions are pure; :func:`predict_trajectories` and :func:`measure_latency` call a
+``RewardScorer``; the plots go to files (matplotlib, Agg).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from training.datasets import EpisodeLabels, StepState, Trajectory, kind_spec, progress_gains, state_for
+
+# ---------------------------------------------------------------------------------------------
+# Scoring trajectories
+# ---------------------------------------------------------------------------------------------
+
+
+def trajectory_states(kind: str, trajectory: Trajectory) -> list[StepState]:
+    """The states a model of ``kind`` scores along a trajectory, one per step."""
+    return [state_for(kind, trajectory, t) for t in range(len(trajectory))]
+
+
+def predict_trajectories(scorer, trajectories: Sequence[Trajectory], *, chunk_states: int = 4096) -> dict[str, np.ndarray]:
+    """Per-step scores of every trajectory (episode_id -> array), scored in large batches."""
+    result: dict[str, np.ndarray] = {}
+    pending: list[tuple[str, int]] = []
+    states: list[StepState] = []
+
+    def flush() -> None:
+        scores = scorer.score_states(states)
+        start = 0
+        for episode_id, n in pending:
+            result[episode_id] = scores[start : start + n]
+            start += n
+        pending.clear()
+        states.clear()
+
+    for traj in trajectories:
+        traj_states = trajectory_states(scorer.kind, traj)
+        pending.append((traj.episode_id, len(traj_states)))
+        states.extend(traj_states)
+        if len(states) >= chunk_states:
+            flush()
+    if states:
+        flush()
+    return result
+
+
+def measure_latency(scorer, states: Sequence[StepState], *, repeats: int = 1, warmup: int = 3) -> dict[str, float]:
+    """Wall time of single-state calls (ms): p50, p95, mean; what an RL loop calling once per step
+    sees. The first ``warmup`` calls (thread pools, lazy initialisation) are made but not timed."""
+    for state in list(states)[:warmup]:
+        scorer.score_states([state])
+    states = list(states)[warmup:] or list(states)
+    times = []
+    for _ in range(repeats):
+        for state in states:
+            t0 = time.perf_counter()
+            scorer.score_states([state])
+            times.append((time.perf_counter() - t0) * 1000.0)
+    arr = np.asarray(times) if times else np.zeros(1)
+    return {"latency_ms_p50": float(np.percentile(arr, 50)), "latency_ms_p95": float(np.percentile(arr, 95)),
+            "latency_ms_mean": float(arr.mean()), "latency_calls": len(times)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------------------------
+
+
+def _safe_div(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def success_judgement(final_scores: Sequence[float], success: Sequence[bool], threshold: float = 0.5) -> dict[str, float]:
+    """ProgRM Table 2: predicted success = final-step score >= threshold, against the outcome.
+
+    Returns counts (``tp``...), shares of all trajectories in % (``tp_pct``..., as the paper
+    prints them), precision, recall and accuracy in %.
+    """
+    scores = np.asarray(final_scores, dtype=np.float64)
+    truth = np.asarray(success, dtype=bool)
+    predicted = scores >= threshold
+    tp = int(np.sum(predicted & truth))
+    fn = int(np.sum(~predicted & truth))
+    tn = int(np.sum(~predicted & ~truth))
+    fp = int(np.sum(predicted & ~truth))
+    n = len(truth)
+    return {
+        "tp": tp, "fn": fn, "tn": tn, "fp": fp, "n_trajectories": n,
+        "tp_pct": 100 * _safe_div(tp, n), "fn_pct": 100 * _safe_div(fn, n),
+        "tn_pct": 100 * _safe_div(tn, n), "fp_pct": 100 * _safe_div(fp, n),
+        "precision": 100 * _safe_div(tp, tp + fp),
+        "recall": 100 * _safe_div(tp, tp + fn),
+        "accuracy": 100 * _safe_div(tp + tn, n),
+        "threshold": float(threshold),
+    }
+
+
+def choose_threshold(final_scores: Sequence[float], success: Sequence[bool]) -> float:
+    """The cut maximising success-judgement accuracy (midpoints between sorted scores; ties go
+    to the cut nearest 0.5). 0.5 without data or without both outcomes."""
+    scores = np.asarray(final_scores, dtype=np.float64)
+    truth = np.asarray(success, dtype=bool)
+    if scores.size == 0 or truth.all() or (~truth).all():
+        return 0.5
+    unique = np.unique(scores)
+    cuts = np.concatenate([[unique[0] - 1e-9], (unique[:-1] + unique[1:]) / 2, [unique[-1] + 1e-9]])
+    accuracy = np.array([np.mean((scores >= c) == truth) for c in cuts])
+    best = np.flatnonzero(accuracy >= accuracy.max() - 1e-12)
+    return float(cuts[best[np.argmin(np.abs(cuts[best] - 0.5))]])
+
+
+def key_step_progress_error(
+    scores: Mapping[str, np.ndarray], milestone_labels: Mapping[str, EpisodeLabels]
+) -> dict[str, float]:
+    """ProgRM Table 3, key-step progress error: mean |p̂_t - p*_t| over the steps where a new
+    milestone is reached (``is_key_step`` of the environment labels)."""
+    errors = []
+    for episode_id, labels in milestone_labels.items():
+        predicted = scores.get(episode_id)
+        if predicted is None or len(predicted) != len(labels.progress):
+            continue
+        key = np.asarray(labels.is_key_step, dtype=bool)
+        errors.extend(np.abs(predicted[key] - np.asarray(labels.progress)[key]).tolist())
+    arr = np.asarray(errors)
+    return {
+        "key_step_progress_error": float(arr.mean()) if arr.size else float("nan"),
+        "key_steps": int(arr.size),
+    }
+
+
+def all_step_progress_error(scores: Mapping[str, np.ndarray], labels: Mapping[str, EpisodeLabels]) -> float:
+    """Mean |p̂_t - p*_t| over every step that has a label (a broader companion of the key-step error)."""
+    errors = [
+        np.abs(scores[e] - np.asarray(lab.progress))
+        for e, lab in labels.items()
+        if e in scores and len(scores[e]) == len(lab.progress)
+    ]
+    return float(np.concatenate(errors).mean()) if errors else float("nan")
+
+
+def roc_auc(scores: Sequence[float], positive: Sequence[bool]) -> float:
+    """Area under the ROC curve (Mann-Whitney U with average ranks for ties); nan with one class."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(positive, dtype=bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if not n_pos or not n_neg:
+        return float("nan")
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(len(s))
+    sorted_s = s[order]
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def step_judgement(scores: Sequence[float], positive: Sequence[bool], threshold: float = 0.5) -> dict[str, float]:
+    """Step-correctness metrics of a step judge (GUI-Shepherd style): accuracy, precision,
+    recall (of positives), negative recall, ROC AUC; in % except AUC."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(positive, dtype=bool)
+    p = s >= threshold
+    tp, fp = int(np.sum(p & y)), int(np.sum(p & ~y))
+    tn, fn = int(np.sum(~p & ~y)), int(np.sum(~p & y))
+    return {
+        "step_accuracy": 100 * _safe_div(tp + tn, len(y)),
+        "step_precision": 100 * _safe_div(tp, tp + fp),
+        "step_recall": 100 * _safe_div(tp, tp + fn),
+        "step_negative_recall": 100 * _safe_div(tn, tn + fp),
+        "step_auc": roc_auc(s, y),
+        "labelled_steps": int(len(y)),
+        "positive_share": 100 * _safe_div(int(y.sum()), len(y)),
+    }
+
+
+@dataclass(frozen=True)
+class CalibrationBins:
+    edges: np.ndarray
+    mean_predicted: np.ndarray
+    mean_observed: np.ndarray
+    counts: np.ndarray
+
+    @property
+    def ece(self) -> float:
+        """Expected calibration error: count-weighted mean |predicted - observed| over bins."""
+        used = self.counts > 0
+        if not used.any():
+            return float("nan")
+        gaps = np.abs(self.mean_predicted[used] - self.mean_observed[used])
+        return float(np.sum(gaps * self.counts[used]) / self.counts[used].sum())
+
+
+def calibration_bins(predicted: Sequence[float], observed: Sequence[float], n_bins: int = 10) -> CalibrationBins:
+    """Reliability diagram data: equal-width bins of the prediction, mean prediction and mean
+    target (a success rate or a mean progress label) per bin."""
+    p = np.clip(np.asarray(predicted, dtype=np.float64), 0.0, 1.0)
+    o = np.asarray(observed, dtype=np.float64)
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    which = np.minimum(np.digitize(p, edges[1:-1]), n_bins - 1)
+    counts = np.bincount(which, minlength=n_bins)
+    sum_p = np.bincount(which, weights=p, minlength=n_bins)
+    sum_o = np.bincount(which, weights=o, minlength=n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return CalibrationBins(edges, sum_p / counts, sum_o / counts, counts)
+
+
+# ---------------------------------------------------------------------------------------------
+# One model on one split
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvaluationSet:
+    """Held-out trajectories with everything they are judged against."""
+
+    trajectories: list[Trajectory]
+    lcs_labels: dict[str, EpisodeLabels]
+    env_labels: dict[str, EpisodeLabels]
+    verdicts: dict[str, list[tuple[str, str]]]  # episode -> per step (verdict, source)
+
+    def final_success(self) -> tuple[list[str], np.ndarray]:
+        trajs = [t for t in self.trajectories if t.success is not None and len(t)]
+        return [t.episode_id for t in trajs], np.array([bool(t.success) for t in trajs])
+
+
+def evaluate_scores(
+    kind: str,
+    scores: Mapping[str, np.ndarray],
+    data: EvaluationSet,
+    *,
+    threshold: float,
+) -> dict[str, float]:
+    """Every metric of one model's per-step scores on one split (see the module docstring)."""
+    metrics: dict[str, float] = {}
+    episode_ids, success = data.final_success()
+    finals = np.array([scores[e][-1] for e in episode_ids if e in scores])
+    if len(finals) == len(episode_ids) and len(finals):
+        metrics.update(success_judgement(finals, success, threshold))
+        metrics["mean_final_step_score"] = float(finals.mean())
+        metrics["mean_final_step_score_success"] = float(finals[success].mean()) if success.any() else float("nan")
+        metrics["mean_final_step_score_failure"] = float(finals[~success].mean()) if (~success).any() else float("nan")
+        metrics["final_step_ece"] = calibration_bins(finals, success.astype(float)).ece
+    if kind_spec(kind).scores_progress:
+        metrics.update(key_step_progress_error(scores, data.env_labels))
+        metrics["lcs_key_step_progress_error"] = key_step_progress_error(scores, data.lcs_labels)["key_step_progress_error"]
+        metrics["all_step_progress_error_env"] = all_step_progress_error(scores, data.env_labels)
+        metrics["all_step_progress_error_lcs"] = all_step_progress_error(scores, data.lcs_labels)
+    # step-level judgement against positive/negative step labels (all kinds; the PRM's own metric)
+    step_scores, step_positive, human = [], [], 0
+    for episode_id, per_step in data.verdicts.items():
+        s = scores.get(episode_id)
+        if s is None or len(s) != len(per_step):
+            continue
+        for t, (verdict, source) in enumerate(per_step):
+            if verdict in ("positive", "negative"):
+                step_scores.append(s[t])
+                step_positive.append(verdict == "positive")
+                human += source == "human"
+    if step_scores:
+        metrics.update(step_judgement(step_scores, step_positive))
+        metrics["human_labelled_steps"] = human
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------
+
+MODEL_COLOURS = {"orm": "#d62728", "progrm_lcs": "#1f77b4", "progrm_env": "#2ca02c", "prm": "#9467bd", "guidnav": "#8c564b"}
+MODEL_NAMES = {"orm": "ORM", "progrm_lcs": "ProgRM-LCS", "progrm_env": "ProgRM-Env", "prm": "PRM", "guidnav": "GuidNav"}
+
+
+def pick_sample_trajectories(data: EvaluationSet, n_success: int = 3, n_failure: int = 3, min_steps: int = 3) -> list[Trajectory]:
+    """Sample trajectories for the progress-curve plots (Figs. 5-6): successes and failures with
+    partial progress, of several steps, from different tasks where possible; deterministic."""
+    def partial(t: Trajectory) -> bool:
+        labels = data.env_labels.get(t.episode_id) or data.lcs_labels.get(t.episode_id)
+        return labels is not None and 0 < labels.progress[-1] < 1
+
+    chosen: list[Trajectory] = []
+    for want_success, count in ((True, n_success), (False, n_failure)):
+        pool = sorted(
+            (t for t in data.trajectories if t.success is want_success and len(t) >= min_steps and (want_success or partial(t))),
+            key=lambda t: (t.task_id, t.episode_id),
+        )
+        seen_tasks: set[str] = set()
+        for t in pool:
+            if t.task_id not in seen_tasks:
+                chosen.append(t)
+                seen_tasks.add(t.task_id)
+            if len([c for c in chosen if c.success is want_success]) >= count:
+                break
+    return chosen
+
+
+def plot_progress_curves(
+    samples: Sequence[Trajectory],
+    scores_by_kind: Mapping[str, Mapping[str, np.ndarray]],
+    data: EvaluationSet,
+    path: Path,
+) -> Path:
+    """Predicted progress per step next to the LCS and milestone labels (ProgRM Figs. 5-6)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, max(1, len(samples)))
+    rows = max(1, math.ceil(len(samples) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+    for ax, traj in zip(axes.flat, samples):
+        x = np.arange(0, len(traj) + 1)  # 0 = Init (Fig. 5)
+        for kind, scores in scores_by_kind.items():
+            if not kind_spec(kind).scores_progress or traj.episode_id not in scores:
+                continue
+            ax.plot(x, np.concatenate([[0.0], scores[traj.episode_id]]), marker="o", ms=3,
+                    color=MODEL_COLOURS.get(kind), label=MODEL_NAMES.get(kind, kind))
+        for labels, style, name in ((data.lcs_labels, ":", "LCS label"), (data.env_labels, "--", "milestone label")):
+            lab = labels.get(traj.episode_id)
+            if lab is not None:
+                ax.step(x, np.concatenate([[0.0], lab.progress]), where="post", linestyle=style, color="black",
+                        alpha=0.7, label=name)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_xticks(x)
+        ax.set_xticklabels(["Init"] + [str(i + 1) for i in range(len(traj))], fontsize=7)
+        outcome = "success" if traj.success else "failure"
+        ax.set_title(f"{traj.task_id} ({outcome})", fontsize=9)
+        ax.set_xlabel("after action", fontsize=8)
+        ax.set_ylabel("progress", fontsize=8)
+    for ax in list(axes.flat)[len(samples):]:
+        ax.axis("off")
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, names, loc="lower center", ncol=min(6, len(names)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_calibration(
+    scores_by_kind: Mapping[str, Mapping[str, np.ndarray]],
+    data: EvaluationSet,
+    path: Path,
+) -> Path:
+    """Reliability diagrams: final-step score vs success rate (left); per-step predicted
+    progress vs the milestone progress label (right, progress models)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
+    episode_ids, success = data.final_success()
+    for kind, scores in scores_by_kind.items():
+        colour, name = MODEL_COLOURS.get(kind), MODEL_NAMES.get(kind, kind)
+        if all(e in scores for e in episode_ids) and episode_ids:
+            finals = np.array([scores[e][-1] for e in episode_ids])
+            bins = calibration_bins(finals, success.astype(float))
+            used = bins.counts > 0
+            left.plot(bins.mean_predicted[used], bins.mean_observed[used], marker="o", color=colour,
+                      label=f"{name} (ECE {bins.ece:.3f})")
+        if kind_spec(kind).scores_progress:
+            pred, obs = [], []
+            for e, lab in data.env_labels.items():
+                if e in scores and len(scores[e]) == len(lab.progress):
+                    pred.append(scores[e])
+                    obs.append(np.asarray(lab.progress))
+            if pred:
+                bins = calibration_bins(np.concatenate(pred), np.concatenate(obs))
+                used = bins.counts > 0
+                right.plot(bins.mean_predicted[used], bins.mean_observed[used], marker="o", color=colour,
+                           label=f"{name} (ECE {bins.ece:.3f})")
+    for ax, title, ylabel in (
+        (left, "final step: score vs success rate", "observed success rate"),
+        (right, "every step: progress vs milestone label", "mean milestone progress"),
+    ):
+        ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("mean predicted score")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The comparison table
+# ---------------------------------------------------------------------------------------------
+
+TABLE2_COLUMNS = (("tp_pct", "#TP ↑"), ("fn_pct", "#FN ↓"), ("tn_pct", "#TN ↑"), ("fp_pct", "#FP ↓"),
+                  ("precision", "Prec ↑"), ("recall", "Rec ↑"), ("accuracy", "Acc ↑"))
+TABLE3_COLUMNS = (("key_step_progress_error", "Key Step Prog. Err. ↓"), ("mean_final_step_score", "Avg. Fin. Score"),
+                  ("latency_ms_p50", "Latency p50 (ms) ↓"))
+STEP_COLUMNS = (("step_accuracy", "Step acc ↑"), ("step_auc", "AUC ↑"), ("step_precision", "Prec ↑"),
+                ("step_recall", "Rec ↑"), ("step_negative_recall", "Neg. rec ↑"), ("labelled_steps", "steps"),
+                ("human_labelled_steps", "human"))
+
+
+def _fmt(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) >= 10):
+        return f"{int(value)}"
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.2f}"
+
+
+def markdown_table(metrics_by_kind: Mapping[str, Mapping[str, float]], columns, kinds: Sequence[str]) -> str:
+    head = "| RM | " + " | ".join(name for _, name in columns) + " |"
+    sep = "|---|" + "---:|" * len(columns)
+    lines = [head, sep]
+    for kind in kinds:
+        if kind in metrics_by_kind:
+            m = metrics_by_kind[kind]
+            lines.append(f"| {MODEL_NAMES.get(kind, kind)} | " + " | ".join(_fmt(m.get(key)) for key, _ in columns) + " |")
+    return "\n".join(lines)
+
+
+def progress_gain_rewards(scores: Sequence[float], k: int = 1) -> np.ndarray:
+    """Eq. 2 rewards from per-step progress scores (re-exported for report users)."""
+    return progress_gains(scores, k)
+
+
+# ---------------------------------------------------------------------------------------------
+# The report: every current model on the held-out split (called by the report asset)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelRecord:
+    """A trained model as the ``models`` table lists it."""
+
+    model_id: str
+    kind: str
+    checkpoint_path: str
+    materialization_id: str | None = None
+
+
+@dataclass
+class ReportResult:
+    metrics: dict[str, dict[str, dict[str, float]]]  # kind -> split -> metric -> value
+    predictions: "object"  # pa.Table (rm_predictions rows)
+    metric_rows: "object"  # pa.Table (rm_metrics rows)
+    markdown: str
+    plots: dict[str, Path]
+    thresholds: dict[str, float]
+    n_trajectories: dict[str, int]
+
+
+def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
+    """The most recent model of each kind in the ``models`` table (skips kinds without one)."""
+    from training.datasets import view_exists
+
+    if not view_exists(warehouse, "models"):
+        return []
+    rows = warehouse.query(
+        """
+        SELECT v.model_id, v.kind, v.checkpoint_path, t.materialization_id
+        FROM (SELECT *, row_number() OVER (PARTITION BY kind ORDER BY created_at DESC) AS r FROM models) v
+        LEFT JOIN table_versions t ON t.table_name = 'models' AND t.dataset = v.model_id AND t.is_current
+        WHERE v.r = 1
+        """
+    ).to_pylist()
+    by_kind = {r["kind"]: ModelRecord(r["model_id"], r["kind"], r["checkpoint_path"], r["materialization_id"]) for r in rows}
+    return [by_kind[k] for k in kinds if k in by_kind]
+
+
+def load_evaluation_set(warehouse, split: str, *, lcs_method: str = "paper", derived_from: str = "lcs") -> EvaluationSet:
+    """Held-out trajectories of ``split`` with LCS and milestone labels and step verdicts."""
+    from training.datasets import (
+        read_human_verdicts,
+        read_progress_labels,
+        read_splits,
+        read_trajectories,
+        step_verdicts_for_export,
+    )
+
+    splits = read_splits(warehouse)
+    ids = [e for e, info in splits.items() if info.split == split]
+    trajectories = read_trajectories(warehouse, ids)
+    lcs = read_progress_labels(warehouse, "lcs", lcs_method)
+    env = read_progress_labels(warehouse, "env")
+    human, _ = read_human_verdicts(warehouse)
+    derived_labels = lcs if derived_from == "lcs" else env
+    derived_name = f"derived:{derived_from}" + (f":{lcs_method}" if derived_from == "lcs" else "")
+    verdicts = step_verdicts_for_export(trajectories, derived_labels, human, derived_name)
+    ordered = [trajectories[e] for e in sorted(trajectories) if len(trajectories[e])]
+    keep = {t.episode_id for t in ordered}
+    return EvaluationSet(
+        trajectories=ordered,
+        lcs_labels={e: v for e, v in lcs.items() if e in keep},
+        env_labels={e: v for e, v in env.items() if e in keep},
+        verdicts={e: v for e, v in verdicts.items() if e in keep},
+    )
+
+
+def prediction_rows(model: ModelRecord, split: str, scores: Mapping[str, np.ndarray], data: EvaluationSet, run_id: str | None):
+    """``rm_predictions`` rows for one model on one split."""
+    import pyarrow as pa
+
+    from warehouse.tables_training import RM_PREDICTIONS
+
+    cols: dict[str, list] = {name: [] for name in RM_PREDICTIONS.names}
+    for traj in data.trajectories:
+        s = scores.get(traj.episode_id)
+        if s is None:
+            continue
+        gains = progress_gains(s)
+        lcs, env = data.lcs_labels.get(traj.episode_id), data.env_labels.get(traj.episode_id)
+        verdicts = data.verdicts.get(traj.episode_id)
+        for t in range(len(traj)):
+            cols["model_id"].append(model.model_id)
+            cols["kind"].append(model.kind)
+            cols["episode_id"].append(traj.episode_id)
+            cols["step_idx"].append(t)
+            cols["split"].append(split)
+            cols["task_id"].append(traj.task_id)
+            cols["score"].append(float(s[t]))
+            cols["progress_gain"].append(float(gains[t]) if kind_spec(model.kind).scores_progress else None)
+            cols["is_final_step"].append(t == len(traj) - 1)
+            cols["episode_success"].append(traj.success)
+            cols["label_lcs"].append(lcs.progress[t] if lcs and len(lcs.progress) == len(traj) else None)
+            cols["label_env"].append(env.progress[t] if env and len(env.progress) == len(traj) else None)
+            cols["is_env_key_step"].append(env.is_key_step[t] if env and len(env.is_key_step) == len(traj) else None)
+            cols["step_verdict"].append(verdicts[t][0] if verdicts and len(verdicts) == len(traj) else None)
+            cols["report_run_id"].append(run_id)
+    return pa.Table.from_pydict(cols, schema=RM_PREDICTIONS)
+
+
+def run_report(
+    warehouse,
+    models: Sequence[ModelRecord],
+    *,
+    plots_dir: Path,
+    run_id: str | None = None,
+    split: str = "test",
+    threshold_split: str = "validation",
+    latency_calls: int = 100,
+    cache_home=None,
+    log=None,
+) -> ReportResult:
+    """Score ``split`` (and ``threshold_split`` for the success thresholds) with every model,
+    compute the metrics, draw the plots and build the ``rm_predictions`` / ``rm_metrics`` rows.
+    ``cache_home``: a STEPWISE_HOME whose saved segment caches the scorers start from."""
+    import pyarrow as pa
+
+    from training.models import RewardScorer
+    from warehouse.tables_training import RM_METRICS
+
+    say = log or (lambda msg: None)
+    held_out = load_evaluation_set(warehouse, split)
+    tuning = load_evaluation_set(warehouse, threshold_split) if threshold_split != split else held_out
+    say(f"report: {len(held_out.trajectories)} {split} and {len(tuning.trajectories)} {threshold_split} trajectories")
+    metrics: dict[str, dict[str, dict[str, float]]] = {}
+    scores_by_kind: dict[str, dict[str, np.ndarray]] = {}
+    thresholds: dict[str, float] = {}
+    prediction_tables = []
+    for model in models:
+        scorer = RewardScorer.from_checkpoint(model.checkpoint_path)
+        if cache_home is not None:  # the segments training already encoded (frozen mode)
+            scorer.load_home_cache(cache_home)
+        # latency first: one state per call in trajectory order, as an RL loop calls it
+        latency_states = [s for t in held_out.trajectories for s in trajectory_states(model.kind, t)][:latency_calls]
+        latency = measure_latency(scorer, latency_states)
+        t0 = time.perf_counter()
+        test_scores = predict_trajectories(scorer, held_out.trajectories)
+        batch_seconds = time.perf_counter() - t0
+        tune_scores = predict_trajectories(scorer, tuning.trajectories) if tuning is not held_out else test_scores
+        ids, success = tuning.final_success()
+        threshold = choose_threshold([tune_scores[e][-1] for e in ids], success) if ids else 0.5
+        thresholds[model.kind] = threshold
+        n_steps = sum(len(t) for t in held_out.trajectories)
+        metrics[model.kind] = {
+            split: evaluate_scores(model.kind, test_scores, held_out, threshold=threshold)
+            | latency
+            | {"batch_steps_per_second": n_steps / batch_seconds if batch_seconds else float("nan")},
+            threshold_split: evaluate_scores(model.kind, tune_scores, tuning, threshold=threshold),
+        }
+        if threshold_split != split:
+            metrics[model.kind][f"{split}@0.5"] = success_judgement(
+                [test_scores[e][-1] for e in held_out.final_success()[0]], held_out.final_success()[1], 0.5
+            )
+        scores_by_kind[model.kind] = test_scores
+        prediction_tables.append(prediction_rows(model, split, test_scores, held_out, run_id))
+        if tuning is not held_out:
+            prediction_tables.append(prediction_rows(model, threshold_split, tune_scores, tuning, run_id))
+        m = metrics[model.kind][split]
+        say(f"report: {model.kind}: acc {m.get('accuracy', float('nan')):.2f}% key-step err "
+            f"{m.get('key_step_progress_error', float('nan')):.3f} p50 {latency['latency_ms_p50']:.1f} ms")
+
+    metric_cols: dict[str, list] = {name: [] for name in RM_METRICS.names}
+    model_ids = {m.kind: m.model_id for m in models}
+    for kind, by_split in metrics.items():
+        for split_name, values in by_split.items():
+            for metric, value in values.items():
+                metric_cols["model_id"].append(model_ids[kind])
+                metric_cols["kind"].append(kind)
+                metric_cols["split"].append(split_name)
+                metric_cols["metric"].append(metric)
+                metric_cols["value"].append(float(value) if value is not None else None)
+                metric_cols["report_run_id"].append(run_id)
+    plots = {}
+    if scores_by_kind:
+        samples = pick_sample_trajectories(held_out)
+        plots["progress_curves"] = plot_progress_curves(samples, scores_by_kind, held_out, plots_dir / "progress_curves.png")
+        plots["calibration"] = plot_calibration(scores_by_kind, held_out, plots_dir / "calibration.png")
+    kinds = [m.kind for m in models]
+    test_metrics = {k: v[split] for k, v in metrics.items()}
+    outcome_kinds = [k for k in ("orm", "progrm_lcs", "progrm_env") if k in kinds]
+    judge_kinds = [k for k in kinds if k not in ("orm", "progrm_lcs", "progrm_env")]
+    markdown = (
+        f"### Success judgement at the final step ({split}; ProgRM Table 2, % of trajectories)\n\n"
+        + markdown_table(test_metrics, TABLE2_COLUMNS + (("threshold", "threshold"),), outcome_kinds + judge_kinds)
+        + f"\n\n### Progress estimation and latency ({split}; ProgRM Table 3)\n\n"
+        + markdown_table(test_metrics, TABLE3_COLUMNS + (("all_step_progress_error_env", "All-step err (env)"),
+                                                         ("final_step_ece", "ECE (final)")), outcome_kinds + judge_kinds)
+        + f"\n\n### Step judgement against step labels ({split})\n\n"
+        + markdown_table(test_metrics, STEP_COLUMNS, kinds)
+    )
+    predictions = pa.concat_tables(prediction_tables) if prediction_tables else None
+    return ReportResult(
+        metrics=metrics,
+        predictions=predictions,
+        metric_rows=pa.Table.from_pydict(metric_cols, schema=RM_METRICS),
+        markdown=markdown,
+        plots=plots,
+        thresholds=thresholds,
+        n_trajectories={split: len(held_out.trajectories), threshold_split: len(tuning.trajectories)},
+    )

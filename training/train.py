@@ -1,0 +1,526 @@
+"""Train a reward model (ORM, ProgRM, PRM, GuidNav) with the Hugging Face Trainer, optionally under DeepSpeed.
+
+The same script runs on this CPU machine and on GPUs:
+
+    # CPU default (frozen MiniLM segments + trained fusion/head), plain Trainer:
+    python -m training.train --kind progrm_lcs --examples rm_examples.parquet --output_dir runs/progrm_lcs
+
+    # CPU with DeepSpeed ZeRO-2 (gloo), as CI runs it:
+    python -m training.train --kind orm --examples ... --output_dir ... --deepspeed training/ds_zero2_cpu.json
+
+    # GPUs: full fine-tune of an LLM with ProgRM Table 5's hyper-parameters under ZeRO-2:
+    deepspeed --num_gpus 8 training/train.py --profile llm --kind progrm_env \
+        --backbone /models/Qwen2.5-7B --encoder_mode full --examples ... --output_dir ... \
+        --deepspeed training/ds_zero2.json
+
+``--profile`` picks the defaults of every argument not given: ``llm`` = ProgRM Table 5 (lr 5e-5,
+global batch 128, 3 epochs, cosine, warm-up 0.03, Adam betas 0.9/0.95, bf16, ZeRO-2); ``cpu`` =
+sized for two cores (a larger learning rate for the freshly initialised fusion and head, same
+batch, schedule and betas). Checkpoints (model, optimizer, scheduler, RNG, data position) are
+written every ``--save_steps``; a run started again with the same ``--output_dir`` resumes from
+the last one (``--resume auto``, the default), also after a kill.
+
+The examples come from the ``rm_examples`` table (``training.datasets``): Parquet files given
+with ``--examples``, or the warehouse's current version read from ``--home``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (the deepspeed launcher runs files, not modules):
+    # put the repository first, and drop this folder, whose datasets.py would shadow HF `datasets`
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+    sys.path.insert(0, str(_here.parent))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import torch  # noqa: E402
+
+from training.datasets import KINDS, StepState  # noqa: E402
+from training.models import (  # noqa: E402
+    EmbeddingCache,
+    RewardModel,
+    RewardModelConfig,
+    SegmentEncoder,
+    build_reward_model,
+    collate_segments,
+    load_tokenizer,
+    prompt_texts,
+    save_reward_model,
+    segment_features,
+    tokenize_prompts,
+)
+
+log = logging.getLogger("training.train")
+
+REPO_TRAINING_DIR = Path(__file__).resolve().parent
+DS_ZERO2 = REPO_TRAINING_DIR / "ds_zero2.json"
+DS_ZERO2_CPU = REPO_TRAINING_DIR / "ds_zero2_cpu.json"
+SUMMARY_FILE = "training_summary.json"
+
+#: ProgRM App. D, Table 5 (LLM scale; the Adam betas are from App. D's text).
+TABLE5_DEFAULTS: dict = {
+    "learning_rate": 5e-5,
+    "global_batch_size": 128,
+    "per_device_train_batch_size": 4,
+    "per_device_eval_batch_size": 8,
+    "num_train_epochs": 3.0,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 0.03,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.95,
+    "weight_decay": 0.0,
+    "bf16": True,
+    "gradient_checkpointing": True,
+    "encoder_mode": "full",
+    "quantize_encoder": False,
+    "save_steps": 200,
+    "logging_steps": 10,
+}
+
+#: Two CPU cores: the frozen-segment model; the fusion and head start from scratch, so a larger
+#: learning rate; otherwise Table 5's schedule, batch and betas.
+CPU_DEFAULTS: dict = {
+    "learning_rate": 1e-3,
+    "global_batch_size": 128,
+    "per_device_train_batch_size": 128,
+    "per_device_eval_batch_size": 512,
+    "num_train_epochs": 3.0,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 0.03,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.95,
+    "weight_decay": 0.01,
+    "use_cpu": True,
+    "encoder_mode": "frozen_segments",
+    "save_steps": 100,
+    "logging_steps": 25,
+    "dataloader_num_workers": 0,
+}
+
+PROFILES = {"llm": TABLE5_DEFAULTS, "cpu": CPU_DEFAULTS}
+
+
+@dataclass
+class DataArguments:
+    """Where the examples come from and where the results go (besides ``--output_dir``)."""
+
+    examples: list[str] = field(default_factory=list, metadata={"help": "rm_examples Parquet file(s)"})
+    home: str | None = field(default=None, metadata={"help": "read rm_examples from this STEPWISE_HOME's warehouse"})
+    profile: str = field(default="cpu", metadata={"help": "defaults: cpu | llm (ProgRM Table 5)"})
+    global_batch_size: int | None = field(default=None, metadata={"help": "per_device x accumulation x world size"})
+    max_train_examples: int | None = None
+    max_eval_examples: int | None = None
+    embedding_cache_dir: str | None = field(default=None, metadata={"help": "shared cache of frozen segment embeddings"})
+    export_dir: str | None = field(default=None, metadata={"help": "final model folder; default <output_dir>/final"})
+    resume: str = field(default="auto", metadata={"help": "auto | never | a checkpoint folder"})
+    threads: int = field(default=2, metadata={"help": "torch CPU threads"})
+    dataset_materialization_id: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+
+
+def read_examples(data: DataArguments, kind: str) -> pa.Table:
+    """The kind's ``rm_examples`` rows, from Parquet files or from the warehouse."""
+    columns = ["example_id", "kind", "split", "episode_id", "step_idx", "instruction", "history", "screen_lines",
+               "action", "label", "label_version"]
+    if data.examples:
+        table = pa.concat_tables([pq.read_table(p, columns=columns) for p in data.examples])
+        mask = pa.compute.equal(table["kind"], kind)
+        return table.filter(mask)
+    from warehouse.catalog import Warehouse
+
+    cols = ", ".join(columns)
+    return Warehouse(data.home).query(f"SELECT {cols} FROM rm_examples WHERE kind = ? ORDER BY example_id", [kind])
+
+
+def states_and_labels(table: pa.Table) -> tuple[list[StepState], np.ndarray]:
+    instructions = table["instruction"].to_pylist()
+    histories = table["history"].to_pylist()
+    screens = table["screen_lines"].to_pylist()
+    actions = table["action"].to_pylist()
+    states = [
+        StepState(i or "", tuple(h or ()), tuple(s or ()), a)
+        for i, h, s, a in zip(instructions, histories, screens, actions)
+    ]
+    return states, np.asarray(table["label"].to_pylist(), dtype=np.float32)
+
+
+def split_table(table: pa.Table, split: str, limit: int | None) -> pa.Table:
+    part = table.filter(pa.compute.equal(table["split"], split))
+    return part.slice(0, limit) if limit is not None else part
+
+
+class IndexDataset(torch.utils.data.Dataset):
+    """Examples of one split by index; the collator does the work."""
+
+    def __init__(self, n: int, split: str) -> None:
+        self.n, self.split = n, split
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        return {"item": i, "split": self.split}
+
+
+class SplitCollator:
+    """Dispatches a batch to the collator of its split (train / validation)."""
+
+    def __init__(self, **by_split) -> None:
+        self.by_split = by_split
+
+    def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
+        return self.by_split[batch[0]["split"]](batch)
+
+
+class EpochLengthGroupedSampler(torch.utils.data.Sampler):
+    """Length-grouped batches (``transformers``' LengthGroupedSampler), reseeded per epoch with
+    ``seed + epoch`` so that a resumed run replays exactly the order the killed run would have used."""
+
+    def __init__(self, batch_size: int, lengths: list[int], seed: int) -> None:
+        self.batch_size, self.lengths, self.seed, self.epoch = batch_size, lengths, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        from transformers.trainer_pt_utils import get_length_grouped_indices
+
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=generator))
+
+
+class SegmentCollator:
+    """Batches for frozen_segments mode: cached segment embeddings gathered per state."""
+
+    def __init__(self, features, labels: np.ndarray, matrix: torch.Tensor) -> None:
+        self.features, self.labels, self.matrix = features, labels, matrix
+
+    def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
+        items = np.array([b["item"] for b in batch], dtype=np.int64)
+        out = collate_segments(self.features, items, self.matrix)
+        out["labels"] = torch.from_numpy(self.labels[items])
+        return out
+
+
+class PromptCollator:
+    """Batches for full mode: the kind's prompt rendered, truncated and tokenized."""
+
+    def __init__(self, states: list[StepState], labels: np.ndarray, tokenizer, config: RewardModelConfig) -> None:
+        self.states, self.labels, self.tokenizer, self.config = states, labels, tokenizer, config
+
+    def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
+        items = [b["item"] for b in batch]
+        texts = prompt_texts([self.states[i] for i in items], self.config.kind, self.tokenizer, self.config)
+        out = tokenize_prompts(texts, self.tokenizer, self.config.max_length)
+        out["labels"] = torch.from_numpy(self.labels[items])
+        return out
+
+
+def regression_metrics(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Validation metrics on sigmoid outputs: MAE, RMSE, BCE, and accuracy at 0.5 vs labels >= 0.5."""
+    scores = np.clip(scores.astype(np.float64), 1e-7, 1 - 1e-7)
+    labels = labels.astype(np.float64)
+    bce = -np.mean(labels * np.log(scores) + (1 - labels) * np.log(1 - scores))
+    return {
+        "mae": float(np.mean(np.abs(scores - labels))),
+        "rmse": float(np.sqrt(np.mean((scores - labels) ** 2))),
+        "bce": float(bce),
+        "accuracy_at_0.5": float(np.mean((scores >= 0.5) == (labels >= 0.5))),
+    }
+
+
+def compute_metrics(eval_prediction) -> dict[str, float]:
+    logits = np.asarray(eval_prediction.predictions, dtype=np.float64).reshape(-1)
+    labels = np.asarray(eval_prediction.label_ids, dtype=np.float64).reshape(-1)
+    return regression_metrics(1.0 / (1.0 + np.exp(-logits)), labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment for DeepSpeed on one CPU process
+# ---------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare_deepspeed_environment() -> None:
+    """Make a plain ``python`` start work with DeepSpeed: a one-process 'cluster' on 127.0.0.1
+    (else DeepSpeed looks for MPI), a persistent cache for compiled ops, and on CPU with one
+    process no shared-memory all-reduce op (it would be compiled, 35-65 s, to talk to nobody)."""
+    if "RANK" not in os.environ:
+        os.environ.update(
+            {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+        )
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "stepwise" / "torch_extensions"))
+    if not torch.cuda.is_available() and os.environ.get("WORLD_SIZE", "1") == "1":
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None):
+    """(model config, data arguments, TrainingArguments) with the chosen profile's defaults."""
+    from transformers import HfArgumentParser, TrainingArguments
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--profile", default="cpu", choices=sorted(PROFILES))
+    pre.add_argument("--deepspeed", default=None)
+    known, _ = pre.parse_known_args(argv)
+    if known.deepspeed:  # before TrainingArguments exist: they start the distributed state
+        prepare_deepspeed_environment()
+    parser = HfArgumentParser((RewardModelConfig, DataArguments, TrainingArguments))
+    parser.set_defaults(
+        report_to="none",
+        save_total_limit=2,
+        eval_strategy="epoch",
+        save_strategy="steps",
+        remove_unused_columns=False,
+        label_names=["labels"],
+        logging_first_step=True,
+        seed=13,
+        **PROFILES[known.profile],
+    )
+    model_config, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if data_args.global_batch_size:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        per_step = training_args.per_device_train_batch_size * world
+        training_args.gradient_accumulation_steps = max(1, math.ceil(data_args.global_batch_size / per_step))
+    return model_config, data_args, training_args
+
+
+def default_embedding_cache_dir(encoder_fingerprint: str, home: str | None = None) -> Path:
+    """``<home>/cache/segment_embeddings/<encoder fingerprint>`` (home: --home or $STEPWISE_HOME)."""
+    from training.models import segment_cache_dir
+    from warehouse.storage import stepwise_home
+
+    return segment_cache_dir(Path(home) if home else stepwise_home(), encoder_fingerprint)
+
+
+def train_reward_model(model_config: RewardModelConfig, data: DataArguments, args) -> dict:
+    """Train one reward model and export it; returns the summary also written to
+    ``<output_dir>/training_summary.json``."""
+    from transformers import Trainer
+
+    torch.set_num_threads(max(1, data.threads))
+    started = time.time()
+    kind = model_config.kind
+    table = read_examples(data, kind)
+    train_table = split_table(table, "train", data.max_train_examples)
+    eval_table = split_table(table, "validation", data.max_eval_examples)
+    if train_table.num_rows == 0:
+        raise ValueError(f"no training examples of kind {kind!r}")
+    train_states, train_labels = states_and_labels(train_table)
+    eval_states, eval_labels = states_and_labels(eval_table)
+    label_versions = sorted({v for v in table["label_version"].to_pylist() if v})
+    del table, train_table, eval_table  # the states hold what is needed
+    log.info("%s: %d train / %d validation examples", kind, len(train_states), len(eval_states))
+
+    encode_seconds = 0.0
+    if model_config.encoder_mode == "frozen_segments":
+        encoder = SegmentEncoder(model_config)
+        cache = EmbeddingCache(encoder, max_entries=10**8)
+        cache_dir = Path(data.embedding_cache_dir) if data.embedding_cache_dir else default_embedding_cache_dir(
+            encoder.fingerprint, data.home
+        )
+        loaded = cache.load(cache_dir)
+        t0 = time.time()
+        train_features = _features_with_progress(train_states, cache, model_config, "train")
+        eval_features = _features_with_progress(eval_states, cache, model_config, "validation")
+        encode_seconds = time.time() - t0
+        log.info("segment cache: %d loaded, %d encoded in %.1fs", loaded, cache.misses, encode_seconds)
+        if cache.misses and int(os.environ.get("RANK", "0")) == 0:
+            cache.save(cache_dir)
+        matrix = torch.from_numpy(cache.matrix.copy())
+        model: RewardModel = build_reward_model(model_config, input_dim=encoder.hidden_size)
+        train_collator = SegmentCollator(train_features, train_labels, matrix)
+        eval_collator = SegmentCollator(eval_features, eval_labels, matrix)
+        tokenizer = None
+    else:
+        tokenizer = load_tokenizer(model_config.backbone)
+        # Under DeepSpeed bf16 the weights may load in bf16 (DeepSpeed keeps fp32 master weights in
+        # its partitioned optimizer); without it, fp32 weights and the Trainer's bf16 autocast.
+        dtype = torch.bfloat16 if (args.bf16 and args.deepspeed) else None
+        model = build_reward_model(model_config, torch_dtype=dtype)
+        train_collator = PromptCollator(train_states, train_labels, tokenizer, model_config)
+        eval_collator = PromptCollator(eval_states, eval_labels, tokenizer, model_config)
+
+    collator = SplitCollator(train=train_collator, validation=eval_collator)
+    lengths = _example_lengths(train_collator, len(train_states))
+
+    class RewardTrainer(Trainer):
+        def _get_train_sampler(self, *args, **kwargs):
+            # Batches of similar length (little padding): the cost of the fusion transformer grows
+            # with the longest state in a batch, and screens range from 5 to 100+ elements.
+            return EpochLengthGroupedSampler(self.args.per_device_train_batch_size, lengths, seed=self.args.seed)
+
+    if not len(eval_states):
+        args.eval_strategy = "no"
+    trainer = RewardTrainer(
+        model=model,
+        args=args,
+        train_dataset=IndexDataset(len(train_states), "train"),
+        eval_dataset=IndexDataset(len(eval_states), "validation") if len(eval_states) else None,
+        data_collator=collator,
+        compute_metrics=compute_metrics,
+    )
+    resume_from = None
+    if data.resume == "auto":
+        resume_from = last_complete_checkpoint(args.output_dir)
+    elif data.resume != "never":
+        resume_from = data.resume
+    if resume_from:
+        log.info("resuming from %s", resume_from)
+    t0 = time.time()
+    result = trainer.train(resume_from_checkpoint=resume_from)
+    train_seconds = time.time() - t0
+    metrics = _final_eval_metrics(trainer) if len(eval_states) else {}
+    export_dir = Path(data.export_dir or Path(args.output_dir) / "final")
+    summary = {
+        "kind": kind,
+        "model_config": model_config.to_dict(),
+        "export_dir": str(export_dir),
+        "output_dir": str(args.output_dir),
+        "global_steps": int(trainer.state.global_step),
+        "train_seconds": train_seconds,
+        "encode_seconds": encode_seconds,
+        "total_seconds": time.time() - started,
+        "train_steps_per_second": float(result.metrics.get("train_steps_per_second", 0.0)),
+        "train_loss": float(result.metrics.get("train_loss", float("nan"))),
+        "n_train_examples": len(train_states),
+        "n_validation_examples": len(eval_states),
+        "validation_metrics": {k.removeprefix("eval_"): v for k, v in metrics.items()},
+        "label_versions": label_versions,
+        "used_deepspeed": bool(args.deepspeed),
+        "resumed_from": resume_from,
+        "dataset_materialization_id": data.dataset_materialization_id,
+        "training_arguments": {
+            k: getattr(args, k)
+            for k in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs",
+                      "max_steps", "lr_scheduler_type", "warmup_steps", "adam_beta1", "adam_beta2", "weight_decay",
+                      "bf16", "seed", "save_steps")
+        },
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+    if trainer.is_world_process_zero():
+        unwrapped = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else model
+        save_reward_model(unwrapped, export_dir, tokenizer=tokenizer, metadata=summary)
+        (Path(args.output_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
+    log.info("trained %s: %d steps in %.0fs; validation %s", kind, summary["global_steps"], train_seconds,
+             summary["validation_metrics"])
+    return summary
+
+
+def _final_eval_metrics(trainer) -> dict:
+    """The validation metrics at the last step: from the log when the last epoch ended with an
+    evaluation, else a fresh evaluation."""
+    for entry in reversed(trainer.state.log_history):
+        if "eval_loss" in entry:
+            if entry.get("step") == trainer.state.global_step:
+                return {k: v for k, v in entry.items() if k.startswith("eval_")}
+            break
+    return trainer.evaluate()
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest ``checkpoint-N`` whose ``trainer_state.json`` (written last by the Trainer)
+    exists and parses: a run killed while writing a checkpoint resumes from the one before."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return None
+    candidates = []
+    for path in folder.glob("checkpoint-*"):
+        suffix = path.name.removeprefix("checkpoint-")
+        if path.is_dir() and suffix.isdigit():
+            candidates.append((int(suffix), path))
+    for _, path in sorted(candidates, reverse=True):
+        try:
+            json.loads((path / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            log.warning("checkpoint %s is incomplete (killed while saving?); skipping it", path)
+            continue
+        return str(path)
+    return None
+
+
+def _example_lengths(collator, n: int) -> list[int]:
+    """Per-example input length (segments or prompt characters), for length-grouped batches."""
+    if isinstance(collator, SegmentCollator):
+        return np.diff(collator.features.offsets).astype(int).tolist()
+    return [len(s.screen_lines) + len(s.history) for s in collator.states[:n]]
+
+
+def _features_with_progress(states, cache: EmbeddingCache, config: RewardModelConfig, name: str, chunk: int = 4096):
+    """Segment features in chunks, logging progress (the first run encodes every distinct text)."""
+    from training.models import SegmentFeatures
+
+    if not states:
+        return segment_features([], cache, config)
+    parts = []
+    for start in range(0, len(states), chunk):
+        parts.append(segment_features(states[start : start + chunk], cache, config))
+        log.info("%s: segments of %d/%d states (cache %d entries)", name, min(start + chunk, len(states)),
+                 len(states), len(cache))
+    offsets = [parts[0].offsets]
+    for p in parts[1:]:
+        offsets.append(p.offsets[1:] + offsets[-1][-1])
+    return SegmentFeatures(
+        rows=np.concatenate([p.rows for p in parts]),
+        types=np.concatenate([p.types for p in parts]),
+        positions=np.concatenate([p.positions for p in parts]),
+        depths=np.concatenate([p.depths for p in parts]),
+        offsets=np.concatenate(offsets),
+        history_lengths=np.concatenate([p.history_lengths for p in parts]),
+        match=np.concatenate([p.match for p in parts]),
+    )
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model_config, data_args, training_args = parse_args(argv)
+    if model_config.kind not in KINDS:
+        raise SystemExit(f"unknown kind {model_config.kind}")
+    summary = train_reward_model(model_config, data_args, training_args)
+    print(json.dumps({k: summary[k] for k in ("kind", "global_steps", "train_seconds", "export_dir")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -99,7 +99,13 @@ function __stepwiseState() {
           reason: WOB_REWARD_REASON, dom: dom};
 }
 """
-_STATE_SCRIPT = _STATE_JS + "return __stepwiseState();"
+# The state once the timers already queued have run: typing schedules work with setTimeout(0)
+# (jQuery UI's autocomplete searches that way with delay 0), and a synchronous read would see the
+# suggestions for an earlier prefix of the typed text.
+_SETTLED_STATE_SCRIPT = _STATE_JS + """
+var done = arguments[arguments.length - 1];
+setTimeout(function () { done(__stepwiseState()); }, 0);
+"""
 # CLICK_ELEMENT as core.elementClick does it (click(), then focus()), preceded by the pointer
 # events a real click sends first; then, if asked (arguments[1]), the state after the click.
 _CLICK_SCRIPT = _STATE_JS + """
@@ -540,7 +546,7 @@ class MiniWoBEnv:
         return self._task
 
     def _state(self) -> dict[str, Any]:
-        return self._instance.driver.execute_script(_STATE_SCRIPT)
+        return self._instance.driver.execute_async_script(_SETTLED_STATE_SCRIPT)
 
     def _to_screen(self, state: dict[str, Any]) -> Screen:
         path = None

@@ -5,7 +5,7 @@ import pytest
 from envs.catalog import load_catalog
 from envs.miniwob.live import dom_elements_to_screen, miniwob_key, to_miniwob_actions
 from envs.policies import ScriptedPolicy, make_policy
-from envs.protocol import InvalidAction, milestone_track_matches, run_episode
+from envs.protocol import InvalidAction, episode_slots, milestone_track_matches, run_episode
 from envs.tasks import TaskSpecError, task_spec_from_mapping
 from warehouse.model import Action, ActionType, UIElement
 
@@ -111,6 +111,19 @@ def test_an_instruction_that_does_not_fit_its_spec_is_refused(miniwob_env):
     )
     with pytest.raises(TaskSpecError, match="does not fit"):
         miniwob_env.reset(spec, 0)
+
+
+def test_the_screen_after_typing_shows_what_the_typed_text_triggers(miniwob_env, catalog):
+    """jQuery UI's autocomplete (delay 0) searches in a setTimeout after each key: the screen after
+    INPUT must list the suggestions for the whole text, not for an earlier prefix of it."""
+    spec = catalog["use-autocomplete-nodelay"].spec
+    for seed in (202, 7, 31):
+        observation = miniwob_env.reset(spec, seed)
+        prefix = episode_slots(spec, observation.instruction, observation.fields)["prefix"]
+        result = miniwob_env.step(Action(ActionType.INPUT, by_id(observation.screen, "tags"), prefix))
+        suggestions = [e.text for e in result.screen.elements if "ui-menu-item-wrapper" in (e.classes or "")]
+        assert suggestions, (seed, prefix)
+        assert all(s.lower().startswith(prefix.lower()) for s in suggestions), (seed, prefix, suggestions)
 
 
 @pytest.mark.e2e

@@ -26,6 +26,7 @@ import contextlib
 import itertools
 import multiprocessing
 import os
+import shutil
 import signal
 import threading
 import time
@@ -242,7 +243,8 @@ def _worker_main(conn: Any, env_config: EnvConfig, worker_id: str) -> None:
             conn.send(("error", "env", f"could not start the environment: {_first_line(exc)}"))
         return
     try:
-        conn.send(("ready", {"pid": os.getpid(), "backend": env.backend, "supported": sorted(a.value for a in env.supported_actions)}))
+        conn.send(("ready", {"pid": os.getpid(), "backend": env.backend, "supported": sorted(a.value for a in env.supported_actions),
+                            "scratch": [str(path) for path in getattr(env, "scratch_paths", ())]}))
         while True:
             try:
                 message = conn.recv()
@@ -302,6 +304,7 @@ class _Worker:
             raise WorkerFailure(f"worker {self.id}: {reply[2]}")
         self.backend = reply[1]["backend"]
         self.supported = frozenset(ActionType(a) for a in reply[1]["supported"])
+        self.scratch = tuple(reply[1].get("scratch", ()))
 
     def call(self, op: str, *args: Any, timeout: float) -> Any:
         try:
@@ -347,6 +350,8 @@ class _Worker:
         self.process.join(5)
         with contextlib.suppress(Exception):
             self.conn.close()
+        for path in getattr(self, "scratch", ()):  # a killed worker could not remove its browser profile
+            shutil.rmtree(path, ignore_errors=True)
 
     def close(self, timeout: float = 10.0) -> None:
         """Ask the worker to close its environment and exit; kill it if it does not."""

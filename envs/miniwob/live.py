@@ -524,6 +524,12 @@ class MiniWoBEnv:
             pass
         self._remove_profile()
 
+    @property
+    def scratch_paths(self) -> tuple[str, ...]:
+        """Folders this environment created and removes on close (the pool removes them when it
+        has to kill the worker instead)."""
+        return (self._profile_dir,) if self._own_profile else ()
+
     def healthy(self) -> bool:
         try:
             return self._instance.driver.execute_script("return 1;") == 1

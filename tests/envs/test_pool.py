@@ -1,6 +1,9 @@
 """The worker pool under real faults: a Chromium killed mid-batch, a step that hangs, a worker that
 dies between episodes, an episode that cannot run. Real browsers, real processes, real signals."""
 
+import tempfile
+from pathlib import Path
+
 import psutil
 import pytest
 
@@ -106,10 +109,13 @@ def test_a_step_hanging_past_its_timeout_gets_its_worker_replaced(jobs):
             process.suspend()  # SIGSTOP: the next WebDriver command waits forever
         return frozen
 
+    profiles_before = set(Path(tempfile.gettempdir()).glob("stepwise-chromium-*"))
     injector = Injector(target, 1, freeze_browser)
     with EnvPool(MiniWoBConfig(), PoolConfig(workers=2, spares=1, step_timeout_s=2)) as pool:
         result = pool.run(jobs, make_policy("noisy_expert"), before_step=injector)
     assert injector.fired
+    # the killed worker could not remove its browser profile; the pool did
+    assert set(Path(tempfile.gettempdir()).glob("stepwise-chromium-*")) <= profiles_before
     assert_nothing_lost_or_duplicated(result, jobs)
     aborted = [a for a in result.attempts if a.status == "aborted"]
     assert len(aborted) == 1 and aborted[0].episode_id == target

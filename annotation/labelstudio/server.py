@@ -85,6 +85,33 @@ def labelstudio_dir(home: Path) -> Path:
     return Path(home) / "labelstudio"
 
 
+_SECRET_KEY_LINE = re.compile(r"^\s*SECRET_KEY\s*=", re.MULTILINE)
+
+
+def ensure_secret_key(data_dir: Path) -> None:
+    """Give the data folder its Django ``SECRET_KEY`` before Label Studio's first start.
+
+    Label Studio signs every token with the ``SECRET_KEY`` of ``<data>/.env`` and, when there is
+    none, generates and appends one in each process that imports its settings; on a first start
+    two processes can both append, the server signs with one key and the next start reads the
+    other, so every token stops working after a restart. Written here once (mode 0600,
+    temporary file then rename), the key is read by every process and survives restarts.
+    """
+    env_file = data_dir / ".env"
+    try:
+        text = env_file.read_text()
+    except FileNotFoundError:
+        text = ""
+    if _SECRET_KEY_LINE.search(text):
+        return
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = env_file.with_name(".env.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text + ("\n" if text and not text.endswith("\n") else "") + f"SECRET_KEY={_random.token_urlsafe(50)}\n")
+    os.replace(tmp, env_file)
+
+
 def label_studio_executable() -> str:
     """The ``label-studio`` script of the running interpreter's environment (falls back to PATH)."""
     candidate = Path(sys.executable).with_name("label-studio")
@@ -258,6 +285,7 @@ class LocalLabelStudio:
 
     def _spawn(self, say: Callable[[str], None]) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        ensure_secret_key(self.data_dir)
         local = read_local_secrets(self.data_dir)
         first_start = not (self.data_dir / "label_studio.sqlite3").exists()
         if local is None:

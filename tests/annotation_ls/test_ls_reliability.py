@@ -14,7 +14,7 @@ import jwt
 import pytest
 from dagster import DagsterInstance, SensorResult
 
-from annotation.labelstudio.client import LabelStudioAuthError
+from annotation.labelstudio.client import LabelStudioAuthError, LabelStudioClient
 from annotation.labelstudio.interfaces import correctness_prediction
 from annotation.labelstudio.sync import SyncState, human_labels_dataset
 from assets.annotation import LabelStudioResource, build_label_studio_sensor
@@ -30,7 +30,7 @@ def _fast_forward(cursor: str) -> str:
     return state.to_json()
 
 
-def test_server_stopped_during_a_sync_then_restarted(ls_server, small_warehouse, ls_resource):
+def test_server_stopped_during_a_sync_then_restarted(ls_server, ls_credentials, small_warehouse, ls_resource):
     instance = DagsterInstance.ephemeral()
     push(small_warehouse, ls_resource, budget=8, interfaces=("step_correctness",), instance=instance)
     client = ls_resource.client()
@@ -68,6 +68,8 @@ def test_server_stopped_during_a_sync_then_restarted(ls_server, small_warehouse,
     finally:
         ls_server.start()  # the session's server must come back whatever happened
 
+    # the token issued before the restart still works (the server signs with the same key)
+    assert LabelStudioClient(ls_credentials).whoami()["email"] == ls_credentials.username
     resumed = tick(sensor, small_warehouse, ls_resource, instance, _fast_forward(down.cursor))
     assert isinstance(resumed, SensorResult) and len(resumed.asset_events) == 1
     event = resumed.asset_events[0].metadata

@@ -40,6 +40,10 @@ def test_server_runs_locally_with_an_admin_token(ls_server, ls_credentials, ls_h
     assert (data / "label_studio.sqlite3").is_file() and (data / LOG_FILE).is_file()
     secrets_file = data / "stepwise-credentials.json"
     assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
+    # one signing key, so tokens survive a restart (Label Studio's first start can append two)
+    env_file = data / ".env"
+    assert [line.split("=")[0] for line in env_file.read_text().split()] == ["SECRET_KEY"]
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     from annotation.labelstudio.client import LabelStudioClient
 
     assert LabelStudioClient(ls_credentials).whoami()["email"] == "admin@stepwise.local"

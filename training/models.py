@@ -678,10 +678,19 @@ class RewardModel(nn.Module):
             result = {"loss": reward_loss(logits, labels, self.rm_config.loss), "logits": logits}
         return result
 
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
-        """What the Trainer calls for ``--gradient_checkpointing``: checkpoint the backbone's layers."""
-        if self.backbone is not None and hasattr(self.backbone, "gradient_checkpointing_enable"):
-            self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+    def activation_checkpointing_enable(
+        self, activation_checkpointing_kwargs: dict | None = None, every_n_layers: int = 1, offload: bool = False
+    ) -> None:
+        """What the Trainer calls for ``--activation_checkpointing``: checkpoint the backbone's layers
+        (full mode; the frozen-segment fusion is small and has nothing to gain)."""
+        if self.backbone is not None:
+            self.backbone.activation_checkpointing_enable(
+                activation_checkpointing_kwargs=activation_checkpointing_kwargs, every_n_layers=every_n_layers, offload=offload
+            )
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        return bool(getattr(self.backbone, "is_activation_checkpointing", False))
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Everything that is not the frozen backbone (frozen mode) / everything (full mode)."""

@@ -86,7 +86,7 @@ TABLE5_DEFAULTS: dict = {
     "adam_beta2": 0.95,
     "weight_decay": 0.0,
     "bf16": True,
-    "gradient_checkpointing": True,
+    "activation_checkpointing": True,
     "encoder_mode": "full",
     "quantize_encoder": False,
     "save_steps": 200,

@@ -27,7 +27,7 @@ def test_llm_profile_is_progrm_table5(tmp_path):
     # bf16 needs a GPU: on this CPU machine the profile is parsed with bf16 off
     model_config, data, args = parse_args(["--profile", "llm", "--kind", "progrm_env", "--output_dir", str(tmp_path),
                                            "--backbone", "Qwen/Qwen2.5-7B", "--bf16", "false", "--use_cpu", "true"])
-    assert model_config.encoder_mode == "full" and args.gradient_checkpointing
+    assert model_config.encoder_mode == "full" and args.activation_checkpointing
     assert args.learning_rate == 5e-5 and args.num_train_epochs == 3
     assert args.lr_scheduler_type.value == "cosine" and args.warmup_steps == 0.03
     assert (args.adam_beta1, args.adam_beta2) == (0.9, 0.95)
@@ -118,7 +118,7 @@ def test_full_finetune_path_on_a_decoder(tiny_qwen2_path, tiny_examples, tmp_pat
     """The GPU path (full fine-tune, last-token pooling) through the same script, on a tiny Qwen2."""
     argv = _train_argv("orm", tiny_examples["orm"], tmp_path, "--backbone", tiny_qwen2_path, "--encoder_mode", "full",
                        "--max_length", "384", "--max_steps", "4", "--learning_rate", "1e-4",
-                       "--save_steps", "2")
+                       "--save_steps", "2", "--activation_checkpointing", "true", "--global_batch_size", "16")
     done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     final = tmp_path / "trainer" / "final"

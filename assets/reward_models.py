@@ -88,6 +88,8 @@ class RewardModelDatasetConfig(Config):
     prompt_max_tokens: int = Field(default=2048, description="token budget of the stored prompt (about 4 chars/token)")
     keep_recent_actions: int = 3
     sample_failed_steps: bool = Field(default=True, description="ProgRM App. C: failed steps sampled to n_steps_sampled")
+    anchor_outcome: bool = Field(default=True, description="ProgRM kinds: the outcome as the final milestone (a success ends "
+                                 "at 1, a failure below 1; tasks without milestones get outcome-only labels); false: §2.2 as published")
 
 
 @asset(
@@ -112,6 +114,7 @@ def reward_model_datasets(
         derived_from=config.derived_from,
         prompt_budget=TruncationBudget(max_tokens=config.prompt_max_tokens, keep_recent_actions=config.keep_recent_actions),
         sample_failed_steps=config.sample_failed_steps,
+        anchor_outcome=config.anchor_outcome,
     )
     started = time.time()
     last = [0]

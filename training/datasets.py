@@ -464,6 +464,37 @@ def progress_gains(progress: Sequence[float], k: int = 1) -> np.ndarray:
     return p - previous
 
 
+def outcome_anchored_progress(progress: Sequence[float], success: bool, *, tolerance: float = 1e-9) -> np.ndarray:
+    """Progress labels that agree with the trajectory's outcome: the outcome is the last milestone.
+
+    ProgRM's labels (§2.2) come from key steps alone, so they can contradict the environment's own
+    verdict: a successful trajectory whose task spec misses one of its paths ends below 1, and a
+    failed one that matched the whole recipe (a wrong value typed, a wrong item clicked) ends at 1.
+    The success judgement of Table 2 reads the final score, so such labels teach the model to
+    misjudge exactly those trajectories. Here the environment's outcome is treated as the task's
+    final milestone, as WikiHow's task-completion reward is:
+
+    * successful: the final step's label is 1 (reaching the goal implies every sub-goal);
+    * failed: no step reaches 1; a step labelled 1 gets the highest label below 1 reached so far
+      in the trajectory (0 if none): the step that would have completed the task did not.
+
+    Labels strictly between the two are unchanged, so key-step progress is unaffected.
+    """
+    p = np.asarray(progress, dtype=np.float64).copy()
+    if not p.size:
+        return p
+    if success:
+        p[-1] = 1.0
+        return p
+    best_below_one = 0.0
+    for t in range(p.size):
+        if p[t] >= 1.0 - tolerance:
+            p[t] = best_below_one
+        else:
+            best_below_one = max(best_below_one, p[t])
+    return p
+
+
 def derive_step_verdicts(progress: Sequence[float], success: bool, *, tolerance: float = 1e-9) -> list[Verdict]:
     """Step correctness derived from progress labels, where no human looked at the step.
 
@@ -579,9 +610,13 @@ class DatasetOptions:
     derived_from: str = "lcs"  # labels step verdicts are derived from where no human label: lcs | env
     prompt_budget: TruncationBudget = TruncationBudget()
     sample_failed_steps: bool = True  # ProgRM App. C balancing (progrm_* kinds)
+    # progrm_* kinds: the outcome as the final milestone (:func:`outcome_anchored_progress`); episodes
+    # of tasks without milestone labels get outcome-only labels (0, then 1 at a success's last step)
+    anchor_outcome: bool = True
 
     def to_json(self) -> dict:
         return {
+            "anchor_outcome": self.anchor_outcome,
             "lcs_method": self.lcs_method,
             "derived_from": self.derived_from,
             "prompt_max_tokens": self.prompt_budget.max_tokens,
@@ -656,9 +691,22 @@ def build_examples(
         if spec.target == "progress":
             source = spec.label_source or "lcs"
             labels = progress_labels.get(source, {}).get(episode_id)
-            if labels is None or len(labels.progress) != n:
-                stats.dropped[f"no {source} labels" if labels is None else f"{source} labels length mismatch"] += 1
+            name = f"lcs:{options.lcs_method}" if source == "lcs" else source
+            if labels is not None and len(labels.progress) != n:
+                stats.dropped[f"{source} labels length mismatch"] += 1
                 continue
+            if labels is None and not (options.anchor_outcome and traj.success is not None):
+                stats.dropped[f"no {source} labels"] += 1
+                continue
+            if labels is None:  # no milestones for this task: the outcome is the only one
+                progress = outcome_anchored_progress(np.zeros(n), bool(traj.success))
+                labels = EpisodeLabels(tuple(float(v) for v in progress), tuple(bool(v > 0) for v in progress), None)
+                name = "outcome"
+            elif options.anchor_outcome and traj.success is not None:
+                labels = EpisodeLabels(
+                    tuple(float(v) for v in outcome_anchored_progress(labels.progress, traj.success)), labels.is_key_step, labels.label_version
+                )
+                name += "+outcome"
             if not options.sample_failed_steps:
                 keep = range(n)
             elif info.sampled is not None:  # the split's own choice of steps (App. C balancing)
@@ -668,7 +716,6 @@ def build_examples(
             else:
                 keep = range(n)
             stats.dropped["failed steps not sampled (App. C)"] += n - len(keep)
-            name = f"lcs:{options.lcs_method}" if source == "lcs" else source
             for t in keep:
                 add(traj, info, t, progress_state(traj, t), labels.progress[t], name, labels.label_version,
                     labels.is_key_step[t])

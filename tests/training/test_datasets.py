@@ -18,6 +18,7 @@ from training.datasets import (
     build_reward_model_dataset,
     derive_step_verdicts,
     human_step_verdicts,
+    outcome_anchored_progress,
     progress_gains,
     progress_state,
     read_progress_labels,
@@ -98,6 +99,16 @@ def test_progress_gains_eq2():
     assert progress_gains([0.2, 0.5, 0.5, 1.0], k=2).tolist() == pytest.approx([0.2, 0.5, 0.3, 0.5])
 
 
+def test_outcome_anchoring_makes_the_final_label_agree_with_the_outcome():
+    # a success whose milestones missed its path still ends at 1; earlier labels are kept
+    assert outcome_anchored_progress([0.0, 0.5, 0.5], True).tolist() == [0.0, 0.5, 1.0]
+    # a failure that matched the whole recipe: the step "completing" it gains nothing
+    assert outcome_anchored_progress([0.25, 0.5, 1.0, 1.0], False).tolist() == [0.25, 0.5, 0.5, 0.5]
+    assert outcome_anchored_progress([1.0, 1.0], False).tolist() == [0.0, 0.0]
+    assert outcome_anchored_progress([0.2, 0.6], False).tolist() == [0.2, 0.6]  # nothing to change
+    assert outcome_anchored_progress([], True).size == 0
+
+
 def test_derived_verdicts_and_human_majority():
     assert derive_step_verdicts([0.2, 0.2, 0.6], True) == ["positive"] * 3
     # failed: gain -> positive; non-gain before the last gain -> unsure; after it -> negative
@@ -131,11 +142,19 @@ def test_datasets_from_the_warehouse(tiny_home):
     assert all(r["step_idx"] == r["n_steps"] - 1 and len(r["history"]) == r["n_steps"] for r in rows)
     assert "judgment about the success or failure" in rows[0]["prompt"]
 
-    env = build_reward_model_dataset(warehouse, "progrm_env", trajectories=trajectories)
+    env = build_reward_model_dataset(warehouse, "progrm_env", trajectories=trajectories,
+                                     options=DatasetOptions(anchor_outcome=False))
     labels = read_progress_labels(warehouse, "env")
     for r in env.examples.to_pylist():
         assert r["label"] == labels[r["episode_id"]].progress[r["step_idx"]]
         assert r["label_version"] == "env-test-v1" and r["label_source"] == "env"
+    anchored = build_reward_model_dataset(warehouse, "progrm_env", trajectories=trajectories)
+    for r in anchored.examples.to_pylist():
+        published = labels[r["episode_id"]].progress
+        expected = outcome_anchored_progress(published, r["episode_success"])[r["step_idx"]]
+        assert r["label"] == expected and r["label_source"] == "env+outcome"
+        if r["step_idx"] == r["n_steps"] - 1:
+            assert (r["label"] == 1.0) == r["episode_success"]
     # App. C: failed trajectories keep n_steps_sampled steps (here n - 1)
     assert env.stats.dropped["failed steps not sampled (App. C)"] > 0
     assert set(env.examples["split"].to_pylist()) == {"train", "validation", "test"}
@@ -214,8 +233,12 @@ def test_missing_split_is_an_error(tmp_path):
 
 def test_lcs_method_selects_labels(tiny_home):
     warehouse = Warehouse(tiny_home)
-    none = build_reward_model_dataset(warehouse, "progrm_lcs", DatasetOptions(lcs_method="improved"))
+    none = build_reward_model_dataset(warehouse, "progrm_lcs", DatasetOptions(lcs_method="improved", anchor_outcome=False))
     assert none.examples.num_rows == 0 and none.stats.dropped["no lcs labels"] == 70
+    # anchored, an episode without labels of the method falls back to outcome-only labels
+    outcome_only = build_reward_model_dataset(warehouse, "progrm_lcs", DatasetOptions(lcs_method="improved"))
+    assert set(outcome_only.examples["label_source"].to_pylist()) == {"outcome"}
+    assert set(outcome_only.examples["label"].to_pylist()) == {0.0, 1.0}
 
 
 def test_target_context_names_which_of_identical_buttons():

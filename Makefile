@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 VENV := .venv
 PORT ?= 3000
 
-.PHONY: setup demo test test-fast ui annotate bench clean
+.PHONY: setup demo test test-fast ui annotate reward-models bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -28,6 +28,9 @@ ui: setup
 
 annotate: setup
 	@bash scripts/annotate.sh
+
+reward-models: setup
+	@$(VENV)/bin/stepwise reward-models
 
 bench: setup
 	@$(VENV)/bin/python benchmarks/bench_import.py

@@ -471,7 +471,7 @@ def _current_label_inputs(wh: Warehouse) -> list[LineageInput]:
     return wh.current_inputs(["progress_labels", "progress_split", "human_step_labels", "human_labels"])
 
 
-def _latest_report_metrics(wh: Warehouse) -> list[dict]:
+def latest_report_metrics(wh: Warehouse) -> list[dict]:
     if not view_exists(wh, "rm_metrics"):
         return []
     return wh.query(
@@ -486,7 +486,7 @@ def _latest_report_metrics(wh: Warehouse) -> list[dict]:
 
 @asset_check(asset=REPORT_ASSET, description="ORM, ProgRM-LCS and ProgRM-Env each have Table 2-3 metrics, none NaN")
 def reward_model_report_metrics_present(warehouse: WarehouseResource) -> AssetCheckResult:
-    rows = _latest_report_metrics(warehouse.get())
+    rows = latest_report_metrics(warehouse.get())
     split = "test"
     values = {(r["kind"], r["metric"]): r["value"] for r in rows if r["split"] == split}
     missing = [f"{k}.{m}" for k in REPORT_REQUIRED_KINDS for m in REPORT_REQUIRED_METRICS if (k, m) not in values]
@@ -500,7 +500,7 @@ def reward_model_report_metrics_present(warehouse: WarehouseResource) -> AssetCh
 
 @asset_check(asset=REPORT_ASSET, description="ProgRM beats the ORM on held-out success accuracy and key-step progress error (ProgRM Tables 2-3)")
 def reward_model_report_progrm_beats_orm(warehouse: WarehouseResource) -> AssetCheckResult:
-    rows = _latest_report_metrics(warehouse.get())
+    rows = latest_report_metrics(warehouse.get())
     values = {(r["kind"], r["metric"]): r["value"] for r in rows if r["split"] == "test"}
     comparisons = {}
     passed = True

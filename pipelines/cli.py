@@ -196,6 +196,60 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if all_ok else 1
 
 
+def cmd_reward_models(args: argparse.Namespace) -> int:
+    """Dataset + model per kind (the ``reward_models`` job, one partition each), then the report."""
+    prepare_dagster_home()
+    from dagster import DagsterInstance
+
+    from assets.reward_models import REPORT_REQUIRED_KINDS
+    from pipelines.definitions import defs
+    from training.datasets import REWARD_MODEL_KINDS, view_exists
+    from warehouse.catalog import Warehouse
+
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(REWARD_MODEL_KINDS))
+    if unknown:
+        print(f"stepwise reward-models: unknown kind(s) {unknown}; choose from {list(REWARD_MODEL_KINDS)}", file=sys.stderr)
+        return 2
+    quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+    training = {"max_steps": args.max_steps} | ({"threads": args.threads} if args.threads else {})
+    started = time.perf_counter()
+    outcomes: list[tuple[str, bool]] = []
+    with DagsterInstance.get() as instance:
+        job = defs.resolve_job_def("reward_models")
+        for kind in kinds:
+            run = job.execute_in_process(instance=instance, partition_key=kind, raise_on_error=False,
+                                         run_config=quiet | {"ops": {"reward_model": {"config": training}}})
+            outcomes.append((f"reward_models[{kind}]", run.success))
+        warehouse = Warehouse()
+        trained = set(warehouse.query("SELECT DISTINCT kind FROM models").column("kind").to_pylist()) if view_exists(warehouse, "models") else set()
+        missing = [k for k in REPORT_REQUIRED_KINDS if k not in trained]
+        if args.report and not missing:
+            report = defs.resolve_job_def("reward_model_evaluation").execute_in_process(
+                instance=instance, raise_on_error=False, run_config=quiet)
+            outcomes.append(("reward_model_report", report.success))
+            for check in report.get_asset_check_evaluations():
+                print(f"   check {check.check_name}: {'passed' if check.passed else 'did not pass'}")
+    all_ok = all(ok for _, ok in outcomes)
+    print(f"\n== Stepwise reward models: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s")
+    for name, ok in outcomes:
+        print(f"   {name}: {'ok' if ok else 'FAILED'}")
+    if args.report and missing:
+        print(f"   report skipped: no trained model yet for {missing} (the report compares {list(REPORT_REQUIRED_KINDS)})")
+    elif args.report and all_ok:
+        import pyarrow as pa
+
+        from assets.reward_models import latest_report_metrics
+
+        shown = ("accuracy", "precision", "recall", "key_step_progress_error", "mean_final_step_score", "latency_ms_p50")
+        values = {(r["kind"], r["metric"]): r["value"] for r in latest_report_metrics(warehouse) if r["split"] == "test"}
+        rows = [{"kind": kind} | {m: None if values.get((kind, m)) is None else round(values[(kind, m)], 4) for m in shown}
+                for kind in sorted({kind for kind, _ in values})]
+        _print_table(pa.Table.from_pylist(rows))
+        print("   details: the reward_model_report asset in the UI (plots), or SELECT * FROM rm_metrics / rm_predictions")
+    return 0 if all_ok else 1
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     prepare_dagster_home()
     exe = Path(sys.executable).with_name("dagster-webserver")
@@ -229,6 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("query")
     p.add_argument("--max-rows", type=int, default=50)
     p.set_defaults(func=cmd_sql)
+    p = sub.add_parser("reward-models", help="train reward models (dataset + model per kind), then the evaluation report")
+    p.add_argument("--kinds", default="orm,progrm_lcs,progrm_env", help="comma-separated: orm, progrm_lcs, progrm_env, prm, guidnav")
+    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps per model (-1: the profile's 3 epochs)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads of each training process (0: the asset's default)")
+    p.add_argument("--no-report", dest="report", action="store_false", help="train only")
+    p.set_defaults(func=cmd_reward_models)
     p = sub.add_parser("ui", help="start the Dagster UI on 127.0.0.1")
     p.add_argument("--port", type=int, default=3000)
     p.set_defaults(func=cmd_ui)

@@ -79,3 +79,31 @@ def test_datasets_models_and_report_materialize_with_checks(tmp_path):
     chain = {r["asset"] for r in warehouse.walk_back(path).to_pylist()}
     assert {"reward_model_report", "reward_model", "reward_model_datasets", "progress_labels", "progress_split",
             "human_demonstrations"} <= chain
+
+
+@pytest.mark.e2e
+def test_stepwise_reward_models_command_trains_and_reports(tmp_path):
+    """``stepwise reward-models``: the three kinds the report compares, then the report, in one command."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    home = tmp_path / "home"
+    build_tiny_warehouse(home)
+    env = os.environ | {"STEPWISE_HOME": str(home), "DAGSTER_HOME": str(tmp_path / "dagster"), "HF_HUB_OFFLINE": "1"}
+    stepwise = [sys.executable, "-m", "pipelines.cli"]
+    repo = Path(__file__).resolve().parents[2]
+    refused = subprocess.run([*stepwise, "reward-models", "--kinds", "orm,bogus"], cwd=repo, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "unknown kind(s) ['bogus']" in refused.stderr
+    done = subprocess.run([*stepwise, "reward-models", "--max-steps", "6", "--threads", "1"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for name in ("reward_models[orm]: ok", "reward_models[progrm_lcs]: ok", "reward_models[progrm_env]: ok",
+                 "reward_model_report: ok", "check reward_model_report_metrics_present: passed"):
+        assert name in done.stdout
+    table = done.stdout[done.stdout.index("kind"):]
+    assert all(kind in table for kind in ("orm", "progrm_lcs", "progrm_env")) and "key_step_progress_error" in table
+    warehouse = Warehouse(home)
+    assert warehouse.query("SELECT count(DISTINCT kind) AS n FROM models").to_pylist()[0]["n"] == 3

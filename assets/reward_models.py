@@ -83,13 +83,14 @@ def _image_markdown(path: Path, alt: str) -> str:
 
 
 class RewardModelDatasetConfig(Config):
-    lcs_method: str = Field(default="paper", description="progress_labels.method of the LCS labels: paper | improved")
+    lcs_method: str = Field(default="improved", description="progress_labels.method of the LCS labels: improved | paper (§2.2 as published)")
     derived_from: str = Field(default="lcs", description="labels step verdicts are derived from (no human label): lcs | env")
     prompt_max_tokens: int = Field(default=2048, description="token budget of the stored prompt (about 4 chars/token)")
     keep_recent_actions: int = 3
     sample_failed_steps: bool = Field(default=True, description="ProgRM App. C: failed steps sampled to n_steps_sampled")
     anchor_outcome: bool = Field(default=True, description="ProgRM kinds: the outcome as the final milestone (a success ends "
-                                 "at 1, a failure below 1; tasks without milestones get outcome-only labels); false: §2.2 as published")
+                                 "at 1, a failure below 1); episodes without milestone labels fall back to LCS labels, then "
+                                 "to outcome-only labels; false: §2.2 as published (such episodes dropped)")
 
 
 @asset(

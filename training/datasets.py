@@ -606,12 +606,15 @@ class DatasetStats:
 class DatasetOptions:
     """Parameters of dataset building (recorded in lineage)."""
 
-    lcs_method: str = "paper"  # progress_labels.method of the LCS labels: paper | improved
+    # progress_labels.method of the LCS labels: improved (the pipeline's better labels, about half
+    # the paper mode's key-step error against milestones) | paper (ProgRM §2.2 as published)
+    lcs_method: str = "improved"
     derived_from: str = "lcs"  # labels step verdicts are derived from where no human label: lcs | env
     prompt_budget: TruncationBudget = TruncationBudget()
     sample_failed_steps: bool = True  # ProgRM App. C balancing (progrm_* kinds)
-    # progrm_* kinds: the outcome as the final milestone (:func:`outcome_anchored_progress`); episodes
-    # of tasks without milestone labels get outcome-only labels (0, then 1 at a success's last step)
+    # progrm_* kinds: the outcome as the final milestone (:func:`outcome_anchored_progress`); an
+    # episode without labels of its kind's source then falls back (see :func:`fallback_sources`)
+    # instead of being dropped
     anchor_outcome: bool = True
 
     def to_json(self) -> dict:
@@ -623,6 +626,20 @@ class DatasetOptions:
             "keep_recent_actions": self.prompt_budget.keep_recent_actions,
             "sample_failed_steps": self.sample_failed_steps,
         }
+
+
+def fallback_sources(kind: str, options: DatasetOptions) -> tuple[str, ...]:
+    """Where a progress kind's labels come from for an episode its own source did not label.
+
+    ProgRM-Env's milestone labels exist only for tasks with a task spec; on the others the best
+    progress label there is, is the LCS one. Anchored to the outcome (``anchor_outcome``), an
+    episode labelled by nobody gets outcome-only labels (0, then 1 at a success's last step),
+    since the outcome is the one milestone every task has. Without anchoring (§2.2 as
+    published) such episodes are dropped.
+    """
+    if not options.anchor_outcome:
+        return ()
+    return ("lcs", "outcome") if kind_spec(kind).label_source == "env" else ("outcome",)
 
 
 def build_examples(
@@ -691,18 +708,25 @@ def build_examples(
         if spec.target == "progress":
             source = spec.label_source or "lcs"
             labels = progress_labels.get(source, {}).get(episode_id)
-            name = f"lcs:{options.lcs_method}" if source == "lcs" else source
             if labels is not None and len(labels.progress) != n:
                 stats.dropped[f"{source} labels length mismatch"] += 1
                 continue
-            if labels is None and not (options.anchor_outcome and traj.success is not None):
-                stats.dropped[f"no {source} labels"] += 1
+            if labels is None and traj.success is not None:
+                for fallback in fallback_sources(kind, options):
+                    if fallback == "outcome":  # the one milestone every task has
+                        progress = outcome_anchored_progress(np.zeros(n), bool(traj.success))
+                        labels = EpisodeLabels(tuple(float(v) for v in progress), tuple(bool(v > 0) for v in progress), None)
+                    else:
+                        labels = progress_labels.get(fallback, {}).get(episode_id)
+                        labels = labels if labels is not None and len(labels.progress) == n else None
+                    if labels is not None:
+                        source = fallback
+                        break
+            if labels is None:
+                stats.dropped[f"no {spec.label_source or 'lcs'} labels"] += 1
                 continue
-            if labels is None:  # no milestones for this task: the outcome is the only one
-                progress = outcome_anchored_progress(np.zeros(n), bool(traj.success))
-                labels = EpisodeLabels(tuple(float(v) for v in progress), tuple(bool(v > 0) for v in progress), None)
-                name = "outcome"
-            elif options.anchor_outcome and traj.success is not None:
+            name = {"lcs": f"lcs:{options.lcs_method}", "outcome": "outcome"}.get(source, source)
+            if source != "outcome" and options.anchor_outcome and traj.success is not None:
                 labels = EpisodeLabels(
                     tuple(float(v) for v in outcome_anchored_progress(labels.progress, traj.success)), labels.is_key_step, labels.label_version
                 )
@@ -1019,6 +1043,8 @@ def build_reward_model_dataset(
         raise ValueError("progress_split is empty: the reward-model split has not been materialized")
     labels: dict[str, dict[str, EpisodeLabels]] = {}
     needed = {spec.label_source} if spec.target == "progress" else set()
+    if spec.target == "progress":
+        needed |= set(fallback_sources(kind, options)) - {"outcome"}
     if spec.target in ("step_correctness", "step_reward"):
         needed.add(options.derived_from)
     for source in needed:
@@ -1040,6 +1066,3 @@ def build_reward_model_dataset(
         trl = trl_stepwise_rows(trajectories, splits, verdicts)
     return RewardModelDataset(kind, examples, stats, warehouse.current_inputs(tables), trl, bool(human))
 
-
-def parameters_json(kind: str, options: DatasetOptions) -> str:
-    return json.dumps({"kind": kind, **options.to_json()}, sort_keys=True)

@@ -495,7 +495,7 @@ def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
     return [by_kind[k] for k in kinds if k in by_kind]
 
 
-def load_evaluation_set(warehouse, split: str, *, lcs_method: str = "paper", derived_from: str = "lcs") -> EvaluationSet:
+def load_evaluation_set(warehouse, split: str, *, lcs_method: str = "improved", derived_from: str = "lcs") -> EvaluationSet:
     """Held-out trajectories of ``split`` with LCS and milestone labels and step verdicts."""
     from training.datasets import (
         read_human_verdicts,

@@ -6,7 +6,7 @@ Two MiniWoB-like tasks with real screen structure (forms with values, buttons):
   type a wrong username, or stop before clicking Login.
 * ``click-button``: click the button the instruction names; failures click another one.
 
-Progress labels are written for both sources the reward models read: ``lcs`` (method ``paper``)
+Progress labels are written for both sources the reward models read: ``lcs`` (methods ``paper`` and ``improved``)
 and ``env`` (milestones: fields filled, button clicked), with ``is_key_step`` where progress rises;
 ``progress_split`` splits by goal (task + instruction) into train / validation / test.
 """
@@ -128,13 +128,13 @@ def build_tiny_warehouse(home: Path, *, n_login: int = 40, n_button: int = 30, s
                 "target_ref": action.target.ref if action.target is not None else None,
                 "n_elements": len(screen.elements), "done": t == len(actions) - 1,
             })
-        for source, method, progress in (("lcs", "paper", lcs), ("env", None, env)):
+        for source, method, progress in (("lcs", "paper", lcs), ("lcs", "improved", lcs), ("env", None, env)):
             previous = 0.0
             for t, p in enumerate(progress):
                 labels.append({
                     "episode_id": episode_id, "step_idx": t, "source": source, "method": method, "progress": float(p),
                     "is_key_step": p > previous, "recipe_id": None, "completion_ratio": float(progress[-1]),
-                    "label_version": f"{source}-test-v1",
+                    "label_version": f"{source}-{method}-test-v1" if method == "improved" else f"{source}-test-v1",
                 })
                 previous = max(previous, p)
         goal = f"{task_id}|{instruction}"

@@ -15,13 +15,16 @@ from training.datasets import (
     TrajectoryStep,
     TruncationBudget,
     action_state,
+    build_examples,
     build_reward_model_dataset,
     derive_step_verdicts,
+    fallback_sources,
     human_step_verdicts,
     outcome_anchored_progress,
     progress_gains,
     progress_state,
     read_progress_labels,
+    read_splits,
     read_trajectories,
     render_prompt,
     sampled_steps,
@@ -233,12 +236,44 @@ def test_missing_split_is_an_error(tmp_path):
 
 def test_lcs_method_selects_labels(tiny_home):
     warehouse = Warehouse(tiny_home)
-    none = build_reward_model_dataset(warehouse, "progrm_lcs", DatasetOptions(lcs_method="improved", anchor_outcome=False))
-    assert none.examples.num_rows == 0 and none.stats.dropped["no lcs labels"] == 70
-    # anchored, an episode without labels of the method falls back to outcome-only labels
-    outcome_only = build_reward_model_dataset(warehouse, "progrm_lcs", DatasetOptions(lcs_method="improved"))
-    assert set(outcome_only.examples["label_source"].to_pylist()) == {"outcome"}
-    assert set(outcome_only.examples["label"].to_pylist()) == {0.0, 1.0}
+    for method, version in (("paper", "lcs-test-v1"), ("improved", "lcs-improved-test-v1")):
+        built = build_reward_model_dataset(warehouse, "progrm_lcs", DatasetOptions(lcs_method=method))
+        assert set(built.examples["label_version"].to_pylist()) == {version}
+        assert set(built.examples["label_source"].to_pylist()) == {f"lcs:{method}+outcome"}
+    assert DatasetOptions().lcs_method == "improved"
+
+
+def test_episodes_without_their_labels_fall_back_or_are_dropped(tiny_home):
+    """ProgRM-Env: milestone labels, else LCS labels, else outcome-only; ProgRM-LCS: LCS, else outcome-only;
+    unanchored (§2.2 as published): dropped."""
+    warehouse = Warehouse(tiny_home)
+    trajectories, splits = read_trajectories(warehouse), read_splits(warehouse)
+    env, lcs = read_progress_labels(warehouse, "env"), read_progress_labels(warehouse, "lcs", "improved")
+    ids = sorted(trajectories)
+    no_env, unlabelled = set(ids[:10]), set(ids[10:15])
+    labels = {"env": {e: v for e, v in env.items() if e not in no_env | unlabelled},
+              "lcs": {e: v for e, v in lcs.items() if e not in unlabelled}}
+    examples, _ = build_examples("progrm_env", trajectories, splits, progress_labels=labels)
+    source_of = {r["episode_id"]: r["label_source"] for r in examples.to_pylist()}
+    assert {source_of[e] for e in no_env} == {"lcs:improved+outcome"}
+    assert {source_of[e] for e in unlabelled} == {"outcome"}
+    assert {source_of[e] for e in set(ids) - no_env - unlabelled} == {"env+outcome"}
+    for r in examples.to_pylist():
+        if r["episode_id"] in no_env:
+            expected = outcome_anchored_progress(lcs[r["episode_id"]].progress, r["episode_success"])[r["step_idx"]]
+            assert r["label"] == expected
+        elif r["episode_id"] in unlabelled:
+            last = r["step_idx"] == r["n_steps"] - 1
+            assert r["label"] == (1.0 if last and r["episode_success"] else 0.0)
+
+    lcs_examples, _ = build_examples("progrm_lcs", trajectories, splits, progress_labels=labels)
+    assert {r["label_source"] for r in lcs_examples.to_pylist() if r["episode_id"] in unlabelled} == {"outcome"}
+    published, stats = build_examples("progrm_env", trajectories, splits, progress_labels=labels,
+                                      options=DatasetOptions(anchor_outcome=False))
+    assert not set(published["episode_id"].to_pylist()) & (no_env | unlabelled)
+    assert stats.dropped["no env labels"] == len(no_env | unlabelled)
+    assert fallback_sources("progrm_env", DatasetOptions()) == ("lcs", "outcome")
+    assert fallback_sources("progrm_lcs", DatasetOptions()) == ("outcome",)
 
 
 def test_target_context_names_which_of_identical_buttons():

@@ -37,6 +37,7 @@ bench: setup
 	@$(VENV)/bin/python benchmarks/bench_labels.py
 	@$(VENV)/bin/python benchmarks/bench_rollouts.py
 	@$(VENV)/bin/python benchmarks/bench_annotation.py
+	@$(VENV)/bin/python benchmarks/bench_reward_models.py
 
 clean:
 	rm -rf $(STEPWISE_HOME)

@@ -15,7 +15,13 @@ Measured on the held-out (test) trajectories of the warehouse (``progress_split`
    reward model after each step), cold and from the training cache;
 5. training: optimizer steps per second of the Trainer on the real examples (segments cached),
    and the whole-run time from a training summary if given (``--training-summary``);
-6. peak resident memory of this process (``ru_maxrss``).
+6. peak resident memory of this process (``ru_maxrss``);
+7. the baseline, in the same run: the plain architecture (the same MiniLM reading the whole
+   truncated prompt of every state, fp32, mean-pooled, then the head: what the GPU path does)
+   on the first ``--baseline-steps`` states, batched and one call at a time.
+
+Without ``--checkpoint`` the latest ProgRM-Env model of the warehouse's ``models`` table is used
+(run ``make reward-models`` first).
 
 Goals (issue): >= 200 steps/s batched, <= 50 ms p50 per single call on 2 cores, the full
 ProgRM-style training split in under 15 minutes. The machine is shared: the load average is
@@ -61,7 +67,7 @@ def _batched(scorer: RewardScorer, trajectories) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="an exported reward model folder")
+    parser.add_argument("--checkpoint", default=None, help="an exported reward model folder (default: the latest progrm_env model)")
     parser.add_argument("--home", default=None, help="STEPWISE_HOME with the warehouse (default: $STEPWISE_HOME)")
     parser.add_argument("--split", default="test")
     parser.add_argument("--max-trajectories", type=int, default=None)
@@ -71,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-examples", default=None, help="rm_examples Parquet: also time training steps")
     parser.add_argument("--train-steps", type=int, default=60)
     parser.add_argument("--training-summary", default=None, help="training_summary.json of a full run, to report its time")
+    parser.add_argument("--baseline-steps", type=int, default=512, help="states scored by the plain full-prompt baseline")
     parser.add_argument("--out", default=None, help="JSON results file (default: <home>/benchmarks/reward_models.json)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -80,6 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     from warehouse.catalog import Warehouse
 
     warehouse = Warehouse(args.home)
+    if args.checkpoint is None:
+        from training.datasets import view_exists
+
+        latest = warehouse.query(
+            "SELECT checkpoint_path FROM models WHERE kind = 'progrm_env' ORDER BY created_at DESC LIMIT 1"
+        ).to_pylist() if view_exists(warehouse, "models") else []
+        if not latest:
+            print("bench_reward_models: no trained progrm_env model in the warehouse; run `make reward-models` first "
+                  "or pass --checkpoint", file=sys.stderr)
+            return 0
+        args.checkpoint = latest[0]["checkpoint_path"]
     results: dict = {"threads": args.threads, "load_average_start": os.getloadavg(), "checkpoint": args.checkpoint,
                      "cpu_count": os.cpu_count(), "torch": torch.__version__}
     ids = [e for e, info in read_splits(warehouse).items() if info.split == args.split]
@@ -119,6 +137,22 @@ def main(argv: list[str] | None = None) -> int:
     print("single call, from the training cache:", results["single_call_deployed"], flush=True)
     results["peak_rss_mb_scoring"] = round(_peak_rss_mb(), 1)
 
+    # the baseline: the same backbone over the whole prompt of every state (no segments, no cache)
+    from training.models import RewardModelConfig, build_reward_model, default_backbone, load_tokenizer
+
+    plain_config = RewardModelConfig(kind=kind, encoder_mode="full", max_length=512)
+    plain = RewardScorer(build_reward_model(plain_config), tokenizer=load_tokenizer(default_backbone()))
+    sample = states[: args.baseline_steps]
+    t0 = time.perf_counter()
+    plain.score_states(sample, batch_size=32)
+    seconds = time.perf_counter() - t0
+    results["baseline_full_prompt"] = {
+        "steps": len(sample), "seconds": round(seconds, 3), "steps_per_second": round(len(sample) / seconds, 1),
+        **{k: round(v, 2) for k, v in measure_latency(plain, sample[: min(len(sample), 60)]).items()},
+    }
+    print("baseline, MiniLM over the whole prompt (fp32, max 512 tokens):", results["baseline_full_prompt"], flush=True)
+    del plain
+
     if args.train_examples:
         import tempfile
 
@@ -152,6 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else warehouse.home / "benchmarks" / "reward_models.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
+    base = results["baseline_full_prompt"]
+    print("\n| scoring | batched steps/s | single call p50 ms | p95 ms |\n|---|---:|---:|---:|")
+    print(f"| baseline: MiniLM over the whole prompt | {base['steps_per_second']} | {base['latency_ms_p50']} | {base['latency_ms_p95']} |")
+    for label, batched, single in (("segments + cache, cold", "batched_cold", "single_call_cold"),
+                                   ("segments + cache, from the training cache", "batched_deployed", "single_call_deployed")):
+        print(f"| {label} | {results[batched]['steps_per_second']} | {results[single]['latency_ms_p50']} | "
+              f"{results[single]['latency_ms_p95']} |")
     print(f"peak RSS {results['peak_rss_mb']} MB; load average {results['load_average_start']} -> "
           f"{results['load_average_end']}; written to {out}")
     return 0

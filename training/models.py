@@ -875,12 +875,14 @@ class RewardScorer:
             if self.encoder is not None:
                 features = segment_features(states, self.cache, self.config)
                 matrix = torch.from_numpy(self.cache.matrix)
-                chunks = []
+                # batches of states with similar segment counts: little padding in the fusion's attention
+                by_length = np.argsort(np.diff(features.offsets), kind="stable")
+                scores = np.zeros(len(states), dtype=np.float64)
                 for start in range(0, len(states), batch_size):
-                    items = np.arange(start, min(start + batch_size, len(states)))
+                    items = by_length[start : start + batch_size]
                     batch = {k: v.to(self.device) for k, v in collate_segments(features, items, matrix).items()}
-                    chunks.append(torch.sigmoid(self.model(**batch)["logits"].float()).cpu())
-                return torch.cat(chunks).double().numpy()
+                    scores[items] = torch.sigmoid(self.model(**batch)["logits"].float()).cpu().double().numpy()
+                return scores
             texts = prompt_texts(states, self.kind, self.tokenizer, self.config)
             chunks = []
             for start in range(0, len(texts), batch_size):

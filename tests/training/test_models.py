@@ -123,6 +123,10 @@ def test_frozen_segment_model_trains_and_round_trips(tmp_path):
     scores = scorer.score_states(STATES)
     expected = torch.sigmoid(model(**batch)["logits"]).detach().numpy()
     np.testing.assert_allclose(scores, expected, atol=1e-5)
+    # batches are formed by segment count: any batch size gives each state its own score, in order
+    assert len(set(np.diff(features.offsets).tolist())) > 1
+    np.testing.assert_allclose(scorer.score_states(STATES, batch_size=2), expected, atol=1e-5)
+    np.testing.assert_allclose([scorer.score_states([s])[0] for s in STATES], expected, atol=1e-5)
     assert scorer.metadata["model_id"] == "x"
 
 

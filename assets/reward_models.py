@@ -9,8 +9,8 @@
 * ``reward_model_report``: every kind's latest model on the held-out split: ProgRM Tables 2-3,
   step judgement, latency, progress curves and calibration plots; ``rm_predictions``, ``rm_metrics``.
 
-The lead wires ``REWARD_MODEL_ASSETS`` and ``REWARD_MODEL_CHECKS`` into ``pipelines/definitions.py``
-and ``TRAINING_TABLE_SCHEMAS`` into ``warehouse.schema.TABLE_SCHEMAS``.
+``pipelines/definitions.py`` registers ``REWARD_MODEL_ASSETS`` and ``REWARD_MODEL_CHECKS``;
+``stepwise reward-models`` runs the stage from the command line.
 """
 
 
@@ -64,7 +64,7 @@ MODEL_CODE_VERSION = "rm-train-1"
 REPORT_CODE_VERSION = "rm-report-1"
 GROUP = "reward_models"
 
-#: Upstream assets of the lead's label stage (their keys as the lead names them).
+#: Upstream assets of the label stage (assets/labels.py).
 UPSTREAM_LABEL_ASSETS = ("progress_labels", "progress_split")
 
 KIND_PARTITIONS = StaticPartitionsDefinition(list(REWARD_MODEL_KINDS))

@@ -53,7 +53,7 @@ from training.datasets import (
     view_exists,
 )
 from warehouse.catalog import LineageInput, Materialization, Warehouse
-from warehouse.storage import REPO_ROOT, git_revision, slug, write_parquet_atomic
+from warehouse.storage import REPO_ROOT, git_revision
 from warehouse.tables_training import MODELS
 
 DATASETS_ASSET = "reward_model_datasets"

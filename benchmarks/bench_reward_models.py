@@ -43,7 +43,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from training.evaluate import measure_latency, predict_trajectories, trajectory_states  # noqa: E402

@@ -46,7 +46,7 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 
-from warehouse.catalog import Warehouse
+from warehouse.catalog import LineageInput, Warehouse
 from warehouse.model import Screen, UIElement
 from warehouse.tables_training import RM_EXAMPLES, RM_TRL_STEPWISE
 

@@ -9,7 +9,6 @@ import torch
 from training.datasets import StepState
 from training.models import (
     EmbeddingCache,
-    RewardModel,
     RewardModelConfig,
     RewardScorer,
     SegmentEncoder,

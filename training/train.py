@@ -111,6 +111,10 @@ CPU_DEFAULTS: dict = {
     "save_steps": 100,
     "logging_steps": 25,
     "dataloader_num_workers": 0,
+    # every kind gets about the same optimizer budget: the ORM has one example per trajectory
+    # (10.6k here, 83 steps an epoch) and after 3 epochs its from-scratch fusion is far from
+    # converged, which would make it a weak baseline next to ProgRM's ~1,000 steps
+    "min_optimizer_steps": 1000,
 }
 
 PROFILES = {"llm": TABLE5_DEFAULTS, "cpu": CPU_DEFAULTS}
@@ -130,6 +134,8 @@ class DataArguments:
     export_dir: str | None = field(default=None, metadata={"help": "final model folder; default <output_dir>/final"})
     resume: str = field(default="auto", metadata={"help": "auto | never | a checkpoint folder"})
     threads: int = field(default=2, metadata={"help": "torch CPU threads"})
+    min_optimizer_steps: int = field(default=0, metadata={
+        "help": "more whole epochs if the epochs asked for give fewer optimizer steps (0: off; ignored with --max_steps)"})
     dataset_materialization_id: str | None = None
 
 
@@ -319,6 +325,18 @@ def parse_args(argv: list[str] | None = None):
     return model_config, data_args, training_args
 
 
+def epochs_for_min_steps(n_examples: int, args, min_steps: int) -> float:
+    """The epochs to train: ``args.num_train_epochs``, or more whole epochs where those give fewer
+    than ``min_steps`` optimizer steps (batches of per-device size x world size, ``gradient
+    accumulation`` batches a step). A run bounded by ``max_steps`` keeps its epochs."""
+    if min_steps <= 0 or args.max_steps > 0 or n_examples <= 0:
+        return args.num_train_epochs
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    batches = math.ceil(n_examples / (args.per_device_train_batch_size * world))
+    steps_per_epoch = max(1, batches // max(1, args.gradient_accumulation_steps))
+    return max(args.num_train_epochs, float(math.ceil(min_steps / steps_per_epoch)))
+
+
 def default_embedding_cache_dir(encoder_fingerprint: str, home: str | None = None) -> Path:
     """``<home>/cache/segment_embeddings/<encoder fingerprint>`` (home: --home or $STEPWISE_HOME)."""
     from training.models import segment_cache_dir
@@ -384,6 +402,11 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
             # with the longest state in a batch, and screens range from 5 to 100+ elements.
             return EpochLengthGroupedSampler(self.args.per_device_train_batch_size, lengths, seed=self.args.seed)
 
+    epochs = epochs_for_min_steps(len(train_states), args, data.min_optimizer_steps)
+    if epochs > args.num_train_epochs:
+        log.info("%s: %g epochs instead of %g, to reach %d optimizer steps", kind, epochs, args.num_train_epochs,
+                 data.min_optimizer_steps)
+        args.num_train_epochs = epochs
     if not len(eval_states):
         args.eval_strategy = "no"
     trainer = RewardTrainer(

@@ -17,7 +17,7 @@ import pytest
 
 from training.datasets import StepState
 from training.models import RewardScorer
-from training.train import DS_ZERO2, DS_ZERO2_CPU, TABLE5_DEFAULTS, last_complete_checkpoint, parse_args
+from training.train import DS_ZERO2, DS_ZERO2_CPU, TABLE5_DEFAULTS, epochs_for_min_steps, last_complete_checkpoint, parse_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,11 +38,20 @@ def test_llm_profile_is_progrm_table5(tmp_path):
 
 
 def test_cpu_profile_defaults(tmp_path):
-    model_config, _, args = parse_args(["--kind", "orm", "--output_dir", str(tmp_path)])
+    model_config, data, args = parse_args(["--kind", "orm", "--output_dir", str(tmp_path)])
     assert model_config.encoder_mode == "frozen_segments" and model_config.quantize_encoder
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 128
     assert args.num_train_epochs == 3 and (args.adam_beta1, args.adam_beta2) == (0.9, 0.95)
     assert args.use_cpu and args.save_steps == 100
+    # a small dataset (the ORM's one example per trajectory) trains more epochs, up to ~1,000 steps
+    assert data.min_optimizer_steps == 1000
+    assert epochs_for_min_steps(10_584, args, data.min_optimizer_steps) == 13  # 83 steps an epoch
+    assert epochs_for_min_steps(42_762, args, data.min_optimizer_steps) == 3  # 335 steps an epoch: 1,005
+    _, _, bounded = parse_args(["--kind", "orm", "--output_dir", str(tmp_path), "--max_steps", "5"])
+    assert epochs_for_min_steps(10_584, bounded, 1000) == 3
+    _, llm_data, _ = parse_args(["--profile", "llm", "--kind", "orm", "--output_dir", str(tmp_path),
+                                 "--bf16", "false", "--use_cpu", "true"])
+    assert llm_data.min_optimizer_steps == 0  # Table 5 as published
 
 
 def test_trained_model_learns_progress(trained_progrm, tiny_examples):

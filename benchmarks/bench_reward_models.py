@@ -87,16 +87,14 @@ def main(argv: list[str] | None = None) -> int:
 
     warehouse = Warehouse(args.home)
     if args.checkpoint is None:
-        from training.datasets import view_exists
+        from training.evaluate import latest_models
 
-        latest = warehouse.query(
-            "SELECT checkpoint_path FROM models WHERE kind = 'progrm_env' ORDER BY created_at DESC LIMIT 1"
-        ).to_pylist() if view_exists(warehouse, "models") else []
+        latest = latest_models(warehouse, ["progrm_env"])
         if not latest:
             print("bench_reward_models: no trained progrm_env model in the warehouse; run `make reward-models` first "
                   "or pass --checkpoint", file=sys.stderr)
             return 0
-        args.checkpoint = latest[0]["checkpoint_path"]
+        args.checkpoint = latest[0].checkpoint_path
     results: dict = {"threads": args.threads, "load_average_start": os.getloadavg(), "checkpoint": args.checkpoint,
                      "cpu_count": os.cpu_count(), "torch": torch.__version__}
     ids = [e for e, info in read_splits(warehouse).items() if info.split == args.split]

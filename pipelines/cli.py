@@ -203,7 +203,8 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
 
     from assets.reward_models import REPORT_REQUIRED_KINDS
     from pipelines.definitions import defs
-    from training.datasets import REWARD_MODEL_KINDS, view_exists
+    from training.datasets import REWARD_MODEL_KINDS
+    from training.evaluate import latest_models
     from warehouse.catalog import Warehouse
 
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -222,7 +223,7 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
                                          run_config=quiet | {"ops": {"reward_model": {"config": training}}})
             outcomes.append((f"reward_models[{kind}]", run.success))
         warehouse = Warehouse()
-        trained = set(warehouse.query("SELECT DISTINCT kind FROM models").column("kind").to_pylist()) if view_exists(warehouse, "models") else set()
+        trained = {m.kind for m in latest_models(warehouse, REPORT_REQUIRED_KINDS)}
         missing = [k for k in REPORT_REQUIRED_KINDS if k not in trained]
         if args.report and not missing:
             report = defs.resolve_job_def("reward_model_evaluation").execute_in_process(
@@ -285,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sql)
     p = sub.add_parser("reward-models", help="train reward models (dataset + model per kind), then the evaluation report")
     p.add_argument("--kinds", default="orm,progrm_lcs,progrm_env", help="comma-separated: orm, progrm_lcs, progrm_env, prm, guidnav")
-    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps per model (-1: the profile's 3 epochs)")
+    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps per model (-1: the profile's 3 epochs, at least ~1,000 steps on CPU)")
     p.add_argument("--threads", type=int, default=0, help="torch threads of each training process (0: the asset's default)")
     p.add_argument("--no-report", dest="report", action="store_false", help="train only")
     p.set_defaults(func=cmd_reward_models)

@@ -1042,9 +1042,7 @@ def build_reward_model_dataset(
     if not splits:
         raise ValueError("progress_split is empty: the reward-model split has not been materialized")
     labels: dict[str, dict[str, EpisodeLabels]] = {}
-    needed = {spec.label_source} if spec.target == "progress" else set()
-    if spec.target == "progress":
-        needed |= set(fallback_sources(kind, options)) - {"outcome"}
+    needed = ({spec.label_source, *fallback_sources(kind, options)} - {"outcome"}) if spec.target == "progress" else set()
     if spec.target in ("step_correctness", "step_reward"):
         needed.add(options.derived_from)
     for source in needed:

@@ -286,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sql)
     p = sub.add_parser("reward-models", help="train reward models (dataset + model per kind), then the evaluation report")
     p.add_argument("--kinds", default="orm,progrm_lcs,progrm_env", help="comma-separated: orm, progrm_lcs, progrm_env, prm, guidnav")
-    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps per model (-1: the profile's 3 epochs, at least ~1,000 steps on CPU)")
+    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps per model (-1: the profile's; on CPU up to ~3,000, stopping early when the validation loss stops falling)")
     p.add_argument("--threads", type=int, default=0, help="torch threads of each training process (0: the asset's default)")
     p.add_argument("--no-report", dest="report", action="store_false", help="train only")
     p.set_defaults(func=cmd_reward_models)

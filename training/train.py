@@ -48,6 +48,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
@@ -108,13 +109,17 @@ CPU_DEFAULTS: dict = {
     "weight_decay": 0.01,
     "use_cpu": True,
     "encoder_mode": "frozen_segments",
-    "save_steps": 100,
     "logging_steps": 25,
     "dataloader_num_workers": 0,
-    # every kind gets about the same optimizer budget: the ORM has one example per trajectory
-    # (10.6k here, 83 steps an epoch) and after 3 epochs its from-scratch fusion is far from
-    # converged, which would make it a weak baseline next to ProgRM's ~1,000 steps
-    "min_optimizer_steps": 1000,
+    # Every kind trains until its validation loss stops falling, within the same optimizer budget:
+    # the ORM has one example per trajectory (10.6k here, 83 steps an epoch), ProgRM one per step
+    # (43k, 335 steps an epoch), and either stopped after a fixed 3 epochs is far from converged,
+    # which makes any comparison between them a comparison of training budgets.
+    "min_optimizer_steps": 3000,
+    "eval_strategy": "steps",
+    "eval_steps": 200,
+    "save_steps": 200,
+    "early_stopping_patience": 3,
 }
 
 PROFILES = {"llm": TABLE5_DEFAULTS, "cpu": CPU_DEFAULTS}
@@ -136,6 +141,9 @@ class DataArguments:
     threads: int = field(default=2, metadata={"help": "torch CPU threads"})
     min_optimizer_steps: int = field(default=0, metadata={
         "help": "more whole epochs if the epochs asked for give fewer optimizer steps (0: off; ignored with --max_steps)"})
+    early_stopping_patience: int = field(default=0, metadata={
+        "help": "stop after this many evaluations without a lower validation loss, and export the checkpoint "
+                "with the lowest one (0: off, export the last; needs evaluations)"})
     dataset_materialization_id: str | None = None
 
 
@@ -150,7 +158,7 @@ def read_examples(data: DataArguments, kind: str) -> pa.Table:
                "action", "label", "label_version"]
     if data.examples:
         table = pa.concat_tables([pq.read_table(p, columns=columns) for p in data.examples])
-        mask = pa.compute.equal(table["kind"], kind)
+        mask = pc.equal(table["kind"], kind)
         return table.filter(mask)
     from warehouse.catalog import Warehouse
 
@@ -171,7 +179,7 @@ def states_and_labels(table: pa.Table) -> tuple[list[StepState], np.ndarray]:
 
 
 def split_table(table: pa.Table, split: str, limit: int | None) -> pa.Table:
-    part = table.filter(pa.compute.equal(table["split"], split))
+    part = table.filter(pc.equal(table["split"], split))
     return part.slice(0, limit) if limit is not None else part
 
 
@@ -306,23 +314,43 @@ def parse_args(argv: list[str] | None = None):
     if known.deepspeed:  # before TrainingArguments exist: they start the distributed state
         prepare_deepspeed_environment()
     parser = HfArgumentParser((RewardModelConfig, DataArguments, TrainingArguments))
-    parser.set_defaults(
-        report_to="none",
-        save_total_limit=2,
-        eval_strategy="epoch",
-        save_strategy="steps",
-        remove_unused_columns=False,
-        label_names=["labels"],
-        logging_first_step=True,
-        seed=13,
-        **PROFILES[known.profile],
-    )
+    defaults = {
+        "report_to": "none",
+        "save_total_limit": 2,
+        "eval_strategy": "epoch",
+        "save_strategy": "steps",
+        "remove_unused_columns": False,
+        "label_names": ["labels"],
+        "logging_first_step": True,
+        "seed": 13,
+    }
+    parser.set_defaults(**(defaults | PROFILES[known.profile]))
     model_config, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     if data_args.global_batch_size:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         per_step = training_args.per_device_train_batch_size * world
         training_args.gradient_accumulation_steps = max(1, math.ceil(data_args.global_batch_size / per_step))
-    return model_config, data_args, training_args
+    return model_config, data_args, with_best_model_selection(training_args, data_args.early_stopping_patience)
+
+
+def with_best_model_selection(args, patience: int):
+    """``args`` with the Trainer's best-checkpoint selection on the validation loss turned on when
+    early stopping is asked for and there are evaluations (``--eval_strategy no`` turns both off).
+    The best checkpoint must be one the Trainer saved, so checkpoints fall on evaluations."""
+    import dataclasses
+
+    from transformers.trainer_utils import IntervalStrategy
+
+    if patience <= 0 or args.eval_strategy == IntervalStrategy.NO:
+        return args
+    if args.eval_strategy == IntervalStrategy.STEPS and args.save_steps % args.eval_steps:
+        raise ValueError(
+            f"--early_stopping_patience {patience} keeps the checkpoint with the lowest validation loss, so "
+            f"--save_steps ({args.save_steps:g}) must be a multiple of --eval_steps ({args.eval_steps:g}); "
+            "or pass --early_stopping_patience 0"
+        )
+    # replace() runs TrainingArguments' own validation again with the new values
+    return dataclasses.replace(args, load_best_model_at_end=True, metric_for_best_model="loss", greater_is_better=False)
 
 
 def epochs_for_min_steps(n_examples: int, args, min_steps: int) -> float:
@@ -396,11 +424,17 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
     collator = SplitCollator(train=train_collator, validation=eval_collator)
     lengths = _example_lengths(train_collator, len(train_states))
 
+    eval_order = np.argsort(_example_lengths(eval_collator, len(eval_states)), kind="stable").tolist()
+
     class RewardTrainer(Trainer):
         def _get_train_sampler(self, *args, **kwargs):
             # Batches of similar length (little padding): the cost of the fusion transformer grows
             # with the longest state in a batch, and screens range from 5 to 100+ elements.
             return EpochLengthGroupedSampler(self.args.per_device_train_batch_size, lengths, seed=self.args.seed)
+
+        def _get_eval_sampler(self, eval_dataset):
+            # the same reason: validation in order of length (predictions and labels stay paired)
+            return eval_order
 
     epochs = epochs_for_min_steps(len(train_states), args, data.min_optimizer_steps)
     if epochs > args.num_train_epochs:
@@ -409,6 +443,12 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         args.num_train_epochs = epochs
     if not len(eval_states):
         args.eval_strategy = "no"
+        args.load_best_model_at_end = False
+    callbacks = []
+    if args.load_best_model_at_end and data.early_stopping_patience > 0:
+        from transformers import EarlyStoppingCallback
+
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=data.early_stopping_patience))
     trainer = RewardTrainer(
         model=model,
         args=args,
@@ -416,6 +456,7 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         eval_dataset=IndexDataset(len(eval_states), "validation") if len(eval_states) else None,
         data_collator=collator,
         compute_metrics=compute_metrics,
+        callbacks=callbacks,
     )
     resume_from = None
     if data.resume == "auto":
@@ -435,6 +476,10 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         "export_dir": str(export_dir),
         "output_dir": str(args.output_dir),
         "global_steps": int(trainer.state.global_step),
+        "max_steps": int(trainer.state.max_steps),
+        "stopped_early": int(trainer.state.global_step) < int(trainer.state.max_steps),
+        # the exported weights: the checkpoint with the lowest validation loss, else the last step
+        "exported_step": best_step(trainer) or int(trainer.state.global_step),
         "train_seconds": train_seconds,
         "encode_seconds": encode_seconds,
         "total_seconds": time.time() - started,
@@ -460,19 +505,28 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         unwrapped = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else model
         save_reward_model(unwrapped, export_dir, tokenizer=tokenizer, metadata=summary)
         (Path(args.output_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
-    log.info("trained %s: %d steps in %.0fs; validation %s", kind, summary["global_steps"], train_seconds,
+    log.info("trained %s: %d of %d steps in %.0fs (%s); exported step %d, validation %s", kind,
+             summary["global_steps"], summary["max_steps"], train_seconds,
+             "stopped early" if summary["stopped_early"] else "ran to the end", summary["exported_step"],
              summary["validation_metrics"])
     return summary
 
 
+def best_step(trainer) -> int | None:
+    """The step of the checkpoint the Trainer loaded as the best one (``load_best_model_at_end``)."""
+    best = trainer.state.best_model_checkpoint
+    if not (trainer.args.load_best_model_at_end and best):
+        return None
+    return int(Path(best).name.removeprefix("checkpoint-"))
+
+
 def _final_eval_metrics(trainer) -> dict:
-    """The validation metrics at the last step: from the log when the last epoch ended with an
-    evaluation, else a fresh evaluation."""
+    """The validation metrics of the exported weights: from the log when they were evaluated during
+    training (the best checkpoint, or the last step), else a fresh evaluation."""
+    step = best_step(trainer) or trainer.state.global_step
     for entry in reversed(trainer.state.log_history):
-        if "eval_loss" in entry:
-            if entry.get("step") == trainer.state.global_step:
-                return {k: v for k, v in entry.items() if k.startswith("eval_")}
-            break
+        if "eval_loss" in entry and entry.get("step") == step:
+            return {k: v for k, v in entry.items() if k.startswith("eval_")}
     return trainer.evaluate()
 
 

@@ -19,7 +19,7 @@ from warehouse.catalog import Warehouse
 from .conftest import build_tiny_warehouse
 
 TRAIN = {"max_steps": 30, "per_device_train_batch_size": 16, "learning_rate": 3e-3, "threads": 1,
-         "extra_args": ["--eval_strategy", "steps", "--eval_steps", "30", "--save_steps", "15"]}
+         "extra_args": ["--eval_strategy", "steps", "--eval_steps", "15", "--save_steps", "15"]}
 
 
 def test_asset_definitions():

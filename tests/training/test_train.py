@@ -42,16 +42,59 @@ def test_cpu_profile_defaults(tmp_path):
     assert model_config.encoder_mode == "frozen_segments" and model_config.quantize_encoder
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 128
     assert args.num_train_epochs == 3 and (args.adam_beta1, args.adam_beta2) == (0.9, 0.95)
-    assert args.use_cpu and args.save_steps == 100
-    # a small dataset (the ORM's one example per trajectory) trains more epochs, up to ~1,000 steps
-    assert data.min_optimizer_steps == 1000
-    assert epochs_for_min_steps(10_584, args, data.min_optimizer_steps) == 13  # 83 steps an epoch
-    assert epochs_for_min_steps(42_762, args, data.min_optimizer_steps) == 3  # 335 steps an epoch: 1,005
+    assert args.use_cpu and args.save_steps == args.eval_steps == 200
+    # every kind gets a budget of ~3,000 steps (the ORM's one example per trajectory: more epochs)
+    # and stops when its validation loss has not fallen for 3 evaluations, keeping the best checkpoint
+    assert data.min_optimizer_steps == 3000 and data.early_stopping_patience == 3
+    assert args.load_best_model_at_end and args.metric_for_best_model == "loss" and not args.greater_is_better
+    assert epochs_for_min_steps(10_584, args, data.min_optimizer_steps) == 37  # 83 steps an epoch
+    assert epochs_for_min_steps(42_762, args, data.min_optimizer_steps) == 9  # 335 steps an epoch
     _, _, bounded = parse_args(["--kind", "orm", "--output_dir", str(tmp_path), "--max_steps", "5"])
     assert epochs_for_min_steps(10_584, bounded, 1000) == 3
-    _, llm_data, _ = parse_args(["--profile", "llm", "--kind", "orm", "--output_dir", str(tmp_path),
-                                 "--bf16", "false", "--use_cpu", "true"])
-    assert llm_data.min_optimizer_steps == 0  # Table 5 as published
+    _, llm_data, llm_args = parse_args(["--profile", "llm", "--kind", "orm", "--output_dir", str(tmp_path),
+                                        "--bf16", "false", "--use_cpu", "true"])
+    assert llm_data.min_optimizer_steps == 0 and llm_data.early_stopping_patience == 0  # Table 5 as published
+    assert not llm_args.load_best_model_at_end
+
+
+def test_early_stopping_needs_evaluations_and_checkpoints_on_them(tmp_path):
+    base = ["--kind", "orm", "--output_dir", str(tmp_path)]
+    _, data, args = parse_args([*base, "--eval_strategy", "no"])
+    assert data.early_stopping_patience == 3 and not args.load_best_model_at_end  # nothing to select on
+    _, _, off = parse_args([*base, "--early_stopping_patience", "0"])
+    assert not off.load_best_model_at_end
+    with pytest.raises(ValueError, match=r"--save_steps \(150\) must be a multiple of --eval_steps \(200\)"):
+        parse_args([*base, "--save_steps", "150"])
+    _, _, every_100 = parse_args([*base, "--save_steps", "100", "--eval_steps", "100"])
+    assert every_100.load_best_model_at_end and every_100.eval_steps == 100
+
+
+def test_early_stopping_exports_the_checkpoint_with_the_lowest_validation_loss(tiny_examples, tmp_path):
+    """A learning rate far too large for this tiny set: the validation loss turns up, training stops
+    ``patience`` evaluations after its minimum, and the exported weights are that checkpoint's."""
+    from safetensors.torch import load_file
+
+    from training.models import WEIGHTS_FILE
+    from training.train import train_reward_model
+
+    model_config, data, args = parse_args([
+        "--kind", "orm", "--examples", str(tiny_examples["orm"]), "--output_dir", str(tmp_path / "trainer"),
+        "--embedding_cache_dir", str(tmp_path / "cache"), "--num_train_epochs", "200", "--min_optimizer_steps", "0",
+        "--per_device_train_batch_size", "8", "--learning_rate", "3e-2", "--warmup_steps", "0",
+        "--eval_steps", "4", "--save_steps", "4", "--early_stopping_patience", "2", "--logging_steps", "4",
+        "--disable_tqdm", "true", "--threads", "1",
+    ])
+    summary = train_reward_model(model_config, data, args)
+    evals = [(e["step"], e["eval_loss"]) for e in json.loads(
+        (Path(last_complete_checkpoint(tmp_path / "trainer")) / "trainer_state.json").read_text())["log_history"]
+        if "eval_loss" in e]
+    best_step, best_loss = min(evals, key=lambda e: e[1])
+    assert summary["stopped_early"] and summary["global_steps"] < summary["max_steps"]
+    assert summary["exported_step"] == best_step and summary["global_steps"] == best_step + 2 * 4
+    assert summary["validation_metrics"]["loss"] == pytest.approx(best_loss)
+    exported = load_file(str(Path(summary["export_dir"]) / WEIGHTS_FILE))
+    at_best = load_file(str(tmp_path / "trainer" / f"checkpoint-{best_step}" / "model.safetensors"))
+    assert exported.keys() == at_best.keys() and all((exported[k] == at_best[k]).all() for k in exported)
 
 
 def test_trained_model_learns_progress(trained_progrm, tiny_examples):

@@ -270,7 +270,7 @@ def run_training_process(argv: list[str], log_path: Path, log, timeout_s: int) -
     tail: deque[str] = deque(maxlen=40)
     started = time.time()
     last_logged = 0.0
-    with log_path.open("a") as sink, subprocess.Popen(
+    with log_path.open("a", buffering=1) as sink, subprocess.Popen(  # line-buffered: tail -f works
         argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     ) as proc:
         try:
@@ -514,7 +514,11 @@ def reward_model_report_progrm_beats_orm(warehouse: WarehouseResource) -> AssetC
             continue
         better = acc > orm_acc and err < orm_err
         passed &= better
-        comparisons[kind] = {"accuracy": acc, "orm_accuracy": orm_acc, "key_step_error": err, "orm_key_step_error": orm_err}
+        comparisons[kind] = {"accuracy": acc, "orm_accuracy": orm_acc, "key_step_error": err, "orm_key_step_error": orm_err,
+                             # paired on the same trajectories: is the accuracy difference more than chance?
+                             "only_it_right": values.get((kind, "wins_vs_orm")),
+                             "only_orm_right": values.get((kind, "losses_vs_orm")),
+                             "accuracy_mcnemar_p": values.get((kind, "mcnemar_p_vs_orm"))}
     return AssetCheckResult(passed=passed, severity=AssetCheckSeverity.WARN, metadata={"comparison": MetadataValue.json(comparisons)})
 
 

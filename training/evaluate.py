@@ -11,6 +11,9 @@
 * Step judges (GUI-Shepherd PRM, GuidNav): accuracy, precision, recall and ROC AUC of step
   scores against positive/negative step labels (human where present, else derived).
 * Calibration: reliability bins and expected calibration error.
+* Each model's success judgement paired with the ORM's on the same trajectories: the trajectories
+  only one of them judges right, and McNemar's exact test of whether the accuracy difference is
+  more than chance.
 
 Metric functions are pure; :func:`predict_trajectories` and :func:`measure_latency` call a
 ``RewardScorer``; the plots go to files (matplotlib, Agg).
@@ -127,6 +130,36 @@ def choose_threshold(final_scores: Sequence[float], success: Sequence[bool]) -> 
     accuracy = np.array([np.mean((scores >= c) == truth) for c in cuts])
     best = np.flatnonzero(accuracy >= accuracy.max() - 1e-12)
     return float(cuts[best[np.argmin(np.abs(cuts[best] - 0.5))]])
+
+
+def mcnemar_exact_p(wins: int, losses: int) -> float:
+    """Two-sided exact McNemar test: the probability, if two judges were equally accurate, of a
+    split of their ``wins + losses`` discordant trajectories at least this uneven (binomial, p=1/2)."""
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(wins, losses) + 1))
+    return min(1.0, 2 * tail / 2**n)
+
+
+def paired_success_comparison(
+    final_scores: Sequence[float], threshold: float, baseline_scores: Sequence[float], baseline_threshold: float,
+    success: Sequence[bool],
+) -> dict[str, float]:
+    """A model's success judgement (Table 2) against a baseline's on the same trajectories: the
+    accuracy difference in points, the trajectories only the model judges right (``wins``) and only
+    the baseline does (``losses``), and McNemar's exact p-value: whether the difference is more
+    than the luck of which trajectories were held out."""
+    truth = np.asarray(success, dtype=bool)
+    right = (np.asarray(final_scores, dtype=np.float64) >= threshold) == truth
+    baseline_right = (np.asarray(baseline_scores, dtype=np.float64) >= baseline_threshold) == truth
+    wins, losses = int(np.sum(right & ~baseline_right)), int(np.sum(~right & baseline_right))
+    return {
+        "accuracy_gain": 100 * _safe_div(wins - losses, len(truth)),
+        "wins": wins,
+        "losses": losses,
+        "mcnemar_p": mcnemar_exact_p(wins, losses),
+    }
 
 
 def key_step_progress_error(
@@ -422,6 +455,8 @@ TABLE2_COLUMNS = (("tp_pct", "#TP ↑"), ("fn_pct", "#FN ↓"), ("tn_pct", "#TN 
                   ("precision", "Prec ↑"), ("recall", "Rec ↑"), ("accuracy", "Acc ↑"))
 TABLE3_COLUMNS = (("key_step_progress_error", "Key Step Prog. Err. ↓"), ("mean_final_step_score", "Avg. Fin. Score"),
                   ("latency_ms_p50", "Latency p50 (ms) ↓"))
+PAIRED_COLUMNS = (("accuracy_gain_vs_orm", "Acc − ORM (points)"), ("wins_vs_orm", "only it right"),
+                  ("losses_vs_orm", "only ORM right"), ("mcnemar_p_vs_orm", "p (McNemar)"))
 STEP_COLUMNS = (("step_accuracy", "Step acc ↑"), ("step_auc", "AUC ↑"), ("step_precision", "Prec ↑"),
                 ("step_recall", "Rec ↑"), ("step_negative_recall", "Neg. rec ↑"), ("labelled_steps", "steps"),
                 ("human_labelled_steps", "human"))
@@ -618,6 +653,14 @@ def run_report(
         say(f"report: {model.kind}: acc {m.get('accuracy', float('nan')):.2f}% key-step err "
             f"{m.get('key_step_progress_error', float('nan')):.3f} p50 {latency['latency_ms_p50']:.1f} ms")
 
+    if "orm" in scores_by_kind:  # ProgRM Table 2's comparison, paired: same trajectories, same outcomes
+        ids, success = held_out.final_success()
+        orm_finals = [scores_by_kind["orm"][e][-1] for e in ids]
+        for kind in scores_by_kind.keys() - {"orm"}:
+            paired = paired_success_comparison([scores_by_kind[kind][e][-1] for e in ids], thresholds[kind],
+                                               orm_finals, thresholds["orm"], success)
+            metrics[kind][split].update({f"{name}_vs_orm": value for name, value in paired.items()})
+
     metric_cols: dict[str, list] = {name: [] for name in RM_METRICS.names}
     model_ids = {m.kind: m.model_id for m in models}
     for kind, by_split in metrics.items():
@@ -644,6 +687,9 @@ def run_report(
         + f"\n\n### Progress estimation and latency ({split}; ProgRM Table 3)\n\n"
         + markdown_table(test_metrics, TABLE3_COLUMNS + (("all_step_progress_error_env", "All-step err (env)"),
                                                          ("final_step_ece", "ECE (final)")), outcome_kinds + judge_kinds)
+        + (f"\n\n### Success judgement paired with the ORM ({split}; McNemar's exact test)\n\n"
+           + markdown_table(test_metrics, PAIRED_COLUMNS, [k for k in outcome_kinds + judge_kinds if k != "orm"])
+           if "orm" in kinds and len(kinds) > 1 else "")
         + f"\n\n### Step judgement against step labels ({split})\n\n"
         + markdown_table(test_metrics, STEP_COLUMNS, kinds)
     )

@@ -53,9 +53,13 @@ def test_datasets_models_and_report_materialize_with_checks(tmp_path):
     assert report.success
     checks = {e.check_name: e.passed for e in report.get_asset_check_evaluations()}
     assert checks["reward_model_report_metrics_present"] is True
+    versus_orm = next(e for e in report.get_asset_check_evaluations()
+                      if e.check_name == "reward_model_report_progrm_beats_orm").metadata["comparison"].value
+    for kind in ("progrm_lcs", "progrm_env"):
+        assert 0 <= versus_orm[kind]["accuracy_mcnemar_p"] <= 1 and versus_orm[kind]["only_it_right"] >= 0
     meta = report.asset_materializations_for_node("reward_model_report")[0].metadata
     table = meta["report"].value
-    for name in ("ORM", "ProgRM-LCS", "ProgRM-Env", "#TP", "Key Step Prog. Err.", "Latency p50"):
+    for name in ("ORM", "ProgRM-LCS", "ProgRM-Env", "#TP", "Key Step Prog. Err.", "Latency p50", "p (McNemar)"):
         assert name in table
     assert meta["progress_curves_plot"].value.startswith("![progress_curves](data:image/png;base64,")
 

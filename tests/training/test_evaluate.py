@@ -15,6 +15,8 @@ from training.evaluate import (
     evaluate_scores,
     key_step_progress_error,
     markdown_table,
+    mcnemar_exact_p,
+    paired_success_comparison,
     plot_calibration,
     plot_progress_curves,
     roc_auc,
@@ -92,3 +94,22 @@ def test_evaluate_scores_and_tables(tmp_path):
     calib = plot_calibration({"progrm_env": progrm, "orm": orm}, data, tmp_path / "k.png")
     assert curves.stat().st_size > 10_000 and calib.stat().st_size > 10_000
     assert curves.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_mcnemar_exact_p_is_the_two_sided_binomial_test():
+    binomtest = pytest.importorskip("scipy.stats").binomtest
+    assert mcnemar_exact_p(0, 0) == 1.0 and mcnemar_exact_p(7, 7) == 1.0
+    assert mcnemar_exact_p(10, 0) == pytest.approx(2 / 2**10) == mcnemar_exact_p(0, 10)
+    for wins, losses in ((3, 17), (60, 45), (250, 198), (1, 2)):
+        assert mcnemar_exact_p(wins, losses) == pytest.approx(binomtest(wins, wins + losses, 0.5).pvalue, rel=1e-9)
+
+
+def test_paired_success_comparison_counts_discordant_trajectories():
+    success = [True, True, False, False, True]
+    model = [0.9, 0.8, 0.2, 0.7, 0.3]  # threshold 0.5: right, right, right, wrong, wrong
+    orm = [0.4, 0.9, 0.6, 0.1, 0.2]  # threshold 0.3: right, right, wrong, right, wrong
+    paired = paired_success_comparison(model, 0.5, orm, 0.3, success)
+    assert (paired["wins"], paired["losses"]) == (1, 1)  # trajectory 2 vs trajectory 3
+    assert paired["accuracy_gain"] == 0.0 and paired["mcnemar_p"] == 1.0
+    better = paired_success_comparison([0.9, 0.9, 0.1, 0.1, 0.9], 0.5, orm, 0.5, success)
+    assert (better["wins"], better["losses"]) == (3, 0) and better["accuracy_gain"] == pytest.approx(60.0)

@@ -60,7 +60,7 @@ DATASETS_ASSET = "reward_model_datasets"
 MODEL_ASSET = "reward_model"
 REPORT_ASSET = "reward_model_report"
 DATASET_CODE_VERSION = "rm-datasets-1"
-MODEL_CODE_VERSION = "rm-train-1"
+MODEL_CODE_VERSION = "rm-train-2"  # 2: early stopping on validation loss, best checkpoint exported
 REPORT_CODE_VERSION = "rm-report-1"
 GROUP = "reward_models"
 
@@ -293,7 +293,9 @@ def run_training_process(argv: list[str], log_path: Path, log, timeout_s: int) -
 
 
 def _config_hash(config: RewardModelTrainingConfig) -> str:
-    payload = json.dumps(config.model_dump(exclude={"timeout_s", "threads"}), sort_keys=True, default=str)
+    # the code version too: a run folder of an older training schedule is not resumed by a newer one
+    payload = json.dumps(config.model_dump(exclude={"timeout_s", "threads"}) | {"code_version": MODEL_CODE_VERSION},
+                         sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:10]
 
 
@@ -353,12 +355,19 @@ def reward_model(
     }
     wh.publish(m, [wh.stage_table("models", model_id, pa.Table.from_pylist([row], schema=MODELS), m)])
     val = summary["validation_metrics"]
+    from training.evaluate import plot_training_curves
+
+    curves = plot_training_curves(summary, run_dir / "training_curves.png")
     return MaterializeResult(
         metadata={
             "model_id": model_id,
             "checkpoint_path": MetadataValue.path(str(export_dir)),
             "training_log": MetadataValue.path(str(run_dir / "train.log")),
+            "training_curves_plot": MetadataValue.md(_image_markdown(curves, "training_curves")),
             "global_steps": summary["global_steps"],
+            "max_steps": summary["max_steps"],
+            "stopped_early": summary["stopped_early"],
+            "exported_step": summary["exported_step"],
             "train_seconds": MetadataValue.float(summary["train_seconds"]),
             "encode_seconds": MetadataValue.float(summary["encode_seconds"]),
             "train_steps_per_second": MetadataValue.float(summary["train_steps_per_second"]),

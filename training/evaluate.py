@@ -396,6 +396,40 @@ def plot_progress_curves(
     return path
 
 
+def plot_training_curves(summary: Mapping, path: Path) -> Path:
+    """Training and validation loss against optimizer steps from a training summary
+    (``training.train``), with the exported step marked: whether a model converged, and where
+    early stopping picked its weights."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kind = summary.get("kind", "")
+    colour = MODEL_COLOURS.get(kind)
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    train = np.asarray(summary.get("loss_curve") or [], dtype=np.float64).reshape(-1, 2)
+    validation = np.asarray(summary.get("validation_loss_curve") or [], dtype=np.float64).reshape(-1, 2)
+    if len(train):
+        ax.plot(train[:, 0], train[:, 1], color=colour, alpha=0.45, linewidth=1, label="training loss")
+    if len(validation):
+        ax.plot(validation[:, 0], validation[:, 1], color=colour, marker="o", linewidth=1.8, label="validation loss")
+    exported = summary.get("exported_step")
+    if exported:
+        ax.axvline(exported, color="grey", linestyle="--", linewidth=1, label=f"exported (step {exported})")
+    stopped = "stopped early" if summary.get("stopped_early") else "ran its budget"
+    ax.set_title(f"{MODEL_NAMES.get(kind, kind)}: {summary.get('global_steps', '?')} of "
+                 f"{summary.get('max_steps', '?')} steps, {stopped}", fontsize=10)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (BCE / MSE)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_calibration(
     scores_by_kind: Mapping[str, Mapping[str, np.ndarray]],
     data: EvaluationSet,

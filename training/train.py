@@ -323,6 +323,8 @@ def parse_args(argv: list[str] | None = None):
         "label_names": ["labels"],
         "logging_first_step": True,
         "seed": 13,
+        # a resumed run continues early stopping's count instead of starting it again
+        "restore_callback_states_from_checkpoint": True,
     }
     parser.set_defaults(**(defaults | PROFILES[known.profile]))
     model_config, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
@@ -343,10 +345,11 @@ def with_best_model_selection(args, patience: int):
 
     if patience <= 0 or args.eval_strategy == IntervalStrategy.NO:
         return args
-    if args.eval_strategy == IntervalStrategy.STEPS and args.save_steps % args.eval_steps:
+    if args.eval_strategy == IntervalStrategy.STEPS and args.save_steps != args.eval_steps:
+        # the Trainer can only return to an evaluated step it also saved
         raise ValueError(
             f"--early_stopping_patience {patience} keeps the checkpoint with the lowest validation loss, so "
-            f"--save_steps ({args.save_steps:g}) must be a multiple of --eval_steps ({args.eval_steps:g}); "
+            f"--save_steps ({args.save_steps:g}) must equal --eval_steps ({args.eval_steps:g}); "
             "or pass --early_stopping_patience 0"
         )
     # replace() runs TrainingArguments' own validation again with the new values
@@ -434,7 +437,9 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
 
         def _get_eval_sampler(self, eval_dataset):
             # the same reason: validation in order of length (predictions and labels stay paired)
-            return eval_order
+            if eval_dataset is not None and len(eval_dataset) == len(eval_order):
+                return eval_order
+            return super()._get_eval_sampler(eval_dataset)
 
     epochs = epochs_for_min_steps(len(train_states), args, data.min_optimizer_steps)
     if epochs > args.num_train_epochs:
@@ -465,6 +470,10 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         resume_from = data.resume
     if resume_from:
         log.info("resuming from %s", resume_from)
+        if stopped_early_at(resume_from) is not None:
+            # finished already: no more steps, only the export of its best checkpoint
+            args.max_steps = stopped_early_at(resume_from)
+            log.info("%s stopped early at step %d; exporting again without training", resume_from, args.max_steps)
     t0 = time.time()
     result = trainer.train(resume_from_checkpoint=resume_from)
     train_seconds = time.time() - t0
@@ -500,6 +509,9 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         },
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
         "peak_rss_mb": _peak_rss_mb(),
+        # (step, training loss) and (step, validation loss) for the training-curve plot
+        "loss_curve": [(e["step"], e["loss"]) for e in trainer.state.log_history if "loss" in e],
+        "validation_loss_curve": [(e["step"], e["eval_loss"]) for e in trainer.state.log_history if "eval_loss" in e],
     }
     if trainer.is_world_process_zero():
         unwrapped = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else model
@@ -528,6 +540,16 @@ def _final_eval_metrics(trainer) -> dict:
         if "eval_loss" in entry and entry.get("step") == step:
             return {k: v for k, v in entry.items() if k.startswith("eval_")}
     return trainer.evaluate()
+
+
+def stopped_early_at(checkpoint: str | Path) -> int | None:
+    """The step of ``checkpoint`` if training had decided to stop there (early stopping)."""
+    try:
+        state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    control = state.get("stateful_callbacks", {}).get("TrainerControl", {})
+    return int(state["global_step"]) if control.get("args", {}).get("should_training_stop") else None
 
 
 def last_complete_checkpoint(output_dir: str | Path) -> str | None:

@@ -47,6 +47,8 @@ def test_datasets_models_and_report_materialize_with_checks(tmp_path):
         assert checks == {"dataset_is_valid": True, "checkpoint_loads": True}
         meta = result.asset_materializations_for_node("reward_model")[0].metadata
         assert meta["global_steps"].value == 30 and "mae" in meta["validation_metrics"].value
+        assert meta["exported_step"].value in (15, 30) and meta["stopped_early"].value is False
+        assert meta["training_curves_plot"].value.startswith("![training_curves](data:image/png;base64,")
 
     report = materialize([reward_model_report, *REWARD_MODEL_CHECKS], resources=resources, instance=instance,
                          run_config={"ops": {"reward_model_report": {"config": {"latency_calls": 10, "threads": 1}}}})

@@ -97,9 +97,10 @@ def test_evaluate_scores_and_tables(tmp_path):
 
 
 def test_mcnemar_exact_p_is_the_two_sided_binomial_test():
-    binomtest = pytest.importorskip("scipy.stats").binomtest
     assert mcnemar_exact_p(0, 0) == 1.0 and mcnemar_exact_p(7, 7) == 1.0
     assert mcnemar_exact_p(10, 0) == pytest.approx(2 / 2**10) == mcnemar_exact_p(0, 10)
+    assert mcnemar_exact_p(3, 1) == pytest.approx(2 * (1 + 4) / 16)
+    binomtest = pytest.importorskip("scipy.stats").binomtest
     for wins, losses in ((3, 17), (60, 45), (250, 198), (1, 2)):
         assert mcnemar_exact_p(wins, losses) == pytest.approx(binomtest(wins, wins + losses, 0.5).pvalue, rel=1e-9)
 

@@ -63,8 +63,9 @@ def test_early_stopping_needs_evaluations_and_checkpoints_on_them(tmp_path):
     assert data.early_stopping_patience == 3 and not args.load_best_model_at_end  # nothing to select on
     _, _, off = parse_args([*base, "--early_stopping_patience", "0"])
     assert not off.load_best_model_at_end
-    with pytest.raises(ValueError, match=r"--save_steps \(150\) must be a multiple of --eval_steps \(200\)"):
-        parse_args([*base, "--save_steps", "150"])
+    for save_steps in ("150", "400"):  # 400: the Trainer could not go back to a best step it did not save
+        with pytest.raises(ValueError, match=rf"--save_steps \({save_steps}\) must equal --eval_steps \(200\)"):
+            parse_args([*base, "--save_steps", save_steps])
     _, _, every_100 = parse_args([*base, "--save_steps", "100", "--eval_steps", "100"])
     assert every_100.load_best_model_at_end and every_100.eval_steps == 100
 
@@ -77,14 +78,14 @@ def test_early_stopping_exports_the_checkpoint_with_the_lowest_validation_loss(t
     from training.models import WEIGHTS_FILE
     from training.train import train_reward_model
 
-    model_config, data, args = parse_args([
+    argv = [
         "--kind", "orm", "--examples", str(tiny_examples["orm"]), "--output_dir", str(tmp_path / "trainer"),
         "--embedding_cache_dir", str(tmp_path / "cache"), "--num_train_epochs", "200", "--min_optimizer_steps", "0",
         "--per_device_train_batch_size", "8", "--learning_rate", "3e-2", "--warmup_steps", "0",
         "--eval_steps", "4", "--save_steps", "4", "--early_stopping_patience", "2", "--logging_steps", "4",
         "--disable_tqdm", "true", "--threads", "1",
-    ])
-    summary = train_reward_model(model_config, data, args)
+    ]
+    summary = train_reward_model(*parse_args(argv))
     evals = [(e["step"], e["eval_loss"]) for e in json.loads(
         (Path(last_complete_checkpoint(tmp_path / "trainer")) / "trainer_state.json").read_text())["log_history"]
         if "eval_loss" in e]
@@ -92,9 +93,17 @@ def test_early_stopping_exports_the_checkpoint_with_the_lowest_validation_loss(t
     assert summary["stopped_early"] and summary["global_steps"] < summary["max_steps"]
     assert summary["exported_step"] == best_step and summary["global_steps"] == best_step + 2 * 4
     assert summary["validation_metrics"]["loss"] == pytest.approx(best_loss)
+    assert [tuple(e) for e in summary["validation_loss_curve"]] == evals and summary["loss_curve"][-1][0] <= summary["global_steps"]
     exported = load_file(str(Path(summary["export_dir"]) / WEIGHTS_FILE))
     at_best = load_file(str(tmp_path / "trainer" / f"checkpoint-{best_step}" / "model.safetensors"))
     assert exported.keys() == at_best.keys() and all((exported[k] == at_best[k]).all() for k in exported)
+
+    # the same command again (a retried asset run): the run had finished, so no more training
+    again = train_reward_model(*parse_args(argv))
+    assert again["resumed_from"].endswith(f"checkpoint-{summary['global_steps']}")
+    assert again["global_steps"] == summary["global_steps"] and again["exported_step"] == best_step
+    exported = load_file(str(Path(again["export_dir"]) / WEIGHTS_FILE))
+    assert all((exported[k] == at_best[k]).all() for k in exported)
 
 
 def test_trained_model_learns_progress(trained_progrm, tiny_examples):

@@ -504,6 +504,12 @@ def _fmt(value) -> str:
     return f"{value:.3f}" if abs(value) < 10 else f"{value:.2f}"
 
 
+def _fmt_metric(key: str, value) -> str:
+    if key.startswith("mcnemar_p") and isinstance(value, float) and value < 0.001:
+        return "<0.001"  # not "0.000": a p-value is never zero
+    return _fmt(value)
+
+
 def markdown_table(metrics_by_kind: Mapping[str, Mapping[str, float]], columns, kinds: Sequence[str]) -> str:
     head = "| RM | " + " | ".join(name for _, name in columns) + " |"
     sep = "|---|" + "---:|" * len(columns)
@@ -511,7 +517,7 @@ def markdown_table(metrics_by_kind: Mapping[str, Mapping[str, float]], columns, 
     for kind in kinds:
         if kind in metrics_by_kind:
             m = metrics_by_kind[kind]
-            lines.append(f"| {MODEL_NAMES.get(kind, kind)} | " + " | ".join(_fmt(m.get(key)) for key, _ in columns) + " |")
+            lines.append(f"| {MODEL_NAMES.get(kind, kind)} | " + " | ".join(_fmt_metric(key, m.get(key)) for key, _ in columns) + " |")
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from training.datasets import EpisodeLabels, Trajectory, TrajectoryStep
 from training.evaluate import (
+    PAIRED_COLUMNS,
     EvaluationSet,
     calibration_bins,
     choose_threshold,
@@ -112,5 +113,8 @@ def test_paired_success_comparison_counts_discordant_trajectories():
     paired = paired_success_comparison(model, 0.5, orm, 0.3, success)
     assert (paired["wins"], paired["losses"]) == (1, 1)  # trajectory 2 vs trajectory 3
     assert paired["accuracy_gain"] == 0.0 and paired["mcnemar_p"] == 1.0
+    table = markdown_table({"progrm_env": {"mcnemar_p_vs_orm": 2e-9, "accuracy_gain_vs_orm": -5.12}}, PAIRED_COLUMNS,
+                           ["progrm_env"])
+    assert "| ProgRM-Env | -5.120 | – | – | <0.001 |" in table
     better = paired_success_comparison([0.9, 0.9, 0.1, 0.1, 0.9], 0.5, orm, 0.5, success)
     assert (better["wins"], better["losses"]) == (3, 0) and better["accuracy_gain"] == pytest.approx(60.0)

@@ -329,9 +329,14 @@ def parse_args(argv: list[str] | None = None):
     parser.set_defaults(**(defaults | PROFILES[known.profile]))
     model_config, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     if data_args.global_batch_size:
+        import dataclasses
+
         world = int(os.environ.get("WORLD_SIZE", "1"))
         per_step = training_args.per_device_train_batch_size * world
-        training_args.gradient_accumulation_steps = max(1, math.ceil(data_args.global_batch_size / per_step))
+        # replace(), not assignment: __post_init__ fills DeepSpeed's "auto" batch values from it again
+        training_args = dataclasses.replace(
+            training_args, gradient_accumulation_steps=max(1, math.ceil(data_args.global_batch_size / per_step))
+        )
     return model_config, data_args, with_best_model_selection(training_args, data_args.early_stopping_patience)
 
 
@@ -499,6 +504,11 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         "validation_metrics": {k.removeprefix("eval_"): v for k, v in metrics.items()},
         "label_versions": label_versions,
         "used_deepspeed": bool(args.deepspeed),
+        # what the DeepSpeed engine was configured with (its "auto" values filled in by the Trainer)
+        "deepspeed_batch": {
+            k: args.hf_deepspeed_config.config.get(k)
+            for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+        } if args.deepspeed else None,
         "resumed_from": resume_from,
         "dataset_materialization_id": data.dataset_materialization_id,
         "training_arguments": {

@@ -170,6 +170,9 @@ def test_deepspeed_zero2_on_cpu_kill_and_resume(tiny_examples, tmp_path):
     assert logged_steps == sorted(logged_steps) and logged_steps[-1] == 300  # one history, continued
     assert state["log_history"][0]["loss"] < 1.5  # a BCE averaged over accumulation steps, not summed
     assert summary["training_arguments"]["gradient_accumulation_steps"] == 4
+    # DeepSpeed's engine accumulates as the Trainer does (it steps the optimizer itself)
+    assert summary["deepspeed_batch"] == {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8,
+                                          "gradient_accumulation_steps": 4}
     scorer = RewardScorer.from_checkpoint(tmp_path / "trainer" / "final")
     assert 0 <= scorer.score_states([StepState("Click ok", (), ('button "ok"',))])[0] <= 1
 

@@ -34,7 +34,7 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script (the deepspeed launcher runs files, not modules):
@@ -329,12 +329,10 @@ def parse_args(argv: list[str] | None = None):
     parser.set_defaults(**(defaults | PROFILES[known.profile]))
     model_config, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     if data_args.global_batch_size:
-        import dataclasses
-
         world = int(os.environ.get("WORLD_SIZE", "1"))
         per_step = training_args.per_device_train_batch_size * world
         # replace(), not assignment: __post_init__ fills DeepSpeed's "auto" batch values from it again
-        training_args = dataclasses.replace(
+        training_args = replace(
             training_args, gradient_accumulation_steps=max(1, math.ceil(data_args.global_batch_size / per_step))
         )
     return model_config, data_args, with_best_model_selection(training_args, data_args.early_stopping_patience)
@@ -344,8 +342,6 @@ def with_best_model_selection(args, patience: int):
     """``args`` with the Trainer's best-checkpoint selection on the validation loss turned on when
     early stopping is asked for and there are evaluations (``--eval_strategy no`` turns both off).
     The best checkpoint must be one the Trainer saved, so checkpoints fall on evaluations."""
-    import dataclasses
-
     from transformers.trainer_utils import IntervalStrategy
 
     if patience <= 0 or args.eval_strategy == IntervalStrategy.NO:
@@ -358,7 +354,7 @@ def with_best_model_selection(args, patience: int):
             "or pass --early_stopping_patience 0"
         )
     # replace() runs TrainingArguments' own validation again with the new values
-    return dataclasses.replace(args, load_best_model_at_end=True, metric_for_best_model="loss", greater_is_better=False)
+    return replace(args, load_best_model_at_end=True, metric_for_best_model="loss", greater_is_better=False)
 
 
 def epochs_for_min_steps(n_examples: int, args, min_steps: int) -> float:
@@ -473,12 +469,13 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         resume_from = last_complete_checkpoint(args.output_dir)
     elif data.resume != "never":
         resume_from = data.resume
+    finished = early_stop_of(resume_from) if resume_from else None
     if resume_from:
         log.info("resuming from %s", resume_from)
-        if stopped_early_at(resume_from) is not None:
-            # finished already: no more steps, only the export of its best checkpoint
-            args.max_steps = stopped_early_at(resume_from)
-            log.info("%s stopped early at step %d; exporting again without training", resume_from, args.max_steps)
+    if finished:
+        # finished already: no more steps, only the export of its best checkpoint
+        args.max_steps = finished.step
+        log.info("%s stopped early at step %d; exporting again without training", resume_from, finished.step)
     t0 = time.time()
     result = trainer.train(resume_from_checkpoint=resume_from)
     train_seconds = time.time() - t0
@@ -490,8 +487,8 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         "export_dir": str(export_dir),
         "output_dir": str(args.output_dir),
         "global_steps": int(trainer.state.global_step),
-        "max_steps": int(trainer.state.max_steps),
-        "stopped_early": int(trainer.state.global_step) < int(trainer.state.max_steps),
+        "max_steps": finished.budget if finished else int(trainer.state.max_steps),
+        "stopped_early": bool(finished) or int(trainer.state.global_step) < int(trainer.state.max_steps),
         # the exported weights: the checkpoint with the lowest validation loss, else the last step
         "exported_step": best_step(trainer) or int(trainer.state.global_step),
         "train_seconds": train_seconds,
@@ -552,14 +549,23 @@ def _final_eval_metrics(trainer) -> dict:
     return trainer.evaluate()
 
 
-def stopped_early_at(checkpoint: str | Path) -> int | None:
-    """The step of ``checkpoint`` if training had decided to stop there (early stopping)."""
+@dataclass(frozen=True)
+class EarlyStop:
+    step: int  # where training decided to stop
+    budget: int  # the optimizer steps it had been given
+
+
+def early_stop_of(checkpoint: str | Path) -> EarlyStop | None:
+    """Where and within which budget training stopped, if it had decided to stop at ``checkpoint``
+    (early stopping); None for a checkpoint of a run still under way."""
     try:
         state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
     except (OSError, ValueError):
         return None
     control = state.get("stateful_callbacks", {}).get("TrainerControl", {})
-    return int(state["global_step"]) if control.get("args", {}).get("should_training_stop") else None
+    if not control.get("args", {}).get("should_training_stop"):
+        return None
+    return EarlyStop(step=int(state["global_step"]), budget=int(state["max_steps"]))
 
 
 def last_complete_checkpoint(output_dir: str | Path) -> str | None:

@@ -102,6 +102,7 @@ def test_early_stopping_exports_the_checkpoint_with_the_lowest_validation_loss(t
     again = train_reward_model(*parse_args(argv))
     assert again["resumed_from"].endswith(f"checkpoint-{summary['global_steps']}")
     assert again["global_steps"] == summary["global_steps"] and again["exported_step"] == best_step
+    assert again["stopped_early"] and again["max_steps"] == summary["max_steps"]
     exported = load_file(str(Path(again["export_dir"]) / WEIGHTS_FILE))
     assert all((exported[k] == at_best[k]).all() for k in exported)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from annotation.instruction_relative import INSTRUCTION_PLACEHOLDER, clean_trajectory, expand_to_all_steps
-from annotation.progress import milestone_progress, label_corpus
+from annotation.progress import label_corpus, milestone_progress
 from annotation.recipes import DEFAULT_THETA, Episode
 from annotation.text_similarity import Embed
 from envs.tasks import TaskSpec, TaskSpecError, track_milestones
@@ -61,7 +61,11 @@ def lcs_labels(
         if trajectory.n_steps == 0:
             run.unlabelled[trajectory.episode_id] = f"task {trajectory.task_id}: empty trajectory (no steps)"
             continue
-        odd = [i for i, a in enumerate(trajectory.actions) if a.type is ActionType.UNKNOWN and (a.detail or "").startswith("unknown action type")]
+        odd = [
+            i
+            for i, a in enumerate(trajectory.actions)
+            if a.type is ActionType.UNKNOWN and (a.detail or "").startswith("unknown action type")
+        ]
         if odd:
             run.step_notes[trajectory.episode_id] = (
                 f"task {trajectory.task_id}: steps {odd} have an unknown action type ({trajectory.actions[odd[0]].detail}); they never match a recipe"
@@ -73,12 +77,16 @@ def lcs_labels(
         else:
             actions_of[trajectory.episode_id] = trajectory.actions
     if method == "improved":
-        actions_of = generalise_rare_target_texts(actions_of, {t.episode_id: t.task_id for t in trajectories}, rare_share)
+        actions_of = generalise_rare_target_texts(
+            actions_of, {t.episode_id: t.task_id for t in trajectories}, rare_share
+        )
     for trajectory in trajectories:
         if trajectory.episode_id not in actions_of:
             continue
         recipe_eligible = trajectory.success and trajectory.source in RECIPE_SOURCES
-        by_task[trajectory.task_id].append(Episode(trajectory.episode_id, actions_of[trajectory.episode_id], recipe_eligible))
+        by_task[trajectory.task_id].append(
+            Episode(trajectory.episode_id, actions_of[trajectory.episode_id], recipe_eligible)
+        )
     if method == "improved":
         # Typing the right text into the wrong field is not the same step; noisy human groups
         # keep the steps most members share (consensus) instead of only what all share (Eq. 10).
@@ -184,7 +192,11 @@ def milestone_hits(trajectory: Trajectory, spec: TaskSpec | None) -> tuple[tuple
         return None
     # After the last step the recording ends (MiniWoB++ resets the page): the last screen seen,
     # with the last action's own effect where it is known (typed text lands in its field), stands in.
-    screens_after = [*trajectory.screens[1:], _with_known_effect(trajectory.screens[-1], trajectory.actions[-1])] if trajectory.screens else []
+    screens_after = (
+        [*trajectory.screens[1:], _with_known_effect(trajectory.screens[-1], trajectory.actions[-1])]
+        if trajectory.screens
+        else []
+    )
     track = track_milestones(
         spec,
         trajectory.instruction,

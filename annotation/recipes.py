@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-
 from typing import Literal
 
 import numpy as np
@@ -304,7 +303,10 @@ def build_recipe_libraries(
             support,
         )
         # The medoid becomes the group's first member: recipe anchors index into it.
-        reordered = [[group[medoid], *[m for k, m in enumerate(group) if k != medoid]] for (_, group), medoid in zip(kept, medoids)]
+        reordered = [
+            [group[medoid], *[m for k, m in enumerate(group) if k != medoid]]
+            for (_, group), medoid in zip(kept, medoids)
+        ]
         groups_of = {task: [g for g in groups if len(g) < min_group_size] for task, groups in groups_of.items()}
         for (task, _), group in zip(kept, reordered):
             groups_of[task].append(group)

@@ -97,7 +97,11 @@ def remove_noops(parent: Trajectory, index: int = 0) -> Trajectory | None:
 
 
 def synthesize(
-    trajectories: Sequence[Trajectory], seed: int = 0, *, failures_per_success: float = 0.5, successes_per_success: float = 0.5
+    trajectories: Sequence[Trajectory],
+    seed: int = 0,
+    *,
+    failures_per_success: float = 0.5,
+    successes_per_success: float = 0.5,
 ) -> list[Trajectory]:
     """Synthetic trajectories for a corpus: per successful real trajectory, on average
     ``failures_per_success`` failures (mismatched instructions from other tasks and random walks,

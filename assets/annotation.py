@@ -18,7 +18,6 @@ Register with ``ANNOTATION_ASSETS``, ``ANNOTATION_CHECKS``, ``ANNOTATION_SENSORS
 ``ANNOTATION_RESOURCES`` (``label_studio``; ``warehouse`` comes from pipelines.resources).
 """
 
-
 import base64
 import functools
 import io
@@ -62,7 +61,12 @@ from annotation.labelstudio.agreement import (
     pooled_kappa,
     step_training_labels,
 )
-from annotation.labelstudio.client import LabelStudioAuthError, LabelStudioClient, LabelStudioError, LabelStudioUnavailable
+from annotation.labelstudio.client import (
+    LabelStudioAuthError,
+    LabelStudioClient,
+    LabelStudioError,
+    LabelStudioUnavailable,
+)
 from annotation.labelstudio.connection import pseudonym_salt, resolve_credentials
 from annotation.labelstudio.interfaces import (
     INTERFACES,
@@ -114,8 +118,14 @@ REPORT_VERSION = "annotation-report-1"
 #: Assets whose tables the selection reads (steps, episodes, progress_labels); add the reward-model predictions asset when it lands.
 CANDIDATE_UPSTREAM: list[str] = ["human_demonstrations", "progress_labels"]
 DOWNSTREAM_OF_LABELS = ["human_step_labels", "annotation_agreement", "label_source_comparison"]
-ANNOTATION_TABLES = ("annotation_candidates", "annotation_queue", "human_labels", "human_step_labels", "annotator_stats",
-                     "label_source_agreement")
+ANNOTATION_TABLES = (
+    "annotation_candidates",
+    "annotation_queue",
+    "human_labels",
+    "human_step_labels",
+    "annotator_stats",
+    "label_source_agreement",
+)
 
 
 # -- resource -------------------------------------------------------------------------------------
@@ -131,8 +141,12 @@ class LabelStudioResource(ConfigurableResource):
     """
 
     home: str | None = Field(default=None, description="STEPWISE_HOME (default: $STEPWISE_HOME or ./.stepwise)")
-    url: str | None = Field(default=None, description="a Label Studio URL; default $LABEL_STUDIO_URL, else the project's own server")
-    api_key_env: str = Field(default=API_KEY_ENV, description="the environment variable holding the API key (never the key itself)")
+    url: str | None = Field(
+        default=None, description="a Label Studio URL; default $LABEL_STUDIO_URL, else the project's own server"
+    )
+    api_key_env: str = Field(
+        default=API_KEY_ENV, description="the environment variable holding the API key (never the key itself)"
+    )
     autostart: bool = Field(default=True, description="start the project's own server when it is not running")
     port: int | None = Field(default=None, description="preferred port of the project's own server (default 8080)")
     project_namespace: str = Field(default="Stepwise", description="prefix of the Label Studio project titles")
@@ -152,8 +166,13 @@ class LabelStudioResource(ConfigurableResource):
             environ[URL_ENV], environ[API_KEY_ENV] = self.url, environ[self.api_key_env]
         elif self.api_key_env != API_KEY_ENV and environ.get(self.api_key_env):
             environ[API_KEY_ENV] = environ[self.api_key_env]
-        return resolve_credentials(self.stepwise_home(), start_local=self.autostart if start is None else start,
-                                   port=self.port, progress=progress, environ=environ)
+        return resolve_credentials(
+            self.stepwise_home(),
+            start_local=self.autostart if start is None else start,
+            port=self.port,
+            progress=progress,
+            environ=environ,
+        )
 
     def client(self, *, start: bool | None = None, progress: Callable[[str], None] | None = None) -> LabelStudioClient:
         return LabelStudioClient(self.credentials(start=start, progress=progress), timeout_s=self.timeout_s)
@@ -271,7 +290,10 @@ def _prediction_sql(warehouse: Warehouse, model: str | None) -> tuple[str, str |
     params: list = []
     if model_col and chosen is None:
         order = "max(created_at)" if "created_at" in cols else f"max({model_col})"
-        found = _query(warehouse, f"SELECT {model_col} AS m FROM rm_predictions GROUP BY 1 ORDER BY {order} DESC NULLS LAST, 1 DESC LIMIT 1")
+        found = _query(
+            warehouse,
+            f"SELECT {model_col} AS m FROM rm_predictions GROUP BY 1 ORDER BY {order} DESC NULLS LAST, 1 DESC LIMIT 1",
+        )
         chosen = found.column("m")[0].as_py() if found is not None and found.num_rows else None
     where = f"WHERE {model_col} = ?" if model_col and chosen is not None else ""
     if where:
@@ -285,7 +307,9 @@ def _prediction_sql(warehouse: Warehouse, model: str | None) -> tuple[str, str |
     return sql, (str(chosen) if chosen is not None else ("rm_predictions" if not model_col else None)), params
 
 
-def load_step_candidates(warehouse: Warehouse, *, model: str | None = None, episode_source: str | None = None) -> list[StepCandidate]:
+def load_step_candidates(
+    warehouse: Warehouse, *, model: str | None = None, episode_source: str | None = None
+) -> list[StepCandidate]:
     """Every step with its LCS and environment labels and the current model's prediction (None where absent)."""
     pred_sql, model_id, params = _prediction_sql(warehouse, model)
     has_labels = bool(_columns(warehouse, "progress_labels"))
@@ -299,15 +323,16 @@ def load_step_candidates(warehouse: Warehouse, *, model: str | None = None, epis
                   SELECT *, row_number() OVER (PARTITION BY episode_id, step_idx ORDER BY label_version DESC NULLS LAST) AS rn
                   FROM progress_labels WHERE source = 'env') WHERE rn = 1)
         """
-        if has_labels else
-        """
+        if has_labels
+        else """
         lcs AS (SELECT NULL::VARCHAR AS episode_id, NULL::INTEGER AS step_idx, NULL::DOUBLE AS progress, NULL::BOOLEAN AS is_key_step WHERE false),
         env AS (SELECT * FROM lcs)
         """
     )
     pred_cte = (
         f", pred AS ({pred_sql}), pred_prev AS (SELECT *, lag(model_progress) OVER (PARTITION BY episode_id ORDER BY step_idx) AS previous FROM pred)"
-        if pred_sql else ""
+        if pred_sql
+        else ""
     )
     source_filter = "WHERE e.source = ?" if episode_source else ""
     sql = f"""
@@ -315,12 +340,15 @@ def load_step_candidates(warehouse: Warehouse, *, model: str | None = None, epis
         SELECT s.episode_id, s.step_idx, e.task_id, e.success,
                lcs.progress AS lcs_progress, env.progress AS env_progress,
                lcs.is_key_step AS lcs_key_step, env.is_key_step AS env_key_step,
-               {'p.model_progress, coalesce(p.previous, CASE WHEN s.step_idx = 0 THEN 0.0 END) AS model_previous_progress, p.model_prob'
-                if pred_sql else 'NULL::DOUBLE AS model_progress, NULL::DOUBLE AS model_previous_progress, NULL::DOUBLE AS model_prob'}
+               {
+        "p.model_progress, coalesce(p.previous, CASE WHEN s.step_idx = 0 THEN 0.0 END) AS model_previous_progress, p.model_prob"
+        if pred_sql
+        else "NULL::DOUBLE AS model_progress, NULL::DOUBLE AS model_previous_progress, NULL::DOUBLE AS model_prob"
+    }
         FROM steps s JOIN episodes e USING (episode_id)
         LEFT JOIN lcs ON lcs.episode_id = s.episode_id AND lcs.step_idx = s.step_idx
         LEFT JOIN env ON env.episode_id = s.episode_id AND env.step_idx = s.step_idx
-        {'LEFT JOIN pred_prev p ON p.episode_id = s.episode_id AND p.step_idx = s.step_idx' if pred_sql else ''}
+        {"LEFT JOIN pred_prev p ON p.episode_id = s.episode_id AND p.step_idx = s.step_idx" if pred_sql else ""}
         {source_filter}
     """
     table = _query(warehouse, sql, params + ([episode_source] if episode_source else []))
@@ -328,9 +356,14 @@ def load_step_candidates(warehouse: Warehouse, *, model: str | None = None, epis
         return []
     return [
         StepCandidate(
-            episode_id=r["episode_id"], step_idx=int(r["step_idx"]), task_id=r["task_id"], success=r["success"],
-            lcs_progress=r["lcs_progress"], env_progress=r["env_progress"],
-            lcs_key_step=r["lcs_key_step"], env_key_step=r["env_key_step"],
+            episode_id=r["episode_id"],
+            step_idx=int(r["step_idx"]),
+            task_id=r["task_id"],
+            success=r["success"],
+            lcs_progress=r["lcs_progress"],
+            env_progress=r["env_progress"],
+            lcs_key_step=r["lcs_key_step"],
+            env_key_step=r["env_key_step"],
             model_progress=r["model_progress"] if r["model_progress"] is not None else r["model_prob"],
             model_previous_progress=r["model_previous_progress"],
             model_id=model_id if (r["model_progress"] is not None or r["model_prob"] is not None) else None,
@@ -344,7 +377,9 @@ def load_step_candidates(warehouse: Warehouse, *, model: str | None = None, epis
 
 class CandidateSelectionConfig(Config):
     budget: int = Field(default=500, description="how many steps to put in front of people this round")
-    spot_check_share: float = Field(default=0.1, description="share of the budget for random spot checks of agreeing labels")
+    spot_check_share: float = Field(
+        default=0.1, description="share of the budget for random spot checks of agreeing labels"
+    )
     max_per_episode: int = Field(default=2, description="at most this many steps of one episode")
     seed: int = 0
     prediction_model: str | None = Field(default=None, description="rm_predictions model to use (default: the latest)")
@@ -362,54 +397,99 @@ class CandidateSelectionConfig(Config):
         "spot checks. Steps already queued for people are left out. Table `annotation_candidates`."
     ),
 )
-def annotation_candidates(context: AssetExecutionContext, config: CandidateSelectionConfig,
-                          warehouse: WarehouseResource, label_studio: LabelStudioResource) -> MaterializeResult:
+def annotation_candidates(
+    context: AssetExecutionContext,
+    config: CandidateSelectionConfig,
+    warehouse: WarehouseResource,
+    label_studio: LabelStudioResource,
+) -> MaterializeResult:
     wh = warehouse.get()
     candidates = load_step_candidates(wh, model=config.prediction_model, episode_source=config.episode_source)
     queued = _read_all(wh, "annotation_queue", ANNOTATION_QUEUE)
-    step_rows = queued.filter(pc.is_in(queued.column("interface"), pa.array(list(STEP_INTERFACES)))).select(
-        ["episode_id", "step_idx"]).to_pylist() if queued.num_rows else []
+    step_rows = (
+        queued.filter(pc.is_in(queued.column("interface"), pa.array(list(STEP_INTERFACES))))
+        .select(["episode_id", "step_idx"])
+        .to_pylist()
+        if queued.num_rows
+        else []
+    )
     exclude = {(r["episode_id"], int(r["step_idx"])) for r in step_rows if r["episode_id"] is not None}
-    picked = select_steps(candidates, config.budget, exclude=exclude, spot_check_share=config.spot_check_share,
-                          max_per_episode=config.max_per_episode, seed=config.seed)
-    rows = [{
-        "episode_id": s.candidate.episode_id, "step_idx": s.candidate.step_idx, "task_id": s.candidate.task_id,
-        "success": s.candidate.success, "stratum": s.candidate.stratum, "reason": s.reason,
-        "uncertainty": s.uncertainty, "rank_in_stratum": s.rank_in_stratum,
-        "lcs_progress": s.candidate.lcs_progress, "env_progress": s.candidate.env_progress,
-        "lcs_key_step": s.candidate.lcs_key_step, "env_key_step": s.candidate.env_key_step,
-        "model_progress": s.candidate.model_progress, "model_previous_progress": s.candidate.model_previous_progress,
-        "model_id": s.candidate.model_id,
-    } for s in picked]
+    picked = select_steps(
+        candidates,
+        config.budget,
+        exclude=exclude,
+        spot_check_share=config.spot_check_share,
+        max_per_episode=config.max_per_episode,
+        seed=config.seed,
+    )
+    rows = [
+        {
+            "episode_id": s.candidate.episode_id,
+            "step_idx": s.candidate.step_idx,
+            "task_id": s.candidate.task_id,
+            "success": s.candidate.success,
+            "stratum": s.candidate.stratum,
+            "reason": s.reason,
+            "uncertainty": s.uncertainty,
+            "rank_in_stratum": s.rank_in_stratum,
+            "lcs_progress": s.candidate.lcs_progress,
+            "env_progress": s.candidate.env_progress,
+            "lcs_key_step": s.candidate.lcs_key_step,
+            "env_key_step": s.candidate.env_key_step,
+            "model_progress": s.candidate.model_progress,
+            "model_previous_progress": s.candidate.model_previous_progress,
+            "model_id": s.candidate.model_id,
+        }
+        for s in picked
+    ]
     materialization = Materialization(
-        asset="annotation_candidates", run_id=context.run_id, code_version=SELECTION_VERSION,
-        parameters={**config.model_dump(), "candidates": len(candidates), "excluded_already_queued": len(exclude),
-                    "git": git_revision()},
+        asset="annotation_candidates",
+        run_id=context.run_id,
+        code_version=SELECTION_VERSION,
+        parameters={
+            **config.model_dump(),
+            "candidates": len(candidates),
+            "excluded_already_queued": len(exclude),
+            "git": git_revision(),
+        },
         inputs=_table_inputs(wh, ("steps", "episodes", "progress_labels", "rm_predictions", "annotation_queue")),
     )
-    output = wh.stage_table("annotation_candidates", "latest", pa.Table.from_pylist(rows, schema=ANNOTATION_CANDIDATES), materialization)
+    output = wh.stage_table(
+        "annotation_candidates", "latest", pa.Table.from_pylist(rows, schema=ANNOTATION_CANDIDATES), materialization
+    )
     wh.publish(materialization, [output])
     reasons = Counter(r["reason"] for r in rows)
     strata = Counter(r["stratum"] for r in rows)
     context.log.info(f"selected {len(rows)} of {len(candidates)} steps: {dict(reasons)}")
-    return MaterializeResult(metadata={
-        "selected": len(rows),
-        "candidate_steps": len(candidates),
-        "already_queued_steps": len(exclude),
-        "by_reason": MetadataValue.json(dict(reasons)),
-        "strata": len(strata),
-        "with_model_prediction": sum(1 for r in rows if r["model_progress"] is not None),
-        "materialization_id": materialization.materialization_id,
-        "selection_plot": MetadataValue.md(_selection_plot(wh, rows)) if rows else MetadataValue.md("_nothing selected_"),
-    })
+    return MaterializeResult(
+        metadata={
+            "selected": len(rows),
+            "candidate_steps": len(candidates),
+            "already_queued_steps": len(exclude),
+            "by_reason": MetadataValue.json(dict(reasons)),
+            "strata": len(strata),
+            "with_model_prediction": sum(1 for r in rows if r["model_progress"] is not None),
+            "materialization_id": materialization.materialization_id,
+            "selection_plot": MetadataValue.md(_selection_plot(wh, rows))
+            if rows
+            else MetadataValue.md("_nothing selected_"),
+        }
+    )
 
 
 def _table_inputs(wh: Warehouse, tables: Sequence[str]) -> list[LineageInput]:
     inputs = []
     for table_name in tables:
         for dataset, materialization_id, path in _all_current(wh, table_name):
-            inputs.append(LineageInput(kind="asset", input_asset=table_name, input_materialization_id=materialization_id,
-                                       path=path, version=dataset))
+            inputs.append(
+                LineageInput(
+                    kind="asset",
+                    input_asset=table_name,
+                    input_materialization_id=materialization_id,
+                    path=path,
+                    version=dataset,
+                )
+            )
     return inputs
 
 
@@ -418,7 +498,9 @@ def _selection_plot(wh: Warehouse, rows: Sequence[dict]) -> str:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
     reasons = sorted({r["reason"] for r in rows})
     for reason in reasons:
-        left.hist([r["uncertainty"] for r in rows if r["reason"] == reason], bins=20, range=(0, 1), alpha=0.7, label=reason)
+        left.hist(
+            [r["uncertainty"] for r in rows if r["reason"] == reason], bins=20, range=(0, 1), alpha=0.7, label=reason
+        )
     left.set_xlabel("uncertainty")
     left.set_ylabel("selected steps")
     left.legend(fontsize=7)
@@ -427,7 +509,13 @@ def _selection_plot(wh: Warehouse, rows: Sequence[dict]) -> str:
         by_task[r["task_id"]]["success" if r["success"] else "failure"] += 1
     tasks = sorted(by_task, key=lambda t: sum(by_task[t].values()))[-25:]
     right.barh(tasks, [by_task[t]["success"] for t in tasks], color="#3a7", label="success")
-    right.barh(tasks, [by_task[t]["failure"] for t in tasks], left=[by_task[t]["success"] for t in tasks], color="#d54", label="failure")
+    right.barh(
+        tasks,
+        [by_task[t]["failure"] for t in tasks],
+        left=[by_task[t]["success"] for t in tasks],
+        color="#d54",
+        label="failure",
+    )
     right.tick_params(axis="y", labelsize=6)
     right.set_xlabel("selected steps per task")
     right.legend(fontsize=7)
@@ -442,11 +530,20 @@ class PushConfig(Config):
     interfaces: list[str] = Field(default_factory=lambda: list(INTERFACES), description="interfaces to push to")
     overlap_share: float = Field(default=0.1, description="share of tasks shown to two annotators (for Cohen's kappa)")
     chunk_size: int = Field(default=1000, description="tasks per bulk import request")
-    milestone_review_budget: int = Field(default=100, description="milestone sets to review (1-5 scale), in total per interface version")
-    match_budget: int = Field(default=200, description="milestone-action pairs to label yes/no, in total per interface version")
+    milestone_review_budget: int = Field(
+        default=100, description="milestone sets to review (1-5 scale), in total per interface version"
+    )
+    match_budget: int = Field(
+        default=200, description="milestone-action pairs to label yes/no, in total per interface version"
+    )
     match_threshold: float = Field(default=0.75, description="the matcher's similarity threshold (ADMIRE delta)")
-    match_embedder: str = Field(default="minilm", description="similarity for match pairs: minilm (all-MiniLM-L6-v2, offline) or hashing (no model)")
-    task_specs_dir: str | None = Field(default=None, description="task specs with milestones (default: envs/task_specs)")
+    match_embedder: str = Field(
+        default="minilm",
+        description="similarity for match pairs: minilm (all-MiniLM-L6-v2, offline) or hashing (no model)",
+    )
+    task_specs_dir: str | None = Field(
+        default=None, description="task specs with milestones (default: envs/task_specs)"
+    )
 
 
 @asset(
@@ -460,8 +557,9 @@ class PushConfig(Config):
         "never queued twice for the same interface version. Table `annotation_queue`."
     ),
 )
-def annotation_queue(context: AssetExecutionContext, config: PushConfig, warehouse: WarehouseResource,
-                     label_studio: LabelStudioResource) -> MaterializeResult:
+def annotation_queue(
+    context: AssetExecutionContext, config: PushConfig, warehouse: WarehouseResource, label_studio: LabelStudioResource
+) -> MaterializeResult:
     unknown = sorted(set(config.interfaces) - set(INTERFACES))
     if unknown:
         raise ValueError(f"unknown interfaces {unknown}; known: {sorted(INTERFACES)}")
@@ -475,15 +573,23 @@ def annotation_queue(context: AssetExecutionContext, config: PushConfig, warehou
         summary: dict[str, dict] = {}
         outputs = []
         materialization = Materialization(
-            asset="annotation_queue", run_id=context.run_id, code_version=PUSH_VERSION,
-            parameters={k: v for k, v in config.model_dump().items()} | {"ls_server": client.server_key, "namespace": label_studio.project_namespace},
+            asset="annotation_queue",
+            run_id=context.run_id,
+            code_version=PUSH_VERSION,
+            parameters={k: v for k, v in config.model_dump().items()}
+            | {"ls_server": client.server_key, "namespace": label_studio.project_namespace},
             inputs=_table_inputs(wh, ("annotation_candidates",)),
         )
         project_urls = {}
         for name in config.interfaces:
             interface = INTERFACES[name]
-            handle = ensure_project(client, interface, label_studio.project_namespace, overlap_share=config.overlap_share,
-                                    local_files_root=label_studio.stepwise_home() if client.server_key == "local" else None)
+            handle = ensure_project(
+                client,
+                interface,
+                label_studio.project_namespace,
+                overlap_share=config.overlap_share,
+                local_files_root=label_studio.stepwise_home() if client.server_key == "local" else None,
+            )
             dataset = f"{client.server_key}-{interface.version_key}"
             previous, _, _ = _current_rows(wh, "annotation_queue", dataset)
             adopted = reconcile_queue(client, handle, previous)
@@ -493,16 +599,30 @@ def annotation_queue(context: AssetExecutionContext, config: PushConfig, warehou
             def progress(done: int, total: int, name: str = name) -> None:
                 context.log.info(f"{name}: imported {done}/{total} tasks")
 
-            outcome = push_items(client, handle, items, queued_keys, chunk_size=config.chunk_size, progress=progress,
-                                 expected=len({i.item_key for i in items} - queued_keys))
+            outcome = push_items(
+                client,
+                handle,
+                items,
+                queued_keys,
+                chunk_size=config.chunk_size,
+                progress=progress,
+                expected=len({i.item_key for i in items} - queued_keys),
+            )
             new_rows = adopted + outcome.pushed_rows
             project_urls[name] = f"{client.url}/projects/{handle.project_id}"
-            summary[name] = {"project_id": handle.project_id, "pushed": len(outcome.pushed_rows), "adopted": len(adopted),
-                             "already_queued": outcome.already_queued, "queued_total": len(previous) + len(new_rows),
-                             "seconds": round(outcome.seconds, 2)}
+            summary[name] = {
+                "project_id": handle.project_id,
+                "pushed": len(outcome.pushed_rows),
+                "adopted": len(adopted),
+                "already_queued": outcome.already_queued,
+                "queued_total": len(previous) + len(new_rows),
+                "seconds": round(outcome.seconds, 2),
+            }
             if new_rows or not previous:
                 for row in new_rows:
-                    row.setdefault("selection_materialization_id", candidates_version[0] if candidates_version else None)
+                    row.setdefault(
+                        "selection_materialization_id", candidates_version[0] if candidates_version else None
+                    )
                 table = pa.Table.from_pylist(previous + new_rows, schema=ANNOTATION_QUEUE)
                 outputs.append(wh.stage_table("annotation_queue", dataset, table, materialization))
         if outputs:
@@ -511,13 +631,15 @@ def annotation_queue(context: AssetExecutionContext, config: PushConfig, warehou
         client.close()
     total_pushed = sum(s["pushed"] for s in summary.values())
     context.log.info(f"pushed {total_pushed} tasks: {summary}")
-    return MaterializeResult(metadata={
-        "pushed": total_pushed,
-        "by_interface": MetadataValue.json(summary),
-        "label_studio": MetadataValue.url(client.url),
-        "projects": MetadataValue.json(project_urls),
-        "login": MetadataValue.text(_login_hint(label_studio)),
-    })
+    return MaterializeResult(
+        metadata={
+            "pushed": total_pushed,
+            "by_interface": MetadataValue.json(summary),
+            "label_studio": MetadataValue.url(client.url),
+            "projects": MetadataValue.json(project_urls),
+            "login": MetadataValue.text(_login_hint(label_studio)),
+        }
+    )
 
 
 def _login_hint(label_studio: LabelStudioResource) -> str:
@@ -551,8 +673,22 @@ def _screenshot_url(path: str | None, home: Path, local_root: Path | None) -> st
     return f"data:{mime};base64,{base64.b64encode(file.read_bytes()).decode()}"
 
 
-_ELEMENT_FIELDS = ("ref", "role", "text", "element_id", "classes", "description", "value", "bounds", "clickable",
-                   "editable", "checked", "focused", "parent_ref", "depth")
+_ELEMENT_FIELDS = (
+    "ref",
+    "role",
+    "text",
+    "element_id",
+    "classes",
+    "description",
+    "value",
+    "bounds",
+    "clickable",
+    "editable",
+    "checked",
+    "focused",
+    "parent_ref",
+    "depth",
+)
 
 
 def _bounds_column(bounds: pa.Array | None, n: int) -> list[tuple[float, float, float, float]]:
@@ -563,7 +699,9 @@ def _bounds_column(bounds: pa.Array | None, n: int) -> list[tuple[float, float, 
     if (lengths == 4).all():
         values = pc.list_flatten(bounds).to_numpy(zero_copy_only=False).astype("float64").reshape(-1, 4)
         return [tuple(row) for row in values.tolist()]
-    return [tuple(float(b) for b in box) if box and len(box) == 4 else (0.0, 0.0, 0.0, 0.0) for box in bounds.to_pylist()]
+    return [
+        tuple(float(b) for b in box) if box and len(box) == 4 else (0.0, 0.0, 0.0, 0.0) for box in bounds.to_pylist()
+    ]
 
 
 def screens_from_arrow(screens: pa.ChunkedArray | pa.Array) -> list[Screen]:
@@ -573,32 +711,57 @@ def screens_from_arrow(screens: pa.ChunkedArray | pa.Array) -> list[Screen]:
     offsets = screens.offsets.to_pylist()
     flat = screens.values
     names = set(flat.type.names) if flat.type.num_fields else set()
-    columns = {name: (flat.field(name).to_pylist() if name in names else [None] * len(flat))
-               for name in _ELEMENT_FIELDS if name != "bounds"}
+    columns = {
+        name: (flat.field(name).to_pylist() if name in names else [None] * len(flat))
+        for name in _ELEMENT_FIELDS
+        if name != "bounds"
+    }
     columns["bounds"] = _bounds_column(flat.field("bounds") if "bounds" in names else None, len(flat))
     elements = [
-        UIElement(ref=str(ref), role=role or "", text=text or "", element_id=element_id or "", classes=classes or "",
-                  description=description or "", value=value, bounds=bounds,
-                  clickable=bool(clickable), editable=bool(editable), checked=checked, focused=bool(focused),
-                  parent_ref=parent_ref, depth=int(depth or 0))
-        for ref, role, text, element_id, classes, description, value, bounds, clickable, editable, checked, focused, parent_ref, depth
-        in zip(*(columns[name] for name in _ELEMENT_FIELDS), strict=True)
+        UIElement(
+            ref=str(ref),
+            role=role or "",
+            text=text or "",
+            element_id=element_id or "",
+            classes=classes or "",
+            description=description or "",
+            value=value,
+            bounds=bounds,
+            clickable=bool(clickable),
+            editable=bool(editable),
+            checked=checked,
+            focused=bool(focused),
+            parent_ref=parent_ref,
+            depth=int(depth or 0),
+        )
+        for ref, role, text, element_id, classes, description, value, bounds, clickable, editable, checked, focused, parent_ref, depth in zip(
+            *(columns[name] for name in _ELEMENT_FIELDS), strict=True
+        )
     ]
     valid = screens.is_valid().to_pylist()
-    return [Screen(tuple(elements[offsets[i]:offsets[i + 1]]) if valid[i] else ()) for i in range(len(screens))]
+    return [Screen(tuple(elements[offsets[i] : offsets[i + 1]]) if valid[i] else ()) for i in range(len(screens))]
 
 
-def _step_views(wh: Warehouse, keys: set[tuple[str, int]], home: Path, local_root: Path | None) -> dict[tuple[str, int], StepView]:
+def _step_views(
+    wh: Warehouse, keys: set[tuple[str, int]], home: Path, local_root: Path | None
+) -> dict[tuple[str, int], StepView]:
     """StepViews (screen, action, history) for the given steps; histories from the episodes' action texts."""
     if not keys:
         return {}
     episodes = sorted({e for e, _ in keys})
-    actions = _query(wh, "SELECT episode_id, step_idx, action_text FROM steps WHERE episode_id IN (SELECT unnest(?::VARCHAR[])) "
-                         "ORDER BY episode_id, step_idx", [episodes])
+    actions = _query(
+        wh,
+        "SELECT episode_id, step_idx, action_text FROM steps WHERE episode_id IN (SELECT unnest(?::VARCHAR[])) "
+        "ORDER BY episode_id, step_idx",
+        [episodes],
+    )
     history: dict[tuple[str, int], tuple[str, ...]] = {}
     current, done = None, []
-    for episode_id, step_idx, action_text in zip(*(actions.column(c).to_pylist() for c in ("episode_id", "step_idx", "action_text")),
-                                                 strict=True) if actions is not None else ():
+    for episode_id, step_idx, action_text in (
+        zip(*(actions.column(c).to_pylist() for c in ("episode_id", "step_idx", "action_text")), strict=True)
+        if actions is not None
+        else ()
+    ):
         if episode_id != current:
             current, done = episode_id, []
         if (episode_id, int(step_idx)) in keys:
@@ -618,10 +781,17 @@ def _step_views(wh: Warehouse, keys: set[tuple[str, int]], home: Path, local_roo
     for i, screen in enumerate(screens):
         key = (columns["episode_id"][i], int(columns["step_idx"][i]))
         views[key] = StepView(
-            episode_id=key[0], step_idx=key[1], task_id=columns["task_id"][i], instruction=columns["instruction"][i] or "",
-            screen=screen, action_type=columns["action_type"][i], action_text=columns["action_text"][i],
-            target_ref=columns["target_ref"][i], input_text=columns["input_text"][i],
-            scroll_direction=columns["scroll_direction"][i], history=history.get(key, ()),
+            episode_id=key[0],
+            step_idx=key[1],
+            task_id=columns["task_id"][i],
+            instruction=columns["instruction"][i] or "",
+            screen=screen,
+            action_type=columns["action_type"][i],
+            action_text=columns["action_text"][i],
+            target_ref=columns["target_ref"][i],
+            input_text=columns["input_text"][i],
+            scroll_direction=columns["scroll_direction"][i],
+            history=history.get(key, ()),
             screenshot_url=_screenshot_url(columns["screenshot_path"][i], home, local_root),
         )
     return views
@@ -637,11 +807,21 @@ def _step_prediction(interface: str, row: dict) -> dict | None:
     previous = row.get("model_previous_progress")
     delta = float(value) - float(previous if previous is not None else 0.0)
     label = "positive" if delta > 0 else "negative"
-    return {"model_version": model, "score": round(min(1.0, 0.5 + abs(delta)), 4), "result": correctness_prediction(label)}
+    return {
+        "model_version": model,
+        "score": round(min(1.0, 0.5 + abs(delta)), 4),
+        "result": correctness_prediction(label),
+    }
 
 
-def _build_items(wh: Warehouse, label_studio: LabelStudioResource, config: PushConfig, candidates: list[dict],
-                 client: LabelStudioClient, log: Callable[[str], None]) -> dict[str, list[QueueItem]]:
+def _build_items(
+    wh: Warehouse,
+    label_studio: LabelStudioResource,
+    config: PushConfig,
+    candidates: list[dict],
+    client: LabelStudioClient,
+    log: Callable[[str], None],
+) -> dict[str, list[QueueItem]]:
     home = wh.home
     local = label_studio.stepwise_home() if client.server_key == "local" else None
     items: dict[str, list[QueueItem]] = defaultdict(list)
@@ -665,7 +845,9 @@ def _build_items(wh: Warehouse, label_studio: LabelStudioResource, config: PushC
                     continue
                 key = step_item_key(view.episode_id, view.step_idx)
                 prediction = _step_prediction(name, c)
-                fields = {k: c.get(k) for k in ("success", "stratum", "reason", "uncertainty", "lcs_progress", "env_progress")}
+                fields = {
+                    k: c.get(k) for k in ("success", "stratum", "reason", "uncertainty", "lcs_progress", "env_progress")
+                }
                 fields["model_progress"] = c.get("model_progress")
                 if prediction:
                     first = prediction["result"][0]["value"]
@@ -692,13 +874,25 @@ def load_milestone_sets(wh: Warehouse, specs_dir: str | None = None) -> list[dic
         order = next((c for c in ("milestone_idx", "idx", "position", "order_idx") if c in cols), None)
         set_col = next((c for c in ("milestone_set_id", "set_id", "version", "label_version") if c in cols), None)
         if text:
-            table = _query(wh, f"SELECT task_id, {set_col or 'NULL'}::VARCHAR AS set_id, {text}::VARCHAR AS text, "
-                               f"{order or 'NULL'} AS ord FROM milestones")
+            table = _query(
+                wh,
+                f"SELECT task_id, {set_col or 'NULL'}::VARCHAR AS set_id, {text}::VARCHAR AS text, "
+                f"{order or 'NULL'} AS ord FROM milestones",
+            )
             sets: dict[tuple, list] = defaultdict(list)
-            for row in (table.to_pylist() if table is not None else []):
-                sets[(row["task_id"], row["set_id"])].append((row["ord"] if row["ord"] is not None else len(sets[(row["task_id"], row["set_id"])]), row["text"]))
-            return [{"milestone_set_id": f"{task}:{set_id or 'v0'}", "task_id": task, "source": "milestones",
-                     "milestones": [t for _, t in sorted(ms, key=lambda m: m[0])]} for (task, set_id), ms in sorted(sets.items(), key=str)]
+            for row in table.to_pylist() if table is not None else []:
+                sets[(row["task_id"], row["set_id"])].append(
+                    (row["ord"] if row["ord"] is not None else len(sets[(row["task_id"], row["set_id"])]), row["text"])
+                )
+            return [
+                {
+                    "milestone_set_id": f"{task}:{set_id or 'v0'}",
+                    "task_id": task,
+                    "source": "milestones",
+                    "milestones": [t for _, t in sorted(ms, key=lambda m: m[0])],
+                }
+                for (task, set_id), ms in sorted(sets.items(), key=str)
+            ]
     from envs.tasks import load_task_specs
 
     folder = Path(specs_dir) if specs_dir else Path(__file__).resolve().parents[1] / "envs" / "task_specs"
@@ -710,8 +904,14 @@ def load_milestone_sets(wh: Warehouse, specs_dir: str | None = None) -> list[dic
             continue
         for task_id, spec in sorted(specs.items()):
             if spec.milestones:
-                out.append({"milestone_set_id": f"{task_id}:spec", "task_id": task_id, "source": "task_spec",
-                            "milestones": [m.name for m in spec.milestones]})
+                out.append(
+                    {
+                        "milestone_set_id": f"{task_id}:spec",
+                        "task_id": task_id,
+                        "source": "task_spec",
+                        "milestones": [m.name for m in spec.milestones],
+                    }
+                )
     unique = {s["milestone_set_id"]: s for s in out}
     return list(unique.values())
 
@@ -722,8 +922,15 @@ def _embedder(name: str):
     return TextEmbedder() if name == "minilm" else HashingTextEmbedder()
 
 
-def _milestone_items(wh: Warehouse, config: PushConfig, items: dict[str, list[QueueItem]], home: Path, local: Path | None,
-                     server_key: str, log: Callable[[str], None]) -> None:
+def _milestone_items(
+    wh: Warehouse,
+    config: PushConfig,
+    items: dict[str, list[QueueItem]],
+    home: Path,
+    local: Path | None,
+    server_key: str,
+    log: Callable[[str], None],
+) -> None:
     """Milestone review items (one per milestone set) and milestone-action match pairs near the matcher's threshold."""
     from annotation.labelstudio.selection import stable_hash
     from annotation.text_similarity import text_similarity_matrix
@@ -733,38 +940,70 @@ def _milestone_items(wh: Warehouse, config: PushConfig, items: dict[str, list[Qu
         log("no milestone sets (no `milestones` table and no task specs with milestones): nothing to review")
         return
     tasks = sorted({s["task_id"] for s in sets})
-    episodes = _query(wh, "SELECT episode_id, task_id, success, instruction, n_steps FROM episodes "
-                          "WHERE task_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY episode_id", [tasks])
+    episodes = _query(
+        wh,
+        "SELECT episode_id, task_id, success, instruction, n_steps FROM episodes "
+        "WHERE task_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY episode_id",
+        [tasks],
+    )
     by_task: dict[str, list[dict]] = defaultdict(list)
-    for row in (episodes.to_pylist() if episodes is not None else []):
+    for row in episodes.to_pylist() if episodes is not None else []:
         by_task[row["task_id"]].append(row)
-    queued = [r for r in _read_all(wh, "annotation_queue", ANNOTATION_QUEUE).to_pylist()
-              if r["interface"] in ("milestone_review", "milestone_match") and r["ls_server"] == server_key]
+    queued = [
+        r
+        for r in _read_all(wh, "annotation_queue", ANNOTATION_QUEUE).to_pylist()
+        if r["interface"] in ("milestone_review", "milestone_match") and r["ls_server"] == server_key
+    ]
     queued_keys = {r["item_key"] for r in queued}
     n_queued = Counter(r["interface"] for r in queued)
 
     if "milestone_review" in config.interfaces:
         interface = INTERFACES["milestone_review"]
-        room = max(0, config.milestone_review_budget - n_queued["milestone_review"])  # budgets are totals per interface version
+        room = max(
+            0, config.milestone_review_budget - n_queued["milestone_review"]
+        )  # budgets are totals per interface version
         chosen = [s for s in sets if milestone_set_item_key(s["milestone_set_id"]) not in queued_keys][:room]
         references = {}
         for s in chosen:
-            ok = sorted((e for e in by_task.get(s["task_id"], []) if e["success"]), key=lambda e: (e["n_steps"], e["episode_id"]))
+            ok = sorted(
+                (e for e in by_task.get(s["task_id"], []) if e["success"]),
+                key=lambda e: (e["n_steps"], e["episode_id"]),
+            )
             references[s["milestone_set_id"]] = ok[len(ok) // 2] if ok else None  # a typical (median-length) success
         ref_views = _step_views(wh, {(e["episode_id"], 0) for e in references.values() if e}, home, local)
         ref_actions = _episode_actions(wh, [e["episode_id"] for e in references.values() if e])
         for s in chosen:
             ref = references[s["milestone_set_id"]]
-            instruction = ref["instruction"] if ref else (by_task.get(s["task_id"]) or [{"instruction": s["task_id"]}])[0]["instruction"]
+            instruction = (
+                ref["instruction"]
+                if ref
+                else (by_task.get(s["task_id"]) or [{"instruction": s["task_id"]}])[0]["instruction"]
+            )
             key = milestone_set_item_key(s["milestone_set_id"])
             data = milestone_review_data(
-                instruction=instruction or s["task_id"], task_id=s["task_id"], milestone_set_id=s["milestone_set_id"],
-                milestones=s["milestones"], reference=ref_views.get((ref["episode_id"], 0)) if ref else None,
-                reference_actions=ref_actions.get(ref["episode_id"], []) if ref else [], interface=interface, item_key=key,
+                instruction=instruction or s["task_id"],
+                task_id=s["task_id"],
+                milestone_set_id=s["milestone_set_id"],
+                milestones=s["milestones"],
+                reference=ref_views.get((ref["episode_id"], 0)) if ref else None,
+                reference_actions=ref_actions.get(ref["episode_id"], []) if ref else [],
+                interface=interface,
+                item_key=key,
             )
-            items["milestone_review"].append(QueueItem("milestone_review", key, data, None, {
-                "task_id": s["task_id"], "milestone_set_id": s["milestone_set_id"], "reason": "milestone_review",
-                "stratum": f"{s['task_id']}|{s['source']}"}))
+            items["milestone_review"].append(
+                QueueItem(
+                    "milestone_review",
+                    key,
+                    data,
+                    None,
+                    {
+                        "task_id": s["task_id"],
+                        "milestone_set_id": s["milestone_set_id"],
+                        "reason": "milestone_review",
+                        "stratum": f"{s['task_id']}|{s['source']}",
+                    },
+                )
+            )
 
     room = max(0, config.match_budget - n_queued["milestone_match"])
     if "milestone_match" in config.interfaces and room > 0:
@@ -772,8 +1011,10 @@ def _milestone_items(wh: Warehouse, config: PushConfig, items: dict[str, list[Qu
         sampled: list[dict] = []
         for task_id in tasks:  # a few episodes per task and outcome keep this cheap on large corpora
             for outcome in (True, False):
-                pool = sorted((e for e in by_task.get(task_id, []) if bool(e["success"]) == outcome),
-                              key=lambda e: stable_hash(e["episode_id"], seed=7))
+                pool = sorted(
+                    (e for e in by_task.get(task_id, []) if bool(e["success"]) == outcome),
+                    key=lambda e: stable_hash(e["episode_id"], seed=7),
+                )
                 sampled += pool[:4]
         actions = _episode_actions(wh, [e["episode_id"] for e in sampled], with_index=True)
         embed = _embedder(config.match_embedder).embed
@@ -787,8 +1028,18 @@ def _milestone_items(wh: Warehouse, config: PushConfig, items: dict[str, list[Qu
                 similarity = text_similarity_matrix(s["milestones"], [text for _, text in steps], embed)
                 for m_idx, milestone in enumerate(s["milestones"]):
                     for j, (step_idx, _) in enumerate(steps):
-                        pairs.append(MatchPairCandidate(s["milestone_set_id"], m_idx, milestone, episode_id, step_idx,
-                                                        s["task_id"], episode["success"], float(similarity[m_idx, j])))
+                        pairs.append(
+                            MatchPairCandidate(
+                                s["milestone_set_id"],
+                                m_idx,
+                                milestone,
+                                episode_id,
+                                step_idx,
+                                s["task_id"],
+                                episode["success"],
+                                float(similarity[m_idx, j]),
+                            )
+                        )
         chosen_pairs = select_match_pairs(pairs, room, threshold=config.match_threshold, exclude=queued_keys)
         views = _step_views(wh, {(p.episode_id, p.step_idx) for p, _ in chosen_pairs}, home, local)
         n_by_set = {s["milestone_set_id"]: len(s["milestones"]) for s in sets}
@@ -798,23 +1049,50 @@ def _milestone_items(wh: Warehouse, config: PushConfig, items: dict[str, list[Qu
             if view is None:
                 continue
             key = match_item_key(pair)
-            data = match_task_data(view, milestone_set_id=pair.milestone_set_id, milestone_idx=pair.milestone_idx,
-                                   n_milestones=n_by_set[pair.milestone_set_id], milestone=pair.milestone,
-                                   interface=interface, item_key=key)
+            data = match_task_data(
+                view,
+                milestone_set_id=pair.milestone_set_id,
+                milestone_idx=pair.milestone_idx,
+                n_milestones=n_by_set[pair.milestone_set_id],
+                milestone=pair.milestone,
+                interface=interface,
+                item_key=key,
+            )
             predicted = "yes" if pair.similarity >= config.match_threshold else "no"
-            prediction = {"model_version": matcher, "score": round(pair.similarity, 4), "result": match_prediction(predicted)}
-            items["milestone_match"].append(QueueItem("milestone_match", key, data, prediction, {
-                "success": pair.success, "stratum": pair.stratum, "reason": "match_threshold", "uncertainty": score,
-                "prediction_label": predicted, "prediction_value": pair.similarity}))
+            prediction = {
+                "model_version": matcher,
+                "score": round(pair.similarity, 4),
+                "result": match_prediction(predicted),
+            }
+            items["milestone_match"].append(
+                QueueItem(
+                    "milestone_match",
+                    key,
+                    data,
+                    prediction,
+                    {
+                        "success": pair.success,
+                        "stratum": pair.stratum,
+                        "reason": "match_threshold",
+                        "uncertainty": score,
+                        "prediction_label": predicted,
+                        "prediction_value": pair.similarity,
+                    },
+                )
+            )
 
 
 def _episode_actions(wh: Warehouse, episode_ids: Sequence[str], *, with_index: bool = False) -> dict[str, list]:
     if not episode_ids:
         return {}
-    table = _query(wh, "SELECT episode_id, step_idx, action_text FROM steps WHERE episode_id IN (SELECT unnest(?::VARCHAR[])) "
-                       "ORDER BY episode_id, step_idx", [sorted(set(episode_ids))])
+    table = _query(
+        wh,
+        "SELECT episode_id, step_idx, action_text FROM steps WHERE episode_id IN (SELECT unnest(?::VARCHAR[])) "
+        "ORDER BY episode_id, step_idx",
+        [sorted(set(episode_ids))],
+    )
     out: dict[str, list] = defaultdict(list)
-    for row in (table.to_pylist() if table is not None else []):
+    for row in table.to_pylist() if table is not None else []:
         out[row["episode_id"]].append((int(row["step_idx"]), row["action_text"]) if with_index else row["action_text"])
     return dict(out)
 
@@ -822,7 +1100,9 @@ def _episode_actions(wh: Warehouse, episode_ids: Sequence[str], *, with_index: b
 # -- human_labels (sync) -----------------------------------------------------------------------------------
 
 
-def managed_projects(client: LabelStudioClient, namespace: str, interfaces: Sequence[str] | None = None) -> list[tuple[Interface, int]]:
+def managed_projects(
+    client: LabelStudioClient, namespace: str, interfaces: Sequence[str] | None = None
+) -> list[tuple[Interface, int]]:
     """The Label Studio projects of our interfaces that exist on the server (found by title)."""
     found = []
     for name in interfaces or list(INTERFACES):
@@ -856,8 +1136,9 @@ class SyncConfig(Config):
         "The `label_studio_sync` sensor keeps it current; materializing runs a full sync now. Table `human_labels`."
     ),
 )
-def human_labels(context: AssetExecutionContext, config: SyncConfig, warehouse: WarehouseResource,
-                 label_studio: LabelStudioResource) -> MaterializeResult:
+def human_labels(
+    context: AssetExecutionContext, config: SyncConfig, warehouse: WarehouseResource, label_studio: LabelStudioResource
+) -> MaterializeResult:
     wh = warehouse.get()
     client = label_studio.client(progress=context.log.info)
     results = []
@@ -865,12 +1146,25 @@ def human_labels(context: AssetExecutionContext, config: SyncConfig, warehouse: 
         with sync_lock(_sync_lock_path(label_studio), timeout_s=600) as taken:
             if not taken:
                 raise LabelStudioError("another sync held the lock for 10 minutes")
-            syncer = ProjectSyncer(client, wh, salt=label_studio.salt(), run_id=context.run_id, blocking=True,
-                                   full_resync_every_s=0.0 if config.full_resync else 1800.0, log=context.log.info)
+            syncer = ProjectSyncer(
+                client,
+                wh,
+                salt=label_studio.salt(),
+                run_id=context.run_id,
+                blocking=True,
+                full_resync_every_s=0.0 if config.full_resync else 1800.0,
+                log=context.log.info,
+            )
             state = SyncState()
             for interface, project_id in managed_projects(client, label_studio.project_namespace):
-                results.append(syncer.sync(interface, project_id, state.project(client.server_key, project_id),
-                                           queue_version=_queue_version(wh, client.server_key, interface)))
+                results.append(
+                    syncer.sync(
+                        interface,
+                        project_id,
+                        state.project(client.server_key, project_id),
+                        queue_version=_queue_version(wh, client.server_key, interface),
+                    )
+                )
     finally:
         client.close()
     return MaterializeResult(metadata=_sync_metadata(results, client.url))
@@ -878,11 +1172,22 @@ def human_labels(context: AssetExecutionContext, config: SyncConfig, warehouse: 
 
 def _sync_metadata(results: Sequence, url: str) -> dict[str, Any]:
     return {
-        "projects": MetadataValue.json({r.interface: {"project_id": r.project_id, "status": r.status, "created": r.diff.created,
-                                                      "updated": r.diff.updated, "retracted": r.diff.retracted,
-                                                      "active": r.active, "usable_for_training": r.usable,
-                                                      "export_id": r.export_id, "seconds": round(r.seconds, 2)}
-                                        for r in results}),
+        "projects": MetadataValue.json(
+            {
+                r.interface: {
+                    "project_id": r.project_id,
+                    "status": r.status,
+                    "created": r.diff.created,
+                    "updated": r.diff.updated,
+                    "retracted": r.diff.retracted,
+                    "active": r.active,
+                    "usable_for_training": r.usable,
+                    "export_id": r.export_id,
+                    "seconds": round(r.seconds, 2),
+                }
+                for r in results
+            }
+        ),
         "created": sum(r.diff.created for r in results),
         "updated": sum(r.diff.updated for r in results),
         "retracted": sum(r.diff.retracted for r in results),
@@ -925,12 +1230,16 @@ def build_label_studio_sensor(
         default_status=default_status,
         description="Pulls new, updated and deleted Label Studio annotations into human_labels; backs off while Label Studio is down.",
     )
-    def label_studio_sync(context: SensorEvaluationContext, warehouse: WarehouseResource, label_studio: LabelStudioResource):
+    def label_studio_sync(
+        context: SensorEvaluationContext, warehouse: WarehouseResource, label_studio: LabelStudioResource
+    ):
         state = SyncState.from_json(context.cursor)
         now = time.time()
         if state.retry_after and now < state.retry_after:
-            return SkipReason(f"backing off after {state.consecutive_failures} failed attempt(s) (last: {state.last_error}); "
-                              f"next attempt in {state.retry_after - now:.0f} s")
+            return SkipReason(
+                f"backing off after {state.consecutive_failures} failed attempt(s) (last: {state.last_error}); "
+                f"next attempt in {state.retry_after - now:.0f} s"
+            )
         wh = warehouse.get()
         results = []
         client: LabelStudioClient | None = None
@@ -939,18 +1248,33 @@ def build_label_studio_sensor(
                 if not taken:
                     return SkipReason("another sync is running")
                 client = label_studio.client(start=False)
-                syncer = ProjectSyncer(client, wh, salt=label_studio.salt(), run_id=f"sensor:{name}",
-                                       blocking=False, full_resync_every_s=full_resync_every_s, on_stage=on_stage,
-                                       log=context.log.info)
+                syncer = ProjectSyncer(
+                    client,
+                    wh,
+                    salt=label_studio.salt(),
+                    run_id=f"sensor:{name}",
+                    blocking=False,
+                    full_resync_every_s=full_resync_every_s,
+                    on_stage=on_stage,
+                    log=context.log.info,
+                )
                 tick_started = time.monotonic()
-                projects = sorted(managed_projects(client, label_studio.project_namespace),  # least recently checked first
-                                  key=lambda p: state.project(client.server_key, p[1]).last_checked_at or 0.0)
+                projects = sorted(
+                    managed_projects(client, label_studio.project_namespace),  # least recently checked first
+                    key=lambda p: state.project(client.server_key, p[1]).last_checked_at or 0.0,
+                )
                 for interface, project_id in projects:
                     if time.monotonic() - tick_started > tick_budget_s:
                         context.log.info(f"tick budget used; {interface.name} waits for the next tick")
                         break
-                    results.append(syncer.sync(interface, project_id, state.project(client.server_key, project_id),
-                                               queue_version=_queue_version(wh, client.server_key, interface)))
+                    results.append(
+                        syncer.sync(
+                            interface,
+                            project_id,
+                            state.project(client.server_key, project_id),
+                            queue_version=_queue_version(wh, client.server_key, interface),
+                        )
+                    )
         except LabelStudioAuthError:
             raise
         except (LabelStudioUnavailable, LabelStudioError) as exc:
@@ -959,8 +1283,10 @@ def build_label_studio_sensor(
             state.retry_after = now + delay
             state.last_error = scrub(exc)[:300]
             context.log.warning(f"Label Studio sync failed ({state.last_error}); retrying in {delay:.0f} s")
-            return SensorResult(skip_reason=SkipReason(f"Label Studio unavailable: {state.last_error}; retrying in {delay:.0f} s"),
-                                cursor=state.to_json())
+            return SensorResult(
+                skip_reason=SkipReason(f"Label Studio unavailable: {state.last_error}; retrying in {delay:.0f} s"),
+                cursor=state.to_json(),
+            )
         finally:
             if client is not None:
                 client.close()
@@ -971,21 +1297,39 @@ def build_label_studio_sensor(
             AssetMaterialization(
                 asset_key=AssetKey("human_labels"),
                 description=f"{r.interface}: +{r.diff.created} new, {r.diff.updated} updated, {r.diff.retracted} retracted",
-                metadata={"interface": r.interface, "ls_project_id": r.project_id, "created": r.diff.created,
-                          "updated": r.diff.updated, "retracted": r.diff.retracted, "active_labels": r.active,
-                          "usable_for_training": r.usable, "export_id": r.export_id or 0,
-                          "materialization_id": r.materialization_id or "", "path": MetadataValue.path(r.output_path or "")},
+                metadata={
+                    "interface": r.interface,
+                    "ls_project_id": r.project_id,
+                    "created": r.diff.created,
+                    "updated": r.diff.updated,
+                    "retracted": r.diff.retracted,
+                    "active_labels": r.active,
+                    "usable_for_training": r.usable,
+                    "export_id": r.export_id or 0,
+                    "materialization_id": r.materialization_id or "",
+                    "path": MetadataValue.path(r.output_path or ""),
+                },
             )
             for r in applied
         ]
         if not applied:
-            reason = (f"waiting for {len(waiting)} Label Studio export(s)" if waiting
-                      else f"no annotation changes in {len(results)} project(s)" if results else "no Stepwise projects in Label Studio yet")
+            reason = (
+                f"waiting for {len(waiting)} Label Studio export(s)"
+                if waiting
+                else f"no annotation changes in {len(results)} project(s)"
+                if results
+                else "no Stepwise projects in Label Studio yet"
+            )
             return SensorResult(skip_reason=SkipReason(reason), cursor=state.to_json())
         run_key = "labels-" + "-".join(sorted(r.materialization_id or "" for r in applied))
         return SensorResult(
-            run_requests=[RunRequest(run_key=run_key, asset_selection=[AssetKey(k) for k in DOWNSTREAM_OF_LABELS],
-                                     tags={"stepwise/trigger": "label_studio_sync"})],
+            run_requests=[
+                RunRequest(
+                    run_key=run_key,
+                    asset_selection=[AssetKey(k) for k in DOWNSTREAM_OF_LABELS],
+                    tags={"stepwise/trigger": "label_studio_sync"},
+                )
+            ],
             asset_events=events,
             cursor=state.to_json(),
         )
@@ -1022,29 +1366,49 @@ def human_step_labels(context: AssetExecutionContext, warehouse: WarehouseResour
     versions = sorted({r["interface_version"] for r in rows if r.get("interface_version")})
     label_version = "human:" + ",".join(versions) if versions else "human"
     labels = step_training_labels(rows, label_version)
-    progress_rows = [{
-        "episode_id": r["episode_id"], "step_idx": r["step_idx"], "source": "human", "method": "annotated",
-        "progress": r["progress"], "is_key_step": r["correctness"] == "positive", "recipe_id": None,
-        "completion_ratio": None, "label_version": label_version,
-    } for r in labels if r["progress"] is not None]
-    materialization = Materialization(asset="human_step_labels", run_id=context.run_id, code_version=REPORT_VERSION,
-                                      parameters={"label_version": label_version},
-                                      inputs=_table_inputs(wh, ("human_labels",)))
+    progress_rows = [
+        {
+            "episode_id": r["episode_id"],
+            "step_idx": r["step_idx"],
+            "source": "human",
+            "method": "annotated",
+            "progress": r["progress"],
+            "is_key_step": r["correctness"] == "positive",
+            "recipe_id": None,
+            "completion_ratio": None,
+            "label_version": label_version,
+        }
+        for r in labels
+        if r["progress"] is not None
+    ]
+    materialization = Materialization(
+        asset="human_step_labels",
+        run_id=context.run_id,
+        code_version=REPORT_VERSION,
+        parameters={"label_version": label_version},
+        inputs=_table_inputs(wh, ("human_labels",)),
+    )
     outputs = [
-        wh.stage_table("human_step_labels", "human", pa.Table.from_pylist(labels, schema=HUMAN_STEP_LABELS), materialization),
-        wh.stage_table("progress_labels", "human", pa.Table.from_pylist(progress_rows, schema=PROGRESS_LABELS), materialization),
+        wh.stage_table(
+            "human_step_labels", "human", pa.Table.from_pylist(labels, schema=HUMAN_STEP_LABELS), materialization
+        ),
+        wh.stage_table(
+            "progress_labels", "human", pa.Table.from_pylist(progress_rows, schema=PROGRESS_LABELS), materialization
+        ),
     ]
     wh.publish(materialization, outputs)
     counts = Counter(r["correctness"] for r in labels)
-    return MaterializeResult(metadata={
-        "steps": len(labels),
-        "positive": counts.get("positive", 0),
-        "negative": counts.get("negative", 0),
-        "no_majority_or_unsure_only": counts.get(None, 0),
-        "with_progress": len(progress_rows),
-        "unsure_answers_excluded": sum(r["unsure_votes"] for r in labels),
-        "label_version": label_version,
-    })
+    return MaterializeResult(
+        metadata={
+            "steps": len(labels),
+            "positive": counts.get("positive", 0),
+            "negative": counts.get("negative", 0),
+            "no_majority_or_unsure_only": counts.get(None, 0),
+            "with_progress": len(progress_rows),
+            "unsure_answers_excluded": sum(r["unsure_votes"] for r in labels),
+            "label_version": label_version,
+        }
+    )
 
 
 @asset(
@@ -1066,9 +1430,15 @@ def annotation_agreement(context: AssetExecutionContext, warehouse: WarehouseRes
     for name in INTERFACES:
         kappa, n_pairs = pooled_kappa(rows, name)
         kappas[name] = {"kappa": None if kappa is None else round(kappa, 4), "overlapping_pairs": n_pairs}
-    materialization = Materialization(asset="annotation_agreement", run_id=context.run_id, code_version=REPORT_VERSION,
-                                      inputs=_table_inputs(wh, ("human_labels",)))
-    output = wh.stage_table("annotator_stats", "human", pa.Table.from_pylist(stats, schema=ANNOTATOR_STATS), materialization)
+    materialization = Materialization(
+        asset="annotation_agreement",
+        run_id=context.run_id,
+        code_version=REPORT_VERSION,
+        inputs=_table_inputs(wh, ("human_labels",)),
+    )
+    output = wh.stage_table(
+        "annotator_stats", "human", pa.Table.from_pylist(stats, schema=ANNOTATOR_STATS), materialization
+    )
     wh.publish(materialization, [output])
     active = [r for r in rows if r["status"] == "active"]
     milestone_scores = [r["value"] for r in active if r["interface"] == "milestone_review" and r["value"] is not None]
@@ -1077,17 +1447,38 @@ def annotation_agreement(context: AssetExecutionContext, warehouse: WarehouseRes
         "annotators": len({r["annotator_id"] for r in active if r["annotator_id"]}),
         "cohen_kappa": MetadataValue.json(kappas),
         "unsure_share": MetadataValue.float(
-            sum(1 for r in active if r["label"] == "unsure") / max(1, sum(1 for r in active if r["interface"] == "step_correctness"))),
+            sum(1 for r in active if r["label"] == "unsure")
+            / max(1, sum(1 for r in active if r["interface"] == "step_correctness"))
+        ),
         "retracted": sum(1 for r in rows if r["status"] == "retracted"),
-        "annotator_stats": MetadataValue.md(_md_table(stats, ["annotator_id", "interface", "n_annotations", "n_unsure",
-                                                              "n_skipped", "median_lead_time_s", "n_overlapping_tasks",
-                                                              "agreement_with_others", "kappa_with_others"])),
-        "annotator_pairs": MetadataValue.md(_md_table([p.__dict__ for p in pairs],
-                                                      ["interface", "annotator_a", "annotator_b", "n_items", "agreement", "kappa"])),
+        "annotator_stats": MetadataValue.md(
+            _md_table(
+                stats,
+                [
+                    "annotator_id",
+                    "interface",
+                    "n_annotations",
+                    "n_unsure",
+                    "n_skipped",
+                    "median_lead_time_s",
+                    "n_overlapping_tasks",
+                    "agreement_with_others",
+                    "kappa_with_others",
+                ],
+            )
+        ),
+        "annotator_pairs": MetadataValue.md(
+            _md_table(
+                [p.__dict__ for p in pairs],
+                ["interface", "annotator_a", "annotator_b", "n_items", "agreement", "kappa"],
+            )
+        ),
     }
     if milestone_scores:  # ADMIRE B.5.2 reports the mean score and the share rated 4 or 5
         metadata["milestone_mean_score"] = MetadataValue.float(sum(milestone_scores) / len(milestone_scores))
-        metadata["milestone_share_4_or_5"] = MetadataValue.float(sum(1 for s in milestone_scores if s >= 4) / len(milestone_scores))
+        metadata["milestone_share_4_or_5"] = MetadataValue.float(
+            sum(1 for s in milestone_scores if s >= 4) / len(milestone_scores)
+        )
     if stats:
         metadata["plot"] = MetadataValue.md(_annotator_plot(wh, stats, kappas))
     return MaterializeResult(metadata=metadata)
@@ -1100,7 +1491,10 @@ def _annotator_plot(wh: Warehouse, stats: Sequence[dict], kappas: dict) -> str:
     interfaces = sorted({s["interface"] for s in stats})
     bottom = [0] * len(annotators)
     for interface in interfaces:
-        counts = [next((s["n_annotations"] for s in stats if s["annotator_id"] == a and s["interface"] == interface), 0) for a in annotators]
+        counts = [
+            next((s["n_annotations"] for s in stats if s["annotator_id"] == a and s["interface"] == interface), 0)
+            for a in annotators
+        ]
         axes[0].bar(annotators, counts, bottom=bottom, label=interface)
         bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
     axes[0].set_title("annotations per annotator")
@@ -1140,23 +1534,49 @@ def label_source_comparison(context: AssetExecutionContext, warehouse: Warehouse
         model_delta = None
         if c is not None and c.model_progress is not None:
             model_delta = c.model_progress - (c.model_previous_progress or 0.0)
-        steps.append({
-            "human_progress": r["progress"],
-            "human_correct": None if r["correctness"] is None else r["correctness"] == "positive",
-            "lcs_progress": c.lcs_progress if c else None, "lcs_correct": c.lcs_key_step if c else None,
-            "env_progress": c.env_progress if c else None, "env_correct": c.env_key_step if c else None,
-            "model_progress": c.model_progress if c else None, "model_correct": None if model_delta is None else model_delta > 0,
-        })
+        steps.append(
+            {
+                "human_progress": r["progress"],
+                "human_correct": None if r["correctness"] is None else r["correctness"] == "positive",
+                "lcs_progress": c.lcs_progress if c else None,
+                "lcs_correct": c.lcs_key_step if c else None,
+                "env_progress": c.env_progress if c else None,
+                "env_correct": c.env_key_step if c else None,
+                "model_progress": c.model_progress if c else None,
+                "model_correct": None if model_delta is None else model_delta > 0,
+            }
+        )
     comparison = compare_label_sources(steps)
-    materialization = Materialization(asset="label_source_comparison", run_id=context.run_id, code_version=REPORT_VERSION,
-                                      inputs=_table_inputs(wh, ("human_step_labels", "progress_labels", "rm_predictions")))
-    output = wh.stage_table("label_source_agreement", "human", pa.Table.from_pylist(comparison, schema=LABEL_SOURCE_AGREEMENT),
-                            materialization)
+    materialization = Materialization(
+        asset="label_source_comparison",
+        run_id=context.run_id,
+        code_version=REPORT_VERSION,
+        inputs=_table_inputs(wh, ("human_step_labels", "progress_labels", "rm_predictions")),
+    )
+    output = wh.stage_table(
+        "label_source_agreement",
+        "human",
+        pa.Table.from_pylist(comparison, schema=LABEL_SOURCE_AGREEMENT),
+        materialization,
+    )
     wh.publish(materialization, [output])
     metadata: dict[str, Any] = {
         "steps_with_human_labels": len(steps),
-        "comparisons": MetadataValue.md(_md_table(comparison, ["source_a", "source_b", "quantity", "n_steps", "agreement",
-                                                               "cohen_kappa", "mean_abs_diff", "pearson_r"])),
+        "comparisons": MetadataValue.md(
+            _md_table(
+                comparison,
+                [
+                    "source_a",
+                    "source_b",
+                    "quantity",
+                    "n_steps",
+                    "agreement",
+                    "cohen_kappa",
+                    "mean_abs_diff",
+                    "pearson_r",
+                ],
+            )
+        ),
     }
     if comparison:
         metadata["plot"] = MetadataValue.md(_comparison_plot(wh, comparison))
@@ -1170,7 +1590,13 @@ def _comparison_plot(wh: Warehouse, comparison: Sequence[dict]) -> str:
         rows = [r for r in comparison if r["quantity"] == quantity]
         names = [f"{r['source_a']}~{r['source_b']}\n(n={r['n_steps']})" for r in rows]
         ax.bar(names, [r["agreement"] or 0 for r in rows], color="#7a9", label="agreement")
-        ax.plot(names, [r["cohen_kappa"] if r["cohen_kappa"] is not None else float("nan") for r in rows], "o", color="#a33", label="kappa")
+        ax.plot(
+            names,
+            [r["cohen_kappa"] if r["cohen_kappa"] is not None else float("nan") for r in rows],
+            "o",
+            color="#a33",
+            label="kappa",
+        )
         ax.set_ylim(-0.2, 1.05)
         ax.set_title(quantity)
         ax.tick_params(axis="x", labelsize=7)
@@ -1190,23 +1616,38 @@ def human_labels_unique_annotations(warehouse: WarehouseResource) -> AssetCheckR
     return AssetCheckResult(passed=duplicates == 0, metadata={"annotations": len(counts), "duplicated_ids": duplicates})
 
 
-@asset_check(asset="human_labels", description="unsure, skipped and retracted annotations are never usable for training",
-             blocking=True)
+@asset_check(
+    asset="human_labels",
+    description="unsure, skipped and retracted annotations are never usable for training",
+    blocking=True,
+)
 def human_labels_unsure_excluded(warehouse: WarehouseResource) -> AssetCheckResult:
     rows = _human_rows(warehouse.get())
-    bad = sum(1 for r in rows if r["usable_for_training"] and (r["label"] == "unsure" or r["was_cancelled"] or r["status"] != "active"))
-    return AssetCheckResult(passed=bad == 0, metadata={"violations": bad, "unsure": sum(1 for r in rows if r["label"] == "unsure")})
+    bad = sum(
+        1
+        for r in rows
+        if r["usable_for_training"] and (r["label"] == "unsure" or r["was_cancelled"] or r["status"] != "active")
+    )
+    return AssetCheckResult(
+        passed=bad == 0, metadata={"violations": bad, "unsure": sum(1 for r in rows if r["label"] == "unsure")}
+    )
 
 
-@asset_check(asset="human_labels", description="labels come from queued items (lineage to annotation_queue)",
-             )
+@asset_check(
+    asset="human_labels",
+    description="labels come from queued items (lineage to annotation_queue)",
+)
 def human_labels_traced_to_queue(warehouse: WarehouseResource) -> AssetCheckResult:
     wh = warehouse.get()
-    queue = {(r["ls_server"], r["ls_project_id"], r["ls_task_id"]) for r in _read_all(wh, "annotation_queue", ANNOTATION_QUEUE).to_pylist()}
+    queue = {
+        (r["ls_server"], r["ls_project_id"], r["ls_task_id"])
+        for r in _read_all(wh, "annotation_queue", ANNOTATION_QUEUE).to_pylist()
+    }
     rows = _human_rows(wh)
     untraced = sum(1 for r in rows if (r["ls_server"], r["ls_project_id"], r["ls_task_id"]) not in queue)
-    return AssetCheckResult(passed=untraced == 0, severity=AssetCheckSeverity.WARN,
-                            metadata={"labels": len(rows), "not_in_queue": untraced})
+    return AssetCheckResult(
+        passed=untraced == 0, severity=AssetCheckSeverity.WARN, metadata={"labels": len(rows), "not_in_queue": untraced}
+    )
 
 
 @asset_check(asset="annotation_queue", description="no item queued twice for the same interface version")
@@ -1217,8 +1658,13 @@ def annotation_queue_no_duplicates(warehouse: WarehouseResource) -> AssetCheckRe
     return AssetCheckResult(passed=duplicates == 0, metadata={"queued": len(rows), "duplicated_items": duplicates})
 
 
-@asset_check(asset="human_labels", description="no Label Studio key or password in the warehouse (Parquet, catalog, lineage, plots)")
-def annotation_tables_free_of_secrets(warehouse: WarehouseResource, label_studio: LabelStudioResource) -> AssetCheckResult:
+@asset_check(
+    asset="human_labels",
+    description="no Label Studio key or password in the warehouse (Parquet, catalog, lineage, plots)",
+)
+def annotation_tables_free_of_secrets(
+    warehouse: WarehouseResource, label_studio: LabelStudioResource
+) -> AssetCheckResult:
     from annotation.labelstudio.audit import file_text, files_containing
     from annotation.labelstudio.secrets import read_local_secrets
 
@@ -1227,16 +1673,31 @@ def annotation_tables_free_of_secrets(warehouse: WarehouseResource, label_studio
     local = read_local_secrets(label_studio.data_dir())
     if local is not None:
         secrets += [s for s in (local.api_key, local.password) if s]
-    found = [f"data/{table}/{path}" for table in ANNOTATION_TABLES for path in files_containing(wh.data_dir / table, secrets)]
+    found = [
+        f"data/{table}/{path}" for table in ANNOTATION_TABLES for path in files_containing(wh.data_dir / table, secrets)
+    ]
     found += [f"plots/{path}" for path in files_containing(wh.home / "plots", secrets)]
     if wh.db_path.exists() and any(s.encode() in file_text(wh.db_path) for s in secrets):
         found.append(wh.db_path.name)
-    return AssetCheckResult(passed=not found, metadata={"secrets_checked": len(secrets), "files_with_a_secret": MetadataValue.json(found)})
+    return AssetCheckResult(
+        passed=not found, metadata={"secrets_checked": len(secrets), "files_with_a_secret": MetadataValue.json(found)}
+    )
 
 
-ANNOTATION_ASSETS = [annotation_candidates, annotation_queue, human_labels, human_step_labels, annotation_agreement,
-                     label_source_comparison]
-ANNOTATION_CHECKS = [human_labels_unique_annotations, human_labels_unsure_excluded, human_labels_traced_to_queue,
-                     annotation_queue_no_duplicates, annotation_tables_free_of_secrets]
+ANNOTATION_ASSETS = [
+    annotation_candidates,
+    annotation_queue,
+    human_labels,
+    human_step_labels,
+    annotation_agreement,
+    label_source_comparison,
+]
+ANNOTATION_CHECKS = [
+    human_labels_unique_annotations,
+    human_labels_unsure_excluded,
+    human_labels_traced_to_queue,
+    annotation_queue_no_duplicates,
+    annotation_tables_free_of_secrets,
+]
 ANNOTATION_SENSORS = [label_studio_sync]
 ANNOTATION_RESOURCES = {"label_studio": LabelStudioResource()}

@@ -1,6 +1,5 @@
 """Ingest stage: recorded human demonstrations -> episodes and steps in the warehouse."""
 
-
 import os
 from pathlib import Path
 
@@ -86,11 +85,15 @@ def _success_by_task_plot(warehouse: WarehouseResource, import_root: str) -> str
     """Successes and failures per task as a horizontal bar chart, inlined as markdown."""
     import matplotlib.pyplot as plt
 
-    rows = warehouse.get().query(
-        "SELECT task_id, count(*) FILTER (WHERE success) AS ok, count(*) FILTER (WHERE NOT success) AS failed "
-        "FROM episodes WHERE import_root = ? GROUP BY task_id ORDER BY ok + failed",
-        [import_root],
-    ).to_pylist()
+    rows = (
+        warehouse.get()
+        .query(
+            "SELECT task_id, count(*) FILTER (WHERE success) AS ok, count(*) FILTER (WHERE NOT success) AS failed "
+            "FROM episodes WHERE import_root = ? GROUP BY task_id ORDER BY ok + failed",
+            [import_root],
+        )
+        .to_pylist()
+    )
     fig, ax = plt.subplots(figsize=(7, max(3, 0.18 * len(rows))))
     tasks = [r["task_id"] for r in rows]
     ax.barh(tasks, [r["ok"] for r in rows], color="#3a7", label="success")
@@ -100,7 +103,9 @@ def _success_by_task_plot(warehouse: WarehouseResource, import_root: str) -> str
     ax.tick_params(axis="y", labelsize=6)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    return save_and_inline(fig, warehouse.get().home / "plots" / "human_demonstrations_success_by_task.png", "success and failure per task")
+    return save_and_inline(
+        fig, warehouse.get().home / "plots" / "human_demonstrations_success_by_task.png", "success and failure per task"
+    )
 
 
 # -- asset checks -----------------------------------------------------------------------------
@@ -122,38 +127,62 @@ def demonstrations_schema(warehouse: WarehouseResource) -> AssetCheckResult:
 
 @asset_check(asset=ASSET_NAME, description="every episode has at least one step, and n_steps matches the steps table")
 def demonstrations_no_empty_episodes(warehouse: WarehouseResource) -> AssetCheckResult:
-    (empty, mismatched) = warehouse.get().query(
-        """
+    (empty, mismatched) = (
+        warehouse.get()
+        .query(
+            """
         SELECT count(*) FILTER (WHERE e.n_steps = 0 OR s.n IS NULL),
                count(*) FILTER (WHERE s.n IS NOT NULL AND s.n <> e.n_steps)
         FROM episodes e LEFT JOIN (SELECT episode_id, count(*) AS n FROM steps GROUP BY 1) s USING (episode_id)
         WHERE e.source = 'human_demo'
         """
-    ).to_pylist()[0].values()
-    return AssetCheckResult(passed=empty == 0 and mismatched == 0, metadata={"empty": empty, "n_steps_mismatch": mismatched})
+        )
+        .to_pylist()[0]
+        .values()
+    )
+    return AssetCheckResult(
+        passed=empty == 0 and mismatched == 0, metadata={"empty": empty, "n_steps_mismatch": mismatched}
+    )
 
 
-@asset_check(asset=ASSET_NAME, description=f"action types are canonical; untyped (UNKNOWN) steps under {MAX_UNTYPED_SHARE:.0%}")
+@asset_check(
+    asset=ASSET_NAME, description=f"action types are canonical; untyped (UNKNOWN) steps under {MAX_UNTYPED_SHARE:.0%}"
+)
 def demonstrations_action_types_known(warehouse: WarehouseResource) -> AssetCheckResult:
-    rows = warehouse.get().query(
-        "SELECT action_type, count(*) AS n FROM steps JOIN episodes USING (episode_id) "
-        "WHERE source = 'human_demo' GROUP BY 1"
-    ).to_pylist()
+    rows = (
+        warehouse.get()
+        .query(
+            "SELECT action_type, count(*) AS n FROM steps JOIN episodes USING (episode_id) "
+            "WHERE source = 'human_demo' GROUP BY 1"
+        )
+        .to_pylist()
+    )
     counts = {r["action_type"]: r["n"] for r in rows}
     total = sum(counts.values())
     foreign = sorted(set(counts) - KNOWN_ACTION_TYPES - {"UNKNOWN"})
     untyped = counts.get("UNKNOWN", 0) / total if total else 1.0
     return AssetCheckResult(
         passed=not foreign and untyped < MAX_UNTYPED_SHARE and total > 0,
-        metadata={"counts": MetadataValue.json(counts), "untyped_share": MetadataValue.float(untyped), "foreign_types": MetadataValue.json(foreign)},
+        metadata={
+            "counts": MetadataValue.json(counts),
+            "untyped_share": MetadataValue.float(untyped),
+            "foreign_types": MetadataValue.json(foreign),
+        },
     )
 
 
-@asset_check(asset=ASSET_NAME, description="both successful and failed episodes are present (failures matter for labels)")
+@asset_check(
+    asset=ASSET_NAME, description="both successful and failed episodes are present (failures matter for labels)"
+)
 def demonstrations_success_and_failure(warehouse: WarehouseResource) -> AssetCheckResult:
-    ok, failed = warehouse.get().query(
-        "SELECT count(*) FILTER (WHERE success), count(*) FILTER (WHERE NOT success) FROM episodes WHERE source = 'human_demo'"
-    ).to_pylist()[0].values()
+    ok, failed = (
+        warehouse.get()
+        .query(
+            "SELECT count(*) FILTER (WHERE success), count(*) FILTER (WHERE NOT success) FROM episodes WHERE source = 'human_demo'"
+        )
+        .to_pylist()[0]
+        .values()
+    )
     return AssetCheckResult(
         passed=ok > 0 and failed > 0,
         severity=AssetCheckSeverity.WARN,

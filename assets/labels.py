@@ -92,7 +92,12 @@ def run_synthesis(warehouse: Warehouse, *, seed: int = 0, run_id: str | None = N
     )
     kinds = Counter(t.source for t in synthetic)
     log(f"synthesised {len(synthetic)} trajectories from {len(real)} real ones: {dict(kinds)}")
-    return {"episodes": len(synthetic), "steps": steps.num_rows, "kinds": dict(kinds), "materialization_id": m.materialization_id}
+    return {
+        "episodes": len(synthetic),
+        "steps": steps.num_rows,
+        "kinds": dict(kinds),
+        "materialization_id": m.materialization_id,
+    }
 
 
 # -- recipes and labels -----------------------------------------------------------------------
@@ -136,13 +141,23 @@ def run_labeling(
         summary.recipes[method] = len(run.recipe_rows)
         summary.tasks_without_recipe[method] = run.task_notes
         summary.unlabelled[method] = len(run.unlabelled)
-        note_rows += [{"scope": "task", "key": k, "method": method, "reason": v} for k, v in sorted(run.task_notes.items())]
-        note_rows += [{"scope": "episode", "key": k, "method": method, "reason": v} for k, v in sorted(run.unlabelled.items())]
-        note_rows += [{"scope": "step", "key": k, "method": method, "reason": v} for k, v in sorted(run.step_notes.items())]
-        log(f"lcs/{method}: {len(run.recipe_rows)} recipes, {len(run.label_rows)} step labels, {len(run.task_notes)} tasks without recipe")
+        note_rows += [
+            {"scope": "task", "key": k, "method": method, "reason": v} for k, v in sorted(run.task_notes.items())
+        ]
+        note_rows += [
+            {"scope": "episode", "key": k, "method": method, "reason": v} for k, v in sorted(run.unlabelled.items())
+        ]
+        note_rows += [
+            {"scope": "step", "key": k, "method": method, "reason": v} for k, v in sorted(run.step_notes.items())
+        ]
+        log(
+            f"lcs/{method}: {len(run.recipe_rows)} recipes, {len(run.label_rows)} step labels, {len(run.task_notes)} tasks without recipe"
+        )
     env = env_labels(trajectories, specs)
     label_rows += env.label_rows
-    note_rows += [{"scope": "episode", "key": k, "method": "env", "reason": v} for k, v in sorted(env.unlabelled.items())]
+    note_rows += [
+        {"scope": "episode", "key": k, "method": "env", "reason": v} for k, v in sorted(env.unlabelled.items())
+    ]
     log(f"env: {len(env.label_rows)} step labels from {len(specs)} task specs and recorded milestones")
     for row in label_rows:
         key = row["source"] if row["method"] is None else f"{row['source']}/{row['method']}"
@@ -152,7 +167,12 @@ def run_labeling(
         asset="progress_labels",
         run_id=run_id,
         code_version=f"{LABELS_CODE_VERSION}+{git_revision()}",
-        parameters={"theta": theta, "embedder": embedder, "specs_dir": str(specs_dir or default_specs_dir()), "label_version": LABEL_VERSION},
+        parameters={
+            "theta": theta,
+            "embedder": embedder,
+            "specs_dir": str(specs_dir or default_specs_dir()),
+            "label_version": LABEL_VERSION,
+        },
         inputs=warehouse.current_inputs(["episodes", "steps"]) + spec_inputs(specs),
     )
     outputs = [
@@ -173,7 +193,9 @@ def run_labeling(
 # -- the reward-model split ---------------------------------------------------------------------
 
 
-def run_split(warehouse: Warehouse, *, by: str = "goal", seed: int = 0, run_id: str | None = None, log: Log = print) -> dict:
+def run_split(
+    warehouse: Warehouse, *, by: str = "goal", seed: int = 0, run_id: str | None = None, log: Log = print
+) -> dict:
     """ProgRM App. C: split by task goal, failed steps sampled to ~1:1 with successful ones."""
     trajectories = list(load_trajectories(warehouse, with_screens=False))
     rows = training_split(trajectories, by=by, seed=seed)
@@ -214,7 +236,12 @@ def run_split(warehouse: Warehouse, *, by: str = "goal", seed: int = 0, run_id: 
 
 
 def run_label_report(
-    warehouse: Warehouse, *, specs_dir: str | Path | None = None, run_id: str | None = None, publish: bool = True, log: Log = print
+    warehouse: Warehouse,
+    *,
+    specs_dir: str | Path | None = None,
+    run_id: str | None = None,
+    publish: bool = True,
+    log: Log = print,
 ) -> list[dict]:
     """Score the current LCS labels against the milestone ground truth of the specs in
     ``specs_dir`` (one YAML file per task): per task and per task set (the specs' ``tuning``:
@@ -224,7 +251,9 @@ def run_label_report(
     tasks = sorted(specs)
     # Real trajectories only: a synthetic one (another task's instruction, a random walk over
     # recorded screens) has no environment behind it to define ground truth.
-    trajectories = list(load_trajectories(warehouse, "list_contains(?, e.task_id) AND e.source NOT LIKE 'synthetic:%'", [tasks]))
+    trajectories = list(
+        load_trajectories(warehouse, "list_contains(?, e.task_id) AND e.source NOT LIKE 'synthetic:%'", [tasks])
+    )
     if not trajectories:
         log(f"no episodes of the tasks with specs in {specs_dir} ({', '.join(tasks)})")
     truth = env_labels(trajectories, specs)
@@ -248,7 +277,9 @@ def run_label_report(
             parameters={"specs_dir": specs_dir},
             inputs=warehouse.current_inputs(["progress_labels", "episodes", "steps"]) + spec_inputs(specs),
         )
-        warehouse.publish(m, [warehouse.stage_table("label_quality", "all", pa.Table.from_pylist(rows, schema=LABEL_QUALITY), m)])
+        warehouse.publish(
+            m, [warehouse.stage_table("label_quality", "all", pa.Table.from_pylist(rows, schema=LABEL_QUALITY), m)]
+        )
     return rows
 
 
@@ -311,19 +342,42 @@ class LabelReportConfig(Config):
     task_specs_dir: str = default_specs_dir()
 
 
-@asset(group_name="labels", deps=["human_demonstrations", "rollouts"], code_version=LABELS_CODE_VERSION, kinds={"parquet"},
-       description="ProgRM App. B: failed trajectories by mismatched instruction and random walk, successful ones by adding or removing no-op steps; each records its kind and parent.")
-def synthetic_trajectories(context: AssetExecutionContext, config: SynthesisConfig, warehouse: WarehouseResource) -> MaterializeResult:
+@asset(
+    group_name="labels",
+    deps=["human_demonstrations", "rollouts"],
+    code_version=LABELS_CODE_VERSION,
+    kinds={"parquet"},
+    description="ProgRM App. B: failed trajectories by mismatched instruction and random walk, successful ones by adding or removing no-op steps; each records its kind and parent.",
+)
+def synthetic_trajectories(
+    context: AssetExecutionContext, config: SynthesisConfig, warehouse: WarehouseResource
+) -> MaterializeResult:
     result = run_synthesis(warehouse.get(), seed=config.seed, run_id=context.run_id, log=context.log.info)
-    return MaterializeResult(metadata={"episodes": result["episodes"], "steps": result["steps"], "kinds": MetadataValue.json(result["kinds"])})
+    return MaterializeResult(
+        metadata={
+            "episodes": result["episodes"],
+            "steps": result["steps"],
+            "kinds": MetadataValue.json(result["kinds"]),
+        }
+    )
 
 
 @multi_asset(
     specs=[
-        AssetSpec("recipe_library", group_name="labels", deps=["human_demonstrations", "rollouts", "synthetic_trajectories"], kinds={"parquet"},
-                  description="Recipes per task (ProgRM §2.2, Eq. 10), paper-faithful and improved modes, with member episodes."),
-        AssetSpec("progress_labels", group_name="labels", deps=["human_demonstrations", "rollouts", "synthetic_trajectories"], kinds={"parquet"},
-                  description="Per-step progress labels: LCS (paper, improved) and environment milestones; key steps."),
+        AssetSpec(
+            "recipe_library",
+            group_name="labels",
+            deps=["human_demonstrations", "rollouts", "synthetic_trajectories"],
+            kinds={"parquet"},
+            description="Recipes per task (ProgRM §2.2, Eq. 10), paper-faithful and improved modes, with member episodes.",
+        ),
+        AssetSpec(
+            "progress_labels",
+            group_name="labels",
+            deps=["human_demonstrations", "rollouts", "synthetic_trajectories"],
+            kinds={"parquet"},
+            description="Per-step progress labels: LCS (paper, improved) and environment milestones; key steps.",
+        ),
     ],
     check_specs=[
         AssetCheckSpec("labels_in_unit_interval", asset="progress_labels"),
@@ -333,7 +387,14 @@ def synthetic_trajectories(context: AssetExecutionContext, config: SynthesisConf
 )
 def recipes_and_progress_labels(context: AssetExecutionContext, config: LabelConfig, warehouse: WarehouseResource):
     wh = warehouse.get()
-    summary = run_labeling(wh, specs_dir=config.task_specs_dir, embedder=config.embedder, theta=config.theta, run_id=context.run_id, log=context.log.info)
+    summary = run_labeling(
+        wh,
+        specs_dir=config.task_specs_dir,
+        embedder=config.embedder,
+        theta=config.theta,
+        run_id=context.run_id,
+        log=context.log.info,
+    )
     yield MaterializeResult(
         asset_key="recipe_library",
         metadata={
@@ -358,7 +419,9 @@ def recipes_and_progress_labels(context: AssetExecutionContext, config: LabelCon
 
 
 def label_checks(warehouse: Warehouse) -> list[AssetCheckResult]:
-    bad_range = warehouse.query("SELECT count(*) AS n FROM progress_labels WHERE progress < 0 OR progress > 1 OR isnan(progress)").to_pylist()[0]["n"]
+    bad_range = warehouse.query(
+        "SELECT count(*) AS n FROM progress_labels WHERE progress < 0 OR progress > 1 OR isnan(progress)"
+    ).to_pylist()[0]["n"]
     decreasing = warehouse.query(
         "SELECT count(*) AS n FROM (SELECT progress - lag(progress) OVER (PARTITION BY episode_id, source, method ORDER BY step_idx) AS d "
         "FROM progress_labels WHERE source IN ('lcs', 'env')) WHERE d < -1e-9"
@@ -368,22 +431,51 @@ def label_checks(warehouse: Warehouse) -> list[AssetCheckResult]:
         "AND NOT EXISTS (SELECT 1 FROM label_notes n WHERE (n.scope = 'episode' AND n.key = e.episode_id) OR (n.scope = 'task' AND n.key = e.task_id))"
     ).to_pylist()[0]["n"]
     return [
-        AssetCheckResult(check_name="labels_in_unit_interval", asset_key="progress_labels", passed=bad_range == 0, metadata={"out_of_range": bad_range}),
-        AssetCheckResult(check_name="labels_non_decreasing", asset_key="progress_labels", passed=decreasing == 0, metadata={"decreasing_steps": decreasing}),
-        AssetCheckResult(check_name="every_episode_labelled_or_explained", asset_key="progress_labels", passed=unexplained == 0, metadata={"unexplained": unexplained}),
+        AssetCheckResult(
+            check_name="labels_in_unit_interval",
+            asset_key="progress_labels",
+            passed=bad_range == 0,
+            metadata={"out_of_range": bad_range},
+        ),
+        AssetCheckResult(
+            check_name="labels_non_decreasing",
+            asset_key="progress_labels",
+            passed=decreasing == 0,
+            metadata={"decreasing_steps": decreasing},
+        ),
+        AssetCheckResult(
+            check_name="every_episode_labelled_or_explained",
+            asset_key="progress_labels",
+            passed=unexplained == 0,
+            metadata={"unexplained": unexplained},
+        ),
     ]
 
 
-@asset(group_name="labels", deps=["progress_labels"], code_version=LABELS_CODE_VERSION, kinds={"parquet"},
-       description="ProgRM App. C: train/validation/test split by task goal, failed-trajectory steps sampled to balance success:failure steps near 1:1.")
-def progress_split(context: AssetExecutionContext, config: SplitConfig, warehouse: WarehouseResource) -> MaterializeResult:
+@asset(
+    group_name="labels",
+    deps=["progress_labels"],
+    code_version=LABELS_CODE_VERSION,
+    kinds={"parquet"},
+    description="ProgRM App. C: train/validation/test split by task goal, failed-trajectory steps sampled to balance success:failure steps near 1:1.",
+)
+def progress_split(
+    context: AssetExecutionContext, config: SplitConfig, warehouse: WarehouseResource
+) -> MaterializeResult:
     result = run_split(warehouse.get(), by=config.by, seed=config.seed, run_id=context.run_id, log=context.log.info)
     return MaterializeResult(metadata={"splits": MetadataValue.json(result["splits"])})
 
 
-@asset(group_name="labels", deps=["progress_labels"], code_version=LABELS_CODE_VERSION, kinds={"parquet"},
-       description="LCS labels scored against milestone ground truth: key-step precision/recall and progress error, paper vs improved, dev vs held-out tasks.")
-def label_quality_report(context: AssetExecutionContext, config: LabelReportConfig, warehouse: WarehouseResource) -> MaterializeResult:
+@asset(
+    group_name="labels",
+    deps=["progress_labels"],
+    code_version=LABELS_CODE_VERSION,
+    kinds={"parquet"},
+    description="LCS labels scored against milestone ground truth: key-step precision/recall and progress error, paper vs improved, dev vs held-out tasks.",
+)
+def label_quality_report(
+    context: AssetExecutionContext, config: LabelReportConfig, warehouse: WarehouseResource
+) -> MaterializeResult:
     wh = warehouse.get()
     rows = run_label_report(wh, specs_dir=config.task_specs_dir, run_id=context.run_id, log=context.log.info)
     set_names = {str(s.extra.get("tuning", "untagged")) for s in load_task_specs(config.task_specs_dir).values()}
@@ -400,7 +492,11 @@ def label_quality_report(context: AssetExecutionContext, config: LabelReportConf
 
 @asset_check(asset=label_quality_report, description="the improved mode beats the paper mode on held-out tasks")
 def improved_beats_paper_on_held_out(warehouse: WarehouseResource) -> AssetCheckResult:
-    rows = warehouse.get().query("SELECT method, key_step_progress_error AS e FROM label_quality WHERE task_set = 'held_out (task mean)'").to_pylist()
+    rows = (
+        warehouse.get()
+        .query("SELECT method, key_step_progress_error AS e FROM label_quality WHERE task_set = 'held_out (task mean)'")
+        .to_pylist()
+    )
     errors = {r["method"]: r["e"] for r in rows}
     passed = "improved" in errors and "paper" in errors and errors["improved"] < errors["paper"]
     return AssetCheckResult(passed=passed, metadata={"errors": MetadataValue.json(errors)})

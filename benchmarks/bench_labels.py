@@ -46,10 +46,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model ships in a package; never wait on a hub
 
-import annotation.labeling as labeling  # noqa: E402
-import annotation.progress as progress  # noqa: E402
-import annotation.recipes as recipes  # noqa: E402
-import annotation.soft_lcs as soft_lcs_module  # noqa: E402
 from _corpus import (  # noqa: E402
     DEMOS_DIR,
     PAPER_STEPS,
@@ -60,6 +56,11 @@ from _corpus import (  # noqa: E402
     derive_paper_corpus,
     load_real_trajectories,
 )
+
+import annotation.labeling as labeling  # noqa: E402
+import annotation.progress as progress  # noqa: E402
+import annotation.recipes as recipes  # noqa: E402
+import annotation.soft_lcs as soft_lcs_module  # noqa: E402
 from annotation.soft_lcs import (  # noqa: E402
     SequenceStore,
     soft_lcs,

@@ -60,23 +60,38 @@ def _batched(scorer: RewardScorer, trajectories) -> dict:
     predict_trajectories(scorer, trajectories)
     seconds = time.perf_counter() - t0
     encoded = (scorer.cache.misses - misses_before) if scorer.cache is not None else None
-    return {"steps": n_steps, "seconds": round(seconds, 3), "steps_per_second": round(n_steps / seconds, 1),
-            "segments_encoded": encoded, "segments_encoded_per_step": round(encoded / n_steps, 2) if encoded is not None else None}
+    return {
+        "steps": n_steps,
+        "seconds": round(seconds, 3),
+        "steps_per_second": round(n_steps / seconds, 1),
+        "segments_encoded": encoded,
+        "segments_encoded_per_step": round(encoded / n_steps, 2) if encoded is not None else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", default=None, help="an exported reward model folder (default: the latest progrm_env model)")
+    parser.add_argument(
+        "--checkpoint", default=None, help="an exported reward model folder (default: the latest progrm_env model)"
+    )
     parser.add_argument("--home", default=None, help="STEPWISE_HOME with the warehouse (default: $STEPWISE_HOME)")
     parser.add_argument("--split", default="test")
     parser.add_argument("--max-trajectories", type=int, default=None)
-    parser.add_argument("--warm-cache", default=None, help="the training run's segment cache (default: <home>/cache/segment_embeddings/<fingerprint>)")
+    parser.add_argument(
+        "--warm-cache",
+        default=None,
+        help="the training run's segment cache (default: <home>/cache/segment_embeddings/<fingerprint>)",
+    )
     parser.add_argument("--latency-calls", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--train-examples", default=None, help="rm_examples Parquet: also time training steps")
     parser.add_argument("--train-steps", type=int, default=60)
-    parser.add_argument("--training-summary", default=None, help="training_summary.json of a full run, to report its time")
-    parser.add_argument("--baseline-steps", type=int, default=512, help="states scored by the plain full-prompt baseline")
+    parser.add_argument(
+        "--training-summary", default=None, help="training_summary.json of a full run, to report its time"
+    )
+    parser.add_argument(
+        "--baseline-steps", type=int, default=512, help="states scored by the plain full-prompt baseline"
+    )
     parser.add_argument("--out", default=None, help="JSON results file (default: <home>/benchmarks/reward_models.json)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -91,19 +106,29 @@ def main(argv: list[str] | None = None) -> int:
 
         latest = latest_models(warehouse, ["progrm_env"])
         if not latest:
-            print("bench_reward_models: no trained progrm_env model in the warehouse; run `make reward-models` first "
-                  "or pass --checkpoint", file=sys.stderr)
+            print(
+                "bench_reward_models: no trained progrm_env model in the warehouse; run `make reward-models` first "
+                "or pass --checkpoint",
+                file=sys.stderr,
+            )
             return 0
         args.checkpoint = latest[0].checkpoint_path
-    results: dict = {"threads": args.threads, "load_average_start": os.getloadavg(), "checkpoint": args.checkpoint,
-                     "cpu_count": os.cpu_count(), "torch": torch.__version__}
+    results: dict = {
+        "threads": args.threads,
+        "load_average_start": os.getloadavg(),
+        "checkpoint": args.checkpoint,
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+    }
     ids = [e for e, info in read_splits(warehouse).items() if info.split == args.split]
     trajectories = [t for _, t in sorted(read_trajectories(warehouse, ids).items()) if len(t)]
     if args.max_trajectories:
         trajectories = trajectories[: args.max_trajectories]
     results["trajectories"] = len(trajectories)
     results["steps"] = sum(len(t) for t in trajectories)
-    print(f"{len(trajectories)} {args.split} trajectories, {results['steps']} steps; threads {args.threads}", flush=True)
+    print(
+        f"{len(trajectories)} {args.split} trajectories, {results['steps']} steps; threads {args.threads}", flush=True
+    )
 
     t0 = time.perf_counter()
     cold = RewardScorer.from_checkpoint(args.checkpoint)
@@ -115,21 +140,37 @@ def main(argv: list[str] | None = None) -> int:
     results["batched_warm"] = _batched(cold, trajectories)
     print("batched, all cached:", results["batched_warm"], flush=True)
 
-    warm_dir = Path(args.warm_cache) if args.warm_cache else (
-        default_embedding_cache_dir(cold.encoder.fingerprint, str(warehouse.home)) if cold.encoder is not None else None)
-    deployed = RewardScorer.from_checkpoint(args.checkpoint, warm_cache=warm_dir if warm_dir and warm_dir.exists() else None)
+    warm_dir = (
+        Path(args.warm_cache)
+        if args.warm_cache
+        else (
+            default_embedding_cache_dir(cold.encoder.fingerprint, str(warehouse.home))
+            if cold.encoder is not None
+            else None
+        )
+    )
+    deployed = RewardScorer.from_checkpoint(
+        args.checkpoint, warm_cache=warm_dir if warm_dir and warm_dir.exists() else None
+    )
     results["warm_cache_entries"] = len(deployed.cache) if deployed.cache is not None else 0
     results["batched_deployed"] = _batched(deployed, trajectories)
-    print(f"batched, started from the training cache ({results['warm_cache_entries']} entries):",
-          results["batched_deployed"], flush=True)
+    print(
+        f"batched, started from the training cache ({results['warm_cache_entries']} entries):",
+        results["batched_deployed"],
+        flush=True,
+    )
 
     states = [s for t in trajectories for s in trajectory_states(kind, t)]
     fresh = RewardScorer.from_checkpoint(args.checkpoint)
-    results["single_call_cold"] = {k: round(v, 2) for k, v in measure_latency(fresh, states[: args.latency_calls]).items()}
+    results["single_call_cold"] = {
+        k: round(v, 2) for k, v in measure_latency(fresh, states[: args.latency_calls]).items()
+    }
     print("single call, cold cache:", results["single_call_cold"], flush=True)
-    deployed_latency = RewardScorer.from_checkpoint(args.checkpoint, warm_cache=warm_dir if warm_dir and warm_dir.exists() else None)
+    deployed_latency = RewardScorer.from_checkpoint(
+        args.checkpoint, warm_cache=warm_dir if warm_dir and warm_dir.exists() else None
+    )
     results["single_call_deployed"] = {
-        k: round(v, 2) for k, v in measure_latency(deployed_latency, states[-args.latency_calls:]).items()
+        k: round(v, 2) for k, v in measure_latency(deployed_latency, states[-args.latency_calls :]).items()
     }
     print("single call, from the training cache:", results["single_call_deployed"], flush=True)
     results["peak_rss_mb_scoring"] = round(_peak_rss_mb(), 1)
@@ -144,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     plain.score_states(sample, batch_size=32)
     seconds = time.perf_counter() - t0
     results["baseline_full_prompt"] = {
-        "steps": len(sample), "seconds": round(seconds, 3), "steps_per_second": round(len(sample) / seconds, 1),
+        "steps": len(sample),
+        "seconds": round(seconds, 3),
+        "steps_per_second": round(len(sample) / seconds, 1),
         **{k: round(v, 2) for k, v in measure_latency(plain, sample[: min(len(sample), 60)]).items()},
     }
     print("baseline, MiniLM over the whole prompt (fp32, max 512 tokens):", results["baseline_full_prompt"], flush=True)
@@ -156,27 +199,58 @@ def main(argv: list[str] | None = None) -> int:
         from training.train import parse_args, train_reward_model
 
         with tempfile.TemporaryDirectory() as tmp:
-            model_config, data, training_args = parse_args([
-                "--kind", kind, "--examples", args.train_examples, "--output_dir", tmp,
-                "--max_steps", str(args.train_steps), "--eval_strategy", "no", "--save_steps", "100000",
-                "--logging_steps", "1000", "--disable_tqdm", "true", "--threads", str(args.threads),
-                *(["--embedding_cache_dir", str(warm_dir)] if warm_dir else []),
-            ])
+            model_config, data, training_args = parse_args(
+                [
+                    "--kind",
+                    kind,
+                    "--examples",
+                    args.train_examples,
+                    "--output_dir",
+                    tmp,
+                    "--max_steps",
+                    str(args.train_steps),
+                    "--eval_strategy",
+                    "no",
+                    "--save_steps",
+                    "100000",
+                    "--logging_steps",
+                    "1000",
+                    "--disable_tqdm",
+                    "true",
+                    "--threads",
+                    str(args.threads),
+                    *(["--embedding_cache_dir", str(warm_dir)] if warm_dir else []),
+                ]
+            )
             summary = train_reward_model(model_config, data, training_args)
         results["training"] = {
-            "steps": summary["global_steps"], "seconds": round(summary["train_seconds"], 1),
+            "steps": summary["global_steps"],
+            "seconds": round(summary["train_seconds"], 1),
             "steps_per_second": round(summary["global_steps"] / summary["train_seconds"], 3),
             "examples_per_second": round(summary["global_steps"] * 128 / summary["train_seconds"], 1),
-            "encode_seconds": round(summary["encode_seconds"], 1), "n_train_examples": summary["n_train_examples"],
-            "projected_3_epochs_minutes": round(3 * summary["n_train_examples"] / 128
-                                                / (summary["global_steps"] / summary["train_seconds"]) / 60, 1),
+            "encode_seconds": round(summary["encode_seconds"], 1),
+            "n_train_examples": summary["n_train_examples"],
+            "projected_3_epochs_minutes": round(
+                3 * summary["n_train_examples"] / 128 / (summary["global_steps"] / summary["train_seconds"]) / 60, 1
+            ),
         }
         print("training:", results["training"], flush=True)
     if args.training_summary:
         full = json.loads(Path(args.training_summary).read_text())
-        results["full_training_run"] = {k: full.get(k) for k in ("kind", "global_steps", "train_seconds", "encode_seconds",
-                                                                  "total_seconds", "train_steps_per_second",
-                                                                  "n_train_examples", "peak_rss_mb", "used_deepspeed")}
+        results["full_training_run"] = {
+            k: full.get(k)
+            for k in (
+                "kind",
+                "global_steps",
+                "train_seconds",
+                "encode_seconds",
+                "total_seconds",
+                "train_steps_per_second",
+                "n_train_examples",
+                "peak_rss_mb",
+                "used_deepspeed",
+            )
+        }
         print("full training run:", results["full_training_run"], flush=True)
     results["peak_rss_mb"] = round(_peak_rss_mb(), 1)
     results["load_average_end"] = os.getloadavg()
@@ -185,13 +259,21 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(results, indent=2))
     base = results["baseline_full_prompt"]
     print("\n| scoring | batched steps/s | single call p50 ms | p95 ms |\n|---|---:|---:|---:|")
-    print(f"| baseline: MiniLM over the whole prompt | {base['steps_per_second']} | {base['latency_ms_p50']} | {base['latency_ms_p95']} |")
-    for label, batched, single in (("segments + cache, cold", "batched_cold", "single_call_cold"),
-                                   ("segments + cache, from the training cache", "batched_deployed", "single_call_deployed")):
-        print(f"| {label} | {results[batched]['steps_per_second']} | {results[single]['latency_ms_p50']} | "
-              f"{results[single]['latency_ms_p95']} |")
-    print(f"peak RSS {results['peak_rss_mb']} MB; load average {results['load_average_start']} -> "
-          f"{results['load_average_end']}; written to {out}")
+    print(
+        f"| baseline: MiniLM over the whole prompt | {base['steps_per_second']} | {base['latency_ms_p50']} | {base['latency_ms_p95']} |"
+    )
+    for label, batched, single in (
+        ("segments + cache, cold", "batched_cold", "single_call_cold"),
+        ("segments + cache, from the training cache", "batched_deployed", "single_call_deployed"),
+    ):
+        print(
+            f"| {label} | {results[batched]['steps_per_second']} | {results[single]['latency_ms_p50']} | "
+            f"{results[single]['latency_ms_p95']} |"
+        )
+    print(
+        f"peak RSS {results['peak_rss_mb']} MB; load average {results['load_average_start']} -> "
+        f"{results['load_average_end']}; written to {out}"
+    )
     return 0
 
 

@@ -107,13 +107,19 @@ def main() -> None:
     args = parser.parse_args()
 
     tasks = [t for t in load_catalog().values() if t.has_solution]
-    chromium = subprocess.run([MiniWoBConfig.chromium_binary, "--version"], capture_output=True, text=True).stdout.strip()
-    print(f"{len(tasks)} catalog tasks, noisy expert (noise {args.noise}), {args.episodes} episodes per run; "
-          f"{os.cpu_count()} CPUs; {chromium}")
+    chromium = subprocess.run(
+        [MiniWoBConfig.chromium_binary, "--version"], capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        f"{len(tasks)} catalog tasks, noisy expert (noise {args.noise}), {args.episodes} episodes per run; "
+        f"{os.cpu_count()} CPUs; {chromium}"
+    )
     results = [run(w, args.episodes, tasks, args.noise) for w in args.workers]
 
-    header = (f"{'workers':>7} {'steps/s':>8} {'eps/s':>6} {'steps':>6} {'succ':>5} {'reset p50/p90/p99 ms':>22} "
-              f"{'step p50/p90/p99 ms':>21} {'milestones p50/p99 ms':>22} {'share':>6} {'load':>5} {'cpu ms/step':>11}")
+    header = (
+        f"{'workers':>7} {'steps/s':>8} {'eps/s':>6} {'steps':>6} {'succ':>5} {'reset p50/p90/p99 ms':>22} "
+        f"{'step p50/p90/p99 ms':>21} {'milestones p50/p99 ms':>22} {'share':>6} {'load':>5} {'cpu ms/step':>11}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
@@ -126,13 +132,18 @@ def main() -> None:
         )
     best = max(results, key=lambda r: r["steps_per_s"])
     verdict = "meets" if best["steps_per_s"] >= GOAL_STEPS_PER_S else "misses"
-    print(f"goal >= {GOAL_STEPS_PER_S:.0f} steps/s with 2 workers: {verdict} it "
-          f"({best['steps_per_s']:.1f} steps/s with {best['workers']} workers); pool start-up "
-          + ", ".join(f"{r['startup_s']:.1f} s ({r['workers']}w)" for r in results) + " not counted")
+    print(
+        f"goal >= {GOAL_STEPS_PER_S:.0f} steps/s with 2 workers: {verdict} it "
+        f"({best['steps_per_s']:.1f} steps/s with {best['workers']} workers); pool start-up "
+        + ", ".join(f"{r['startup_s']:.1f} s ({r['workers']}w)" for r in results)
+        + " not counted"
+    )
     two = next((r for r in results if r["workers"] == 2), best)
-    print(f"CPU cost: {two['cpu_ms_per_step']:.1f} CPU-ms per step (browser + driver + workers + this process): "
-          f"on 2 otherwise idle cores that allows ~{two['projected_steps_per_s_on_2_idle_cores']:.0f} steps/s; "
-          f"load average during the run {two['load_average']:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"CPU cost: {two['cpu_ms_per_step']:.1f} CPU-ms per step (browser + driver + workers + this process): "
+        f"on 2 otherwise idle cores that allows ~{two['projected_steps_per_s_on_2_idle_cores']:.0f} steps/s; "
+        f"load average during the run {two['load_average']:.1f} on {os.cpu_count()} CPUs"
+    )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

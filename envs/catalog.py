@@ -108,13 +108,17 @@ def miniwob_family_of(task_id: str) -> str | None:
     return None
 
 
-def load_catalog(backend: str = "miniwob", spec_dir: Path | str | None = None, *, fresh: bool = False) -> dict[str, CatalogTask]:
+def load_catalog(
+    backend: str = "miniwob", spec_dir: Path | str | None = None, *, fresh: bool = False
+) -> dict[str, CatalogTask]:
     """The available catalog tasks of a backend, keyed by task id, in family order.
 
     MiniWoB++: the tasks of ``MINIWOB_FAMILIES`` whose spec exists. Android: every spec under
     ``task_specs/android`` (its family from the spec). ``fresh`` re-reads the spec files.
     """
-    folder = Path(spec_dir) if spec_dir is not None else (MINIWOB_SPEC_DIR if backend == "miniwob" else ANDROID_SPEC_DIR)
+    folder = (
+        Path(spec_dir) if spec_dir is not None else (MINIWOB_SPEC_DIR if backend == "miniwob" else ANDROID_SPEC_DIR)
+    )
     if fresh:
         _load.cache_clear()
     specs = _load(str(folder.resolve()))

@@ -1,4 +1,4 @@
-"""Exploration policies that run on CPU, behind the interface learned policies will implement.
+r"""Exploration policies that run on CPU, behind the interface learned policies will implement.
 
 A ``Policy`` is a factory of per-episode actors::
 
@@ -318,7 +318,7 @@ def condition_holds(predicate: Mapping[str, Any], slots: Mapping[str, str], scre
     ``envs.tasks`` compares text case-insensitively (right for labels), but a page may hold the
     links "eget" and "Eget" as different targets; the expert reads the exact spelling.
     """
-    (kind, arg), = predicate.items()
+    ((kind, arg),) = predicate.items()
     if kind == "all":
         return all(condition_holds(p, slots, screen) for p in arg)
     if kind == "any":

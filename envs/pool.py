@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from envs.catalog import CatalogTask
 from envs.policies import Policy, SolutionError
-from envs.protocol import EpisodeRecord, Environment, Observation, StepResult, run_episode
+from envs.protocol import Environment, EpisodeRecord, Observation, StepResult, run_episode
 from envs.tasks import TaskSpec, TaskSpecError
 from warehouse.model import Action, ActionType
 
@@ -243,8 +243,17 @@ def _worker_main(conn: Any, env_config: EnvConfig, worker_id: str) -> None:
             conn.send(("error", "env", f"could not start the environment: {_first_line(exc)}"))
         return
     try:
-        conn.send(("ready", {"pid": os.getpid(), "backend": env.backend, "supported": sorted(a.value for a in env.supported_actions),
-                            "scratch": [str(path) for path in getattr(env, "scratch_paths", ())]}))
+        conn.send(
+            (
+                "ready",
+                {
+                    "pid": os.getpid(),
+                    "backend": env.backend,
+                    "supported": sorted(a.value for a in env.supported_actions),
+                    "scratch": [str(path) for path in getattr(env, "scratch_paths", ())],
+                },
+            )
+        )
         while True:
             try:
                 message = conn.recv()
@@ -279,7 +288,9 @@ class _Worker:
         self.id = worker_id
         self.config_index = config_index
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(child, env_config, worker_id), name=f"stepwise-{worker_id}", daemon=True)
+        self.process = ctx.Process(
+            target=_worker_main, args=(child, env_config, worker_id), name=f"stepwise-{worker_id}", daemon=True
+        )
         self.process.start()
         child.close()
         self.backend = ""
@@ -400,7 +411,7 @@ class StepContext:
     job: EpisodeJob
     attempt: int
     step_idx: int
-    pool: "EnvPool"
+    pool: EnvPool
 
 
 class EnvPool:
@@ -445,7 +456,7 @@ class EnvPool:
         self._closed = False
 
     # -- workers ---------------------------------------------------------------------------
-    def start(self) -> "EnvPool":
+    def start(self) -> EnvPool:
         """Start ``workers + spares`` workers; returns once ``workers`` of them are ready."""
         self._top_up()
         need = min(self.config.workers, self._target())
@@ -484,7 +495,9 @@ class EnvPool:
             if self._exclusive:
                 self._in_use.add(index)
             worker_id = f"w{next(self._ids)}"
-        threading.Thread(target=self._start_worker, args=(worker_id, index), name=f"start-{worker_id}", daemon=True).start()
+        threading.Thread(
+            target=self._start_worker, args=(worker_id, index), name=f"start-{worker_id}", daemon=True
+        ).start()
 
     def _free_config_index(self) -> int | None:
         if not self._exclusive:
@@ -586,8 +599,13 @@ class EnvPool:
     def status(self) -> list[dict[str, Any]]:
         with self._lock:
             return [
-                {"worker_id": w.id, "pid": w.pid, "alive": w.alive and w.process.is_alive(), "episodes": w.episodes,
-                 "ready": w in self._ready}
+                {
+                    "worker_id": w.id,
+                    "pid": w.pid,
+                    "alive": w.alive and w.process.is_alive(),
+                    "episodes": w.episodes,
+                    "ready": w in self._ready,
+                }
                 for w in self._all.values()
             ]
 
@@ -645,7 +663,7 @@ class EnvPool:
 
     def _slot(
         self,
-        state: "_BatchState",
+        state: _BatchState,
         policy: Policy,
         on_episode: Callable[[EpisodeRecord | None, int, int], None] | None,
         before_step: BeforeStep | None,
@@ -676,7 +694,12 @@ class EnvPool:
                 self._release(worker)
 
     def _attempt(
-        self, state: "_BatchState", worker: _Worker, job: EpisodeJob, attempt: int, policy: Policy,
+        self,
+        state: _BatchState,
+        worker: _Worker,
+        job: EpisodeJob,
+        attempt: int,
+        policy: Policy,
         before_step: BeforeStep | None,
     ) -> EpisodeRecord | str:
         started_at = datetime.now(UTC)
@@ -693,8 +716,16 @@ class EnvPool:
 
         try:
             record = run_episode(
-                RemoteEnv(worker, self.config), policy, job.task, job.seed, episode_id=job.episode_id,
-                max_steps=job.max_steps, family=job.family, before_step=hook, attempt=attempt, worker_id=worker.id,
+                RemoteEnv(worker, self.config),
+                policy,
+                job.task,
+                job.seed,
+                episode_id=job.episode_id,
+                max_steps=job.max_steps,
+                family=job.family,
+                before_step=hook,
+                attempt=attempt,
+                worker_id=worker.id,
             )
         except WorkerFailure as exc:
             final = attempt + 1 >= self.config.max_attempts
@@ -707,8 +738,16 @@ class EnvPool:
             state.abort(job, attempt, worker.id, str(exc), progress["steps"], started_at, elapsed(), final=True)
             return "episode_failed"
         except Exception as exc:  # noqa: BLE001 - a policy bug must not take the batch down
-            state.abort(job, attempt, worker.id, f"policy error: {_first_line(exc)}", progress["steps"], started_at,
-                        elapsed(), final=True)
+            state.abort(
+                job,
+                attempt,
+                worker.id,
+                f"policy error: {_first_line(exc)}",
+                progress["steps"],
+                started_at,
+                elapsed(),
+                final=True,
+            )
             return "episode_failed"
         worker.episodes += 1
         worker.task_id = job.task.task_id
@@ -730,7 +769,7 @@ class EnvPool:
         for closer in closers:
             closer.join(15)
 
-    def __enter__(self) -> "EnvPool":
+    def __enter__(self) -> EnvPool:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -786,19 +825,51 @@ class _BatchState:
         with self.cv:
             self.episodes.append(record)
             self.attempts.append(
-                AttemptRecord(record.episode_id, record.task_id, record.seed, record.attempt, record.worker_id,
-                              ATTEMPT_COMPLETED, None, True, record.n_steps, started_at, duration_ms)
+                AttemptRecord(
+                    record.episode_id,
+                    record.task_id,
+                    record.seed,
+                    record.attempt,
+                    record.worker_id,
+                    ATTEMPT_COMPLETED,
+                    None,
+                    True,
+                    record.n_steps,
+                    started_at,
+                    duration_ms,
+                )
             )
             self.unresolved -= 1
             self.resolved_ids.add(record.episode_id)
             self.cv.notify_all()
 
-    def abort(self, job: EpisodeJob, attempt: int, worker_id: str | None, reason: str, steps_done: int,
-              started_at: datetime, duration_ms: int, *, final: bool) -> None:
+    def abort(
+        self,
+        job: EpisodeJob,
+        attempt: int,
+        worker_id: str | None,
+        reason: str,
+        steps_done: int,
+        started_at: datetime,
+        duration_ms: int,
+        *,
+        final: bool,
+    ) -> None:
         with self.cv:
             self.attempts.append(
-                AttemptRecord(job.episode_id, job.task.task_id, job.seed, attempt, worker_id, ATTEMPT_ABORTED, reason,
-                              final, steps_done, started_at, duration_ms)
+                AttemptRecord(
+                    job.episode_id,
+                    job.task.task_id,
+                    job.seed,
+                    attempt,
+                    worker_id,
+                    ATTEMPT_ABORTED,
+                    reason,
+                    final,
+                    steps_done,
+                    started_at,
+                    duration_ms,
+                )
             )
             if final:
                 self.lost.append((job, reason))

@@ -164,7 +164,9 @@ class MilestoneTracker:
     def complete(self) -> bool:
         return self.reached == len(self.spec.milestones)
 
-    def update(self, screen_after: Screen | None, action: Action | None, *, success_at_end: bool = False) -> tuple[str, ...]:
+    def update(
+        self, screen_after: Screen | None, action: Action | None, *, success_at_end: bool = False
+    ) -> tuple[str, ...]:
         """Milestones first reached at this step. ``success_at_end``: the episode ends here, successfully."""
         milestones = self.spec.milestones
         hit: list[str] = []

@@ -171,7 +171,7 @@ def load_task_specs(folder: Path | str) -> dict[str, TaskSpec]:
 def _validate_predicate(pred: Any, at: str, slots: set[str]) -> None:
     if not isinstance(pred, Mapping) or len(pred) != 1:
         raise TaskSpecError(f"{at}: a predicate is a mapping with exactly one of {sorted(PREDICATE_KINDS)}")
-    (kind, arg), = pred.items()
+    ((kind, arg),) = pred.items()
     if kind not in PREDICATE_KINDS:
         raise TaskSpecError(f"{at}: unknown predicate {kind!r} (known: {sorted(PREDICATE_KINDS)})")
     if kind in ("all", "any"):
@@ -213,7 +213,9 @@ def _validate_value(value: Any, at: str, slots: set[str]) -> None:
         raise TaskSpecError(f"{at}: expected a string or number, got {type(value).__name__}")
     for slot in _SLOT.findall(str(value)):
         if slot not in slots:
-            raise TaskSpecError(f"{at}: slot {{{slot}}} is neither a named group of 'instruction' nor in 'fields' (has {sorted(slots)})")
+            raise TaskSpecError(
+                f"{at}: slot {{{slot}}} is neither a named group of 'instruction' nor in 'fields' (has {sorted(slots)})"
+            )
 
 
 # -- evaluation -------------------------------------------------------------------------------
@@ -240,7 +242,14 @@ def _compare(value: str, comparison: str, want: str) -> bool:
 def _in_view(element: UIElement, viewport: tuple[float, float, float, float]) -> bool:
     """On screen: non-empty and overlapping the root element (the page or the device screen)."""
     left, top, right, bottom = element.bounds
-    return right > left and bottom > top and left < viewport[2] and right > viewport[0] and top < viewport[3] and bottom > viewport[1]
+    return (
+        right > left
+        and bottom > top
+        and left < viewport[2]
+        and right > viewport[0]
+        and top < viewport[3]
+        and bottom > viewport[1]
+    )
 
 
 def element_matches(element: UIElement, selector: Mapping[str, Any], slots: Mapping[str, str]) -> bool:
@@ -269,7 +278,7 @@ def evaluate(
     success: bool = False,
 ) -> bool:
     """Does the predicate hold for the screen after a step and the step's action?"""
-    (kind, arg), = pred.items()
+    ((kind, arg),) = pred.items()
     elements: Sequence[UIElement] = screen.elements if screen is not None else ()
     if kind == "all":
         return all(evaluate(p, slots, screen, action, success) for p in arg)

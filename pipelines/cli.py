@@ -73,7 +73,10 @@ def cmd_import_demos(args: argparse.Namespace) -> int:
     with Progress() as bar:
         task = bar.add_task(f"importing {folder}", total=None)
         report = import_demonstrations(
-            folder, Warehouse(), workers=args.workers, progress=lambda done, total: bar.update(task, completed=done, total=total)
+            folder,
+            Warehouse(),
+            workers=args.workers,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     _print_report(report)
     return 0
@@ -97,7 +100,9 @@ def cmd_label(args: argparse.Namespace) -> int:
     for method, notes in summary.tasks_without_recipe.items():
         for task, reason in sorted(notes.items()):
             print(f"  no {method} recipe for {task}: {reason}")
-    print(f"plots: {', '.join(str(warehouse.home / 'plots' / n) for n in ('progress_curves.png', 'label_distribution.png'))}")
+    print(
+        f"plots: {', '.join(str(warehouse.home / 'plots' / n) for n in ('progress_curves.png', 'label_distribution.png'))}"
+    )
     return 0
 
 
@@ -112,11 +117,18 @@ def cmd_label_report(args: argparse.Namespace) -> int:
         print(f"stepwise label-report: {exc}", file=sys.stderr)
         return 2
     if not rows:
-        print("stepwise label-report: no labelled episodes of these tasks (run `stepwise label` first)", file=sys.stderr)
+        print(
+            "stepwise label-report: no labelled episodes of these tasks (run `stepwise label` first)", file=sys.stderr
+        )
         return 1
     import pyarrow as pa
 
-    _print_table(pa.Table.from_pylist([{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "specs_dir"} for r in rows]), 200)
+    _print_table(
+        pa.Table.from_pylist(
+            [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "specs_dir"} for r in rows]
+        ),
+        200,
+    )
     return 0
 
 
@@ -133,14 +145,11 @@ def _print_report(report) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Materialize the whole asset graph (with its checks) into the local Dagster instance."""
     prepare_dagster_home()
-    from dagster import DagsterInstance
-
-    from pipelines.definitions import defs
-    from warehouse.catalog import Warehouse
-
-    from dagster import MultiPartitionKey
+    from dagster import DagsterInstance, MultiPartitionKey
 
     from envs.catalog import families
+    from pipelines.definitions import defs
+    from warehouse.catalog import Warehouse
 
     started = time.perf_counter()
     quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
@@ -158,11 +167,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 run_config=quiet | {"ops": {"rollouts": {"config": {"episodes_per_task": args.episodes_per_task}}}},
             )
             rollout_runs.append((str(partition), run.success))
-        result = defs.resolve_job_def("stepwise_main").execute_in_process(instance=instance, raise_on_error=False, run_config=quiet)
+        result = defs.resolve_job_def("stepwise_main").execute_in_process(
+            instance=instance, raise_on_error=False, run_config=quiet
+        )
     warehouse = Warehouse()
     print()
     all_ok = result.success and all(ok for _, ok in rollout_runs)
-    print(f"== Stepwise: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s (main run {result.run_id})")
+    print(
+        f"== Stepwise: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s (main run {result.run_id})"
+    )
     for partition, ok in rollout_runs:
         print(f"   rollouts {partition}: {'ok' if ok else 'FAILED'}")
     for check in result.get_asset_check_evaluations():
@@ -175,7 +188,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 "FROM episodes GROUP BY source ORDER BY source"
             )
         )
-        _print_table(warehouse.query("SELECT status, count(*) AS files FROM source_files GROUP BY status ORDER BY status"))
+        _print_table(
+            warehouse.query("SELECT status, count(*) AS files FROM source_files GROUP BY status ORDER BY status")
+        )
         _print_table(
             warehouse.query(
                 "SELECT source, method, count(*) AS steps, count(DISTINCT episode_id) AS episodes, round(avg(progress), 3) AS mean_progress, "
@@ -188,10 +203,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 "round(key_step_progress_error, 3) AS key_step_error FROM label_quality WHERE task_set NOT IN (SELECT DISTINCT task_id FROM episodes) ORDER BY task_set, method"
             )
         )
-    print(f"   warehouse: {warehouse.db_path} (views: episodes, steps, progress_labels, recipes, progress_split, label_quality, lineage, ...)")
+    print(
+        f"   warehouse: {warehouse.db_path} (views: episodes, steps, progress_labels, recipes, progress_split, label_quality, lineage, ...)"
+    )
     print(f"   plots:     {warehouse.home / 'plots'}")
     print(f"   parquet:   {warehouse.data_dir}")
-    print("   query:     .venv/bin/stepwise sql \"SELECT task_id, avg(success::int) FROM episodes GROUP BY 1\"")
+    print('   query:     .venv/bin/stepwise sql "SELECT task_id, avg(success::int) FROM episodes GROUP BY 1"')
     print("   UI:        make ui   (then open http://127.0.0.1:3000)")
     return 0 if all_ok else 1
 
@@ -210,7 +227,10 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(REWARD_MODEL_KINDS))
     if unknown:
-        print(f"stepwise reward-models: unknown kind(s) {unknown}; choose from {list(REWARD_MODEL_KINDS)}", file=sys.stderr)
+        print(
+            f"stepwise reward-models: unknown kind(s) {unknown}; choose from {list(REWARD_MODEL_KINDS)}",
+            file=sys.stderr,
+        )
         return 2
     quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
     training = {"max_steps": args.max_steps} | ({"threads": args.threads} if args.threads else {})
@@ -219,35 +239,57 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
     with DagsterInstance.get() as instance:
         job = defs.resolve_job_def("reward_models")
         for kind in kinds:
-            run = job.execute_in_process(instance=instance, partition_key=kind, raise_on_error=False,
-                                         run_config=quiet | {"ops": {"reward_model": {"config": training}}})
+            run = job.execute_in_process(
+                instance=instance,
+                partition_key=kind,
+                raise_on_error=False,
+                run_config=quiet | {"ops": {"reward_model": {"config": training}}},
+            )
             outcomes.append((f"reward_models[{kind}]", run.success))
         warehouse = Warehouse()
         trained = {m.kind for m in latest_models(warehouse, REPORT_REQUIRED_KINDS)}
         missing = [k for k in REPORT_REQUIRED_KINDS if k not in trained]
         if args.report and not missing:
             report = defs.resolve_job_def("reward_model_evaluation").execute_in_process(
-                instance=instance, raise_on_error=False, run_config=quiet)
+                instance=instance, raise_on_error=False, run_config=quiet
+            )
             outcomes.append(("reward_model_report", report.success))
             for check in report.get_asset_check_evaluations():
                 print(f"   check {check.check_name}: {'passed' if check.passed else 'did not pass'}")
     all_ok = all(ok for _, ok in outcomes)
-    print(f"\n== Stepwise reward models: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s")
+    print(
+        f"\n== Stepwise reward models: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s"
+    )
     for name, ok in outcomes:
         print(f"   {name}: {'ok' if ok else 'FAILED'}")
     if args.report and missing:
-        print(f"   report skipped: no trained model yet for {missing} (the report compares {list(REPORT_REQUIRED_KINDS)})")
+        print(
+            f"   report skipped: no trained model yet for {missing} (the report compares {list(REPORT_REQUIRED_KINDS)})"
+        )
     elif args.report and all_ok:
         import pyarrow as pa
 
         from assets.reward_models import latest_report_metrics
 
-        shown = ("accuracy", "precision", "recall", "key_step_progress_error", "mean_final_step_score", "latency_ms_p50")
-        values = {(r["kind"], r["metric"]): r["value"] for r in latest_report_metrics(warehouse) if r["split"] == "test"}
-        rows = [{"kind": kind} | {m: None if values.get((kind, m)) is None else round(values[(kind, m)], 4) for m in shown}
-                for kind in sorted({kind for kind, _ in values})]
+        shown = (
+            "accuracy",
+            "precision",
+            "recall",
+            "key_step_progress_error",
+            "mean_final_step_score",
+            "latency_ms_p50",
+        )
+        values = {
+            (r["kind"], r["metric"]): r["value"] for r in latest_report_metrics(warehouse) if r["split"] == "test"
+        }
+        rows = [
+            {"kind": kind} | {m: None if values.get((kind, m)) is None else round(values[(kind, m)], 4) for m in shown}
+            for kind in sorted({kind for kind, _ in values})
+        ]
         _print_table(pa.Table.from_pylist(rows))
-        print("   details: the reward_model_report asset in the UI (plots), or SELECT * FROM rm_metrics / rm_predictions")
+        print(
+            "   details: the reward_model_report asset in the UI (plots), or SELECT * FROM rm_metrics / rm_predictions"
+        )
     return 0 if all_ok else 1
 
 
@@ -255,7 +297,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     prepare_dagster_home()
     exe = Path(sys.executable).with_name("dagster-webserver")
     print(f"Dagster UI on http://127.0.0.1:{args.port} (Ctrl-C to stop)")
-    return subprocess.call([str(exe), "-h", "127.0.0.1", "-p", str(args.port), "-w", str(REPO_ROOT / "workspace.yaml")], cwd=REPO_ROOT)
+    return subprocess.call(
+        [str(exe), "-h", "127.0.0.1", "-p", str(args.port), "-w", str(REPO_ROOT / "workspace.yaml")], cwd=REPO_ROOT
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,7 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder")
     p.add_argument("--workers", type=int, default=2)
     p.set_defaults(func=cmd_import_demos)
-    p = sub.add_parser("label", help="(re)compute recipes, progress labels (LCS paper/improved, env milestones) and the RM split")
+    p = sub.add_parser(
+        "label", help="(re)compute recipes, progress labels (LCS paper/improved, env milestones) and the RM split"
+    )
     p.add_argument("--tasks", default=None, help="folder of task specs (YAML, one per task); default: envs/task_specs")
     p.add_argument("--embedder", default="minilm", choices=["minilm", "hashing"])
     p.add_argument("--theta", type=float, default=0.6)
@@ -284,10 +330,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("query")
     p.add_argument("--max-rows", type=int, default=50)
     p.set_defaults(func=cmd_sql)
-    p = sub.add_parser("reward-models", help="train reward models (dataset + model per kind), then the evaluation report")
-    p.add_argument("--kinds", default="orm,progrm_lcs,progrm_env", help="comma-separated: orm, progrm_lcs, progrm_env, prm, guidnav")
-    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps per model (-1: the profile's; on CPU up to ~3,000, stopping early when the validation loss stops falling)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads of each training process (0: the asset's default)")
+    p = sub.add_parser(
+        "reward-models", help="train reward models (dataset + model per kind), then the evaluation report"
+    )
+    p.add_argument(
+        "--kinds",
+        default="orm,progrm_lcs,progrm_env",
+        help="comma-separated: orm, progrm_lcs, progrm_env, prm, guidnav",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=-1,
+        help="optimizer steps per model (-1: the profile's; on CPU up to ~3,000, stopping early when the validation loss stops falling)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads of each training process (0: the asset's default)"
+    )
     p.add_argument("--no-report", dest="report", action="store_false", help="train only")
     p.set_defaults(func=cmd_reward_models)
     p = sub.add_parser("ui", help="start the Dagster UI on 127.0.0.1")

@@ -17,18 +17,68 @@ from warehouse.model import ActionType
 
 
 def node(tag, ref, left, top, width, height, children=(), **extra):
-    return {"tag": tag, "ref": ref, "left": left, "top": top, "width": width, "height": height, "id": extra.pop("id", ""),
-            "classes": "", "children": list(children), **extra}
+    return {
+        "tag": tag,
+        "ref": ref,
+        "left": left,
+        "top": top,
+        "width": width,
+        "height": height,
+        "id": extra.pop("id", ""),
+        "classes": "",
+        "children": list(children),
+        **extra,
+    }
 
 
 def login_dom(username_value="", focused=None):
-    return node("BODY", 1, 0, 0, 160, 210, [
-        node("DIV", 2, 0, 0, 160, 210, [
-            node("INPUT_text", 3, 5, 80, 120, 20, id="username", value=username_value, text="", focused=focused == 3),
-            node("LABEL", 4, 5, 110, 80, 15, [node("INPUT_checkbox", 5, 6, 110, 12, 12, value=False), node("t", -1, 20, 110, 40, 12, text="remember")]),
-            node("BUTTON", 6, 5, 170, 80, 30, id="subbtn", text="Login"),
-        ], id="wrap"),
-    ], focused=focused is None)
+    return node(
+        "BODY",
+        1,
+        0,
+        0,
+        160,
+        210,
+        [
+            node(
+                "DIV",
+                2,
+                0,
+                0,
+                160,
+                210,
+                [
+                    node(
+                        "INPUT_text",
+                        3,
+                        5,
+                        80,
+                        120,
+                        20,
+                        id="username",
+                        value=username_value,
+                        text="",
+                        focused=focused == 3,
+                    ),
+                    node(
+                        "LABEL",
+                        4,
+                        5,
+                        110,
+                        80,
+                        15,
+                        [
+                            node("INPUT_checkbox", 5, 6, 110, 12, 12, value=False),
+                            node("t", -1, 20, 110, 40, 12, text="remember"),
+                        ],
+                    ),
+                    node("BUTTON", 6, 5, 170, 80, 30, id="subbtn", text="Login"),
+                ],
+                id="wrap",
+            ),
+        ],
+        focused=focused is None,
+    )
 
 
 def event(time, action, dom):
@@ -103,7 +153,10 @@ def test_key_run_without_value_change_is_press_key_and_enter_is_separate():
     states += twice(10, "keydown", focused, after, keyCode=65, charCode=0)
     states += twice(20, "keydown", after, after, keyCode=13, charCode=0)
     steps, _ = events_to_steps(states)
-    assert [s.action.canonical_text() for s in steps] == ['INPUT(textbox#username, "rexa")', 'PRESS_KEY(textbox#username, "Enter")']
+    assert [s.action.canonical_text() for s in steps] == [
+        'INPUT(textbox#username, "rexa")',
+        'PRESS_KEY(textbox#username, "Enter")',
+    ]
 
 
 def test_click_on_nothing_is_kept_as_unknown_with_the_event_index():
@@ -124,7 +177,9 @@ def test_unknown_event_type_is_reported_not_dropped():
 
 def test_scroll_direction_is_read_from_content_movement():
     top = node("BODY", 1, 0, 0, 160, 210, [node("DIV", 2, 0, 50, 160, 400, [node("SPAN", 3, 0, 60, 50, 10, text="a")])])
-    scrolled = node("BODY", 1, 0, 0, 160, 210, [node("DIV", 2, 0, -30, 160, 400, [node("SPAN", 3, 0, -20, 50, 10, text="a")])])
+    scrolled = node(
+        "BODY", 1, 0, 0, 160, 210, [node("DIV", 2, 0, -30, 160, 400, [node("SPAN", 3, 0, -20, 50, 10, text="a")])]
+    )
     states = [event(0, None, top)] + twice(5, "scroll", top, scrolled) + twice(6, "scroll", scrolled, scrolled)
     steps, _ = events_to_steps(states)
     assert [s.action.canonical_text() for s in steps] == ["SCROLL(DOWN)"]

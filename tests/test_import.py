@@ -23,7 +23,9 @@ def test_import_small_folder(small_demos, home):
     assert len(episodes) == report.episodes == counts["imported"]
     assert {e["task_id"] for e in episodes} == {"login-user", "search-engine", "click-checkboxes-soft", "social-media"}
     assert all(e["source"] == "human_demo" and e["n_steps"] > 0 for e in episodes)
-    steps = warehouse.query("SELECT episode_id, count(*) n, min(step_idx) lo, max(step_idx) hi FROM steps GROUP BY 1").to_pylist()
+    steps = warehouse.query(
+        "SELECT episode_id, count(*) n, min(step_idx) lo, max(step_idx) hi FROM steps GROUP BY 1"
+    ).to_pylist()
     by_episode = {e["episode_id"]: e["n_steps"] for e in episodes}
     assert {s["episode_id"]: s["n"] for s in steps} == by_episode
     assert all(s["lo"] == 0 and s["hi"] == s["n"] - 1 for s in steps)
@@ -31,7 +33,9 @@ def test_import_small_folder(small_demos, home):
     assert types <= {"CLICK", "INPUT", "SCROLL", "PRESS_KEY"} and "CLICK" in types and "INPUT" in types
     # The link file resolves to the episode of the file it points to.
     link = warehouse.query("SELECT * FROM source_files WHERE source_file LIKE '2017-11-05%'").to_pylist()[0]
-    target = warehouse.query("SELECT episode_id FROM source_files WHERE source_file = ?", [link["link_target"]]).to_pylist()[0]
+    target = warehouse.query(
+        "SELECT episode_id FROM source_files WHERE source_file = ?", [link["link_target"]]
+    ).to_pylist()[0]
     assert link["status"] == "duplicate" and link["episode_id"] == target["episode_id"]
 
 
@@ -42,7 +46,9 @@ def test_reimport_is_idempotent_and_replaces_the_previous_version(small_demos, h
     n = warehouse.query("SELECT count(*) n, count(DISTINCT episode_id) d FROM episodes").to_pylist()[0]
     assert n["n"] == n["d"] == first.episodes == second.episodes
     assert warehouse.query("SELECT count(*) n FROM steps").to_pylist()[0]["n"] == second.steps
-    versions = warehouse.query("SELECT count(*) FILTER (WHERE is_current) cur, count(*) total FROM table_versions WHERE table_name = 'steps'").to_pylist()[0]
+    versions = warehouse.query(
+        "SELECT count(*) FILTER (WHERE is_current) cur, count(*) total FROM table_versions WHERE table_name = 'steps'"
+    ).to_pylist()[0]
     assert versions == {"cur": 1, "total": 2}
 
 
@@ -54,17 +60,36 @@ def test_bad_files_are_quarantined_and_the_rest_imported(small_demos, home, tmp_
     (task / "corrupt.json.gz").write_bytes(b"\x1f\x8bnot really gzip")
     (task / "malformed.json.gz").write_bytes(gzip.compress(b'{"utterance": "x", "states": ['))
     write_recording(task / "empty.json.gz", {"utterance": "x", "states": [], "rawReward": -1})
-    write_recording(task / "weird-event.json.gz", {
-        "utterance": "Click the button", "rawReward": -1, "reward": -1,
-        "states": [
-            {"time": "0", "action": None, "dom": {"tag": "BODY", "ref": 1, "left": 0, "top": 0, "width": 160, "height": 210, "children": []}},
-            {"time": "5", "action": "{'type': 'contextmenu', 'x': 3, 'y': 4, 'timing': 1}", "dom": {"tag": "BODY", "ref": 1, "left": 0, "top": 0, "width": 160, "height": 210, "children": []}},
-            {"time": "9", "action": "{'type': 'mousedown', 'x': 3, 'y': 4, 'timing': 1}", "dom": {"tag": "BODY", "ref": 1, "left": 0, "top": 0, "width": 160, "height": 210, "children": []}},
-        ],
-    })
+    write_recording(
+        task / "weird-event.json.gz",
+        {
+            "utterance": "Click the button",
+            "rawReward": -1,
+            "reward": -1,
+            "states": [
+                {
+                    "time": "0",
+                    "action": None,
+                    "dom": {"tag": "BODY", "ref": 1, "left": 0, "top": 0, "width": 160, "height": 210, "children": []},
+                },
+                {
+                    "time": "5",
+                    "action": "{'type': 'contextmenu', 'x': 3, 'y': 4, 'timing': 1}",
+                    "dom": {"tag": "BODY", "ref": 1, "left": 0, "top": 0, "width": 160, "height": 210, "children": []},
+                },
+                {
+                    "time": "9",
+                    "action": "{'type': 'mousedown', 'x': 3, 'y': 4, 'timing': 1}",
+                    "dom": {"tag": "BODY", "ref": 1, "left": 0, "top": 0, "width": 160, "height": 210, "children": []},
+                },
+            ],
+        },
+    )
     warehouse = Warehouse(home)
     report = import_demonstrations(folder, warehouse, workers=2)
-    q = warehouse.query("SELECT source_file, event_index, severity, reason FROM quarantine ORDER BY source_file").to_pylist()
+    q = warehouse.query(
+        "SELECT source_file, event_index, severity, reason FROM quarantine ORDER BY source_file"
+    ).to_pylist()
     by_file = {r["source_file"]: r for r in q}
     assert "corrupted gzip" in by_file["bad-task/corrupt.json.gz"]["reason"]
     assert "malformed JSON" in by_file["bad-task/malformed.json.gz"]["reason"]
@@ -109,5 +134,8 @@ def test_lineage_walks_from_steps_back_to_raw_files(small_demos, home):
     raw = {r["path"] for r in inputs if r["kind"] == "file"}
     assert len(raw) == report.files
     assert all(len(r["version"]) == 64 for r in inputs)  # sha256 of each raw file
-    via_view = warehouse.query("SELECT count(*) n FROM lineage WHERE list_contains(output_paths, ?) AND input_kind = 'file'", [report.outputs["steps"]]).to_pylist()[0]
+    via_view = warehouse.query(
+        "SELECT count(*) n FROM lineage WHERE list_contains(output_paths, ?) AND input_kind = 'file'",
+        [report.outputs["steps"]],
+    ).to_pylist()[0]
     assert via_view["n"] == report.files

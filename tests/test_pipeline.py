@@ -21,11 +21,21 @@ def test_definitions_load_and_group_assets_by_stage():
     graph = repo.asset_graph
     groups = {node.key.to_user_string(): node.group_name for node in graph.asset_nodes}
     assert groups["human_demonstrations"] == "ingest"
-    for name in ("synthetic_trajectories", "recipe_library", "progress_labels", "progress_split", "label_quality_report"):
+    for name in (
+        "synthetic_trajectories",
+        "recipe_library",
+        "progress_labels",
+        "progress_split",
+        "label_quality_report",
+    ):
         assert groups[name] == "labels"
     checks = {c.name for c in repo.asset_graph.asset_check_keys}
-    assert {"demonstrations_schema", "demonstrations_no_empty_episodes", "demonstrations_action_types_known",
-            "demonstrations_success_and_failure"} <= checks
+    assert {
+        "demonstrations_schema",
+        "demonstrations_no_empty_episodes",
+        "demonstrations_action_types_known",
+        "demonstrations_success_and_failure",
+    } <= checks
     assert defs.resolve_job_def("stepwise_main") is not None
 
 
@@ -55,7 +65,11 @@ def test_checks_fail_on_bad_data(home):
     warehouse = Warehouse(home)
     m = Materialization(asset="test")
     row = {name: None for name in EPISODES.names} | {
-        "episode_id": "e1", "task_id": "t", "source": "human_demo", "success": True, "n_steps": 0,
+        "episode_id": "e1",
+        "task_id": "t",
+        "source": "human_demo",
+        "success": True,
+        "n_steps": 0,
     }
     outputs = [
         warehouse.stage_table("episodes", "x", pa.Table.from_pylist([row], schema=EPISODES), m),
@@ -71,16 +85,27 @@ def test_checks_fail_on_bad_data(home):
 
 def test_cli_import_demos_and_sql(small_demos, home):
     env = {"STEPWISE_HOME": str(home), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([STEPWISE, "import-demos", str(small_demos)], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [STEPWISE, "import-demos", str(small_demos)], capture_output=True, text=True, env=env, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     assert "23 files" in out.stdout and "quarantined" in out.stdout
-    out = subprocess.run([STEPWISE, "sql", "SELECT action_type, count(*) AS n FROM steps GROUP BY 1 ORDER BY 1"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [STEPWISE, "sql", "SELECT action_type, count(*) AS n FROM steps GROUP BY 1 ORDER BY 1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "CLICK" in out.stdout and "INPUT" in out.stdout
-    bad = subprocess.run([STEPWISE, "sql", "SELECT nope FROM steps"], capture_output=True, text=True, env=env, timeout=120)
+    bad = subprocess.run(
+        [STEPWISE, "sql", "SELECT nope FROM steps"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert bad.returncode == 2 and "nope" in bad.stderr
-    missing = subprocess.run([STEPWISE, "import-demos", str(home / "nowhere")], capture_output=True, text=True, env=env, timeout=120)
+    missing = subprocess.run(
+        [STEPWISE, "import-demos", str(home / "nowhere")], capture_output=True, text=True, env=env, timeout=120
+    )
     assert missing.returncode == 2 and "not a folder" in missing.stderr
 
 

@@ -244,10 +244,7 @@ def test_asset_graph_shows_asset_in_browser(webserver, browser):
 
     n_checks = len(_check_names(_asset_nodes(webserver)[ASSET]))
     # The asset's node in the graph itself (an SVG foreignObject), not its entry in the sidebar list.
-    node_xpath = (
-        "//*[local-name()='svg']//*[local-name()='foreignObject']"
-        f"[.//*[normalize-space(text())='{ASSET}']]"
-    )
+    node_xpath = f"//*[local-name()='svg']//*[local-name()='foreignObject'][.//*[normalize-space(text())='{ASSET}']]"
     checks_summary = re.compile(rf"\b\d+ / {n_checks}\b")  # e.g. "0 / 4 Passed" on a fresh instance
 
     def graph_node(driver):

@@ -444,7 +444,9 @@ def render_prompt(
     ``training.models``); the truncation rule is the same.
     """
     system, question = prompt_parts(kind)
-    frame = f"System: {system}\nUser: {question}\nInstructions: \nHistory Actions: \nCurrent screen: \nCandidate action: "
+    frame = (
+        f"System: {system}\nUser: {question}\nInstructions: \nHistory Actions: \nCurrent screen: \nCandidate action: "
+    )
     overhead = int(count_tokens([frame])[0]) + 8
     kept = truncate_state(state, budget, count_tokens, overhead_tokens=overhead)
     return f"System: {system}\nUser: {render_user_message(kind, kept)}"
@@ -663,8 +665,16 @@ def build_examples(
     stats = DatasetStats(kind)
     rows: dict[str, list] = {name: [] for name in RM_EXAMPLES.names}
 
-    def add(traj: Trajectory, info: SplitInfo, t: int, state: StepState, label: float, source: str,
-            version: str | None, key: bool | None) -> None:
+    def add(
+        traj: Trajectory,
+        info: SplitInfo,
+        t: int,
+        state: StepState,
+        label: float,
+        source: str,
+        version: str | None,
+        key: bool | None,
+    ) -> None:
         rows["example_id"].append(f"{kind}:{traj.episode_id}:{t}")
         rows["kind"].append(kind)
         rows["split"].append(info.split)
@@ -715,7 +725,9 @@ def build_examples(
                 for fallback in fallback_sources(kind, options):
                     if fallback == "outcome":  # the one milestone every task has
                         progress = outcome_anchored_progress(np.zeros(n), bool(traj.success))
-                        labels = EpisodeLabels(tuple(float(v) for v in progress), tuple(bool(v > 0) for v in progress), None)
+                        labels = EpisodeLabels(
+                            tuple(float(v) for v in progress), tuple(bool(v > 0) for v in progress), None
+                        )
                     else:
                         labels = progress_labels.get(fallback, {}).get(episode_id)
                         labels = labels if labels is not None and len(labels.progress) == n else None
@@ -728,7 +740,9 @@ def build_examples(
             name = {"lcs": f"lcs:{options.lcs_method}", "outcome": "outcome"}.get(source, source)
             if source != "outcome" and options.anchor_outcome and traj.success is not None:
                 labels = EpisodeLabels(
-                    tuple(float(v) for v in outcome_anchored_progress(labels.progress, traj.success)), labels.is_key_step, labels.label_version
+                    tuple(float(v) for v in outcome_anchored_progress(labels.progress, traj.success)),
+                    labels.is_key_step,
+                    labels.label_version,
                 )
                 name += "+outcome"
             if not options.sample_failed_steps:
@@ -741,8 +755,16 @@ def build_examples(
                 keep = range(n)
             stats.dropped["failed steps not sampled (App. C)"] += n - len(keep)
             for t in keep:
-                add(traj, info, t, progress_state(traj, t), labels.progress[t], name, labels.label_version,
-                    labels.is_key_step[t])
+                add(
+                    traj,
+                    info,
+                    t,
+                    progress_state(traj, t),
+                    labels.progress[t],
+                    name,
+                    labels.label_version,
+                    labels.is_key_step[t],
+                )
             continue
         # step judges: human verdicts where present, derived verdicts otherwise
         derived_labels = progress_labels.get(derived_source, {}).get(episode_id)
@@ -883,7 +905,9 @@ def read_splits(warehouse: Warehouse) -> dict[str, SplitInfo]:
     has_list = "sampled_steps" in table.column_names
     return {
         r["episode_id"]: SplitInfo(
-            r["split"], r.get("goal_key"), r.get("n_steps_sampled"),
+            r["split"],
+            r.get("goal_key"),
+            r.get("n_steps_sampled"),
             tuple(r["sampled_steps"]) if has_list and r["sampled_steps"] is not None else None,
         )
         for r in table.to_pylist()
@@ -910,9 +934,7 @@ def read_progress_labels(warehouse: Warehouse, source: str, method: str | None =
         steps.sort()
         if [s[0] for s in steps] != list(range(len(steps))):
             continue  # gaps in step indices: not a usable label sequence
-        result[episode_id] = EpisodeLabels(
-            tuple(float(s[1]) for s in steps), tuple(bool(s[2]) for s in steps), version
-        )
+        result[episode_id] = EpisodeLabels(tuple(float(s[1]) for s in steps), tuple(bool(s[2]) for s in steps), version)
     return result
 
 
@@ -943,8 +965,10 @@ def read_human_verdicts(warehouse: Warehouse) -> tuple[dict[tuple[str, int], tup
     if not table.num_rows or not {"episode_id", "step_idx", "label"} <= columns:
         return {}, []
     rows = [
-        r for r in table.to_pylist()
-        if r["episode_id"] is not None and r["step_idx"] is not None
+        r
+        for r in table.to_pylist()
+        if r["episode_id"] is not None
+        and r["step_idx"] is not None
         and r.get("interface", "step_correctness") in ("step_correctness", None)
         and r.get("status", "active") in ("active", None)
         and not r.get("was_cancelled")
@@ -1042,7 +1066,9 @@ def build_reward_model_dataset(
     if not splits:
         raise ValueError("progress_split is empty: the reward-model split has not been materialized")
     labels: dict[str, dict[str, EpisodeLabels]] = {}
-    needed = ({spec.label_source, *fallback_sources(kind, options)} - {"outcome"}) if spec.target == "progress" else set()
+    needed = (
+        ({spec.label_source, *fallback_sources(kind, options)} - {"outcome"}) if spec.target == "progress" else set()
+    )
     if spec.target in ("step_correctness", "step_reward"):
         needed.add(options.derived_from)
     for source in needed:
@@ -1063,4 +1089,3 @@ def build_reward_model_dataset(
         verdicts = step_verdicts_for_export(trajectories, labels.get(source, {}), human, derived_name)
         trl = trl_stepwise_rows(trajectories, splits, verdicts)
     return RewardModelDataset(kind, examples, stats, warehouse.current_inputs(tables), trl, bool(human))
-

@@ -41,7 +41,9 @@ def trajectory_states(kind: str, trajectory: Trajectory) -> list[StepState]:
     return [state_for(kind, trajectory, t) for t in range(len(trajectory))]
 
 
-def predict_trajectories(scorer, trajectories: Sequence[Trajectory], *, chunk_states: int = 4096) -> dict[str, np.ndarray]:
+def predict_trajectories(
+    scorer, trajectories: Sequence[Trajectory], *, chunk_states: int = 4096
+) -> dict[str, np.ndarray]:
     """Per-step scores of every trajectory (episode_id -> array), scored in large batches."""
     result: dict[str, np.ndarray] = {}
     pending: list[tuple[str, int]] = []
@@ -80,8 +82,12 @@ def measure_latency(scorer, states: Sequence[StepState], *, repeats: int = 1, wa
             scorer.score_states([state])
             times.append((time.perf_counter() - t0) * 1000.0)
     arr = np.asarray(times) if times else np.zeros(1)
-    return {"latency_ms_p50": float(np.percentile(arr, 50)), "latency_ms_p95": float(np.percentile(arr, 95)),
-            "latency_ms_mean": float(arr.mean()), "latency_calls": len(times)}
+    return {
+        "latency_ms_p50": float(np.percentile(arr, 50)),
+        "latency_ms_p95": float(np.percentile(arr, 95)),
+        "latency_ms_mean": float(arr.mean()),
+        "latency_calls": len(times),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,7 +99,9 @@ def _safe_div(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
 
-def success_judgement(final_scores: Sequence[float], success: Sequence[bool], threshold: float = 0.5) -> dict[str, float]:
+def success_judgement(
+    final_scores: Sequence[float], success: Sequence[bool], threshold: float = 0.5
+) -> dict[str, float]:
     """ProgRM Table 2: predicted success = final-step score >= threshold, against the outcome.
 
     Returns counts (``tp``...), shares of all trajectories in % (``tp_pct``..., as the paper
@@ -108,9 +116,15 @@ def success_judgement(final_scores: Sequence[float], success: Sequence[bool], th
     fp = int(np.sum(predicted & ~truth))
     n = len(truth)
     return {
-        "tp": tp, "fn": fn, "tn": tn, "fp": fp, "n_trajectories": n,
-        "tp_pct": 100 * _safe_div(tp, n), "fn_pct": 100 * _safe_div(fn, n),
-        "tn_pct": 100 * _safe_div(tn, n), "fp_pct": 100 * _safe_div(fp, n),
+        "tp": tp,
+        "fn": fn,
+        "tn": tn,
+        "fp": fp,
+        "n_trajectories": n,
+        "tp_pct": 100 * _safe_div(tp, n),
+        "fn_pct": 100 * _safe_div(fn, n),
+        "tn_pct": 100 * _safe_div(tn, n),
+        "fp_pct": 100 * _safe_div(fp, n),
         "precision": 100 * _safe_div(tp, tp + fp),
         "recall": 100 * _safe_div(tp, tp + fn),
         "accuracy": 100 * _safe_div(tp + tn, n),
@@ -143,7 +157,10 @@ def mcnemar_exact_p(wins: int, losses: int) -> float:
 
 
 def paired_success_comparison(
-    final_scores: Sequence[float], threshold: float, baseline_scores: Sequence[float], baseline_threshold: float,
+    final_scores: Sequence[float],
+    threshold: float,
+    baseline_scores: Sequence[float],
+    baseline_threshold: float,
     success: Sequence[bool],
 ) -> dict[str, float]:
     """A model's success judgement (Table 2) against a baseline's on the same trajectories: the
@@ -299,7 +316,9 @@ def evaluate_scores(
         metrics["final_step_ece"] = calibration_bins(finals, success.astype(float)).ece
     if kind_spec(kind).scores_progress:
         metrics.update(key_step_progress_error(scores, data.env_labels))
-        metrics["lcs_key_step_progress_error"] = key_step_progress_error(scores, data.lcs_labels)["key_step_progress_error"]
+        metrics["lcs_key_step_progress_error"] = key_step_progress_error(scores, data.lcs_labels)[
+            "key_step_progress_error"
+        ]
         metrics["all_step_progress_error_env"] = all_step_progress_error(scores, data.env_labels)
         metrics["all_step_progress_error_lcs"] = all_step_progress_error(scores, data.lcs_labels)
     # step-level judgement against positive/negative step labels (all kinds; the PRM's own metric)
@@ -323,13 +342,22 @@ def evaluate_scores(
 # Plots
 # ---------------------------------------------------------------------------------------------
 
-MODEL_COLOURS = {"orm": "#d62728", "progrm_lcs": "#1f77b4", "progrm_env": "#2ca02c", "prm": "#9467bd", "guidnav": "#8c564b"}
+MODEL_COLOURS = {
+    "orm": "#d62728",
+    "progrm_lcs": "#1f77b4",
+    "progrm_env": "#2ca02c",
+    "prm": "#9467bd",
+    "guidnav": "#8c564b",
+}
 MODEL_NAMES = {"orm": "ORM", "progrm_lcs": "ProgRM-LCS", "progrm_env": "ProgRM-Env", "prm": "PRM", "guidnav": "GuidNav"}
 
 
-def pick_sample_trajectories(data: EvaluationSet, n_success: int = 3, n_failure: int = 3, min_steps: int = 3) -> list[Trajectory]:
+def pick_sample_trajectories(
+    data: EvaluationSet, n_success: int = 3, n_failure: int = 3, min_steps: int = 3
+) -> list[Trajectory]:
     """Sample trajectories for the progress-curve plots (Figs. 5-6): successes and failures with
     partial progress, of several steps, from different tasks where possible; deterministic."""
+
     def partial(t: Trajectory) -> bool:
         labels = data.env_labels.get(t.episode_id) or data.lcs_labels.get(t.episode_id)
         return labels is not None and 0 < labels.progress[-1] < 1
@@ -337,7 +365,11 @@ def pick_sample_trajectories(data: EvaluationSet, n_success: int = 3, n_failure:
     chosen: list[Trajectory] = []
     for want_success, count in ((True, n_success), (False, n_failure)):
         pool = sorted(
-            (t for t in data.trajectories if t.success is want_success and len(t) >= min_steps and (want_success or partial(t))),
+            (
+                t
+                for t in data.trajectories
+                if t.success is want_success and len(t) >= min_steps and (want_success or partial(t))
+            ),
             key=lambda t: (t.task_id, t.episode_id),
         )
         seen_tasks: set[str] = set()
@@ -370,13 +402,26 @@ def plot_progress_curves(
         for kind, scores in scores_by_kind.items():
             if not kind_spec(kind).scores_progress or traj.episode_id not in scores:
                 continue
-            ax.plot(x, np.concatenate([[0.0], scores[traj.episode_id]]), marker="o", ms=3,
-                    color=MODEL_COLOURS.get(kind), label=MODEL_NAMES.get(kind, kind))
+            ax.plot(
+                x,
+                np.concatenate([[0.0], scores[traj.episode_id]]),
+                marker="o",
+                ms=3,
+                color=MODEL_COLOURS.get(kind),
+                label=MODEL_NAMES.get(kind, kind),
+            )
         for labels, style, name in ((data.lcs_labels, ":", "LCS label"), (data.env_labels, "--", "milestone label")):
             lab = labels.get(traj.episode_id)
             if lab is not None:
-                ax.step(x, np.concatenate([[0.0], lab.progress]), where="post", linestyle=style, color="black",
-                        alpha=0.7, label=name)
+                ax.step(
+                    x,
+                    np.concatenate([[0.0], lab.progress]),
+                    where="post",
+                    linestyle=style,
+                    color="black",
+                    alpha=0.7,
+                    label=name,
+                )
         ax.set_ylim(-0.05, 1.05)
         ax.set_xticks(x)
         ax.set_xticklabels(["Init"] + [str(i + 1) for i in range(len(traj))], fontsize=7)
@@ -384,7 +429,7 @@ def plot_progress_curves(
         ax.set_title(f"{traj.task_id} ({outcome})", fontsize=9)
         ax.set_xlabel("after action", fontsize=8)
         ax.set_ylabel("progress", fontsize=8)
-    for ax in list(axes.flat)[len(samples):]:
+    for ax in list(axes.flat)[len(samples) :]:
         ax.axis("off")
     handles, names = axes.flat[0].get_legend_handles_labels()
     if handles:
@@ -418,8 +463,11 @@ def plot_training_curves(summary: Mapping, path: Path) -> Path:
     if exported:
         ax.axvline(exported, color="grey", linestyle="--", linewidth=1, label=f"exported (step {exported})")
     stopped = "stopped early" if summary.get("stopped_early") else "ran its budget"
-    ax.set_title(f"{MODEL_NAMES.get(kind, kind)}: {summary.get('global_steps', '?')} of "
-                 f"{summary.get('max_steps', '?')} steps, {stopped}", fontsize=10)
+    ax.set_title(
+        f"{MODEL_NAMES.get(kind, kind)}: {summary.get('global_steps', '?')} of "
+        f"{summary.get('max_steps', '?')} steps, {stopped}",
+        fontsize=10,
+    )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (BCE / MSE)")
     ax.legend(fontsize=8)
@@ -450,8 +498,13 @@ def plot_calibration(
             finals = np.array([scores[e][-1] for e in episode_ids])
             bins = calibration_bins(finals, success.astype(float))
             used = bins.counts > 0
-            left.plot(bins.mean_predicted[used], bins.mean_observed[used], marker="o", color=colour,
-                      label=f"{name} (ECE {bins.ece:.3f})")
+            left.plot(
+                bins.mean_predicted[used],
+                bins.mean_observed[used],
+                marker="o",
+                color=colour,
+                label=f"{name} (ECE {bins.ece:.3f})",
+            )
         if kind_spec(kind).scores_progress:
             pred, obs = [], []
             for e, lab in data.env_labels.items():
@@ -461,8 +514,13 @@ def plot_calibration(
             if pred:
                 bins = calibration_bins(np.concatenate(pred), np.concatenate(obs))
                 used = bins.counts > 0
-                right.plot(bins.mean_predicted[used], bins.mean_observed[used], marker="o", color=colour,
-                           label=f"{name} (ECE {bins.ece:.3f})")
+                right.plot(
+                    bins.mean_predicted[used],
+                    bins.mean_observed[used],
+                    marker="o",
+                    color=colour,
+                    label=f"{name} (ECE {bins.ece:.3f})",
+                )
     for ax, title, ylabel in (
         (left, "final step: score vs success rate", "observed success rate"),
         (right, "every step: progress vs milestone label", "mean milestone progress"),
@@ -485,15 +543,35 @@ def plot_calibration(
 # The comparison table
 # ---------------------------------------------------------------------------------------------
 
-TABLE2_COLUMNS = (("tp_pct", "#TP ↑"), ("fn_pct", "#FN ↓"), ("tn_pct", "#TN ↑"), ("fp_pct", "#FP ↓"),
-                  ("precision", "Prec ↑"), ("recall", "Rec ↑"), ("accuracy", "Acc ↑"))
-TABLE3_COLUMNS = (("key_step_progress_error", "Key Step Prog. Err. ↓"), ("mean_final_step_score", "Avg. Fin. Score"),
-                  ("latency_ms_p50", "Latency p50 (ms) ↓"))
-PAIRED_COLUMNS = (("accuracy_gain_vs_orm", "Acc − ORM (points)"), ("wins_vs_orm", "only it right"),
-                  ("losses_vs_orm", "only ORM right"), ("mcnemar_p_vs_orm", "p (McNemar)"))
-STEP_COLUMNS = (("step_accuracy", "Step acc ↑"), ("step_auc", "AUC ↑"), ("step_precision", "Prec ↑"),
-                ("step_recall", "Rec ↑"), ("step_negative_recall", "Neg. rec ↑"), ("labelled_steps", "steps"),
-                ("human_labelled_steps", "human"))
+TABLE2_COLUMNS = (
+    ("tp_pct", "#TP ↑"),
+    ("fn_pct", "#FN ↓"),
+    ("tn_pct", "#TN ↑"),
+    ("fp_pct", "#FP ↓"),
+    ("precision", "Prec ↑"),
+    ("recall", "Rec ↑"),
+    ("accuracy", "Acc ↑"),
+)
+TABLE3_COLUMNS = (
+    ("key_step_progress_error", "Key Step Prog. Err. ↓"),
+    ("mean_final_step_score", "Avg. Fin. Score"),
+    ("latency_ms_p50", "Latency p50 (ms) ↓"),
+)
+PAIRED_COLUMNS = (
+    ("accuracy_gain_vs_orm", "Acc − ORM (points)"),
+    ("wins_vs_orm", "only it right"),
+    ("losses_vs_orm", "only ORM right"),
+    ("mcnemar_p_vs_orm", "p (McNemar)"),
+)
+STEP_COLUMNS = (
+    ("step_accuracy", "Step acc ↑"),
+    ("step_auc", "AUC ↑"),
+    ("step_precision", "Prec ↑"),
+    ("step_recall", "Rec ↑"),
+    ("step_negative_recall", "Neg. rec ↑"),
+    ("labelled_steps", "steps"),
+    ("human_labelled_steps", "human"),
+)
 
 
 def _fmt(value) -> str:
@@ -517,7 +595,11 @@ def markdown_table(metrics_by_kind: Mapping[str, Mapping[str, float]], columns, 
     for kind in kinds:
         if kind in metrics_by_kind:
             m = metrics_by_kind[kind]
-            lines.append(f"| {MODEL_NAMES.get(kind, kind)} | " + " | ".join(_fmt_metric(key, m.get(key)) for key, _ in columns) + " |")
+            lines.append(
+                f"| {MODEL_NAMES.get(kind, kind)} | "
+                + " | ".join(_fmt_metric(key, m.get(key)) for key, _ in columns)
+                + " |"
+            )
     return "\n".join(lines)
 
 
@@ -544,8 +626,8 @@ class ModelRecord:
 @dataclass
 class ReportResult:
     metrics: dict[str, dict[str, dict[str, float]]]  # kind -> split -> metric -> value
-    predictions: "object"  # pa.Table (rm_predictions rows)
-    metric_rows: "object"  # pa.Table (rm_metrics rows)
+    predictions: object  # pa.Table (rm_predictions rows)
+    metric_rows: object  # pa.Table (rm_metrics rows)
     markdown: str
     plots: dict[str, Path]
     thresholds: dict[str, float]
@@ -566,11 +648,15 @@ def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
         WHERE v.r = 1
         """
     ).to_pylist()
-    by_kind = {r["kind"]: ModelRecord(r["model_id"], r["kind"], r["checkpoint_path"], r["materialization_id"]) for r in rows}
+    by_kind = {
+        r["kind"]: ModelRecord(r["model_id"], r["kind"], r["checkpoint_path"], r["materialization_id"]) for r in rows
+    }
     return [by_kind[k] for k in kinds if k in by_kind]
 
 
-def load_evaluation_set(warehouse, split: str, *, lcs_method: str = "improved", derived_from: str = "lcs") -> EvaluationSet:
+def load_evaluation_set(
+    warehouse, split: str, *, lcs_method: str = "improved", derived_from: str = "lcs"
+) -> EvaluationSet:
     """Held-out trajectories of ``split`` with LCS and milestone labels and step verdicts."""
     from training.datasets import (
         read_human_verdicts,
@@ -599,7 +685,9 @@ def load_evaluation_set(warehouse, split: str, *, lcs_method: str = "improved", 
     )
 
 
-def prediction_rows(model: ModelRecord, split: str, scores: Mapping[str, np.ndarray], data: EvaluationSet, run_id: str | None):
+def prediction_rows(
+    model: ModelRecord, split: str, scores: Mapping[str, np.ndarray], data: EvaluationSet, run_id: str | None
+):
     """``rm_predictions`` rows for one model on one split."""
     import pyarrow as pa
 
@@ -690,15 +778,18 @@ def run_report(
         if tuning is not held_out:
             prediction_tables.append(prediction_rows(model, threshold_split, tune_scores, tuning, run_id))
         m = metrics[model.kind][split]
-        say(f"report: {model.kind}: acc {m.get('accuracy', float('nan')):.2f}% key-step err "
-            f"{m.get('key_step_progress_error', float('nan')):.3f} p50 {latency['latency_ms_p50']:.1f} ms")
+        say(
+            f"report: {model.kind}: acc {m.get('accuracy', float('nan')):.2f}% key-step err "
+            f"{m.get('key_step_progress_error', float('nan')):.3f} p50 {latency['latency_ms_p50']:.1f} ms"
+        )
 
     if "orm" in scores_by_kind:  # ProgRM Table 2's comparison, paired: same trajectories, same outcomes
         ids, success = held_out.final_success()
         orm_finals = [scores_by_kind["orm"][e][-1] for e in ids]
         for kind in scores_by_kind.keys() - {"orm"}:
-            paired = paired_success_comparison([scores_by_kind[kind][e][-1] for e in ids], thresholds[kind],
-                                               orm_finals, thresholds["orm"], success)
+            paired = paired_success_comparison(
+                [scores_by_kind[kind][e][-1] for e in ids], thresholds[kind], orm_finals, thresholds["orm"], success
+            )
             metrics[kind][split].update({f"{name}_vs_orm": value for name, value in paired.items()})
 
     metric_cols: dict[str, list] = {name: [] for name in RM_METRICS.names}
@@ -715,7 +806,9 @@ def run_report(
     plots = {}
     if scores_by_kind:
         samples = pick_sample_trajectories(held_out)
-        plots["progress_curves"] = plot_progress_curves(samples, scores_by_kind, held_out, plots_dir / "progress_curves.png")
+        plots["progress_curves"] = plot_progress_curves(
+            samples, scores_by_kind, held_out, plots_dir / "progress_curves.png"
+        )
         plots["calibration"] = plot_calibration(scores_by_kind, held_out, plots_dir / "calibration.png")
     kinds = [m.kind for m in models]
     test_metrics = {k: v[split] for k, v in metrics.items()}
@@ -725,11 +818,17 @@ def run_report(
         f"### Success judgement at the final step ({split}; ProgRM Table 2, % of trajectories)\n\n"
         + markdown_table(test_metrics, TABLE2_COLUMNS + (("threshold", "threshold"),), outcome_kinds + judge_kinds)
         + f"\n\n### Progress estimation and latency ({split}; ProgRM Table 3)\n\n"
-        + markdown_table(test_metrics, TABLE3_COLUMNS + (("all_step_progress_error_env", "All-step err (env)"),
-                                                         ("final_step_ece", "ECE (final)")), outcome_kinds + judge_kinds)
-        + (f"\n\n### Success judgement paired with the ORM ({split}; McNemar's exact test)\n\n"
-           + markdown_table(test_metrics, PAIRED_COLUMNS, [k for k in outcome_kinds + judge_kinds if k != "orm"])
-           if "orm" in kinds and len(kinds) > 1 else "")
+        + markdown_table(
+            test_metrics,
+            TABLE3_COLUMNS + (("all_step_progress_error_env", "All-step err (env)"), ("final_step_ece", "ECE (final)")),
+            outcome_kinds + judge_kinds,
+        )
+        + (
+            f"\n\n### Success judgement paired with the ORM ({split}; McNemar's exact test)\n\n"
+            + markdown_table(test_metrics, PAIRED_COLUMNS, [k for k in outcome_kinds + judge_kinds if k != "orm"])
+            if "orm" in kinds and len(kinds) > 1
+            else ""
+        )
         + f"\n\n### Step judgement against step labels ({split})\n\n"
         + markdown_table(test_metrics, STEP_COLUMNS, kinds)
     )

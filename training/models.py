@@ -86,7 +86,9 @@ class RewardModelConfig:
     encoder_mode: str = field(default="frozen_segments", metadata={"help": "frozen_segments (CPU) | full (GPU)"})
     pooling: str = field(default="auto", metadata={"help": "auto | mean | last_token | cls"})
     # frozen_segments
-    quantize_encoder: bool = field(default=True, metadata={"help": "int8 dynamic quantisation of the frozen encoder on CPU"})
+    quantize_encoder: bool = field(
+        default=True, metadata={"help": "int8 dynamic quantisation of the frozen encoder on CPU"}
+    )
     segment_max_tokens: int = 128
     max_history: int = 32
     max_elements: int = 96
@@ -121,7 +123,7 @@ class RewardModelConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RewardModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> RewardModelConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -241,7 +243,9 @@ class SegmentEncoder:
                     max_length=self.config.segment_max_tokens,
                     return_tensors="pt",
                 ).to(self.device)
-                hidden = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+                hidden = self.model(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                ).last_hidden_state
                 pooled = pool_hidden_states(hidden.float(), batch["attention_mask"], self.pooling)
                 out[idx] = F.normalize(pooled, dim=-1).cpu().numpy()
         return out
@@ -319,7 +323,9 @@ class EmbeddingCache:
             return np.fromiter((self._index[t] for t in texts), dtype=np.int64, count=len(texts))
 
     def _evict(self) -> None:
-        log.info("embedding cache full (%d entries): dropping %d unpinned entries", self._size, self._size - self._pinned)
+        log.info(
+            "embedding cache full (%d entries): dropping %d unpinned entries", self._size, self._size - self._pinned
+        )
         self._index = {t: i for t, i in self._index.items() if i < self._pinned}
         self._size = self._pinned
 
@@ -630,7 +636,9 @@ class RewardModel(nn.Module):
     #: itself (it would otherwise expect a sum normalised by ``num_items_in_batch``).
     accepts_loss_kwargs = False
 
-    def __init__(self, config: RewardModelConfig, *, backbone: nn.Module | None = None, input_dim: int | None = None) -> None:
+    def __init__(
+        self, config: RewardModelConfig, *, backbone: nn.Module | None = None, input_dim: int | None = None
+    ) -> None:
         super().__init__()
         self.rm_config = config  # not `config`: the Trainer reads `model.config` as a PretrainedConfig
         if config.encoder_mode == "full":
@@ -670,8 +678,15 @@ class RewardModel(nn.Module):
             logits = self.head(pooled.to(self.head.net[0].weight.dtype))
         else:
             logits = self.head(
-                self.fusion(segment_embeddings, segment_types, segment_positions, segment_depths, segment_mask,
-                            history_lengths, segment_match)
+                self.fusion(
+                    segment_embeddings,
+                    segment_types,
+                    segment_positions,
+                    segment_depths,
+                    segment_mask,
+                    history_lengths,
+                    segment_match,
+                )
             )
         result = {"logits": logits}
         if labels is not None:
@@ -685,7 +700,9 @@ class RewardModel(nn.Module):
         (full mode; the frozen-segment fusion is small and has nothing to gain)."""
         if self.backbone is not None:
             self.backbone.activation_checkpointing_enable(
-                activation_checkpointing_kwargs=activation_checkpointing_kwargs, every_n_layers=every_n_layers, offload=offload
+                activation_checkpointing_kwargs=activation_checkpointing_kwargs,
+                every_n_layers=every_n_layers,
+                offload=offload,
             )
 
     @property
@@ -741,7 +758,9 @@ def tokenize_prompts(texts: Sequence[str], tokenizer, max_length: int) -> dict[s
 # ---------------------------------------------------------------------------------------------
 
 
-def build_reward_model(config: RewardModelConfig, *, torch_dtype: torch.dtype | None = None, input_dim: int | None = None) -> RewardModel:
+def build_reward_model(
+    config: RewardModelConfig, *, torch_dtype: torch.dtype | None = None, input_dim: int | None = None
+) -> RewardModel:
     """A fresh model: the pretrained backbone (full mode) or an untrained fusion (frozen mode)."""
     if config.encoder_mode == "full":
         return RewardModel(config, backbone=load_backbone(config.backbone, torch_dtype=torch_dtype))
@@ -752,7 +771,9 @@ def build_reward_model(config: RewardModelConfig, *, torch_dtype: torch.dtype | 
     return RewardModel(config, input_dim=input_dim)
 
 
-def save_reward_model(model: RewardModel, directory: Path | str, *, tokenizer=None, metadata: dict | None = None) -> Path:
+def save_reward_model(
+    model: RewardModel, directory: Path | str, *, tokenizer=None, metadata: dict | None = None
+) -> Path:
     """Export a trained model: config, weights (safetensors), metadata; full mode also writes the
     fine-tuned backbone (``save_pretrained``) and tokenizer under ``backbone/``. Written to a
     temporary folder and renamed into place."""
@@ -836,7 +857,7 @@ class RewardScorer:
         device: str | torch.device = "cpu",
         warm_cache: Path | str | None = None,
         torch_dtype: torch.dtype | None = None,
-    ) -> "RewardScorer":
+    ) -> RewardScorer:
         """Load an exported model. ``torch_dtype`` (e.g. ``torch.bfloat16`` on a GPU) applies to a
         full-mode backbone; ``warm_cache`` is a saved segment cache to start from (frozen mode)."""
         from safetensors.torch import load_file

@@ -68,14 +68,14 @@ import numpy as np  # noqa: E402
 
 from training.datasets import (  # noqa: E402
     StepState,
-    action_in_context,
-    target_context,
     Trajectory,
     TrajectoryStep,
+    action_in_context,
     kind_spec,
     progress_gains,
     screen_lines,
     state_for,
+    target_context,
 )
 from training.models import RewardScorer  # noqa: E402
 from warehouse.model import Screen, UIElement  # noqa: E402
@@ -157,7 +157,9 @@ ELEMENT_STRING_FIELDS = ("ref", "role", "text", "element_id", "classes", "descri
 ELEMENT_BOOL_FIELDS = ("clickable", "editable", "focused")
 
 
-def _string(value: Any, where: str, limits: ServingLimits, *, required: bool = True, allow_empty: bool = True) -> str | None:
+def _string(
+    value: Any, where: str, limits: ServingLimits, *, required: bool = True, allow_empty: bool = True
+) -> str | None:
     if value is None and not required:
         return None
     if not isinstance(value, str):
@@ -198,13 +200,19 @@ def parse_element(raw: Any, where: str, limits: ServingLimits) -> UIElement:
         kwargs["depth"] = raw["depth"]
     if "bounds" in raw and raw["bounds"] is not None:
         b = raw["bounds"]
-        if not (isinstance(b, list) and len(b) == 4 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in b)):
+        if not (
+            isinstance(b, list)
+            and len(b) == 4
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in b)
+        ):
             raise RequestError(422, f"{where}.bounds must be 4 numbers [left, top, right, bottom]")
         kwargs["bounds"] = tuple(float(x) for x in b)
     return UIElement(**kwargs)
 
 
-def parse_screen_elements(raw: Any, where: str, limits: ServingLimits) -> tuple[tuple[str, ...], list[UIElement] | None]:
+def parse_screen_elements(
+    raw: Any, where: str, limits: ServingLimits
+) -> tuple[tuple[str, ...], list[UIElement] | None]:
     """A screen (element list or pre-rendered text) -> (prompt lines as ``Screen.to_text``, the
     elements, or None for a text screen)."""
     if isinstance(raw, str):
@@ -338,7 +346,9 @@ def parse_score_request(payload: Any, limits: ServingLimits, kind: str) -> Score
             raise RequestError(422, "'trajectories' must be a non-empty list")
         if len(raw) > limits.max_trajectories:
             raise RequestError(413, f"{len(raw)} trajectories; at most {limits.max_trajectories} per request")
-        n_steps = sum(len(t.get("steps") or []) if isinstance(t, dict) and isinstance(t.get("steps"), list) else 0 for t in raw)
+        n_steps = sum(
+            len(t.get("steps") or []) if isinstance(t, dict) and isinstance(t.get("steps"), list) else 0 for t in raw
+        )
         if n_steps > limits.max_states:
             raise RequestError(413, f"{n_steps} steps; at most {limits.max_states} per request")
         request.trajectories = [parse_trajectory(t, f"trajectories[{i}]", limits) for i, t in enumerate(raw)]
@@ -406,12 +416,16 @@ class RewardRequestHandler(BaseHTTPRequestHandler):
             self._send(200, {"status": "ok", "kind": self.server.scorer.kind})
         elif self.path == "/v1/model":
             meta = self.server.scorer.metadata
-            self._send(200, self.server.model_info | {
-                "config": self.server.scorer.config.to_dict(),
-                "validation_metrics": meta.get("validation_metrics"),
-                "label_versions": meta.get("label_versions"),
-                "limits": self.server.limits.to_json(),
-            })
+            self._send(
+                200,
+                self.server.model_info
+                | {
+                    "config": self.server.scorer.config.to_dict(),
+                    "validation_metrics": meta.get("validation_metrics"),
+                    "label_versions": meta.get("label_versions"),
+                    "limits": self.server.limits.to_json(),
+                },
+            )
         elif self.path == "/v1/score":
             self._error(405, "use POST /v1/score")
         else:
@@ -419,7 +433,10 @@ class RewardRequestHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         if self.path != "/v1/score":
-            self._error(404 if self.path not in ("/health", "/v1/model") else 405, f"POST {self.path} is not served; use POST /v1/score")
+            self._error(
+                404 if self.path not in ("/health", "/v1/model") else 405,
+                f"POST {self.path} is not served; use POST /v1/score",
+            )
             return
         try:
             request = self._read_request()
@@ -441,8 +458,14 @@ class RewardRequestHandler(BaseHTTPRequestHandler):
             log.exception("scoring failed")
             self._error(500, f"scoring failed: {exc}")
             return
-        self._send(200, {"model": self.server.model_info, "results": out,
-                         "elapsed_ms": round((time.perf_counter() - started) * 1000, 3)})
+        self._send(
+            200,
+            {
+                "model": self.server.model_info,
+                "results": out,
+                "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
+            },
+        )
 
     def _read_request(self) -> ScoreRequest:
         limits = self.server.limits
@@ -468,12 +491,16 @@ class RewardRequestHandler(BaseHTTPRequestHandler):
         return parse_score_request(payload, limits, self.server.scorer.kind)
 
 
-def make_server(scorer: RewardScorer, host: str = "127.0.0.1", port: int = 0, limits: ServingLimits = ServingLimits()) -> RewardHTTPServer:
+def make_server(
+    scorer: RewardScorer, host: str = "127.0.0.1", port: int = 0, limits: ServingLimits = ServingLimits()
+) -> RewardHTTPServer:
     """A server bound to (host, port); port 0 picks a free one (``server.server_address``)."""
     return RewardHTTPServer((host, port), scorer, limits)
 
 
-def serve_in_background(scorer: RewardScorer, host: str = "127.0.0.1", port: int = 0, limits: ServingLimits = ServingLimits()):
+def serve_in_background(
+    scorer: RewardScorer, host: str = "127.0.0.1", port: int = 0, limits: ServingLimits = ServingLimits()
+):
     """Start a server on a daemon thread; returns (server, thread). Stop with ``server.shutdown()``."""
     server = make_server(scorer, host, port, limits)
     thread = threading.Thread(target=server.serve_forever, name="reward-http", daemon=True)
@@ -487,7 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--warm-cache", default=None, help="a saved segment-embedding cache folder to start from")
-    parser.add_argument("--home", default=None, help="start from the segment cache training saved under this STEPWISE_HOME")
+    parser.add_argument(
+        "--home", default=None, help="start from the segment cache training saved under this STEPWISE_HOME"
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--max-body-bytes", type=int, default=ServingLimits.max_body_bytes)
     parser.add_argument("--max-states", type=int, default=ServingLimits.max_states)
@@ -502,7 +531,10 @@ def main(argv: list[str] | None = None) -> int:
     limits = ServingLimits(max_body_bytes=args.max_body_bytes, max_states=args.max_states)
     server = make_server(scorer, args.host, args.port, limits)
     host, port = server.server_address[:2]
-    print(json.dumps({"serving": scorer.kind, "url": f"http://{host}:{port}", "checkpoint": str(args.checkpoint)}), flush=True)
+    print(
+        json.dumps({"serving": scorer.kind, "url": f"http://{host}:{port}", "checkpoint": str(args.checkpoint)}),
+        flush=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -135,15 +135,25 @@ class DataArguments:
     global_batch_size: int | None = field(default=None, metadata={"help": "per_device x accumulation x world size"})
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
-    embedding_cache_dir: str | None = field(default=None, metadata={"help": "shared cache of frozen segment embeddings"})
+    embedding_cache_dir: str | None = field(
+        default=None, metadata={"help": "shared cache of frozen segment embeddings"}
+    )
     export_dir: str | None = field(default=None, metadata={"help": "final model folder; default <output_dir>/final"})
     resume: str = field(default="auto", metadata={"help": "auto | never | a checkpoint folder"})
     threads: int = field(default=2, metadata={"help": "torch CPU threads"})
-    min_optimizer_steps: int = field(default=0, metadata={
-        "help": "more whole epochs if the epochs asked for give fewer optimizer steps (0: off; ignored with --max_steps)"})
-    early_stopping_patience: int = field(default=0, metadata={
-        "help": "stop after this many evaluations without a lower validation loss, and export the checkpoint "
-                "with the lowest one (0: off, export the last; needs evaluations)"})
+    min_optimizer_steps: int = field(
+        default=0,
+        metadata={
+            "help": "more whole epochs if the epochs asked for give fewer optimizer steps (0: off; ignored with --max_steps)"
+        },
+    )
+    early_stopping_patience: int = field(
+        default=0,
+        metadata={
+            "help": "stop after this many evaluations without a lower validation loss, and export the checkpoint "
+            "with the lowest one (0: off, export the last; needs evaluations)"
+        },
+    )
     dataset_materialization_id: str | None = None
 
 
@@ -154,8 +164,19 @@ class DataArguments:
 
 def read_examples(data: DataArguments, kind: str) -> pa.Table:
     """The kind's ``rm_examples`` rows, from Parquet files or from the warehouse."""
-    columns = ["example_id", "kind", "split", "episode_id", "step_idx", "instruction", "history", "screen_lines",
-               "action", "label", "label_version"]
+    columns = [
+        "example_id",
+        "kind",
+        "split",
+        "episode_id",
+        "step_idx",
+        "instruction",
+        "history",
+        "screen_lines",
+        "action",
+        "label",
+        "label_version",
+    ]
     if data.examples:
         table = pa.concat_tables([pq.read_table(p, columns=columns) for p in data.examples])
         mask = pc.equal(table["kind"], kind)
@@ -289,7 +310,13 @@ def prepare_deepspeed_environment() -> None:
     process no shared-memory all-reduce op (it would be compiled, 35-65 s, to talk to nobody)."""
     if "RANK" not in os.environ:
         os.environ.update(
-            {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+            {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(_free_port()),
+                "RANK": "0",
+                "WORLD_SIZE": "1",
+                "LOCAL_RANK": "0",
+            }
         )
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "stepwise" / "torch_extensions"))
     if not torch.cuda.is_available() and os.environ.get("WORLD_SIZE", "1") == "1":
@@ -400,8 +427,10 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
     if model_config.encoder_mode == "frozen_segments":
         encoder = SegmentEncoder(model_config)
         cache = EmbeddingCache(encoder, max_entries=10**8)
-        cache_dir = Path(data.embedding_cache_dir) if data.embedding_cache_dir else default_embedding_cache_dir(
-            encoder.fingerprint, data.home
+        cache_dir = (
+            Path(data.embedding_cache_dir)
+            if data.embedding_cache_dir
+            else default_embedding_cache_dir(encoder.fingerprint, data.home)
         )
         loaded = cache.load(cache_dir)
         t0 = time.time()
@@ -444,8 +473,13 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
 
     epochs = epochs_for_min_steps(len(train_states), args, data.min_optimizer_steps)
     if epochs > args.num_train_epochs:
-        log.info("%s: %g epochs instead of %g, to reach %d optimizer steps", kind, epochs, args.num_train_epochs,
-                 data.min_optimizer_steps)
+        log.info(
+            "%s: %g epochs instead of %g, to reach %d optimizer steps",
+            kind,
+            epochs,
+            args.num_train_epochs,
+            data.min_optimizer_steps,
+        )
         args.num_train_epochs = epochs
     if not len(eval_states):
         args.eval_strategy = "no"
@@ -505,14 +539,28 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         "deepspeed_batch": {
             k: args.hf_deepspeed_config.config.get(k)
             for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-        } if args.deepspeed else None,
+        }
+        if args.deepspeed
+        else None,
         "resumed_from": resume_from,
         "dataset_materialization_id": data.dataset_materialization_id,
         "training_arguments": {
             k: getattr(args, k)
-            for k in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs",
-                      "max_steps", "lr_scheduler_type", "warmup_steps", "adam_beta1", "adam_beta2", "weight_decay",
-                      "bf16", "seed", "save_steps")
+            for k in (
+                "learning_rate",
+                "per_device_train_batch_size",
+                "gradient_accumulation_steps",
+                "num_train_epochs",
+                "max_steps",
+                "lr_scheduler_type",
+                "warmup_steps",
+                "adam_beta1",
+                "adam_beta2",
+                "weight_decay",
+                "bf16",
+                "seed",
+                "save_steps",
+            )
         },
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
         "peak_rss_mb": _peak_rss_mb(),
@@ -524,10 +572,16 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         unwrapped = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else model
         save_reward_model(unwrapped, export_dir, tokenizer=tokenizer, metadata=summary)
         (Path(args.output_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
-    log.info("trained %s: %d of %d steps in %.0fs (%s); exported step %d, validation %s", kind,
-             summary["global_steps"], summary["max_steps"], train_seconds,
-             "stopped early" if summary["stopped_early"] else "ran to the end", summary["exported_step"],
-             summary["validation_metrics"])
+    log.info(
+        "trained %s: %d of %d steps in %.0fs (%s); exported step %d, validation %s",
+        kind,
+        summary["global_steps"],
+        summary["max_steps"],
+        train_seconds,
+        "stopped early" if summary["stopped_early"] else "ran to the end",
+        summary["exported_step"],
+        summary["validation_metrics"],
+    )
     return summary
 
 
@@ -605,8 +659,13 @@ def _features_with_progress(states, cache: EmbeddingCache, config: RewardModelCo
     parts = []
     for start in range(0, len(states), chunk):
         parts.append(segment_features(states[start : start + chunk], cache, config))
-        log.info("%s: segments of %d/%d states (cache %d entries)", name, min(start + chunk, len(states)),
-                 len(states), len(cache))
+        log.info(
+            "%s: segments of %d/%d states (cache %d entries)",
+            name,
+            min(start + chunk, len(states)),
+            len(states),
+            len(cache),
+        )
     offsets = [parts[0].offsets]
     for p in parts[1:]:
         offsets.append(p.offsets[1:] + offsets[-1][-1])

@@ -140,7 +140,9 @@ class Warehouse:
             self._rebuild_views(con)
 
     # -- writing -----------------------------------------------------------------------------
-    def stage_table(self, table_name: str, dataset: str, table: pa.Table, materialization: Materialization) -> TableOutput:
+    def stage_table(
+        self, table_name: str, dataset: str, table: pa.Table, materialization: Materialization
+    ) -> TableOutput:
         """Write one table version to Parquet (atomically); it becomes current only on ``publish``."""
         expected = TABLE_SCHEMAS.get(table_name)
         if expected is not None and not table.schema.equals(expected, check_metadata=False):
@@ -164,7 +166,14 @@ class Warehouse:
                     )
                     con.execute(
                         "INSERT INTO table_versions VALUES (?, ?, ?, ?, ?, ?, true)",
-                        [out.table_name, out.dataset, str(out.path), materialization.materialization_id, out.n_rows, now],
+                        [
+                            out.table_name,
+                            out.dataset,
+                            str(out.path),
+                            materialization.materialization_id,
+                            out.n_rows,
+                            now,
+                        ],
                     )
                 con.execute(
                     "INSERT INTO lineage_materializations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -210,9 +219,13 @@ class Warehouse:
         paths_by_table = dict(current)
         for table_name, schema in TABLE_SCHEMAS.items():
             paths = paths_by_table.pop(table_name, None) or [str(self._empty_file(table_name, schema))]
-            con.execute(f"CREATE OR REPLACE VIEW {table_name} AS SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)")
+            con.execute(
+                f"CREATE OR REPLACE VIEW {table_name} AS SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)"
+            )
         for table_name, paths in paths_by_table.items():  # tables registered by later stages
-            con.execute(f"CREATE OR REPLACE VIEW {table_name} AS SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)")
+            con.execute(
+                f"CREATE OR REPLACE VIEW {table_name} AS SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)"
+            )
         con.execute(_LINEAGE_VIEW)
 
     def _empty_file(self, table_name: str, schema: pa.Schema) -> Path:
@@ -252,7 +265,13 @@ class Warehouse:
             [names],
         ).to_pylist()
         return [
-            LineageInput(kind="asset", path=r["path"], version=r["materialization_id"], input_asset=r["asset"], input_materialization_id=r["materialization_id"])
+            LineageInput(
+                kind="asset",
+                path=r["path"],
+                version=r["materialization_id"],
+                input_asset=r["asset"],
+                input_materialization_id=r["materialization_id"],
+            )
             for r in rows
             if r["dataset"] != exclude_dataset
         ]

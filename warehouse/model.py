@@ -30,9 +30,7 @@ class ActionType(StrEnum):
 
 
 KNOWN_ACTION_TYPES: frozenset[str] = frozenset(t.value for t in ActionType if t is not ActionType.UNKNOWN)
-TARGETED_ACTION_TYPES: frozenset[ActionType] = frozenset(
-    {ActionType.CLICK, ActionType.LONG_CLICK, ActionType.INPUT}
-)
+TARGETED_ACTION_TYPES: frozenset[ActionType] = frozenset({ActionType.CLICK, ActionType.LONG_CLICK, ActionType.INPUT})
 SCROLL_DIRECTIONS: tuple[str, ...] = ("UP", "DOWN", "LEFT", "RIGHT")
 
 
@@ -90,7 +88,7 @@ class UIElement:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "UIElement":
+    def from_dict(cls, d: dict) -> UIElement:
         kwargs = dict(d)
         kwargs["bounds"] = tuple(float(b) for b in kwargs.get("bounds") or (0, 0, 0, 0))
         return cls(**kwargs)

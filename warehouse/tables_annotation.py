@@ -25,7 +25,9 @@ _TS = pa.timestamp("us", tz="UTC")
 ANNOTATION_QUEUE = pa.schema(
     [
         pa.field("ls_server", pa.string(), nullable=False),
-        pa.field("interface", pa.string(), nullable=False),  # step_correctness | step_progress | milestone_review | milestone_match
+        pa.field(
+            "interface", pa.string(), nullable=False
+        ),  # step_correctness | step_progress | milestone_review | milestone_match
         pa.field("interface_version", pa.string(), nullable=False),  # e.g. step_correctness@1
         pa.field("item_key", pa.string(), nullable=False),
         pa.field("ls_project_id", pa.int64(), nullable=False),
@@ -37,7 +39,10 @@ ANNOTATION_QUEUE = pa.schema(
         ("milestone_set_id", pa.string()),
         ("milestone_idx", pa.int32()),
         ("stratum", pa.string()),  # task_id|success|failure: the selection stratum
-        ("reason", pa.string()),  # label_disagreement | model_disagreement | no_signal | spot_check | milestone_review | match_threshold
+        (
+            "reason",
+            pa.string(),
+        ),  # label_disagreement | model_disagreement | no_signal | spot_check | milestone_review | match_threshold
         ("uncertainty", pa.float64()),  # in [0, 1]: how unsure the automatic labels are about this item
         ("lcs_progress", pa.float64()),
         ("env_progress", pa.float64()),
@@ -45,7 +50,10 @@ ANNOTATION_QUEUE = pa.schema(
         ("prediction_model", pa.string()),  # the pre-annotation's model version, if one was attached
         ("prediction_label", pa.string()),
         ("prediction_value", pa.float64()),
-        ("adopted", pa.bool_()),  # found in Label Studio without a queue row (a push interrupted before recording) and recorded then
+        (
+            "adopted",
+            pa.bool_(),
+        ),  # found in Label Studio without a queue row (a push interrupted before recording) and recorded then
         ("pushed_at", _TS),
         ("selection_materialization_id", pa.string()),  # the annotation_candidates version the item came from
     ]

@@ -26,8 +26,13 @@ NOMINAL_INTERFACES = {"step_correctness", "milestone_match"}
 ORDINAL_INTERFACES = {"step_progress", "milestone_review"}
 
 
-def cohen_kappa(a: Sequence[Hashable], b: Sequence[Hashable], *, weights: str | None = None,
-                categories: Sequence[Hashable] | None = None) -> float | None:
+def cohen_kappa(
+    a: Sequence[Hashable],
+    b: Sequence[Hashable],
+    *,
+    weights: str | None = None,
+    categories: Sequence[Hashable] | None = None,
+) -> float | None:
     """Cohen's kappa of two raters' labels on the same items; ``weights='quadratic'`` for ordinal labels.
 
     None when there are no items; 1.0 when both raters use one and the same category throughout
@@ -76,8 +81,12 @@ def answer_of(row: dict) -> Hashable | None:
 
 
 def _categories(interface: str) -> list[Hashable] | None:
-    return {"step_progress": [0, 1, 2, 3, 4], "milestone_review": [1, 2, 3, 4, 5],
-            "step_correctness": ["negative", "positive"], "milestone_match": ["no", "yes"]}.get(interface)
+    return {
+        "step_progress": [0, 1, 2, 3, 4],
+        "milestone_review": [1, 2, 3, 4, 5],
+        "step_correctness": ["negative", "positive"],
+        "milestone_match": ["no", "yes"],
+    }.get(interface)
 
 
 @dataclass(frozen=True)
@@ -109,8 +118,16 @@ def pairwise_agreement(rows: Iterable[dict]) -> list[PairAgreement]:
         weights = "quadratic" if interface in ORDINAL_INTERFACES else None
         for (x, y), (a, b) in sorted(by_pair.items()):
             agree = sum(1 for p, q in zip(a, b, strict=True) if p == q) / len(a)
-            pairs.append(PairAgreement(interface, x, y, len(a), agree,
-                                       cohen_kappa(a, b, weights=weights, categories=_categories(interface))))
+            pairs.append(
+                PairAgreement(
+                    interface,
+                    x,
+                    y,
+                    len(a),
+                    agree,
+                    cohen_kappa(a, b, weights=weights, categories=_categories(interface)),
+                )
+            )
     return pairs
 
 
@@ -154,18 +171,20 @@ def annotator_stats(rows: Sequence[dict]) -> list[dict]:
         kappas = [(p.kappa, p.n_items) for p in shared if p.kappa is not None]
         kappa = (sum(k * n for k, n in kappas) / sum(n for _, n in kappas)) if kappas else None
         n_unsure = sum(1 for r in members if r.get("label") == "unsure")
-        stats.append({
-            "annotator_id": annotator,
-            "interface": interface,
-            "n_annotations": len(members),
-            "n_unsure": n_unsure,
-            "n_skipped": sum(1 for r in members if r.get("was_cancelled")),
-            "unsure_share": n_unsure / len(members) if members else None,
-            "median_lead_time_s": statistics.median(leads) if leads else None,
-            "n_overlapping_tasks": n_shared,
-            "agreement_with_others": agreement,
-            "kappa_with_others": kappa,
-        })
+        stats.append(
+            {
+                "annotator_id": annotator,
+                "interface": interface,
+                "n_annotations": len(members),
+                "n_unsure": n_unsure,
+                "n_skipped": sum(1 for r in members if r.get("was_cancelled")),
+                "unsure_share": n_unsure / len(members) if members else None,
+                "median_lead_time_s": statistics.median(leads) if leads else None,
+                "n_overlapping_tasks": n_shared,
+                "agreement_with_others": agreement,
+                "kappa_with_others": kappa,
+            }
+        )
     return stats
 
 
@@ -182,7 +201,9 @@ def step_training_labels(rows: Iterable[dict], label_version: str) -> list[dict]
         if row.get("interface") not in ("step_correctness", "step_progress"):
             continue
         key = (row["episode_id"], int(row["step_idx"]))
-        entry = steps.setdefault(key, {"task_id": row.get("task_id"), "votes": [], "unsure": 0, "progress": [], "annotators": set()})
+        entry = steps.setdefault(
+            key, {"task_id": row.get("task_id"), "votes": [], "unsure": 0, "progress": [], "annotators": set()}
+        )
         if row.get("was_cancelled"):
             continue
         if row.get("annotator_id"):
@@ -207,20 +228,22 @@ def step_training_labels(rows: Iterable[dict], label_version: str) -> list[dict]
         progress = entry["progress"]
         if not n_votes and not progress and not entry["unsure"]:
             continue
-        out.append({
-            "episode_id": episode_id,
-            "step_idx": step_idx,
-            "task_id": entry["task_id"],
-            "correctness": correctness,
-            "correctness_votes": n_votes,
-            "correctness_positive_share": votes["positive"] / n_votes if n_votes else None,
-            "unsure_votes": entry["unsure"],
-            "progress": sum(progress) / len(progress) if progress else None,
-            "progress_votes": len(progress),
-            "progress_std": statistics.pstdev(progress) if len(progress) > 1 else (0.0 if progress else None),
-            "n_annotators": len(entry["annotators"]),
-            "label_version": label_version,
-        })
+        out.append(
+            {
+                "episode_id": episode_id,
+                "step_idx": step_idx,
+                "task_id": entry["task_id"],
+                "correctness": correctness,
+                "correctness_votes": n_votes,
+                "correctness_positive_share": votes["positive"] / n_votes if n_votes else None,
+                "unsure_votes": entry["unsure"],
+                "progress": sum(progress) / len(progress) if progress else None,
+                "progress_votes": len(progress),
+                "progress_std": statistics.pstdev(progress) if len(progress) > 1 else (0.0 if progress else None),
+                "n_annotators": len(entry["annotators"]),
+                "label_version": label_version,
+            }
+        )
     return out
 
 
@@ -246,29 +269,50 @@ def compare_label_sources(steps: Sequence[dict]) -> list[dict]:
     sources = ("human", "lcs", "env", "model")
     out = []
     for a, b in combinations(sources, 2):
-        pairs = [(s[f"{a}_correct"], s[f"{b}_correct"]) for s in steps
-                 if s.get(f"{a}_correct") is not None and s.get(f"{b}_correct") is not None]
+        pairs = [
+            (s[f"{a}_correct"], s[f"{b}_correct"])
+            for s in steps
+            if s.get(f"{a}_correct") is not None and s.get(f"{b}_correct") is not None
+        ]
         if pairs:
             xa = [bool(p[0]) for p in pairs]
             xb = [bool(p[1]) for p in pairs]
-            out.append({
-                "source_a": a, "source_b": b, "quantity": "correctness", "n_steps": len(pairs),
-                "agreement": sum(1 for p, q in zip(xa, xb, strict=True) if p == q) / len(pairs),
-                "cohen_kappa": cohen_kappa(xa, xb, categories=[False, True]),
-                "mean_abs_diff": None, "pearson_r": None,
-            })
-        values = [(float(s[f"{a}_progress"]), float(s[f"{b}_progress"])) for s in steps
-                  if s.get(f"{a}_progress") is not None and s.get(f"{b}_progress") is not None]
+            out.append(
+                {
+                    "source_a": a,
+                    "source_b": b,
+                    "quantity": "correctness",
+                    "n_steps": len(pairs),
+                    "agreement": sum(1 for p, q in zip(xa, xb, strict=True) if p == q) / len(pairs),
+                    "cohen_kappa": cohen_kappa(xa, xb, categories=[False, True]),
+                    "mean_abs_diff": None,
+                    "pearson_r": None,
+                }
+            )
+        values = [
+            (float(s[f"{a}_progress"]), float(s[f"{b}_progress"]))
+            for s in steps
+            if s.get(f"{a}_progress") is not None and s.get(f"{b}_progress") is not None
+        ]
         if values:
             va = [v[0] for v in values]
             vb = [v[1] for v in values]
-            out.append({
-                "source_a": a, "source_b": b, "quantity": "progress", "n_steps": len(values),
-                "agreement": sum(1 for p, q in zip(va, vb, strict=True) if min(4, int(p * 5)) == min(4, int(q * 5))) / len(values),
-                "cohen_kappa": cohen_kappa([min(4, int(p * 5)) for p in va], [min(4, int(q * 5)) for q in vb],
-                                           weights="quadratic", categories=[0, 1, 2, 3, 4]),
-                "mean_abs_diff": sum(abs(p - q) for p, q in values) / len(values),
-                "pearson_r": _pearson(va, vb),
-            })
+            out.append(
+                {
+                    "source_a": a,
+                    "source_b": b,
+                    "quantity": "progress",
+                    "n_steps": len(values),
+                    "agreement": sum(1 for p, q in zip(va, vb, strict=True) if min(4, int(p * 5)) == min(4, int(q * 5)))
+                    / len(values),
+                    "cohen_kappa": cohen_kappa(
+                        [min(4, int(p * 5)) for p in va],
+                        [min(4, int(q * 5)) for q in vb],
+                        weights="quadratic",
+                        categories=[0, 1, 2, 3, 4],
+                    ),
+                    "mean_abs_diff": sum(abs(p - q) for p, q in values) / len(values),
+                    "pearson_r": _pearson(va, vb),
+                }
+            )
     return out
-

@@ -24,7 +24,7 @@ def _duckdb_text(path: Path) -> bytes:
     con = duckdb.connect(str(path), read_only=True)
     try:
         chunks = []
-        for (schema, name, kind) in con.execute(
+        for schema, name, kind in con.execute(
             "SELECT table_schema, table_name, table_type FROM information_schema.tables"
         ).fetchall():
             if kind != "BASE TABLE":

@@ -90,7 +90,9 @@ class LabelStudioClient:
         """The SDK client (created lazily; constructing it can already reject an expired token)."""
         if self._sdk is None:
             self._sdk = self._call(
-                lambda: LabelStudio(base_url=self.url, api_key=self.credentials.api_key, max_retries=0, timeout=self.timeout_s),
+                lambda: LabelStudio(
+                    base_url=self.url, api_key=self.credentials.api_key, max_retries=0, timeout=self.timeout_s
+                ),
                 "connect",
             )
         return self._sdk
@@ -105,7 +107,8 @@ class LabelStudioClient:
 
     def _auth_message(self, status: int | None) -> str:
         where = (
-            "LABEL_STUDIO_API_KEY" if self.credentials.source == "environment"
+            "LABEL_STUDIO_API_KEY"
+            if self.credentials.source == "environment"
             else "the project's local data folder (.stepwise/labelstudio/stepwise-credentials.json)"
         )
         return (
@@ -122,16 +125,33 @@ class LabelStudioClient:
             if status in (401, 403):
                 raise LabelStudioAuthError(self._auth_message(status)) from None
             if status is not None and (status >= 500 or status in (408, 429)):
-                raise LabelStudioUnavailable(f"Label Studio at {self.url} is not ready ({what}: HTTP {status})") from None
-            raise LabelStudioError(f"Label Studio at {self.url} refused {what} (HTTP {status}): {scrub(_short(exc.body))}") from None
+                raise LabelStudioUnavailable(
+                    f"Label Studio at {self.url} is not ready ({what}: HTTP {status})"
+                ) from None
+            raise LabelStudioError(
+                f"Label Studio at {self.url} refused {what} (HTTP {status}): {scrub(_short(exc.body))}"
+            ) from None
         except httpx.TimeoutException:
             raise LabelStudioTimeout(f"Label Studio at {self.url} did not answer {what} in time") from None
         except (httpx.TransportError, ConnectionError) as exc:
-            raise LabelStudioUnavailable(f"Label Studio at {self.url} is unreachable ({what}: {type(exc).__name__})") from None
+            raise LabelStudioUnavailable(
+                f"Label Studio at {self.url} is unreachable ({what}: {type(exc).__name__})"
+            ) from None
         except json.JSONDecodeError:
-            raise LabelStudioUnavailable(f"Label Studio at {self.url} answered {what} with something that is not JSON") from None
+            raise LabelStudioUnavailable(
+                f"Label Studio at {self.url} answered {what} with something that is not JSON"
+            ) from None
 
-    def _raw(self, method: str, path: str, *, params: dict | None = None, json_body: Any = None, what: str, timeout_s: float | None = None) -> Any:
+    def _raw(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict | None = None,
+        json_body: Any = None,
+        what: str,
+        timeout_s: float | None = None,
+    ) -> Any:
         """A request through the SDK's authenticated HTTP client, for endpoints the SDK does not type."""
 
         def send() -> httpx.Response:
@@ -144,15 +164,21 @@ class LabelStudioClient:
         if response.status_code in (401, 403):
             raise LabelStudioAuthError(self._auth_message(response.status_code))
         if response.status_code >= 500 or response.status_code in (408, 429):
-            raise LabelStudioUnavailable(f"Label Studio at {self.url} is not ready ({what}: HTTP {response.status_code})")
+            raise LabelStudioUnavailable(
+                f"Label Studio at {self.url} is not ready ({what}: HTTP {response.status_code})"
+            )
         if response.status_code >= 400:
-            raise LabelStudioError(f"Label Studio at {self.url} refused {what} (HTTP {response.status_code}): {scrub(response.text[:300])}")
+            raise LabelStudioError(
+                f"Label Studio at {self.url} refused {what} (HTTP {response.status_code}): {scrub(response.text[:300])}"
+            )
         if not response.content:
             return None
         try:
             return response.json()
         except ValueError:
-            raise LabelStudioUnavailable(f"Label Studio at {self.url} answered {what} with something that is not JSON") from None
+            raise LabelStudioUnavailable(
+                f"Label Studio at {self.url} answered {what} with something that is not JSON"
+            ) from None
 
     # -- identity ------------------------------------------------------------------------------
     def whoami(self) -> dict:
@@ -168,14 +194,29 @@ class LabelStudioClient:
         ids = sorted(p["id"] for p in results or [] if p.get("title") == title)
         return ids[0] if ids else None
 
-    def create_project(self, *, title: str, label_config: str, description: str, instruction: str,
-                       maximum_annotations: int, overlap_percentage: int) -> int:
+    def create_project(
+        self,
+        *,
+        title: str,
+        label_config: str,
+        description: str,
+        instruction: str,
+        maximum_annotations: int,
+        overlap_percentage: int,
+    ) -> int:
         project = self._call(
             lambda: self.sdk.projects.create(
-                title=title, label_config=label_config, description=description, expert_instruction=instruction,
-                show_instruction=True, show_skip_button=True, enable_empty_annotation=False,
-                maximum_annotations=maximum_annotations, overlap_cohort_percentage=overlap_percentage,
-                show_collab_predictions=True, sampling="Sequential sampling",
+                title=title,
+                label_config=label_config,
+                description=description,
+                expert_instruction=instruction,
+                show_instruction=True,
+                show_skip_button=True,
+                enable_empty_annotation=False,
+                maximum_annotations=maximum_annotations,
+                overlap_cohort_percentage=overlap_percentage,
+                show_collab_predictions=True,
+                sampling="Sequential sampling",
             ),
             f"create project {title!r}",
         )
@@ -191,9 +232,14 @@ class LabelStudioClient:
         """Task and annotation counts plus the latest task change (an annotation edit touches its task)."""
         project = self.project(project_id)
         latest = self._raw(
-            "GET", "api/tasks/",
-            params={"project": project_id, "page_size": 1, "fields": "task_only",
-                    "query": json.dumps({"ordering": ["-tasks:updated_at"]})},
+            "GET",
+            "api/tasks/",
+            params={
+                "project": project_id,
+                "page_size": 1,
+                "fields": "task_only",
+                "query": json.dumps({"ordering": ["-tasks:updated_at"]}),
+            },
             what=f"latest task of project {project_id}",
         )
         tasks = (latest or {}).get("tasks") or []
@@ -213,9 +259,18 @@ class LabelStudioClient:
         for storage in found or []:
             if storage.get("path") == root:
                 return int(storage["id"])
-        created = self._raw("POST", "api/storages/localfiles/", what="create a local storage", json_body={
-            "project": project_id, "path": root, "title": "Stepwise screenshots", "use_blob_urls": True,
-            "regex_filter": r"\.(png|jpg|jpeg|webp)$"})
+        created = self._raw(
+            "POST",
+            "api/storages/localfiles/",
+            what="create a local storage",
+            json_body={
+                "project": project_id,
+                "path": root,
+                "title": "Stepwise screenshots",
+                "use_blob_urls": True,
+                "regex_filter": r"\.(png|jpg|jpeg|webp)$",
+            },
+        )
         return int(created["id"])
 
     def task_url(self, project_id: int, task_id: int) -> str:
@@ -226,28 +281,44 @@ class LabelStudioClient:
     def import_tasks(self, project_id: int, tasks: Sequence[dict]) -> list[int]:
         """Bulk-import tasks (with predictions) in one request; the new task ids, in order."""
         response = self._call(
-            lambda: self.sdk.projects.import_tasks(id=project_id, request=list(tasks), return_task_ids=True,
-                                                   request_options={"timeout_in_seconds": int(max(self.timeout_s, 300))}),
+            lambda: self.sdk.projects.import_tasks(
+                id=project_id,
+                request=list(tasks),
+                return_task_ids=True,
+                request_options={"timeout_in_seconds": int(max(self.timeout_s, 300))},
+            ),
             f"import {len(tasks)} tasks into project {project_id}",
         )
         task_ids = list(getattr(response, "task_ids", None) or [])
         if len(task_ids) != len(tasks):
-            raise LabelStudioError(f"Label Studio imported {len(task_ids)} of {len(tasks)} tasks into project {project_id}")
+            raise LabelStudioError(
+                f"Label Studio imported {len(task_ids)} of {len(tasks)} tasks into project {project_id}"
+            )
         return [int(t) for t in task_ids]
 
     def iter_tasks(self, project_id: int, *, after_task_id: int = 0, page_size: int = 500) -> Iterator[dict]:
         """Tasks of a project with id > ``after_task_id`` (id, data), in id order."""
         query = {
-            "filters": {"conjunction": "and", "items": [
-                {"filter": "filter:tasks:id", "operator": "greater", "type": "Number", "value": int(after_task_id)}
-            ]},
+            "filters": {
+                "conjunction": "and",
+                "items": [
+                    {"filter": "filter:tasks:id", "operator": "greater", "type": "Number", "value": int(after_task_id)}
+                ],
+            },
             "ordering": ["tasks:id"],
         }
         page = 1
         while True:
             found = self._raw(
-                "GET", "api/tasks/",
-                params={"project": project_id, "page": page, "page_size": page_size, "fields": "task_only", "query": json.dumps(query)},
+                "GET",
+                "api/tasks/",
+                params={
+                    "project": project_id,
+                    "page": page,
+                    "page_size": page_size,
+                    "fields": "task_only",
+                    "query": json.dumps(query),
+                },
                 what=f"list tasks of project {project_id}",
             )
             tasks = (found or {}).get("tasks") or []
@@ -257,14 +328,23 @@ class LabelStudioClient:
             page += 1
 
     def delete_tasks(self, project_id: int, task_ids: Sequence[int]) -> None:
-        self._raw("POST", "api/dm/actions", params={"id": "delete_tasks", "project": project_id},
-                  json_body={"selectedItems": {"all": False, "included": list(task_ids)}}, what="delete tasks")
+        self._raw(
+            "POST",
+            "api/dm/actions",
+            params={"id": "delete_tasks", "project": project_id},
+            json_body={"selectedItems": {"all": False, "included": list(task_ids)}},
+            what="delete tasks",
+        )
 
     def predictions_to_annotations(self, project_id: int) -> int:
         """Turn every task's prediction into an annotation (a Data Manager bulk action); how many were created."""
         answer = self._raw(
-            "POST", "api/dm/actions", params={"id": "predictions_to_annotations", "project": project_id},
-            json_body={"selectedItems": {"all": True, "excluded": []}}, what="predictions to annotations", timeout_s=600,
+            "POST",
+            "api/dm/actions",
+            params={"id": "predictions_to_annotations", "project": project_id},
+            json_body={"selectedItems": {"all": True, "excluded": []}},
+            what="predictions to annotations",
+            timeout_s=600,
         )
         detail = str((answer or {}).get("detail", ""))
         digits = [int(w) for w in detail.split() if w.isdigit()]
@@ -272,11 +352,15 @@ class LabelStudioClient:
 
     # -- annotations (used by tests and the benchmark; annotators use the web page) ---------------
     def create_annotation(self, task_id: int, result: list[dict], **fields: Any) -> int:
-        created = self._call(lambda: self.sdk.annotations.create(id=task_id, result=result, **fields), f"annotate task {task_id}")
+        created = self._call(
+            lambda: self.sdk.annotations.create(id=task_id, result=result, **fields), f"annotate task {task_id}"
+        )
         return int(created.id)
 
     def update_annotation(self, annotation_id: int, result: list[dict]) -> None:
-        self._call(lambda: self.sdk.annotations.update(id=annotation_id, result=result), f"update annotation {annotation_id}")
+        self._call(
+            lambda: self.sdk.annotations.update(id=annotation_id, result=result), f"update annotation {annotation_id}"
+        )
 
     def delete_annotation(self, annotation_id: int) -> None:
         self._call(lambda: self.sdk.annotations.delete(id=annotation_id), f"delete annotation {annotation_id}")
@@ -292,11 +376,19 @@ class LabelStudioClient:
             "title": title,
             "task_filter_options": {"only_with_annotations": True},
             "annotation_filter_options": {"usual": True, "ground_truth": True, "skipped": True},
-            "serialization_options": {"predictions": {"only_id": True}, "drafts": {"only_id": True},
-                                      "annotations__completed_by": {"only_id": True}},
+            "serialization_options": {
+                "predictions": {"only_id": True},
+                "drafts": {"only_id": True},
+                "annotations__completed_by": {"only_id": True},
+            },
         }
-        created = self._raw("POST", f"api/projects/{project_id}/exports/", json_body=body,
-                            what=f"create a snapshot export of project {project_id}", timeout_s=timeout_s)
+        created = self._raw(
+            "POST",
+            f"api/projects/{project_id}/exports/",
+            json_body=body,
+            what=f"create a snapshot export of project {project_id}",
+            timeout_s=timeout_s,
+        )
         return _snapshot(created)
 
     def get_export(self, project_id: int, export_id: int) -> ExportSnapshot:
@@ -314,7 +406,9 @@ class LabelStudioClient:
 
         def fetch() -> bytes:
             chunks = self.sdk.projects.exports.download(
-                id=project_id, export_pk=export_id, export_type="JSON",
+                id=project_id,
+                export_pk=export_id,
+                export_type="JSON",
                 request_options={"timeout_in_seconds": int(timeout_s), "max_retries": 0},
             )
             return b"".join(chunks)
@@ -331,12 +425,16 @@ class LabelStudioClient:
         except LabelStudioError:
             pass  # the snapshot file is disposable; a leftover costs disk, not correctness
 
-    def wait_for_export(self, project_id: int, export: ExportSnapshot, *, timeout_s: float = 600.0, poll_s: float = 1.0) -> ExportSnapshot:
+    def wait_for_export(
+        self, project_id: int, export: ExportSnapshot, *, timeout_s: float = 600.0, poll_s: float = 1.0
+    ) -> ExportSnapshot:
         """Poll until the snapshot is completed or failed (for callers that may block, not the sensor)."""
         deadline = time.monotonic() + timeout_s
         while export.status not in ("completed", "failed"):
             if time.monotonic() > deadline:
-                raise LabelStudioUnavailable(f"export {export.export_id} of project {project_id} not ready after {timeout_s:.0f} s")
+                raise LabelStudioUnavailable(
+                    f"export {export.export_id} of project {project_id} not ready after {timeout_s:.0f} s"
+                )
             time.sleep(poll_s)
             export = self.get_export(project_id, export.export_id)
         return export

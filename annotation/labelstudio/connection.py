@@ -15,9 +15,14 @@ from annotation.labelstudio.secrets import (
 from annotation.labelstudio.server import LocalLabelStudio, labelstudio_dir
 
 
-def resolve_credentials(home: Path | str, *, start_local: bool, port: int | None = None,
-                        progress: Callable[[str], None] | None = None,
-                        environ: dict[str, str] | None = None) -> Credentials:
+def resolve_credentials(
+    home: Path | str,
+    *,
+    start_local: bool,
+    port: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Credentials:
     """``LABEL_STUDIO_URL`` + ``LABEL_STUDIO_API_KEY`` when both are set; else the project's own server.
 
     With ``start_local`` the project's server is started if it is not running (the first start
@@ -35,10 +40,18 @@ def resolve_credentials(home: Path | str, *, start_local: bool, port: int | None
     return server.credentials(progress)
 
 
-def connect(home: Path | str, *, start_local: bool = True, port: int | None = None, timeout_s: float = 60.0,
-            progress: Callable[[str], None] | None = None) -> LabelStudioClient:
+def connect(
+    home: Path | str,
+    *,
+    start_local: bool = True,
+    port: int | None = None,
+    timeout_s: float = 60.0,
+    progress: Callable[[str], None] | None = None,
+) -> LabelStudioClient:
     """A client for the Label Studio this project uses (see :func:`resolve_credentials`)."""
-    return LabelStudioClient(resolve_credentials(home, start_local=start_local, port=port, progress=progress), timeout_s=timeout_s)
+    return LabelStudioClient(
+        resolve_credentials(home, start_local=start_local, port=port, progress=progress), timeout_s=timeout_s
+    )
 
 
 def pseudonym_salt(home: Path | str) -> str:

@@ -108,7 +108,9 @@ MILESTONE_MATCH = Interface(
     ),
 )
 
-INTERFACES: dict[str, Interface] = {i.name: i for i in (STEP_CORRECTNESS, STEP_PROGRESS, MILESTONE_REVIEW, MILESTONE_MATCH)}
+INTERFACES: dict[str, Interface] = {
+    i.name: i for i in (STEP_CORRECTNESS, STEP_PROGRESS, MILESTONE_REVIEW, MILESTONE_MATCH)
+}
 STEP_INTERFACES = ("step_correctness", "step_progress")
 
 

@@ -76,7 +76,9 @@ class PushOutcome:
 # -- task payloads ---------------------------------------------------------------------------
 
 
-def step_task_data(view: StepView, *, interface: Interface, item_key: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def step_task_data(
+    view: StepView, *, interface: Interface, item_key: str, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Task data for the step interfaces: instruction, history, action and screen as HTML, plus identifiers."""
     data = {
         "instruction": view.instruction,
@@ -93,15 +95,27 @@ def step_task_data(view: StepView, *, interface: Interface, item_key: str, extra
     return data
 
 
-def milestone_review_data(*, instruction: str, task_id: str, milestone_set_id: str, milestones: Sequence[str],
-                          reference: StepView | None, reference_actions: Sequence[str], interface: Interface,
-                          item_key: str) -> dict[str, Any]:
+def milestone_review_data(
+    *,
+    instruction: str,
+    task_id: str,
+    milestone_set_id: str,
+    milestones: Sequence[str],
+    reference: StepView | None,
+    reference_actions: Sequence[str],
+    interface: Interface,
+    item_key: str,
+) -> dict[str, Any]:
     """Task data for ``milestone_review``: the milestone list, a successful episode's actions and first screen."""
     return {
         "instruction": instruction,
         "milestones_html": milestones_html(milestones),
-        "reference_html": history_html(reference_actions) if reference_actions else '<p class="sw-none">(no successful episode yet)</p>',
-        "screen_html": screen_html(reference.screen, None, reference.screenshot_url) if reference else '<p class="sw-none">(no screen)</p>',
+        "reference_html": history_html(reference_actions)
+        if reference_actions
+        else '<p class="sw-none">(no successful episode yet)</p>',
+        "screen_html": screen_html(reference.screen, None, reference.screenshot_url)
+        if reference
+        else '<p class="sw-none">(no screen)</p>',
         "item_key": item_key,
         "interface_version": interface.version_key,
         "task_id": task_id,
@@ -110,25 +124,41 @@ def milestone_review_data(*, instruction: str, task_id: str, milestone_set_id: s
     }
 
 
-def match_task_data(view: StepView, *, milestone_set_id: str, milestone_idx: int, n_milestones: int, milestone: str,
-                    interface: Interface, item_key: str) -> dict[str, Any]:
+def match_task_data(
+    view: StepView,
+    *,
+    milestone_set_id: str,
+    milestone_idx: int,
+    n_milestones: int,
+    milestone: str,
+    interface: Interface,
+    item_key: str,
+) -> dict[str, Any]:
     """Task data for ``milestone_match``: a milestone next to one step."""
     data = step_task_data(view, interface=interface, item_key=item_key)
-    data.update({
-        "milestone_html": milestone_html(milestone_idx, n_milestones, milestone),
-        "milestone": milestone,
-        "milestone_set_id": milestone_set_id,
-        "milestone_idx": milestone_idx,
-    })
+    data.update(
+        {
+            "milestone_html": milestone_html(milestone_idx, n_milestones, milestone),
+            "milestone": milestone,
+            "milestone_set_id": milestone_set_id,
+            "milestone_idx": milestone_idx,
+        }
+    )
     return data
 
 
 # -- projects --------------------------------------------------------------------------------
 
 
-def ensure_project(client: LabelStudioClient, interface: Interface, namespace: str, *,
-                   overlap_share: float = 0.1, annotators_per_overlap_task: int = 2,
-                   local_files_root: Path | None = None) -> ProjectHandle:
+def ensure_project(
+    client: LabelStudioClient,
+    interface: Interface,
+    namespace: str,
+    *,
+    overlap_share: float = 0.1,
+    annotators_per_overlap_task: int = 2,
+    local_files_root: Path | None = None,
+) -> ProjectHandle:
     """The project of this interface version (found by title), created if missing, its config kept current.
 
     ``overlap_share`` of the tasks are shown to ``annotators_per_overlap_task`` people (Label
@@ -142,17 +172,25 @@ def ensure_project(client: LabelStudioClient, interface: Interface, namespace: s
     return handle
 
 
-def _ensure_project(client: LabelStudioClient, interface: Interface, namespace: str, overlap_share: float,
-                    annotators_per_overlap_task: int) -> ProjectHandle:
+def _ensure_project(
+    client: LabelStudioClient,
+    interface: Interface,
+    namespace: str,
+    overlap_share: float,
+    annotators_per_overlap_task: int,
+) -> ProjectHandle:
     title = interface.project_title(namespace)
     maximum = annotators_per_overlap_task if overlap_share > 0 else 1
     percentage = int(round(max(0.0, min(1.0, overlap_share)) * 100)) if overlap_share > 0 else 100
     project_id = client.find_project(title)
     if project_id is None:
         project_id = client.create_project(
-            title=title, label_config=interface.label_config(),
+            title=title,
+            label_config=interface.label_config(),
             description=f"Stepwise {interface.version_key}: {interface.title}. Tasks are pushed and synced by the pipeline.",
-            instruction=interface.instruction, maximum_annotations=maximum, overlap_percentage=percentage,
+            instruction=interface.instruction,
+            maximum_annotations=maximum,
+            overlap_percentage=percentage,
         )
         return ProjectHandle(interface, project_id, title, created=True)
     project = client.project(project_id)
@@ -170,8 +208,9 @@ def _ensure_project(client: LabelStudioClient, interface: Interface, namespace: 
 # -- reconciliation and push -------------------------------------------------------------------
 
 
-def reconcile_queue(client: LabelStudioClient, handle: ProjectHandle, queued_rows: Sequence[dict],
-                    *, now: datetime | None = None) -> list[dict]:
+def reconcile_queue(
+    client: LabelStudioClient, handle: ProjectHandle, queued_rows: Sequence[dict], *, now: datetime | None = None
+) -> list[dict]:
     """Queue rows for tasks Label Studio has but the queue does not (an interrupted push), marked adopted.
 
     Cheap when consistent: one request for the project's task count.
@@ -190,16 +229,23 @@ def reconcile_queue(client: LabelStudioClient, handle: ProjectHandle, queued_row
             continue  # a task someone imported by hand: not ours to queue
         fields: dict[str, Any] = {}
         if key.startswith("step:") and data.get("episode_id") is None:
-            episode_id, _, step = key[len("step:"):].rpartition(":")
+            episode_id, _, step = key[len("step:") :].rpartition(":")
             if step.isdigit():
                 fields = {"episode_id": episode_id, "step_idx": int(step)}
         adopted.append(_queue_row(client, handle, key, int(task["id"]), data, fields, None, stamp, adopted=True))
     return adopted
 
 
-def push_items(client: LabelStudioClient, handle: ProjectHandle, items: Iterable[QueueItem], already_queued: set[str],
-               *, chunk_size: int = DEFAULT_CHUNK_SIZE, progress: Callable[[int, int], None] | None = None,
-               expected: int | None = None) -> PushOutcome:
+def push_items(
+    client: LabelStudioClient,
+    handle: ProjectHandle,
+    items: Iterable[QueueItem],
+    already_queued: set[str],
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    progress: Callable[[int, int], None] | None = None,
+    expected: int | None = None,
+) -> PushOutcome:
     """Import the items not yet queued, in bulk chunks (rendering the next chunk while one imports); the new queue rows.
 
     Every chunk is recorded only once Label Studio has answered for it, so the rows returned are
@@ -212,7 +258,9 @@ def push_items(client: LabelStudioClient, handle: ProjectHandle, items: Iterable
     done = 0
 
     def send(chunk: list[tuple[QueueItem, dict]]) -> list[int]:
-        payload = [{"data": data, **({"predictions": [item.prediction]} if item.prediction else {})} for item, data in chunk]
+        payload = [
+            {"data": data, **({"predictions": [item.prediction]} if item.prediction else {})} for item, data in chunk
+        ]
         return client.import_tasks(handle.project_id, payload)
 
     def record(chunk: list[tuple[QueueItem, dict]], task_ids: list[int]) -> None:
@@ -220,7 +268,9 @@ def push_items(client: LabelStudioClient, handle: ProjectHandle, items: Iterable
         stamp = datetime.now(UTC)
         for (item, data), task_id in zip(chunk, task_ids, strict=True):
             outcome.pushed_rows.append(
-                _queue_row(client, handle, item.item_key, task_id, data, item.fields, item.prediction, stamp, adopted=False)
+                _queue_row(
+                    client, handle, item.item_key, task_id, data, item.fields, item.prediction, stamp, adopted=False
+                )
             )
         done += len(chunk)
         if progress:
@@ -248,8 +298,18 @@ def push_items(client: LabelStudioClient, handle: ProjectHandle, items: Iterable
     return outcome
 
 
-def _queue_row(client: LabelStudioClient, handle: ProjectHandle, item_key: str, task_id: int, data: dict, fields: dict,
-               prediction: dict | None, stamp: datetime, *, adopted: bool) -> dict:
+def _queue_row(
+    client: LabelStudioClient,
+    handle: ProjectHandle,
+    item_key: str,
+    task_id: int,
+    data: dict,
+    fields: dict,
+    prediction: dict | None,
+    stamp: datetime,
+    *,
+    adopted: bool,
+) -> dict:
     row = {
         "ls_server": client.server_key,
         "interface": handle.interface.name,

@@ -55,8 +55,14 @@ def _clip(text: str | None, limit: int = MAX_TEXT_CHARS) -> str:
 
 
 def _has_content(element: UIElement) -> bool:
-    return bool(element.text or element.description or element.value or element.clickable or element.editable
-                or element.checked is not None)
+    return bool(
+        element.text
+        or element.description
+        or element.value
+        or element.clickable
+        or element.editable
+        or element.checked is not None
+    )
 
 
 def element_label(element: UIElement) -> str:
@@ -73,8 +79,11 @@ def element_label(element: UIElement) -> str:
         parts.append(f"<q>{_esc(_clip(shown_text))}</q>")
     if element.value not in (None, ""):
         parts.append(f"value=<q>{_esc(_clip(element.value, 60))}</q>")
-    flags = [name for name, on in (("clickable", element.clickable), ("editable", element.editable),
-                                   ("focused", element.focused)) if on]
+    flags = [
+        name
+        for name, on in (("clickable", element.clickable), ("editable", element.editable), ("focused", element.focused))
+        if on
+    ]
     if element.checked is not None:
         flags.append("checked" if element.checked else "unchecked")
     if flags:
@@ -128,7 +137,9 @@ def screen_boxes_svg(screen: Screen, target_ref: str | None = None) -> str:
     return (
         f'<svg class="sw-svg" viewBox="{left:.0f} {top:.0f} {width:.0f} {height:.0f}" '
         f'style="font-size:{font:.1f}px" preserveAspectRatio="xMinYMin meet">'
-        + "".join(shapes) + target_shape + "</svg>"
+        + "".join(shapes)
+        + target_shape
+        + "</svg>"
     )
 
 
@@ -147,7 +158,11 @@ def screen_list_html(screen: Screen, target_ref: str | None = None, max_elements
         elif not _has_content(element):
             classes.append("dim")
         items.append(f'<li class="{" ".join(classes)}">{element_label(element)}</li>')
-    more = f'<p class="sw-more">… {len(elements) - len(shown)} more elements not shown</p>' if len(elements) > len(shown) else ""
+    more = (
+        f'<p class="sw-more">… {len(elements) - len(shown)} more elements not shown</p>'
+        if len(elements) > len(shown)
+        else ""
+    )
     return f'<ol class="sw-el">{"".join(items)}</ol>{more}'
 
 
@@ -164,8 +179,9 @@ def screen_html(screen: Screen, target_ref: str | None = None, screenshot_url: s
     return "".join(parts)
 
 
-def describe_action(action_type: str, target: UIElement | None, input_text: str | None = None,
-                    scroll_direction: str | None = None) -> str:
+def describe_action(
+    action_type: str, target: UIElement | None, input_text: str | None = None, scroll_direction: str | None = None
+) -> str:
     """A plain-language sentence for an action, e.g. 'Type “alan” into textbox #username'."""
     what = ""
     if target is not None:
@@ -176,8 +192,15 @@ def describe_action(action_type: str, target: UIElement | None, input_text: str 
         if shown:
             what += f" “{shown}”"
     verb = {
-        "CLICK": "Click", "LONG_CLICK": "Long-press", "INPUT": "Type", "SCROLL": "Scroll", "GOBACK": "Go back",
-        "ANSWER": "Answer", "NOTHING": "Do nothing", "PRESS_KEY": "Press key", "OPEN_APP": "Open app",
+        "CLICK": "Click",
+        "LONG_CLICK": "Long-press",
+        "INPUT": "Type",
+        "SCROLL": "Scroll",
+        "GOBACK": "Go back",
+        "ANSWER": "Answer",
+        "NOTHING": "Do nothing",
+        "PRESS_KEY": "Press key",
+        "OPEN_APP": "Open app",
     }.get(action_type, action_type.title())
     if action_type == "INPUT":
         sentence = f"Type “{_clip(input_text or '', 60)}”" + (f" into {what}" if what else "")

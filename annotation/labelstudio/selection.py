@@ -77,8 +77,11 @@ def uncertainty(candidate: StepCandidate) -> tuple[float, str]:
     signals: list[tuple[float, str]] = []
     if candidate.lcs_progress is not None and candidate.env_progress is not None:
         gap = abs(candidate.lcs_progress - candidate.env_progress)
-        if (candidate.lcs_key_step is not None and candidate.env_key_step is not None
-                and candidate.lcs_key_step != candidate.env_key_step):
+        if (
+            candidate.lcs_key_step is not None
+            and candidate.env_key_step is not None
+            and candidate.lcs_key_step != candidate.env_key_step
+        ):
             gap = max(gap, KEY_STEP_DISAGREEMENT)
         signals.append((gap, "label_disagreement"))
     consensus = candidate.label_consensus
@@ -134,9 +137,7 @@ def select_steps(
     """
     if budget <= 0:
         return []
-    scored = [
-        (c, *uncertainty(c)) for c in candidates if (c.episode_id, c.step_idx) not in exclude
-    ]
+    scored = [(c, *uncertainty(c)) for c in candidates if (c.episode_id, c.step_idx) not in exclude]
     n_spot = int(math.floor(budget * max(0.0, min(1.0, spot_check_share))))
     main = _stratified_pick(scored, budget - n_spot, max_per_episode, seed, by_uncertainty=True)
     taken = {(s.candidate.episode_id, s.candidate.step_idx) for s in main}
@@ -151,7 +152,12 @@ def select_steps(
 
 
 def _stratified_pick(
-    scored: Sequence[tuple[StepCandidate, float, str]], budget: int, max_per_episode: int, seed: int, *, by_uncertainty: bool
+    scored: Sequence[tuple[StepCandidate, float, str]],
+    budget: int,
+    max_per_episode: int,
+    seed: int,
+    *,
+    by_uncertainty: bool,
 ) -> list[Selected]:
     if budget <= 0 or not scored:
         return []
@@ -162,7 +168,8 @@ def _stratified_pick(
     for stratum, rows in by_stratum.items():
         key = (
             (lambda r: (-r[1], stable_hash(r[0].episode_id, r[0].step_idx, seed=seed)))
-            if by_uncertainty else (lambda r: stable_hash(r[0].episode_id, r[0].step_idx, seed=seed))
+            if by_uncertainty
+            else (lambda r: stable_hash(r[0].episode_id, r[0].step_idx, seed=seed))
         )
         rows = sorted(rows, key=key)
         per_episode: dict[str, int] = defaultdict(int)
@@ -209,8 +216,12 @@ def match_uncertainty(similarity: float, threshold: float) -> float:
 
 
 def select_match_pairs(
-    pairs: Iterable[MatchPairCandidate], budget: int, *, threshold: float = 0.75,
-    exclude: set[str] | frozenset = frozenset(), seed: int = 0,
+    pairs: Iterable[MatchPairCandidate],
+    budget: int,
+    *,
+    threshold: float = 0.75,
+    exclude: set[str] | frozenset = frozenset(),
+    seed: int = 0,
 ) -> list[tuple[MatchPairCandidate, float]]:
     """Pairs nearest the similarity threshold (where matching errs), stratified by task and outcome.
 
@@ -232,8 +243,9 @@ def select_match_pairs(
     for pair in unique.values():
         by_stratum[pair.stratum].append(pair)
     for stratum in by_stratum:
-        by_stratum[stratum].sort(key=lambda p: (-match_uncertainty(p.similarity, threshold),
-                                                stable_hash(match_item_key(p), seed=seed)))
+        by_stratum[stratum].sort(
+            key=lambda p: (-match_uncertainty(p.similarity, threshold), stable_hash(match_item_key(p), seed=seed))
+        )
     quota = allocate_budget({s: len(v) for s, v in by_stratum.items()}, budget)
     chosen = []
     for stratum in sorted(by_stratum):

@@ -29,16 +29,16 @@ from __future__ import annotations
 import argparse
 import fcntl
 import importlib.metadata
-import shutil
-import tempfile
 import json
 import os
 import re
 import secrets as _random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -108,7 +108,9 @@ def ensure_secret_key(data_dir: Path) -> None:
     tmp = env_file.with_name(".env.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        handle.write(text + ("\n" if text and not text.endswith("\n") else "") + f"SECRET_KEY={_random.token_urlsafe(50)}\n")
+        handle.write(
+            text + ("\n" if text and not text.endswith("\n") else "") + f"SECRET_KEY={_random.token_urlsafe(50)}\n"
+        )
     os.replace(tmp, env_file)
 
 
@@ -168,7 +170,9 @@ def schema_cache_dir() -> Path | None:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stepwise"
 
 
-def migrated_schema(progress: Callable[[str], None] | None = None, timeout_s: float = FIRST_START_TIMEOUT_S) -> Path | None:
+def migrated_schema(
+    progress: Callable[[str], None] | None = None, timeout_s: float = FIRST_START_TIMEOUT_S
+) -> Path | None:
     """A Label Studio SQLite database with every migration applied and no rows of users or secrets.
 
     Built once per Label Studio version with ``label-studio version`` (which migrates and exits)
@@ -195,8 +199,15 @@ def migrated_schema(progress: Callable[[str], None] | None = None, timeout_s: fl
             env = server_environment(scratch, scratch)
             for name in ("LABEL_STUDIO_USERNAME", "LABEL_STUDIO_PASSWORD"):
                 env.pop(name, None)
-            result = subprocess.run([label_studio_executable(), "version", "--data-dir", str(scratch)], env=env, cwd=scratch,
-                                    stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s)
+            result = subprocess.run(
+                [label_studio_executable(), "version", "--data-dir", str(scratch)],
+                env=env,
+                cwd=scratch,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
             built = scratch / "label_studio.sqlite3"
             if result.returncode != 0 or not built.exists():
                 return None
@@ -213,7 +224,9 @@ def migrated_schema(progress: Callable[[str], None] | None = None, timeout_s: fl
 class LocalLabelStudio:
     """The Label Studio server that the project runs for itself under ``$STEPWISE_HOME/labelstudio``."""
 
-    def __init__(self, home: Path | str, *, port: int | None = None, startup_timeout_s: float = FIRST_START_TIMEOUT_S) -> None:
+    def __init__(
+        self, home: Path | str, *, port: int | None = None, startup_timeout_s: float = FIRST_START_TIMEOUT_S
+    ) -> None:
         self.home = Path(home).resolve()
         self.data_dir = labelstudio_dir(self.home)
         self.preferred_port = port or int(os.environ.get(PORT_ENV) or DEFAULT_PORT)
@@ -300,19 +313,34 @@ class LocalLabelStudio:
         env["LABEL_STUDIO_USERNAME"] = local.username  # creates the admin on first start (ignored after)
         env["LABEL_STUDIO_PASSWORD"] = local.password
         command = [
-            label_studio_executable(), "start", "--no-browser",
-            "--internal-host", "127.0.0.1", "--port", str(port), "--data-dir", str(self.data_dir),
+            label_studio_executable(),
+            "start",
+            "--no-browser",
+            "--internal-host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(self.data_dir),
         ]
         log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         say(
             f"starting Label Studio on 127.0.0.1:{port} (data {self.data_dir}; "
-            + ("first start runs the database migrations, a minute or more)" if first_start and schema is None
-               else "a few seconds)")
+            + (
+                "first start runs the database migrations, a minute or more)"
+                if first_start and schema is None
+                else "a few seconds)"
+            )
         )
         with open(self.log_path, "ab") as log:
             process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=env, cwd=self.data_dir, start_new_session=True,
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.data_dir,
+                start_new_session=True,
             )
         _children[process.pid] = process
         self._write_state({"pid": process.pid, "port": port, "requested_port": port, "started_at": time.time()})
@@ -418,9 +446,21 @@ class LocalLabelStudio:
         fresh = LocalSecrets(username=ADMIN_EMAIL, password=_random.token_urlsafe(18))
         env = server_environment(self.data_dir, self.home)
         result = subprocess.run(
-            [label_studio_executable(), "reset_password", "--username", fresh.username, "--password", fresh.password,
-             "--data-dir", str(self.data_dir)],
-            env=env, cwd=self.data_dir, capture_output=True, text=True, timeout=180,
+            [
+                label_studio_executable(),
+                "reset_password",
+                "--username",
+                fresh.username,
+                "--password",
+                fresh.password,
+                "--data-dir",
+                str(self.data_dir),
+            ],
+            env=env,
+            cwd=self.data_dir,
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
         if "successfully" not in result.stdout.lower():
             raise LabelStudioServerError(
@@ -487,7 +527,9 @@ def _create_personal_access_token(url: str, email: str, password: str) -> str:
             headers={"Referer": f"{url}/user/login/"},
         )
         if login.status_code != 302 or "sessionid" not in web.cookies:
-            raise LabelStudioServerError(f"could not log in to Label Studio at {url} as {email} (HTTP {login.status_code})")
+            raise LabelStudioServerError(
+                f"could not log in to Label Studio at {url} as {email} (HTTP {login.status_code})"
+            )
         headers = {"X-CSRFToken": web.cookies.get("csrftoken") or "", "Referer": f"{url}/"}
         created = web.post("/api/token/", headers=headers)
         if created.status_code == 400 or created.status_code == 409:  # a token exists already: revoke it, retry
@@ -511,7 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m annotation.labelstudio", description=main.__doc__)
     parser.add_argument("command", choices=["start", "stop", "status", "url"])
     parser.add_argument("--home", default=None, help="STEPWISE_HOME (default: $STEPWISE_HOME or ./.stepwise)")
-    parser.add_argument("--port", type=int, default=None, help=f"preferred port (default ${PORT_ENV} or {DEFAULT_PORT})")
+    parser.add_argument(
+        "--port", type=int, default=None, help=f"preferred port (default ${PORT_ENV} or {DEFAULT_PORT})"
+    )
     args = parser.parse_args(argv)
     server = LocalLabelStudio(Path(args.home) if args.home else stepwise_home(), port=args.port)
     if args.command == "start":
@@ -521,7 +565,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[label-studio] {exc}", file=sys.stderr)
             return 1
         print(f"[label-studio] running at {creds.url} (pid {server.status().pid})")
-        print(f"[label-studio] log in as {creds.username}; password and API token in {server.data_dir / 'stepwise-credentials.json'}")
+        print(
+            f"[label-studio] log in as {creds.username}; password and API token in {server.data_dir / 'stepwise-credentials.json'}"
+        )
         return 0
     if args.command == "stop":
         print("[label-studio] stopped" if server.stop() else "[label-studio] was not running")

@@ -41,7 +41,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from annotation.labelstudio.client import LabelStudioClient, LabelStudioError, LabelStudioTimeout, LabelStudioUnavailable
+from annotation.labelstudio.client import (
+    LabelStudioClient,
+    LabelStudioError,
+    LabelStudioTimeout,
+    LabelStudioUnavailable,
+)
 from annotation.labelstudio.interfaces import Interface, parse_result
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.tables_annotation import HUMAN_LABELS
@@ -78,7 +83,10 @@ def parse_timestamp(text: str | None) -> datetime | None:
 
 
 def _content_hash(annotation: dict) -> str:
-    relevant = {k: annotation.get(k) for k in ("result", "was_cancelled", "ground_truth", "updated_at", "lead_time", "completed_by")}
+    relevant = {
+        k: annotation.get(k)
+        for k in ("result", "was_cancelled", "ground_truth", "updated_at", "lead_time", "completed_by")
+    }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -89,8 +97,15 @@ def _int_or_none(value: object) -> int | None:
         return None
 
 
-def annotation_rows(tasks: Sequence[dict], *, interface: Interface, project_id: int, server_key: str, salt: str,
-                    task_url: Callable[[int, int], str]) -> list[dict]:
+def annotation_rows(
+    tasks: Sequence[dict],
+    *,
+    interface: Interface,
+    project_id: int,
+    server_key: str,
+    salt: str,
+    task_url: Callable[[int, int], str],
+) -> list[dict]:
     """One ``human_labels`` row per annotation in a Label Studio JSON export (status active)."""
     rows = []
     for task in tasks:
@@ -101,37 +116,40 @@ def annotation_rows(tasks: Sequence[dict], *, interface: Interface, project_id: 
             cancelled = bool(annotation.get("was_cancelled"))
             origins = {str(r.get("origin", "")) for r in annotation.get("result") or []}
             lead = annotation.get("lead_time")
-            rows.append({
-                "ls_server": server_key,
-                "annotation_id": int(annotation["id"]),
-                "ls_project_id": project_id,
-                "ls_task_id": task_id,
-                "ls_task_url": task_url(project_id, task_id),
-                "interface": interface.name,
-                "interface_version": data.get("interface_version") or interface.version_key,
-                "item_key": data.get("item_key"),
-                "episode_id": data.get("episode_id"),
-                "step_idx": _int_or_none(data.get("step_idx")),
-                "task_id": data.get("task_id"),
-                "milestone_set_id": data.get("milestone_set_id"),
-                "milestone_idx": _int_or_none(data.get("milestone_idx")),
-                "label": answer.label,
-                "value": answer.value,
-                "quality_factuality": answer.factuality,
-                "quality_order": answer.order,
-                "quality_granularity": answer.granularity,
-                "rationale": answer.rationale,
-                "status": "active",
-                "was_cancelled": cancelled,
-                "ground_truth": bool(annotation.get("ground_truth")),
-                "usable_for_training": (not cancelled) and answer.has_answer and answer.label != "unsure",
-                "annotator_id": pseudonymous_annotator_id(annotation.get("completed_by"), salt, server_key),
-                "lead_time_s": float(lead) if lead is not None else None,
-                "from_prediction": bool(annotation.get("parent_prediction")) or any(o.startswith("prediction") for o in origins),
-                "created_at": parse_timestamp(annotation.get("created_at")),
-                "updated_at": parse_timestamp(annotation.get("updated_at")),
-                "content_hash": _content_hash(annotation),
-            })
+            rows.append(
+                {
+                    "ls_server": server_key,
+                    "annotation_id": int(annotation["id"]),
+                    "ls_project_id": project_id,
+                    "ls_task_id": task_id,
+                    "ls_task_url": task_url(project_id, task_id),
+                    "interface": interface.name,
+                    "interface_version": data.get("interface_version") or interface.version_key,
+                    "item_key": data.get("item_key"),
+                    "episode_id": data.get("episode_id"),
+                    "step_idx": _int_or_none(data.get("step_idx")),
+                    "task_id": data.get("task_id"),
+                    "milestone_set_id": data.get("milestone_set_id"),
+                    "milestone_idx": _int_or_none(data.get("milestone_idx")),
+                    "label": answer.label,
+                    "value": answer.value,
+                    "quality_factuality": answer.factuality,
+                    "quality_order": answer.order,
+                    "quality_granularity": answer.granularity,
+                    "rationale": answer.rationale,
+                    "status": "active",
+                    "was_cancelled": cancelled,
+                    "ground_truth": bool(annotation.get("ground_truth")),
+                    "usable_for_training": (not cancelled) and answer.has_answer and answer.label != "unsure",
+                    "annotator_id": pseudonymous_annotator_id(annotation.get("completed_by"), salt, server_key),
+                    "lead_time_s": float(lead) if lead is not None else None,
+                    "from_prediction": bool(annotation.get("parent_prediction"))
+                    or any(o.startswith("prediction") for o in origins),
+                    "created_at": parse_timestamp(annotation.get("created_at")),
+                    "updated_at": parse_timestamp(annotation.get("updated_at")),
+                    "content_hash": _content_hash(annotation),
+                }
+            )
     return rows
 
 
@@ -169,12 +187,26 @@ def merge_labels(previous: Sequence[dict], current: Sequence[dict], now: datetim
             merged.append({**row, "first_synced_at": now, "last_synced_at": now, "retracted_at": None, "revision": 1})
             created += 1
         elif old.get("status") == "retracted":
-            merged.append({**row, "first_synced_at": old.get("first_synced_at") or now, "last_synced_at": now,
-                           "retracted_at": None, "revision": int(old.get("revision") or 1) + 1})
+            merged.append(
+                {
+                    **row,
+                    "first_synced_at": old.get("first_synced_at") or now,
+                    "last_synced_at": now,
+                    "retracted_at": None,
+                    "revision": int(old.get("revision") or 1) + 1,
+                }
+            )
             restored += 1
         elif old.get("content_hash") != row.get("content_hash"):
-            merged.append({**row, "first_synced_at": old.get("first_synced_at") or now, "last_synced_at": now,
-                           "retracted_at": None, "revision": int(old.get("revision") or 1) + 1})
+            merged.append(
+                {
+                    **row,
+                    "first_synced_at": old.get("first_synced_at") or now,
+                    "last_synced_at": now,
+                    "retracted_at": None,
+                    "revision": int(old.get("revision") or 1) + 1,
+                }
+            )
             updated += 1
         else:
             merged.append(dict(old))
@@ -186,8 +218,9 @@ def merge_labels(previous: Sequence[dict], current: Sequence[dict], now: datetim
             merged.append(dict(old))
             unchanged += 1
         else:
-            merged.append({**old, "status": "retracted", "retracted_at": now, "last_synced_at": now,
-                           "usable_for_training": False})
+            merged.append(
+                {**old, "status": "retracted", "retracted_at": now, "last_synced_at": now, "usable_for_training": False}
+            )
             retracted += 1
     merged.sort(key=lambda r: int(r["annotation_id"]))
     return merged, LabelDiff(created, updated, retracted, restored, unchanged)
@@ -247,9 +280,16 @@ class SyncState:
         except ValueError:
             return cls()
         known = set(ProjectSyncState.__dataclass_fields__)
-        projects = {k: ProjectSyncState(**{f: x for f, x in v.items() if f in known}) for k, v in (raw.get("projects") or {}).items()}
-        return cls(projects=projects, consecutive_failures=int(raw.get("consecutive_failures") or 0),
-                   retry_after=raw.get("retry_after"), last_error=raw.get("last_error"))
+        projects = {
+            k: ProjectSyncState(**{f: x for f, x in v.items() if f in known})
+            for k, v in (raw.get("projects") or {}).items()
+        }
+        return cls(
+            projects=projects,
+            consecutive_failures=int(raw.get("consecutive_failures") or 0),
+            retry_after=raw.get("retry_after"),
+            last_error=raw.get("last_error"),
+        )
 
 
 @dataclass
@@ -296,10 +336,20 @@ def sync_lock(path: Path, *, timeout_s: float = 0.0) -> Iterator[bool]:
 class ProjectSyncer:
     """Runs syncs of Label Studio projects into the warehouse (see the module docstring)."""
 
-    def __init__(self, client: LabelStudioClient, warehouse: Warehouse, *, salt: str, run_id: str | None = None,
-                 blocking: bool = False, export_request_timeout_s: float = 45.0, export_wait_s: float = 600.0,
-                 full_resync_every_s: float = FULL_RESYNC_EVERY_S, on_stage: Stage | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        client: LabelStudioClient,
+        warehouse: Warehouse,
+        *,
+        salt: str,
+        run_id: str | None = None,
+        blocking: bool = False,
+        export_request_timeout_s: float = 45.0,
+        export_wait_s: float = 600.0,
+        full_resync_every_s: float = FULL_RESYNC_EVERY_S,
+        on_stage: Stage | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         self.client = client
         self.warehouse = warehouse
         self.salt = salt
@@ -324,7 +374,8 @@ class ProjectSyncer:
         with self.warehouse.connect(read_only=True) as con:
             try:
                 row = con.execute(
-                    "SELECT max(created_at) FROM table_versions WHERE table_name = 'human_labels' AND dataset = ?", [dataset]
+                    "SELECT max(created_at) FROM table_versions WHERE table_name = 'human_labels' AND dataset = ?",
+                    [dataset],
                 ).fetchone()
             except Exception:  # noqa: BLE001 - a catalog without the table yet
                 return None
@@ -336,7 +387,9 @@ class ProjectSyncer:
         state.pending_fingerprint = fingerprint
         state.export_requested_at = now
         self.on_stage("export_requested", {"project_id": project_id, "title": state.pending_export_title})
-        export = self.client.create_export(project_id, state.pending_export_title, timeout_s=self.export_request_timeout_s)
+        export = self.client.create_export(
+            project_id, state.pending_export_title, timeout_s=self.export_request_timeout_s
+        )
         state.pending_export_id = export.export_id
         return export
 
@@ -367,8 +420,15 @@ class ProjectSyncer:
         return export
 
     # -- one project -------------------------------------------------------------------------------
-    def sync(self, interface: Interface, project_id: int, state: ProjectSyncState, *, now: float | None = None,
-             queue_version: tuple[str, str] | None = None) -> ProjectSyncResult:
+    def sync(
+        self,
+        interface: Interface,
+        project_id: int,
+        state: ProjectSyncState,
+        *,
+        now: float | None = None,
+        queue_version: tuple[str, str] | None = None,
+    ) -> ProjectSyncResult:
         """Sync one project; mutates ``state`` (keep it even when this raises, to resume)."""
         started = time.perf_counter()
         now = time.time() if now is None else now
@@ -383,14 +443,20 @@ class ProjectSyncer:
         has_previous = self.warehouse.current_version("human_labels", dataset) is not None
         due_full = state.last_full_sync_at is None or now - state.last_full_sync_at >= self.full_resync_every_s
         nothing_yet = counts.total_annotations + counts.skipped_annotations == 0 and not has_previous
-        if state.pending_export_title is None and (nothing_yet or (fingerprint == state.fingerprint and has_previous and not due_full)):
+        if state.pending_export_title is None and (
+            nothing_yet or (fingerprint == state.fingerprint and has_previous and not due_full)
+        ):
             result.seconds = time.perf_counter() - started
             return result
 
         export = self._pending_export(project_id, state, now) if state.pending_export_title else None
         if export is not None:
             last_publish = self._last_publish_at(dataset)
-            if last_publish is not None and state.export_requested_at is not None and last_publish > state.export_requested_at:
+            if (
+                last_publish is not None
+                and state.export_requested_at is not None
+                and last_publish > state.export_requested_at
+            ):
                 # another sync applied a newer snapshot meanwhile: this one is stale
                 self.client.delete_export(project_id, export.export_id)
                 state.clear_pending()
@@ -419,7 +485,9 @@ class ProjectSyncer:
             export = self.client.wait_for_export(project_id, export, timeout_s=self.export_wait_s)
             if export.status != "completed":
                 state.clear_pending()
-                raise LabelStudioUnavailable(f"Label Studio could not build export {export.export_id} of project {project_id}")
+                raise LabelStudioUnavailable(
+                    f"Label Studio could not build export {export.export_id} of project {project_id}"
+                )
         result.export_id = export.export_id
         self.on_stage("export_ready", {"project_id": project_id, "export_id": export.export_id})
 
@@ -431,8 +499,14 @@ class ProjectSyncer:
             state.clear_pending()  # the snapshot is gone or unreadable: ask for a new one next time
             raise
         self.on_stage("downloaded", {"project_id": project_id, "export_id": export.export_id, "tasks": len(tasks)})
-        rows = annotation_rows(tasks, interface=interface, project_id=project_id, server_key=server_key,
-                               salt=self.salt, task_url=self.client.task_url)
+        rows = annotation_rows(
+            tasks,
+            interface=interface,
+            project_id=project_id,
+            server_key=server_key,
+            salt=self.salt,
+            task_url=self.client.task_url,
+        )
         previous, previous_materialization = self._previous_rows(dataset)
         active_before = sum(1 for r in previous if r.get("status") == "active")
         if not rows and active_before and (counts.total_annotations + counts.skipped_annotations) > 0:
@@ -458,17 +532,34 @@ class ProjectSyncer:
                     "interface_version": interface.version_key,
                     "export_id": export.export_id,
                     "export_md5": export.md5,
-                    "created": diff.created, "updated": diff.updated, "retracted": diff.retracted, "restored": diff.restored,
+                    "created": diff.created,
+                    "updated": diff.updated,
+                    "retracted": diff.retracted,
+                    "restored": diff.restored,
                 },
-                inputs=[LineageInput(kind="file", path=f"labelstudio://{server_key}/projects/{project_id}/exports/{export.export_id}",
-                                     version=export.md5 or str(export.export_id))],
+                inputs=[
+                    LineageInput(
+                        kind="file",
+                        path=f"labelstudio://{server_key}/projects/{project_id}/exports/{export.export_id}",
+                        version=export.md5 or str(export.export_id),
+                    )
+                ],
             )
             if previous_materialization:
-                materialization.inputs.append(LineageInput(kind="asset", input_asset="human_labels",
-                                                           input_materialization_id=previous_materialization))
+                materialization.inputs.append(
+                    LineageInput(
+                        kind="asset", input_asset="human_labels", input_materialization_id=previous_materialization
+                    )
+                )
             if queue_version:
-                materialization.inputs.append(LineageInput(kind="asset", input_asset="annotation_queue",
-                                                           input_materialization_id=queue_version[0], path=queue_version[1]))
+                materialization.inputs.append(
+                    LineageInput(
+                        kind="asset",
+                        input_asset="annotation_queue",
+                        input_materialization_id=queue_version[0],
+                        path=queue_version[1],
+                    )
+                )
             table = pa.Table.from_pylist(merged, schema=HUMAN_LABELS)
             output = self.warehouse.stage_table("human_labels", dataset, table, materialization)
             self.warehouse.publish(materialization, [output])

@@ -84,7 +84,9 @@ def centre(element: UIElement) -> tuple[int, int]:
     return int((left + right) / 2), int((top + bottom) / 2)
 
 
-def scroll_region(screen: Screen, target: UIElement | None, window: tuple[int, int]) -> tuple[float, float, float, float]:
+def scroll_region(
+    screen: Screen, target: UIElement | None, window: tuple[int, int]
+) -> tuple[float, float, float, float]:
     """Where a scroll swipes: the target, else the largest scrollable container, else the window."""
     if target is not None:
         return target.bounds

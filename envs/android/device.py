@@ -65,7 +65,9 @@ class AndroidDevice(Protocol):
 
     def clear_text(self) -> None: ...
 
-    def app_start(self, package_name: str, activity: str | None = None, wait: bool = False, stop: bool = False) -> None: ...
+    def app_start(
+        self, package_name: str, activity: str | None = None, wait: bool = False, stop: bool = False
+    ) -> None: ...
 
     def app_stop(self, package_name: str) -> None: ...
 
@@ -130,7 +132,9 @@ class RecordingDevice:
 
         def recorded(*args: Any, **kwargs: Any) -> Any:
             result = method(*args, **kwargs)
-            self._write({"call": name, "args": _jsonable(args), "kwargs": _jsonable(kwargs), "result": _jsonable(result)})
+            self._write(
+                {"call": name, "args": _jsonable(args), "kwargs": _jsonable(kwargs), "result": _jsonable(result)}
+            )
             return result
 
         return recorded
@@ -172,7 +176,7 @@ class ReplayDevice:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_file(cls, path: Path | str, *, strict: bool = True) -> "ReplayDevice":
+    def from_file(cls, path: Path | str, *, strict: bool = True) -> ReplayDevice:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
         entries = [json.loads(line) for line in lines if line.strip()]
         if not entries or entries[0].get("format") != RECORDING_FORMAT:
@@ -180,7 +184,9 @@ class ReplayDevice:
         return cls(entries[1:], strict=strict, label=str(path))
 
     @classmethod
-    def from_steps(cls, steps: Sequence[tuple[str, Sequence[Any], Mapping[str, Any], Any]], **kwargs: Any) -> "ReplayDevice":
+    def from_steps(
+        cls, steps: Sequence[tuple[str, Sequence[Any], Mapping[str, Any], Any]], **kwargs: Any
+    ) -> ReplayDevice:
         """Build a recording in code: (call, args, kwargs, result) tuples."""
         return cls(({"call": c, "args": list(a), "kwargs": dict(k), "result": r} for c, a, k, r in steps), **kwargs)
 
@@ -210,8 +216,14 @@ class ReplayDevice:
                 result = entry.get("result")
                 return tuple(result) if name == "window_size" and result is not None else result
             if self.strict:
-                expected = "the end of the recording" if entry is None else f"{entry['call']}({entry.get('args')}, {entry.get('kwargs')})"
-                raise ReplayMismatch(f"replay {self.label} at entry {self.position}: got {name}({list(args)}, {kwargs}), expected {expected}")
+                expected = (
+                    "the end of the recording"
+                    if entry is None
+                    else f"{entry['call']}({entry.get('args')}, {entry.get('kwargs')})"
+                )
+                raise ReplayMismatch(
+                    f"replay {self.label} at entry {self.position}: got {name}({list(args)}, {kwargs}), expected {expected}"
+                )
             if name == "dump_hierarchy":
                 # Lenient: move on to the next recorded screen when one is due, else repeat the last.
                 if entry is not None and entry["call"] == "dump_hierarchy":

@@ -75,7 +75,7 @@ class AndroidConfig:
     replay: str | None = None
     replay_strict: bool = True
 
-    def create(self) -> "AndroidEnv":
+    def create(self) -> AndroidEnv:
         if self.replay:
             device: AndroidDevice = ReplayDevice.from_file(self.replay, strict=self.replay_strict)
         else:

@@ -118,7 +118,13 @@ def _convert_chunk(root_str: str, rel_paths: list[str], created_at: datetime, ru
                 raise RecordingError("recording has no actions (empty episode)")
         except RecordingError as exc:
             quarantine.append(
-                {"source_file": rel, "import_root": root_str, "event_index": None, "severity": "file", "reason": str(exc)}
+                {
+                    "source_file": rel,
+                    "import_root": root_str,
+                    "event_index": None,
+                    "severity": "file",
+                    "reason": str(exc),
+                }
             )
             continue
         episode_id = episode_id_for(episode.task_id, recording_sha)
@@ -216,7 +222,13 @@ def import_demonstrations(
         chunks = _collect(results, batches, progress, len(rel_paths))
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            results = pool.map(_convert_chunk, [str(root)] * len(batches), batches, [created_at] * len(batches), [run_id] * len(batches))
+            results = pool.map(
+                _convert_chunk,
+                [str(root)] * len(batches),
+                batches,
+                [created_at] * len(batches),
+                [run_id] * len(batches),
+            )
             chunks = _collect(results, batches, progress, len(rel_paths))
 
     episodes = pa.Table.from_batches([c.episodes for c in chunks], schema=EPISODES)
@@ -248,16 +260,18 @@ def import_demonstrations(
         run_id=run_id,
         code_version=f"{IMPORTER_VERSION}+{git_revision()}",
         parameters={"import_root": str(root), "workers": workers},
-        inputs=[
-            LineageInput(kind="file", path=str(root / f["source_file"]), version=f["file_sha256"]) for f in files
-        ],
+        inputs=[LineageInput(kind="file", path=str(root / f["source_file"]), version=f["file_sha256"]) for f in files],
     )
     dataset = str(root)
     outputs: list[TableOutput] = [
         warehouse.stage_table("episodes", dataset, episodes, materialization),
         warehouse.stage_table("steps", dataset, steps, materialization),
-        warehouse.stage_table("source_files", dataset, pa.Table.from_pylist(files, schema=SOURCE_FILES), materialization),
-        warehouse.stage_table("quarantine", dataset, pa.Table.from_pylist(quarantine, schema=QUARANTINE), materialization),
+        warehouse.stage_table(
+            "source_files", dataset, pa.Table.from_pylist(files, schema=SOURCE_FILES), materialization
+        ),
+        warehouse.stage_table(
+            "quarantine", dataset, pa.Table.from_pylist(quarantine, schema=QUARANTINE), materialization
+        ),
     ]
     warehouse.publish(materialization, outputs)
 

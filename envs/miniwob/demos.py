@@ -40,9 +40,28 @@ DRAG_THRESHOLD_PX = 5.0
 ENTER_KEY = 13
 
 _KEY_NAMES = {
-    8: "Backspace", 9: "Tab", 13: "Enter", 16: "Shift", 17: "Ctrl", 18: "Alt", 20: "CapsLock", 27: "Escape",
-    32: "Space", 33: "PageUp", 34: "PageDown", 35: "End", 36: "Home", 37: "ArrowLeft", 38: "ArrowUp",
-    39: "ArrowRight", 40: "ArrowDown", 46: "Delete", 91: "Meta", 92: "Meta", 93: "Meta", 224: "Meta",
+    8: "Backspace",
+    9: "Tab",
+    13: "Enter",
+    16: "Shift",
+    17: "Ctrl",
+    18: "Alt",
+    20: "CapsLock",
+    27: "Escape",
+    32: "Space",
+    33: "PageUp",
+    34: "PageDown",
+    35: "End",
+    36: "Home",
+    37: "ArrowLeft",
+    38: "ArrowUp",
+    39: "ArrowRight",
+    40: "ArrowDown",
+    46: "Delete",
+    91: "Meta",
+    92: "Meta",
+    93: "Meta",
+    224: "Meta",
 }
 _MODIFIERS = frozenset({16, 17, 18, 91, 92, 93, 224})
 
@@ -165,7 +184,9 @@ def parse_action_literal(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, str):
         raise ValueError(f"action is neither a dict nor a string: {type(raw).__name__}")
     try:  # fast path: plain quotes, no nested quotes
-        parsed = json.loads(raw.replace("'", '"').replace("None", "null").replace("True", "true").replace("False", "false"))
+        parsed = json.loads(
+            raw.replace("'", '"').replace("None", "null").replace("True", "true").replace("False", "false")
+        )
     except json.JSONDecodeError:
         parsed = ast.literal_eval(raw)
     if not isinstance(parsed, dict) or "type" not in parsed:
@@ -288,7 +309,14 @@ def events_to_steps(states: list[dict[str, Any]]) -> tuple[list[DemoStep], list[
             reason = f"unknown event type {kind!r}"
             problems.append(EventProblem(event.index, reason))
             steps.append(
-                DemoStep(Action(ActionType.UNKNOWN, detail=kind), screens.get(event.dom_before), event.time_ms, event.index, event.index, reason)
+                DemoStep(
+                    Action(ActionType.UNKNOWN, detail=kind),
+                    screens.get(event.dom_before),
+                    event.time_ms,
+                    event.index,
+                    event.index,
+                    reason,
+                )
             )
             i += 1
     return steps, problems
@@ -321,7 +349,9 @@ def _pointer_step(
     if not isinstance(x, (int, float)) or not isinstance(y, (int, float)):
         reason = f"{down.type} event without pointer coordinates"
         problems.append(EventProblem(down.index, reason))
-        return DemoStep(Action(ActionType.UNKNOWN, detail=down.type), screen, down.time_ms, down.index, last.index, reason)
+        return DemoStep(
+            Action(ActionType.UNKNOWN, detail=down.type), screen, down.time_ms, down.index, last.index, reason
+        )
     target = screen.element_at(x, y)
     if target is None:
         reason = f"{down.type} at ({x}, {y}) is on no element of the page"
@@ -335,7 +365,9 @@ def _pointer_step(
                 detail = f"drag to ({ux}, {uy})"
     if last.type == "dblclick":
         detail = "double click" if detail is None else f"{detail}, double click"
-    return DemoStep(Action(ActionType.CLICK, target=target, detail=detail), screen, down.time_ms, down.index, last.index)
+    return DemoStep(
+        Action(ActionType.CLICK, target=target, detail=detail), screen, down.time_ms, down.index, last.index
+    )
 
 
 def _key_name(params: dict[str, Any]) -> str:
@@ -385,7 +417,13 @@ def _key_segment_steps(segment: list[_Event], screens: _ScreenCache) -> list[Dem
         new_value = (after_element.value if after_element is not None else None) or ""
         if new_value != old_value:
             steps.append(
-                DemoStep(Action(ActionType.INPUT, target=target, text=new_value), before, first.time_ms, first.index, last.index)
+                DemoStep(
+                    Action(ActionType.INPUT, target=target, text=new_value),
+                    before,
+                    first.time_ms,
+                    first.index,
+                    last.index,
+                )
             )
             if ends_with_enter:
                 enter = downs[-1]
@@ -400,7 +438,9 @@ def _key_segment_steps(segment: list[_Event], screens: _ScreenCache) -> list[Dem
                 )
             return steps
     keys = _pressed_keys(downs)
-    return [DemoStep(Action(ActionType.PRESS_KEY, target=target, text=keys), before, first.time_ms, first.index, last.index)]
+    return [
+        DemoStep(Action(ActionType.PRESS_KEY, target=target, text=keys), before, first.time_ms, first.index, last.index)
+    ]
 
 
 def _pressed_keys(downs: list[_Event]) -> str:
@@ -475,4 +515,3 @@ def recording_to_episode(recording: dict[str, Any], task_hint: str) -> DemoEpiso
         fields=fields if isinstance(fields, dict) else None,
         problems=problems,
     )
-

@@ -33,7 +33,21 @@ _ROLE_BY_TAG = {
 }
 EDITABLE_ROLES = frozenset({"textbox", "password", "number", "date", "time"})
 _CLICKABLE_ROLES = frozenset(
-    {"button", "link", "checkbox", "radio", "combobox", "option", "label", "li", "textbox", "password", "number", "date", "time"}
+    {
+        "button",
+        "link",
+        "checkbox",
+        "radio",
+        "combobox",
+        "option",
+        "label",
+        "li",
+        "textbox",
+        "password",
+        "number",
+        "date",
+        "time",
+    }
 )
 TEXT_NODE_TAGS = frozenset({"t"})
 

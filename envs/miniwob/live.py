@@ -102,13 +102,18 @@ function __stepwiseState() {
 # The state once the timers already queued have run: typing schedules work with setTimeout(0)
 # (jQuery UI's autocomplete searches that way with delay 0), and a synchronous read would see the
 # suggestions for an earlier prefix of the typed text.
-_SETTLED_STATE_SCRIPT = _STATE_JS + """
+_SETTLED_STATE_SCRIPT = (
+    _STATE_JS
+    + """
 var done = arguments[arguments.length - 1];
 setTimeout(function () { done(__stepwiseState()); }, 0);
 """
+)
 # CLICK_ELEMENT as core.elementClick does it (click(), then focus()), preceded by the pointer
 # events a real click sends first; then, if asked (arguments[1]), the state after the click.
-_CLICK_SCRIPT = _STATE_JS + """
+_CLICK_SCRIPT = (
+    _STATE_JS
+    + """
 var ref = arguments[0], element = core.previousDOMInfo[ref];
 if (!element) { return {error: 'no element with ref ' + ref + ' on the last screen'}; }
 var rect = element.getBoundingClientRect();
@@ -120,12 +125,15 @@ var outcome = core.elementClick(ref);
 if (outcome !== true) { return {error: String(outcome)}; }
 return arguments[1] ? {state: __stepwiseState()} : {};
 """
+)
 # An episode start in one script: what miniwob's force_stop + begin_task(seed) do (end the running
 # episode, Math.seedrandom(seed), the data mode, core.startEpisodeReal), plus a fresh ref namespace
 # (core.getDOMInfo keys refs by episode id, which endEpisode bumps only for a running episode: the
 # DOM read after an episode's end would lend its refs to the next episode's elements), then the
 # instruction with the fields some tasks state themselves, and the first state.
-_RESET_SCRIPT = _STATE_JS + """
+_RESET_SCRIPT = (
+    _STATE_JS
+    + """
 core.endEpisode(0);
 WOB_EPISODE_ID++;
 Math.seedrandom(arguments[0]);
@@ -137,12 +145,16 @@ var fields = (typeof u === 'string') ? null : (u.fields || null);
 return {ready: true, utterance: (typeof u === 'string') ? u : u.utterance, fields: fields,
         state: __stepwiseState()};
 """
-_AFTER_READY_SCRIPT = _STATE_JS + """
+)
+_AFTER_READY_SCRIPT = (
+    _STATE_JS
+    + """
 if (!WOB_TASK_READY) { return {ready: false}; }
 var u = core.getUtterance();
 return {ready: true, utterance: (typeof u === 'string') ? u : u.utterance,
         fields: (typeof u === 'string') ? null : (u.fields || null), state: __stepwiseState()};
 """
+)
 READY_POLL_S, READY_ATTEMPTS = 0.05, 40  # tasks that build their page asynchronously
 
 _ACTION_CONFIG = ActionSpaceConfig.get_preset("all_supported")
@@ -374,7 +386,7 @@ class MiniWoBConfig:
     extra_flags: tuple[str, ...] = ()
     profile_dir: str | None = None  # Chromium's user-data-dir; a fresh temporary one when None
 
-    def create(self) -> "MiniWoBEnv":
+    def create(self) -> MiniWoBEnv:
         return MiniWoBEnv(self)
 
 
@@ -567,7 +579,7 @@ class MiniWoBEnv:
         if self._own_profile:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
 
-    def __enter__(self) -> "MiniWoBEnv":
+    def __enter__(self) -> MiniWoBEnv:
         return self
 
     def __exit__(self, *exc: object) -> None:

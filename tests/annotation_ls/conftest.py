@@ -78,14 +78,47 @@ TASKS = {
 def _screen(task: str, step: int, word: str) -> tuple[Screen, str]:
     elements = [
         UIElement(ref="1", role="body", bounds=(0, 0, 160, 210)),
-        UIElement(ref="2", role="div", element_id="query", text=TASKS[task].format(u=word), bounds=(0, 0, 160, 50), parent_ref="1", depth=1),
+        UIElement(
+            ref="2",
+            role="div",
+            element_id="query",
+            text=TASKS[task].format(u=word),
+            bounds=(0, 0, 160, 50),
+            parent_ref="1",
+            depth=1,
+        ),
         UIElement(ref="3", role="div", element_id="area", bounds=(0, 50, 160, 210), parent_ref="1", depth=1),
-        UIElement(ref="4", role="textbox", element_id="username", bounds=(5, 60, 150, 80), clickable=True, editable=True,
-                  value=word if step > 1 else "", parent_ref="3", depth=2),
-        UIElement(ref="5", role="password", element_id="password", bounds=(5, 90, 150, 110), clickable=True, editable=True,
-                  parent_ref="3", depth=2),
-        UIElement(ref="6", role="button", element_id="subbtn", text="Login <b>now</b>", bounds=(5, 120, 80, 145),
-                  clickable=True, parent_ref="3", depth=2),
+        UIElement(
+            ref="4",
+            role="textbox",
+            element_id="username",
+            bounds=(5, 60, 150, 80),
+            clickable=True,
+            editable=True,
+            value=word if step > 1 else "",
+            parent_ref="3",
+            depth=2,
+        ),
+        UIElement(
+            ref="5",
+            role="password",
+            element_id="password",
+            bounds=(5, 90, 150, 110),
+            clickable=True,
+            editable=True,
+            parent_ref="3",
+            depth=2,
+        ),
+        UIElement(
+            ref="6",
+            role="button",
+            element_id="subbtn",
+            text="Login <b>now</b>",
+            bounds=(5, 120, 80, 145),
+            clickable=True,
+            parent_ref="3",
+            depth=2,
+        ),
     ]
     target = ["4", "4", "5", "6"][step % 4]
     return Screen(tuple(elements)), target
@@ -98,8 +131,9 @@ PNG = bytes.fromhex(
 )
 
 
-def build_small_warehouse(home: Path, *, episodes_per_stratum: int = 3, with_predictions: bool = True,
-                          screenshots: bool = False) -> Warehouse:
+def build_small_warehouse(
+    home: Path, *, episodes_per_stratum: int = 3, with_predictions: bool = True, screenshots: bool = False
+) -> Warehouse:
     """3 tasks x (success, failure) x ``episodes_per_stratum`` episodes of 4 steps, with LCS and env labels
     (they disagree on login-user) and reward-model predictions; optionally a screenshot file per step."""
     warehouse = Warehouse(home)
@@ -109,32 +143,77 @@ def build_small_warehouse(home: Path, *, episodes_per_stratum: int = 3, with_pre
             for k in range(episodes_per_stratum):
                 word = f"{task[:3]}{k}{'s' if success else 'f'}"
                 episode_id = f"test:{task}:{word}"
-                episodes.append({name: None for name in EPISODES.names} | {
-                    "episode_id": episode_id, "task_id": task, "task_family": "miniwob", "instruction": TASKS[task].format(u=word),
-                    "source": "human_demo", "success": success, "n_steps": 4, "outcome_reward": 1.0 if success else -1.0,
-                })
+                episodes.append(
+                    {name: None for name in EPISODES.names}
+                    | {
+                        "episode_id": episode_id,
+                        "task_id": task,
+                        "task_family": "miniwob",
+                        "instruction": TASKS[task].format(u=word),
+                        "source": "human_demo",
+                        "success": success,
+                        "n_steps": 4,
+                        "outcome_reward": 1.0 if success else -1.0,
+                    }
+                )
                 for step in range(4):
                     screen, target = _screen(task, step, word)
                     action_type, text = [("CLICK", None), ("INPUT", word), ("CLICK", None), ("CLICK", None)][step]
                     target_element = screen.by_ref(target)
-                    steps.append({name: None for name in STEPS.names} | {
-                        "episode_id": episode_id, "step_idx": step, "action_type": action_type,
-                        "action_text": f'{action_type}({target_element.role}#{target_element.element_id}' + (f', "{text}")' if text else ")"),
-                        "target_ref": target, "target_role": target_element.role, "target_element_id": target_element.element_id,
-                        "input_text": text, "screen": element_records(screen), "n_elements": len(screen.elements),
-                        "screenshot_path": _screenshot(home, episode_id, step) if screenshots else None,
-                    })
+                    steps.append(
+                        {name: None for name in STEPS.names}
+                        | {
+                            "episode_id": episode_id,
+                            "step_idx": step,
+                            "action_type": action_type,
+                            "action_text": f"{action_type}({target_element.role}#{target_element.element_id}"
+                            + (f', "{text}")' if text else ")"),
+                            "target_ref": target,
+                            "target_role": target_element.role,
+                            "target_element_id": target_element.element_id,
+                            "input_text": text,
+                            "screen": element_records(screen),
+                            "n_elements": len(screen.elements),
+                            "screenshot_path": _screenshot(home, episode_id, step) if screenshots else None,
+                        }
+                    )
                     lcs = (step + 1) / 4 if success else min(0.5, (step + 1) / 4)
-                    labels.append({"episode_id": episode_id, "step_idx": step, "source": "lcs", "method": "improved",
-                                   "progress": lcs, "is_key_step": step != 2, "recipe_id": f"{task}:r0",
-                                   "completion_ratio": 1.0, "label_version": "test"})
+                    labels.append(
+                        {
+                            "episode_id": episode_id,
+                            "step_idx": step,
+                            "source": "lcs",
+                            "method": "improved",
+                            "progress": lcs,
+                            "is_key_step": step != 2,
+                            "recipe_id": f"{task}:r0",
+                            "completion_ratio": 1.0,
+                            "label_version": "test",
+                        }
+                    )
                     if task == "login-user":
                         env = (step + 1) / 4 if success else 0.0
-                        labels.append({"episode_id": episode_id, "step_idx": step, "source": "env", "method": None,
-                                       "progress": env, "is_key_step": success, "recipe_id": None,
-                                       "completion_ratio": None, "label_version": "test"})
-                    predictions.append({"episode_id": episode_id, "step_idx": step, "model_id": "rm-test-1",
-                                        "progress": min(1.0, 0.3 * (step + 1)) if success else 0.1 * step})
+                        labels.append(
+                            {
+                                "episode_id": episode_id,
+                                "step_idx": step,
+                                "source": "env",
+                                "method": None,
+                                "progress": env,
+                                "is_key_step": success,
+                                "recipe_id": None,
+                                "completion_ratio": None,
+                                "label_version": "test",
+                            }
+                        )
+                    predictions.append(
+                        {
+                            "episode_id": episode_id,
+                            "step_idx": step,
+                            "model_id": "rm-test-1",
+                            "progress": min(1.0, 0.3 * (step + 1)) if success else 0.1 * step,
+                        }
+                    )
     m = Materialization(asset="test_fixture")
     outputs = [
         warehouse.stage_table("episodes", "test", pa.Table.from_pylist(episodes, schema=EPISODES), m),

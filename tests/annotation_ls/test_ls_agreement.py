@@ -30,9 +30,21 @@ def test_kappa_matches_scikit_learn():
 
 
 def label(annotator: str, task: int, interface: str = "step_correctness", value=None, **extra) -> dict:
-    row = {"annotator_id": annotator, "ls_server": "local", "ls_project_id": 1, "ls_task_id": task, "interface": interface,
-           "status": "active", "was_cancelled": False, "label": None, "value": None, "lead_time_s": 2.0 + task,
-           "episode_id": f"e{task}", "step_idx": 0, "task_id": "t"}
+    row = {
+        "annotator_id": annotator,
+        "ls_server": "local",
+        "ls_project_id": 1,
+        "ls_task_id": task,
+        "interface": interface,
+        "status": "active",
+        "was_cancelled": False,
+        "label": None,
+        "value": None,
+        "lead_time_s": 2.0 + task,
+        "episode_id": f"e{task}",
+        "step_idx": 0,
+        "task_id": "t",
+    }
     if interface == "step_correctness":
         row["label"] = value
     else:
@@ -56,11 +68,16 @@ def test_agreement_only_where_tasks_overlap_and_unsure_is_no_label():
 
 def test_training_labels_majority_excludes_unsure_skipped_retracted():
     rows = [
-        label("A", 1, value="positive"), label("B", 1, value="positive"), label("C", 1, value="negative"),
-        label("A", 2, value="unsure"), label("B", 2, value="negative", status="retracted"),
-        label("A", 3, value="positive"), label("B", 3, value="negative"),
+        label("A", 1, value="positive"),
+        label("B", 1, value="positive"),
+        label("C", 1, value="negative"),
+        label("A", 2, value="unsure"),
+        label("B", 2, value="negative", status="retracted"),
+        label("A", 3, value="positive"),
+        label("B", 3, value="negative"),
         label("A", 4, value="negative", was_cancelled=True),
-        label("A", 1, interface="step_progress", value=0.5), label("B", 1, interface="step_progress", value=0.7),
+        label("A", 1, interface="step_progress", value=0.5),
+        label("B", 1, interface="step_progress", value=0.7),
     ]
     by_episode = {r["episode_id"]: r for r in step_training_labels(rows, "human:v")}
     assert by_episode["e1"]["correctness"] == "positive" and by_episode["e1"]["correctness_votes"] == 3
@@ -71,10 +88,21 @@ def test_training_labels_majority_excludes_unsure_skipped_retracted():
 
 
 def test_compare_label_sources_on_common_steps():
-    steps = [{"human_correct": i % 2 == 0, "lcs_correct": i % 2 == 0, "env_correct": True,
-              "human_progress": i / 10, "lcs_progress": i / 10, "env_progress": None} for i in range(10)]
+    steps = [
+        {
+            "human_correct": i % 2 == 0,
+            "lcs_correct": i % 2 == 0,
+            "env_correct": True,
+            "human_progress": i / 10,
+            "lcs_progress": i / 10,
+            "env_progress": None,
+        }
+        for i in range(10)
+    ]
     rows = {(r["source_a"], r["source_b"], r["quantity"]): r for r in compare_label_sources(steps)}
     assert rows[("human", "lcs", "correctness")]["cohen_kappa"] == 1.0
     assert rows[("human", "env", "correctness")]["agreement"] == 0.5
-    assert rows[("human", "lcs", "progress")]["mean_abs_diff"] == 0.0 and rows[("human", "lcs", "progress")]["pearson_r"] == pytest.approx(1.0)
+    assert rows[("human", "lcs", "progress")]["mean_abs_diff"] == 0.0 and rows[("human", "lcs", "progress")][
+        "pearson_r"
+    ] == pytest.approx(1.0)
     assert ("human", "env", "progress") not in rows and ("human", "model", "correctness") not in rows

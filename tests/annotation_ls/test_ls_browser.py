@@ -39,10 +39,19 @@ def _chrome():
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     profile = tempfile.mkdtemp(prefix="stepwise-chromium-")
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={profile}", "--window-size=1500,1000",
-                 "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost , EXCLUDE 127.0.0.1"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--window-size=1500,1000",
+        "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost , EXCLUDE 127.0.0.1",
+    ):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(driver_path), options=options), profile
 
@@ -73,8 +82,11 @@ def _choose(driver, value: str, seconds: float = 30.0) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if not _retry(lambda: driver.find_element(By.CSS_SELECTOR, selector).is_selected()):
-            _retry(lambda: driver.execute_script("arguments[0].closest('label').click()",
-                                                 driver.find_element(By.CSS_SELECTOR, selector)))
+            _retry(
+                lambda: driver.execute_script(
+                    "arguments[0].closest('label').click()", driver.find_element(By.CSS_SELECTOR, selector)
+                )
+            )
         time.sleep(1.0)
         if _retry(lambda: driver.find_element(By.CSS_SELECTOR, selector).is_selected()):
             return
@@ -120,9 +132,15 @@ def test_submission_in_chromium_reaches_human_labels(ls_server, ls_credentials, 
         assert "target" in driver.page_source and "Earlier actions" in driver.page_source
         _choose(driver, "negative")
         _retry(lambda: driver.find_element(By.CSS_SELECTOR, "textarea[name=rationale]").click())
-        _retry(lambda: driver.find_element(By.CSS_SELECTOR, "textarea[name=rationale]").send_keys("types into the wrong field"))
+        _retry(
+            lambda: driver.find_element(By.CSS_SELECTOR, "textarea[name=rationale]").send_keys(
+                "types into the wrong field"
+            )
+        )
         driver.save_screenshot(str(ARTIFACTS / "labelstudio-step-correctness.png"))
-        _retry(lambda: wait.until(EC.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Submit']"))).click())
+        _retry(
+            lambda: wait.until(EC.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Submit']"))).click()
+        )
         submitted = _wait_for_annotation(client, correctness["ls_task_id"])
         assert submitted["result"][0]["value"]["choices"] == ["negative"]
 
@@ -141,12 +159,16 @@ def test_submission_in_chromium_reaches_human_labels(ls_server, ls_credentials, 
         while True:  # typed again if a late re-render (the pre-annotation loading) replaced the value
             _retry(set_progress)
             time.sleep(1.0)
-            value = _retry(lambda: driver.find_element(By.CSS_SELECTOR, "input[type=number][name=progress]").get_attribute("value"))
+            value = _retry(
+                lambda: driver.find_element(By.CSS_SELECTOR, "input[type=number][name=progress]").get_attribute("value")
+            )
             if value == "60" or time.monotonic() > deadline:
                 break
         assert value == "60"
         driver.save_screenshot(str(ARTIFACTS / "labelstudio-step-progress.png"))
-        _retry(lambda: wait.until(EC.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Submit']"))).click())
+        _retry(
+            lambda: wait.until(EC.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Submit']"))).click()
+        )
         _wait_for_annotation(client, progress["ls_task_id"])
     finally:
         driver.quit()
@@ -157,7 +179,11 @@ def test_submission_in_chromium_reaches_human_labels(ls_server, ls_credentials, 
     assert len(result.asset_events) == 2
     rows = {(r["interface"], r["ls_task_id"]): r for r in labels(small_warehouse)}
     judged = rows[("step_correctness", correctness["ls_task_id"])]
-    assert (judged["label"], judged["rationale"], judged["usable_for_training"]) == ("negative", "types into the wrong field", True)
+    assert (judged["label"], judged["rationale"], judged["usable_for_training"]) == (
+        "negative",
+        "types into the wrong field",
+        True,
+    )
     assert judged["lead_time_s"] and judged["lead_time_s"] > 0
     assert judged["from_prediction"] is True  # the annotator started from the model's pre-annotation
     assert (judged["episode_id"], judged["step_idx"]) == (correctness["episode_id"], correctness["step_idx"])

@@ -12,15 +12,41 @@ from annotation.labelstudio.push import match_task_data, milestone_review_data, 
 from annotation.labelstudio.render import StepView, describe_action, history_html, screen_html, screen_list_html
 from warehouse.model import Screen, UIElement
 
-SCREEN = Screen((
-    UIElement(ref="1", role="body", bounds=(0, 0, 160, 210)),
-    UIElement(ref="2", role="textbox", element_id="username", bounds=(5, 60, 150, 80), clickable=True, editable=True, depth=1),
-    UIElement(ref="3", role="button", element_id="subbtn", text='Login <script>alert("x")</script>', bounds=(5, 120, 80, 145),
-              clickable=True, depth=1),
-))
-VIEW = StepView(episode_id="e1", step_idx=1, task_id="login-user", instruction='Enter "alan" & log in', screen=SCREEN,
-                action_type="INPUT", action_text='INPUT(textbox#username, "alan")', target_ref="2", input_text="alan",
-                history=("CLICK(textbox#username)",))
+SCREEN = Screen(
+    (
+        UIElement(ref="1", role="body", bounds=(0, 0, 160, 210)),
+        UIElement(
+            ref="2",
+            role="textbox",
+            element_id="username",
+            bounds=(5, 60, 150, 80),
+            clickable=True,
+            editable=True,
+            depth=1,
+        ),
+        UIElement(
+            ref="3",
+            role="button",
+            element_id="subbtn",
+            text='Login <script>alert("x")</script>',
+            bounds=(5, 120, 80, 145),
+            clickable=True,
+            depth=1,
+        ),
+    )
+)
+VIEW = StepView(
+    episode_id="e1",
+    step_idx=1,
+    task_id="login-user",
+    instruction='Enter "alan" & log in',
+    screen=SCREEN,
+    action_type="INPUT",
+    action_text='INPUT(textbox#username, "alan")',
+    target_ref="2",
+    input_text="alan",
+    history=("CLICK(textbox#username)",),
+)
 
 
 def fields_read_by(config: str) -> set[str]:
@@ -38,11 +64,26 @@ def test_configs_are_xml_with_hotkeys_and_the_task_provides_every_field(name):
     assert all(c.get("hotkey") for c in choices), "every choice has a keyboard shortcut"
     assert len({c.get("hotkey") for c in choices}) == len(choices), "shortcuts do not collide"
     if name == "milestone_review":
-        data = milestone_review_data(instruction="i", task_id="t", milestone_set_id="t:spec", milestones=["a", "b"],
-                                     reference=VIEW, reference_actions=["CLICK(x)"], interface=interface, item_key="milestones:t:spec")
+        data = milestone_review_data(
+            instruction="i",
+            task_id="t",
+            milestone_set_id="t:spec",
+            milestones=["a", "b"],
+            reference=VIEW,
+            reference_actions=["CLICK(x)"],
+            interface=interface,
+            item_key="milestones:t:spec",
+        )
     elif name == "milestone_match":
-        data = match_task_data(VIEW, milestone_set_id="t:spec", milestone_idx=0, n_milestones=2, milestone="username typed",
-                               interface=interface, item_key="match:x")
+        data = match_task_data(
+            VIEW,
+            milestone_set_id="t:spec",
+            milestone_idx=0,
+            n_milestones=2,
+            milestone="username typed",
+            interface=interface,
+            item_key="match:x",
+        )
     else:
         data = step_task_data(VIEW, interface=interface, item_key="step:e1:1")
     assert fields_read_by(config) <= set(data), fields_read_by(config) - set(data)
@@ -77,7 +118,7 @@ def test_long_screens_are_clipped_but_keep_the_target():
 
 
 def test_history_numbers_earlier_actions():
-    assert history_html(()) .startswith('<p class="sw-none">')
+    assert history_html(()).startswith('<p class="sw-none">')
     html = history_html([f"CLICK({i})" for i in range(40)], max_items=30)
     assert 'start="11"' in html and "10 earlier actions" in html
 
@@ -90,7 +131,9 @@ def test_screenshot_urls_local_route_or_inline(tmp_path):
     shot.parent.mkdir(parents=True)
     shot.write_bytes(PNG)
     assert _screenshot_url(str(shot), tmp_path / "home", tmp_path / "home") == "/data/local-files/?d=home/shots/a.png"
-    assert _screenshot_url("shots/a.png", tmp_path / "home", None).startswith("data:image/png;base64,")  # a user's server
+    assert _screenshot_url("shots/a.png", tmp_path / "home", None).startswith(
+        "data:image/png;base64,"
+    )  # a user's server
     assert _screenshot_url(str(tmp_path / "missing.png"), tmp_path, tmp_path) is None
     big = tmp_path / "big.png"
     big.write_bytes(PNG + b"\0" * 500_000)

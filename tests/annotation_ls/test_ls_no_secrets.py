@@ -35,17 +35,29 @@ def test_no_token_anywhere_in_stepwise_home_outside_labelstudio(ls_server, ls_ho
             client.create_annotation(task["ls_task_id"], correctness_prediction("positive"))
         access_token = client.sdk._client_wrapper._tokens_client.api_key  # the short-lived token the SDK really sent
         client.close()
-        assert tick(build_label_studio_sensor(name="secrets_test_sensor"), warehouse, ls_resource, instance).asset_events
-        result = materialize([*ANNOTATION_ASSETS, *ANNOTATION_CHECKS], instance=instance,
-                             resources={"warehouse": WarehouseResource(home=str(ls_home)), "label_studio": ls_resource},
-                             selection=["human_labels", "human_step_labels", "annotation_agreement", "label_source_comparison"])
+        assert tick(
+            build_label_studio_sensor(name="secrets_test_sensor"), warehouse, ls_resource, instance
+        ).asset_events
+        result = materialize(
+            [*ANNOTATION_ASSETS, *ANNOTATION_CHECKS],
+            instance=instance,
+            resources={"warehouse": WarehouseResource(home=str(ls_home)), "label_studio": ls_resource},
+            selection=["human_labels", "human_step_labels", "annotation_agreement", "label_source_comparison"],
+        )
         assert result.success
         assert all(c.passed for c in result.get_asset_check_evaluations())
     local = read_local_secrets(ls_server.data_dir)
     secrets = [local.api_key, local.password, access_token]
     assert files_containing(ls_home, secrets, exclude=[ls_server.data_dir]) == []
-    assert "stepwise-credentials.json" in files_containing(ls_server.data_dir, [local.api_key])  # kept there (and in its database)
-    jwt_like = [str(p.relative_to(ls_home)) for p in ls_home.rglob("*")
-                if p.is_file() and not p.resolve().is_relative_to(ls_server.data_dir.resolve()) and JWT_SHAPE.search(file_text(p))]
+    assert "stepwise-credentials.json" in files_containing(
+        ls_server.data_dir, [local.api_key]
+    )  # kept there (and in its database)
+    jwt_like = [
+        str(p.relative_to(ls_home))
+        for p in ls_home.rglob("*")
+        if p.is_file()
+        and not p.resolve().is_relative_to(ls_server.data_dir.resolve())
+        and JWT_SHAPE.search(file_text(p))
+    ]
     assert jwt_like == []
     assert httpx.get(f"{ls_server.url}/health").status_code == 200

@@ -46,8 +46,9 @@ def test_server_stopped_during_a_sync_then_restarted(ls_server, ls_credentials, 
             stopped_at_export.append(info["export_id"])
             assert ls_server.stop()
 
-    sensor = build_label_studio_sensor(name="restart_test_sensor", backoff_base_s=30.0, backoff_max_s=900.0,
-                                       on_stage=stop_server_mid_sync)
+    sensor = build_label_studio_sensor(
+        name="restart_test_sensor", backoff_base_s=30.0, backoff_max_s=900.0, on_stage=stop_server_mid_sync
+    )
     try:
         failed = tick(sensor, small_warehouse, ls_resource, instance)
         assert stopped_at_export, "the sync reached the export before the server went down"
@@ -56,7 +57,9 @@ def test_server_stopped_during_a_sync_then_restarted(ls_server, ls_credentials, 
         state = SyncState.from_json(failed.cursor)
         assert state.consecutive_failures == 1
         assert state.project(client.server_key, project_id).pending_export_id == stopped_at_export[0]  # kept to resume
-        assert small_warehouse.current_version("human_labels", human_labels_dataset(client.server_key, project_id)) is None
+        assert (
+            small_warehouse.current_version("human_labels", human_labels_dataset(client.server_key, project_id)) is None
+        )
 
         assert 25 < state.retry_after - time.time() <= 30
         waiting = tick(sensor, small_warehouse, ls_resource, instance, failed.cursor)  # within the back-off: no request
@@ -83,7 +86,10 @@ def test_server_stopped_during_a_sync_then_restarted(ls_server, ls_credentials, 
     client.delete_annotation(ids[1])
     client.close()
     after = tick(sensor, small_warehouse, ls_resource, instance, resumed.cursor)
-    assert (after.asset_events[0].metadata["updated"].value, after.asset_events[0].metadata["retracted"].value) == (1, 1)
+    assert (after.asset_events[0].metadata["updated"].value, after.asset_events[0].metadata["retracted"].value) == (
+        1,
+        1,
+    )
     again = tick(sensor, small_warehouse, ls_resource, instance, after.cursor)
     assert not getattr(again, "asset_events", None)
     rows = labels(small_warehouse)
@@ -94,7 +100,11 @@ def test_server_stopped_during_a_sync_then_restarted(ls_server, ls_credentials, 
 
 def test_a_bad_token_gives_one_clear_error(ls_server, ls_credentials, small_warehouse, monkeypatch, namespace):
     log = ls_server.log_path
-    fake = jwt.encode({"token_type": "refresh", "exp": int(time.time()) + 3600, "user_id": 1}, "not-the-key-of-this-label-studio-server", algorithm="HS256")
+    fake = jwt.encode(
+        {"token_type": "refresh", "exp": int(time.time()) + 3600, "user_id": 1},
+        "not-the-key-of-this-label-studio-server",
+        algorithm="HS256",
+    )
     for bad_key in (fake, "0123456789abcdef0123456789abcdef01234567"):
         monkeypatch.setenv("LABEL_STUDIO_URL", ls_credentials.url)
         monkeypatch.setenv("LABEL_STUDIO_API_KEY", bad_key)
@@ -102,8 +112,12 @@ def test_a_bad_token_gives_one_clear_error(ls_server, ls_credentials, small_ware
         sensor = build_label_studio_sensor(name="bad_token_sensor")
         started = time.monotonic()
         with pytest.raises(LabelStudioAuthError) as raised:
-            tick(sensor, small_warehouse, LabelStudioResource(home=str(small_warehouse.home), project_namespace=namespace),
-                 DagsterInstance.ephemeral())
+            tick(
+                sensor,
+                small_warehouse,
+                LabelStudioResource(home=str(small_warehouse.home), project_namespace=namespace),
+                DagsterInstance.ephemeral(),
+            )
         assert time.monotonic() - started < 10, "no retries with back-off sleeps"
         message = str(raised.value)
         assert "rejected the API key" in message and "LABEL_STUDIO_API_KEY" in message

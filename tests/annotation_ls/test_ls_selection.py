@@ -26,7 +26,10 @@ def test_uncertainty_prefers_the_larger_disagreement():
     score, reason = uncertainty(cand("e", 0, lcs_progress=0.5, env_progress=0.5, lcs_key_step=True, env_key_step=False))
     assert (score, reason) == (0.5, "label_disagreement")
     # the model against the labels' consensus
-    assert uncertainty(cand("e", 0, lcs_progress=0.2, env_progress=0.4, model_progress=1.0)) == (0.7, "model_disagreement")
+    assert uncertainty(cand("e", 0, lcs_progress=0.2, env_progress=0.4, model_progress=1.0)) == (
+        0.7,
+        "model_disagreement",
+    )
     assert uncertainty(cand("e", 0, lcs_progress=0.9, model_progress=0.1))[1] == "model_disagreement"
     # nothing to compare: in the middle, after clear disagreements and before clear agreements
     assert uncertainty(cand("e", 0, lcs_progress=0.3)) == (0.5, "no_signal")
@@ -49,7 +52,9 @@ def test_selection_is_stratified_by_task_and_outcome_and_ranked_by_uncertainty()
             for e in range(n_episodes):
                 for s in range(4):
                     gap = 0.1 * ((e + s) % 10)
-                    candidates.append(cand(f"{task}-{success}-{e}", s, task, success, lcs_progress=0.5, env_progress=0.5 + gap / 2))
+                    candidates.append(
+                        cand(f"{task}-{success}-{e}", s, task, success, lcs_progress=0.5, env_progress=0.5 + gap / 2)
+                    )
     picked = select_steps(candidates, 40, spot_check_share=0.0, max_per_episode=2)
     strata = Counter(p.candidate.stratum for p in picked)
     assert len(picked) == 40
@@ -62,8 +67,13 @@ def test_selection_is_stratified_by_task_and_outcome_and_ranked_by_uncertainty()
 
 
 def test_selection_spot_checks_exclusions_and_determinism():
-    candidates = [cand(f"e{e}", s, f"t{e % 3}", e % 2 == 0, lcs_progress=0.1 * s, env_progress=0.1 * s + (0.5 if e % 5 == 0 else 0))
-                  for e in range(60) for s in range(5)]
+    candidates = [
+        cand(
+            f"e{e}", s, f"t{e % 3}", e % 2 == 0, lcs_progress=0.1 * s, env_progress=0.1 * s + (0.5 if e % 5 == 0 else 0)
+        )
+        for e in range(60)
+        for s in range(5)
+    ]
     picked = select_steps(candidates, 50, spot_check_share=0.2, seed=3)
     reasons = Counter(p.reason for p in picked)
     assert reasons["spot_check"] == 10 and len(picked) == 50
@@ -79,11 +89,17 @@ def test_selection_spot_checks_exclusions_and_determinism():
 def test_match_pairs_nearest_the_threshold_first():
     assert match_uncertainty(0.75, 0.75) == 1.0
     assert match_uncertainty(0.0, 0.75) == 0.0
-    pairs = [MatchPairCandidate("set", m, f"milestone {m}", f"ep{e}", s, "task", e % 2 == 0, sim)
-             for m in range(2) for e in range(4) for s, sim in enumerate((0.1, 0.5, 0.74, 0.95))]
+    pairs = [
+        MatchPairCandidate("set", m, f"milestone {m}", f"ep{e}", s, "task", e % 2 == 0, sim)
+        for m in range(2)
+        for e in range(4)
+        for s, sim in enumerate((0.1, 0.5, 0.74, 0.95))
+    ]
     chosen = select_match_pairs(pairs, 6, threshold=0.75)
     assert len(chosen) == 6
     assert {p.stratum for p, _ in chosen} == {"task|success", "task|failure"}
-    assert all(p.similarity in (0.74, 0.95) for p, _ in chosen)  # best match and nearest-threshold per (milestone, episode)
+    assert all(
+        p.similarity in (0.74, 0.95) for p, _ in chosen
+    )  # best match and nearest-threshold per (milestone, episode)
     keys = {match_item_key(p) for p, _ in chosen}
     assert not keys & {match_item_key(p) for p, _ in select_match_pairs(pairs, 6, threshold=0.75, exclude=keys)}

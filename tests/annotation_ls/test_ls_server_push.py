@@ -8,8 +8,8 @@ import httpx
 import pytest
 from dagster import DagsterInstance
 
-from annotation.labelstudio.push import ProjectHandle, ensure_project
 from annotation.labelstudio.interfaces import INTERFACES
+from annotation.labelstudio.push import ProjectHandle, ensure_project
 from annotation.labelstudio.server import LOG_FILE
 from tests.annotation_ls.helpers import push, queued_tasks
 
@@ -77,8 +77,21 @@ def test_push_from_the_pipeline_is_idempotent_with_pre_annotations(small_warehou
     push_selection_only(small_warehouse, ls_resource, instance)
     candidate = small_warehouse.query("SELECT episode_id, step_idx FROM annotation_candidates LIMIT 1").to_pylist()[0]
     orphan_key = f"step:{candidate['episode_id']}:{candidate['step_idx']}"
-    client.import_tasks(project_id, [{"data": {"item_key": orphan_key, "instruction": "x", "history_html": "", "action_html": "",
-                                               "screen_html": "", "interface_version": "step_correctness@1"}}])
+    client.import_tasks(
+        project_id,
+        [
+            {
+                "data": {
+                    "item_key": orphan_key,
+                    "instruction": "x",
+                    "history_html": "",
+                    "action_html": "",
+                    "screen_html": "",
+                    "interface_version": "step_correctness@1",
+                }
+            }
+        ],
+    )
     resumed = push(small_warehouse, ls_resource, instance=instance, selection=False)
     assert resumed["step_correctness"]["adopted"] == 1 and resumed["step_correctness"]["pushed"] == 11
     queued = queued_tasks(small_warehouse, "step_correctness")
@@ -93,9 +106,12 @@ def push_selection_only(warehouse, label_studio, instance):
     from assets.annotation import annotation_candidates
     from pipelines.resources import WarehouseResource
 
-    result = materialize([annotation_candidates], resources={"warehouse": WarehouseResource(home=str(warehouse.home)),
-                                                             "label_studio": label_studio},
-                         run_config={"ops": {"annotation_candidates": {"config": {"budget": 12}}}}, instance=instance)
+    result = materialize(
+        [annotation_candidates],
+        resources={"warehouse": WarehouseResource(home=str(warehouse.home)), "label_studio": label_studio},
+        run_config={"ops": {"annotation_candidates": {"config": {"budget": 12}}}},
+        instance=instance,
+    )
     assert result.success
 
 
@@ -112,26 +128,41 @@ def test_milestone_interfaces_are_pushed(small_warehouse, ls_resource, tmp_path)
     from assets.annotation import annotation_queue
     from pipelines.resources import WarehouseResource
 
-    result = materialize([annotation_queue], resources={"warehouse": WarehouseResource(home=str(small_warehouse.home)),
-                                                        "label_studio": ls_resource},
-                         run_config={"ops": {"annotation_queue": {"config": {
-                             "interfaces": ["milestone_review", "milestone_match"], "match_embedder": "hashing",
-                             "match_budget": 6, "task_specs_dir": str(specs)}}}},
-                         instance=DagsterInstance.ephemeral())
+    result = materialize(
+        [annotation_queue],
+        resources={"warehouse": WarehouseResource(home=str(small_warehouse.home)), "label_studio": ls_resource},
+        run_config={
+            "ops": {
+                "annotation_queue": {
+                    "config": {
+                        "interfaces": ["milestone_review", "milestone_match"],
+                        "match_embedder": "hashing",
+                        "match_budget": 6,
+                        "task_specs_dir": str(specs),
+                    }
+                }
+            }
+        },
+        instance=DagsterInstance.ephemeral(),
+    )
     assert result.success
     summary = result.asset_materializations_for_node("annotation_queue")[0].metadata["by_interface"].value
     assert summary["milestone_review"]["pushed"] == 1 and summary["milestone_match"]["pushed"] == 6
     review = queued_tasks(small_warehouse, "milestone_review")[0]
     assert review["item_key"] == "milestones:login-user:spec"
     pairs = queued_tasks(small_warehouse, "milestone_match")
-    assert {p["prediction_label"] for p in pairs} <= {"yes", "no"} and all(p["prediction_model"].startswith("matcher:") for p in pairs)
+    assert {p["prediction_label"] for p in pairs} <= {"yes", "no"} and all(
+        p["prediction_model"].startswith("matcher:") for p in pairs
+    )
 
 
 def test_config_changes_keep_the_project_of_the_same_version(ls_resource):
     client = ls_resource.client()
     interface = INTERFACES["step_progress"]
     first: ProjectHandle = ensure_project(client, interface, ls_resource.project_namespace)
-    client.update_project(first.project_id, label_config=interface.label_config().replace("Latest action", "Last action"))
+    client.update_project(
+        first.project_id, label_config=interface.label_config().replace("Latest action", "Last action")
+    )
     second = ensure_project(client, interface, ls_resource.project_namespace)
     assert (first.created, second.created, second.project_id) == (True, False, first.project_id)
     assert "Latest action" in client.project(first.project_id)["label_config"]  # restored to the current config
@@ -154,9 +185,15 @@ def test_screenshots_are_served_to_the_projects_annotators(ls_server, ls_home, l
     admin = read_local_secrets(ls_server.data_dir)
     with httpx.Client(base_url=ls_server.url, follow_redirects=False) as browser:  # as an annotator's browser would
         browser.get("/user/login/")
-        browser.post("/user/login/", data={"email": admin.username, "password": admin.password,
-                                           "csrfmiddlewaretoken": browser.cookies.get("csrftoken")},
-                     headers={"Referer": f"{ls_server.url}/user/login/"})
+        browser.post(
+            "/user/login/",
+            data={
+                "email": admin.username,
+                "password": admin.password,
+                "csrfmiddlewaretoken": browser.cookies.get("csrftoken"),
+            },
+            headers={"Referer": f"{ls_server.url}/user/login/"},
+        )
         image = browser.get(src.replace("&amp;", "&"))
     assert image.status_code == 200 and image.content == PNG
 

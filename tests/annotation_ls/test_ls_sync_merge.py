@@ -18,23 +18,53 @@ T1 = datetime(2026, 1, 2, tzinfo=UTC)
 
 
 def export(*annotations: dict, task_id: int = 7, **data) -> list[dict]:
-    return [{"id": task_id, "data": {"item_key": "step:e1:2", "episode_id": "e1", "step_idx": 2, "task_id": "login-user",
-                                     "interface_version": "step_correctness@1", **data},
-             "annotations": list(annotations)}]
+    return [
+        {
+            "id": task_id,
+            "data": {
+                "item_key": "step:e1:2",
+                "episode_id": "e1",
+                "step_idx": 2,
+                "task_id": "login-user",
+                "interface_version": "step_correctness@1",
+                **data,
+            },
+            "annotations": list(annotations),
+        }
+    ]
 
 
-def annotation(annotation_id: int, label: str = "positive", *, user: int = 3, rationale: str | None = None, **extra) -> dict:
+def annotation(
+    annotation_id: int, label: str = "positive", *, user: int = 3, rationale: str | None = None, **extra
+) -> dict:
     result = correctness_prediction(label)
     if rationale:
-        result.append({"from_name": "rationale", "to_name": "action", "type": "textarea", "value": {"text": [rationale]}})
-    return {"id": annotation_id, "result": result, "completed_by": user, "was_cancelled": False, "ground_truth": False,
-            "created_at": "2026-01-01T10:00:00.000001Z", "updated_at": "2026-01-01T10:00:00.000001Z", "lead_time": 4.25,
-            "parent_prediction": None, **extra}
+        result.append(
+            {"from_name": "rationale", "to_name": "action", "type": "textarea", "value": {"text": [rationale]}}
+        )
+    return {
+        "id": annotation_id,
+        "result": result,
+        "completed_by": user,
+        "was_cancelled": False,
+        "ground_truth": False,
+        "created_at": "2026-01-01T10:00:00.000001Z",
+        "updated_at": "2026-01-01T10:00:00.000001Z",
+        "lead_time": 4.25,
+        "parent_prediction": None,
+        **extra,
+    }
 
 
 def rows(*annotations: dict) -> list[dict]:
-    return annotation_rows(export(*annotations), interface=INTERFACES["step_correctness"], project_id=5, server_key="local",
-                           salt="s3cret-salt", task_url=lambda p, t: f"http://127.0.0.1:9/projects/{p}/data?task={t}")
+    return annotation_rows(
+        export(*annotations),
+        interface=INTERFACES["step_correctness"],
+        project_id=5,
+        server_key="local",
+        salt="s3cret-salt",
+        task_url=lambda p, t: f"http://127.0.0.1:9/projects/{p}/data?task={t}",
+    )
 
 
 def test_rows_carry_lineage_answer_and_pseudonym():
@@ -81,7 +111,12 @@ def test_parse_each_interface():
         {"from_name": "granularity", "type": "choices", "value": {"choices": ["too fine"]}},
     ]
     parsed = parse_result("milestone_review", review)
-    assert (parsed.value, parsed.factuality, parsed.order, parsed.granularity) == (4.0, "minor_issues", "executable", "too_fine")
+    assert (parsed.value, parsed.factuality, parsed.order, parsed.granularity) == (
+        4.0,
+        "minor_issues",
+        "executable",
+        "too_fine",
+    )
     assert parse_result("milestone_match", [{"from_name": "match", "value": {"choices": ["yes"]}}]).label == "yes"
     assert not parse_result("step_correctness", []).has_answer
 

@@ -27,8 +27,12 @@ def _second_annotator(client) -> int:
     for user in users:
         if user["email"] == email:
             return user["id"]
-    return client._raw("POST", "api/users/", json_body={"email": email, "password": "Second-pw-12345", "username": "second"},
-                       what="create user")["id"]
+    return client._raw(
+        "POST",
+        "api/users/",
+        json_body={"email": email, "password": "Second-pw-12345", "username": "second"},
+        what="create user",
+    )["id"]
 
 
 def test_sensor_pulls_new_updated_and_deleted_annotations(small_warehouse, ls_resource):
@@ -39,19 +43,29 @@ def test_sensor_pulls_new_updated_and_deleted_annotations(small_warehouse, ls_re
     progress = queued_tasks(small_warehouse, "step_progress")
     second = _second_annotator(client)
     answers = ["positive", "negative", "unsure", "positive", "negative", "positive"]
-    ids = [client.create_annotation(t["ls_task_id"], correctness_prediction(a), lead_time=2.5)
-           for t, a in zip(correctness, answers, strict=False)]
+    ids = [
+        client.create_annotation(t["ls_task_id"], correctness_prediction(a), lead_time=2.5)
+        for t, a in zip(correctness, answers, strict=False)
+    ]
     # a second annotator overlaps on four tasks (agrees on three): Cohen's kappa where tasks overlap
-    overlap = [client.create_annotation(t["ls_task_id"], correctness_prediction(a), completed_by=second)
-               for t, a in zip(correctness[:4], ["positive", "negative", "positive", "negative"], strict=True)]
+    overlap = [
+        client.create_annotation(t["ls_task_id"], correctness_prediction(a), completed_by=second)
+        for t, a in zip(correctness[:4], ["positive", "negative", "positive", "negative"], strict=True)
+    ]
     skipped = client.create_annotation(correctness[7]["ls_task_id"], [], was_cancelled=True)
-    progress_ids = [client.create_annotation(t["ls_task_id"], progress_prediction(v)) for t, v in zip(progress, (0.25, 0.5, 1.0), strict=False)]
+    progress_ids = [
+        client.create_annotation(t["ls_task_id"], progress_prediction(v))
+        for t, v in zip(progress, (0.25, 0.5, 1.0), strict=False)
+    ]
 
     sensor = build_label_studio_sensor(name="sync_test_sensor")
     first = tick(sensor, small_warehouse, ls_resource, instance)
     assert isinstance(first, SensorResult) and len(first.asset_events) == 2  # correctness and progress projects
     assert first.run_requests and {k.to_user_string() for k in first.run_requests[0].asset_selection} == {
-        "human_step_labels", "annotation_agreement", "label_source_comparison"}
+        "human_step_labels",
+        "annotation_agreement",
+        "label_source_comparison",
+    }
     rows = {r["annotation_id"]: r for r in labels(small_warehouse)}
     assert set(rows) == set(ids + overlap + [skipped] + progress_ids)
     assert rows[ids[2]]["label"] == "unsure" and not rows[ids[2]]["usable_for_training"]
@@ -78,18 +92,26 @@ def test_sensor_pulls_new_updated_and_deleted_annotations(small_warehouse, ls_re
     assert len(rows) == len(ids + overlap + [skipped] + progress_ids)  # nothing lost, nothing twice
 
     resources = {"warehouse": WarehouseResource(home=str(small_warehouse.home)), "label_studio": ls_resource}
-    result = materialize([human_labels, human_step_labels, annotation_agreement, label_source_comparison, *ANNOTATION_CHECKS],
-                         resources=resources, instance=instance, selection=[
-                             "human_step_labels", "annotation_agreement", "label_source_comparison", "human_labels"])
+    result = materialize(
+        [human_labels, human_step_labels, annotation_agreement, label_source_comparison, *ANNOTATION_CHECKS],
+        resources=resources,
+        instance=instance,
+        selection=["human_step_labels", "annotation_agreement", "label_source_comparison", "human_labels"],
+    )
     assert result.success
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
     assert checks["human_labels_unique_annotations"] and checks["human_labels_unsure_excluded"]
     assert checks["annotation_tables_free_of_secrets"] and checks["human_labels_traced_to_queue"]
-    step_labels = {(r["episode_id"], r["step_idx"]): r for r in small_warehouse.query("SELECT * FROM human_step_labels").to_pylist()}
+    step_labels = {
+        (r["episode_id"], r["step_idx"]): r
+        for r in small_warehouse.query("SELECT * FROM human_step_labels").to_pylist()
+    }
     unsure_step = (correctness[2]["episode_id"], correctness[2]["step_idx"])
     assert step_labels[unsure_step]["unsure_votes"] == 1
     assert step_labels[unsure_step]["correctness"] == "positive"  # the other annotator's vote; unsure never votes
-    human_progress = small_warehouse.query("SELECT count(*) AS n FROM progress_labels WHERE source = 'human'").to_pylist()[0]["n"]
+    human_progress = small_warehouse.query(
+        "SELECT count(*) AS n FROM progress_labels WHERE source = 'human'"
+    ).to_pylist()[0]["n"]
     assert human_progress == 3
     agreement = result.asset_materializations_for_node("annotation_agreement")[0].metadata
     kappa = agreement["cohen_kappa"].value["step_correctness"]

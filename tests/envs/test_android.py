@@ -110,7 +110,9 @@ def test_actions_map_to_uiautomator2_calls_on_real_screens():
     assert to_device_calls(Action(ActionType.CLICK, seven), calculator, window) == [DeviceCall("click", centre)]
     assert to_device_calls(Action(ActionType.LONG_CLICK, seven), calculator, window)[0].name == "long_click"
     assert to_device_calls(Action(ActionType.GOBACK), calculator, window) == [DeviceCall("press", ("back",))]
-    assert to_device_calls(Action(ActionType.PRESS_KEY, text="Enter"), calculator, window) == [DeviceCall("press", ("enter",))]
+    assert to_device_calls(Action(ActionType.PRESS_KEY, text="Enter"), calculator, window) == [
+        DeviceCall("press", ("enter",))
+    ]
     assert to_device_calls(Action(ActionType.OPEN_APP, text=CALCULATOR), calculator, window) == [
         DeviceCall("app_start", (CALCULATOR,))
     ]
@@ -180,7 +182,9 @@ def test_android_spec_rules():
         check_android_spec(task_spec_from_mapping(base))
     with pytest.raises(TaskSpecError, match="episode_success"):
         check_android_spec(
-            task_spec_from_mapping({**base, "app": "a.b", "milestones": [{"name": "m", "when": {"episode_success": True}}]})
+            task_spec_from_mapping(
+                {**base, "app": "a.b", "milestones": [{"name": "m", "when": {"episode_success": True}}]}
+            )
         )
     with pytest.raises(TaskSpecError, match="goals"):
         instruction_for(task_spec_from_mapping({**base, "app": "a.b"}), 0)
@@ -261,12 +265,19 @@ def test_record_then_replay_round_trip(tmp_path):
     slots = spec.slots(instruction_for(spec, 0))
     source = ReplayDevice.from_steps(calculator_recording(slots["a"], slots["b"]))  # stands in for a device
     recorder = RecordingDevice(source, tmp_path / "session.jsonl", label="emulator-5554")
-    run_episode(AndroidEnv(recorder, AndroidConfig(settle_s=0)), NoisyExpertPolicy(noise=0, skip=0, typo=0), spec, 0,
-                episode_id="rec", max_steps=10)
+    run_episode(
+        AndroidEnv(recorder, AndroidConfig(settle_s=0)),
+        NoisyExpertPolicy(noise=0, skip=0, typo=0),
+        spec,
+        0,
+        episode_id="rec",
+        max_steps=10,
+    )
     recorder.close()
     replay = ReplayDevice.from_file(tmp_path / "session.jsonl")
-    record = run_episode(AndroidEnv(replay, AndroidConfig(settle_s=0)), make_policy("expert"), spec, 0,
-                         episode_id="replay", max_steps=10)
+    record = run_episode(
+        AndroidEnv(replay, AndroidConfig(settle_s=0)), make_policy("expert"), spec, 0, episode_id="replay", max_steps=10
+    )
     assert replay.finished and record.success
 
 
@@ -308,6 +319,7 @@ def test_the_device_protocol_is_uiautomator2s_own_api():
         if name == "app_start":
             assert list(parameters)[1:3] == ["package_name", "activity"]
     assert isinstance(inspect.getattr_static(uiautomator2.Device, "info"), property)  # the health check
+
 
 @pytest.mark.e2e  # ~15 s: uiautomator2 retries `adb connect` before giving up
 def test_connecting_without_a_device_fails_cleanly():

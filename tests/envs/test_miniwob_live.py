@@ -57,7 +57,10 @@ def test_actions_map_to_miniwob_action_types(miniwob_env, catalog):
     assert typed.type.value == "FOCUS_ELEMENT_AND_TYPE_TEXT" and typed.ref == int(username.ref) and typed.text == "ada"
     (scroll,) = to_miniwob_actions(Action(ActionType.SCROLL, direction="DOWN"), screen)
     assert scroll.type.value == "SCROLL_DOWN_COORDS"
-    assert [a.key for a in to_miniwob_actions(Action(ActionType.PRESS_KEY, text="Ctrl+A Enter"), screen)] == ["C-a", "<Enter>"]
+    assert [a.key for a in to_miniwob_actions(Action(ActionType.PRESS_KEY, text="Ctrl+A Enter"), screen)] == [
+        "C-a",
+        "<Enter>",
+    ]
     assert miniwob_key("Tab") == "<Tab>" and miniwob_key("x") == "x"
     for action, reason in [
         (Action(ActionType.GOBACK), "no GOBACK"),
@@ -90,7 +93,16 @@ def test_an_episode_with_failed_steps_records_them_and_goes_on(miniwob_env, cata
     assert by_id(record.steps[6].screen, "password").focused  # after Tab
     assert record.success and record.end_reason == "success" and record.outcome_reward == 1.0
     assert [s.env_reward for s in record.steps] == [0.0] * 7 + [1.0] and record.steps[-1].done
-    assert [s.milestones_hit for s in record.steps] == [(), ("username typed",), (), (), (), (), ("password typed",), ("login clicked",)]
+    assert [s.milestones_hit for s in record.steps] == [
+        (),
+        ("username typed",),
+        (),
+        (),
+        (),
+        (),
+        ("password typed",),
+        ("login clicked",),
+    ]
     assert 0 < record.decayed_reward < 1.0
     assert milestone_track_matches(record, spec)
 
@@ -107,7 +119,11 @@ def test_refs_stay_unique_when_an_episode_follows_a_finished_one(miniwob_env, ca
 
 def test_an_instruction_that_does_not_fit_its_spec_is_refused(miniwob_env):
     spec = task_spec_from_mapping(
-        {"task_id": "click-button-sequence", "instruction": "Never (?P<x>.*)", "milestones": [{"name": "m", "when": {"visible": {"text": "x"}}}]}
+        {
+            "task_id": "click-button-sequence",
+            "instruction": "Never (?P<x>.*)",
+            "milestones": [{"name": "m", "when": {"visible": {"text": "x"}}}],
+        }
     )
     with pytest.raises(TaskSpecError, match="does not fit"):
         miniwob_env.reset(spec, 0)
@@ -134,11 +150,19 @@ def test_expert_solves_every_catalog_task_and_milestones_agree(miniwob_env, cata
     failures = []
     for task in (t for t in catalog.values() if t.has_solution):
         for seed in (101, 202):
-            record = run_episode(miniwob_env, expert, task.spec, seed, episode_id=f"{task.task_id}:{seed}",
-                                 max_steps=task.max_steps)
+            record = run_episode(
+                miniwob_env, expert, task.spec, seed, episode_id=f"{task.task_id}:{seed}", max_steps=task.max_steps
+            )
             if not (record.success and record.milestones_reached == record.n_milestones):
-                failures.append((task.task_id, seed, record.end_reason, record.milestones_reached,
-                                 [s.action.canonical_text() for s in record.steps]))
+                failures.append(
+                    (
+                        task.task_id,
+                        seed,
+                        record.end_reason,
+                        record.milestones_reached,
+                        [s.action.canonical_text() for s in record.steps],
+                    )
+                )
             assert milestone_track_matches(record, task.spec), task.task_id
     assert not failures, failures
 

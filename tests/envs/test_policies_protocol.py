@@ -31,9 +31,19 @@ from warehouse.schema import EPISODES, STEPS
 
 
 def element(ref, role, text="", element_id="", value=None, parent=None, depth=1, top=0.0, **kw):
-    return UIElement(ref=ref, role=role, text=text, element_id=element_id, value=value, parent_ref=parent, depth=depth,
-                     bounds=(0.0, top, 100.0, top + 20.0), clickable=role in ("button", "label", "textbox"),
-                     editable=role == "textbox", **kw)
+    return UIElement(
+        ref=ref,
+        role=role,
+        text=text,
+        element_id=element_id,
+        value=value,
+        parent_ref=parent,
+        depth=depth,
+        bounds=(0.0, top, 100.0, top + 20.0),
+        clickable=role in ("button", "label", "textbox"),
+        editable=role == "textbox",
+        **kw,
+    )
 
 
 LOGIN = task_spec_from_mapping(
@@ -54,8 +64,13 @@ LOGIN = task_spec_from_mapping(
 
 
 def login_screen(value=""):
-    return Screen((element("1", "body", depth=0), element("2", "textbox", element_id="u", value=value, parent="1"),
-                   element("3", "button", "Go", element_id="go", parent="1", top=30)))
+    return Screen(
+        (
+            element("1", "body", depth=0),
+            element("2", "textbox", element_id="u", value=value, parent="1"),
+            element("3", "button", "Go", element_id="go", parent="1", top=30),
+        )
+    )
 
 
 def context(spec=LOGIN, instruction='Log in as "ada"', supported=frozenset(ActionType), seed=0):
@@ -64,8 +79,11 @@ def context(spec=LOGIN, instruction='Log in as "ada"', supported=frozenset(Actio
 
 def test_tracker_matches_track_milestones_step_by_step():
     screens = [login_screen(""), login_screen("ada"), login_screen("ada")]
-    actions = [Action(ActionType.CLICK, screens[0].elements[1]), Action(ActionType.INPUT, screens[0].elements[1], "ada"),
-               Action(ActionType.CLICK, screens[0].elements[2])]
+    actions = [
+        Action(ActionType.CLICK, screens[0].elements[1]),
+        Action(ActionType.INPUT, screens[0].elements[1], "ada"),
+        Action(ActionType.CLICK, screens[0].elements[2]),
+    ]
     tracker = MilestoneTracker(LOGIN, 'Log in as "ada"')
     online = [tracker.update(s, a) for s, a in zip(screens, actions)]
     offline = track_milestones(LOGIN, 'Log in as "ada"', list(zip(screens, actions)))
@@ -111,7 +129,11 @@ def test_solution_features_expand_as_documented():
         }
     )
     plan = expand_solution(spec, spec.slots("Select a, b, c then -2 pick 3rd"))
-    assert [(s.target.get("text"), s.slots.get("item")) for s in plan[:3]] == [("{item}", "a"), ("{item}", "b"), ("{item}", "c")]
+    assert [(s.target.get("text"), s.slots.get("item")) for s in plan[:3]] == [
+        ("{item}", "a"),
+        ("{item}", "b"),
+        ("{item}", "c"),
+    ]
     assert [s.target.get("text") for s in plan[3:]] == ["down", "down", None, "none"]
     assert plan[5].nth == 2
     radios = Screen(tuple(element(str(i), "radio", top=i * 20.0) for i in range(4)))
@@ -121,10 +143,22 @@ def test_solution_features_expand_as_documented():
 
 
 def test_after_picks_the_element_following_its_anchor():
-    screen = Screen((element("1", "th", "Director"), element("2", "textbox"), element("3", "th", "Genre"),
-                     element("4", "textbox")))
-    spec = task_spec_from_mapping({**LOGIN_RAW_NO_TEMPLATE, "solution": [
-        {"action": "INPUT", "target": {"role": "textbox"}, "after": {"role": "th", "text": "Genre"}, "text": "x"}]})
+    screen = Screen(
+        (element("1", "th", "Director"), element("2", "textbox"), element("3", "th", "Genre"), element("4", "textbox"))
+    )
+    spec = task_spec_from_mapping(
+        {
+            **LOGIN_RAW_NO_TEMPLATE,
+            "solution": [
+                {
+                    "action": "INPUT",
+                    "target": {"role": "textbox"},
+                    "after": {"role": "th", "text": "Genre"},
+                    "text": "x",
+                }
+            ],
+        }
+    )
     (step,) = expand_solution(spec, {})
     assert find_target(screen, step).ref == "4"
 
@@ -135,8 +169,13 @@ def test_expert_without_noise_follows_the_solution():
     assert actor.act(screen).canonical_text() == "CLICK(textbox#u)"
     assert actor.act(screen).canonical_text() == 'INPUT(textbox#u, "ada")'
     assert actor.act(login_screen("ada")).canonical_text() == 'CLICK(button#go "Go")'
-    assert actor.act(login_screen("ada")).type in (ActionType.CLICK, ActionType.SCROLL, ActionType.NOTHING,
-                                                   ActionType.INPUT, ActionType.GOBACK)  # past the plan: wanders
+    assert actor.act(login_screen("ada")).type in (
+        ActionType.CLICK,
+        ActionType.SCROLL,
+        ActionType.NOTHING,
+        ActionType.INPUT,
+        ActionType.GOBACK,
+    )  # past the plan: wanders
 
 
 def test_expert_waits_for_an_absent_target_then_moves_on():
@@ -208,13 +247,43 @@ def test_episode_tables_fit_the_warehouse_schema():
     screen = login_screen()
     steps = (
         StepRecord(0, screen, Action(ActionType.INPUT, screen.elements[1], "ada"), 0.0, ("user typed",), False, 5, 3.0),
-        StepRecord(1, screen, Action(ActionType.CLICK, element("9", "button")), 0.0, (), False, 9, 1.0, "target not on the screen"),
+        StepRecord(
+            1,
+            screen,
+            Action(ActionType.CLICK, element("9", "button")),
+            0.0,
+            (),
+            False,
+            9,
+            1.0,
+            "target not on the screen",
+        ),
         StepRecord(2, screen, Action(ActionType.CLICK, screen.elements[2]), 1.0, ("submitted",), True, 12, 2.0),
     )
     from datetime import UTC, datetime
 
-    record = EpisodeRecord("e1", "login-like", "fam", 'Log in as "ada"', 0, "expert", "test", steps, screen, {},
-                           {"user": "ada"}, True, 1.0, 0.9, "success", 2, 2, 50.0, 12, datetime.now(UTC))
+    record = EpisodeRecord(
+        "e1",
+        "login-like",
+        "fam",
+        'Log in as "ada"',
+        0,
+        "expert",
+        "test",
+        steps,
+        screen,
+        {},
+        {"user": "ada"},
+        True,
+        1.0,
+        0.9,
+        "success",
+        2,
+        2,
+        50.0,
+        12,
+        datetime.now(UTC),
+    )
     episodes, step_table = episode_tables([record], run_id="r1")
     assert episodes.schema.equals(EPISODES) and step_table.schema.equals(STEPS)
     row = episodes.to_pylist()[0]

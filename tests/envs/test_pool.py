@@ -26,7 +26,11 @@ def jobs():
 
 def browsers_of(pool, worker_id):
     """Chromium's main process of a worker (the one chromedriver started)."""
-    return [p for p in pool.worker_processes(worker_id) if p.name() == "chromium" and p.parent() and p.parent().name() == "chromedriver"]
+    return [
+        p
+        for p in pool.worker_processes(worker_id)
+        if p.name() == "chromium" and p.parent() and p.parent().name() == "chromedriver"
+    ]
 
 
 class Injector:
@@ -37,7 +41,12 @@ class Injector:
         self.fired: list[tuple[str, list[int]]] = []
 
     def __call__(self, ctx):
-        if not self.fired and ctx.job.episode_id == self.episode_id and ctx.attempt == 0 and ctx.step_idx == self.step_idx:
+        if (
+            not self.fired
+            and ctx.job.episode_id == self.episode_id
+            and ctx.attempt == 0
+            and ctx.step_idx == self.step_idx
+        ):
             processes = self.act(ctx)
             self.fired.append((ctx.worker_id, [p.pid for p in processes]))
 
@@ -88,13 +97,16 @@ def test_chromium_killed_mid_batch_episode_retried_on_a_fresh_worker(jobs, tmp_p
 
     # Written to the warehouse: each episode once, the aborted attempt recorded with its reason.
     warehouse = WarehouseResource(home=str(tmp_path / "home"))
-    publish_rollouts(warehouse, result, asset="test", dataset="fault", run_id="r", partition_key=None,
-                     parameters={}, spec_paths=[])
+    publish_rollouts(
+        warehouse, result, asset="test", dataset="fault", run_id="r", partition_key=None, parameters={}, spec_paths=[]
+    )
     store = warehouse.get()
     assert store.query("SELECT count(*) AS n, count(DISTINCT episode_id) AS d FROM episodes").to_pylist() == [
         {"n": len(jobs), "d": len(jobs)}
     ]
-    rows = store.query(f"SELECT attempt, status, reason FROM {ATTEMPTS_TABLE} WHERE episode_id = ? ORDER BY attempt", [target]).to_pylist()
+    rows = store.query(
+        f"SELECT attempt, status, reason FROM {ATTEMPTS_TABLE} WHERE episode_id = ? ORDER BY attempt", [target]
+    ).to_pylist()
     assert [(r["attempt"], r["status"]) for r in rows] == [(0, "aborted"), (1, "completed")] and rows[0]["reason"]
     n_steps = store.query("SELECT n_steps FROM episodes WHERE episode_id = ?", [target]).to_pylist()[0]["n_steps"]
     assert store.query("SELECT count(*) AS n FROM steps WHERE episode_id = ?", [target]).to_pylist()[0]["n"] == n_steps
@@ -137,8 +149,11 @@ def test_a_worker_dying_between_episodes_is_caught_by_the_health_check(jobs):
 
 def test_an_episode_that_cannot_run_is_recorded_once_not_retried(jobs):
     misfit = task_spec_from_mapping(
-        {"task_id": "click-button-sequence", "instruction": "Never (?P<x>.*)",
-         "milestones": [{"name": "m", "when": {"visible": {"text": "x"}}}]}
+        {
+            "task_id": "click-button-sequence",
+            "instruction": "Never (?P<x>.*)",
+            "milestones": [{"name": "m", "when": {"visible": {"text": "x"}}}],
+        }
     )
     bad = EpisodeJob("rollout:misfit:t:0", misfit, 0, 5)
     with EnvPool(MiniWoBConfig(), PoolConfig(workers=1, spares=0)) as pool:

@@ -40,8 +40,13 @@ def test_definitions_and_partitions():
     groups = {n.key.to_user_string(): n.group_name for n in repo.asset_graph.asset_nodes}
     assert groups == {"rollouts": "rollouts", "android_rollouts": "rollouts"}
     checks = {k.name for k in repo.asset_graph.asset_check_keys}
-    assert {"rollouts_whole_episodes", "rollouts_attempts_accounted", "rollouts_rewards_and_milestones",
-            "rollouts_success_and_failure", "rollouts_attempts_schema"} <= checks
+    assert {
+        "rollouts_whole_episodes",
+        "rollouts_attempts_accounted",
+        "rollouts_rewards_and_milestones",
+        "rollouts_success_and_failure",
+        "rollouts_attempts_schema",
+    } <= checks
     keys = MINIWOB_PARTITIONS.get_partition_keys()
     assert len(keys) == len(BATCH_KEYS) * len(MINIWOB_FAMILIES) and "b00|miniwob-forms" in keys
     assert "android-tools" in ANDROID_PARTITIONS.get_partitions_def_for_dimension("family").get_partition_keys()
@@ -57,9 +62,17 @@ def _checks_for(asset_name):
 def test_materialize_a_partition_with_checks_lineage_and_replacement(tmp_path):
     warehouse = WarehouseResource(home=str(tmp_path / "home"))
     partition = MultiPartitionKey({"family": "miniwob-forms", "batch": "b01"})
-    run_config = {"ops": {"rollouts": {"config": {
-        "tasks": ["login-user-popup", "enter-date", "use-spinner"], "episodes_per_task": 3, "noise": 0.35,
-    }}}}
+    run_config = {
+        "ops": {
+            "rollouts": {
+                "config": {
+                    "tasks": ["login-user-popup", "enter-date", "use-spinner"],
+                    "episodes_per_task": 3,
+                    "noise": 0.35,
+                }
+            }
+        }
+    }
 
     def run():
         return materialize(
@@ -81,18 +94,33 @@ def test_materialize_a_partition_with_checks_lineage_and_replacement(tmp_path):
         "SELECT count(*) AS n, count(*) FILTER (WHERE success) AS ok, count(*) FILTER (WHERE NOT success) AS failed, "
         "count(DISTINCT task_id) AS tasks, any_value(source) AS source, any_value(env_backend) AS backend FROM episodes"
     ).to_pylist()[0]
-    assert rows == {"n": 9, "ok": rows["ok"], "failed": rows["failed"], "tasks": 3, "source": "rollout", "backend": "miniwob"}
+    assert rows == {
+        "n": 9,
+        "ok": rows["ok"],
+        "failed": rows["failed"],
+        "tasks": 3,
+        "source": "rollout",
+        "backend": "miniwob",
+    }
     assert rows["ok"] > 0 and rows["failed"] > 0, "a noisy expert yields both successes and failures"
     hits = store.query("SELECT count(*) AS n FROM steps, unnest(milestones_hit) AS t(m)").to_pylist()[0]["n"]
     assert hits > 0
-    lineage = store.query("SELECT input_kind, input_path, input_version, partition_key, run_id FROM lineage").to_pylist()
-    assert {Path(r["input_path"]).name for r in lineage} == {"login-user-popup.yaml", "enter-date.yaml", "use-spinner.yaml"}
+    lineage = store.query(
+        "SELECT input_kind, input_path, input_version, partition_key, run_id FROM lineage"
+    ).to_pylist()
+    assert {Path(r["input_path"]).name for r in lineage} == {
+        "login-user-popup.yaml",
+        "enter-date.yaml",
+        "use-spinner.yaml",
+    }
     assert all(r["input_kind"] == "file" and len(r["input_version"]) == 64 for r in lineage)
     assert lineage[0]["partition_key"] == "b01|miniwob-forms" and lineage[0]["run_id"] == result.run_id
 
     again = run()  # the same partition again: the same seeds, ids and outcomes; replaced, not added
     assert again.success
-    after = store.query("SELECT count(*) AS n, count(DISTINCT episode_id) AS d, count(DISTINCT run_id) AS runs FROM episodes").to_pylist()[0]
+    after = store.query(
+        "SELECT count(*) AS n, count(DISTINCT episode_id) AS d, count(DISTINCT run_id) AS runs FROM episodes"
+    ).to_pylist()[0]
     assert after == {"n": 9, "d": 9, "runs": 1}
 
 
@@ -117,17 +145,36 @@ def _environment(tmp_path):
         "run_coordinator:\n  module: dagster.core.run_coordinator\n  class: DefaultRunCoordinator\n"
         "telemetry:\n  enabled: false\n"
     )
-    return {**os.environ, "DAGSTER_HOME": str(dagster_home), "STEPWISE_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    return {
+        **os.environ,
+        "DAGSTER_HOME": str(dagster_home),
+        "STEPWISE_HOME": str(tmp_path / "home"),
+        "HF_HUB_OFFLINE": "1",
+    }
 
 
 @pytest.mark.e2e
 def test_materialize_from_the_dagster_cli(tmp_path):
-    config = {"ops": {"rollouts": {"config": {"tasks": ["click-collapsible"],
-                                              "episodes_per_task": 2, "workers": 1}}}}
+    config = {"ops": {"rollouts": {"config": {"tasks": ["click-collapsible"], "episodes_per_task": 2, "workers": 1}}}}
     completed = subprocess.run(
-        [str(DAGSTER), "asset", "materialize", "-m", "tests.envs.rollout_defs", "--select", "rollouts",
-         "--partition", "b02|miniwob-navigation", "--config-json", json.dumps(config)],
-        cwd=REPO_ROOT, env=_environment(tmp_path), capture_output=True, text=True, timeout=240,
+        [
+            str(DAGSTER),
+            "asset",
+            "materialize",
+            "-m",
+            "tests.envs.rollout_defs",
+            "--select",
+            "rollouts",
+            "--partition",
+            "b02|miniwob-navigation",
+            "--config-json",
+            json.dumps(config),
+        ],
+        cwd=REPO_ROOT,
+        env=_environment(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "rollouts miniwob-navigation|b02 [##########] 2/2 episodes" in completed.stderr  # the progress bar
@@ -161,7 +208,7 @@ mutation Launch($params: ExecutionParams!) {
   }
 }
 """
-STATUS = 'query Status($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }'
+STATUS = "query Status($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
 
 
 @pytest.mark.e2e
@@ -170,7 +217,10 @@ def test_materialize_from_the_ui_launchpad(tmp_path):
     port = _free_port()
     server = subprocess.Popen(
         [str(WEBSERVER), "-m", "tests.envs.rollout_defs", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=REPO_ROOT, env=_environment(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=REPO_ROOT,
+        env=_environment(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 90
@@ -184,13 +234,31 @@ def test_materialize_from_the_ui_launchpad(tmp_path):
         location = _graphql(port, "{ workspaceOrError { ... on Workspace { locationEntries { name } } } }")
         location_name = location["data"]["workspaceOrError"]["locationEntries"][0]["name"]
         params = {
-            "selector": {"repositoryLocationName": location_name, "repositoryName": "__repository__",
-                         "jobName": "miniwob_rollouts_job", "assetSelection": [{"path": ["rollouts"]}]},
-            "runConfigData": {"ops": {"rollouts": {"config": {"tasks": ["click-button-sequence"], "episodes_per_task": 2,
-                                                              "workers": 1, "policy": "random_walk"}}}},
-            "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "b03|miniwob-choice"},
-                                           {"key": "dagster/partition/batch", "value": "b03"},
-                                           {"key": "dagster/partition/family", "value": "miniwob-choice"}]},
+            "selector": {
+                "repositoryLocationName": location_name,
+                "repositoryName": "__repository__",
+                "jobName": "miniwob_rollouts_job",
+                "assetSelection": [{"path": ["rollouts"]}],
+            },
+            "runConfigData": {
+                "ops": {
+                    "rollouts": {
+                        "config": {
+                            "tasks": ["click-button-sequence"],
+                            "episodes_per_task": 2,
+                            "workers": 1,
+                            "policy": "random_walk",
+                        }
+                    }
+                }
+            },
+            "executionMetadata": {
+                "tags": [
+                    {"key": "dagster/partition", "value": "b03|miniwob-choice"},
+                    {"key": "dagster/partition/batch", "value": "b03"},
+                    {"key": "dagster/partition/family", "value": "miniwob-choice"},
+                ]
+            },
             "mode": "default",
         }
         launched = _graphql(port, LAUNCH, {"params": params})["data"]["launchRun"]

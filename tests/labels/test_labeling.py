@@ -12,7 +12,14 @@ from annotation.instruction_relative import (
     relative_text,
 )
 from annotation.labeling import env_labels, label_quality, lcs_labels
-from annotation.synthesis import insert_noop, mismatched_instruction, random_walk, remove_noops, synthesize, training_split
+from annotation.synthesis import (
+    insert_noop,
+    mismatched_instruction,
+    random_walk,
+    remove_noops,
+    synthesize,
+    training_split,
+)
 from annotation.text_similarity import HashingTextEmbedder
 from envs.tasks import task_spec_from_mapping
 from warehouse.model import Action, ActionType, Screen, UIElement
@@ -23,38 +30,66 @@ BUTTON = UIElement(ref="3", role="button", element_id="subbtn", text="Login", bo
 
 
 def login_screen(user="", password=""):
-    return Screen((
-        ROOT,
-        UIElement(ref="1", role="textbox", element_id="username", value=user, editable=True, bounds=(5, 80, 120, 100), depth=1),
-        UIElement(ref="2", role="password", element_id="password", value=password, editable=True, bounds=(5, 130, 120, 150), depth=1),
-        BUTTON,
-    ))
+    return Screen(
+        (
+            ROOT,
+            UIElement(
+                ref="1",
+                role="textbox",
+                element_id="username",
+                value=user,
+                editable=True,
+                bounds=(5, 80, 120, 100),
+                depth=1,
+            ),
+            UIElement(
+                ref="2",
+                role="password",
+                element_id="password",
+                value=password,
+                editable=True,
+                bounds=(5, 130, 120, 150),
+                depth=1,
+            ),
+            BUTTON,
+        )
+    )
 
 
 def login_trajectory(episode_id, user, password, *, detour=False, success=True, finish=True):
     instruction = f'Enter the username "{user}" and the password "{password}" into the text fields and press login.'
     s0, s1, s2 = login_screen(), login_screen(user), login_screen(user, password)
-    steps = [(s0, Action(ActionType.CLICK, target=s0.elements[1])), (s0, Action(ActionType.INPUT, s0.elements[1], user))]
+    steps = [
+        (s0, Action(ActionType.CLICK, target=s0.elements[1])),
+        (s0, Action(ActionType.INPUT, s0.elements[1], user)),
+    ]
     if detour:  # scroll down and back up: garbage
         steps += [(s1, Action(ActionType.SCROLL, direction="DOWN")), (s1, Action(ActionType.SCROLL, direction="UP"))]
     steps += [(s1, Action(ActionType.INPUT, s1.elements[2], password))]
     if finish:
         steps += [(s2, Action(ActionType.CLICK, target=BUTTON))]
     return Trajectory(
-        episode_id=episode_id, task_id="login-user", instruction=instruction, source="human_demo", success=success,
-        actions=tuple(a for _, a in steps), screens=tuple(s for s, _ in steps),
+        episode_id=episode_id,
+        task_id="login-user",
+        instruction=instruction,
+        source="human_demo",
+        success=success,
+        actions=tuple(a for _, a in steps),
+        screens=tuple(s for s, _ in steps),
     )
 
 
-LOGIN_SPEC = task_spec_from_mapping({
-    "task_id": "login-user",
-    "instruction": 'Enter the username "(?P<username>[^"]*)" and the password "(?P<password>[^"]*)"',
-    "milestones": [
-        {"name": "user", "when": {"field_value": {"element": {"element_id": "username"}, "equals": "{username}"}}},
-        {"name": "pass", "when": {"field_value": {"element": {"element_id": "password"}, "equals": "{password}"}}},
-        {"name": "login", "when": {"clicked": {"element_id": "subbtn"}}},
-    ],
-})
+LOGIN_SPEC = task_spec_from_mapping(
+    {
+        "task_id": "login-user",
+        "instruction": 'Enter the username "(?P<username>[^"]*)" and the password "(?P<password>[^"]*)"',
+        "milestones": [
+            {"name": "user", "when": {"field_value": {"element": {"element_id": "username"}, "equals": "{username}"}}},
+            {"name": "pass", "when": {"field_value": {"element": {"element_id": "password"}, "equals": "{password}"}}},
+            {"name": "login", "when": {"clicked": {"element_id": "subbtn"}}},
+        ],
+    }
+)
 
 
 def corpus():
@@ -69,7 +104,10 @@ def corpus():
 def test_relative_texts():
     instruction = 'For the user @morbi, click on the "Mute" button.'
     assert relative_text("Mute @morbi", instruction) == f"{INSTRUCTION_PLACEHOLDER} {INSTRUCTION_PLACEHOLDER}"
-    assert relative_text("Book flight for $349", "Book a flight") == f"{INSTRUCTION_PLACEHOLDER} {INSTRUCTION_PLACEHOLDER} for $#"
+    assert (
+        relative_text("Book flight for $349", "Book a flight")
+        == f"{INSTRUCTION_PLACEHOLDER} {INSTRUCTION_PLACEHOLDER} for $#"
+    )
     assert relative_text("morbid", instruction) == "morbid"  # whole words only
     like = UIElement(ref="9", role="span", classes="like ui-state-hover", element_id="ui-id-17")
     rewritten = relative_action(Action(ActionType.CLICK, target=like), None, 'click on the "Like" button')
@@ -98,7 +136,10 @@ def test_improved_labels_match_milestones_and_paper_mode_does_not():
             assert 0.0 <= r["progress"] <= 1.0
         assert all(p == sorted(p) for p in by_episode.values())  # non-decreasing
     task_of = {t.episode_id: t.task_id for t in trajectories}
-    quality = {q.method: q for q in label_quality(improved.label_rows + paper.label_rows, env.label_rows, task_of, {"login-user": "dev"})}
+    quality = {
+        q.method: q
+        for q in label_quality(improved.label_rows + paper.label_rows, env.label_rows, task_of, {"login-user": "dev"})
+    }
     assert quality["improved"].key_step_progress_error == 0.0
     assert quality["improved"].key_step_precision == quality["improved"].key_step_recall == 1.0
     # The paper's match compares raw usernames ("vanda" vs "rex"): its trajectories are too
@@ -130,7 +171,12 @@ def test_synthesis_kinds_and_parents():
     assert removed.success and removed.n_steps == 3 and removed.parent_episode_id == "b"
     assert remove_noops(login_trajectory("c", "lyda", "ESE")) is not None  # its focus click has no effect
     many = synthesize(corpus() * 5, seed=1)
-    assert {t.source for t in many} <= {"synthetic:mismatched_instruction", "synthetic:random_walk", "synthetic:noop_inserted", "synthetic:noop_removed"}
+    assert {t.source for t in many} <= {
+        "synthetic:mismatched_instruction",
+        "synthetic:random_walk",
+        "synthetic:noop_inserted",
+        "synthetic:noop_removed",
+    }
     assert len({t.episode_id for t in many}) == len(many)
 
 

@@ -4,7 +4,14 @@ import math
 
 import pytest
 
-from envs.tasks import TaskSpecError, evaluate, load_task_spec, load_task_specs, task_spec_from_mapping, track_milestones
+from envs.tasks import (
+    TaskSpecError,
+    evaluate,
+    load_task_spec,
+    load_task_specs,
+    task_spec_from_mapping,
+    track_milestones,
+)
 from warehouse.model import Action, ActionType, Screen, UIElement
 from warehouse.storage import REPO_ROOT
 
@@ -17,7 +24,9 @@ def screen(*elements):
 
 
 def field(ref, element_id, value, role="textbox"):
-    return UIElement(ref=ref, role=role, element_id=element_id, value=value, editable=True, bounds=(5, 60, 120, 80), depth=1)
+    return UIElement(
+        ref=ref, role=role, element_id=element_id, value=value, editable=True, bounds=(5, 60, 120, 80), depth=1
+    )
 
 
 LOGIN = {
@@ -34,8 +43,17 @@ LOGIN = {
 def test_shipped_specs_load_and_cover_the_demo_tasks():
     specs = load_task_specs(SPECS_DIR / "miniwob")
     assert len(specs) >= 8
-    assert {"login-user", "enter-password", "click-tab-2-hard", "social-media", "email-inbox-nl-turk",
-            "click-checkboxes-soft", "search-engine", "navigate-tree", "book-flight-nodelay"} <= set(specs)
+    assert {
+        "login-user",
+        "enter-password",
+        "click-tab-2-hard",
+        "social-media",
+        "email-inbox-nl-turk",
+        "click-checkboxes-soft",
+        "search-engine",
+        "navigate-tree",
+        "book-flight-nodelay",
+    } <= set(specs)
     assert {s.extra.get("tuning") for s in specs.values()} >= {"dev", "held_out"}
 
 
@@ -49,20 +67,29 @@ def test_milestones_in_order_with_slots():
     track = track_milestones(
         spec,
         instruction,
-        [(s0, Action(ActionType.CLICK, target=s0.elements[1])), (s1, Action(ActionType.INPUT, s1.elements[1], "vanda")),
-         (s2, Action(ActionType.INPUT, s2.elements[2], "x1")), (s2, Action(ActionType.CLICK, target=button))],
+        [
+            (s0, Action(ActionType.CLICK, target=s0.elements[1])),
+            (s1, Action(ActionType.INPUT, s1.elements[1], "vanda")),
+            (s2, Action(ActionType.INPUT, s2.elements[2], "x1")),
+            (s2, Action(ActionType.CLICK, target=button)),
+        ],
     )
     assert track.hits == ((), ("user",), ("pass",), ("login",)) and track.reached == 3 and track.key_steps == (1, 2, 3)
     # Out of order: the password alone does not count until the username is there.
-    early = track_milestones(spec, instruction, [(screen(field("1", "username", ""), field("2", "password", "x1")), None)])
+    early = track_milestones(
+        spec, instruction, [(screen(field("1", "username", ""), field("2", "password", "x1")), None)]
+    )
     assert early.reached == 0
 
 
 def test_visible_means_in_view_and_fields_come_from_the_recording():
-    spec = task_spec_from_mapping({
-        "task_id": "email", "fields": ["by"],
-        "milestones": [{"name": "seen", "when": {"visible": {"text": "{by}"}}}],
-    })
+    spec = task_spec_from_mapping(
+        {
+            "task_id": "email",
+            "fields": ["by"],
+            "milestones": [{"name": "seen", "when": {"visible": {"text": "{by}"}}}],
+        }
+    )
     off_screen = screen(UIElement(ref="1", role="div", text="Helen", bounds=(0, 300, 100, 320)))
     on_screen = screen(UIElement(ref="1", role="div", text="Helen", bounds=(0, 100, 100, 120)))
     assert track_milestones(spec, "delete Helen's mail", [(off_screen, None)], fields={"by": "Helen"}).reached == 0

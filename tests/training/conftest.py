@@ -36,17 +36,35 @@ def _login_screen(username_value: str | None, password_value: str | None, focuse
     def el(ref, role, depth, **kw):
         return UIElement(ref=ref, role=role, depth=depth, **kw)
 
-    return Screen((
-        el("1", "body", 0),
-        el("2", "div", 1, element_id="wrap"),
-        el("3", "label", 2, text="Username", classes="bold", clickable=True),
-        el("4", "textbox", 2, element_id="username", value=username_value, clickable=True, editable=True,
-           focused=focused == "username"),
-        el("5", "label", 2, text="Password", classes="bold", clickable=True),
-        el("6", "password", 2, element_id="password", value=password_value, clickable=True, editable=True,
-           focused=focused == "password"),
-        el("7", "button", 2, element_id="subbtn", text="Login", clickable=True),
-    ))
+    return Screen(
+        (
+            el("1", "body", 0),
+            el("2", "div", 1, element_id="wrap"),
+            el("3", "label", 2, text="Username", classes="bold", clickable=True),
+            el(
+                "4",
+                "textbox",
+                2,
+                element_id="username",
+                value=username_value,
+                clickable=True,
+                editable=True,
+                focused=focused == "username",
+            ),
+            el("5", "label", 2, text="Password", classes="bold", clickable=True),
+            el(
+                "6",
+                "password",
+                2,
+                element_id="password",
+                value=password_value,
+                clickable=True,
+                editable=True,
+                focused=focused == "password",
+            ),
+            el("7", "button", 2, element_id="subbtn", text="Login", clickable=True),
+        )
+    )
 
 
 def _login_episode(rng: random.Random, outcome: str):
@@ -82,7 +100,9 @@ def _login_episode(rng: random.Random, outcome: str):
             reached = 3
         env.append(reached / 3)
     # lcs labels (recipe: click user, input user, input password, click login), soft on a wrong name
-    lcs = [0.25, 0.5 if typed_user == user else 0.25, 0.75 if typed_user == user else 0.5, 1.0 if success else 0.75][: len(actions)]
+    lcs = [0.25, 0.5 if typed_user == user else 0.25, 0.75 if typed_user == user else 0.5, 1.0 if success else 0.75][
+        : len(actions)
+    ]
     if outcome == "stopped":
         lcs = [0.25, 0.5, 0.75]
     return "login-user", instruction, screens, actions, success, lcs, env
@@ -103,61 +123,135 @@ def _button_episode(rng: random.Random, outcome: str):
     chosen = target if outcome == "success" else rng.choice([n for n in names if n != target])
     element = next(e for e in screen.elements if e.text == chosen)
     success = outcome == "success"
-    return "click-button", instruction, [screen], [Action(ActionType.CLICK, element)], success, [1.0 if success else 0.0], [1.0 if success else 0.0]
+    return (
+        "click-button",
+        instruction,
+        [screen],
+        [Action(ActionType.CLICK, element)],
+        success,
+        [1.0 if success else 0.0],
+        [1.0 if success else 0.0],
+    )
 
 
 def build_tiny_warehouse(home: Path, *, n_login: int = 40, n_button: int = 30, seed: int = 7) -> Warehouse:
     """A warehouse with episodes, steps, progress_labels (lcs paper + env) and progress_split."""
     rng = random.Random(seed)
     episodes, steps, labels, split_rows = [], [], [], []
-    specs = [("login", o) for o in ["success"] * (n_login // 2) + ["wrong_user"] * (n_login // 4) + ["stopped"] * (n_login - n_login // 2 - n_login // 4)]
+    specs = [
+        ("login", o)
+        for o in ["success"] * (n_login // 2)
+        + ["wrong_user"] * (n_login // 4)
+        + ["stopped"] * (n_login - n_login // 2 - n_login // 4)
+    ]
     specs += [("button", o) for o in ["success"] * (n_button // 2) + ["wrong"] * (n_button - n_button // 2)]
     for k, (task, outcome) in enumerate(specs):
         task_id, instruction, screens, actions, success, lcs, env = (
             _login_episode(rng, outcome) if task == "login" else _button_episode(rng, outcome)
         )
         episode_id = f"ep{k:03d}"
-        episodes.append({name: None for name in EPISODES.names} | {
-            "episode_id": episode_id, "task_id": task_id, "task_family": "miniwob", "instruction": instruction,
-            "source": "human_demo", "success": success, "n_steps": len(actions),
-        })
+        episodes.append(
+            {name: None for name in EPISODES.names}
+            | {
+                "episode_id": episode_id,
+                "task_id": task_id,
+                "task_family": "miniwob",
+                "instruction": instruction,
+                "source": "human_demo",
+                "success": success,
+                "n_steps": len(actions),
+            }
+        )
         for t, (screen, action) in enumerate(zip(screens, actions)):
-            steps.append({name: None for name in STEPS.names} | {
-                "episode_id": episode_id, "step_idx": t, "action_type": action.type.value,
-                "action_text": action.canonical_text(), "screen": element_records(screen),
-                "target_ref": action.target.ref if action.target is not None else None,
-                "n_elements": len(screen.elements), "done": t == len(actions) - 1,
-            })
+            steps.append(
+                {name: None for name in STEPS.names}
+                | {
+                    "episode_id": episode_id,
+                    "step_idx": t,
+                    "action_type": action.type.value,
+                    "action_text": action.canonical_text(),
+                    "screen": element_records(screen),
+                    "target_ref": action.target.ref if action.target is not None else None,
+                    "n_elements": len(screen.elements),
+                    "done": t == len(actions) - 1,
+                }
+            )
         for source, method, progress in (("lcs", "paper", lcs), ("lcs", "improved", lcs), ("env", None, env)):
             previous = 0.0
             for t, p in enumerate(progress):
-                labels.append({
-                    "episode_id": episode_id, "step_idx": t, "source": source, "method": method, "progress": float(p),
-                    "is_key_step": p > previous, "recipe_id": None, "completion_ratio": float(progress[-1]),
-                    "label_version": f"{source}-{method}-test-v1" if method == "improved" else f"{source}-test-v1",
-                })
+                labels.append(
+                    {
+                        "episode_id": episode_id,
+                        "step_idx": t,
+                        "source": source,
+                        "method": method,
+                        "progress": float(p),
+                        "is_key_step": p > previous,
+                        "recipe_id": None,
+                        "completion_ratio": float(progress[-1]),
+                        "label_version": f"{source}-{method}-test-v1" if method == "improved" else f"{source}-test-v1",
+                    }
+                )
                 previous = max(previous, p)
         goal = f"{task_id}|{instruction}"
         h = int(hashlib.sha1(goal.encode()).hexdigest()[:8], 16) % 10
         split = "train" if h < 6 else ("validation" if h < 8 else "test")
-        split_rows.append({
-            "episode_id": episode_id, "task_id": task_id, "goal_key": goal, "split": split, "success": success,
-            "n_steps": len(actions), "n_steps_sampled": len(actions) if success else max(1, len(actions) - 1),
-            "sampled_steps": list(range(len(actions))) if success else list(range(max(1, len(actions) - 1))),
-        })
+        split_rows.append(
+            {
+                "episode_id": episode_id,
+                "task_id": task_id,
+                "goal_key": goal,
+                "split": split,
+                "success": success,
+                "n_steps": len(actions),
+                "n_steps_sampled": len(actions) if success else max(1, len(actions) - 1),
+                "sampled_steps": list(range(len(actions))) if success else list(range(max(1, len(actions) - 1))),
+            }
+        )
     warehouse = Warehouse(home)
-    m_ingest = Materialization(asset="human_demonstrations", inputs=[
-        LineageInput(kind="file", path="synthetic://tiny-warehouse", version=f"seed-{seed}")])
-    warehouse.publish(m_ingest, [
-        warehouse.stage_table("episodes", "tiny", pa.Table.from_pylist(episodes, schema=EPISODES), m_ingest),
-        warehouse.stage_table("steps", "tiny", pa.Table.from_pylist(steps, schema=STEPS), m_ingest),
-    ])
-    m_labels = Materialization(asset="progress_labels", inputs=[
-        LineageInput(kind="asset", input_asset="human_demonstrations", input_materialization_id=m_ingest.materialization_id)])
-    warehouse.publish(m_labels, [warehouse.stage_table("progress_labels", "default", pa.Table.from_pylist(labels, schema=PROGRESS_LABELS), m_labels)])
-    m_split = Materialization(asset="progress_split", inputs=[
-        LineageInput(kind="asset", input_asset="progress_labels", input_materialization_id=m_labels.materialization_id)])
-    warehouse.publish(m_split, [warehouse.stage_table("progress_split", "default", pa.Table.from_pylist(split_rows, schema=PROGRESS_SPLIT), m_split)])
+    m_ingest = Materialization(
+        asset="human_demonstrations",
+        inputs=[LineageInput(kind="file", path="synthetic://tiny-warehouse", version=f"seed-{seed}")],
+    )
+    warehouse.publish(
+        m_ingest,
+        [
+            warehouse.stage_table("episodes", "tiny", pa.Table.from_pylist(episodes, schema=EPISODES), m_ingest),
+            warehouse.stage_table("steps", "tiny", pa.Table.from_pylist(steps, schema=STEPS), m_ingest),
+        ],
+    )
+    m_labels = Materialization(
+        asset="progress_labels",
+        inputs=[
+            LineageInput(
+                kind="asset", input_asset="human_demonstrations", input_materialization_id=m_ingest.materialization_id
+            )
+        ],
+    )
+    warehouse.publish(
+        m_labels,
+        [
+            warehouse.stage_table(
+                "progress_labels", "default", pa.Table.from_pylist(labels, schema=PROGRESS_LABELS), m_labels
+            )
+        ],
+    )
+    m_split = Materialization(
+        asset="progress_split",
+        inputs=[
+            LineageInput(
+                kind="asset", input_asset="progress_labels", input_materialization_id=m_labels.materialization_id
+            )
+        ],
+    )
+    warehouse.publish(
+        m_split,
+        [
+            warehouse.stage_table(
+                "progress_split", "default", pa.Table.from_pylist(split_rows, schema=PROGRESS_SPLIT), m_split
+            )
+        ],
+    )
     return warehouse
 
 
@@ -183,9 +277,16 @@ def tiny_qwen2_path(tmp_path_factory, minilm_path) -> str:
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(minilm_path)
-    config = Qwen2Config(vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         pad_token_id=tokenizer.pad_token_id)
+    config = Qwen2Config(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     path = tmp_path_factory.mktemp("tiny-qwen2")
     Qwen2Model(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -216,11 +317,33 @@ def trained_progrm(tiny_examples, tmp_path_factory) -> Path:
     from training.train import parse_args, train_reward_model
 
     out = tmp_path_factory.mktemp("trained-progrm")
-    model_config, data, args = parse_args([
-        "--kind", "progrm_env", "--examples", str(tiny_examples["progrm_env"]), "--output_dir", str(out / "trainer"),
-        "--embedding_cache_dir", str(out / "cache"), "--max_steps", "60", "--per_device_train_batch_size", "16",
-        "--learning_rate", "3e-3", "--save_steps", "1000", "--logging_steps", "20", "--disable_tqdm", "true",
-        "--eval_strategy", "no", "--warmup_steps", "0",
-    ])
+    model_config, data, args = parse_args(
+        [
+            "--kind",
+            "progrm_env",
+            "--examples",
+            str(tiny_examples["progrm_env"]),
+            "--output_dir",
+            str(out / "trainer"),
+            "--embedding_cache_dir",
+            str(out / "cache"),
+            "--max_steps",
+            "60",
+            "--per_device_train_batch_size",
+            "16",
+            "--learning_rate",
+            "3e-3",
+            "--save_steps",
+            "1000",
+            "--logging_steps",
+            "20",
+            "--disable_tqdm",
+            "true",
+            "--eval_strategy",
+            "no",
+            "--warmup_steps",
+            "0",
+        ]
+    )
     train_reward_model(model_config, data, args)
     return out / "trainer" / "final"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pyarrow as pa
 import pytest
 
@@ -36,9 +35,12 @@ from .conftest import build_tiny_warehouse
 
 def _traj(n=3, final=None):
     return Trajectory(
-        "e1", "t", "do it",
+        "e1",
+        "t",
+        "do it",
         tuple(TrajectoryStep((f"screen{t}",), f"A{t}") for t in range(n)),
-        success=True, final_screen_lines=final,
+        success=True,
+        final_screen_lines=final,
     )
 
 
@@ -59,7 +61,9 @@ def test_screen_lines_match_screen_to_text():
     from training.datasets import screen_lines_from_records
     from warehouse.schema import element_records
 
-    screen = Screen((UIElement("1", "body"), UIElement("2", "textbox", element_id="user", value="vanda", editable=True, depth=1)))
+    screen = Screen(
+        (UIElement("1", "body"), UIElement("2", "textbox", element_id="user", value="vanda", editable=True, depth=1))
+    )
     assert "\n".join(screen_lines_from_records(element_records(screen))) == screen.to_text()
 
 
@@ -67,7 +71,7 @@ def test_truncation_keeps_instruction_latest_actions_and_screen_top():
     state = StepState(
         instruction="Enter the username vanda",
         history=tuple(f"CLICK(button#b{i})" for i in range(40)),
-        screen_lines=tuple(f"button#x{i} \"label {i}\"" for i in range(200)),
+        screen_lines=tuple(f'button#x{i} "label {i}"' for i in range(200)),
     )
     budget = TruncationBudget(max_tokens=300, keep_recent_actions=3)
     kept = truncate_state(state, budget)
@@ -86,11 +90,15 @@ def test_truncation_keeps_instruction_latest_actions_and_screen_top():
 
 
 def test_prompts_follow_tables_7_and_8():
-    state = StepState("Click ok", ("CLICK(button \"ok\")",), ("button \"ok\"",))
+    state = StepState("Click ok", ('CLICK(button "ok")',), ('button "ok"',))
     progrm, orm = render_prompt("progrm_env", state), render_prompt("orm", state)
     assert "estimation of his progress" in progrm and "judgment about the success or failure" in orm
     for text in (progrm, orm):
-        assert "Instructions: Click ok" in text and "History Actions: \n1. CLICK" in text and "Current screen: \nbutton" in text
+        assert (
+            "Instructions: Click ok" in text
+            and "History Actions: \n1. CLICK" in text
+            and "Current screen: \nbutton" in text
+        )
     prm = render_prompt("prm", StepState("Click ok", (), ("button",), "CLICK(button)"))
     assert "Candidate action: CLICK(button)" in prm and "History Actions: None" in prm
 
@@ -113,16 +121,24 @@ def test_outcome_anchoring_makes_the_final_label_agree_with_the_outcome():
 def test_derived_verdicts_and_human_majority():
     assert derive_step_verdicts([0.2, 0.2, 0.6], True) == ["positive"] * 3
     # failed: gain -> positive; non-gain before the last gain -> unsure; after it -> negative
-    assert derive_step_verdicts([0.25, 0.25, 0.5, 0.5, 0.5], False) == ["positive", "unsure", "positive", "negative", "negative"]
+    assert derive_step_verdicts([0.25, 0.25, 0.5, 0.5, 0.5], False) == [
+        "positive",
+        "unsure",
+        "positive",
+        "negative",
+        "negative",
+    ]
     assert derive_step_verdicts([0.0, 0.0], False) == ["negative", "negative"]
-    votes = human_step_verdicts([
-        {"episode_id": "e", "step_idx": 0, "label": "positive"},
-        {"episode_id": "e", "step_idx": 0, "label": "negative"},
-        {"episode_id": "e", "step_idx": 0, "label": "positive"},
-        {"episode_id": "e", "step_idx": 1, "label": "unsure"},
-        {"episode_id": "e", "step_idx": 2, "label": "positive"},
-        {"episode_id": "e", "step_idx": 2, "label": "negative"},
-    ])
+    votes = human_step_verdicts(
+        [
+            {"episode_id": "e", "step_idx": 0, "label": "positive"},
+            {"episode_id": "e", "step_idx": 0, "label": "negative"},
+            {"episode_id": "e", "step_idx": 0, "label": "positive"},
+            {"episode_id": "e", "step_idx": 1, "label": "unsure"},
+            {"episode_id": "e", "step_idx": 2, "label": "positive"},
+            {"episode_id": "e", "step_idx": 2, "label": "negative"},
+        ]
+    )
     assert votes[("e", 0)] == ("positive", 3) and votes[("e", 1)][0] == "unsure" and votes[("e", 2)][0] == "unsure"
 
 
@@ -143,8 +159,9 @@ def test_datasets_from_the_warehouse(tiny_home):
     assert all(r["step_idx"] == r["n_steps"] - 1 and len(r["history"]) == r["n_steps"] for r in rows)
     assert "judgment about the success or failure" in rows[0]["prompt"]
 
-    env = build_reward_model_dataset(warehouse, "progrm_env", trajectories=trajectories,
-                                     options=DatasetOptions(anchor_outcome=False))
+    env = build_reward_model_dataset(
+        warehouse, "progrm_env", trajectories=trajectories, options=DatasetOptions(anchor_outcome=False)
+    )
     labels = read_progress_labels(warehouse, "env")
     for r in env.examples.to_pylist():
         assert r["label"] == labels[r["episode_id"]].progress[r["step_idx"]]
@@ -188,16 +205,30 @@ def test_human_labels_override_derived_and_unsure_is_filtered(tmp_path):
 
     def answer(row, label, k, interface="step_correctness"):
         return {name: None for name in HUMAN_LABELS.names} | {
-            "ls_server": "local", "annotation_id": k, "ls_project_id": 1, "ls_task_id": k, "interface": interface,
-            "episode_id": row["episode_id"], "step_idx": row["step_idx"], "label": label, "status": "active",
-            "was_cancelled": False, "ground_truth": False, "usable_for_training": label != "unsure", "revision": 1,
+            "ls_server": "local",
+            "annotation_id": k,
+            "ls_project_id": 1,
+            "ls_task_id": k,
+            "interface": interface,
+            "episode_id": row["episode_id"],
+            "step_idx": row["step_idx"],
+            "label": label,
+            "status": "active",
+            "was_cancelled": False,
+            "ground_truth": False,
+            "usable_for_training": label != "unsure",
+            "revision": 1,
         }
 
-    human = pa.Table.from_pylist([
-        answer(failed, "positive", 1),
-        answer(success, "unsure", 2), answer(success, "unsure", 3),
-        answer(success, "no", 4, interface="milestone_match"),  # not a step-correctness answer: ignored
-    ], schema=HUMAN_LABELS)
+    human = pa.Table.from_pylist(
+        [
+            answer(failed, "positive", 1),
+            answer(success, "unsure", 2),
+            answer(success, "unsure", 3),
+            answer(success, "no", 4, interface="milestone_match"),  # not a step-correctness answer: ignored
+        ],
+        schema=HUMAN_LABELS,
+    )
     m = Materialization(asset="human_labels")
     warehouse.publish(m, [warehouse.stage_table("human_labels", "ls", human, m)])
     after = build_reward_model_dataset(warehouse, "prm")
@@ -212,15 +243,33 @@ def test_human_labels_override_derived_and_unsure_is_filtered(tmp_path):
     # the annotation stage's per-step aggregate wins over raw answers when it has rows
     from warehouse.tables_annotation import HUMAN_STEP_LABELS
 
-    aggregate = pa.Table.from_pylist([{
-        "episode_id": failed["episode_id"], "step_idx": failed["step_idx"], "task_id": None, "correctness": "negative",
-        "correctness_votes": 2, "correctness_positive_share": 0.0, "unsure_votes": 0, "progress": None,
-        "progress_votes": 0, "progress_std": None, "n_annotators": 2, "label_version": "h1",
-    }], schema=HUMAN_STEP_LABELS)
+    aggregate = pa.Table.from_pylist(
+        [
+            {
+                "episode_id": failed["episode_id"],
+                "step_idx": failed["step_idx"],
+                "task_id": None,
+                "correctness": "negative",
+                "correctness_votes": 2,
+                "correctness_positive_share": 0.0,
+                "unsure_votes": 0,
+                "progress": None,
+                "progress_votes": 0,
+                "progress_std": None,
+                "n_annotators": 2,
+                "label_version": "h1",
+            }
+        ],
+        schema=HUMAN_STEP_LABELS,
+    )
     m2 = Materialization(asset="human_step_labels")
     warehouse.publish(m2, [warehouse.stage_table("human_step_labels", "human", aggregate, m2)])
     again = build_reward_model_dataset(warehouse, "prm")
-    row = next(r for r in again.examples.to_pylist() if (r["episode_id"], r["step_idx"]) == (failed["episode_id"], failed["step_idx"]))
+    row = next(
+        r
+        for r in again.examples.to_pylist()
+        if (r["episode_id"], r["step_idx"]) == (failed["episode_id"], failed["step_idx"])
+    )
     assert row["label"] == 0.0 and row["label_source"] == "human"
     assert any(i.input_asset == "human_step_labels" for i in again.inputs)
 
@@ -249,8 +298,10 @@ def test_episodes_without_their_labels_fall_back_or_are_dropped(tiny_home):
     env, lcs = read_progress_labels(warehouse, "env"), read_progress_labels(warehouse, "lcs", "improved")
     ids = sorted(trajectories)
     no_env, unlabelled = set(ids[:10]), set(ids[10:15])
-    labels = {"env": {e: v for e, v in env.items() if e not in no_env | unlabelled},
-              "lcs": {e: v for e, v in lcs.items() if e not in unlabelled}}
+    labels = {
+        "env": {e: v for e, v in env.items() if e not in no_env | unlabelled},
+        "lcs": {e: v for e, v in lcs.items() if e not in unlabelled},
+    }
     examples, _ = build_examples("progrm_env", trajectories, splits, progress_labels=labels)
     source_of = {r["episode_id"]: r["label_source"] for r in examples.to_pylist()}
     assert {source_of[e] for e in no_env} == {"lcs:improved+outcome"}
@@ -266,8 +317,9 @@ def test_episodes_without_their_labels_fall_back_or_are_dropped(tiny_home):
 
     lcs_examples, _ = build_examples("progrm_lcs", trajectories, splits, progress_labels=labels)
     assert {r["label_source"] for r in lcs_examples.to_pylist() if r["episode_id"] in unlabelled} == {"outcome"}
-    published, stats = build_examples("progrm_env", trajectories, splits, progress_labels=labels,
-                                      options=DatasetOptions(anchor_outcome=False))
+    published, stats = build_examples(
+        "progrm_env", trajectories, splits, progress_labels=labels, options=DatasetOptions(anchor_outcome=False)
+    )
     assert not set(published["episode_id"].to_pylist()) & (no_env | unlabelled)
     assert stats.dropped["no env labels"] == len(no_env | unlabelled)
     assert fallback_sources("progrm_env", DatasetOptions()) == ("lcs", "outcome")
@@ -278,7 +330,8 @@ def test_target_context_names_which_of_identical_buttons():
     from training.datasets import action_in_context, target_context
 
     records = [
-        {"ref": "1", "role": "body", "depth": 0}, {"ref": "2", "role": "div", "depth": 1},
+        {"ref": "1", "role": "body", "depth": 0},
+        {"ref": "2", "role": "div", "depth": 1},
         {"ref": "3", "role": "div", "depth": 2, "parent_ref": "2"},
         {"ref": "4", "role": "span", "text": "@lacus", "depth": 3, "parent_ref": "3"},
         {"ref": "5", "role": "div", "depth": 3, "parent_ref": "3"},

@@ -68,13 +68,31 @@ def test_calibration_bins_and_ece():
 
 def _evaluation_set():
     trajs = [
-        Trajectory(f"e{i}", "login-user" if i % 2 else "click", "goal",
-                   tuple(TrajectoryStep(("body",), f"A{t}") for t in range(3)), success=i % 3 != 0)
+        Trajectory(
+            f"e{i}",
+            "login-user" if i % 2 else "click",
+            "goal",
+            tuple(TrajectoryStep(("body",), f"A{t}") for t in range(3)),
+            success=i % 3 != 0,
+        )
         for i in range(6)
     ]
-    env = {t.episode_id: EpisodeLabels((0.0, 0.5, 1.0 if t.success else 0.5), (False, True, bool(t.success)), "env") for t in trajs}
-    lcs = {t.episode_id: EpisodeLabels((1 / 3, 2 / 3, 1.0 if t.success else 2 / 3), (True, True, bool(t.success)), "lcs") for t in trajs}
-    verdicts = {t.episode_id: [("positive", "derived"), ("positive", "derived"), ("positive" if t.success else "negative", "human")] for t in trajs}
+    env = {
+        t.episode_id: EpisodeLabels((0.0, 0.5, 1.0 if t.success else 0.5), (False, True, bool(t.success)), "env")
+        for t in trajs
+    }
+    lcs = {
+        t.episode_id: EpisodeLabels((1 / 3, 2 / 3, 1.0 if t.success else 2 / 3), (True, True, bool(t.success)), "lcs")
+        for t in trajs
+    }
+    verdicts = {
+        t.episode_id: [
+            ("positive", "derived"),
+            ("positive", "derived"),
+            ("positive" if t.success else "negative", "human"),
+        ]
+        for t in trajs
+    }
     return EvaluationSet(trajs, lcs, env, verdicts)
 
 
@@ -86,7 +104,9 @@ def test_evaluate_scores_and_tables(tmp_path):
     m_orm = evaluate_scores("orm", orm, data, threshold=0.75)
     assert m_progrm["accuracy"] == 100 and m_progrm["key_step_progress_error"] == 0
     assert m_orm["accuracy"] == pytest.approx(100 * 4 / 6) and m_orm["key_step_progress_error"] > 0
-    assert m_progrm["mean_final_step_score"] == pytest.approx(np.mean([1.0 if t.success else 0.5 for t in data.trajectories]))
+    assert m_progrm["mean_final_step_score"] == pytest.approx(
+        np.mean([1.0 if t.success else 0.5 for t in data.trajectories])
+    )
     assert m_progrm["human_labelled_steps"] == 6 and m_progrm["labelled_steps"] == 18
     table = markdown_table({"orm": m_orm, "progrm_env": m_progrm}, (("accuracy", "Acc"),), ["orm", "progrm_env"])
     assert "| ORM | 66.667 |" in table.replace("66.67", "66.667") or "| ORM |" in table
@@ -113,8 +133,9 @@ def test_paired_success_comparison_counts_discordant_trajectories():
     paired = paired_success_comparison(model, 0.5, orm, 0.3, success)
     assert (paired["wins"], paired["losses"]) == (1, 1)  # trajectory 2 vs trajectory 3
     assert paired["accuracy_gain"] == 0.0 and paired["mcnemar_p"] == 1.0
-    table = markdown_table({"progrm_env": {"mcnemar_p_vs_orm": 2e-9, "accuracy_gain_vs_orm": -5.12}}, PAIRED_COLUMNS,
-                           ["progrm_env"])
+    table = markdown_table(
+        {"progrm_env": {"mcnemar_p_vs_orm": 2e-9, "accuracy_gain_vs_orm": -5.12}}, PAIRED_COLUMNS, ["progrm_env"]
+    )
     assert "| ProgRM-Env | -5.120 | – | – | <0.001 |" in table
     better = paired_success_comparison([0.9, 0.9, 0.1, 0.1, 0.9], 0.5, orm, 0.5, success)
     assert (better["wins"], better["losses"]) == (3, 0) and better["accuracy_gain"] == pytest.approx(60.0)

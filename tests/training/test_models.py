@@ -27,8 +27,11 @@ from training.models import (
 
 STATES = [
     StepState('Enter the username "vanda"', ("CLICK(textbox#username)",), ("body", "  textbox#username [editable]")),
-    StepState('Enter the username "vanda"', ("CLICK(textbox#username)", 'INPUT(textbox#username, "vanda")'),
-              ("body", '  textbox#username value="vanda" [editable]', '  button#subbtn "Login" [clickable]')),
+    StepState(
+        'Enter the username "vanda"',
+        ("CLICK(textbox#username)", 'INPUT(textbox#username, "vanda")'),
+        ("body", '  textbox#username value="vanda" [editable]', '  button#subbtn "Login" [clickable]'),
+    ),
     StepState('Click on the "ok" button.', (), ("body", '  button "ok" [clickable]'), 'CLICK(button "ok")'),
 ]
 
@@ -79,7 +82,9 @@ def test_embedding_cache_hits_save_load_and_eviction(tmp_path):
 
 def test_state_segments_types_positions_and_element_budget():
     config = RewardModelConfig(max_elements=3, max_history=2)
-    state = StepState("g", ("a1", "a2", "a3"), ("body", "  div", '    button "x" [clickable]', "  span", '  input value="v"'), "cand")
+    state = StepState(
+        "g", ("a1", "a2", "a3"), ("body", "  div", '    button "x" [clickable]', "  span", '  input value="v"'), "cand"
+    )
     seg = state_segments(state, config)
     assert seg.texts[:5] == ("g", "cand", "a3", "a2", "body") or seg.texts[:4] == ("g", "cand", "a3", "a2")
     assert seg.history_length == 3  # all actions counted, the latest two embedded
@@ -166,8 +171,11 @@ def test_decoder_backbone_as_frozen_segment_encoder(tiny_qwen2_path):
 def test_truncated_prompt_fits_max_length(minilm_path):
     config = RewardModelConfig(kind="progrm_env", encoder_mode="full", max_length=384)
     tokenizer = load_tokenizer(minilm_path)
-    long_state = StepState("Click the third link", tuple(f"CLICK(link#l{i})" for i in range(50)),
-                           tuple(f'  link#l{i} "Article number {i}" [clickable]' for i in range(100)))
+    long_state = StepState(
+        "Click the third link",
+        tuple(f"CLICK(link#l{i})" for i in range(50)),
+        tuple(f'  link#l{i} "Article number {i}" [clickable]' for i in range(100)),
+    )
     text = prompt_texts([long_state], "progrm_env", tokenizer, config)[0]
     assert len(tokenizer(text)["input_ids"]) <= 384
     assert "Instructions: Click the third link" in text and "CLICK(link#l49)" in text
@@ -183,4 +191,6 @@ def test_instruction_match_features():
     assert wrong[2] == 0.0 and wrong[3] == 0.0
     assert right[0] > wrong[0] and right[1] > wrong[1]
     typed = instruction_match('Enter the username "vanda"', 'textbox#username value="vanda"')
-    assert typed[3] == 1.0 and instruction_match('Enter the username "vanda"', 'textbox#username value="lyda"')[3] == 0.0
+    assert (
+        typed[3] == 1.0 and instruction_match('Enter the username "vanda"', 'textbox#username value="lyda"')[3] == 0.0
+    )

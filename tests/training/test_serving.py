@@ -93,8 +93,11 @@ def test_http_scores_a_trajectory_with_progress_gains(server, scorer):
 
 
 def test_http_scores_single_states_and_text_screens(server, scorer):
-    state = {"instruction": LOGIN, "history": ["CLICK(textbox#username)", 'INPUT(textbox#username, "vanda")'],
-             "screen": 'textbox#username value="vanda" [clickable, editable]\nbutton#subbtn "Login" [clickable]'}
+    state = {
+        "instruction": LOGIN,
+        "history": ["CLICK(textbox#username)", 'INPUT(textbox#username, "vanda")'],
+        "screen": 'textbox#username value="vanda" [clickable, editable]\nbutton#subbtn "Login" [clickable]',
+    }
     status, body = _request(server, "POST", "/v1/score", {"steps": [state, state]})
     assert status == 200 and len(body["results"][0]["scores"]) == 2
     assert body["results"][0]["scores"][0] == pytest.approx(body["results"][0]["scores"][1])
@@ -116,10 +119,30 @@ def test_trajectory_states_match_the_training_indexing(scorer):
         ({"trajectories": [TRAJECTORY]}, {"Content-Type": "text/plain"}, 415, "application/json"),
         ([1, 2], None, 422, "JSON object"),
         ({}, None, 422, "exactly one of"),
-        ({"trajectories": [{"instruction": LOGIN, "steps": []}]}, None, 422, "trajectories[0].steps must be a non-empty list"),
-        ({"trajectories": [{"instruction": LOGIN, "steps": [{"screen": [], "action": 5}]}]}, None, 422, "trajectories[0].steps[0].action must be a string"),
-        ({"trajectories": [{"instruction": LOGIN, "steps": [{"screen": [{"bogus": 1}], "action": "CLICK(x)"}]}]}, None, 422, "unknown fields ['bogus']"),
-        ({"trajectories": [{"instruction": "", "steps": [{"screen": "x", "action": "CLICK(x)"}]}]}, None, 422, "instruction must not be empty"),
+        (
+            {"trajectories": [{"instruction": LOGIN, "steps": []}]},
+            None,
+            422,
+            "trajectories[0].steps must be a non-empty list",
+        ),
+        (
+            {"trajectories": [{"instruction": LOGIN, "steps": [{"screen": [], "action": 5}]}]},
+            None,
+            422,
+            "trajectories[0].steps[0].action must be a string",
+        ),
+        (
+            {"trajectories": [{"instruction": LOGIN, "steps": [{"screen": [{"bogus": 1}], "action": "CLICK(x)"}]}]},
+            None,
+            422,
+            "unknown fields ['bogus']",
+        ),
+        (
+            {"trajectories": [{"instruction": "", "steps": [{"screen": "x", "action": "CLICK(x)"}]}]},
+            None,
+            422,
+            "instruction must not be empty",
+        ),
         ({"trajectories": [TRAJECTORY], "k": 0}, None, 422, "'k'"),
         ({"trajectories": [TRAJECTORY] * 13}, None, 413, "52 steps; at most 50"),
         ({"steps": [{"instruction": LOGIN, "screen": "x" * 30_000}]}, None, 413, "longer than"),
@@ -154,14 +177,19 @@ def test_action_target_adds_its_context_as_in_training():
     from training.serving import parse_trajectory
 
     screen = [
-        _element("body", depth=0), _element("div", element_id="area", depth=1),
-        _element("div", classes="media", depth=2), _element("span", classes="username", text="@lacus", depth=3),
+        _element("body", depth=0),
+        _element("div", element_id="area", depth=1),
+        _element("div", classes="media", depth=2),
+        _element("span", classes="username", text="@lacus", depth=3),
         _element("span", classes="retweet", clickable=True, depth=3),
-        _element("div", classes="media", depth=2), _element("span", classes="username", text="@kanesha", depth=3),
+        _element("div", classes="media", depth=2),
+        _element("span", classes="username", text="@kanesha", depth=3),
         _element("span", classes="retweet", clickable=True, depth=3),
     ]
-    raw = {"instruction": 'For the user @kanesha, click on the "Retweet" button.',
-           "steps": [{"screen": screen, "action": "CLICK(span.retweet)", "target": 7}]}
+    raw = {
+        "instruction": 'For the user @kanesha, click on the "Retweet" button.',
+        "steps": [{"screen": screen, "action": "CLICK(span.retweet)", "target": 7}],
+    }
     traj = parse_trajectory(raw, "t", ServingLimits())
     assert traj.steps[0].action == 'CLICK(span.retweet) within "@kanesha"'
     raw["steps"][0]["target"] = 99

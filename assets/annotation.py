@@ -40,7 +40,6 @@ from dagster import (
     AssetKey,
     AssetMaterialization,
     Config,
-    ConfigurableResource,
     DefaultSensorStatus,
     MaterializeResult,
     MetadataValue,
@@ -67,7 +66,6 @@ from annotation.labelstudio.client import (
     LabelStudioError,
     LabelStudioUnavailable,
 )
-from annotation.labelstudio.connection import pseudonym_salt, resolve_credentials
 from annotation.labelstudio.interfaces import (
     INTERFACES,
     STEP_INTERFACES,
@@ -86,7 +84,7 @@ from annotation.labelstudio.push import (
     step_task_data,
 )
 from annotation.labelstudio.render import StepView
-from annotation.labelstudio.secrets import API_KEY_ENV, URL_ENV, Credentials, credentials_from_environment, scrub
+from annotation.labelstudio.secrets import API_KEY_ENV, scrub
 from annotation.labelstudio.selection import (
     MatchPairCandidate,
     StepCandidate,
@@ -96,9 +94,8 @@ from annotation.labelstudio.selection import (
     select_steps,
     step_item_key,
 )
-from annotation.labelstudio.server import labelstudio_dir
 from annotation.labelstudio.sync import ProjectSyncer, SyncState, backoff_seconds, sync_lock
-from pipelines.resources import WarehouseResource
+from assets.resources import LabelStudioResource, WarehouseResource
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.model import Screen, UIElement
 from warehouse.schema import PROGRESS_LABELS
@@ -129,59 +126,6 @@ ANNOTATION_TABLES = (
 
 
 # -- resource -------------------------------------------------------------------------------------
-
-
-class LabelStudioResource(ConfigurableResource):
-    """Label Studio through the SDK 2.x client.
-
-    The user's own server when ``LABEL_STUDIO_URL`` and ``LABEL_STUDIO_API_KEY`` are set (or
-    ``url`` here plus the key in the environment variable named by ``api_key_env``); otherwise
-    the project's own server under ``$STEPWISE_HOME/labelstudio``, started on demand when
-    ``autostart``. The key is never part of this config (Dagster records run config).
-    """
-
-    home: str | None = Field(default=None, description="STEPWISE_HOME (default: $STEPWISE_HOME or ./.stepwise)")
-    url: str | None = Field(
-        default=None, description="a Label Studio URL; default $LABEL_STUDIO_URL, else the project's own server"
-    )
-    api_key_env: str = Field(
-        default=API_KEY_ENV, description="the environment variable holding the API key (never the key itself)"
-    )
-    autostart: bool = Field(default=True, description="start the project's own server when it is not running")
-    port: int | None = Field(default=None, description="preferred port of the project's own server (default 8080)")
-    project_namespace: str = Field(default="Stepwise", description="prefix of the Label Studio project titles")
-    timeout_s: float = 60.0
-
-    def stepwise_home(self) -> Path:
-        from warehouse.storage import stepwise_home
-
-        return Path(self.home).resolve() if self.home else stepwise_home()
-
-    def data_dir(self) -> Path:
-        return labelstudio_dir(self.stepwise_home())
-
-    def credentials(self, *, start: bool | None = None, progress: Callable[[str], None] | None = None) -> Credentials:
-        environ = dict(os.environ)
-        if self.url and environ.get(self.api_key_env):
-            environ[URL_ENV], environ[API_KEY_ENV] = self.url, environ[self.api_key_env]
-        elif self.api_key_env != API_KEY_ENV and environ.get(self.api_key_env):
-            environ[API_KEY_ENV] = environ[self.api_key_env]
-        return resolve_credentials(
-            self.stepwise_home(),
-            start_local=self.autostart if start is None else start,
-            port=self.port,
-            progress=progress,
-            environ=environ,
-        )
-
-    def client(self, *, start: bool | None = None, progress: Callable[[str], None] | None = None) -> LabelStudioClient:
-        return LabelStudioClient(self.credentials(start=start, progress=progress), timeout_s=self.timeout_s)
-
-    def salt(self) -> str:
-        return pseudonym_salt(self.stepwise_home())
-
-    def uses_local_server(self) -> bool:
-        return credentials_from_environment() is None and not (self.url and os.environ.get(self.api_key_env))
 
 
 # -- small helpers ----------------------------------------------------------------------------------
@@ -1700,4 +1644,3 @@ ANNOTATION_CHECKS = [
     annotation_tables_free_of_secrets,
 ]
 ANNOTATION_SENSORS = [label_studio_sync]
-ANNOTATION_RESOURCES = {"label_studio": LabelStudioResource()}

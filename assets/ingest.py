@@ -15,8 +15,8 @@ from dagster import (
 )
 
 from assets.plots import save_and_inline
+from assets.resources import WarehouseResource
 from envs.miniwob.demo_import import ASSET_NAME, IMPORTER_VERSION, import_demonstrations
-from pipelines.resources import WarehouseResource
 from warehouse.model import KNOWN_ACTION_TYPES
 from warehouse.schema import EPISODES, STEPS, same_type
 from warehouse.storage import REPO_ROOT

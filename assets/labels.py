@@ -31,8 +31,8 @@ from annotation.labeling import LABEL_VERSION, LCS_METHODS, LabelQuality, env_la
 from annotation.synthesis import synthesize, training_split
 from annotation.text_similarity import HashingTextEmbedder, TextEmbedder
 from assets.plots import label_distribution_plot, progress_curves_plot, quality_plot
+from assets.resources import WarehouseResource
 from envs.tasks import TaskSpec, load_task_specs
-from pipelines.resources import WarehouseResource
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.schema import LABEL_NOTES, LABEL_QUALITY, PROGRESS_LABELS, PROGRESS_SPLIT, RECIPES
 from warehouse.storage import REPO_ROOT, git_revision

@@ -41,7 +41,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from pipelines.resources import WarehouseResource
+from assets.resources import WarehouseResource
 from training.datasets import (
     REWARD_MODEL_KINDS,
     SPLITS,

@@ -28,7 +28,6 @@ from dagster import (
     AssetCheckSpec,
     AssetExecutionContext,
     Config,
-    ConfigurableResource,
     Failure,
     MaterializeResult,
     MetadataValue,
@@ -40,13 +39,12 @@ from dagster import (
 )
 from pydantic import Field
 
-from envs.android.env import AndroidConfig
+from assets.resources import EnvPoolResource, WarehouseResource
 from envs.catalog import CatalogTask, families, load_catalog, tasks_of_family
 from envs.miniwob.live import MiniWoBConfig
 from envs.policies import make_policy, policy_names
-from envs.pool import BatchResult, EnvPool, PoolConfig, plan_jobs
+from envs.pool import BatchResult, plan_jobs
 from envs.protocol import EpisodeRecord, episode_tables
-from pipelines.resources import WarehouseResource
 from warehouse.catalog import LineageInput, Materialization, TableOutput
 from warehouse.schema import same_type
 from warehouse.storage import git_revision
@@ -64,43 +62,6 @@ MINIWOB_PARTITIONS = MultiPartitionsDefinition(
 ANDROID_PARTITIONS = MultiPartitionsDefinition(
     {"batch": StaticPartitionsDefinition(BATCH_KEYS), "family": StaticPartitionsDefinition(families("android"))}
 )
-
-
-class EnvPoolResource(ConfigurableResource):
-    """Where environments run: the worker pool's reserve and timeouts, Chromium, Android devices."""
-
-    spares: int = Field(default=1, description="ready workers kept in reserve (GUI-Shepherd kept half its emulators)")
-    step_timeout_s: float = Field(default=10.0, description="a step that takes longer gets its worker killed")
-    reset_timeout_s: float = Field(default=30.0, description="same, for starting an episode")
-    max_attempts: int = Field(default=3, description="tries per episode on fresh workers, the first included")
-    chromium_binary: str = Field(default=MiniWoBConfig.chromium_binary, description="Chromium for MiniWoB++")
-    chromedriver: str = Field(default=MiniWoBConfig.chromedriver, description="its chromedriver")
-    android_devices: list[str] = Field(
-        default=[], description="adb serials or IP:port of Android emulators/devices, one worker each"
-    )
-    android_settle_s: float = Field(default=0.6, description="wait after an Android action before reading the screen")
-
-    def pool_config(self, workers: int) -> PoolConfig:
-        return PoolConfig(
-            workers=workers,
-            spares=self.spares,
-            step_timeout_s=self.step_timeout_s,
-            reset_timeout_s=self.reset_timeout_s,
-            max_attempts=self.max_attempts,
-        )
-
-    def miniwob_pool(self, workers: int, log=None) -> EnvPool:
-        config = MiniWoBConfig(chromium_binary=self.chromium_binary, chromedriver=self.chromedriver)
-        return EnvPool(config, self.pool_config(workers), log=log)
-
-    def android_pool(self, workers: int, log=None) -> EnvPool:
-        if not self.android_devices:
-            raise Failure(
-                "no Android devices configured: set resources.env_pool.config.android_devices to adb serials "
-                "or IP:port addresses of emulators/devices (one worker per device; extra ones are spares)"
-            )
-        configs = [AndroidConfig(serial=d, settle_s=self.android_settle_s) for d in self.android_devices]
-        return EnvPool(configs, self.pool_config(min(workers, len(configs))), log=log)
 
 
 class RolloutConfig(Config):
@@ -502,4 +463,3 @@ ROLLOUT_JOBS = [
         description="Android rollouts on the configured devices",
     ),
 ]
-ROLLOUT_RESOURCES = {"env_pool": EnvPoolResource()}

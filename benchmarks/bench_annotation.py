@@ -40,7 +40,7 @@ from assets.annotation import (  # noqa: E402
     annotation_queue,
     build_label_studio_sensor,
 )
-from pipelines.resources import WarehouseResource  # noqa: E402
+from assets.resources import WarehouseResource  # noqa: E402
 from warehouse.catalog import Materialization, Warehouse  # noqa: E402
 from warehouse.model import Screen, UIElement  # noqa: E402
 from warehouse.schema import EPISODES, PROGRESS_LABELS, STEPS, element_records  # noqa: E402

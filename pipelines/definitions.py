@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dagster import AssetSelection, Definitions, define_asset_job
 
-from assets.annotation import ANNOTATION_ASSETS, ANNOTATION_CHECKS, ANNOTATION_RESOURCES, ANNOTATION_SENSORS
+from assets.annotation import ANNOTATION_ASSETS, ANNOTATION_CHECKS, ANNOTATION_SENSORS
 from assets.ingest import INGEST_CHECKS, human_demonstrations
 from assets.labels import LABEL_ASSETS, LABEL_CHECKS
+from assets.resources import RESOURCES
 from assets.reward_models import GROUP as REWARD_MODEL_GROUP
 from assets.reward_models import KIND_PARTITIONS, REWARD_MODEL_ASSETS, REWARD_MODEL_CHECKS
-from assets.rollouts import ROLLOUT_ASSETS, ROLLOUT_CHECKS, ROLLOUT_JOBS, ROLLOUT_RESOURCES
-from pipelines.resources import WarehouseResource
+from assets.rollouts import ROLLOUT_ASSETS, ROLLOUT_CHECKS, ROLLOUT_JOBS
 
 # Everything unpartitioned and offline, on embedded defaults: what `make demo` runs after a batch
 # of rollouts. Rollouts are partitioned (task family x batch) and run by their own jobs; the
@@ -45,5 +45,5 @@ defs = Definitions(
     asset_checks=[*INGEST_CHECKS, *ROLLOUT_CHECKS, *LABEL_CHECKS, *ANNOTATION_CHECKS, *REWARD_MODEL_CHECKS],
     jobs=[main_job, annotation_job, reward_models_job, reward_model_report_job, *ROLLOUT_JOBS],
     sensors=ANNOTATION_SENSORS,
-    resources={"warehouse": WarehouseResource(), **ROLLOUT_RESOURCES, **ANNOTATION_RESOURCES},
+    resources=RESOURCES,
 )

@@ -8,8 +8,8 @@ import pytest
 from dagster import DagsterInstance, materialize
 
 from assets.ingest import INGEST_CHECKS, human_demonstrations
+from assets.resources import WarehouseResource
 from pipelines.definitions import defs
-from pipelines.resources import WarehouseResource
 from warehouse.catalog import Warehouse
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

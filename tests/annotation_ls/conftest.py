@@ -61,7 +61,7 @@ def namespace() -> str:
 
 @pytest.fixture
 def ls_resource(ls_server, ls_home, namespace):
-    from assets.annotation import LabelStudioResource
+    from assets.resources import LabelStudioResource
 
     return LabelStudioResource(home=str(ls_home), autostart=False, project_namespace=namespace)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dagster import DagsterInstance, build_sensor_context, materialize
 
-from assets.annotation import LabelStudioResource, annotation_candidates, annotation_queue
-from pipelines.resources import WarehouseResource
+from assets.annotation import annotation_candidates, annotation_queue
+from assets.resources import LabelStudioResource, WarehouseResource
 from warehouse.catalog import Warehouse
 
 

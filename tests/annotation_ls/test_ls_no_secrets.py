@@ -17,7 +17,7 @@ from annotation.labelstudio.audit import file_text, files_containing
 from annotation.labelstudio.interfaces import correctness_prediction
 from annotation.labelstudio.secrets import read_local_secrets
 from assets.annotation import ANNOTATION_ASSETS, ANNOTATION_CHECKS, build_label_studio_sensor
-from pipelines.resources import WarehouseResource
+from assets.resources import WarehouseResource
 from tests.annotation_ls.conftest import build_small_warehouse
 from tests.annotation_ls.helpers import push, queued_tasks, tick
 

@@ -17,7 +17,8 @@ from dagster import DagsterInstance, SensorResult
 from annotation.labelstudio.client import LabelStudioAuthError, LabelStudioClient
 from annotation.labelstudio.interfaces import correctness_prediction
 from annotation.labelstudio.sync import SyncState, human_labels_dataset
-from assets.annotation import LabelStudioResource, build_label_studio_sensor
+from assets.annotation import build_label_studio_sensor
+from assets.resources import LabelStudioResource
 from tests.annotation_ls.helpers import labels, push, queued_tasks, tick
 
 pytestmark = pytest.mark.e2e

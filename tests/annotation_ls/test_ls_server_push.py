@@ -104,7 +104,7 @@ def push_selection_only(warehouse, label_studio, instance):
     from dagster import materialize
 
     from assets.annotation import annotation_candidates
-    from pipelines.resources import WarehouseResource
+    from assets.resources import WarehouseResource
 
     result = materialize(
         [annotation_candidates],
@@ -126,7 +126,7 @@ def test_milestone_interfaces_are_pushed(small_warehouse, ls_resource, tmp_path)
     from dagster import materialize
 
     from assets.annotation import annotation_queue
-    from pipelines.resources import WarehouseResource
+    from assets.resources import WarehouseResource
 
     result = materialize(
         [annotation_queue],
@@ -199,7 +199,7 @@ def test_screenshots_are_served_to_the_projects_annotators(ls_server, ls_home, l
 
 
 def test_a_users_own_server_from_the_environment(ls_credentials, small_warehouse, tmp_path, monkeypatch, namespace):
-    from assets.annotation import LabelStudioResource
+    from assets.resources import LabelStudioResource
 
     monkeypatch.setenv("LABEL_STUDIO_URL", ls_credentials.url)
     monkeypatch.setenv("LABEL_STUDIO_API_KEY", ls_credentials.api_key)

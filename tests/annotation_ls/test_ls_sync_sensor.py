@@ -15,7 +15,7 @@ from assets.annotation import (
     human_step_labels,
     label_source_comparison,
 )
-from pipelines.resources import WarehouseResource
+from assets.resources import WarehouseResource
 from tests.annotation_ls.helpers import labels, push, queued_tasks, tick
 
 pytestmark = pytest.mark.e2e

@@ -3,12 +3,12 @@ pipelines/definitions.py wires the same lists into the whole graph)."""
 
 from dagster import Definitions
 
-from assets.rollouts import ROLLOUT_ASSETS, ROLLOUT_CHECKS, ROLLOUT_JOBS, ROLLOUT_RESOURCES
-from pipelines.resources import WarehouseResource
+from assets.resources import EnvPoolResource, WarehouseResource
+from assets.rollouts import ROLLOUT_ASSETS, ROLLOUT_CHECKS, ROLLOUT_JOBS
 
 defs = Definitions(
     assets=ROLLOUT_ASSETS,
     asset_checks=ROLLOUT_CHECKS,
     jobs=ROLLOUT_JOBS,
-    resources={**ROLLOUT_RESOURCES, "warehouse": WarehouseResource()},
+    resources={"env_pool": EnvPoolResource(), "warehouse": WarehouseResource()},
 )

@@ -7,13 +7,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from assets.resources import WarehouseResource
 from assets.rollouts import ATTEMPTS_TABLE, publish_rollouts
 from envs.catalog import load_catalog
 from envs.miniwob.live import MiniWoBConfig
 from envs.policies import make_policy
 from envs.pool import EnvPool, EpisodeJob, PoolConfig, plan_jobs
 from envs.tasks import task_spec_from_mapping
-from pipelines.resources import WarehouseResource
 
 pytestmark = pytest.mark.e2e
 

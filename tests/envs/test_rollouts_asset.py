@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, MultiPartitionKey, materialize
 
+from assets.resources import WarehouseResource
 from assets.rollouts import (
     ANDROID_PARTITIONS,
     BATCH_KEYS,
@@ -25,7 +26,6 @@ from assets.rollouts import (
     rollouts,
 )
 from envs.catalog import MINIWOB_FAMILIES
-from pipelines.resources import WarehouseResource
 from warehouse.catalog import Warehouse
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from dagster import DagsterInstance, materialize
 
 from assets.ingest import INGEST_CHECKS, human_demonstrations
 from assets.labels import LABEL_ASSETS, LABEL_CHECKS
-from pipelines.resources import WarehouseResource
+from assets.resources import WarehouseResource
 from warehouse.catalog import Warehouse
 
 STEPWISE = Path(sys.executable).with_name("stepwise")

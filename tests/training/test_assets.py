@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from dagster import DagsterInstance, materialize
 
+from assets.resources import WarehouseResource
 from assets.reward_models import (
     KIND_PARTITIONS,
     REWARD_MODEL_ASSETS,
@@ -13,7 +14,6 @@ from assets.reward_models import (
     reward_model_datasets,
     reward_model_report,
 )
-from pipelines.resources import WarehouseResource
 from warehouse.catalog import Warehouse
 
 from .conftest import build_tiny_warehouse

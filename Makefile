@@ -1,6 +1,6 @@
 # Stepwise: two commands set up everything on a fresh machine.
 #   make demo   - set up, then materialize the whole asset graph on embedded defaults
-#   make test   - set up, then run the test suite (what .ci/run calls)
+#   make test   - set up, lint (ruff, mypy, import contracts), then run the test suite (what .ci/run calls)
 SHELL := /bin/bash
 export STEPWISE_HOME ?= $(CURDIR)/.stepwise
 export DAGSTER_HOME ?= $(STEPWISE_HOME)/dagster
@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 VENV := .venv
 PORT ?= 3000
 
-.PHONY: setup demo test test-fast ui annotate reward-models bench clean
+.PHONY: setup demo test test-fast lint ui annotate reward-models bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -17,8 +17,15 @@ setup:
 demo: setup
 	@$(VENV)/bin/stepwise demo
 
-test: setup
+test: setup lint
 	@$(VENV)/bin/python -m pytest -q
+
+# Style, types and the import direction (pyproject.toml: [tool.ruff], [tool.mypy], [tool.importlinter]).
+lint: setup
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/ruff format --check .
+	@$(VENV)/bin/mypy
+	@$(VENV)/bin/lint-imports
 
 test-fast: setup
 	@$(VENV)/bin/python -m pytest -q -m "not e2e"

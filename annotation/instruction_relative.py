@@ -193,7 +193,7 @@ def expand_to_all_steps(
     inherit the progress of the nearest preceding step (0 before the first), as in §2.2 stage 3."""
     progress = [0.0] * cleaned.n_steps
     is_key = [False] * cleaned.n_steps
-    for value, key, step in zip(kept_progress, kept_is_key, cleaned.kept_step_indices):
+    for value, key, step in zip(kept_progress, kept_is_key, cleaned.kept_step_indices, strict=True):
         progress[step] = value
         is_key[step] = key
     running = 0.0

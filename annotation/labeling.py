@@ -68,7 +68,8 @@ def lcs_labels(
         ]
         if odd:
             run.step_notes[trajectory.episode_id] = (
-                f"task {trajectory.task_id}: steps {odd} have an unknown action type ({trajectory.actions[odd[0]].detail}); they never match a recipe"
+                f"task {trajectory.task_id}: steps {odd} have an unknown action type "
+                f"({trajectory.actions[odd[0]].detail}); they never match a recipe"
             )
         if method == "improved":
             cleaned = clean_trajectory(trajectory.actions, trajectory.screens, trajectory.instruction)
@@ -132,7 +133,7 @@ def lcs_labels(
         if method == "improved":
             progress, is_key = expand_to_all_steps(progress, is_key, cleaned_by_episode[trajectory.episode_id])
         recipe_id = f"{method}:{labels.recipe_id}" if labels.recipe_id else None
-        for step_idx, (p, key) in enumerate(zip(progress, is_key)):
+        for step_idx, (p, key) in enumerate(zip(progress, is_key, strict=True)):
             run.label_rows.append(
                 {
                     "episode_id": trajectory.episode_id,
@@ -200,7 +201,7 @@ def milestone_hits(trajectory: Trajectory, spec: TaskSpec | None) -> tuple[tuple
     track = track_milestones(
         spec,
         trajectory.instruction,
-        zip(screens_after, trajectory.actions),
+        zip(screens_after, trajectory.actions, strict=False),
         success=trajectory.success,
         fields=trajectory.fields,
     )
@@ -229,6 +230,7 @@ def env_labels(trajectories: Iterable[Trajectory], specs: Mapping[str, TaskSpec]
         except TaskSpecError as exc:
             run.unlabelled[trajectory.episode_id] = str(exc)
             continue
+        assert hits is not None  # there is a spec or recorded hits (checked above)
         ordered = [m.name for m in spec.milestones] if spec else _order_of_first_hits(hits)
         progress, is_key = milestone_progress(hits, ordered)
         for step_idx in range(trajectory.n_steps):
@@ -283,7 +285,7 @@ def label_quality(
     grouped: dict[tuple[str, str], list[Mapping]] = defaultdict(list)
     for r in lcs_rows:
         task = task_of.get(r["episode_id"])
-        if task in task_set and (r["episode_id"], r["step_idx"]) in env:
+        if task is not None and task in task_set and (r["episode_id"], r["step_idx"]) in env:
             grouped[(r["method"], task_set[task])].append(r)
     results = []
     for (method, set_name), rows in sorted(grouped.items()):

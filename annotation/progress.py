@@ -145,7 +145,7 @@ def _trajectory_labels(
 ) -> TrajectoryLabels:
     steps = tuple(
         StepLabel(progress=p, is_key_step=k, recipe_id=recipe_id, completion_ratio=ratio)
-        for p, k in zip(progress.tolist(), is_key.tolist())
+        for p, k in zip(progress.tolist(), is_key.tolist(), strict=True)
     )
     return TrajectoryLabels(episode_id, source, steps, recipe_id, ratio)
 
@@ -225,7 +225,7 @@ def assign_progress_labels(
     # Stage 2b: align each episode with its chosen recipe; the matched steps are its key steps.
     chosen = first_recipe_id[job_task] + best_rank
     _, alignments = soft_lcs_alignment_arrays_indexed(store, np.arange(len(jobs)), chosen, score_tables, job_task)
-    for k, ((task, episode), (step_idx, recipe_idx)) in enumerate(zip(jobs, alignments)):
+    for k, ((task, episode), (step_idx, recipe_idx)) in enumerate(zip(jobs, alignments, strict=True)):
         recipe = recipes_by_task[task].recipes[int(best_rank[k])]
         progress, is_key = progress_from_alignment(
             int(store.lengths[k]), step_idx, recipe_idx, len(recipe), kappa_rule=kappa_rule

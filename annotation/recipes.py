@@ -148,7 +148,7 @@ def _similarity_matrices(
     sims = np.divide(scores, shorter, out=np.zeros_like(scores), where=shorter > 0)
     matrices: list[np.ndarray] = []
     start = 0
-    for codes, (upper_i, upper_j) in zip(codes_per_task, spans):
+    for codes, (upper_i, upper_j) in zip(codes_per_task, spans, strict=True):
         matrix = np.eye(len(codes), dtype=np.float64)
         matrix[upper_i, upper_j] = sims[start : start + upper_i.size]
         matrix[upper_j, upper_i] = sims[start : start + upper_i.size]
@@ -181,7 +181,7 @@ def _fold_groups(
             list(tables),
             [table_of_group[g] for g in folding],
         )
-        for g, (recipe_idx, _) in zip(folding, alignments):
+        for g, (recipe_idx, _) in zip(folding, alignments, strict=True):
             symbols, anchors = recipes[g]
             recipes[g] = (symbols[recipe_idx], anchors[recipe_idx])
     return recipes
@@ -202,7 +202,7 @@ def _consensus_groups(
     tables: Sequence[np.ndarray],
     table_of_group: Sequence[int],
     support: float,
-) -> list[tuple[np.ndarray, np.ndarray]]:
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[int]]:
     """A noise-tolerant generalisation of Eq. (10) for the improved mode.
 
     Eq. (10) keeps only what *every* member shares, so one hurried or unusual (yet successful)
@@ -211,24 +211,27 @@ def _consensus_groups(
     member, and its steps matched by at least ``support`` of them form the recipe. With
     ``support=1`` a step must be shared by all members, as in Eq. (10).
 
-    Returns, per group, (recipe symbols, their indices in the medoid) and puts the medoid first.
+    Returns, per group, (recipe symbols, their indices in the medoid), and each group's medoid (its
+    position among the group's members; the caller puts the medoid first).
     """
     medoids = [int(np.argmax(sim.sum(axis=1))) for sim in similarities]
     a_seqs, b_seqs, table_index, owner = [], [], [], []
-    for g, (codes, medoid) in enumerate(zip(member_codes, medoids)):
+    for g, (codes, medoid) in enumerate(zip(member_codes, medoids, strict=True)):
         for m, other in enumerate(codes):
             if m != medoid:
                 a_seqs.append(codes[medoid])
                 b_seqs.append(other)
                 table_index.append(table_of_group[g])
                 owner.append(g)
-    support_counts = [np.zeros(len(codes[medoid]), dtype=np.int64) for codes, medoid in zip(member_codes, medoids)]
+    support_counts = [
+        np.zeros(len(codes[medoid]), dtype=np.int64) for codes, medoid in zip(member_codes, medoids, strict=True)
+    ]
     if a_seqs:
         _, alignments = soft_lcs_alignment_arrays(a_seqs, b_seqs, list(tables), table_index)
-        for g, (medoid_idx, _) in zip(owner, alignments):
+        for g, (medoid_idx, _) in zip(owner, alignments, strict=True):
             support_counts[g][medoid_idx] += 1
     results = []
-    for codes, medoid, counts in zip(member_codes, medoids, support_counts):
+    for codes, medoid, counts in zip(member_codes, medoids, support_counts, strict=True):
         others = max(1, len(codes) - 1)
         keep = np.flatnonzero(counts >= support * others - 1e-9)
         results.append((np.asarray(codes[medoid])[keep], keep.astype(np.int64)))
@@ -289,12 +292,12 @@ def build_recipe_libraries(
     # Group every task, then fold all kept groups of all tasks together.
     groups_of: dict[str, list[list[int]]] = {}
     kept: list[tuple[str, list[int]]] = []
-    for task, sim in zip(comparable, matrices):
+    for task, sim in zip(comparable, matrices, strict=True):
         groups_of[task] = group_by_similarity(sim, theta)
         kept.extend((task, g) for g in groups_of[task] if len(g) >= min_group_size)
     table_position = {task: k for k, task in enumerate(comparable)}
     if recipe_rule == "consensus":
-        matrix_of = dict(zip(comparable, matrices))
+        matrix_of = dict(zip(comparable, matrices, strict=True))
         folded, medoids = _consensus_groups(
             [[task_codes[task][m] for m in group] for task, group in kept],
             [matrix_of[task][np.ix_(group, group)] for task, group in kept],
@@ -305,22 +308,22 @@ def build_recipe_libraries(
         # The medoid becomes the group's first member: recipe anchors index into it.
         reordered = [
             [group[medoid], *[m for k, m in enumerate(group) if k != medoid]]
-            for (_, group), medoid in zip(kept, medoids)
+            for (_, group), medoid in zip(kept, medoids, strict=True)
         ]
         groups_of = {task: [g for g in groups if len(g) < min_group_size] for task, groups in groups_of.items()}
-        for (task, _), group in zip(kept, reordered):
+        for (task, _), group in zip(kept, reordered, strict=True):
             groups_of[task].append(group)
-        kept = [(task, group) for (task, _), group in zip(kept, reordered)]
+        kept = [(task, group) for (task, _), group in zip(kept, reordered, strict=True)]
     else:
         folded = _fold_groups(
             [[task_codes[task][m] for m in group] for task, group in kept],
             [tables[t].scores for t in comparable],
             [table_position[task] for task, _ in kept],
         )
-    folded_of = {(task, tuple(group)): result for (task, group), result in zip(kept, folded)}
+    folded_of = {(task, tuple(group)): result for (task, group), result in zip(kept, folded, strict=True)}
 
-    for task, sim in zip(comparable, matrices):
-        episodes, table = successes[task], tables[task]
+    for task, sim in zip(comparable, matrices, strict=True):
+        episodes = successes[task]
         recipes: list[Recipe] = []
         notes: list[str] = []
         for group in groups_of[task]:

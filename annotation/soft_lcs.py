@@ -669,7 +669,7 @@ def soft_lcs_alignment_arrays_indexed(
         batch_scores, table, a_sym, b_sym = _dp_rows(pairs, batch, workspace)
         assert table is not None
         scores[batch] = batch_scores
-        for k, alignment in zip(batch.tolist(), _backtrack(pairs, batch, table, a_sym, b_sym)):
+        for k, alignment in zip(batch.tolist(), _backtrack(pairs, batch, table, a_sym, b_sym), strict=True):
             alignments[k] = alignment
     return scores, alignments
 
@@ -710,8 +710,8 @@ def soft_lcs_alignments(
     """Eq. (8) scores and alignments for every pair (fast path), identical to :func:`soft_lcs_reference`."""
     scores, alignments = soft_lcs_alignment_arrays(a_seqs, b_seqs, tables, table_index)
     return [
-        SoftLCSResult(score=float(score), pairs=tuple(zip(a_idx.tolist(), b_idx.tolist())))
-        for score, (a_idx, b_idx) in zip(scores, alignments)
+        SoftLCSResult(score=float(score), pairs=tuple(zip(a_idx.tolist(), b_idx.tolist(), strict=True)))
+        for score, (a_idx, b_idx) in zip(scores, alignments, strict=True)
     ]
 
 

@@ -1,4 +1,4 @@
-"""Synthetic trajectories for reward-model training (ProgRM App. B) and the training split (App. C).
+"""Synthetic trajectories for reward-model training (ProgRM App. B); the split is :mod:`annotation.split`.
 
 Failed trajectories: (1) an instruction of task a with the execution of task b (mismatched
 instruction), (2) a random walk. Successful trajectories: a successful "prototype" with empty or
@@ -9,11 +9,10 @@ and its parent. All functions are pure and deterministic given the ``random.Rand
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from annotation.instruction_relative import garbage_mask
 from warehouse.model import Action, ActionType, Screen
@@ -83,7 +82,7 @@ def insert_noop(parent: Trajectory, rng: random.Random, index: int = 0) -> Traje
 def remove_noops(parent: Trajectory, index: int = 0) -> Trajectory | None:
     """A successful prototype without its empty and effectless steps; None if it has none."""
     garbage = garbage_mask(parent.screens, parent.n_steps)
-    garbage = [g or a.type is ActionType.NOTHING for g, a in zip(garbage, parent.actions)]
+    garbage = [g or a.type is ActionType.NOTHING for g, a in zip(garbage, parent.actions, strict=True)]
     if not any(garbage) or all(garbage):
         return None
     keep = [i for i, g in enumerate(garbage) if not g]
@@ -123,57 +122,4 @@ def synthesize(
         if rng.random() < successes_per_success:
             removed = remove_noops(parent, i) if rng.random() < 0.5 else None
             out.append(removed or insert_noop(parent, rng, i))
-    return out
-
-
-# -- the training split (ProgRM App. C) -------------------------------------------------------
-
-
-def goal_key(trajectory: Trajectory) -> str:
-    """What makes two trajectories share a goal: the task and its normalised instruction."""
-    return f"{trajectory.task_id}|{' '.join(trajectory.instruction.split()).casefold()}"
-
-
-def split_of(key: str, fractions: tuple[float, float, float] = (0.7, 0.15, 0.15)) -> str:
-    """Deterministic split of a goal (or task) by hashing: train / validation / test."""
-    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
-    if bucket < fractions[0]:
-        return "train"
-    return "validation" if bucket < fractions[0] + fractions[1] else "test"
-
-
-@dataclass(frozen=True)
-class SplitRow:
-    episode_id: str
-    task_id: str
-    goal_key: str
-    split: str
-    success: bool
-    n_steps: int
-    sampled_steps: tuple[int, ...]
-
-
-def training_split(
-    trajectories: Sequence[Trajectory], *, by: str = "goal", seed: int = 0, fractions=(0.7, 0.15, 0.15)
-) -> list[SplitRow]:
-    """App. C: trajectories split by task goal (or by task, ``by="task"``, for held-out tasks);
-    all steps of successful trajectories kept, steps of failed ones sampled so that success and
-    failure steps are near 1:1 within each split."""
-    rows = []
-    for t in trajectories:
-        key = goal_key(t) if by == "goal" else t.task_id
-        rows.append((t, key, split_of(key, fractions)))
-    rate: dict[str, float] = {}
-    for split in ("train", "validation", "test"):
-        ok = sum(t.n_steps for t, _, s in rows if s == split and t.success)
-        failed = sum(t.n_steps for t, _, s in rows if s == split and not t.success)
-        rate[split] = min(1.0, ok / failed) if failed else 1.0
-    rng = random.Random(seed)
-    out = []
-    for t, key, split in rows:
-        if t.success:
-            sampled = tuple(range(t.n_steps))
-        else:
-            sampled = tuple(i for i in range(t.n_steps) if rng.random() < rate[split])
-        out.append(SplitRow(t.episode_id, t.task_id, key, split, t.success, t.n_steps, sampled))
     return out

@@ -77,7 +77,16 @@ def text_similarity(text_a: str, text_b: str, embed: Embed) -> float:
 
 
 class _SentenceEncoder(Protocol):
-    def encode(self, sentences: list[str], **kwargs: Any) -> Any: ...
+    def encode(
+        self,
+        sentences: list[str],
+        /,
+        *,
+        batch_size: int = ...,
+        normalize_embeddings: bool = ...,
+        convert_to_numpy: bool = ...,
+        show_progress_bar: bool = ...,
+    ) -> Any: ...
 
 
 def minilm_model_path() -> Path:
@@ -115,7 +124,7 @@ class _CachedEmbedder:
         if misses:
             vectors = l2_normalise(self._encode_misses(misses))
             self.texts_encoded += len(misses)
-            for text, vector in zip(misses, vectors):
+            for text, vector in zip(misses, vectors, strict=True):
                 self._cache[text] = vector
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float64)

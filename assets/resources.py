@@ -61,6 +61,18 @@ class EnvPoolResource(ConfigurableResource):
             max_attempts=self.max_attempts,
         )
 
+    def settings(self) -> dict[str, float | int]:
+        """The pool settings recorded with every batch."""
+        return {"step_timeout_s": self.step_timeout_s, "max_attempts": self.max_attempts}
+
+    def pool(self, backend: str, workers: int, log: Callable[[str], None] | None = None) -> EnvPool:
+        """A pool of ``workers`` environments of ``backend`` (miniwob | android)."""
+        if backend == "miniwob":
+            return self.miniwob_pool(workers, log=log)
+        if backend == "android":
+            return self.android_pool(workers, log=log)
+        raise Failure(f"unknown environment backend {backend!r} (miniwob | android)")
+
     def miniwob_pool(self, workers: int, log=None) -> EnvPool:
         config = MiniWoBConfig(chromium_binary=self.chromium_binary, chromedriver=self.chromedriver)
         return EnvPool(config, self.pool_config(workers), log=log)

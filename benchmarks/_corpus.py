@@ -97,7 +97,7 @@ def load_real_trajectories(
     from warehouse.trajectories import load_trajectories
 
     if count_real_episodes(home) == 0:
-        from envs.miniwob.demo_import import import_demonstrations
+        from envs.miniwob.demonstrations import import_demonstrations
 
         tmp = Path(tempfile.mkdtemp(prefix="stepwise-bench-labels-"))
         log(f"no imported demonstrations under {home}: importing {demos} into {tmp} ...")

@@ -34,16 +34,16 @@ import pyarrow.compute  # noqa: E402,F401
 from dagster import DagsterInstance, build_sensor_context, materialize  # noqa: E402
 
 from annotation.labelstudio.server import LocalLabelStudio, free_port  # noqa: E402
-from assets.annotation import (  # noqa: E402
-    LabelStudioResource,
+from assets.human_labels import (  # noqa: E402
     annotation_candidates,
     annotation_queue,
     build_label_studio_sensor,
 )
-from assets.resources import WarehouseResource  # noqa: E402
+from assets.resources import LabelStudioResource, WarehouseResource  # noqa: E402
 from warehouse.catalog import Materialization, Warehouse  # noqa: E402
 from warehouse.model import Screen, UIElement  # noqa: E402
 from warehouse.schema import EPISODES, PROGRESS_LABELS, STEPS, element_records  # noqa: E402
+from warehouse.tables_training import RM_PREDICTIONS  # noqa: E402
 
 TASKS = (
     "login-user",
@@ -159,10 +159,11 @@ def synthetic_warehouse(home: Path, n_steps: int) -> Warehouse:
             )
             predictions.append(
                 {
+                    "model_id": "rm-bench",
+                    "kind": "progrm_lcs",
                     "episode_id": episode_id,
                     "step_idx": s,
-                    "model_id": "rm-bench",
-                    "progress": ((s + 1) / 4) if success else 0.2 * s,
+                    "score": ((s + 1) / 4) if success else 0.2 * s,
                 }
             )
     m = Materialization(asset="bench_fixture")
@@ -172,7 +173,9 @@ def synthetic_warehouse(home: Path, n_steps: int) -> Warehouse:
             warehouse.stage_table("episodes", "bench", pa.Table.from_pylist(episodes, schema=EPISODES), m),
             warehouse.stage_table("steps", "bench", pa.Table.from_pylist(steps, schema=STEPS), m),
             warehouse.stage_table("progress_labels", "bench", pa.Table.from_pylist(labels, schema=PROGRESS_LABELS), m),
-            warehouse.stage_table("rm_predictions", "bench", pa.Table.from_pylist(predictions), m),
+            warehouse.stage_table(
+                "rm_predictions", "rm-bench", pa.Table.from_pylist(predictions, schema=RM_PREDICTIONS), m
+            ),
         ],
     )
     return warehouse
@@ -186,13 +189,17 @@ def copied_warehouse(home: Path, source: Path, n_steps: int) -> Warehouse:
     episodes = origin.query(
         "SELECT * FROM episodes WHERE episode_id IN (SELECT unnest(?::VARCHAR[]))", [episode_ids.to_pylist()]
     )
-    predictions = pa.table(
-        {
+    n = steps.num_rows
+    predictions = pa.Table.from_pydict(
+        {name: [None] * n for name in RM_PREDICTIONS.names}
+        | {
+            "model_id": ["rm-bench"] * n,
+            "kind": ["progrm_lcs"] * n,
             "episode_id": steps.column("episode_id"),
             "step_idx": steps.column("step_idx"),
-            "model_id": pa.array(["rm-bench"] * steps.num_rows),
-            "progress": pa.array([(i % 5) / 4 for i in range(steps.num_rows)], pa.float64()),
-        }
+            "score": [(i % 5) / 4 for i in range(n)],
+        },
+        schema=RM_PREDICTIONS,
     )
     warehouse = Warehouse(home)
     m = Materialization(asset="bench_fixture")
@@ -201,7 +208,7 @@ def copied_warehouse(home: Path, source: Path, n_steps: int) -> Warehouse:
         [
             warehouse.stage_table("episodes", "bench", episodes, m),
             warehouse.stage_table("steps", "bench", steps, m),
-            warehouse.stage_table("rm_predictions", "bench", predictions, m),
+            warehouse.stage_table("rm_predictions", "rm-bench", predictions, m),
         ],
     )
     return warehouse

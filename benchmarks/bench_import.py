@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import polars as pl  # noqa: E402
 
-from envs.miniwob.demo_import import import_demonstrations  # noqa: E402
+from envs.miniwob.demonstrations import import_demonstrations  # noqa: E402
 from warehouse.catalog import Warehouse  # noqa: E402
 
 DEFAULT_DEMOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "miniwob-demos"

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from training.datasets import read_splits, read_trajectories
+    from training.rm_datasets import read_splits, read_trajectories
     from training.train import default_embedding_cache_dir
     from warehouse.catalog import Warehouse
 

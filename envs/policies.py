@@ -38,7 +38,8 @@ from the end), ``ordinal: "{n}"`` the n-th (1-based, may name a slot: "Check the
 matching it: "the textbox after the label Genre", "the share button after @annis".
 ``for_each`` repeats the step for each item of a slot split by ``split`` (default ","), bound to
 ``{item}``; ``repeat: "{n}"`` repeats it n times (the absolute value; 0 times when the slot is
-absent: ``(?:-(?P<down>\d+)|(?P<up>\d+))`` then picks one of two steps); ``when`` (a task-spec predicate over the current screen) makes the step conditional;
+absent: ``(?:-(?P<down>\d+)|(?P<up>\d+))`` then picks one of two steps); ``when`` (a task-spec
+predicate over the current screen) makes the step conditional;
 ``optional`` skips it when its target is absent; ``if_slot: name`` / ``unless_slot: name`` keep it
 only when the instruction gave (did not give) that slot. When a required target is absent the expert waits
 (pages animate) up to ``patience`` steps, then moves on.
@@ -51,38 +52,13 @@ import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from envs.protocol import StepResult
+from envs.protocol import Actor, EpisodeContext, Policy, StepResult
 from envs.tasks import TaskSpec, element_matches, evaluate
 from warehouse.model import Action, ActionType, Screen, UIElement
 
 _SLOT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-@dataclass(frozen=True)
-class EpisodeContext:
-    """Everything a policy may know when an episode starts."""
-
-    task: TaskSpec
-    instruction: str
-    slots: Mapping[str, str]
-    seed: int
-    backend: str
-    supported_actions: frozenset[ActionType]
-    max_steps: int
-
-
-class Actor(Protocol):
-    def act(self, screen: Screen) -> Action: ...
-
-    def observe(self, action: Action, result: StepResult) -> None: ...
-
-
-class Policy(Protocol):
-    policy_id: str
-
-    def start(self, context: EpisodeContext) -> Actor: ...
 
 
 def episode_rng(policy_id: str, task_id: str, seed: int) -> random.Random:

@@ -38,9 +38,9 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from envs.catalog import CatalogTask
-from envs.policies import Policy, SolutionError
-from envs.protocol import Environment, EpisodeRecord, Observation, StepResult, run_episode
+from envs.policies import SolutionError
+from envs.protocol import Environment, EpisodeRecord, Observation, Policy, StepResult, run_episode
+from envs.task_catalog import CatalogTask
 from envs.tasks import TaskSpec, TaskSpecError
 from warehouse.model import Action, ActionType
 

@@ -31,16 +31,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
 from envs.tasks import TaskSpec, TaskSpecError, evaluate
 from warehouse.model import Action, ActionType, Screen, UIElement
 from warehouse.schema import EPISODES, STEPS, append_step
-
-if TYPE_CHECKING:  # policies import this module; the reverse import is for type names only
-    from envs.policies import Policy
 
 SOURCE_ROLLOUT = "rollout"
 
@@ -100,6 +97,35 @@ class Environment(Protocol):
     def close(self) -> None: ...
 
     def healthy(self) -> bool: ...
+
+
+# -- the agent side: a policy starts an actor per episode -----------------------------------
+
+
+@dataclass(frozen=True)
+class EpisodeContext:
+    """Everything a policy may know when an episode starts."""
+
+    task: TaskSpec
+    instruction: str
+    slots: Mapping[str, str]
+    seed: int
+    backend: str
+    supported_actions: frozenset[ActionType]
+    max_steps: int
+
+
+class Actor(Protocol):
+    def act(self, screen: Screen) -> Action: ...
+
+    def observe(self, action: Action, result: StepResult) -> None: ...
+
+
+class Policy(Protocol):
+    @property
+    def policy_id(self) -> str: ...
+
+    def start(self, context: EpisodeContext) -> Actor: ...
 
 
 class InvalidAction(ValueError):
@@ -253,7 +279,6 @@ def run_episode(
     (progress, fault injection). Exceptions from the environment propagate: the caller (the pool)
     decides whether to retry; nothing partial is returned.
     """
-    from envs.policies import EpisodeContext  # policies import this module
 
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")

@@ -292,8 +292,8 @@ def evaluate(
         viewport = elements[0].bounds if elements else (0.0, 0.0, 0.0, 0.0)
         return any(_in_view(e, viewport) and element_matches(e, arg, slots) for e in elements)
     if kind in ("checked", "unchecked"):
-        want = kind == "checked"
-        return any(e.checked is want and element_matches(e, arg, slots) for e in elements)
+        want_checked = kind == "checked"
+        return any(e.checked is want_checked and element_matches(e, arg, slots) for e in elements)
     if kind == "field_value":
         comparison = next(c for c in VALUE_COMPARISONS if c in arg)
         want = _norm(_render(arg[comparison], slots))

@@ -63,7 +63,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 def cmd_import_demos(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from envs.miniwob.demo_import import import_demonstrations
+    from envs.miniwob.demonstrations import import_demonstrations
     from warehouse.catalog import Warehouse
 
     folder = Path(args.folder)
@@ -83,7 +83,7 @@ def cmd_import_demos(args: argparse.Namespace) -> int:
 
 
 def cmd_label(args: argparse.Namespace) -> int:
-    from assets.labels import run_labeling, run_split, run_synthesis
+    from annotation.labels import run_labeling, run_split, run_synthesis
     from envs.tasks import TaskSpecError
     from warehouse.catalog import Warehouse
 
@@ -107,7 +107,7 @@ def cmd_label(args: argparse.Namespace) -> int:
 
 
 def cmd_label_report(args: argparse.Namespace) -> int:
-    from assets.labels import run_label_report
+    from annotation.labels import run_label_report
     from envs.tasks import TaskSpecError
     from warehouse.catalog import Warehouse
 
@@ -147,7 +147,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     prepare_dagster_home()
     from dagster import DagsterInstance, MultiPartitionKey
 
-    from envs.catalog import families
+    from envs.task_catalog import families
     from pipelines.definitions import defs
     from warehouse.catalog import Warehouse
 
@@ -218,9 +218,9 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
     prepare_dagster_home()
     from dagster import DagsterInstance
 
-    from assets.reward_models import REPORT_REQUIRED_KINDS
+    from training.reward_models import REPORT_REQUIRED_KINDS
     from pipelines.definitions import defs
-    from training.datasets import REWARD_MODEL_KINDS
+    from training.rm_datasets import REWARD_MODEL_KINDS
     from training.evaluate import latest_models
     from warehouse.catalog import Warehouse
 
@@ -269,7 +269,7 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
     elif args.report and all_ok:
         import pyarrow as pa
 
-        from assets.reward_models import latest_report_metrics
+        from training.reward_models import latest_report_metrics
 
         shown = (
             "accuracy",

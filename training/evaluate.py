@@ -26,23 +26,35 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from training.datasets import EpisodeLabels, StepState, Trajectory, kind_spec, progress_gains, state_for
+from training.rm_datasets import (
+    EpisodeLabels,
+    StepState,
+    TextTrajectory,
+    Verdict,
+    kind_spec,
+    progress_gains,
+    state_for,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # ---------------------------------------------------------------------------------------------
 # Scoring trajectories
 # ---------------------------------------------------------------------------------------------
 
 
-def trajectory_states(kind: str, trajectory: Trajectory) -> list[StepState]:
+def trajectory_states(kind: str, trajectory: TextTrajectory) -> list[StepState]:
     """The states a model of ``kind`` scores along a trajectory, one per step."""
     return [state_for(kind, trajectory, t) for t in range(len(trajectory))]
 
 
 def predict_trajectories(
-    scorer, trajectories: Sequence[Trajectory], *, chunk_states: int = 4096
+    scorer, trajectories: Sequence[TextTrajectory], *, chunk_states: int = 4096
 ) -> dict[str, np.ndarray]:
     """Per-step scores of every trajectory (episode_id -> array), scored in large batches."""
     result: dict[str, np.ndarray] = {}
@@ -100,7 +112,7 @@ def _safe_div(a: float, b: float) -> float:
 
 
 def success_judgement(
-    final_scores: Sequence[float], success: Sequence[bool], threshold: float = 0.5
+    final_scores: Sequence[float] | np.ndarray, success: Sequence[bool] | np.ndarray, threshold: float = 0.5
 ) -> dict[str, float]:
     """ProgRM Table 2: predicted success = final-step score >= threshold, against the outcome.
 
@@ -132,7 +144,7 @@ def success_judgement(
     }
 
 
-def choose_threshold(final_scores: Sequence[float], success: Sequence[bool]) -> float:
+def choose_threshold(final_scores: Sequence[float] | np.ndarray, success: Sequence[bool] | np.ndarray) -> float:
     """The cut maximising success-judgement accuracy (midpoints between sorted scores; ties go
     to the cut nearest 0.5). 0.5 without data or without both outcomes."""
     scores = np.asarray(final_scores, dtype=np.float64)
@@ -157,11 +169,11 @@ def mcnemar_exact_p(wins: int, losses: int) -> float:
 
 
 def paired_success_comparison(
-    final_scores: Sequence[float],
+    final_scores: Sequence[float] | np.ndarray,
     threshold: float,
-    baseline_scores: Sequence[float],
+    baseline_scores: Sequence[float] | np.ndarray,
     baseline_threshold: float,
-    success: Sequence[bool],
+    success: Sequence[bool] | np.ndarray,
 ) -> dict[str, float]:
     """A model's success judgement (Table 2) against a baseline's on the same trajectories: the
     accuracy difference in points, the trajectories only the model judges right (``wins``) and only
@@ -208,7 +220,7 @@ def all_step_progress_error(scores: Mapping[str, np.ndarray], labels: Mapping[st
     return float(np.concatenate(errors).mean()) if errors else float("nan")
 
 
-def roc_auc(scores: Sequence[float], positive: Sequence[bool]) -> float:
+def roc_auc(scores: Sequence[float] | np.ndarray, positive: Sequence[bool] | np.ndarray) -> float:
     """Area under the ROC curve (Mann-Whitney U with average ranks for ties); nan with one class."""
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(positive, dtype=bool)
@@ -228,7 +240,9 @@ def roc_auc(scores: Sequence[float], positive: Sequence[bool]) -> float:
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def step_judgement(scores: Sequence[float], positive: Sequence[bool], threshold: float = 0.5) -> dict[str, float]:
+def step_judgement(
+    scores: Sequence[float] | np.ndarray, positive: Sequence[bool] | np.ndarray, threshold: float = 0.5
+) -> dict[str, float]:
     """Step-correctness metrics of a step judge (GUI-Shepherd style): accuracy, precision,
     recall (of positives), negative recall, ROC AUC; in % except AUC."""
     s = np.asarray(scores, dtype=np.float64)
@@ -264,7 +278,9 @@ class CalibrationBins:
         return float(np.sum(gaps * self.counts[used]) / self.counts[used].sum())
 
 
-def calibration_bins(predicted: Sequence[float], observed: Sequence[float], n_bins: int = 10) -> CalibrationBins:
+def calibration_bins(
+    predicted: Sequence[float] | np.ndarray, observed: Sequence[float] | np.ndarray, n_bins: int = 10
+) -> CalibrationBins:
     """Reliability diagram data: equal-width bins of the prediction, mean prediction and mean
     target (a success rate or a mean progress label) per bin."""
     p = np.clip(np.asarray(predicted, dtype=np.float64), 0.0, 1.0)
@@ -287,10 +303,10 @@ def calibration_bins(predicted: Sequence[float], observed: Sequence[float], n_bi
 class EvaluationSet:
     """Held-out trajectories with everything they are judged against."""
 
-    trajectories: list[Trajectory]
+    trajectories: list[TextTrajectory]
     lcs_labels: dict[str, EpisodeLabels]
     env_labels: dict[str, EpisodeLabels]
-    verdicts: dict[str, list[tuple[str, str]]]  # episode -> per step (verdict, source)
+    verdicts: dict[str, list[tuple[Verdict, str]]]  # episode -> per step (verdict, source)
 
     def final_success(self) -> tuple[list[str], np.ndarray]:
         trajs = [t for t in self.trajectories if t.success is not None and len(t)]
@@ -354,15 +370,15 @@ MODEL_NAMES = {"orm": "ORM", "progrm_lcs": "ProgRM-LCS", "progrm_env": "ProgRM-E
 
 def pick_sample_trajectories(
     data: EvaluationSet, n_success: int = 3, n_failure: int = 3, min_steps: int = 3
-) -> list[Trajectory]:
+) -> list[TextTrajectory]:
     """Sample trajectories for the progress-curve plots (Figs. 5-6): successes and failures with
     partial progress, of several steps, from different tasks where possible; deterministic."""
 
-    def partial(t: Trajectory) -> bool:
+    def partial(t: TextTrajectory) -> bool:
         labels = data.env_labels.get(t.episode_id) or data.lcs_labels.get(t.episode_id)
         return labels is not None and 0 < labels.progress[-1] < 1
 
-    chosen: list[Trajectory] = []
+    chosen: list[TextTrajectory] = []
     for want_success, count in ((True, n_success), (False, n_failure)):
         pool = sorted(
             (
@@ -383,7 +399,7 @@ def pick_sample_trajectories(
 
 
 def plot_progress_curves(
-    samples: Sequence[Trajectory],
+    samples: Sequence[TextTrajectory],
     scores_by_kind: Mapping[str, Mapping[str, np.ndarray]],
     data: EvaluationSet,
     path: Path,
@@ -397,7 +413,7 @@ def plot_progress_curves(
     cols = min(3, max(1, len(samples)))
     rows = max(1, math.ceil(len(samples) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
-    for ax, traj in zip(axes.flat, samples):
+    for ax, traj in zip(axes.flat, samples, strict=False):  # the grid may have spare axes
         x = np.arange(0, len(traj) + 1)  # 0 = Init (Fig. 5)
         for kind, scores in scores_by_kind.items():
             if not kind_spec(kind).scores_progress or traj.episode_id not in scores:
@@ -626,8 +642,8 @@ class ModelRecord:
 @dataclass
 class ReportResult:
     metrics: dict[str, dict[str, dict[str, float]]]  # kind -> split -> metric -> value
-    predictions: object  # pa.Table (rm_predictions rows)
-    metric_rows: object  # pa.Table (rm_metrics rows)
+    predictions: pa.Table  # rm_predictions rows
+    metric_rows: pa.Table  # rm_metrics rows
     markdown: str
     plots: dict[str, Path]
     thresholds: dict[str, float]
@@ -636,7 +652,7 @@ class ReportResult:
 
 def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
     """The most recent model of each kind in the ``models`` table (skips kinds without one)."""
-    from training.datasets import view_exists
+    from training.rm_datasets import view_exists
 
     if not view_exists(warehouse, "models"):
         return []
@@ -658,7 +674,7 @@ def load_evaluation_set(
     warehouse, split: str, *, lcs_method: str = "improved", derived_from: str = "lcs"
 ) -> EvaluationSet:
     """Held-out trajectories of ``split`` with LCS and milestone labels and step verdicts."""
-    from training.datasets import (
+    from training.rm_datasets import (
         read_human_verdicts,
         read_progress_labels,
         read_splits,

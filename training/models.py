@@ -10,7 +10,7 @@ decoder models use the hidden state of their last non-padding token.
 Two encoder modes, chosen in :class:`RewardModelConfig`:
 
 * ``full`` (the GPU path, e.g. Qwen2.5-7B): the whole prompt of ProgRM Table 7/8 (truncated by
-  ``training.datasets.truncate_state``) goes through the backbone, which is fine-tuned with the head.
+  ``training.rm_datasets.truncate_state``) goes through the backbone, which is fine-tuned with the head.
 * ``frozen_segments`` (the CPU default, MiniLM): the backbone is frozen and encodes each *segment*
   of the state on its own (the instruction, every history action, every screen element line,
   the candidate action). Segments repeat a lot (the screen barely changes between steps, the
@@ -34,14 +34,17 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.datasets import (
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+from training.rm_datasets import (
     StepState,
     TruncationBudget,
     kind_spec,
@@ -58,6 +61,7 @@ METADATA_FILE = "metadata.json"
 BACKBONE_DIR = "backbone"
 
 Pooling = Literal["mean", "last_token", "cls"]
+POOLINGS: tuple[Pooling, ...] = ("mean", "last_token", "cls")
 
 # Segment types (the fusion transformer's type embedding).
 SEG_CLS, SEG_INSTRUCTION, SEG_CANDIDATE, SEG_HISTORY, SEG_ELEMENT = 0, 1, 2, 3, 4
@@ -148,9 +152,12 @@ def is_decoder_config(hf_config) -> bool:
 
 def resolve_pooling(hf_config, pooling: str = "auto") -> Pooling:
     """``auto``: last-token pooling for decoder models, mean pooling for encoders."""
-    if pooling != "auto":
-        return pooling  # type: ignore[return-value]
-    return "last_token" if is_decoder_config(hf_config) else "mean"
+    if pooling == "auto":
+        return "last_token" if is_decoder_config(hf_config) else "mean"
+    for choice in POOLINGS:
+        if pooling == choice:
+            return choice
+    raise ValueError(f"unknown pooling {pooling!r}")
 
 
 def pool_hidden_states(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:
@@ -179,7 +186,7 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_backbone(path: str, *, torch_dtype: torch.dtype | None = None):
+def load_backbone(path: str, *, torch_dtype: torch.dtype | None = None) -> PreTrainedModel:
     """``AutoModel`` (no LM head) for any checkpoint."""
     from transformers import AutoModel
 
@@ -333,7 +340,7 @@ class EmbeddingCache:
         """Write the cache (``embeddings.npy`` + ``texts.json``) tagged with the encoder fingerprint."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        texts = [None] * self._size
+        texts: list[str | None] = [None] * self._size
         for text, i in self._index.items():
             texts[i] = text
         tmp = directory / "embeddings.tmp.npy"
@@ -452,7 +459,7 @@ def state_segments(state: StepState, config: RewardModelConfig) -> StateSegments
         positions.append(recency)
         depths.append(0)
     lines = state.screen_lines
-    chosen = range(len(lines))
+    chosen: Sequence[int] = range(len(lines))
     if len(lines) > config.max_elements:
         informative = [i for i, line in enumerate(lines) if _informative(line)]
         rest = [i for i, line in enumerate(lines) if not _informative(line)]
@@ -493,8 +500,8 @@ def segment_features(states: Sequence[StepState], cache: EmbeddingCache, config:
     match = np.zeros((len(all_texts), N_MATCH_FEATURES), dtype=np.float32)
     memo: dict[tuple[str, str], tuple[float, ...]] = {}
     k = 0
-    for state, seg in zip(states, segs):
-        for text, kind in zip(seg.texts, seg.types):
+    for state, seg in zip(states, segs, strict=True):
+        for text, kind in zip(seg.texts, seg.types, strict=True):
             if kind != SEG_INSTRUCTION:
                 key = (state.instruction, text)
                 if key not in memo:
@@ -512,7 +519,9 @@ def segment_features(states: Sequence[StepState], cache: EmbeddingCache, config:
     )
 
 
-def collate_segments(features: SegmentFeatures, items: Sequence[int], matrix: torch.Tensor) -> dict[str, torch.Tensor]:
+def collate_segments(
+    features: SegmentFeatures, items: Sequence[int] | np.ndarray, matrix: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """A padded batch for :class:`SegmentFusion` from states ``items`` of ``features``."""
     starts, ends = features.offsets[items], features.offsets[np.asarray(items) + 1]
     width = int((ends - starts).max()) if len(items) else 0
@@ -523,7 +532,7 @@ def collate_segments(features: SegmentFeatures, items: Sequence[int], matrix: to
     depths = np.zeros((batch, width), dtype=np.int64)
     mask = np.zeros((batch, width), dtype=bool)
     match = np.zeros((batch, width, N_MATCH_FEATURES), dtype=np.float32)
-    for b, (s, e) in enumerate(zip(starts, ends)):
+    for b, (s, e) in enumerate(zip(starts, ends, strict=True)):
         n = e - s
         match[b, :n] = features.match[s:e]
         rows[b, :n] = features.rows[s:e]
@@ -637,10 +646,13 @@ class RewardModel(nn.Module):
     accepts_loss_kwargs = False
 
     def __init__(
-        self, config: RewardModelConfig, *, backbone: nn.Module | None = None, input_dim: int | None = None
+        self, config: RewardModelConfig, *, backbone: PreTrainedModel | None = None, input_dim: int | None = None
     ) -> None:
         super().__init__()
         self.rm_config = config  # not `config`: the Trainer reads `model.config` as a PretrainedConfig
+        self.backbone: PreTrainedModel | None
+        self.fusion: SegmentFusion | None
+        self.pooling: Pooling | None  # full mode; frozen mode has none (the SegmentEncoder pools)
         if config.encoder_mode == "full":
             if backbone is None:
                 raise ValueError("full mode needs the backbone module")
@@ -653,7 +665,7 @@ class RewardModel(nn.Module):
                 raise ValueError("frozen_segments mode needs the encoder's embedding width (input_dim)")
             self.backbone = None
             self.fusion = SegmentFusion(input_dim, config)
-            self.pooling = config.pooling
+            self.pooling = None
             width = config.fusion_dim
         self.input_dim = input_dim
         self.head = RewardHead(width, config.head_hidden, config.dropout)
@@ -673,10 +685,14 @@ class RewardModel(nn.Module):
         **unused: object,  # e.g. the Trainer's num_items_in_batch
     ) -> dict[str, torch.Tensor]:
         if self.backbone is not None:
+            assert self.pooling is not None  # resolved with the backbone
+            if attention_mask is None:
+                raise ValueError("full mode needs the attention_mask of input_ids")
             out = self.backbone(input_ids=input_ids, attention_mask=attention_mask)
             pooled = pool_hidden_states(out.last_hidden_state, attention_mask, self.pooling)
-            logits = self.head(pooled.to(self.head.net[0].weight.dtype))
+            logits = self.head(pooled.to(next(self.head.parameters()).dtype))
         else:
+            assert self.fusion is not None  # frozen_segments mode
             logits = self.head(
                 self.fusion(
                     segment_embeddings,
@@ -721,7 +737,7 @@ class RewardModel(nn.Module):
 
 def prompt_texts(states: Sequence[StepState], kind: str, tokenizer, config: RewardModelConfig) -> list[str]:
     """Render states with the kind's prompt (Tables 7/8), truncated to ``config.max_length``
-    tokens of ``tokenizer`` by the rule of ``training.datasets.truncate_state``; with the
+    tokens of ``tokenizer`` by the rule of ``training.rm_datasets.truncate_state``; with the
     tokenizer's chat template (system + user, generation prompt) when it has one."""
     system, _ = prompt_parts(kind)
     use_template = bool(config.use_chat_template and getattr(tokenizer, "chat_template", None))
@@ -876,7 +892,7 @@ class RewardScorer:
         model = RewardModel(config, input_dim=input_dim or encoder.hidden_size)
         model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
         scorer = cls(model, encoder=encoder, device=device, metadata=metadata)
-        if warm_cache is not None:
+        if warm_cache is not None and scorer.cache is not None:  # (it is: the scorer has an encoder)
             scorer.cache.load(warm_cache)
         return scorer
 
@@ -893,7 +909,7 @@ class RewardScorer:
         if not states:
             return np.zeros(0)
         with self._lock:
-            if self.encoder is not None:
+            if self.cache is not None:  # frozen mode (the cache comes with the encoder)
                 features = segment_features(states, self.cache, self.config)
                 matrix = torch.from_numpy(self.cache.matrix)
                 # batches of states with similar segment counts: little padding in the fusion's attention

@@ -32,10 +32,10 @@ or single states (the caller assembles the history)::
 A screen is a list of element objects (the fields of ``warehouse.model.UIElement``: role, text,
 element_id, classes, description, value, clickable, editable, checked, focused, depth, ...) or
 a string of pre-rendered lines. ``target`` (optional) names the element the action acted on, so
-that its surrounding texts are added to the action as in training (``training.datasets.target_context``:
+that its surrounding texts are added to the action as in training (``training.rm_datasets.target_context``:
 ``CLICK(span.retweet) within "@lacus" ...``). ``steps[t].screen`` is the screen the agent saw *before* action
 ``t``; for progress models the score of step ``t`` is the progress *after* action ``t``, read from
-the next step's screen (``training.datasets.progress_state``).
+the next step's screen (``training.rm_datasets.progress_state``).
 
 Response: ``{"model": {...}, "results": [{"id", "scores", "progress_gains", "rewards"}], "elapsed_ms"}``;
 ``rewards`` are the progress gains for progress/outcome models and the scores themselves for
@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -59,17 +58,15 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from training.datasets import (  # noqa: E402
+from training.models import RewardScorer
+from training.rm_datasets import (
     StepState,
-    Trajectory,
-    TrajectoryStep,
+    TextStep,
+    TextTrajectory,
     action_in_context,
     kind_spec,
     progress_gains,
@@ -77,8 +74,7 @@ from training.datasets import (  # noqa: E402
     state_for,
     target_context,
 )
-from training.models import RewardScorer  # noqa: E402
-from warehouse.model import Screen, UIElement  # noqa: E402
+from warehouse.model import Screen, UIElement
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +92,9 @@ class TrajectoryScores:
     rewards: list[float]
 
 
-def score_trajectories(scorer: RewardScorer, trajectories: Sequence[Trajectory], k: int = 1) -> list[TrajectoryScores]:
+def score_trajectories(
+    scorer: RewardScorer, trajectories: Sequence[TextTrajectory], k: int = 1
+) -> list[TrajectoryScores]:
     """Score every step of every trajectory in one batched call.
 
     Progress and outcome models (ProgRM, ORM) score the state after each action and return
@@ -155,6 +153,18 @@ class RequestError(Exception):
 
 ELEMENT_STRING_FIELDS = ("ref", "role", "text", "element_id", "classes", "description", "value", "parent_ref")
 ELEMENT_BOOL_FIELDS = ("clickable", "editable", "focused")
+
+
+@overload
+def _string(
+    value: Any, where: str, limits: ServingLimits, *, required: Literal[True] = True, allow_empty: bool = True
+) -> str: ...
+
+
+@overload
+def _string(
+    value: Any, where: str, limits: ServingLimits, *, required: bool, allow_empty: bool = True
+) -> str | None: ...
 
 
 def _string(
@@ -233,7 +243,7 @@ def parse_screen(raw: Any, where: str, limits: ServingLimits) -> tuple[str, ...]
 def parse_action(step: dict, elements: list[UIElement] | None, where: str, limits: ServingLimits) -> str:
     """A step's action as models read it: with the texts around its target when ``target`` (an
     index into the screen's element list, or an element ``ref``) names one (see
-    ``training.datasets.target_context``)."""
+    ``training.rm_datasets.target_context``)."""
     action = _action(step.get("action"), f"{where}.action", limits)
     if step.get("target") is None:
         return action
@@ -245,9 +255,10 @@ def parse_action(step: dict, elements: list[UIElement] | None, where: str, limit
             raise RequestError(422, f"{where}.target {target} is not an index of the screen's {len(elements)} elements")
         index = target
     elif isinstance(target, str):
-        index = next((i for i, e in enumerate(elements) if e.ref == target), None)
-        if index is None:
+        found = next((i for i, e in enumerate(elements) if e.ref == target), None)
+        if found is None:
             raise RequestError(422, f"{where}.target: no element with ref {target!r} on the screen")
+        index = found
     else:
         raise RequestError(422, f"{where}.target must be an element index or ref")
     refs = [e.ref for e in elements]
@@ -259,10 +270,10 @@ def parse_action(step: dict, elements: list[UIElement] | None, where: str, limit
 
 
 def _action(raw: Any, where: str, limits: ServingLimits) -> str:
-    return _string(raw, where, limits, allow_empty=False)  # type: ignore[return-value]
+    return _string(raw, where, limits, allow_empty=False)
 
 
-def parse_trajectory(raw: Any, where: str, limits: ServingLimits) -> Trajectory:
+def parse_trajectory(raw: Any, where: str, limits: ServingLimits) -> TextTrajectory:
     if not isinstance(raw, dict):
         raise RequestError(422, f"{where} must be an object")
     unknown = sorted(set(raw) - {"id", "instruction", "steps", "final_screen", "task_id"})
@@ -283,12 +294,12 @@ def parse_trajectory(raw: Any, where: str, limits: ServingLimits) -> Trajectory:
         if "screen" not in step:
             raise RequestError(422, f"{at}.screen is missing")
         lines, elements = parse_screen_elements(step["screen"], f"{at}.screen", limits)
-        steps.append(TrajectoryStep(lines, parse_action(step, elements, at, limits)))
+        steps.append(TextStep(lines, parse_action(step, elements, at, limits)))
     final = raw.get("final_screen")
     episode_id = raw.get("id", where)
     if not isinstance(episode_id, (str, int)) or isinstance(episode_id, bool):
         raise RequestError(422, f"{where}.id must be a string or an integer")
-    return Trajectory(
+    return TextTrajectory(
         episode_id=str(episode_id),
         task_id=str(raw.get("task_id") or ""),
         instruction=instruction or "",
@@ -322,7 +333,7 @@ def parse_state(raw: Any, where: str, limits: ServingLimits) -> StepState:
 @dataclass
 class ScoreRequest:
     k: int = 1
-    trajectories: list[Trajectory] = field(default_factory=list)
+    trajectories: list[TextTrajectory] = field(default_factory=list)
     states: list[StepState] = field(default_factory=list)
 
 
@@ -375,6 +386,7 @@ class RewardHTTPServer(ThreadingHTTPServer):
     """A threading HTTP server holding one scorer (calls into the model are serialised)."""
 
     daemon_threads = True
+    server_address: tuple[str, int]  # IPv4 (host, port), as bound: the port is the real one when 0 was asked
 
     def __init__(self, address: tuple[str, int], scorer: RewardScorer, limits: ServingLimits = ServingLimits()) -> None:
         self.scorer = scorer
@@ -449,7 +461,7 @@ class RewardRequestHandler(BaseHTTPRequestHandler):
                 results = score_trajectories(self.server.scorer, request.trajectories, request.k)
                 out = [
                     {"id": t.episode_id, "scores": r.scores, "progress_gains": r.progress_gains, "rewards": r.rewards}
-                    for t, r in zip(request.trajectories, results)
+                    for t, r in zip(request.trajectories, results, strict=True)
                 ]
             else:
                 scores = self.server.scorer.score_states(request.states)

@@ -9,7 +9,7 @@ The same script runs on this CPU machine and on GPUs:
     python -m training.train --kind orm --examples ... --output_dir ... --deepspeed training/ds_zero2_cpu.json
 
     # GPUs: full fine-tune of an LLM with ProgRM Table 5's hyper-parameters under ZeRO-2:
-    deepspeed --num_gpus 8 training/train.py --profile llm --kind progrm_env \
+    deepspeed --num_gpus 8 --module training.train --profile llm --kind progrm_env \
         --backbone /models/Qwen2.5-7B --encoder_mode full --examples ... --output_dir ... \
         --deepspeed training/ds_zero2.json
 
@@ -20,7 +20,7 @@ batch, schedule and betas). Checkpoints (model, optimizer, scheduler, RNG, data 
 written every ``--save_steps``; a run started again with the same ``--output_dir`` resumes from
 the last one (``--resume auto``, the default), also after a kill.
 
-The examples come from the ``rm_examples`` table (``training.datasets``): Parquet files given
+The examples come from the ``rm_examples`` table (``training.rm_datasets``): Parquet files given
 with ``--examples``, or the warehouse's current version read from ``--home``.
 """
 
@@ -36,24 +36,15 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-if __package__ in (None, ""):  # run as a script (the deepspeed launcher runs files, not modules):
-    # put the repository first, and drop this folder, whose datasets.py would shadow HF `datasets`
-    _here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
-    sys.path.insert(0, str(_here.parent))
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import torch  # noqa: E402
-
-from training.datasets import KINDS, StepState  # noqa: E402
-from training.models import (  # noqa: E402
+from training.models import (
     EmbeddingCache,
     RewardModel,
     RewardModelConfig,
@@ -66,6 +57,10 @@ from training.models import (  # noqa: E402
     segment_features,
     tokenize_prompts,
 )
+from training.rm_datasets import KINDS, StepState
+
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
 
 log = logging.getLogger("training.train")
 
@@ -144,7 +139,8 @@ class DataArguments:
     min_optimizer_steps: int = field(
         default=0,
         metadata={
-            "help": "more whole epochs if the epochs asked for give fewer optimizer steps (0: off; ignored with --max_steps)"
+            "help": "more whole epochs if the epochs asked for give fewer optimizer steps "
+            "(0: off; ignored with --max_steps)"
         },
     )
     early_stopping_patience: int = field(
@@ -179,7 +175,8 @@ def read_examples(data: DataArguments, kind: str) -> pa.Table:
     ]
     if data.examples:
         table = pa.concat_tables([pq.read_table(p, columns=columns) for p in data.examples])
-        mask = pc.equal(table["kind"], kind)
+        # pyarrow.compute generates its kernels (equal, ...) at import time: its typing does not list them.
+        mask = pc.equal(table["kind"], kind)  # type: ignore[attr-defined]
         return table.filter(mask)
     from warehouse.catalog import Warehouse
 
@@ -194,13 +191,13 @@ def states_and_labels(table: pa.Table) -> tuple[list[StepState], np.ndarray]:
     actions = table["action"].to_pylist()
     states = [
         StepState(i or "", tuple(h or ()), tuple(s or ()), a)
-        for i, h, s, a in zip(instructions, histories, screens, actions)
+        for i, h, s, a in zip(instructions, histories, screens, actions, strict=True)
     ]
     return states, np.asarray(table["label"].to_pylist(), dtype=np.float32)
 
 
 def split_table(table: pa.Table, split: str, limit: int | None) -> pa.Table:
-    part = table.filter(pc.equal(table["split"], split))
+    part = table.filter(pc.equal(table["split"], split))  # type: ignore[attr-defined]  # see read_examples
     return part.slice(0, limit) if limit is not None else part
 
 
@@ -340,7 +337,8 @@ def parse_args(argv: list[str] | None = None):
     known, _ = pre.parse_known_args(argv)
     if known.deepspeed:  # before TrainingArguments exist: they start the distributed state
         prepare_deepspeed_environment()
-    parser = HfArgumentParser((RewardModelConfig, DataArguments, TrainingArguments))
+    # transformers types dataclass_types with a NewType over Any that no class satisfies
+    parser = HfArgumentParser((RewardModelConfig, DataArguments, TrainingArguments))  # type: ignore[arg-type]
     defaults = {
         "report_to": "none",
         "save_total_limit": 2,
@@ -424,6 +422,8 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
     log.info("%s: %d train / %d validation examples", kind, len(train_states), len(eval_states))
 
     encode_seconds = 0.0
+    train_collator: SegmentCollator | PromptCollator
+    eval_collator: SegmentCollator | PromptCollator
     if model_config.encoder_mode == "frozen_segments":
         encoder = SegmentEncoder(model_config)
         cache = EmbeddingCache(encoder, max_entries=10**8)
@@ -484,7 +484,7 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
     if not len(eval_states):
         args.eval_strategy = "no"
         args.load_best_model_at_end = False
-    callbacks = []
+    callbacks: list[TrainerCallback] = []
     if args.load_best_model_at_end and data.early_stopping_patience > 0:
         from transformers import EarlyStoppingCallback
 

@@ -220,11 +220,13 @@ class Warehouse:
         for table_name, schema in TABLE_SCHEMAS.items():
             paths = paths_by_table.pop(table_name, None) or [str(self._empty_file(table_name, schema))]
             con.execute(
-                f"CREATE OR REPLACE VIEW {table_name} AS SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)"
+                f"CREATE OR REPLACE VIEW {table_name} AS "
+                f"SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)"
             )
         for table_name, paths in paths_by_table.items():  # tables registered by later stages
             con.execute(
-                f"CREATE OR REPLACE VIEW {table_name} AS SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)"
+                f"CREATE OR REPLACE VIEW {table_name} AS "
+                f"SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)"
             )
         con.execute(_LINEAGE_VIEW)
 
@@ -246,7 +248,8 @@ class Warehouse:
         with self.connect(read_only=True) as con:
             try:
                 row = con.execute(
-                    "SELECT materialization_id, path FROM table_versions WHERE is_current AND table_name = ? AND dataset = ?",
+                    "SELECT materialization_id, path FROM table_versions "
+                    "WHERE is_current AND table_name = ? AND dataset = ?",
                     [table_name, dataset],
                 ).fetchone()
             except duckdb.CatalogException:
@@ -260,7 +263,8 @@ class Warehouse:
             return []
         rows = self.query(
             "SELECT v.table_name, v.dataset, v.path, v.materialization_id, m.asset FROM table_versions v "
-            "JOIN lineage_materializations m USING (materialization_id) WHERE v.is_current AND list_contains(?, v.table_name) "
+            "JOIN lineage_materializations m USING (materialization_id) "
+            "WHERE v.is_current AND list_contains(?, v.table_name) "
             "ORDER BY v.table_name, v.dataset",
             [names],
         ).to_pylist()

@@ -263,11 +263,9 @@ def _register_stage_tables() -> None:
     """Tables defined next to the stages that write them join the registry (views exist, typed,
     before the first write)."""
     from warehouse.tables_annotation import ANNOTATION_TABLE_SCHEMAS
+    from warehouse.tables_training import TRAINING_TABLE_SCHEMAS
 
-    # The reward-model tables (warehouse/tables_training.py) are written with their schemas by
-    # training/ itself; registering them here would also force them onto the annotation tests'
-    # minimal stand-in `rm_predictions`.
-    for name, schema in ANNOTATION_TABLE_SCHEMAS.items():
+    for name, schema in {**ANNOTATION_TABLE_SCHEMAS, **TRAINING_TABLE_SCHEMAS}.items():
         TABLE_SCHEMAS.setdefault(name, schema)
 
 

@@ -1,8 +1,8 @@
 """Arrow schemas of the reward-model tables: datasets, models, predictions and metrics.
 
-The lead registers these into ``warehouse.schema.TABLE_SCHEMAS`` (see ``TRAINING_TABLE_SCHEMAS``);
-until then the catalog still exposes them as views ("tables registered by later stages"), and
-``Warehouse.stage_table`` writes them with exactly these types because the builders cast to them.
+Registered into ``warehouse.schema.TABLE_SCHEMAS`` (see ``TRAINING_TABLE_SCHEMAS``), so the catalog
+keeps one typed SQL view per table, empty before the first write, and ``Warehouse.stage_table``
+casts every write to these types.
 
 Column names are part of the interface (people write SQL against them):
 

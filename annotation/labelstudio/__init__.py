@@ -1,16 +1,21 @@
-"""Human annotation in Label Studio: the server, the client, labeling interfaces, selection, push and sync.
+"""Human labels in Label Studio: the server, the client, labeling interfaces, selection, push and sync.
 
-Modules (no Dagster here; assets/annotation.py wires them into the asset graph):
+Modules (no Dagster here; the stage module :mod:`annotation.human_labels` composes them, and
+assets/human_labels.py declares its assets):
 
 * :mod:`~annotation.labelstudio.server`: the project's own Label Studio (start, stop, admin token);
 * :mod:`~annotation.labelstudio.connection`: which server to use (environment or the local one);
 * :mod:`~annotation.labelstudio.client`: the SDK 2.x client with errors mapped to auth / unavailable / other;
 * :mod:`~annotation.labelstudio.interfaces` and ``configs/``: the four labeling interfaces;
 * :mod:`~annotation.labelstudio.render`: steps and screens as HTML for annotators;
-* :mod:`~annotation.labelstudio.selection`: active selection under a budget;
+* :mod:`~annotation.labelstudio.selection`: candidates and active selection under a budget;
+* :mod:`~annotation.labelstudio.queue`: the items of each interface (step views, pre-annotations, milestones);
 * :mod:`~annotation.labelstudio.push`: idempotent bulk push;
 * :mod:`~annotation.labelstudio.sync`: snapshot export -> ``human_labels``, by annotation id;
+* :mod:`~annotation.labelstudio.sensor`: syncing every project, as the asset or one sensor tick;
 * :mod:`~annotation.labelstudio.agreement`: Cohen's kappa, annotator statistics, training labels;
+* :mod:`~annotation.labelstudio.reports` and :mod:`~annotation.labelstudio.plots`: report bodies and figures;
+* :mod:`~annotation.labelstudio.reads`: reading the warehouse (the stage's edge);
 * :mod:`~annotation.labelstudio.secrets` and :mod:`~annotation.labelstudio.audit`: keys, scrubbing, audits.
 """
 

@@ -81,12 +81,13 @@ def answer_of(row: dict) -> Hashable | None:
 
 
 def _categories(interface: str) -> list[Hashable] | None:
-    return {
+    categories: dict[str, list[Hashable]] = {
         "step_progress": [0, 1, 2, 3, 4],
         "milestone_review": [1, 2, 3, 4, 5],
         "step_correctness": ["negative", "positive"],
         "milestone_match": ["no", "yes"],
-    }.get(interface)
+    }
+    return categories.get(interface)
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ def files_containing(root: Path, secrets: Sequence[str], *, exclude: Iterable[Pa
     """Files under ``root`` (not under any ``exclude`` folder) that contain one of ``secrets``."""
     wanted = [s.encode() for s in secrets if s]
     skipped = [Path(e).resolve() for e in exclude]
-    found = []
+    found: list[str] = []
     if not wanted or not root.exists():
         return found
     for path in sorted(p for p in root.rglob("*") if p.is_file()):

@@ -20,11 +20,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import httpx
 from label_studio_sdk import LabelStudio
 from label_studio_sdk.core.api_error import ApiError
+from label_studio_sdk.core.request_options import RequestOptions
+from label_studio_sdk.types.import_api_request import ImportApiRequest
 
 from annotation.labelstudio.secrets import Credentials, scrub
 
@@ -59,7 +61,10 @@ class ProjectCounts:
     latest_task_update: str | None
 
     def fingerprint(self) -> str:
-        return f"{self.task_number}|{self.total_annotations}|{self.skipped_annotations}|{self.ground_truth}|{self.latest_task_update}"
+        return (
+            f"{self.task_number}|{self.total_annotations}|{self.skipped_annotations}|{self.ground_truth}"
+            f"|{self.latest_task_update}"
+        )
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,7 @@ class LabelStudioClient:
         """A request through the SDK's authenticated HTTP client, for endpoints the SDK does not type."""
 
         def send() -> httpx.Response:
-            options = {"max_retries": 0, "timeout_in_seconds": timeout_s or self.timeout_s}
+            options: RequestOptions = {"max_retries": 0, "timeout": timeout_s or self.timeout_s}
             return self.sdk._client_wrapper.httpx_client.request(
                 path, method=method, params=params, json=json_body, request_options=options
             )
@@ -220,6 +225,8 @@ class LabelStudioClient:
             ),
             f"create project {title!r}",
         )
+        if project.id is None:
+            raise LabelStudioError(f"Label Studio created project {title!r} without an id")
         return int(project.id)
 
     def project(self, project_id: int) -> dict:
@@ -283,7 +290,7 @@ class LabelStudioClient:
         response = self._call(
             lambda: self.sdk.projects.import_tasks(
                 id=project_id,
-                request=list(tasks),
+                request=cast(list[ImportApiRequest], list(tasks)),  # the SDK serializes plain dicts as well
                 return_task_ids=True,
                 request_options={"timeout_in_seconds": int(max(self.timeout_s, 300))},
             ),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from annotation.labelstudio.client import LabelStudioClient, LabelStudioUnavailable
@@ -57,3 +58,29 @@ def connect(
 def pseudonym_salt(home: Path | str) -> str:
     """The secret that turns Label Studio user ids into pseudonymous annotator ids (kept in the data folder)."""
     return annotator_salt(labelstudio_dir(Path(home)))
+
+
+@dataclass(frozen=True)
+class LabelStudioSite:
+    """The stage's Label Studio as plain values: how to connect, the project titles' prefix, the home
+    (the project's own server keeps its data under it and serves screenshots from it)."""
+
+    connect: Callable[[], LabelStudioClient]
+    namespace: str
+    home: Path
+    own_server: bool
+    api_key_env: str = API_KEY_ENV
+
+    @property
+    def data_dir(self) -> Path:
+        return labelstudio_dir(self.home)
+
+    @property
+    def lock_path(self) -> Path:
+        """One sync at a time (sensor and asset), across processes."""
+        return self.data_dir / ".stepwise-sync.lock"
+
+    def login_hint(self) -> str:
+        if self.own_server:
+            return f"admin@stepwise.local; password in {self.data_dir / 'stepwise-credentials.json'}"
+        return "your own Label Studio account"

@@ -187,7 +187,9 @@ def _ensure_project(
         project_id = client.create_project(
             title=title,
             label_config=interface.label_config(),
-            description=f"Stepwise {interface.version_key}: {interface.title}. Tasks are pushed and synced by the pipeline.",
+            description=(
+                f"Stepwise {interface.version_key}: {interface.title}. Tasks are pushed and synced by the pipeline."
+            ),
             instruction=interface.instruction,
             maximum_annotations=maximum,
             overlap_percentage=percentage,

@@ -119,17 +119,17 @@ def screen_boxes_svg(screen: Screen, target_ref: str | None = None) -> str:
     for element in sorted(screen.elements, key=lambda e: e.depth):
         if element.area <= 0:
             continue
-        l, t, r, b = element.bounds
-        if r < left or b < top or l > right or t > bottom:
+        x0, y0, x1, y1 = element.bounds
+        if x1 < left or y1 < top or x0 > right or y0 > bottom:
             continue
         is_target = target_ref is not None and element.ref == target_ref
         kind = "t" if is_target else "e" if element.editable else "c" if element.clickable else "n"
         if kind == "n" and not _has_content(element):
             continue
-        rect = f'<rect class="{kind}" x="{l:.0f}" y="{t:.0f}" width="{r - l:.0f}" height="{b - t:.0f}"/>'
+        rect = f'<rect class="{kind}" x="{x0:.0f}" y="{y0:.0f}" width="{x1 - x0:.0f}" height="{y1 - y0:.0f}"/>'
         label = _clip(element.text or element.value or element.description or "", 24)
-        if label and (b - t) >= font * 0.9:
-            rect += f'<text x="{l + 1:.0f}" y="{min(b, t + font):.0f}">{_esc(label)}</text>'
+        if label and (y1 - y0) >= font * 0.9:
+            rect += f'<text x="{x0 + 1:.0f}" y="{min(y1, y0 + font):.0f}">{_esc(label)}</text>'
         if is_target:
             target_shape = rect  # drawn last, on top
         else:
@@ -240,4 +240,5 @@ def milestones_html(milestones: Sequence[str]) -> str:
 
 
 def milestone_html(index: int, total: int, text: str) -> str:
-    return f'<div class="sw-act"><span class="sw-step">milestone {index + 1} of {total}</span> <b>{_esc(_clip(text, 200))}</b></div>'
+    step = f'<span class="sw-step">milestone {index + 1} of {total}</span>'
+    return f'<div class="sw-act">{step} <b>{_esc(_clip(text, 200))}</b></div>'

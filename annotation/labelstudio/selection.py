@@ -4,7 +4,9 @@ People are expensive, so they see the steps where the automatic labels are least
 
 * **label disagreement**: the soft-LCS progress label and the environment-milestone label of a
   step differ (in progress, or in whether the step is a key step);
-* **model disagreement**: the current reward model's prediction differs from the labels' consensus;
+* **model disagreement**: the current reward model's prediction differs from the labels' consensus
+  (a progress model's progress vs the labels' progress; a step judge's probability that the step
+  is correct vs the labels' key-step verdict);
 * **no signal**: a step with one label source and no model (nothing to compare), ranked after
   any real disagreement;
 * **spot checks**: a small share of the budget goes to random steps the sources agree on, as the
@@ -16,7 +18,8 @@ with fewer candidates than its share hands the rest to the others (water-filling
 stratum, candidates are taken by uncertainty, at most ``max_per_episode`` steps per episode, ties
 broken by a seeded hash so that a selection is reproducible.
 
-All functions are pure.
+All functions are pure; :func:`step_candidates` builds the candidates from plain rows of
+``steps``/``episodes``, ``progress_labels`` and ``rm_predictions``.
 """
 
 from __future__ import annotations
@@ -24,11 +27,15 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 NO_SIGNAL_UNCERTAINTY = 0.5
 KEY_STEP_DISAGREEMENT = 0.5
+#: ``rm_predictions.kind`` values whose ``score`` is the probability that a step is correct (the step
+#: judges of training.rm_datasets.KINDS); every other kind's score is the progress reached after the step.
+STEP_JUDGE_KINDS = frozenset({"prm", "guidnav"})
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,11 @@ class StepCandidate:
     model_progress: float | None = None
     model_previous_progress: float | None = None  # the model's prediction for the step before (None at step 0)
     model_id: str | None = None
+    model_step_prob: float | None = None  # a step judge's probability that the step is correct
+
+    @property
+    def has_prediction(self) -> bool:
+        return self.model_progress is not None or self.model_step_prob is not None
 
     @property
     def stratum(self) -> str:
@@ -56,6 +68,12 @@ class StepCandidate:
     def label_consensus(self) -> float | None:
         """The mean of the available automatic progress labels."""
         values = [v for v in (self.lcs_progress, self.env_progress) if v is not None]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def key_step_consensus(self) -> float | None:
+        """The share of the available automatic labels that call the step a key step."""
+        values = [float(v) for v in (self.lcs_key_step, self.env_key_step) if v is not None]
         return sum(values) / len(values) if values else None
 
 
@@ -71,8 +89,9 @@ def uncertainty(candidate: StepCandidate) -> tuple[float, str]:
     """How unsure the automatic labels are about a step, in [0, 1], and why.
 
     label disagreement = max(|lcs - env|, 0.5 if they disagree on the key step);
-    model disagreement = |model - mean(labels)|. The larger wins. With no pair to compare the
-    step gets 0.5 ("no_signal"): after clear disagreements, before clear agreements.
+    model disagreement = |model - mean(labels)| (a step judge: |P(correct) - share of labels calling
+    it a key step|). The larger wins. With no pair to compare the step gets 0.5 ("no_signal"):
+    after clear disagreements, before clear agreements.
     """
     signals: list[tuple[float, str]] = []
     if candidate.lcs_progress is not None and candidate.env_progress is not None:
@@ -87,6 +106,9 @@ def uncertainty(candidate: StepCandidate) -> tuple[float, str]:
     consensus = candidate.label_consensus
     if candidate.model_progress is not None and consensus is not None:
         signals.append((abs(candidate.model_progress - consensus), "model_disagreement"))
+    key_consensus = candidate.key_step_consensus
+    if candidate.model_step_prob is not None and key_consensus is not None:
+        signals.append((abs(candidate.model_step_prob - key_consensus), "model_disagreement"))
     if not signals:
         return NO_SIGNAL_UNCERTAINTY, "no_signal"
     score, reason = max(signals, key=lambda s: s[0])
@@ -185,6 +207,124 @@ def _stratified_pick(
         for rank, (candidate, score, reason) in enumerate(ordered[stratum][: quota[stratum]]):
             picked.append(Selected(candidate, score, reason, rank))
     return picked
+
+
+# -- candidates from the warehouse's rows ------------------------------------------------------
+
+
+def _best_labels(rows: Iterable[Mapping[str, Any]], source: str) -> dict[tuple[str, int], Mapping[str, Any]]:
+    """One ``progress_labels`` row of ``source`` per step: LCS prefers the improved method, then the
+    latest label version (what training reads); the environment's latest label version."""
+
+    def rank(row: Mapping[str, Any]) -> tuple:
+        method = row.get("method")
+        version = row.get("label_version")
+        by_method = 0 if source != "lcs" or method is None else 2 if method == "improved" else 1
+        return by_method, version is not None, version or ""
+
+    best: dict[tuple[str, int], Mapping[str, Any]] = {}
+    for row in rows:
+        if row.get("source") != source:
+            continue
+        key = (row["episode_id"], int(row["step_idx"]))
+        if key not in best or rank(row) > rank(best[key]):
+            best[key] = row
+    return best
+
+
+def _model_scores(
+    predictions: Iterable[Mapping[str, Any]],
+) -> tuple[dict[tuple[str, int], float], dict[tuple[str, int], float | None], dict[tuple[str, int], float]]:
+    """(progress, previous progress, step-judge probability) per step from one model's ``rm_predictions`` rows.
+
+    A step scored more than once (several report runs) gets the mean. The previous progress is the
+    model's progress at the episode's preceding scored step; 0 before the first step.
+    """
+    sums: dict[tuple[str, int, bool], list[float]] = defaultdict(list)
+    for row in predictions:
+        judge = row["kind"] in STEP_JUDGE_KINDS
+        sums[(row["episode_id"], int(row["step_idx"]), judge)].append(float(row["score"]))
+    progress: dict[tuple[str, int], float] = {}
+    judged: dict[tuple[str, int], float] = {}
+    for (episode_id, step_idx, judge), values in sums.items():
+        (judged if judge else progress)[(episode_id, step_idx)] = sum(values) / len(values)
+    previous: dict[tuple[str, int], float | None] = {}
+    last: tuple[str, float] | None = None
+    for episode_id, step_idx in sorted(progress):
+        before = last[1] if last is not None and last[0] == episode_id else None
+        previous[(episode_id, step_idx)] = before
+        last = (episode_id, progress[(episode_id, step_idx)])
+    return progress, previous, judged
+
+
+def step_candidates(
+    steps: Iterable[Mapping[str, Any]],
+    labels: Iterable[Mapping[str, Any]] = (),
+    predictions: Iterable[Mapping[str, Any]] = (),
+    model_id: str | None = None,
+) -> list[StepCandidate]:
+    """Every step with its LCS and environment labels and one model's prediction (None where absent).
+
+    ``steps``: rows (episode_id, step_idx, task_id, success), the steps joined with their episodes;
+    ``labels``: ``progress_labels`` rows; ``predictions``: the ``rm_predictions`` rows of the model
+    ``model_id``. A row's ``kind`` says what its ``score`` is: a progress estimate fills
+    ``model_progress`` (and the next step's ``model_previous_progress``), a step judge's
+    (:data:`STEP_JUDGE_KINDS`) probability of a correct step fills ``model_step_prob``.
+    """
+    labels = list(labels)
+    lcs, env = _best_labels(labels, "lcs"), _best_labels(labels, "env")
+    progress, previous, judged = _model_scores(predictions)
+    out = []
+    for row in steps:
+        key = (row["episode_id"], int(row["step_idx"]))
+        lcs_row, env_row = lcs.get(key), env.get(key)
+        model_progress, model_step_prob = progress.get(key), judged.get(key)
+        before = previous.get(key)
+        out.append(
+            StepCandidate(
+                episode_id=key[0],
+                step_idx=key[1],
+                task_id=row["task_id"],
+                success=row.get("success"),
+                lcs_progress=lcs_row["progress"] if lcs_row else None,
+                env_progress=env_row["progress"] if env_row else None,
+                lcs_key_step=lcs_row["is_key_step"] if lcs_row else None,
+                env_key_step=env_row["is_key_step"] if env_row else None,
+                model_progress=model_progress,
+                model_previous_progress=before if before is not None else (0.0 if key[1] == 0 else None),
+                model_id=model_id if model_progress is not None or model_step_prob is not None else None,
+                model_step_prob=model_step_prob,
+            )
+        )
+    return out
+
+
+def candidate_rows(picked: Iterable[Selected]) -> list[dict[str, Any]]:
+    """``annotation_candidates`` rows of a selection.
+
+    The table has no column for a step judge's probability: ``model_id`` names the model, and the
+    push reads the probability back from ``rm_predictions``.
+    """
+    return [
+        {
+            "episode_id": s.candidate.episode_id,
+            "step_idx": s.candidate.step_idx,
+            "task_id": s.candidate.task_id,
+            "success": s.candidate.success,
+            "stratum": s.candidate.stratum,
+            "reason": s.reason,
+            "uncertainty": s.uncertainty,
+            "rank_in_stratum": s.rank_in_stratum,
+            "lcs_progress": s.candidate.lcs_progress,
+            "env_progress": s.candidate.env_progress,
+            "lcs_key_step": s.candidate.lcs_key_step,
+            "env_key_step": s.candidate.env_key_step,
+            "model_progress": s.candidate.model_progress,
+            "model_previous_progress": s.candidate.model_previous_progress,
+            "model_id": s.candidate.model_id,
+        }
+        for s in picked
+    ]
 
 
 # -- milestone-action match pairs (ADMIRE App. B.4.2) -------------------------------------------

@@ -272,7 +272,7 @@ class LocalLabelStudio:
             return ServerStatus(False, None, None, None, self.data_dir)
         pid, port = state.get("pid"), state.get("port")
         url = f"http://127.0.0.1:{port}"
-        running = bool(pid) and _process_alive(pid) and _healthy(url)
+        running = isinstance(pid, int) and pid > 0 and _process_alive(pid) and _healthy(url)
         return ServerStatus(running, url if running else None, pid, port, self.data_dir)
 
     @property
@@ -290,8 +290,8 @@ class LocalLabelStudio:
             if current.pid and _process_alive(current.pid):
                 # alive but not answering: a previous start still migrating, or wedged
                 say(f"Label Studio (pid {current.pid}) is not answering yet; waiting for it")
-                try:
-                    return self._wait_healthy(current.pid, current.port, say)
+                try:  # _wait_healthy gives the port it answers on; start() promises the URL
+                    return f"http://127.0.0.1:{self._wait_healthy(current.pid, current.port, say)}"
                 except LabelStudioServerError:
                     self._terminate(current.pid)
             return self._spawn(say)
@@ -353,7 +353,8 @@ class LocalLabelStudio:
         while time.monotonic() < deadline:
             if not _process_alive(pid):
                 raise LabelStudioServerError(
-                    f"Label Studio exited during start-up; end of its log ({self.log_path}):\n{self._log_tail(log_offset)}"
+                    f"Label Studio exited during start-up; end of its log ({self.log_path}):\n"
+                    f"{self._log_tail(log_offset)}"
                 )
             bound = self._bound_port(log_offset) or port
             if bound and _healthy(f"http://127.0.0.1:{bound}"):
@@ -464,7 +465,8 @@ class LocalLabelStudio:
         )
         if "successfully" not in result.stdout.lower():
             raise LabelStudioServerError(
-                f"could not recover the admin account of {self.data_dir}: {scrub(result.stdout[-500:] + result.stderr[-500:])}"
+                f"could not recover the admin account of {self.data_dir}: "
+                f"{scrub(result.stdout[-500:] + result.stderr[-500:])}"
             )
         write_local_secrets(self.data_dir, fresh)
         return fresh
@@ -566,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"[label-studio] running at {creds.url} (pid {server.status().pid})")
         print(
-            f"[label-studio] log in as {creds.username}; password and API token in {server.data_dir / 'stepwise-credentials.json'}"
+            f"[label-studio] log in as {creds.username}; "
+            f"password and API token in {server.data_dir / 'stepwise-credentials.json'}"
         )
         return 0
     if args.command == "stop":

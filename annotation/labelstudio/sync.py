@@ -47,7 +47,7 @@ from annotation.labelstudio.client import (
     LabelStudioTimeout,
     LabelStudioUnavailable,
 )
-from annotation.labelstudio.interfaces import Interface, parse_result
+from annotation.labelstudio.interfaces import INTERFACES, Interface, parse_result
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.tables_annotation import HUMAN_LABELS
 
@@ -91,9 +91,11 @@ def _content_hash(annotation: dict) -> str:
 
 
 def _int_or_none(value: object) -> int | None:
+    if not isinstance(value, int | float | str) or value == "":
+        return None  # JSON gives numbers or text; anything else (None included) is no id
     try:
-        return None if value is None or value == "" else int(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        return int(value)
+    except ValueError:
         return None
 
 
@@ -310,6 +312,19 @@ class ProjectSyncResult:
 # -- I/O -------------------------------------------------------------------------------------------
 
 
+def managed_projects(
+    client: LabelStudioClient, namespace: str, interfaces: Sequence[str] | None = None
+) -> list[tuple[Interface, int]]:
+    """The Label Studio projects of our interfaces that exist on the server (found by title)."""
+    found = []
+    for name in interfaces or list(INTERFACES):
+        interface = INTERFACES[name]
+        project_id = client.find_project(interface.project_title(namespace))
+        if project_id is not None:
+            found.append((interface, project_id))
+    return found
+
+
 @contextmanager
 def sync_lock(path: Path, *, timeout_s: float = 0.0) -> Iterator[bool]:
     """An inter-process lock so two syncs (sensor and asset) never interleave; yields whether it was taken."""
@@ -513,7 +528,8 @@ class ProjectSyncer:
             self.client.delete_export(project_id, export.export_id)
             state.clear_pending()
             raise LabelStudioUnavailable(
-                f"export {export.export_id} of project {project_id} is empty while the project has annotations; retrying later"
+                f"export {export.export_id} of project {project_id} is empty while the project has annotations; "
+                "retrying later"
             )
         stamp = datetime.fromtimestamp(now, UTC)
         merged, diff = merge_labels(previous, rows, stamp)

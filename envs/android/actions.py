@@ -112,7 +112,8 @@ def swipe_for(direction: str, region: tuple[float, float, float, float]) -> tupl
         points = (cx - dx, cy, cx + dx, cy)
     else:
         raise InvalidAction(f"unknown scroll direction {direction!r}")
-    return tuple(int(v) for v in points)  # type: ignore[return-value]
+    x0, y0, x1, y1 = points
+    return int(x0), int(y0), int(x1), int(y1)
 
 
 def to_device_calls(action: Action, screen: Screen, window: tuple[int, int]) -> list[DeviceCall]:

@@ -152,7 +152,7 @@ def _same(recorded: Any, actual: Any) -> bool:
     if isinstance(recorded, (int, float)) and isinstance(actual, (int, float)) and not isinstance(actual, bool):
         return abs(float(recorded) - float(actual)) < 1.0  # pixel coordinates: within a pixel
     if isinstance(recorded, list) and isinstance(actual, (list, tuple)):
-        return len(recorded) == len(actual) and all(_same(r, a) for r, a in zip(recorded, actual))
+        return len(recorded) == len(actual) and all(_same(r, a) for r, a in zip(recorded, actual, strict=True))
     if isinstance(recorded, dict) and isinstance(actual, Mapping):
         return recorded.keys() == actual.keys() and all(_same(recorded[k], actual[k]) for k in recorded)
     return recorded == actual
@@ -203,13 +203,12 @@ class ReplayDevice:
         with self._lock:
             self.calls.append((name, args, kwargs))
             entry = self.entries[self.position] if self.position < len(self.entries) else None
-            matches = (
+            if (
                 entry is not None
                 and entry["call"] == name
                 and _same(entry.get("args", []), list(args))
                 and _same(entry.get("kwargs", {}), kwargs)
-            )
-            if matches:
+            ):
                 self.position += 1
                 if name == "dump_hierarchy":
                     self._last_dump = entry["result"]
@@ -222,7 +221,8 @@ class ReplayDevice:
                     else f"{entry['call']}({entry.get('args')}, {entry.get('kwargs')})"
                 )
                 raise ReplayMismatch(
-                    f"replay {self.label} at entry {self.position}: got {name}({list(args)}, {kwargs}), expected {expected}"
+                    f"replay {self.label} at entry {self.position}: "
+                    f"got {name}({list(args)}, {kwargs}), expected {expected}"
                 )
             if name == "dump_hierarchy":
                 # Lenient: move on to the next recorded screen when one is due, else repeat the last.

@@ -48,21 +48,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# miniwob reads these when it starts a driver; users should not have to set them.
-os.environ.setdefault("MINIWOB_CHROME_BINARY", "/usr/bin/chromium")
-os.environ.setdefault("MINIWOB_CHROMEDRIVER", "/usr/bin/chromedriver")
+from miniwob.action import ActionSpaceConfig, ActionTypes
+from miniwob.constants import TASK_HEIGHT, TASK_WIDTH, WEBDRIVER_SPECIAL_KEYS
+from miniwob.fields import get_field_extractor
+from miniwob.selenium_actions import execute_action_on_chromedriver, execute_press_key
+from miniwob.selenium_instance import HTML_DIR, SeleniumInstance
 
-from miniwob.action import ActionSpaceConfig, ActionTypes  # noqa: E402
-from miniwob.constants import TASK_HEIGHT, TASK_WIDTH, WEBDRIVER_SPECIAL_KEYS  # noqa: E402
-from miniwob.fields import get_field_extractor  # noqa: E402
-from miniwob.selenium_actions import execute_action_on_chromedriver, execute_press_key  # noqa: E402
-from miniwob.selenium_instance import HTML_DIR, SeleniumInstance  # noqa: E402
-
-from envs.miniwob.dom import _CLICKABLE_ROLES as CLICKABLE_ROLES  # noqa: E402
-from envs.miniwob.dom import EDITABLE_ROLES, TEXT_NODE_TAGS, dom_to_screen, role_of  # noqa: E402
-from envs.protocol import InvalidAction, MilestoneTracker, Observation, StepResult, resolve_target  # noqa: E402
-from envs.tasks import TaskSpec, TaskSpecError  # noqa: E402
-from warehouse.model import Action, ActionType, Screen, UIElement  # noqa: E402
+from envs.miniwob.dom import _CLICKABLE_ROLES as CLICKABLE_ROLES
+from envs.miniwob.dom import EDITABLE_ROLES, TEXT_NODE_TAGS, dom_to_screen, role_of
+from envs.protocol import InvalidAction, MilestoneTracker, Observation, StepResult, resolve_target
+from envs.tasks import TaskSpec, TaskSpecError
+from warehouse.model import Action, ActionType, Screen, UIElement
 
 BACKEND = "miniwob"
 TASK_PAGES = HTML_DIR / "miniwob"

@@ -26,9 +26,9 @@ from envs.android import (
 )
 from envs.android.device import DEVICE_METHODS
 from envs.android.env import check_android_spec, instruction_for
-from envs.catalog import load_catalog
 from envs.policies import NoisyExpertPolicy, ScriptedPolicy, expand_solution, find_target, make_policy
 from envs.protocol import InvalidAction, milestone_track_matches, run_episode
+from envs.task_catalog import load_catalog
 from envs.tasks import TaskSpecError, task_spec_from_mapping
 from tests.envs.conftest import read_dump
 from warehouse.model import Action, ActionType
@@ -283,8 +283,8 @@ def test_record_then_replay_round_trip(tmp_path):
 
 def test_android_workers_in_the_pool(tmp_path):
     """The pool's worker processes build Android environments from a picklable config."""
-    from envs.catalog import CatalogTask
     from envs.pool import EnvPool, PoolConfig, plan_jobs
+    from envs.task_catalog import CatalogTask
 
     spec = load_catalog("android")["android-calculator-add"].spec
     slots = spec.slots(instruction_for(spec, 0))

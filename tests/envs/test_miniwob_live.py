@@ -2,10 +2,10 @@
 
 import pytest
 
-from envs.catalog import load_catalog
 from envs.miniwob.live import dom_elements_to_screen, miniwob_key, to_miniwob_actions
 from envs.policies import ScriptedPolicy, make_policy
 from envs.protocol import InvalidAction, episode_slots, milestone_track_matches, run_episode
+from envs.task_catalog import load_catalog
 from envs.tasks import TaskSpecError, task_spec_from_mapping
 from warehouse.model import Action, ActionType, UIElement
 

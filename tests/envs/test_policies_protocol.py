@@ -5,9 +5,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from envs.catalog import MINIWOB_FAMILIES, load_catalog, tasks_of_family
 from envs.policies import (
-    EpisodeContext,
     NoisyExpertPolicy,
     RandomWalkPolicy,
     SolutionError,
@@ -18,6 +16,7 @@ from envs.policies import (
 )
 from envs.pool import plan_jobs
 from envs.protocol import (
+    EpisodeContext,
     EpisodeRecord,
     InvalidAction,
     MilestoneTracker,
@@ -25,6 +24,7 @@ from envs.protocol import (
     episode_tables,
     resolve_target,
 )
+from envs.task_catalog import MINIWOB_FAMILIES, load_catalog, tasks_of_family
 from envs.tasks import TaskSpecError, task_spec_from_mapping, track_milestones
 from warehouse.model import Action, ActionType, Screen, UIElement
 from warehouse.schema import EPISODES, STEPS

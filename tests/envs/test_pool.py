@@ -7,13 +7,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from assets.resources import WarehouseResource
-from assets.rollouts import ATTEMPTS_TABLE, publish_rollouts
-from envs.catalog import load_catalog
 from envs.miniwob.live import MiniWoBConfig
 from envs.policies import make_policy
 from envs.pool import EnvPool, EpisodeJob, PoolConfig, plan_jobs
+from envs.rollouts import ATTEMPTS_TABLE, publish_rollouts
+from envs.task_catalog import load_catalog
 from envs.tasks import task_spec_from_mapping
+from warehouse.catalog import Warehouse
 
 pytestmark = pytest.mark.e2e
 
@@ -96,11 +96,10 @@ def test_chromium_killed_mid_batch_episode_retried_on_a_fresh_worker(jobs, tmp_p
     assert all(psutil.pid_exists(pid) is False or gone([pid]) for pid in worker_pids)  # pool closed: all gone
 
     # Written to the warehouse: each episode once, the aborted attempt recorded with its reason.
-    warehouse = WarehouseResource(home=str(tmp_path / "home"))
+    store = Warehouse(tmp_path / "home")
     publish_rollouts(
-        warehouse, result, asset="test", dataset="fault", run_id="r", partition_key=None, parameters={}, spec_paths=[]
+        store, result, asset="test", dataset="fault", run_id="r", partition_key=None, parameters={}, spec_paths=[]
     )
-    store = warehouse.get()
     assert store.query("SELECT count(*) AS n, count(DISTINCT episode_id) AS d FROM episodes").to_pylist() == [
         {"n": len(jobs), "d": len(jobs)}
     ]

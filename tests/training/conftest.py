@@ -298,7 +298,7 @@ def tiny_examples(tiny_home, tmp_path_factory) -> dict[str, Path]:
     """rm_examples Parquet files per kind, built from the tiny warehouse."""
     import pyarrow.parquet as pq
 
-    from training.datasets import REWARD_MODEL_KINDS, build_reward_model_dataset, read_splits, read_trajectories
+    from training.rm_datasets import REWARD_MODEL_KINDS, build_reward_model_dataset, read_splits, read_trajectories
 
     warehouse = Warehouse(tiny_home)
     trajectories = read_trajectories(warehouse, read_splits(warehouse).keys())

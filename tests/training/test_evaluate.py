@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from training.datasets import EpisodeLabels, Trajectory, TrajectoryStep
+from training.rm_datasets import EpisodeLabels, TextTrajectory, TextStep
 from training.evaluate import (
     PAIRED_COLUMNS,
     EvaluationSet,
@@ -68,11 +68,11 @@ def test_calibration_bins_and_ece():
 
 def _evaluation_set():
     trajs = [
-        Trajectory(
+        TextTrajectory(
             f"e{i}",
             "login-user" if i % 2 else "click",
             "goal",
-            tuple(TrajectoryStep(("body",), f"A{t}") for t in range(3)),
+            tuple(TextStep(("body",), f"A{t}") for t in range(3)),
             success=i % 3 != 0,
         )
         for i in range(6)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.datasets import StepState
+from training.rm_datasets import StepState
 from training.models import (
     EmbeddingCache,
     RewardModelConfig,

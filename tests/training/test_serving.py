@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from training.datasets import Trajectory, TrajectoryStep, progress_state
+from training.rm_datasets import TextTrajectory, TextStep, progress_state
 from training.models import RewardScorer
 from training.serving import ServingLimits, score_trajectories, serve_in_background
 
@@ -106,7 +106,7 @@ def test_http_scores_single_states_and_text_screens(server, scorer):
 
 
 def test_trajectory_states_match_the_training_indexing(scorer):
-    traj = Trajectory("x", "login-user", LOGIN, tuple(TrajectoryStep(("body",), f"A{t}") for t in range(2)))
+    traj = TextTrajectory("x", "login-user", LOGIN, tuple(TextStep(("body",), f"A{t}") for t in range(2)))
     ours = score_trajectories(scorer, [traj])[0].scores
     direct = scorer.score_states([progress_state(traj, 0), progress_state(traj, 1)])
     np.testing.assert_allclose(ours, direct)

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from training.datasets import StepState
+from training.rm_datasets import StepState
 from training.models import RewardScorer
 from training.train import (
     DS_ZERO2,

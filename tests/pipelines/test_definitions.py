@@ -1,0 +1,108 @@
+"""The whole code location, loaded as Dagster loads it: the asset graph (keys, groups, dependencies,
+checks), the jobs, sensors and resources. A change to the graph shows up here as a diff."""
+
+from pipelines.definitions import defs
+
+GROUPS = {
+    "demonstrations": {"human_demonstrations"},
+    "rollouts": {"rollouts", "android_rollouts"},
+    "labels": {"synthetic_trajectories", "recipe_library", "progress_labels", "progress_split", "label_quality_report"},
+    "human_labels": {
+        "annotation_candidates",
+        "annotation_queue",
+        "human_labels",
+        "human_step_labels",
+        "annotation_agreement",
+        "label_source_comparison",
+    },
+    "reward_models": {"reward_model_datasets", "reward_model", "reward_model_report"},
+}
+
+DEPENDENCIES = {
+    "synthetic_trajectories": {"human_demonstrations", "rollouts"},
+    "recipe_library": {"human_demonstrations", "rollouts", "synthetic_trajectories"},
+    "progress_labels": {"human_demonstrations", "rollouts", "synthetic_trajectories"},
+    "progress_split": {"progress_labels"},
+    "label_quality_report": {"progress_labels"},
+    "reward_model_datasets": {"progress_labels", "progress_split"},
+    "reward_model": {"reward_model_datasets"},
+    "reward_model_report": {"reward_model"},
+    "annotation_queue": {"annotation_candidates"},
+    "human_labels": {"annotation_queue"},
+    "human_step_labels": {"human_labels"},
+    "annotation_agreement": {"human_labels"},
+    "label_source_comparison": {"human_step_labels"},
+}
+
+CHECKS = {
+    "human_demonstrations": {
+        "demonstrations_schema",
+        "demonstrations_no_empty_episodes",
+        "demonstrations_action_types_known",
+        "demonstrations_success_and_failure",
+    },
+    "progress_labels": {"labels_in_unit_interval", "labels_non_decreasing", "every_episode_labelled_or_explained"},
+    "label_quality_report": {"improved_beats_paper_on_held_out"},
+    "reward_model_datasets": {"dataset_is_valid"},
+    "reward_model": {"checkpoint_loads"},
+    "reward_model_report": {"reward_model_report_metrics_present", "reward_model_report_progrm_beats_orm"},
+    "rollouts": {
+        f"rollouts_{name}"
+        for name in (
+            "whole_episodes",
+            "attempts_accounted",
+            "rewards_and_milestones",
+            "success_and_failure",
+            "attempts_schema",
+        )
+    },
+}
+
+
+def _graph():
+    return defs.get_repository_def().asset_graph
+
+
+def test_every_asset_is_in_its_stage_group():
+    groups: dict[str, set[str]] = {}
+    for node in _graph().asset_nodes:
+        groups.setdefault(node.group_name, set()).add(node.key.to_user_string())
+    assert groups == GROUPS
+
+
+def test_dependencies_follow_the_pipeline():
+    parents = {n.key.to_user_string(): {p.to_user_string() for p in n.parent_keys} for n in _graph().asset_nodes}
+    for asset, expected in DEPENDENCIES.items():
+        assert expected <= parents[asset], asset
+    for source in ("human_demonstrations", "rollouts", "android_rollouts"):
+        assert parents[source] == set()
+
+
+def test_asset_checks_sit_next_to_their_assets():
+    checks: dict[str, set[str]] = {}
+    for key in _graph().asset_check_keys:
+        checks.setdefault(key.asset_key.to_user_string(), set()).add(key.name)
+    for asset, expected in CHECKS.items():
+        assert expected <= checks.get(asset, set()), asset
+    assert {"human_labels_unique_annotations", "annotation_queue_no_duplicates"} <= {
+        name for names in checks.values() for name in names
+    }
+
+
+def test_jobs_sensors_and_resources():
+    jobs = {job.name for job in defs.resolve_all_job_defs()}
+    assert {
+        "stepwise_main",
+        "annotation_push",
+        "reward_models",
+        "reward_model_evaluation",
+        "miniwob_rollouts_job",
+        "android_rollouts_job",
+    } <= jobs
+    assert {sensor.name for sensor in defs.sensors or []} == {"label_studio_sync"}
+    assert set(defs.resources or {}) == {"warehouse", "env_pool", "label_studio"}
+    # The main job runs every unpartitioned offline stage and none that needs people or long training.
+    main = defs.resolve_job_def("stepwise_main")
+    selected = {k.to_user_string() for k in main.asset_layer.selected_asset_keys}
+    assert GROUPS["labels"] | GROUPS["demonstrations"] <= selected
+    assert not selected & (GROUPS["human_labels"] | GROUPS["reward_models"] | GROUPS["rollouts"])

@@ -2,7 +2,6 @@
 ``human_labels`` (asset and the ``label_studio_sync`` sensor), per-step training labels, annotator
 agreement and the comparison of label sources. Stage logic: :mod:`annotation.human_labels`."""
 
-from collections.abc import Callable
 from typing import Any
 
 from dagster import (
@@ -21,6 +20,7 @@ from dagster import (
     SkipReason,
     asset,
     asset_check,
+    define_asset_job,
     sensor,
 )
 from pydantic import Field
@@ -33,7 +33,6 @@ from annotation.human_labels import (
     REPORT_VERSION,
     SELECTION_VERSION,
     SYNC_VERSION,
-    LabelStudioSite,
     PushOptions,
     SelectionOptions,
     SensorSettings,
@@ -58,18 +57,6 @@ GROUP = "human_labels"
 
 def _with_url(summary: dict[str, Any]) -> dict[str, Any]:
     return to_metadata(summary) | {"label_studio": MetadataValue.url(summary["label_studio"])}
-
-
-def _site(
-    label_studio: LabelStudioResource, *, start: bool | None = None, progress: Callable[[str], None] | None = None
-) -> LabelStudioSite:
-    return LabelStudioSite(
-        connect=lambda: label_studio.client(start=start, progress=progress),
-        namespace=label_studio.project_namespace,
-        home=label_studio.stepwise_home(),
-        own_server=label_studio.uses_local_server(),
-        api_key_env=label_studio.api_key_env,
-    )
 
 
 class CandidateSelectionConfig(Config):
@@ -130,7 +117,7 @@ def annotation_queue(
     context: AssetExecutionContext, config: PushConfig, warehouse: WarehouseResource, label_studio: LabelStudioResource
 ) -> MaterializeResult:
     options = PushOptions(**(config.model_dump() | {"interfaces": tuple(config.interfaces)}))
-    site = _site(label_studio, progress=context.log.info)
+    site = label_studio.site(progress=context.log.info)
     summary = push_queue(warehouse.get(), site, options, run_id=context.run_id, log=context.log.info)
     return MaterializeResult(metadata=_with_url(summary))
 
@@ -149,7 +136,7 @@ def annotation_queue(
 def human_labels(
     context: AssetExecutionContext, config: SyncConfig, warehouse: WarehouseResource, label_studio: LabelStudioResource
 ) -> MaterializeResult:
-    site = _site(label_studio, progress=context.log.info)
+    site = label_studio.site(progress=context.log.info)
     summary = sync_projects(
         warehouse.get(), site, full_resync=config.full_resync, run_id=context.run_id, log=context.log.info
     )
@@ -232,7 +219,7 @@ def annotation_queue_no_duplicates(warehouse: WarehouseResource) -> AssetCheckRe
 def annotation_tables_free_of_secrets(
     warehouse: WarehouseResource, label_studio: LabelStudioResource
 ) -> AssetCheckResult:
-    return check_result(check_no_secrets(warehouse.get(), _site(label_studio)))
+    return check_result(check_no_secrets(warehouse.get(), label_studio.site()))
 
 
 def build_label_studio_sensor(
@@ -256,7 +243,7 @@ def build_label_studio_sensor(
     def label_studio_sync(
         context: SensorEvaluationContext, warehouse: WarehouseResource, label_studio: LabelStudioResource
     ):
-        site = _site(label_studio, start=False)
+        site = label_studio.site(start=False)
         tick = sync_tick(warehouse.get(), site, context.cursor, timing, log=context.log.info, warn=context.log.warning)
         if tick.run_key is None:
             skip = SkipReason(tick.skip)
@@ -297,3 +284,10 @@ HUMAN_LABEL_CHECKS = [
     annotation_tables_free_of_secrets,
 ]
 HUMAN_LABEL_SENSORS = [label_studio_sync]
+HUMAN_LABEL_JOBS = [
+    define_asset_job(
+        "annotation_push",
+        selection=["annotation_candidates", "annotation_queue"],
+        description="Pick the least certain steps under a budget and push them to Label Studio.",
+    )
+]

@@ -19,8 +19,8 @@ def metadata_value(value: Any) -> Any:
         return MetadataValue.md(str(value))
     if isinstance(value, Path):
         return MetadataValue.path(str(value))
-    if isinstance(value, bool) or value is None:
-        return MetadataValue.json(value) if value is None else value
+    if isinstance(value, bool):
+        return value
     if isinstance(value, float):
         return MetadataValue.float(value)
     if isinstance(value, Mapping | list | tuple):

@@ -19,7 +19,7 @@ from dagster import ConfigurableResource, Failure
 from pydantic import Field
 
 from annotation.labelstudio.client import LabelStudioClient
-from annotation.labelstudio.connection import pseudonym_salt, resolve_credentials
+from annotation.labelstudio.connection import LabelStudioSite, pseudonym_salt, resolve_credentials
 from annotation.labelstudio.secrets import API_KEY_ENV, URL_ENV, Credentials, credentials_from_environment
 from annotation.labelstudio.server import labelstudio_dir
 from envs.android.env import AndroidConfig
@@ -133,6 +133,16 @@ class LabelStudioResource(ConfigurableResource):
 
     def salt(self) -> str:
         return pseudonym_salt(self.stepwise_home())
+
+    def site(self, *, start: bool | None = None, progress: Callable[[str], None] | None = None) -> LabelStudioSite:
+        """This server as the plain settings the human-labels stage works with."""
+        return LabelStudioSite(
+            connect=lambda: self.client(start=start, progress=progress),
+            namespace=self.project_namespace,
+            home=self.stepwise_home(),
+            own_server=self.uses_local_server(),
+            api_key_env=self.api_key_env,
+        )
 
     def uses_local_server(self) -> bool:
         return credentials_from_environment() is None and not (self.url and os.environ.get(self.api_key_env))

@@ -72,7 +72,7 @@ def _materialize(
     backend: str,
     asset_name: str,
 ) -> MaterializeResult:
-    keys = context.partition_key.keys_by_dimension  # type: ignore[attr-defined]
+    keys = context.partition_key.keys_by_dimension
     request = RolloutRequest(
         backend=backend,
         family=keys["family"],

@@ -113,6 +113,7 @@ class EpisodeContext:
     backend: str
     supported_actions: frozenset[ActionType]
     max_steps: int
+    episode_id: str = ""  # the id the episode will have in the warehouse (learned policies key records by it)
 
 
 class Actor(Protocol):
@@ -297,6 +298,7 @@ def run_episode(
             backend=env.backend,
             supported_actions=env.supported_actions,
             max_steps=max_steps,
+            episode_id=episode_id,
         )
     )
     screen = observation.screen

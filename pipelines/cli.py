@@ -38,9 +38,9 @@ def _print_table(table, max_rows: int = 50) -> None:
         Console().print(shown)
     else:
         widths = [max([len(name), *(len(r[i]) for r in rows)]) for i, name in enumerate(table.column_names)]
-        print("  ".join(name.ljust(w) for name, w in zip(table.column_names, widths)))
+        print("  ".join(name.ljust(w) for name, w in zip(table.column_names, widths, strict=True)))
         for row in rows:
-            print("  ".join(value.ljust(w) for value, w in zip(row, widths)))
+            print("  ".join(value.ljust(w) for value, w in zip(row, widths, strict=True)))
     if table.num_rows > max_rows:
         print(f"... {table.num_rows - max_rows} more rows ({table.num_rows} in all)")
 
@@ -100,9 +100,8 @@ def cmd_label(args: argparse.Namespace) -> int:
     for method, notes in summary.tasks_without_recipe.items():
         for task, reason in sorted(notes.items()):
             print(f"  no {method} recipe for {task}: {reason}")
-    print(
-        f"plots: {', '.join(str(warehouse.home / 'plots' / n) for n in ('progress_curves.png', 'label_distribution.png'))}"
-    )
+    plots = (warehouse.home / "plots" / name for name in ("progress_curves.png", "label_distribution.png"))
+    print(f"plots: {', '.join(str(p) for p in plots)}")
     return 0
 
 
@@ -173,18 +172,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     warehouse = Warehouse()
     print()
     all_ok = result.success and all(ok for _, ok in rollout_runs)
-    print(
-        f"== Stepwise: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s (main run {result.run_id})"
-    )
-    for partition, ok in rollout_runs:
-        print(f"   rollouts {partition}: {'ok' if ok else 'FAILED'}")
+    outcome = "succeeded" if all_ok else "FAILED"
+    print(f"== Stepwise: {outcome} in {time.perf_counter() - started:.0f} s (main run {result.run_id})")
+    for name, ok in rollout_runs:
+        print(f"   rollouts {name}: {'ok' if ok else 'FAILED'}")
     for check in result.get_asset_check_evaluations():
         print(f"   check {check.check_name}: {'passed' if check.passed else 'FAILED'}")
     if result.success:
         _print_table(
             warehouse.query(
                 "SELECT source, count(*) AS episodes, count(*) FILTER (WHERE success) AS successes, "
-                "count(*) FILTER (WHERE NOT success) AS failures, sum(n_steps) AS steps, count(DISTINCT task_id) AS tasks "
+                "count(*) FILTER (WHERE NOT success) AS failures, sum(n_steps) AS steps, "
+                "count(DISTINCT task_id) AS tasks "
                 "FROM episodes GROUP BY source ORDER BY source"
             )
         )
@@ -193,19 +192,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         _print_table(
             warehouse.query(
-                "SELECT source, method, count(*) AS steps, count(DISTINCT episode_id) AS episodes, round(avg(progress), 3) AS mean_progress, "
+                "SELECT source, method, count(*) AS steps, count(DISTINCT episode_id) AS episodes, "
+                "round(avg(progress), 3) AS mean_progress, "
                 "round(avg(is_key_step::INT), 3) AS key_step_share FROM progress_labels GROUP BY ALL ORDER BY ALL"
             )
         )
         _print_table(
             warehouse.query(
-                "SELECT method, task_set, episodes, round(key_step_precision, 3) AS precision, round(key_step_recall, 3) AS recall, "
-                "round(key_step_progress_error, 3) AS key_step_error FROM label_quality WHERE task_set NOT IN (SELECT DISTINCT task_id FROM episodes) ORDER BY task_set, method"
+                "SELECT method, task_set, episodes, round(key_step_precision, 3) AS precision, "
+                "round(key_step_recall, 3) AS recall, round(key_step_progress_error, 3) AS key_step_error "
+                "FROM label_quality WHERE task_set NOT IN (SELECT DISTINCT task_id FROM episodes) "
+                "ORDER BY task_set, method"
             )
         )
-    print(
-        f"   warehouse: {warehouse.db_path} (views: episodes, steps, progress_labels, recipes, progress_split, label_quality, lineage, ...)"
-    )
+    views = "episodes, steps, progress_labels, recipes, progress_split, label_quality, lineage, ..."
+    print(f"   warehouse: {warehouse.db_path} (views: {views})")
     print(f"   plots:     {warehouse.home / 'plots'}")
     print(f"   parquet:   {warehouse.data_dir}")
     print('   query:     .venv/bin/stepwise sql "SELECT task_id, avg(success::int) FROM episodes GROUP BY 1"')
@@ -218,10 +219,10 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
     prepare_dagster_home()
     from dagster import DagsterInstance
 
-    from training.reward_models import REPORT_REQUIRED_KINDS
     from pipelines.definitions import defs
-    from training.rm_datasets import REWARD_MODEL_KINDS
     from training.evaluate import latest_models
+    from training.reward_models import REPORT_REQUIRED_KINDS
+    from training.rm_datasets import REWARD_MODEL_KINDS
     from warehouse.catalog import Warehouse
 
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -342,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-steps",
         type=int,
         default=-1,
-        help="optimizer steps per model (-1: the profile's; on CPU up to ~3,000, stopping early when the validation loss stops falling)",
+        help="optimizer steps per model (-1: the profile's; on CPU up to ~3,000, stopping early when the "
+        "validation loss stops falling)",
     )
     p.add_argument(
         "--threads", type=int, default=0, help="torch threads of each training process (0: the asset's default)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dagster import AssetSelection, Definitions, define_asset_job
 
 from assets.demonstrations import DEMONSTRATION_ASSETS, DEMONSTRATION_CHECKS
-from assets.human_labels import HUMAN_LABEL_ASSETS, HUMAN_LABEL_CHECKS, HUMAN_LABEL_SENSORS
+from assets.human_labels import HUMAN_LABEL_ASSETS, HUMAN_LABEL_CHECKS, HUMAN_LABEL_JOBS, HUMAN_LABEL_SENSORS
 from assets.labels import LABEL_ASSETS, LABEL_CHECKS
 from assets.resources import RESOURCES
 from assets.reward_models import GROUP as REWARD_MODEL_GROUP
@@ -23,16 +23,11 @@ main_job = define_asset_job(
     - AssetSelection.groups(REWARD_MODEL_GROUP),
     description="The whole unpartitioned asset graph on embedded defaults (no Label Studio).",
 )
-annotation_job = define_asset_job(
-    "annotation_push",
-    selection=AssetSelection.assets("annotation_candidates", "annotation_queue"),
-    description="Pick the least certain steps under a budget and push them to Label Studio.",
-)
 
 defs = Definitions(
     assets=[*DEMONSTRATION_ASSETS, *ROLLOUT_ASSETS, *LABEL_ASSETS, *HUMAN_LABEL_ASSETS, *REWARD_MODEL_ASSETS],
     asset_checks=[*DEMONSTRATION_CHECKS, *ROLLOUT_CHECKS, *LABEL_CHECKS, *HUMAN_LABEL_CHECKS, *REWARD_MODEL_CHECKS],
-    jobs=[main_job, annotation_job, *REWARD_MODEL_JOBS, *ROLLOUT_JOBS],
+    jobs=[main_job, *HUMAN_LABEL_JOBS, *REWARD_MODEL_JOBS, *ROLLOUT_JOBS],
     sensors=HUMAN_LABEL_SENSORS,
     resources=RESOURCES,
 )

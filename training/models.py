@@ -41,9 +41,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
 from training.rm_datasets import (
     StepState,
     TruncationBudget,
@@ -52,6 +49,9 @@ from training.rm_datasets import (
     render_user_message,
     truncate_state,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 

@@ -128,7 +128,7 @@ def load_trajectories(
             all_screens = [Screen(())] * steps_table.num_rows
         rows = steps_table.to_pylist()
         by_episode: dict[str, list[tuple[dict, Screen]]] = {}
-        for row, screen in zip(rows, all_screens):
+        for row, screen in zip(rows, all_screens, strict=False):
             by_episode.setdefault(row["episode_id"], []).append((row, screen))
         for e in batch:
             steps = by_episode.get(e["episode_id"], [])
@@ -181,7 +181,7 @@ def trajectories_to_tables(
                 "run_id": run_id,
             }
         )
-        for idx, (action, screen) in enumerate(zip(t.actions, t.screens)):
+        for idx, (action, screen) in enumerate(zip(t.actions, t.screens, strict=False)):
             append_step(
                 steps,
                 t.episode_id,

@@ -111,13 +111,13 @@ def test_fast_equals_reference_on_random_soft_tables(problem) -> None:
     table, a_seqs, b_seqs = problem
     as_lists = table.tolist()
     fast = soft_lcs_alignments(a_seqs, b_seqs, table)
-    for a, b, result in zip(a_seqs, b_seqs, fast):
+    for a, b, result in zip(a_seqs, b_seqs, fast, strict=False):
         reference = soft_lcs_reference(a.tolist(), b.tolist(), lambda x, y: as_lists[x][y])
         assert abs(result.score - reference.score) <= 1e-9
         # Same float operations and the same tie-breaking: the alignments are identical too.
         assert result.pairs == reference.pairs
         # The alignment is a valid common subsequence achieving the optimum.
-        assert all(a1 < a2 and b1 < b2 for (a1, b1), (a2, b2) in zip(result.pairs, result.pairs[1:]))
+        assert all(a1 < a2 and b1 < b2 for (a1, b1), (a2, b2) in zip(result.pairs, result.pairs[1:], strict=False))
         assert abs(sum(as_lists[a[i]][b[j]] for i, j in result.pairs) - result.score) <= 1e-9
     assert np.allclose(soft_lcs_scores(a_seqs, b_seqs, table), [r.score for r in fast], atol=1e-9, rtol=0)
 
@@ -133,7 +133,7 @@ def test_pairs_of_different_tables_share_a_batch(data: st.DataObject) -> None:
         b_seqs += b
         which += [t] * len(a)
     batched = soft_lcs_alignments(a_seqs, b_seqs, tables, which)
-    one_by_one = [soft_lcs(a, b, tables[t]) for a, b, t in zip(a_seqs, b_seqs, which)]
+    one_by_one = [soft_lcs(a, b, tables[t]) for a, b, t in zip(a_seqs, b_seqs, which, strict=False)]
     assert batched == one_by_one
 
 
@@ -149,7 +149,7 @@ def test_large_batches_of_mixed_tables_equal_reference() -> None:
     b_seqs = [rng.integers(0, len(tables[t]), size=rng.integers(0, 40)) for t in which]
     fast = soft_lcs_alignments(a_seqs, b_seqs, tables, which)
     lists = [t.tolist() for t in tables]
-    for a, b, t, result in zip(a_seqs, b_seqs, which, fast):
+    for a, b, t, result in zip(a_seqs, b_seqs, which, fast, strict=False):
         assert result == soft_lcs_reference(a.tolist(), b.tolist(), lambda x, y, s=lists[t]: s[x][y])
     assert soft_lcs_scores(a_seqs, b_seqs, tables, which).tolist() == [r.score for r in fast]
 
@@ -167,7 +167,10 @@ def test_asymmetric_tables_are_never_transposed(data: st.DataObject) -> None:
     a_seqs = [data.draw(sequence) for _ in range(6)]
     b_seqs = [data.draw(sequence) for _ in range(6)]
     as_lists = table.tolist()
-    expected = [soft_lcs_reference(a.tolist(), b.tolist(), lambda x, y: as_lists[x][y]) for a, b in zip(a_seqs, b_seqs)]
+    expected = [
+        soft_lcs_reference(a.tolist(), b.tolist(), lambda x, y: as_lists[x][y])
+        for a, b in zip(a_seqs, b_seqs, strict=False)
+    ]
     assert soft_lcs_scores(a_seqs, b_seqs, table).tolist() == [r.score for r in expected]
     assert soft_lcs_alignments(a_seqs, b_seqs, table) == expected
 

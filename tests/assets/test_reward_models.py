@@ -96,7 +96,8 @@ def test_datasets_models_and_report_materialize_with_checks(tmp_path):
     model_ids = warehouse.query("SELECT model_id FROM models WHERE kind = 'progrm_env'").column("model_id").to_pylist()
     assert served.metadata["model_id"] == model_ids[0]
     counts = warehouse.query(
-        "SELECT kind, count(*) AS n, count(*) FILTER (WHERE split = 'test') AS test FROM rm_predictions GROUP BY 1 ORDER BY 1"
+        "SELECT kind, count(*) AS n, count(*) FILTER (WHERE split = 'test') AS test "
+        "FROM rm_predictions GROUP BY 1 ORDER BY 1"
     ).to_pylist()
     assert [c["kind"] for c in counts] == ["orm", "progrm_env", "progrm_lcs"] and all(c["test"] > 0 for c in counts)
     metrics = (

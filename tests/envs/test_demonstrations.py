@@ -97,7 +97,8 @@ def test_bad_files_are_quarantined_and_the_rest_imported(small_demos, home, tmp_
     assert weird["severity"] == "event" and weird["event_index"] == 1 and "contextmenu" in weird["reason"]
     # The file with an unknown event is still imported: its steps are an UNKNOWN and a CLICK.
     steps = warehouse.query(
-        "SELECT action_type FROM steps JOIN episodes USING (episode_id) WHERE source_file = 'bad-task/weird-event.json.gz' ORDER BY step_idx"
+        "SELECT action_type FROM steps JOIN episodes USING (episode_id) "
+        "WHERE source_file = 'bad-task/weird-event.json.gz' ORDER BY step_idx"
     ).to_pylist()
     assert [s["action_type"] for s in steps] == ["UNKNOWN", "CLICK"]
     assert report.quarantined == 3 and report.duplicates == 1

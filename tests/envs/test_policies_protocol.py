@@ -85,8 +85,8 @@ def test_tracker_matches_track_milestones_step_by_step():
         Action(ActionType.CLICK, screens[0].elements[2]),
     ]
     tracker = MilestoneTracker(LOGIN, 'Log in as "ada"')
-    online = [tracker.update(s, a) for s, a in zip(screens, actions)]
-    offline = track_milestones(LOGIN, 'Log in as "ada"', list(zip(screens, actions)))
+    online = [tracker.update(s, a) for s, a in zip(screens, actions, strict=False)]
+    offline = track_milestones(LOGIN, 'Log in as "ada"', list(zip(screens, actions, strict=False)))
     assert tuple(online) == offline.hits == ((), ("user typed",), ("submitted",)) and tracker.complete
     with pytest.raises(TaskSpecError, match="does not fit"):
         MilestoneTracker(LOGIN, "something else")
@@ -116,7 +116,8 @@ def test_solution_features_expand_as_documented():
     spec = task_spec_from_mapping(
         {
             "task_id": "features",
-            "instruction": "Select (?P<words>[^.]*?) then (?:-(?P<down>\\d+)|(?P<up>\\d+)) pick (?P<n>\\d)(?:st|nd|rd|th)(?: and (?P<extra>\\w+))?",
+            "instruction": "Select (?P<words>[^.]*?) then (?:-(?P<down>\\d+)|(?P<up>\\d+)) "
+            "pick (?P<n>\\d)(?:st|nd|rd|th)(?: and (?P<extra>\\w+))?",
             "milestones": [{"name": "m", "when": {"visible": {"text": "x"}}}],
             "solution": [
                 {"action": "CLICK", "target": {"text": "{item}"}, "for_each": {"slot": "words", "split": ","}},

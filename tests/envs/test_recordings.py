@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from envs.miniwob.dom import dom_to_screen
 from envs.miniwob.recordings import (
     RecordingError,
     events_to_steps,
@@ -12,7 +13,6 @@ from envs.miniwob.recordings import (
     read_recording_bytes,
     recording_to_episode,
 )
-from envs.miniwob.dom import dom_to_screen
 from warehouse.model import ActionType
 
 
@@ -121,7 +121,7 @@ def test_click_then_typing_becomes_click_and_one_input():
     states += twice(150, "mouseup", focused, x=10, y=85)
     states += twice(151, "click", focused, x=10, y=85)
     before = focused
-    for t, (char, after) in enumerate(zip("rex", typed)):
+    for t, (char, after) in enumerate(zip("rex", typed, strict=False)):
         states += twice(300 + t * 50, "keydown", before, before, keyCode=ord(char.upper()), charCode=0)
         states += twice(301 + t * 50, "keypress", before, after, keyCode=ord(char), charCode=ord(char))
         states += twice(302 + t * 50, "keyup", after, after, keyCode=ord(char.upper()), charCode=0)

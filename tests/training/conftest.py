@@ -162,7 +162,7 @@ def build_tiny_warehouse(home: Path, *, n_login: int = 40, n_button: int = 30, s
                 "n_steps": len(actions),
             }
         )
-        for t, (screen, action) in enumerate(zip(screens, actions)):
+        for t, (screen, action) in enumerate(zip(screens, actions, strict=False)):
             steps.append(
                 {name: None for name in STEPS.names}
                 | {

@@ -7,7 +7,6 @@ import itertools
 import numpy as np
 import pytest
 
-from training.rm_datasets import EpisodeLabels, TextTrajectory, TextStep
 from training.evaluate import (
     PAIRED_COLUMNS,
     EvaluationSet,
@@ -23,6 +22,7 @@ from training.evaluate import (
     roc_auc,
     success_judgement,
 )
+from training.rm_datasets import EpisodeLabels, TextStep, TextTrajectory
 
 
 def test_success_judgement_counts_and_rates():

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from training.rm_datasets import StepState
 from training.models import (
     EmbeddingCache,
     RewardModelConfig,
@@ -24,6 +23,7 @@ from training.models import (
     state_segments,
     tokenize_prompts,
 )
+from training.rm_datasets import StepState
 
 STATES = [
     StepState('Enter the username "vanda"', ("CLICK(textbox#username)",), ("body", "  textbox#username [editable]")),
@@ -88,9 +88,9 @@ def test_state_segments_types_positions_and_element_budget():
     seg = state_segments(state, config)
     assert seg.texts[:5] == ("g", "cand", "a3", "a2", "body") or seg.texts[:4] == ("g", "cand", "a3", "a2")
     assert seg.history_length == 3  # all actions counted, the latest two embedded
-    elements = [t for t, ty in zip(seg.texts, seg.types) if ty == 4]
+    elements = [t for t, ty in zip(seg.texts, seg.types, strict=False) if ty == 4]
     assert 'button "x" [clickable]' in elements and 'input value="v"' in elements and len(elements) == 3
-    assert max(d for d, ty in zip(seg.depths, seg.types) if ty == 4) == 2
+    assert max(d for d, ty in zip(seg.depths, seg.types, strict=False) if ty == 4) == 2
 
 
 def test_soft_label_bce_and_mse_losses():

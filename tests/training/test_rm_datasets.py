@@ -8,8 +8,8 @@ import pytest
 from training.rm_datasets import (
     DatasetOptions,
     StepState,
-    TextTrajectory,
     TextStep,
+    TextTrajectory,
     TruncationBudget,
     action_state,
     build_examples,

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from training.rm_datasets import TextTrajectory, TextStep, progress_state
 from training.models import RewardScorer
+from training.rm_datasets import TextStep, TextTrajectory, progress_state
 from training.serving import ServingLimits, score_trajectories, serve_in_background
 
 LOGIN = 'Enter the username "vanda" and the password "abc" into the text fields and press login.'

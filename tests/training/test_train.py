@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from training.rm_datasets import StepState
 from training.models import RewardScorer
+from training.rm_datasets import StepState
 from training.train import (
     DS_ZERO2,
     DS_ZERO2_CPU,

@@ -148,7 +148,7 @@ class Renamer:
             for word in vocabulary:
                 by_length[len(word)].append(word)
             for words in by_length.values():
-                for word, index in zip(words, rng.permutation(len(words)).tolist()):
+                for word, index in zip(words, rng.permutation(len(words)).tolist(), strict=False):
                     self.mapping[word] = words[index]
         self._texts: dict[str, str] = {}
         self._elements: dict[int, UIElement] = {}
@@ -160,7 +160,7 @@ class Renamer:
         new = self.mapping.get(word.lower())
         if new is None:
             return word
-        return "".join(n.upper() if o.isupper() else n for o, n in zip(word, new))
+        return "".join(n.upper() if o.isupper() else n for o, n in zip(word, new, strict=False))
 
     def text(self, text: str | None) -> str | None:
         if not text or not self.mapping:
@@ -300,7 +300,7 @@ def derive_paper_corpus(
     for outcome in (True, False):
         slots = rng.permutation(np.flatnonzero(success == outcome))
         budget = n_success_steps if outcome else n_steps - int(lengths[success].sum())
-        for remaining, slot in zip(range(len(slots), 0, -1), slots.tolist()):
+        for remaining, slot in zip(range(len(slots), 0, -1), slots.tolist(), strict=False):
             task = derived[owner[slot]][0]
             pool = successes_of[task] if outcome else by_task[task]
             if not pool:

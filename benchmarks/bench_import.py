@@ -26,7 +26,8 @@ DEFAULT_DEMOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "miniw
 
 QUERIES = {
     "success rate per task": (
-        "SELECT task_id, avg(success::INT) AS success_rate, count(*) AS n FROM episodes GROUP BY task_id ORDER BY task_id",
+        "SELECT task_id, avg(success::INT) AS success_rate, count(*) AS n FROM episodes "
+        "GROUP BY task_id ORDER BY task_id",
         lambda ep, st: (
             ep.group_by("task_id")
             .agg(pl.col("success").cast(pl.Int32).mean().alias("success_rate"), pl.len().alias("n"))
@@ -34,7 +35,8 @@ QUERIES = {
         ),
     ),
     "action-type histogram per task": (
-        "SELECT e.task_id, s.action_type, count(*) AS n FROM steps s JOIN episodes e USING (episode_id) GROUP BY ALL ORDER BY ALL",
+        "SELECT e.task_id, s.action_type, count(*) AS n FROM steps s JOIN episodes e USING (episode_id) "
+        "GROUP BY ALL ORDER BY ALL",
         lambda ep, st: (
             st.select("episode_id", "action_type")
             .join(ep.select("episode_id", "task_id"), on="episode_id")
@@ -44,7 +46,8 @@ QUERIES = {
         ),
     ),
     "mean steps, success vs failure": (
-        "SELECT e.success, avg(s.n) AS mean_steps FROM episodes e JOIN (SELECT episode_id, count(*) AS n FROM steps GROUP BY 1) s USING (episode_id) GROUP BY 1 ORDER BY 1",
+        "SELECT e.success, avg(s.n) AS mean_steps FROM episodes e "
+        "JOIN (SELECT episode_id, count(*) AS n FROM steps GROUP BY 1) s USING (episode_id) GROUP BY 1 ORDER BY 1",
         lambda ep, st: (
             st.group_by("episode_id")
             .agg(pl.len().alias("n"))
@@ -111,9 +114,11 @@ def main() -> None:
     print(f"{'query':<34} {'duckdb ms':>10} {'polars ms':>10}")
     with warehouse.connect(read_only=True) as con:
         for name, (sql, polars_query) in QUERIES.items():
-            duck = median_ms(lambda: con.sql(sql).fetchall())
+            duck = median_ms(lambda sql=sql: con.sql(sql).fetchall())
             polars = median_ms(
-                lambda: polars_query(pl.scan_parquet(episode_paths), pl.scan_parquet(step_paths)).collect()
+                lambda polars_query=polars_query: polars_query(
+                    pl.scan_parquet(episode_paths), pl.scan_parquet(step_paths)
+                ).collect()
             )
             print(f"{name:<34} {duck:>10.1f} {polars:>10.1f}")
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import os
 import sys
@@ -256,7 +257,9 @@ def main(argv: list[str] | None = None) -> None:
 
     # ---- corpus ----
     (real, source), t_load, c_load = timed(lambda: load_real_trajectories(args.home.resolve(), args.demos))
-    (corpus, stats), t_derive, c_derive = timed(lambda: derive_paper_corpus(real, seed=args.seed))
+    # A partial, not a lambda: ``real`` is bound now, and the ``del real`` below stays the only
+    # reference to drop (a closure over a name deleted later reads to linters as undefined).
+    (corpus, stats), t_derive, c_derive = timed(functools.partial(derive_paper_corpus, real, seed=args.seed))
     real_steps = sum(t.n_steps for t in real)
     print(
         f"real demonstrations: {len(real):,} episodes, {real_steps:,} steps, {len({t.task_id for t in real})} tasks "
@@ -313,7 +316,9 @@ def main(argv: list[str] | None = None) -> None:
         embedder = TimedEmbedder(model)
         gc.collect()
         with instrumented(probe):
-            run, wall, cpu = timed(lambda: labeling.lcs_labels(corpus, embedder, method))
+            run, wall, cpu = timed(
+                lambda embedder=embedder, method=method: labeling.lcs_labels(corpus, embedder, method)
+            )
         results[method] = {"run": run, "wall": wall, "cpu": cpu, "probe": probe, "embedder": embedder}
         labelled = len({r["episode_id"] for r in run.label_rows})
         print(
@@ -410,8 +415,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     one_by_one, c_one_by_one = best_of(lambda: [soft_lcs(p.a, p.b, p.table) for p in sample], 1)
     mismatches = 0
-    for k, (ref_t, ref_a, single) in enumerate(zip(by_tables, by_actions, one_by_one)):
-        fast_pairs = tuple(zip(fast_alignments[k][0].tolist(), fast_alignments[k][1].tolist()))
+    for k, (ref_t, ref_a, single) in enumerate(zip(by_tables, by_actions, one_by_one, strict=False)):
+        fast_pairs = tuple(zip(fast_alignments[k][0].tolist(), fast_alignments[k][1].tolist(), strict=False))
         same = (
             ref_t == ref_a == single
             and ref_t.score == float(fast_scores[k]) == float(fast_only_scores[k])

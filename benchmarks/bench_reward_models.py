@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     base = results["baseline_full_prompt"]
     print("\n| scoring | batched steps/s | single call p50 ms | p95 ms |\n|---|---:|---:|---:|")
     print(
-        f"| baseline: MiniLM over the whole prompt | {base['steps_per_second']} | {base['latency_ms_p50']} | {base['latency_ms_p95']} |"
+        f"| baseline: MiniLM over the whole prompt | {base['steps_per_second']} | {base['latency_ms_p50']} | "
+        f"{base['latency_ms_p95']} |"
     )
     for label, batched, single in (
         ("segments + cache, cold", "batched_cold", "single_call_cold"),

@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envs.task_catalog import load_catalog  # noqa: E402
 from envs.miniwob.live import MiniWoBConfig  # noqa: E402
 from envs.policies import make_policy  # noqa: E402
 from envs.pool import EnvPool, PoolConfig, plan_jobs  # noqa: E402
+from envs.task_catalog import load_catalog  # noqa: E402
 
 GOAL_STEPS_PER_S = 30.0
 

@@ -665,7 +665,10 @@ def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
         """
     ).to_pylist()
     by_kind = {
-        r["kind"]: ModelRecord(r["model_id"], r["kind"], r["checkpoint_path"], r["materialization_id"]) for r in rows
+        r["kind"]: ModelRecord(
+            r["model_id"], r["kind"], str(warehouse.resolve(r["checkpoint_path"])), r["materialization_id"]
+        )
+        for r in rows
     }
     return [by_kind[k] for k in kinds if k in by_kind]
 

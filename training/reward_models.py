@@ -389,8 +389,8 @@ def train_model(
         "encoder_mode": model_config["encoder_mode"],
         "pooling": model_config["pooling"],
         "loss": kind_spec(kind).loss,
-        "checkpoint_path": str(export_dir),
-        "training_dir": str(output_dir),
+        "checkpoint_path": warehouse.relative(export_dir),  # relative to the home: it can move
+        "training_dir": warehouse.relative(output_dir),
         "dataset_materialization_id": dataset_mid,
         "label_versions": summary["label_versions"],
         "n_train_examples": summary["n_train_examples"],

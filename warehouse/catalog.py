@@ -9,6 +9,11 @@ Publishing is two-phase: Parquet files are first written under new names (atomic
 DuckDB transaction switches the current versions, records lineage and rebuilds the views. If
 anything fails before the commit, the previous versions stay current and nothing is half-written.
 
+Paths inside the home are stored relative to it (``data/<table>/<dataset>/<id>.parquet``), so a
+home can be copied, moved or shared as a whole; the views (which DuckDB needs as absolute paths)
+are rebuilt for the home's current location the first time a :class:`Warehouse` opens it there.
+Raw input files outside the home keep their absolute paths.
+
 Lineage: every materialization gets a row in ``lineage_materializations`` (asset, partition,
 Dagster run id, code version, parameters, row counts, outputs) and one row per input it read in
 ``lineage_inputs``: either another materialization (kind ``asset``) or a raw file with its hash
@@ -52,6 +57,10 @@ CREATE TABLE IF NOT EXISTS lineage_materializations (
     row_counts JSON,
     output_paths VARCHAR[],
     created_at TIMESTAMPTZ
+);
+CREATE TABLE IF NOT EXISTS catalog_meta (
+    key VARCHAR PRIMARY KEY,
+    value VARCHAR
 );
 CREATE TABLE IF NOT EXISTS lineage_inputs (
     materialization_id VARCHAR NOT NULL,
@@ -112,6 +121,21 @@ class Warehouse:
         self.home.mkdir(parents=True, exist_ok=True)
         self.db_path = self.home / "warehouse.duckdb"
         self.data_dir = self.home / "data"
+        self._views_checked = False
+
+    # -- paths -------------------------------------------------------------------------------
+    def relative(self, path: Path | str) -> str:
+        """How a path is stored: relative to the home when inside it, else absolute."""
+        resolved = Path(path).resolve()
+        try:
+            return resolved.relative_to(self.home).as_posix()
+        except ValueError:
+            return str(resolved)
+
+    def resolve(self, stored: str | Path) -> Path:
+        """A stored path (relative to the home, or absolute) as an absolute path."""
+        path = Path(stored)
+        return path if path.is_absolute() else self.home / path
 
     # -- connections -------------------------------------------------------------------------
     @contextmanager
@@ -130,9 +154,51 @@ class Warehouse:
                 time.sleep(delay)
                 delay = min(delay * 1.5, 1.0)
         try:
+            if not self._views_checked:
+                con = self._views_for_this_home(con, read_only)
             yield con
         finally:
             con.close()
+
+    def _views_for_this_home(self, con: duckdb.DuckDBPyConnection, read_only: bool) -> duckdb.DuckDBPyConnection:
+        """The views name absolute paths: when the catalog was last viewed from another location (a
+        copied or moved home) or by an older version, rebuild them here once. Returns a connection
+        of the asked mode."""
+        try:
+            rows = con.execute("SELECT value FROM catalog_meta WHERE key = 'views_home'").fetchall()
+        except duckdb.CatalogException:
+            rows = []
+        if rows and rows[0][0] == str(self.home):
+            self._views_checked = True
+            return con
+        if read_only:
+            con.close()
+            with self.connect(read_only=False) as writer:
+                del writer  # the read-write connection rebuilds the views on opening
+            return duckdb.connect(str(self.db_path), read_only=True)
+        self._views_checked = True  # before the rebuild: it runs statements on this connection
+        con.execute(_CATALOG_DDL)
+        self._migrate_absolute_paths(con)
+        self._rebuild_views(con)
+        return con
+
+    def _migrate_absolute_paths(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Catalogs written before paths were stored relative hold absolute paths into their home
+        at that time: store those that exist under this home relative to it."""
+        rows = con.execute("SELECT DISTINCT path FROM table_versions WHERE path LIKE '/%'").fetchall()
+        for (old,) in rows:
+            marker = old.find("/data/")
+            if marker < 0:
+                continue
+            relative = old[marker + 1 :]
+            if (self.home / relative).exists():
+                con.execute("UPDATE table_versions SET path = ? WHERE path = ?", [relative, old])
+                con.execute("UPDATE lineage_inputs SET path = ? WHERE path = ?", [relative, old])
+                con.execute(
+                    "UPDATE lineage_materializations SET output_paths = list_transform(output_paths, "
+                    "lambda p: CASE WHEN p = ? THEN ? ELSE p END) WHERE list_contains(output_paths, ?)",
+                    [old, relative, old],
+                )
 
     def ensure_catalog(self) -> None:
         with self.connect() as con:
@@ -169,7 +235,7 @@ class Warehouse:
                         [
                             out.table_name,
                             out.dataset,
-                            str(out.path),
+                            self.relative(out.path),
                             materialization.materialization_id,
                             out.n_rows,
                             now,
@@ -185,7 +251,7 @@ class Warehouse:
                         materialization.code_version,
                         json.dumps(materialization.parameters, sort_keys=True, default=str),
                         json.dumps({o.table_name: o.n_rows for o in outputs}, sort_keys=True),
-                        [str(o.path) for o in outputs],
+                        [self.relative(o.path) for o in outputs],
                         now,
                     ],
                 )
@@ -198,7 +264,7 @@ class Warehouse:
                                 i.kind,
                                 i.input_asset,
                                 i.input_materialization_id,
-                                i.path,
+                                self.relative(i.path) if i.path else None,
                                 i.version,
                             ]
                             for i in materialization.inputs
@@ -216,7 +282,7 @@ class Warehouse:
         current = con.execute(
             "SELECT table_name, list(path ORDER BY dataset) FROM table_versions WHERE is_current GROUP BY table_name"
         ).fetchall()
-        paths_by_table = dict(current)
+        paths_by_table = {name: [str(self.resolve(p)) for p in paths] for name, paths in current}
         for table_name, schema in TABLE_SCHEMAS.items():
             paths = paths_by_table.pop(table_name, None) or [str(self._empty_file(table_name, schema))]
             con.execute(
@@ -229,6 +295,7 @@ class Warehouse:
                 f"SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)"
             )
         con.execute(_LINEAGE_VIEW)
+        con.execute("INSERT OR REPLACE INTO catalog_meta VALUES ('views_home', ?)", [str(self.home)])
 
     def _empty_file(self, table_name: str, schema: pa.Schema) -> Path:
         path = self.data_dir / "_empty" / f"{table_name}.parquet"
@@ -254,7 +321,22 @@ class Warehouse:
                 ).fetchone()
             except duckdb.CatalogException:
                 return None
-        return (row[0], row[1]) if row else None
+        return (row[0], str(self.resolve(row[1]))) if row else None
+
+    def current_versions(self, table_name: str) -> list[tuple[str, str, Path]]:
+        """(dataset, materialization_id, absolute path) of every current version of a table."""
+        if not self.db_path.exists():
+            return []
+        with self.connect(read_only=True) as con:
+            try:
+                rows = con.execute(
+                    "SELECT dataset, materialization_id, path FROM table_versions "
+                    "WHERE is_current AND table_name = ? ORDER BY dataset",
+                    [table_name],
+                ).fetchall()
+            except duckdb.CatalogException:
+                return []
+        return [(dataset, mid, self.resolve(path)) for dataset, mid, path in rows]
 
     def current_inputs(self, table_names: Iterable[str], exclude_dataset: str | None = None) -> list[LineageInput]:
         """Lineage inputs for a materialization that reads the current versions of these tables."""
@@ -271,7 +353,7 @@ class Warehouse:
         return [
             LineageInput(
                 kind="asset",
-                path=r["path"],
+                path=str(self.resolve(r["path"])),
                 version=r["materialization_id"],
                 input_asset=r["asset"],
                 input_materialization_id=r["materialization_id"],
@@ -284,6 +366,7 @@ class Warehouse:
         """Every input, transitively, behind the materialization that wrote ``output_path``.
 
         Returns rows (depth, asset, materialization_id, kind, path, version); raw files have kind 'file'.
+        ``output_path`` may be absolute or relative to the home, as stored.
         """
         sql = """
         WITH RECURSIVE chain(depth, materialization_id) AS (
@@ -299,7 +382,7 @@ class Warehouse:
         JOIN lineage_inputs i USING (materialization_id)
         ORDER BY c.depth, i.kind, i.path
         """
-        return self.query(sql, [output_path])
+        return self.query(sql, [self.relative(self.resolve(output_path))])
 
 
 def _sql_list(paths: list[str]) -> str:

@@ -40,17 +40,8 @@ def _query(warehouse: Warehouse, sql: str, params: list | None = None) -> pa.Tab
 
 
 def _current_versions(warehouse: Warehouse, table_name: str) -> list[tuple[str, str, str]]:
-    """(dataset, materialization_id, path) of every current version of a table."""
-    if not warehouse.db_path.exists():
-        return []
-    table = _query(
-        warehouse,
-        "SELECT dataset, materialization_id, path FROM table_versions WHERE is_current AND table_name = ? "
-        "ORDER BY dataset",
-        [table_name],
-    )
-    rows = table.to_pylist() if table is not None else []
-    return [(r["dataset"], r["materialization_id"], r["path"]) for r in rows]
+    """(dataset, materialization_id, absolute path) of every current version of a table."""
+    return [(dataset, mid, str(path)) for dataset, mid, path in warehouse.current_versions(table_name)]
 
 
 def table_inputs(warehouse: Warehouse, tables: Iterable[str]) -> list[LineageInput]:

@@ -1,0 +1,73 @@
+"""The catalog: atomic publish, lineage, and a home that can be copied or moved as a whole."""
+
+import shutil
+
+import duckdb
+import pyarrow as pa
+
+from envs.miniwob.demonstrations import import_demonstrations
+from warehouse.catalog import LineageInput, Materialization, Warehouse
+from warehouse.schema import TABLE_SCHEMAS
+
+
+def _views(warehouse: Warehouse) -> dict[str, int]:
+    return {
+        name: warehouse.query(f"SELECT count(*) AS n FROM {name}").to_pylist()[0]["n"]
+        for name in [*TABLE_SCHEMAS, "lineage"]
+    }
+
+
+def test_a_copied_home_answers_every_view_after_the_original_is_deleted(small_demos, tmp_path):
+    original = Warehouse(tmp_path / "original")
+    import_demonstrations(small_demos, original, workers=1)
+    before = _views(original)
+    assert before["episodes"] > 0 and before["steps"] > 0
+    stored = original.query("SELECT path FROM table_versions").to_pylist()
+    assert stored and all(not r["path"].startswith("/") for r in stored)  # relative to the home
+
+    moved = tmp_path / "elsewhere" / "home"
+    shutil.copytree(original.home, moved)
+    shutil.rmtree(original.home)
+    copy = Warehouse(moved)
+    assert _views(copy) == before
+    mid, path = copy.current_version("steps", next(iter(_datasets(copy, "steps"))))
+    assert path.startswith(str(moved)) and mid
+    # Lineage still walks from the steps output back to the raw files.
+    relative = copy.query("SELECT path FROM table_versions WHERE table_name = 'steps'").to_pylist()[0]["path"]
+    walked = copy.walk_back(relative).to_pylist()
+    assert any(r["kind"] == "file" for r in walked)
+    # An outside DuckDB client opening the moved file sees the views of the new location.
+    with duckdb.connect(str(copy.db_path), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM episodes").fetchall() == [(before["episodes"],)]
+
+
+def _datasets(warehouse: Warehouse, table: str) -> list[str]:
+    return [d for d, _, _ in warehouse.current_versions(table)]
+
+
+def test_a_home_written_with_absolute_paths_is_migrated_when_moved(tmp_path):
+    """Catalogs from before relative paths: absolute paths into the old home still resolve."""
+    old = Warehouse(tmp_path / "old")
+    m = Materialization(asset="t")
+    table = pa.table({"x": [1, 2, 3]})
+    out = old.stage_table("things", "d", table, m)
+    old.publish(m, [out])
+    with duckdb.connect(str(old.db_path)) as con:  # what an older version stored
+        con.execute("UPDATE table_versions SET path = ?", [str(out.path)])
+        con.execute("DELETE FROM catalog_meta")
+    shutil.copytree(old.home, tmp_path / "new")
+    shutil.rmtree(old.home)
+    new = Warehouse(tmp_path / "new")
+    assert new.query("SELECT sum(x) AS s FROM things").to_pylist() == [{"s": 6}]
+    assert not new.query("SELECT path FROM table_versions").to_pylist()[0]["path"].startswith("/")
+
+
+def test_outside_files_keep_absolute_paths_in_lineage(tmp_path):
+    warehouse = Warehouse(tmp_path / "home")
+    raw = tmp_path / "raw.json"
+    raw.write_text("{}")
+    m = Materialization(asset="t", inputs=[LineageInput(kind="file", path=str(raw), version="abc")])
+    warehouse.publish(m, [warehouse.stage_table("things", "d", pa.table({"x": [1]}), m)])
+    inputs = warehouse.query("SELECT path FROM lineage_inputs").to_pylist()
+    assert inputs == [{"path": str(raw)}]
+

@@ -121,6 +121,15 @@ SYNC_VERSION = SYNC_CODE_VERSION
 CANDIDATE_UPSTREAM = ["human_demonstrations", "progress_labels", "reward_model_report"]
 #: What the sensor asks to run when labels changed.
 DOWNSTREAM_OF_LABELS = ["human_step_labels", "annotation_agreement", "label_source_comparison"]
+#: The tables each asset of the stage writes (their keys are checked).
+TABLES_BY_ASSET: dict[str, tuple[str, ...]] = {
+    "annotation_candidates": ("annotation_candidates",),
+    "annotation_queue": ("annotation_queue",),
+    "human_labels": ("human_labels",),
+    "human_step_labels": ("human_step_labels",),
+    "annotation_agreement": ("annotator_stats",),
+    "label_source_comparison": ("label_source_agreement",),
+}
 HUMAN_LABEL_TABLES = (
     "annotation_candidates",
     "annotation_queue",

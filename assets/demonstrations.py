@@ -9,7 +9,7 @@ from pathlib import Path
 from dagster import AssetCheckResult, AssetExecutionContext, Config, MaterializeResult, asset, asset_check
 from pydantic import Field
 
-from assets.metadata import check_result, to_metadata
+from assets.metadata import check_result, to_metadata, unique_key_checks
 from assets.resources import WarehouseResource
 from envs.miniwob.demonstrations import (
     ASSET_NAME,
@@ -108,6 +108,7 @@ def demonstrations_success_and_failure(warehouse: WarehouseResource) -> AssetChe
 
 DEMONSTRATION_ASSETS = [human_demonstrations]
 DEMONSTRATION_CHECKS = [
+    unique_key_checks(ASSET_NAME, dict.fromkeys(("episodes", "steps", "source_files", "quarantine"))),
     demonstrations_schema,
     demonstrations_no_empty_episodes,
     demonstrations_action_types_known,

@@ -33,6 +33,7 @@ from annotation.human_labels import (
     REPORT_VERSION,
     SELECTION_VERSION,
     SYNC_VERSION,
+    TABLES_BY_ASSET,
     PushOptions,
     SelectionOptions,
     SensorSettings,
@@ -49,7 +50,7 @@ from annotation.human_labels import (
     sync_projects,
     sync_tick,
 )
-from assets.metadata import check_result, to_metadata
+from assets.metadata import check_result, to_metadata, unique_key_checks
 from assets.resources import LabelStudioResource, WarehouseResource
 
 GROUP = "human_labels"
@@ -283,6 +284,7 @@ HUMAN_LABEL_CHECKS = [
     annotation_queue_no_duplicates,
     annotation_tables_free_of_secrets,
 ]
+HUMAN_LABEL_CHECKS += [unique_key_checks(asset, dict.fromkeys(tables)) for asset, tables in TABLES_BY_ASSET.items()]
 HUMAN_LABEL_SENSORS = [label_studio_sync]
 HUMAN_LABEL_JOBS = [
     define_asset_job(

@@ -29,7 +29,7 @@ from annotation.labels import (
     run_split,
     run_synthesis,
 )
-from assets.metadata import check_result, to_metadata
+from assets.metadata import check_result, to_metadata, unique_key_checks
 from assets.resources import WarehouseResource
 
 GROUP = "labels"
@@ -175,4 +175,11 @@ def improved_beats_paper_on_held_out(warehouse: WarehouseResource) -> AssetCheck
 
 
 LABEL_ASSETS = [synthetic_trajectories, recipes_and_progress_labels, progress_split, label_quality_report]
-LABEL_CHECKS = [improved_beats_paper_on_held_out]
+LABEL_CHECKS = [
+    improved_beats_paper_on_held_out,
+    unique_key_checks("synthetic_trajectories", dict.fromkeys(("episodes", "steps"))),
+    unique_key_checks("recipe_library", {"recipes": None}),
+    unique_key_checks("progress_labels", dict.fromkeys(("progress_labels", "label_notes"))),
+    unique_key_checks("progress_split", {"progress_split": None}),
+    unique_key_checks("label_quality_report", {"label_quality": None}),
+]

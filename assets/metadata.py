@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue
+import pyarrow as pa
+from dagster import (
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    MetadataValue,
+    multi_asset_check,
+)
 
-from warehouse.checks import CheckOutcome
+from assets.resources import WarehouseResource
+from warehouse.checks import CheckOutcome, check_unique_key
 from warehouse.figures import Markdown
 
 
@@ -45,3 +54,22 @@ def check_result(
         severity=AssetCheckSeverity.WARN if warn_only else AssetCheckSeverity.ERROR,
         description=outcome.description or None,
     )
+
+
+def unique_key_checks(asset: str, tables: Mapping[str, pa.Schema | None]) -> AssetChecksDefinition:
+    """One check per table an asset writes: no two rows share the table's declared key
+    (``warehouse.schema.with_key``), over every current version of the table."""
+    specs = [
+        AssetCheckSpec(f"{table}_key_unique", asset=asset, description=f"no two rows of {table} share its key")
+        for table in tables
+    ]
+
+    @multi_asset_check(specs=specs, name=f"{asset}_keys_unique", description=f"table keys of {asset} are unique")
+    def keys_unique(warehouse: WarehouseResource) -> Iterator[AssetCheckResult]:
+        store = warehouse.get()
+        for table, schema in tables.items():
+            yield check_result(
+                check_unique_key(store, table, schema), check_name=f"{table}_key_unique", asset_key=asset
+            )
+
+    return keys_unique

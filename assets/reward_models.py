@@ -18,7 +18,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.metadata import check_result, to_metadata
+from assets.metadata import check_result, to_metadata, unique_key_checks
 from assets.resources import WarehouseResource
 from training.reward_models import (
     DATASET_CODE_VERSION,
@@ -179,7 +179,13 @@ def reward_model_report_progrm_beats_orm(warehouse: WarehouseResource) -> AssetC
 
 
 REWARD_MODEL_ASSETS = [reward_model_datasets, reward_model, reward_model_report]
-REWARD_MODEL_CHECKS = [reward_model_report_metrics_present, reward_model_report_progrm_beats_orm]
+REWARD_MODEL_CHECKS = [
+    reward_model_report_metrics_present,
+    reward_model_report_progrm_beats_orm,
+    unique_key_checks(DATASETS_ASSET, dict.fromkeys(("rm_examples", "rm_trl_stepwise"))),
+    unique_key_checks(MODEL_ASSET, {"models": None}),
+    unique_key_checks(REPORT_ASSET, dict.fromkeys(("rm_predictions", "rm_metrics"))),
+]
 REWARD_MODEL_JOBS = [
     define_asset_job(
         "reward_models",

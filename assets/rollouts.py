@@ -27,13 +27,15 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.metadata import check_result, to_metadata
+from assets.metadata import check_result, to_metadata, unique_key_checks
 from assets.resources import EnvPoolResource, WarehouseResource
 from envs.rollouts import (
     ANDROID_ASSET_NAME,
     ASSET_NAME,
+    ATTEMPTS_TABLE,
     BATCH_KEYS,
     CHECK_DESCRIPTIONS,
+    ROLLOUT_ATTEMPTS,
     ROLLOUT_VERSION,
     WARN_ONLY_CHECKS,
     RolloutError,
@@ -158,7 +160,14 @@ def rollout_checks(asset_name: str) -> AssetsDefinition:
 
 
 ROLLOUT_ASSETS = [rollouts, android_rollouts]
-ROLLOUT_CHECKS = [rollout_checks(ASSET_NAME), rollout_checks(ANDROID_ASSET_NAME)]
+ROLLOUT_CHECKS = [
+    rollout_checks(ASSET_NAME),
+    rollout_checks(ANDROID_ASSET_NAME),
+    *(
+        unique_key_checks(name, {"episodes": None, "steps": None, ATTEMPTS_TABLE: ROLLOUT_ATTEMPTS})
+        for name in (ASSET_NAME, ANDROID_ASSET_NAME)
+    ),
+]
 ROLLOUT_JOBS = [
     define_asset_job(
         "miniwob_rollouts_job",

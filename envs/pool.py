@@ -43,26 +43,31 @@ from envs.protocol import Environment, EpisodeRecord, Observation, Policy, StepR
 from envs.task_catalog import CatalogTask
 from envs.tasks import TaskSpec, TaskSpecError
 from warehouse.model import Action, ActionType
+from warehouse.schema import with_key
 
 ATTEMPT_COMPLETED = "completed"
 ATTEMPT_ABORTED = "aborted"
 
 # The attempts table: every try at an episode, completed or aborted, with the reason.
-ROLLOUT_ATTEMPTS = pa.schema(
-    [
-        pa.field("episode_id", pa.string(), nullable=False),
-        pa.field("attempt", pa.int32(), nullable=False),  # 0 for the first try
-        ("task_id", pa.string()),
-        ("seed", pa.int64()),
-        ("worker_id", pa.string()),
-        pa.field("status", pa.string(), nullable=False),  # completed | aborted
-        ("reason", pa.string()),  # why an attempt was aborted
-        ("final", pa.bool_()),  # no further attempt follows this one
-        ("steps_done", pa.int32()),  # steps carried out before the end (or the failure)
-        ("started_at", pa.timestamp("us", tz="UTC")),
-        ("duration_ms", pa.int64()),
-        ("run_id", pa.string()),
-    ]
+ROLLOUT_ATTEMPTS = with_key(
+    pa.schema(
+        [
+            pa.field("episode_id", pa.string(), nullable=False),
+            pa.field("attempt", pa.int32(), nullable=False),  # 0 for the first try
+            ("task_id", pa.string()),
+            ("seed", pa.int64()),
+            ("worker_id", pa.string()),
+            pa.field("status", pa.string(), nullable=False),  # completed | aborted
+            ("reason", pa.string()),  # why an attempt was aborted
+            ("final", pa.bool_()),  # no further attempt follows this one
+            ("steps_done", pa.int32()),  # steps carried out before the end (or the failure)
+            ("started_at", pa.timestamp("us", tz="UTC")),
+            ("duration_ms", pa.int64()),
+            ("run_id", pa.string()),
+        ]
+    ),
+    "episode_id",
+    "attempt",
 )
 
 

@@ -8,6 +8,24 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+#: Schema metadata naming a table's key: the columns whose values no two rows share.
+KEY_METADATA = b"stepwise.key"
+
+
+def with_key(schema: pa.Schema, *columns: str) -> pa.Schema:
+    """``schema`` declaring ``columns`` as the table's key (no two rows share their values)."""
+    missing = [c for c in columns if c not in schema.names]
+    if not columns or missing:
+        raise ValueError(f"key columns {missing or '(none)'} are not in the schema {schema.names}")
+    return schema.with_metadata({**(schema.metadata or {}), KEY_METADATA: ",".join(columns).encode()})
+
+
+def table_key(schema: pa.Schema) -> tuple[str, ...]:
+    """The key a schema declares (empty when it declares none)."""
+    raw = (schema.metadata or {}).get(KEY_METADATA)
+    return tuple(raw.decode().split(",")) if raw else ()
+
+
 ELEMENT_TYPE = pa.struct(
     [
         ("ref", pa.string()),
@@ -27,148 +45,186 @@ ELEMENT_TYPE = pa.struct(
     ]
 )
 
-EPISODES = pa.schema(
-    [
-        pa.field("episode_id", pa.string(), nullable=False),
-        pa.field("task_id", pa.string(), nullable=False),
-        ("task_family", pa.string()),
-        ("instruction", pa.string()),
-        ("task_fields", pa.string()),  # JSON of the instruction's slots when the source records them
-        pa.field("source", pa.string(), nullable=False),  # human_demo | rollout | synthetic:<kind>
-        ("parent_episode_id", pa.string()),
-        ("policy_id", pa.string()),
-        ("env_backend", pa.string()),
-        ("seed", pa.int64()),
-        pa.field("success", pa.bool_(), nullable=False),
-        ("outcome_reward", pa.float64()),  # the environment's raw reward (MiniWoB++: 1 success, <= 0 failure)
-        ("decayed_reward", pa.float64()),  # MiniWoB++'s time-decayed reward, where recorded
-        pa.field("n_steps", pa.int32(), nullable=False),
-        ("duration_ms", pa.int64()),
-        ("source_file", pa.string()),  # path of the raw file, relative to the import root
-        ("source_sha256", pa.string()),  # hash of the decompressed recording: identity of the raw data
-        ("import_root", pa.string()),
-        ("created_at", pa.timestamp("us", tz="UTC")),
-        ("run_id", pa.string()),
-    ]
+EPISODES = with_key(
+    pa.schema(
+        [
+            pa.field("episode_id", pa.string(), nullable=False),
+            pa.field("task_id", pa.string(), nullable=False),
+            ("task_family", pa.string()),
+            ("instruction", pa.string()),
+            ("task_fields", pa.string()),  # JSON of the instruction's slots when the source records them
+            pa.field("source", pa.string(), nullable=False),  # human_demo | rollout | synthetic:<kind>
+            ("parent_episode_id", pa.string()),
+            ("policy_id", pa.string()),
+            ("env_backend", pa.string()),
+            ("seed", pa.int64()),
+            pa.field("success", pa.bool_(), nullable=False),
+            ("outcome_reward", pa.float64()),  # the environment's raw reward (MiniWoB++: 1 success, <= 0 failure)
+            ("decayed_reward", pa.float64()),  # MiniWoB++'s time-decayed reward, where recorded
+            pa.field("n_steps", pa.int32(), nullable=False),
+            ("duration_ms", pa.int64()),
+            ("source_file", pa.string()),  # path of the raw file, relative to the import root
+            ("source_sha256", pa.string()),  # hash of the decompressed recording: identity of the raw data
+            ("import_root", pa.string()),
+            ("created_at", pa.timestamp("us", tz="UTC")),
+            ("run_id", pa.string()),
+        ]
+    ),
+    "episode_id",
 )
 
-STEPS = pa.schema(
-    [
-        pa.field("episode_id", pa.string(), nullable=False),
-        pa.field("step_idx", pa.int32(), nullable=False),
-        pa.field("action_type", pa.string(), nullable=False),
-        pa.field("action_text", pa.string(), nullable=False),  # canonical form, see Action.canonical_text
-        ("target_ref", pa.string()),
-        ("target_role", pa.string()),
-        ("target_text", pa.string()),
-        ("target_element_id", pa.string()),
-        ("target_bounds", pa.list_(pa.float32())),
-        ("input_text", pa.string()),
-        ("scroll_direction", pa.string()),
-        ("screen", pa.list_(ELEMENT_TYPE)),  # the screen before the action
-        ("n_elements", pa.int32()),
-        ("screenshot_path", pa.string()),
-        ("env_reward", pa.float64()),
-        ("milestones_hit", pa.list_(pa.string())),
-        ("done", pa.bool_()),
-        ("time_ms", pa.int64()),  # time of the action since the episode started
-        ("raw_event_first", pa.int32()),  # index range of the raw events this step was built from
-        ("raw_event_last", pa.int32()),
-        ("problem", pa.string()),  # why the importer could not fully type this step, if so
-    ]
+STEPS = with_key(
+    pa.schema(
+        [
+            pa.field("episode_id", pa.string(), nullable=False),
+            pa.field("step_idx", pa.int32(), nullable=False),
+            pa.field("action_type", pa.string(), nullable=False),
+            pa.field("action_text", pa.string(), nullable=False),  # canonical form, see Action.canonical_text
+            ("target_ref", pa.string()),
+            ("target_role", pa.string()),
+            ("target_text", pa.string()),
+            ("target_element_id", pa.string()),
+            ("target_bounds", pa.list_(pa.float32())),
+            ("input_text", pa.string()),
+            ("scroll_direction", pa.string()),
+            ("screen", pa.list_(ELEMENT_TYPE)),  # the screen before the action
+            ("n_elements", pa.int32()),
+            ("screenshot_path", pa.string()),
+            ("env_reward", pa.float64()),
+            ("milestones_hit", pa.list_(pa.string())),
+            ("done", pa.bool_()),
+            ("time_ms", pa.int64()),  # time of the action since the episode started
+            ("raw_event_first", pa.int32()),  # index range of the raw events this step was built from
+            ("raw_event_last", pa.int32()),
+            ("problem", pa.string()),  # why the importer could not fully type this step, if so
+        ]
+    ),
+    "episode_id",
+    "step_idx",
 )
 
 # Every raw file an import saw, and what became of it: the bridge from outputs back to raw data.
-SOURCE_FILES = pa.schema(
-    [
-        pa.field("source_file", pa.string(), nullable=False),
-        ("import_root", pa.string()),
-        ("file_sha256", pa.string()),  # hash of the bytes on disk
-        ("recording_sha256", pa.string()),  # hash of the decompressed recording (equal for links)
-        ("link_target", pa.string()),  # set when the file is a git-style link to another file
-        pa.field("status", pa.string(), nullable=False),  # imported | duplicate | quarantined
-        ("episode_id", pa.string()),
-        ("n_steps", pa.int32()),
-    ]
+SOURCE_FILES = with_key(
+    pa.schema(
+        [
+            pa.field("source_file", pa.string(), nullable=False),
+            ("import_root", pa.string()),
+            ("file_sha256", pa.string()),  # hash of the bytes on disk
+            ("recording_sha256", pa.string()),  # hash of the decompressed recording (equal for links)
+            ("link_target", pa.string()),  # set when the file is a git-style link to another file
+            pa.field("status", pa.string(), nullable=False),  # imported | duplicate | quarantined
+            ("episode_id", pa.string()),
+            ("n_steps", pa.int32()),
+        ]
+    ),
+    "import_root",
+    "source_file",
 )
 
-QUARANTINE = pa.schema(
-    [
-        pa.field("source_file", pa.string(), nullable=False),
-        ("import_root", pa.string()),
-        ("event_index", pa.int32()),  # null when the whole file is unreadable
-        pa.field("severity", pa.string(), nullable=False),  # file (not imported) | event (step kept as UNKNOWN)
-        pa.field("reason", pa.string(), nullable=False),
-    ]
+QUARANTINE = with_key(
+    pa.schema(
+        [
+            pa.field("source_file", pa.string(), nullable=False),
+            ("import_root", pa.string()),
+            ("event_index", pa.int32()),  # null when the whole file is unreadable
+            pa.field("severity", pa.string(), nullable=False),  # file (not imported) | event (step kept as UNKNOWN)
+            pa.field("reason", pa.string(), nullable=False),
+        ]
+    ),
+    "import_root",
+    "source_file",
+    "severity",
+    "event_index",
 )
 
 # Progress labels per step (ProgRM §2.2): one row per (episode, step, source, method).
-PROGRESS_LABELS = pa.schema(
-    [
-        pa.field("episode_id", pa.string(), nullable=False),
-        pa.field("step_idx", pa.int32(), nullable=False),
-        pa.field("source", pa.string(), nullable=False),  # lcs | env | admire | human | model
-        ("method", pa.string()),  # for lcs: paper (faithful to ProgRM) | improved
-        pa.field("progress", pa.float64(), nullable=False),  # in [0, 1]
-        pa.field("is_key_step", pa.bool_(), nullable=False),
-        ("recipe_id", pa.string()),
-        ("completion_ratio", pa.float64()),
-        ("label_version", pa.string()),
-    ]
+PROGRESS_LABELS = with_key(
+    pa.schema(
+        [
+            pa.field("episode_id", pa.string(), nullable=False),
+            pa.field("step_idx", pa.int32(), nullable=False),
+            pa.field("source", pa.string(), nullable=False),  # lcs | env | admire | human | model
+            ("method", pa.string()),  # for lcs: paper (faithful to ProgRM) | improved
+            pa.field("progress", pa.float64(), nullable=False),  # in [0, 1]
+            pa.field("is_key_step", pa.bool_(), nullable=False),
+            ("recipe_id", pa.string()),
+            ("completion_ratio", pa.float64()),
+            ("label_version", pa.string()),
+        ]
+    ),
+    "episode_id",
+    "step_idx",
+    "source",
+    "method",
 )
 
 # The recipe library (ProgRM §2.2, Eq. 10): one recipe per group of similar successful trajectories.
-RECIPES = pa.schema(
-    [
-        pa.field("recipe_id", pa.string(), nullable=False),
-        pa.field("task_id", pa.string(), nullable=False),
-        ("method", pa.string()),
-        ("group_idx", pa.int32()),
-        ("length", pa.int32()),
-        ("steps", pa.list_(pa.string())),  # the recipe's action keys, in order
-        ("n_members", pa.int32()),
-        ("member_episode_ids", pa.list_(pa.string())),
-        ("label_version", pa.string()),
-    ]
+RECIPES = with_key(
+    pa.schema(
+        [
+            pa.field("recipe_id", pa.string(), nullable=False),
+            pa.field("task_id", pa.string(), nullable=False),
+            ("method", pa.string()),
+            ("group_idx", pa.int32()),
+            ("length", pa.int32()),
+            ("steps", pa.list_(pa.string())),  # the recipe's action keys, in order
+            ("n_members", pa.int32()),
+            ("member_episode_ids", pa.list_(pa.string())),
+            ("label_version", pa.string()),
+        ]
+    ),
+    "recipe_id",
 )
 
 # The reward-model split (ProgRM App. C): split by task goal; failed steps sampled to ~1:1.
-PROGRESS_SPLIT = pa.schema(
-    [
-        pa.field("episode_id", pa.string(), nullable=False),
-        pa.field("task_id", pa.string(), nullable=False),
-        ("goal_key", pa.string()),  # what "same goal" means: task plus instruction slots
-        pa.field("split", pa.string(), nullable=False),  # train | validation | test
-        ("success", pa.bool_()),
-        ("n_steps", pa.int32()),
-        ("n_steps_sampled", pa.int32()),  # steps kept by the success:failure balancing
-        ("sampled_steps", pa.list_(pa.int32())),  # which step_idx those are
-    ]
+PROGRESS_SPLIT = with_key(
+    pa.schema(
+        [
+            pa.field("episode_id", pa.string(), nullable=False),
+            pa.field("task_id", pa.string(), nullable=False),
+            ("goal_key", pa.string()),  # what "same goal" means: task plus instruction slots
+            pa.field("split", pa.string(), nullable=False),  # train | validation | test
+            ("success", pa.bool_()),
+            ("n_steps", pa.int32()),
+            ("n_steps_sampled", pa.int32()),  # steps kept by the success:failure balancing
+            ("sampled_steps", pa.list_(pa.int32())),  # which step_idx those are
+        ]
+    ),
+    "episode_id",
 )
 
 # Why a task has no recipe, or an episode no label (nothing is labelled falsely; the reason is said).
-LABEL_NOTES = pa.schema(
-    [
-        pa.field("scope", pa.string(), nullable=False),  # task | episode | step
-        pa.field("key", pa.string(), nullable=False),  # the task id or episode id
-        ("method", pa.string()),
-        pa.field("reason", pa.string(), nullable=False),
-    ]
+LABEL_NOTES = with_key(
+    pa.schema(
+        [
+            pa.field("scope", pa.string(), nullable=False),  # task | episode | step
+            pa.field("key", pa.string(), nullable=False),  # the task id or episode id
+            ("method", pa.string()),
+            pa.field("reason", pa.string(), nullable=False),
+        ]
+    ),
+    "scope",
+    "key",
+    "method",
 )
 
 # LCS labels scored against milestone ground truth (the label-quality report).
-LABEL_QUALITY = pa.schema(
-    [
-        pa.field("method", pa.string(), nullable=False),
-        pa.field("task_set", pa.string(), nullable=False),  # dev | held_out | a task id
-        ("tasks", pa.int32()),
-        ("episodes", pa.int32()),
-        ("key_step_precision", pa.float64()),
-        ("key_step_recall", pa.float64()),
-        ("key_step_progress_error", pa.float64()),
-        ("step_progress_error", pa.float64()),
-        ("specs_dir", pa.string()),
-    ]
+LABEL_QUALITY = with_key(
+    pa.schema(
+        [
+            pa.field("method", pa.string(), nullable=False),
+            pa.field("task_set", pa.string(), nullable=False),  # dev | held_out | a task id
+            ("tasks", pa.int32()),
+            ("episodes", pa.int32()),
+            ("key_step_precision", pa.float64()),
+            ("key_step_recall", pa.float64()),
+            ("key_step_progress_error", pa.float64()),
+            ("step_progress_error", pa.float64()),
+            ("specs_dir", pa.string()),
+        ]
+    ),
+    "method",
+    "task_set",
 )
 
 TABLE_SCHEMAS: dict[str, pa.Schema] = {

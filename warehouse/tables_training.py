@@ -20,99 +20,120 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-RM_EXAMPLES = pa.schema(
-    [
-        pa.field("example_id", pa.string(), nullable=False),  # <kind>:<episode_id>:<step_idx>
-        pa.field("kind", pa.string(), nullable=False),  # orm | progrm_lcs | progrm_env | prm | guidnav
-        pa.field("split", pa.string(), nullable=False),  # train | validation | test
-        pa.field("episode_id", pa.string(), nullable=False),
-        pa.field("task_id", pa.string(), nullable=False),
-        ("goal_key", pa.string()),
-        pa.field("step_idx", pa.int32(), nullable=False),  # the step the label belongs to (ORM: the last step)
-        ("n_steps", pa.int32()),
-        ("instruction", pa.string()),
-        ("history", pa.list_(pa.string())),  # canonical action texts in the state, oldest first
-        ("screen_lines", pa.list_(pa.string())),  # the state's screen, one element per line (Screen.to_text)
-        ("action", pa.string()),  # the candidate action judged (prm, guidnav); null for progress/outcome models
-        ("prompt", pa.string()),  # the rendered prompt (Table 7 / Table 8 / step-judgement variant), truncated
-        pa.field("label", pa.float64(), nullable=False),  # in [0, 1]: progress, success, correctness or reward
-        ("label_source", pa.string()),  # lcs:paper | lcs:improved | env | outcome | human | derived:<labels>
-        ("label_version", pa.string()),  # the version of the labels the example was built from
-        ("is_key_step", pa.bool_()),
-        ("episode_success", pa.bool_()),
-    ]
+from warehouse.schema import with_key
+
+RM_EXAMPLES = with_key(
+    pa.schema(
+        [
+            pa.field("example_id", pa.string(), nullable=False),  # <kind>:<episode_id>:<step_idx>
+            pa.field("kind", pa.string(), nullable=False),  # orm | progrm_lcs | progrm_env | prm | guidnav
+            pa.field("split", pa.string(), nullable=False),  # train | validation | test
+            pa.field("episode_id", pa.string(), nullable=False),
+            pa.field("task_id", pa.string(), nullable=False),
+            ("goal_key", pa.string()),
+            pa.field("step_idx", pa.int32(), nullable=False),  # the step the label belongs to (ORM: the last step)
+            ("n_steps", pa.int32()),
+            ("instruction", pa.string()),
+            ("history", pa.list_(pa.string())),  # canonical action texts in the state, oldest first
+            ("screen_lines", pa.list_(pa.string())),  # the state's screen, one element per line (Screen.to_text)
+            ("action", pa.string()),  # the candidate action judged (prm, guidnav); null for progress/outcome models
+            ("prompt", pa.string()),  # the rendered prompt (Table 7 / Table 8 / step-judgement variant), truncated
+            pa.field("label", pa.float64(), nullable=False),  # in [0, 1]: progress, success, correctness or reward
+            ("label_source", pa.string()),  # lcs:paper | lcs:improved | env | outcome | human | derived:<labels>
+            ("label_version", pa.string()),  # the version of the labels the example was built from
+            ("is_key_step", pa.bool_()),
+            ("episode_success", pa.bool_()),
+        ]
+    ),
+    "example_id",
 )
 
-RM_TRL_STEPWISE = pa.schema(
-    [
-        pa.field("example_id", pa.string(), nullable=False),  # <episode_id>:<first step>
-        pa.field("split", pa.string(), nullable=False),
-        pa.field("episode_id", pa.string(), nullable=False),
-        ("task_id", pa.string()),
-        ("first_step_idx", pa.int32()),
-        pa.field("prompt", pa.string(), nullable=False),
-        pa.field("completions", pa.list_(pa.string()), nullable=False),
-        pa.field("labels", pa.list_(pa.bool_()), nullable=False),
-        ("label_sources", pa.list_(pa.string())),  # human | derived:<labels>, per completion
-    ]
+RM_TRL_STEPWISE = with_key(
+    pa.schema(
+        [
+            pa.field("example_id", pa.string(), nullable=False),  # <episode_id>:<first step>
+            pa.field("split", pa.string(), nullable=False),
+            pa.field("episode_id", pa.string(), nullable=False),
+            ("task_id", pa.string()),
+            ("first_step_idx", pa.int32()),
+            pa.field("prompt", pa.string(), nullable=False),
+            pa.field("completions", pa.list_(pa.string()), nullable=False),
+            pa.field("labels", pa.list_(pa.bool_()), nullable=False),
+            ("label_sources", pa.list_(pa.string())),  # human | derived:<labels>, per completion
+        ]
+    ),
+    "example_id",
 )
 
-MODELS = pa.schema(
-    [
-        pa.field("model_id", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        ("backbone", pa.string()),  # the Hugging Face checkpoint (path or hub id)
-        ("encoder_mode", pa.string()),  # frozen_segments | full
-        ("pooling", pa.string()),  # mean | last_token | cls
-        ("loss", pa.string()),  # bce | mse
-        ("checkpoint_path", pa.string()),  # the exported model folder (training.models.load_reward_model)
-        ("training_dir", pa.string()),  # Trainer checkpoints, for resuming
-        ("dataset_materialization_id", pa.string()),  # the rm_examples version it was trained on
-        ("label_versions", pa.list_(pa.string())),
-        ("n_train_examples", pa.int64()),
-        ("n_validation_examples", pa.int64()),
-        ("global_steps", pa.int64()),
-        ("train_seconds", pa.float64()),
-        ("train_steps_per_second", pa.float64()),
-        ("used_deepspeed", pa.bool_()),
-        ("resumed_from", pa.string()),  # the checkpoint a run resumed from, if any
-        ("parameters", pa.string()),  # JSON: model config and training arguments
-        ("validation_metrics", pa.string()),  # JSON
-        ("code_version", pa.string()),
-        ("run_id", pa.string()),
-        ("created_at", pa.timestamp("us", tz="UTC")),
-    ]
+MODELS = with_key(
+    pa.schema(
+        [
+            pa.field("model_id", pa.string(), nullable=False),
+            pa.field("kind", pa.string(), nullable=False),
+            ("backbone", pa.string()),  # the Hugging Face checkpoint (path or hub id)
+            ("encoder_mode", pa.string()),  # frozen_segments | full
+            ("pooling", pa.string()),  # mean | last_token | cls
+            ("loss", pa.string()),  # bce | mse
+            ("checkpoint_path", pa.string()),  # the exported model folder (training.models.load_reward_model)
+            ("training_dir", pa.string()),  # Trainer checkpoints, for resuming
+            ("dataset_materialization_id", pa.string()),  # the rm_examples version it was trained on
+            ("label_versions", pa.list_(pa.string())),
+            ("n_train_examples", pa.int64()),
+            ("n_validation_examples", pa.int64()),
+            ("global_steps", pa.int64()),
+            ("train_seconds", pa.float64()),
+            ("train_steps_per_second", pa.float64()),
+            ("used_deepspeed", pa.bool_()),
+            ("resumed_from", pa.string()),  # the checkpoint a run resumed from, if any
+            ("parameters", pa.string()),  # JSON: model config and training arguments
+            ("validation_metrics", pa.string()),  # JSON
+            ("code_version", pa.string()),
+            ("run_id", pa.string()),
+            ("created_at", pa.timestamp("us", tz="UTC")),
+        ]
+    ),
+    "model_id",
 )
 
-RM_PREDICTIONS = pa.schema(
-    [
-        pa.field("model_id", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("episode_id", pa.string(), nullable=False),
-        pa.field("step_idx", pa.int32(), nullable=False),
-        ("split", pa.string()),
-        ("task_id", pa.string()),
-        pa.field("score", pa.float64(), nullable=False),  # the model's output in [0, 1]
-        ("progress_gain", pa.float64()),  # r_t = p_t - p_{t-1} (Eq. 2, k = 1)
-        ("is_final_step", pa.bool_()),
-        ("episode_success", pa.bool_()),
-        ("label_lcs", pa.float64()),  # the LCS progress label of the step, if any
-        ("label_env", pa.float64()),  # the milestone progress label of the step, if any
-        ("is_env_key_step", pa.bool_()),
-        ("step_verdict", pa.string()),  # positive | negative | unsure (human where present, else derived)
-        ("report_run_id", pa.string()),
-    ]
+RM_PREDICTIONS = with_key(
+    pa.schema(
+        [
+            pa.field("model_id", pa.string(), nullable=False),
+            pa.field("kind", pa.string(), nullable=False),
+            pa.field("episode_id", pa.string(), nullable=False),
+            pa.field("step_idx", pa.int32(), nullable=False),
+            ("split", pa.string()),
+            ("task_id", pa.string()),
+            pa.field("score", pa.float64(), nullable=False),  # the model's output in [0, 1]
+            ("progress_gain", pa.float64()),  # r_t = p_t - p_{t-1} (Eq. 2, k = 1)
+            ("is_final_step", pa.bool_()),
+            ("episode_success", pa.bool_()),
+            ("label_lcs", pa.float64()),  # the LCS progress label of the step, if any
+            ("label_env", pa.float64()),  # the milestone progress label of the step, if any
+            ("is_env_key_step", pa.bool_()),
+            ("step_verdict", pa.string()),  # positive | negative | unsure (human where present, else derived)
+            ("report_run_id", pa.string()),
+        ]
+    ),
+    "model_id",
+    "episode_id",
+    "step_idx",
 )
 
-RM_METRICS = pa.schema(
-    [
-        pa.field("model_id", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("split", pa.string(), nullable=False),
-        pa.field("metric", pa.string(), nullable=False),
-        ("value", pa.float64()),
-        ("report_run_id", pa.string()),
-    ]
+RM_METRICS = with_key(
+    pa.schema(
+        [
+            pa.field("model_id", pa.string(), nullable=False),
+            pa.field("kind", pa.string(), nullable=False),
+            pa.field("split", pa.string(), nullable=False),
+            pa.field("metric", pa.string(), nullable=False),
+            ("value", pa.float64()),
+            ("report_run_id", pa.string()),
+        ]
+    ),
+    "model_id",
+    "split",
+    "metric",
 )
 
 TRAINING_TABLE_SCHEMAS: dict[str, pa.Schema] = {

@@ -23,7 +23,7 @@ def test_materialize_demonstrations_with_checks(small_demos, home):
     )
     assert result.success
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    assert evaluations == dict.fromkeys(evaluations, True) and len(evaluations) == 4
+    assert evaluations == dict.fromkeys(evaluations, True) and len(evaluations) == 8
     metadata = result.asset_materializations_for_node("human_demonstrations")[0].metadata
     assert metadata["files"].value == 23 and metadata["episodes"].value > 0
     lineage = Warehouse(home).query("SELECT run_id FROM lineage_materializations").to_pylist()

@@ -85,7 +85,8 @@ def test_materialize_a_partition_with_checks_lineage_and_replacement(tmp_path):
     result = run()
     assert result.success
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    assert evaluations == dict.fromkeys(evaluations, True) and len(evaluations) == 5, evaluations
+    assert evaluations == dict.fromkeys(evaluations, True) and len(evaluations) == 8, evaluations
+    assert {"episodes_key_unique", "steps_key_unique", "rollout_attempts_key_unique"} <= set(evaluations)
     metadata = result.asset_materializations_for_node("rollouts")[0].metadata
     assert metadata["episodes"].value == 9 and metadata["milestone_hits"].value > 0
     store = Warehouse(tmp_path / "home")
@@ -121,6 +122,7 @@ def test_materialize_a_partition_with_checks_lineage_and_replacement(tmp_path):
         "SELECT count(*) AS n, count(DISTINCT episode_id) AS d, count(DISTINCT run_id) AS runs FROM episodes"
     ).to_pylist()[0]
     assert after == {"n": 9, "d": 9, "runs": 1}
+    assert all(e.passed for e in again.get_asset_check_evaluations() if e.check_name.endswith("_key_unique"))
 
 
 def test_android_rollouts_without_devices_fail_with_a_clear_message(tmp_path):

@@ -70,4 +70,3 @@ def test_outside_files_keep_absolute_paths_in_lineage(tmp_path):
     warehouse.publish(m, [warehouse.stage_table("things", "d", pa.table({"x": [1]}), m)])
     inputs = warehouse.query("SELECT path FROM lineage_inputs").to_pylist()
     assert inputs == [{"path": str(raw)}]
-

@@ -1,0 +1,232 @@
+"""The learned CPU policy: candidates, the scorer, acting behind the Policy interface, SFT."""
+
+import dataclasses
+import random
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+import torch
+
+from envs.protocol import EpisodeContext, EpisodeRecord, StepRecord
+from envs.task_catalog import load_catalog
+from tests.training import conftest
+from training.policy.candidates import (
+    FEATURE_NAMES,
+    enumerate_candidates,
+    history_text,
+    instruction_values,
+    relative_instruction,
+    relative_text,
+)
+from training.policy.learned import LearnedPolicy, PolicyModel
+from training.policy.network import grouped_entropy, grouped_log_softmax
+from training.policy.sft import SFTSettings, demonstration_decisions, matching_candidate, train_sft
+from warehouse.model import Action, ActionType, Screen
+from warehouse.trajectories import Trajectory
+
+LOGIN = load_catalog("miniwob")["login-user"]
+
+
+def _placed(screen: Screen) -> Screen:
+    """The training fixtures' screens with on-screen bounds (a policy only acts on visible elements)."""
+    placed = [
+        dataclasses.replace(e, bounds=(0.0, 20.0 * i, 100.0, 20.0 * i + 18)) for i, e in enumerate(screen.elements)
+    ]
+    placed[0] = dataclasses.replace(placed[0], bounds=(0.0, 0.0, 100.0, 1000.0))  # the root spans the page
+    return Screen(tuple(placed))
+
+
+def _login_screen(*args) -> Screen:
+    return _placed(conftest._login_screen(*args))
+
+
+def _button_screen(names) -> Screen:
+    return _placed(conftest._button_screen(names))
+
+
+def _login_episode(rng, outcome):
+    task, instruction, screens, actions, success, lcs, env = conftest._login_episode(rng, outcome)
+    placed = [_placed(s) for s in screens]
+    by_ref = {e.ref: e for e in placed[0].elements}
+    actions = [dataclasses.replace(a, target=by_ref[a.target.ref]) if a.target else a for a in actions]
+    return task, instruction, placed, actions, success, lcs, env
+
+
+INSTRUCTION = 'Enter the username "renda" and the password "vb" into the text fields and press login.'
+SLOTS = {"username": "renda", "password": "vb"}
+
+
+def _feature(candidate, name):
+    return candidate.features[FEATURE_NAMES.index(name)]
+
+
+def test_candidates_cover_the_screen_and_are_written_relative_to_the_instruction():
+    screen = _login_screen(None, None, None)
+    candidates = enumerate_candidates(screen, INSTRUCTION, SLOTS, [], step_index=0, max_steps=10)
+    texts = [c.text for c in candidates]
+    assert 'INPUT(textbox#username, "<username>")' in texts and 'INPUT(password#password, "<password>")' in texts
+    assert 'CLICK(button#subbtn "Login")' in texts and texts[-4:] == [
+        'PRESS_KEY("Enter")',
+        "SCROLL(DOWN)",
+        "SCROLL(UP)",
+        "NOTHING()",
+    ]
+    by_text = {c.text: c for c in candidates}
+    # the username value belongs in the username field, not in the password field
+    assert _feature(by_text['INPUT(textbox#username, "<username>")'], "value_fits_field") == 1.0
+    assert _feature(by_text['INPUT(password#password, "<username>")'], "value_fits_field") == 0.0
+    assert relative_instruction(INSTRUCTION, SLOTS).startswith('Enter the username "<username>"')
+    # quoted phrases the template does not capture are values too
+    assert instruction_values('Type "hello world" now', {}) == {"quoted": "hello world"}
+    assert relative_text("Hello World!", {"quoted": "hello world"}) == "<quoted>!"
+
+
+def test_repetition_and_field_state_show_in_the_features():
+    screen = _login_screen("renda", None, "username")
+    typed = Action(ActionType.INPUT, screen.elements[3], text="renda")
+    candidates = enumerate_candidates(screen, INSTRUCTION, SLOTS, [typed, typed], step_index=2, max_steps=10)
+    again = next(c for c in candidates if c.text == 'INPUT(textbox#username, "<username>")')
+    assert _feature(again, "field_already_holds_it") == 1.0
+    assert _feature(again, "repeats_last_action") == 1.0 and _feature(again, "repeats_in_history") == pytest.approx(
+        2 / 3
+    )
+    assert history_text([typed], INSTRUCTION, SLOTS) == 'INPUT(textbox#username, "<username>")'
+
+
+def test_a_long_screen_keeps_the_fixed_tail_of_candidates():
+    screen = _button_screen([f"b{i}" for i in range(200)])
+    candidates = enumerate_candidates(screen, "Click b3", {}, [], step_index=0, max_steps=5, max_candidates=20)
+    assert len(candidates) == 20 and candidates[-1].text == "NOTHING()"
+
+
+def test_grouped_log_softmax_is_a_log_softmax_per_state():
+    logits = torch.tensor([1.0, 2.0, 0.5, -1.0, 3.0])
+    index = torch.tensor([0, 0, 1, 1, 1])
+    out = grouped_log_softmax(logits, index, 2)
+    expected = torch.cat([torch.log_softmax(logits[:2], 0), torch.log_softmax(logits[2:], 0)])
+    assert torch.allclose(out, expected, atol=1e-6)
+    entropy = grouped_entropy(out, index, 2)
+    p = torch.softmax(logits[:2], 0)
+    assert torch.isclose(entropy[0], -(p * p.log()).sum(), atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return PolicyModel()
+
+
+def _context(episode_id: str = "e1") -> EpisodeContext:
+    return EpisodeContext(
+        task=LOGIN.spec,
+        instruction=INSTRUCTION,
+        slots=SLOTS,
+        seed=0,
+        backend="miniwob",
+        supported_actions=frozenset(ActionType),
+        max_steps=10,
+        episode_id=episode_id,
+    )
+
+
+def test_the_policy_acts_greedily_or_by_sampling_and_records_its_decisions(model):
+    screen = _login_screen(None, None, None)
+    greedy = LearnedPolicy(model, greedy=True, record=True)
+    actor = greedy.start(_context())
+    action = actor.act(screen)
+    decision = greedy.decisions["e1"][0]
+    with torch.inference_mode():
+        logp = model.log_probs(model.batch([decision])).numpy()
+    assert decision.chosen == int(np.argmax(logp)) and decision.logp == pytest.approx(float(logp.max()), abs=1e-5)
+    assert (
+        action
+        == enumerate_candidates(screen, INSTRUCTION, SLOTS, [], step_index=0, max_steps=10)[decision.chosen].action
+    )
+    # sampling is reproducible per (policy, episode) and differs between episodes
+    picks = []
+    for episode in ("a", "a", "b", "c", "d"):
+        policy = LearnedPolicy(model, policy_id="sampler", record=True)
+        policy.start(_context(episode)).act(screen)
+        picks.append(policy.decisions[episode][0].chosen)
+    assert picks[0] == picks[1]
+
+
+def test_save_and_load_give_the_same_scores(model, tmp_path):
+    screen = _login_screen(None, None, None)
+    policy = LearnedPolicy(model, record=True)
+    policy.start(_context()).act(screen)
+    decision = policy.decisions["e1"][0]
+    model.save(tmp_path / "p")
+    loaded = PolicyModel.load(tmp_path / "p", encoder=model.encoder)
+    loaded.cache = model.cache
+    with torch.inference_mode():
+        assert torch.allclose(model.log_probs(model.batch([decision])), loaded.log_probs(loaded.batch([decision])))
+    with pytest.raises(FileNotFoundError, match="no policy checkpoint"):
+        PolicyModel.load(tmp_path / "nothing-here", encoder=model.encoder)
+
+
+def _login_trajectories(n: int, seed: int = 0) -> list[Trajectory]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        task, instruction, screens, actions, success, _, _ = _login_episode(rng, "success")
+        out.append(
+            Trajectory(
+                f"demo{i}", task, instruction, "human_demo", success, tuple(actions), tuple(screens[: len(actions)])
+            )
+        )
+    return out
+
+
+def test_sft_learns_the_demonstrated_actions(tmp_path):
+    torch.manual_seed(0)
+    model = PolicyModel()
+    data = demonstration_decisions(
+        model, _login_trajectories(40), {"login-user": LOGIN.spec}, {"login-user": 10}, validation_share=0.25
+    )
+    assert data.matched_share == 1.0 and data.train and data.validation
+    before = model.log_probs(model.batch(data.validation))[model.batch(data.validation).chosen].mean().item()
+    result = train_sft(model, data, SFTSettings(epochs=15, patience=15, batch_size=16, learning_rate=3e-3))
+    after = model.log_probs(model.batch(data.validation))[model.batch(data.validation).chosen].mean().item()
+    assert after > before and result.validation_accuracy[result.best_epoch] > 0.9
+
+
+def test_an_action_outside_the_candidates_is_counted_not_guessed():
+    screen = _login_screen(None, None, None)
+    candidates = enumerate_candidates(screen, INSTRUCTION, SLOTS, [], step_index=0, max_steps=10)
+    typed_other = Action(ActionType.INPUT, screen.elements[3], text="someone-else")
+    assert matching_candidate(typed_other, candidates) is None
+    click = Action(ActionType.CLICK, screen.elements[6])
+    assert candidates[matching_candidate(click, candidates)].text == 'CLICK(button#subbtn "Login")'
+
+
+def record_of(trajectory: Trajectory, *, success: bool | None = None, slots=None) -> EpisodeRecord:
+    """An EpisodeRecord of a recorded trajectory, as the worker pool would return it."""
+    steps = tuple(
+        StepRecord(t, screen, action, 0.0, (), t == trajectory.n_steps - 1, 0, 0.0)
+        for t, (screen, action) in enumerate(zip(trajectory.screens, trajectory.actions, strict=True))
+    )
+    ok = trajectory.success if success is None else success
+    return EpisodeRecord(
+        episode_id=trajectory.episode_id,
+        task_id=trajectory.task_id,
+        family="miniwob-forms",
+        instruction=trajectory.instruction,
+        seed=0,
+        policy_id="test",
+        backend="miniwob",
+        steps=steps,
+        final_screen=trajectory.screens[-1],
+        fields={},
+        slots=slots if slots is not None else (LOGIN.spec.slots(trajectory.instruction, {}) or {}),
+        success=ok,
+        outcome_reward=1.0 if ok else -1.0,
+        decayed_reward=None,
+        end_reason="success" if ok else "failure",
+        milestones_reached=0,
+        n_milestones=3,
+        reset_ms=0.0,
+        duration_ms=0,
+        created_at=datetime.now(UTC),
+    )

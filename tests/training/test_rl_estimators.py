@@ -1,0 +1,106 @@
+"""The RL estimators against hand-computed examples."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from training.rl.estimators import (
+    clip_fraction,
+    discounted_returns,
+    gae,
+    grpo_step_advantages,
+    kl_penalty,
+    multi_turn_token_returns,
+    normalise,
+    ppo_clip_loss,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    value_loss,
+)
+
+
+def test_discounted_returns_by_hand():
+    # G_2 = 1; G_1 = 0 + 0.9 * 1 = 0.9; G_0 = 0.5 + 0.9 * 0.9 = 1.31
+    assert np.allclose(discounted_returns([0.5, 0.0, 1.0], 0.9), [1.31, 0.9, 1.0])
+    assert discounted_returns([], 0.9).size == 0
+
+
+def test_kl_penalty_is_the_log_ratio():
+    assert np.allclose(kl_penalty([-1.0, -0.5], [-2.0, -0.5]), [1.0, 0.0])
+
+
+def test_normalise_zero_mean_unit_std_and_constant_input():
+    out = normalise(np.array([1.0, 2.0, 3.0]))
+    assert np.isclose(out.mean(), 0) and np.isclose(out.std(), 1, atol=1e-6)
+    assert np.all(normalise(np.array([4.0, 4.0])) == 0)
+
+
+def test_reinforce_pp_by_hand():
+    # One episode, two steps, gamma 0.5, KL coefficient 0.1.
+    # shaped rewards: r0 = 0 - 0.1 * (-1 - -2) = -0.1; r1 = 1 - 0.1 * 0 = 1
+    # returns: G1 = 1, G0 = -0.1 + 0.5 * 1 = 0.4; the second episode: one step, reward 0 -> G = 0
+    # batch of returns [0.4, 1.0, 0.0]: mean 0.4667, std 0.4110
+    adv = reinforce_pp_advantages(
+        [[0.0, 1.0], [0.0]], [[-1.0, -0.5], [-0.3]], [[-2.0, -0.5], [-0.3]], gamma=0.5, kl_coef=0.1
+    )
+    returns = np.array([0.4, 1.0, 0.0])
+    expected = (returns - returns.mean()) / returns.std()
+    assert np.allclose(np.concatenate(adv), expected, atol=1e-6)
+    assert [len(a) for a in adv] == [2, 1]
+
+
+def test_multi_turn_token_returns_by_hand():
+    # Two turns of 2 and 1 tokens, no KL. Turn rewards 1 (turn 0) and 2 (turn 1).
+    # turn 1, last token: 2 -> G = 2.   turn 0, last token: 1 + 0.9 * 2 = 2.8; first token: 0 + 1.0 * 2.8
+    out = multi_turn_token_returns([1.0, 2.0], [[0.0, 0.0], [0.0]], gamma_turn=0.9, gamma_token=1.0, kl_coef=0.0)
+    assert np.allclose(out[0], [2.8, 2.8]) and np.allclose(out[1], [2.0])
+    # With one token per turn it is the discounted return of the KL-shaped rewards.
+    one = multi_turn_token_returns([0.0, 1.0], [[1.0], [0.0]], gamma_turn=0.5, kl_coef=0.1)
+    assert np.allclose(np.concatenate(one), discounted_returns([-0.1, 1.0], 0.5))
+    with pytest.raises(ValueError):
+        multi_turn_token_returns([1.0], [[0.0], [0.0]])
+
+
+def test_grpo_normalises_over_every_step_of_the_group():
+    # ADMIRE Eq. 13: R = {1, 0, 0, 1} -> mean 0.5, std 0.5 -> advantages +-1
+    adv = grpo_step_advantages([[1.0, 0.0], [0.0, 1.0]])
+    assert np.allclose(adv[0], [1.0, -1.0]) and np.allclose(adv[1], [-1.0, 1.0])
+    assert all(np.all(a == 0) for a in grpo_step_advantages([[0.5], [0.5, 0.5]]))
+
+
+def test_rloo_leave_one_out_by_hand():
+    # returns 1, 0, 0: baselines 0, 0.5, 0.5
+    assert np.allclose(rloo_advantages([1.0, 0.0, 0.0]), [1.0, -0.5, -0.5])
+    assert np.allclose(rloo_advantages([3.0]), [0.0])
+
+
+def test_gae_by_hand():
+    # gamma 0.5, lambda 0.5, values [0.2, 0.4], rewards [0, 1], terminal after step 1.
+    # delta1 = 1 + 0 - 0.4 = 0.6; delta0 = 0 + 0.5 * 0.4 - 0.2 = 0.0
+    # A1 = 0.6; A0 = 0 + 0.25 * 0.6 = 0.15; targets = A + V = [0.35, 1.0]
+    adv, targets = gae([0.0, 1.0], [0.2, 0.4], gamma=0.5, lam=0.5)
+    assert np.allclose(adv, [0.15, 0.6]) and np.allclose(targets, [0.35, 1.0])
+    # lambda 1 and gamma 1: advantages are returns minus values
+    adv, _ = gae([1.0, 2.0], [0.5, 0.5], gamma=1.0, lam=1.0)
+    assert np.allclose(adv, [2.5, 1.5])
+
+
+def test_ppo_clip_by_hand():
+    logp_old = torch.log(torch.tensor([0.5, 0.5]))
+    # ratio 1.5 with A = +1 is clipped to 1.2; ratio 0.5 with A = -1 is clipped to 0.8 * -1
+    logp_new = torch.log(torch.tensor([0.75, 0.25]))
+    loss = ppo_clip_loss(logp_new, logp_old, torch.tensor([1.0, -1.0]), clip=0.2)
+    assert math.isclose(float(loss), -(1.2 + -0.8) / 2, rel_tol=1e-6)
+    assert clip_fraction(logp_new, logp_old, 0.2) == 1.0
+    # Inside the trust region the surrogate is the plain ratio times the advantage, with a gradient.
+    new = torch.log(torch.tensor([0.55], requires_grad=False)).requires_grad_()
+    loss = ppo_clip_loss(new, torch.log(torch.tensor([0.5])), torch.tensor([2.0]))
+    loss.backward()
+    assert math.isclose(float(loss.detach()), -1.1 * 2.0, rel_tol=1e-5)
+    assert new.grad is not None and float(new.grad.detach()) < 0
+
+
+def test_value_loss_by_hand():
+    assert math.isclose(float(value_loss(torch.tensor([1.0, 3.0]), torch.tensor([0.0, 3.0]))), 0.25)

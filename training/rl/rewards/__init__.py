@@ -1,0 +1,59 @@
+"""Reward sources for RL, one module each; :func:`make_reward_source` builds one by name."""
+
+from __future__ import annotations
+
+from training.models import EmbeddingCache
+from training.rl.rewards.admire import AdmireReward, AdmireSettings, LLMMilestones, MilestoneStore
+from training.rl.rewards.base import RewardBatch, RewardSource, Rollout
+from training.rl.rewards.orm import ORMReward
+from training.rl.rewards.outcome import OutcomeReward
+from training.rl.rewards.prm import StepJudgeReward
+from training.rl.rewards.progrm import ProgressReward
+from training.rl.rewards.scoring import RewardModelError, load_scorer
+from warehouse.catalog import Warehouse
+
+REWARD_SOURCES: tuple[str, ...] = ("outcome", "orm", "progrm_lcs", "progrm_env", "prm", "guidnav", "admire")
+#: The reward model each source needs (none for outcome and ADMIRE).
+SOURCE_MODEL_KIND: dict[str, str | None] = {
+    "outcome": None,
+    "orm": "orm",
+    "progrm_lcs": "progrm_lcs",
+    "progrm_env": "progrm_env",
+    "prm": "prm",
+    "guidnav": "guidnav",
+    "admire": None,
+}
+
+__all__ = ["REWARD_SOURCES", "RewardBatch", "RewardModelError", "RewardSource", "Rollout", "make_reward_source"]
+
+
+def make_reward_source(
+    name: str,
+    warehouse: Warehouse,
+    *,
+    cache: EmbeddingCache,
+    endpoint: str | None = None,
+    progress_k: int = 1,
+    orm_threshold: float = 0.5,
+    outcome_every_step: bool = False,
+    milestone_generator: LLMMilestones | None = None,
+    admire: AdmireSettings | None = None,
+) -> RewardSource:
+    """The reward source ``name``. Model-based sources load the latest trained model of their kind
+    (or use the HTTP service at ``endpoint``) now, so a missing or wrong model fails before any
+    rollout. ``cache`` is the sentence-encoding cache ADMIRE matches milestones with."""
+    if name not in REWARD_SOURCES:
+        raise ValueError(f"unknown reward source {name!r}; choose one of {', '.join(REWARD_SOURCES)}")
+    if name == "outcome":
+        return OutcomeReward()
+    if name == "admire":
+        store = MilestoneStore(milestone_generator) if milestone_generator is not None else MilestoneStore()
+        return AdmireReward(cache, settings=admire, store=store, outcome_every_step=outcome_every_step)
+    kind = SOURCE_MODEL_KIND[name]
+    assert kind is not None
+    scorer = load_scorer(warehouse, kind, endpoint=endpoint)
+    if name == "orm":
+        return ORMReward(scorer, threshold=orm_threshold)
+    if name in ("progrm_lcs", "progrm_env"):
+        return ProgressReward(scorer, k=progress_k, name=name)
+    return StepJudgeReward(scorer, kind=name)

@@ -1,0 +1,919 @@
+"""The RL stage: an SFT policy, RL runs from it (one per reward source and seed), their evaluation
+on held-out seeds, and the Table-1 report (ProgRM §3, Table 1).
+
+* :func:`run_policy_sft`: SFT of the learned CPU policy on the warehouse's successful human
+  demonstrations and rollouts of the catalog tasks; the SFT policy is then evaluated greedily on
+  *selection* seeds of every task, and the tasks where it is neither near 0 nor near 100% success
+  are the experiment's tasks (ProgRM needs room to improve in both directions); it is evaluated on
+  *held-out* seeds of those tasks.
+* :func:`run_rl`: iterations of sampling episodes on *training* seeds (temperature 1) in live
+  MiniWoB++ through the worker pool, rewards from the run's source, one update by the estimator.
+  Every episode of every iteration lands in ``episodes``/``steps`` (policy_id names the acting
+  policy, lineage names the reward model), with ``rl_iterations`` and ``rl_step_rewards``, in one
+  publish per iteration; then a checkpoint. A killed run resumes from its last checkpoint and
+  loses no iteration (an iteration published but not checkpointed is run again and replaced).
+* :func:`run_agent_evaluation`: a run's final policy, greedy, on the held-out seeds.
+* :func:`run_rl_report`: ProgRM Table 1 from ``agent_eval``: success rate and mean cumulative
+  environment reward per reward source, overall and per task family, with 95% intervals over RL
+  seeds, paired McNemar tests against the outcome reward and against SFT, and failure modes.
+
+Seed ranges never meet: training, selection and held-out seeds are drawn from disjoint ranges.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from envs.pool import BatchResult, EnvPool, EpisodeJob
+from envs.protocol import EpisodeRecord, episode_tables
+from envs.rollouts import ATTEMPTS_TABLE, ProgressLog
+from envs.task_catalog import CatalogTask, load_catalog
+from training.llm.chat_client import ChatClient, ChatEndpoint
+from training.policy.learned import LearnedPolicy, PolicyModel, StepDecision
+from training.policy.sft import SFTSettings, demonstration_decisions, train_sft
+from training.rl.evaluation import (
+    FAILURE_MODES,
+    EvalEpisode,
+    bootstrap_interval,
+    eval_episode,
+    mean_interval,
+    paired_comparison,
+    per_task_rows,
+    sample_seeds,
+)
+from training.rl.learner import EpisodeExperience, Learner, LearnerSettings, PRMCritic
+from training.rl.rewards import REWARD_SOURCES, Rollout, make_reward_source
+from training.rl.rewards.admire import LLMMilestones, MilestoneStore, TaskMilestones
+from training.rl.rewards.base import text_trajectory
+from training.rl.rewards.scoring import LocalScorer, load_scorer
+from training.rm_datasets import StepState
+from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
+from warehouse.figures import Markdown, figure_markdown, pyplot
+from warehouse.storage import git_revision
+from warehouse.tables_rl import AGENT_EVAL, AGENT_EVAL_EPISODES, POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
+from warehouse.trajectories import load_trajectories
+
+RL_CODE_VERSION = "rl-1"
+TRAIN_SEED_BASE = 1_000_000
+SELECTION_SEED_BASE = 2_000_000
+HELD_OUT_SEED_BASE = 3_000_000
+DEMONSTRATION_SOURCES = ("human_demo", "rollout")
+
+Log = Callable[[str], None]
+PoolFactory = Callable[[int], AbstractContextManager[EnvPool]]
+
+
+class RLStageError(RuntimeError):
+    """The stage cannot start or go on: no SFT policy, no task to train on, no usable episodes."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """The SFT policy and the choice of the experiment's tasks."""
+
+    tasks: tuple[str, ...] = ()  # empty: every MiniWoB++ catalog task with successful demonstrations
+    sft: SFTSettings = field(default_factory=SFTSettings)
+    selection_seeds: int = 10  # greedy episodes per task to choose the tasks
+    low: float = 0.1  # a task is chosen when SFT success is above low ...
+    high: float = 0.9  # ... and below high
+    max_tasks: int = 4
+    held_out_seeds: int = 25  # greedy evaluation episodes per chosen task
+    workers: int = 2
+    max_episodes_per_task: int = 400  # demonstrations per task used for SFT (the large crowd tasks dominate otherwise)
+
+
+@dataclass(frozen=True)
+class RLSettings:
+    """One RL run: the reward source, the estimator, the seed and the environment-step budget."""
+
+    reward_source: str
+    estimator: str = "reinforce_pp"
+    rl_seed: int = 0
+    iterations: int = 10
+    instances_per_task: int = 4  # task instances (seeds) per iteration
+    group_size: int = 4  # episodes per instance (GRPO / RLOO groups)
+    workers: int = 2
+    temperature: float = 1.0
+    progress_k: int = 1  # ProgRM Eq. 2's history
+    reward_endpoint: str | None = None  # a reward-model HTTP service instead of the local checkpoint
+    milestone_endpoint: str | None = None  # an OpenAI-compatible base URL for ADMIRE's milestones
+    milestone_model: str = "default"
+    learner: LearnerSettings = field(default_factory=LearnerSettings)
+
+    def __post_init__(self) -> None:
+        if self.reward_source not in REWARD_SOURCES:
+            raise ValueError(f"unknown reward source {self.reward_source!r}; choose one of {', '.join(REWARD_SOURCES)}")
+        if self.learner.estimator != self.estimator:
+            object.__setattr__(self, "learner", replace(self.learner, estimator=self.estimator))
+        if self.iterations < 1 or self.instances_per_task < 1 or self.group_size < 1:
+            raise ValueError("iterations, instances_per_task and group_size must be at least 1")
+
+    @property
+    def run_key(self) -> str:
+        """``<source>-<estimator>-s<seed>-<hash>``: the hash covers every other setting."""
+        settings = asdict(self)
+        for name in ("reward_source", "estimator", "rl_seed", "workers", "reward_endpoint", "iterations"):
+            settings.pop(name)
+        digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:6]
+        return f"{self.reward_source}-{self.estimator}-s{self.rl_seed}-{digest}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared pieces
+# ---------------------------------------------------------------------------------------------
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _atomic_dir(target: Path, write: Callable[[Path], object]) -> None:
+    """Write a folder through a temporary sibling and swap it in."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write(staging)
+        old = target.with_name(f".{target.name}.old")
+        if target.exists():
+            os.replace(target, old)
+        os.replace(staging, target)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _jobs(tasks: Sequence[CatalogTask], seeds: Sequence[int], prefix: str, group_size: int = 1) -> list[EpisodeJob]:
+    return [
+        EpisodeJob(
+            episode_id=f"{prefix}:{task.task_id}:{seed}" + (f":g{g}" if group_size > 1 else ""),
+            task=task.spec,
+            seed=seed,
+            max_steps=task.max_steps,
+            family=task.family,
+        )
+        for task in tasks
+        for seed in seeds
+        for g in range(group_size)
+    ]
+
+
+def _catalog_tasks(names: Sequence[str]) -> list[CatalogTask]:
+    catalog = load_catalog("miniwob")
+    unknown = [n for n in names if n not in catalog]
+    if unknown:
+        raise RLStageError(f"not in the MiniWoB++ catalog: {unknown} (catalog: {', '.join(catalog)})")
+    return [catalog[n] for n in names]
+
+
+def _run_pool(
+    pool: EnvPool, jobs: list[EpisodeJob], policy: LearnedPolicy, label: str, log: Log
+) -> tuple[BatchResult, float]:
+    started = time.perf_counter()
+    result = pool.run(jobs, policy, on_episode=ProgressLog(log, label))
+    if result.lost:
+        log(f"{label}: {len(result.lost)} episodes lost: {Counter(r for _, r in result.lost)}")
+    return result, time.perf_counter() - started
+
+
+def _episode_outputs(
+    warehouse: Warehouse, result: BatchResult, dataset: str, m: Materialization, run_id: str | None
+) -> list[TableOutput]:
+    episodes, steps = episode_tables(result.episodes, run_id=run_id)
+    return [
+        warehouse.stage_table("episodes", dataset, episodes, m),
+        warehouse.stage_table("steps", dataset, steps, m),
+        warehouse.stage_table(ATTEMPTS_TABLE, dataset, result.attempts_table(run_id), m),
+    ]
+
+
+def _eval_outputs(
+    warehouse: Warehouse,
+    episodes: Sequence[EvalEpisode],
+    evaluation: str,
+    *,
+    reward_source: str,
+    rl_seed: int | None,
+    dataset: str,
+    m: Materialization,
+) -> list[TableOutput]:
+    created = _now()
+    task_rows = [
+        r
+        | {"evaluation": evaluation, "reward_source": reward_source, "rl_seed": rl_seed, "created_at": created}
+        | {"failure_modes": json.dumps(r["failure_modes"], sort_keys=True)}
+        for r in per_task_rows(episodes)
+    ]
+    episode_rows = [
+        {
+            "policy_id": e.policy_id,
+            "evaluation": evaluation,
+            "task_id": e.task_id,
+            "seed": e.seed,
+            "episode_id": e.episode_id,
+            "success": e.success,
+            "env_return": e.env_return,
+            "n_steps": e.n_steps,
+            "failure_mode": e.failure_mode,
+        }
+        for e in episodes
+    ]
+    return [
+        warehouse.stage_table("agent_eval", dataset, pa.Table.from_pylist(task_rows, schema=AGENT_EVAL), m),
+        warehouse.stage_table(
+            "agent_eval_episodes", dataset, pa.Table.from_pylist(episode_rows, schema=AGENT_EVAL_EPISODES), m
+        ),
+    ]
+
+
+def evaluate_policy(
+    model: PolicyModel,
+    policy_id: str,
+    tasks: Sequence[CatalogTask],
+    seeds: Sequence[int],
+    pool: EnvPool,
+    *,
+    evaluation: str,
+    log: Log,
+) -> tuple[BatchResult, list[EvalEpisode]]:
+    """Greedy episodes of ``model`` on ``seeds`` of every task."""
+    policy = LearnedPolicy(model, policy_id=f"eval:{policy_id}", greedy=True)
+    jobs = _jobs(tasks, seeds, f"eval:{policy_id}:{evaluation}")
+    result, _ = _run_pool(pool, jobs, policy, f"evaluation {policy_id} ({evaluation})", log)
+    return result, [eval_episode(policy_id, r) for r in result.episodes]
+
+
+def latest_policy(warehouse: Warehouse, kind: str = "sft", policy_id: str | None = None) -> dict:
+    """The newest ``policies`` row of a kind (or the one named), with its checkpoint resolved."""
+    where, params = ("policy_id = ?", [policy_id]) if policy_id else ("kind = ?", [kind])
+    rows = warehouse.query(f"SELECT * FROM policies WHERE {where} ORDER BY created_at DESC LIMIT 1", params).to_pylist()
+    if not rows:
+        wanted = f"policy {policy_id}" if policy_id else f"{kind} policy"
+        raise RLStageError(f"no {wanted} in the warehouse: materialize policy_sft first (stepwise rl)")
+    row = rows[0]
+    row["checkpoint"] = warehouse.resolve(row["checkpoint_path"])
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# SFT and the choice of tasks
+# ---------------------------------------------------------------------------------------------
+
+
+def run_policy_sft(
+    warehouse: Warehouse, settings: PolicySettings, pool_factory: PoolFactory, *, run_id: str, log: Log = print
+) -> dict[str, Any]:
+    """Train the SFT policy, choose the experiment's tasks on selection seeds, evaluate it on
+    held-out seeds, and publish the policy, its evaluations and their episodes."""
+    torch.set_num_threads(settings.sft.threads)
+    catalog = load_catalog("miniwob")
+    candidates = list(settings.tasks) or list(catalog)
+    tasks = _catalog_tasks(candidates)
+    trajectories = [
+        t
+        for task in tasks
+        for t in load_trajectories(
+            warehouse,
+            "e.episode_id IN (SELECT episode_id FROM episodes WHERE task_id = ? AND success "
+            "AND list_contains(?, source) ORDER BY episode_id LIMIT ?)",
+            [task.task_id, list(DEMONSTRATION_SOURCES), settings.max_episodes_per_task],
+        )
+    ]
+    with_demos = sorted({t.task_id for t in trajectories})
+    if not with_demos:
+        raise RLStageError(
+            f"no successful demonstrations or rollouts of {candidates} in the warehouse: "
+            "materialize human_demonstrations (and rollouts) first"
+        )
+    tasks = [t for t in tasks if t.task_id in with_demos]
+    log(f"SFT on {len(trajectories)} successful trajectories of {len(tasks)} tasks")
+    model = PolicyModel()
+    data = demonstration_decisions(
+        model,
+        trajectories,
+        {t.task_id: t.spec for t in tasks},
+        {t.task_id: t.max_steps for t in tasks},
+        validation_share=settings.sft.validation_share,
+        seed=settings.sft.seed,
+    )
+    log(
+        f"SFT data: {len(data.train)} train / {len(data.validation)} validation steps from {data.episodes} "
+        f"episodes ({data.matched_share:.1%} of steps match a candidate; left out: {dict(data.unmatched)})"
+    )
+    result = train_sft(model, data, settings.sft, log)
+    m = Materialization(
+        asset="policy_sft",
+        run_id=run_id,
+        code_version=f"{RL_CODE_VERSION}+{git_revision()}",
+        parameters={"settings": asdict(settings), "sft": asdict(result), "matched_share": data.matched_share},
+        inputs=warehouse.current_inputs(["episodes", "steps"]),
+    )
+    policy_id = f"sft-{m.materialization_id[:10]}"
+    checkpoint = warehouse.home / "policies" / policy_id
+    _atomic_dir(checkpoint, model.save)
+
+    selection_seeds = sample_seeds(SELECTION_SEED_BASE, settings.selection_seeds, "selection")
+    held_out = sample_seeds(HELD_OUT_SEED_BASE, settings.held_out_seeds, "held_out")
+    with pool_factory(settings.workers) as pool:
+        selection_result, selection = evaluate_policy(
+            model, policy_id, tasks, selection_seeds, pool, evaluation="selection", log=log
+        )
+        rates = {row["task_id"]: row["success_rate"] for row in per_task_rows(selection)}
+        chosen = choose_tasks(rates, settings.low, settings.high, settings.max_tasks)
+        log(f"SFT success on selection seeds: {rates}; experiment tasks: {chosen}")
+        held_result, held = evaluate_policy(
+            model, policy_id, [t for t in tasks if t.task_id in chosen], held_out, pool, evaluation="held_out", log=log
+        )
+    policy_row = {
+        "policy_id": policy_id,
+        "kind": "sft",
+        "checkpoint_path": warehouse.relative(checkpoint),
+        "tasks": chosen,
+        "env_steps": 0,
+        "parameters": json.dumps({"settings": asdict(settings), "selection_success": rates}, default=str),
+        "created_at": _now(),
+        "run_id": run_id,
+    }
+    outputs = [warehouse.stage_table("policies", policy_id, pa.Table.from_pylist([policy_row], schema=POLICIES), m)]
+    for evaluation, batch, episodes in (("selection", selection_result, selection), ("held_out", held_result, held)):
+        dataset = f"eval/{policy_id}/{evaluation}"
+        outputs += _episode_outputs(warehouse, batch, dataset, m, run_id)
+        outputs += _eval_outputs(
+            warehouse, episodes, evaluation, reward_source="sft", rl_seed=None, dataset=dataset, m=m
+        )
+    warehouse.publish(m, outputs)
+    held_rate = float(np.mean([e.success for e in held])) if held else float("nan")
+    return {
+        "policy_id": policy_id,
+        "checkpoint": checkpoint,
+        "tasks": chosen,
+        "selection_success": rates,
+        "held_out_success": held_rate,
+        "sft_examples": len(data.train),
+        "matched_share": data.matched_share,
+        "best_epoch": result.best_epoch,
+        "validation_accuracy": result.validation_accuracy[result.best_epoch] if result.best_epoch >= 0 else None,
+        "sft_seconds": result.seconds,
+        "sft_curves": _sft_plot(result, warehouse.home / "plots" / "rl" / f"{policy_id}_sft.png"),
+        "selection_plot": _selection_plot(
+            rates, chosen, settings, warehouse.home / "plots" / "rl" / f"{policy_id}_tasks.png"
+        ),
+    }
+
+
+def choose_tasks(rates: dict[str, float], low: float, high: float, max_tasks: int) -> list[str]:
+    """The tasks whose SFT success is strictly between ``low`` and ``high``, closest to 1/2 first,
+    at most ``max_tasks``; if none is, the ``max_tasks`` tasks closest to 1/2 that are neither
+    always solved nor never solved (and if there are none, an error)."""
+    inside = [t for t, r in rates.items() if low < r < high]
+    if not inside:
+        inside = [t for t, r in rates.items() if 0.0 < r < 1.0]
+    if not inside:
+        raise RLStageError(f"SFT solves every task always or never ({rates}): no task leaves room for RL")
+    return sorted(sorted(inside), key=lambda t: abs(rates[t] - 0.5))[:max_tasks]
+
+
+def _sft_plot(result: Any, path: Path) -> Markdown:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    epochs = range(1, len(result.train_loss) + 1)
+    ax.plot(epochs, result.train_loss, label="train loss", marker="o")
+    ax.plot(epochs, result.validation_loss, label="validation loss", marker="o")
+    ax2 = ax.twinx()
+    ax2.plot(epochs, result.validation_accuracy, color="#2ca02c", label="validation accuracy", marker="s")
+    ax2.set_ylim(0, 1)
+    ax.set_xlabel("epoch")
+    ax.set_xticks(list(epochs))
+    ax.set_ylabel("cross-entropy")
+    ax2.set_ylabel("top-1 accuracy")
+    ax.legend(loc="upper left", fontsize=8)
+    ax2.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return figure_markdown(fig, path, "SFT curves")
+
+
+def _selection_plot(rates: dict[str, float], chosen: Sequence[str], settings: PolicySettings, path: Path) -> Markdown:
+    plt = pyplot()
+    names = sorted(rates, key=lambda t: rates[t])
+    fig, ax = plt.subplots(figsize=(7, max(3, 0.25 * len(names))))
+    ax.barh(names, [rates[n] for n in names], color=["#1f77b4" if n in chosen else "#bbb" for n in names])
+    ax.axvline(settings.low, color="#999", linestyle=":")
+    ax.axvline(settings.high, color="#999", linestyle=":")
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("SFT success on selection seeds (blue: chosen for RL)")
+    ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    return figure_markdown(fig, path, "task selection")
+
+
+# ---------------------------------------------------------------------------------------------
+# RL runs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunState:
+    """What a checkpoint holds besides the weights."""
+
+    iteration: int = 0  # iterations completed
+    env_steps: int = 0
+    milestones: dict = field(default_factory=dict)
+
+
+def _save_checkpoint(path: Path, model: PolicyModel, learner: Learner, state: RunState) -> None:
+    def write(folder: Path) -> None:
+        model.save(folder)
+        torch.save(learner.state_dict(), folder / "learner.pt")
+        (folder / "state.json").write_text(json.dumps(asdict(state)))
+
+    _atomic_dir(path, write)
+
+
+def _restore_milestones(store: MilestoneStore, saved: dict) -> None:
+    for task, m in saved.items():
+        store.tasks[task] = TaskMilestones(m["milestones"], m["exemplar"], m["exemplar_steps"], m["version"])
+
+
+def _critic_states(record: EpisodeRecord) -> list[StepState]:
+    trajectory = text_trajectory(record)
+    return [
+        StepState(trajectory.instruction, tuple(s.action for s in trajectory.steps[:t]), step.screen_lines)
+        for t, step in enumerate(trajectory.steps)
+    ]
+
+
+def run_rl(
+    warehouse: Warehouse,
+    settings: RLSettings,
+    pool_factory: PoolFactory,
+    *,
+    run_id: str,
+    sft_policy_id: str | None = None,
+    log: Log = print,
+) -> dict[str, Any]:
+    """One RL run from the SFT policy (see the module docstring); returns the asset's metadata."""
+    torch.set_num_threads(2)
+    sft = latest_policy(warehouse, "sft", sft_policy_id)
+    tasks = _catalog_tasks(sft["tasks"] or [])
+    if not tasks:
+        raise RLStageError(f"the SFT policy {sft['policy_id']} chose no tasks for RL")
+    model = PolicyModel.load(sft["checkpoint"])
+    reference = model.frozen_copy()
+    milestone_generator = None
+    if settings.milestone_endpoint:
+        milestone_generator = LLMMilestones(
+            ChatClient(ChatEndpoint(settings.milestone_endpoint, settings.milestone_model))
+        )
+    source = make_reward_source(  # loads the reward model now: a missing one fails before any rollout
+        settings.reward_source,
+        warehouse,
+        cache=model.cache,
+        endpoint=settings.reward_endpoint,
+        progress_k=settings.progress_k,
+        outcome_every_step=settings.estimator == "grpo",
+        milestone_generator=milestone_generator,
+    )
+    critic = None
+    if settings.estimator == "ppo":
+        prm = load_scorer(warehouse, "prm")
+        if not isinstance(prm, LocalScorer):
+            raise RLStageError("PPO's critic is initialised from a local PRM checkpoint, not a service")
+        critic = PRMCritic(prm.scorer, settings.learner.critic_learning_rate)
+    learner = Learner(model, reference, settings.learner, critic=critic)
+    run_key = settings.run_key
+    run_dir = warehouse.home / "policies" / "rl" / sft["policy_id"] / run_key
+    checkpoint = run_dir / "checkpoint"
+    state = RunState()
+    if (checkpoint / "state.json").exists():
+        resumed = PolicyModel.load(checkpoint, encoder=model.encoder)
+        model.copy_weights_from(resumed)
+        learner.load_state_dict(torch.load(checkpoint / "learner.pt", weights_only=False))
+        state = RunState(**json.loads((checkpoint / "state.json").read_text()))
+        store = getattr(source, "store", None)
+        if isinstance(store, MilestoneStore):
+            _restore_milestones(store, state.milestones)
+        log(f"{run_key}: resuming after iteration {state.iteration} ({state.env_steps} environment steps)")
+    lineage = source.lineage() + [
+        LineageInput(kind="asset", input_asset="policy_sft", path=sft["checkpoint_path"], version=sft["policy_id"])
+    ]
+    seeds_per_iteration = settings.instances_per_task
+    with pool_factory(settings.workers) as pool:
+        for iteration in range(state.iteration, settings.iterations):
+            seeds = sample_seeds(
+                TRAIN_SEED_BASE + 10_000 * settings.rl_seed, seeds_per_iteration, f"{run_key}|{iteration}"
+            )
+            acting_id = f"rl:{run_key}:{sft['policy_id']}:i{iteration:03d}"
+            policy = LearnedPolicy(model, policy_id=acting_id, temperature=settings.temperature, record=True)
+            jobs = _jobs(tasks, seeds, acting_id, settings.group_size)
+            result, rollout_s = _run_pool(pool, jobs, policy, f"{run_key} iteration {iteration + 1}", log)
+            kept = [
+                r for r in result.episodes if len(policy.decisions.get(r.episode_id, [])) == r.n_steps and r.n_steps
+            ]
+            if not kept:
+                raise RLStageError(f"{run_key}: iteration {iteration} produced no usable episode")
+            rollouts = [
+                Rollout(r, descriptions=tuple(d.action_texts[d.chosen] for d in policy.decisions[r.episode_id]))
+                for r in kept
+            ]
+            started = time.perf_counter()
+            batch = source.rewards(rollouts, iteration)
+            reward_s = time.perf_counter() - started
+            started = time.perf_counter()
+            experience = [
+                EpisodeExperience(
+                    decisions=policy.decisions[r.episode_id],
+                    rewards=np.asarray(rewards, dtype=np.float64),
+                    group=f"{r.task_id}:{r.seed}",
+                    states=_critic_states(r) if critic is not None else [],
+                )
+                for r, rewards in zip(kept, batch.rewards, strict=True)
+            ]
+            stats = learner.update(experience)
+            update_s = time.perf_counter() - started
+            state.iteration = iteration + 1
+            state.env_steps += result.steps
+            store = getattr(source, "store", None)
+            if isinstance(store, MilestoneStore):
+                state.milestones = {t: asdict(m) for t, m in store.tasks.items()}
+            _publish_iteration(
+                warehouse,
+                settings,
+                run_key=run_key,
+                acting_id=acting_id,
+                iteration=iteration,
+                result=result,
+                kept=kept,
+                decisions=[policy.decisions[r.episode_id] for r in kept],
+                rewards=batch.rewards,
+                advantages=stats.advantages,
+                stats={k: v for k, v in asdict(stats).items() if k != "advantages"},
+                details=batch.details,
+                seconds=(rollout_s, reward_s, update_s),
+                env_steps=state.env_steps,
+                lineage=lineage,
+                run_id=run_id,
+            )
+            _save_checkpoint(checkpoint, model, learner, state)
+            success = float(np.mean([r.success for r in kept]))
+            log(
+                f"{run_key} iteration {iteration + 1}/{settings.iterations}: success {success:.2f}, "
+                f"reward {np.mean([float(np.sum(x)) for x in batch.rewards]):.3f}, KL {stats.kl_to_reference:.4f}, "
+                f"entropy {stats.entropy:.3f}; rollout {rollout_s:.1f} s, reward {reward_s:.1f} s, "
+                f"update {update_s:.1f} s"
+            )
+    return _register_rl_policy(warehouse, settings, sft, run_key, run_dir, model, state, run_id)
+
+
+def _publish_iteration(
+    warehouse: Warehouse,
+    settings: RLSettings,
+    *,
+    run_key: str,
+    acting_id: str,
+    iteration: int,
+    result: BatchResult,
+    kept: Sequence[EpisodeRecord],
+    decisions: Sequence[Sequence[StepDecision]],
+    rewards: Sequence[np.ndarray],
+    advantages: Sequence[np.ndarray],
+    stats: dict,
+    details: dict,
+    seconds: tuple[float, float, float],
+    env_steps: int,
+    lineage: list[LineageInput],
+    run_id: str,
+) -> None:
+    m = Materialization(
+        asset="rl_run",
+        run_id=run_id,
+        partition_key=f"{settings.reward_source}|s{settings.rl_seed}",
+        code_version=f"{RL_CODE_VERSION}+{git_revision()}",
+        parameters={"run_key": run_key, "iteration": iteration, "settings": asdict(settings)},
+        inputs=lineage,
+    )
+    dataset = f"rl/{run_key}/i{iteration:03d}"
+    row = {
+        "run_key": run_key,
+        "iteration": iteration,
+        "policy_id": acting_id,
+        "reward_source": settings.reward_source,
+        "estimator": settings.estimator,
+        "rl_seed": settings.rl_seed,
+        "episodes": len(kept),
+        "steps": sum(r.n_steps for r in kept),
+        "env_steps_total": env_steps,
+        "success_rate": float(np.mean([r.success for r in kept])),
+        "mean_env_return": float(np.mean([sum(s.env_reward for s in r.steps) for r in kept])),
+        "mean_reward": float(np.mean([float(np.sum(x)) for x in rewards])),
+        "kl_to_reference": stats["kl_to_reference"],
+        "entropy": stats["entropy"],
+        "loss": stats["loss"],
+        "clip_fraction": stats["clip_fraction"],
+        "value_loss": stats["value_loss"],
+        "seconds_rollout": seconds[0],
+        "seconds_reward": seconds[1],
+        "seconds_update": seconds[2],
+        "reward_details": json.dumps(details, sort_keys=True),
+        "created_at": _now(),
+    }
+    step_rows = [
+        {
+            "episode_id": r.episode_id,
+            "step_idx": t,
+            "run_key": run_key,
+            "iteration": iteration,
+            "reward_source": settings.reward_source,
+            "reward": float(reward[t]),
+            "advantage": float(adv[t]) if t < len(adv) else None,
+            "logp": d.logp,
+            "n_candidates": d.n_candidates,
+        }
+        for r, ds, reward, adv in zip(kept, decisions, rewards, advantages, strict=True)
+        for t, d in enumerate(ds)
+    ]
+    outputs = _episode_outputs(warehouse, result, dataset, m, run_id) + [
+        warehouse.stage_table("rl_iterations", dataset, pa.Table.from_pylist([row], schema=RL_ITERATIONS), m),
+        warehouse.stage_table("rl_step_rewards", dataset, pa.Table.from_pylist(step_rows, schema=RL_STEP_REWARDS), m),
+    ]
+    warehouse.publish(m, outputs)
+
+
+def _register_rl_policy(
+    warehouse: Warehouse,
+    settings: RLSettings,
+    sft: dict,
+    run_key: str,
+    run_dir: Path,
+    model: PolicyModel,
+    state: RunState,
+    run_id: str,
+) -> dict[str, Any]:
+    policy_id = f"rl-{run_key}-{sft['policy_id']}"
+    final = run_dir / "final"
+    _atomic_dir(final, model.save)
+    m = Materialization(
+        asset="rl_run",
+        run_id=run_id,
+        partition_key=f"{settings.reward_source}|s{settings.rl_seed}",
+        code_version=f"{RL_CODE_VERSION}+{git_revision()}",
+        parameters={"run_key": run_key, "settings": asdict(settings)},
+        inputs=warehouse.current_inputs(["rl_iterations"]),
+    )
+    row = {
+        "policy_id": policy_id,
+        "kind": "rl",
+        "reward_source": settings.reward_source,
+        "estimator": settings.estimator,
+        "rl_seed": settings.rl_seed,
+        "parent_policy_id": sft["policy_id"],
+        "checkpoint_path": warehouse.relative(final),
+        "tasks": sft["tasks"],
+        "env_steps": state.env_steps,
+        "parameters": json.dumps(asdict(settings), default=str),
+        "created_at": _now(),
+        "run_id": run_id,
+    }
+    warehouse.publish(
+        m, [warehouse.stage_table("policies", policy_id, pa.Table.from_pylist([row], schema=POLICIES), m)]
+    )
+    curves = warehouse.query("SELECT * FROM rl_iterations WHERE run_key = ? ORDER BY iteration", [run_key]).to_pylist()
+    return {
+        "policy_id": policy_id,
+        "run_key": run_key,
+        "iterations": state.iteration,
+        "env_steps": state.env_steps,
+        "checkpoint": final,
+        "final_training_success": curves[-1]["success_rate"] if curves else None,
+        "learning_curves": learning_curves_plot(curves, warehouse.home / "plots" / "rl" / f"{run_key}_curves.png"),
+    }
+
+
+def learning_curves_plot(rows: Sequence[dict], path: Path) -> Markdown:
+    """Success rate, reward, KL to SFT and entropy per iteration of one run."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+    iterations = [r["iteration"] + 1 for r in rows]
+    axes[0].plot(iterations, [r["success_rate"] for r in rows], marker="o", label="success (training episodes)")
+    axes[0].plot(iterations, [r["mean_reward"] for r in rows], marker="s", label="reward per episode")
+    axes[0].set_title("success and reward", fontsize=9)
+    axes[1].plot(iterations, [r["kl_to_reference"] for r in rows], marker="o", color="#d62728")
+    axes[1].set_title("KL to the SFT policy", fontsize=9)
+    axes[2].plot(iterations, [r["entropy"] for r in rows], marker="o", color="#2ca02c")
+    axes[2].set_title("policy entropy", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("iteration")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return figure_markdown(fig, path, "learning curves")
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation and the report
+# ---------------------------------------------------------------------------------------------
+
+
+def run_agent_evaluation(
+    warehouse: Warehouse,
+    policy_id: str,
+    pool_factory: PoolFactory,
+    *,
+    held_out_seeds: int = 25,
+    workers: int = 2,
+    run_id: str,
+    log: Log = print,
+) -> dict[str, Any]:
+    """Greedy episodes of a trained policy on the held-out seeds of its tasks, published."""
+    policy = latest_policy(warehouse, policy_id=policy_id)
+    tasks = _catalog_tasks(policy["tasks"] or [])
+    model = PolicyModel.load(policy["checkpoint"])
+    seeds = sample_seeds(HELD_OUT_SEED_BASE, held_out_seeds, "held_out")
+    with pool_factory(workers) as pool:
+        result, episodes = evaluate_policy(model, policy_id, tasks, seeds, pool, evaluation="held_out", log=log)
+    m = Materialization(
+        asset="agent_evaluation",
+        run_id=run_id,
+        partition_key=f"{policy['reward_source']}|s{policy['rl_seed']}",
+        code_version=f"{RL_CODE_VERSION}+{git_revision()}",
+        parameters={"policy_id": policy_id, "held_out_seeds": seeds},
+        inputs=[LineageInput(kind="asset", input_asset="rl_run", path=policy["checkpoint_path"], version=policy_id)],
+    )
+    dataset = f"eval/{policy_id}/held_out"
+    outputs = _episode_outputs(warehouse, result, dataset, m, run_id) + _eval_outputs(
+        warehouse,
+        episodes,
+        "held_out",
+        reward_source=policy["reward_source"] or "sft",
+        rl_seed=policy["rl_seed"],
+        dataset=dataset,
+        m=m,
+    )
+    warehouse.publish(m, outputs)
+    rows = per_task_rows(episodes)
+    return {
+        "policy_id": policy_id,
+        "episodes": len(episodes),
+        "success_rate": float(np.mean([e.success for e in episodes])) if episodes else float("nan"),
+        "per_task": {r["task_id"]: r["success_rate"] for r in rows},
+        "failure_modes": dict(Counter(e.failure_mode for e in episodes if e.failure_mode)),
+    }
+
+
+def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> dict[str, Any]:
+    """ProgRM Table 1 from the held-out evaluations of the SFT policy and the RL runs from it."""
+    sft = latest_policy(warehouse, "sft", sft_policy_id)
+    runs = warehouse.query(
+        "SELECT policy_id, reward_source, estimator, rl_seed, env_steps FROM policies "
+        "WHERE kind = 'rl' AND parent_policy_id = ? ORDER BY created_at",
+        [sft["policy_id"]],
+    ).to_pylist()
+    latest: dict[tuple[str, str, int], dict] = {}
+    for r in runs:
+        latest[(r["reward_source"], r["estimator"], r["rl_seed"])] = r  # the newest run of each wins
+    policy_ids = [sft["policy_id"], *(r["policy_id"] for r in latest.values())]
+    episodes = warehouse.query(
+        "SELECT e.*, a.task_family FROM agent_eval_episodes e JOIN agent_eval a "
+        "USING (policy_id, evaluation, task_id) WHERE e.evaluation = 'held_out' AND list_contains(?, e.policy_id)",
+        [policy_ids],
+    ).to_pylist()
+    by_policy: dict[str, list[dict]] = defaultdict(list)
+    for e in episodes:
+        by_policy[e["policy_id"]].append(e)
+    return table_one(sft["policy_id"], list(latest.values()), by_policy)
+
+
+def table_one(sft_id: str, runs: Sequence[dict], by_policy: dict[str, list[dict]]) -> dict[str, Any]:
+    """The report's figures (pure): one row per reward source (and estimator) over its RL seeds."""
+    families = sorted({e["task_family"] for items in by_policy.values() for e in items if e["task_family"]})
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        label = r["reward_source"] if r["estimator"] == "reinforce_pp" else f"{r['reward_source']} ({r['estimator']})"
+        groups[label].append(r)
+
+    def summarise(label: str, policy_ids: Sequence[str], env_steps: Sequence[int]) -> dict:
+        items = [e for p in policy_ids for e in by_policy.get(p, [])]
+        per_seed = [float(np.mean([e["success"] for e in by_policy[p]])) for p in policy_ids if by_policy.get(p)]
+        mean, low, high = mean_interval(per_seed)
+        if len(per_seed) < 2:  # one policy: an interval over its episodes instead
+            low, high = bootstrap_interval([e["success"] for e in items])
+        row: dict[str, Any] = {
+            "actor": label,
+            "seeds": len(per_seed),
+            "episodes": len(items),
+            "success_rate": mean,
+            "success_low": low,
+            "success_high": high,
+            "mean_env_return": float(np.mean([e["env_return"] for e in items])) if items else float("nan"),
+            "env_steps": int(np.mean(env_steps)) if env_steps else 0,
+        }
+        for family in families:
+            fam = [e for e in items if e["task_family"] == family]
+            row[f"{family}_success"] = float(np.mean([e["success"] for e in fam])) if fam else float("nan")
+            row[f"{family}_return"] = float(np.mean([e["env_return"] for e in fam])) if fam else float("nan")
+        modes = Counter(e["failure_mode"] for e in items if e["failure_mode"])
+        row["failure_modes"] = {mode: modes.get(mode, 0) for mode in FAILURE_MODES}
+        return row
+
+    rows = [summarise("SFT", [sft_id], [0])]
+    for label, members in sorted(groups.items()):
+        rows.append(summarise(label, [m["policy_id"] for m in members], [m["env_steps"] or 0 for m in members]))
+
+    def outcomes(policy_ids: Sequence[str], with_seed: bool) -> dict[tuple, bool]:
+        out = {}
+        for p in policy_ids:
+            seed = next((m["rl_seed"] for m in runs if m["policy_id"] == p), 0)
+            for e in by_policy.get(p, []):
+                out[(e["task_id"], e["seed"], seed if with_seed else 0)] = bool(e["success"])
+        return out
+
+    comparisons = []
+    baseline = groups.get("outcome", [])
+    for label, members in sorted(groups.items()):
+        ids = [m["policy_id"] for m in members]
+        # versus SFT: every RL seed's episode paired with SFT's episode on the same task and seed
+        sft_outcomes = {k: v for k, v in outcomes([sft_id], False).items()}
+        paired_sft = {
+            (task, seed, rl): sft_outcomes[(task, seed, 0)]
+            for (task, seed, rl) in outcomes(ids, True)
+            if (task, seed, 0) in sft_outcomes
+        }
+        comparisons.append({"actor": label, "versus": "SFT"} | paired_comparison(outcomes(ids, True), paired_sft))
+        if baseline and label != "outcome":
+            comparisons.append(
+                {"actor": label, "versus": "outcome"}
+                | paired_comparison(outcomes(ids, True), outcomes([m["policy_id"] for m in baseline], True))
+            )
+    return {"sft_policy_id": sft_id, "families": families, "rows": rows, "comparisons": comparisons}
+
+
+def report_markdown(report: dict[str, Any]) -> Markdown:
+    """The report as markdown tables (Table 1's layout, then the paired tests)."""
+    families = report["families"]
+    head = ["actor", "seeds", "SR (95% CI)", "Rwd"] + [f"{f} SR / Rwd" for f in families] + ["env steps"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in report["rows"]:
+        cells = [
+            r["actor"],
+            str(r["seeds"]),
+            f"{100 * r['success_rate']:.1f} [{100 * r['success_low']:.1f}, {100 * r['success_high']:.1f}]",
+            f"{r['mean_env_return']:.3f}",
+            *(f"{100 * r[f'{f}_success']:.1f} / {r[f'{f}_return']:.2f}" for f in families),
+            f"{r['env_steps']:,}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| actor | versus | pairs | only actor solves | only the other solves | McNemar p |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for c in report["comparisons"]:
+        p = c["mcnemar_p"]
+        lines.append(
+            f"| {c['actor']} | {c['versus']} | {c['pairs']} | {c['only_a']} | {c['only_b']} | "
+            f"{'<0.001' if p < 0.001 else f'{p:.3f}'} |"
+        )
+    lines += ["", "| actor | " + " | ".join(FAILURE_MODES) + " |", "|---|" + "---:|" * len(FAILURE_MODES)]
+    for r in report["rows"]:
+        lines.append(f"| {r['actor']} | " + " | ".join(str(r["failure_modes"][m]) for m in FAILURE_MODES) + " |")
+    return Markdown("\n".join(lines))
+
+
+def report_plot(report: dict[str, Any], path: Path) -> Markdown:
+    """Held-out success per actor with its 95% interval."""
+    plt = pyplot()
+    rows = report["rows"]
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
+    y = list(range(len(rows)))
+    rates = [r["success_rate"] for r in rows]
+    errors = [
+        [r["success_rate"] - r["success_low"] for r in rows],
+        [r["success_high"] - r["success_rate"] for r in rows],
+    ]
+    ax.barh(y, rates, xerr=errors, color=["#999"] + ["#1f77b4"] * (len(rows) - 1), capsize=4)
+    ax.set_yticks(y, [r["actor"] for r in rows])
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("success rate on held-out seeds (95% interval)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    return figure_markdown(fig, path, "agent success by reward source")

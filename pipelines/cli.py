@@ -294,6 +294,103 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
     return 0 if all_ok else 1
 
 
+#: The reduced experiment CI runs end to end (a few tasks, a few iterations).
+RL_REDUCED = {
+    "sft": {"selection_seeds": 4, "held_out_seeds": 6, "max_tasks": 2, "epochs": 6},
+    "run": {"iterations": 2, "instances_per_task": 2, "group_size": 2},
+    "evaluation": {"held_out_seeds": 6},
+}
+
+
+def cmd_rl(args: argparse.Namespace) -> int:
+    """The RL experiment: reward models it needs (trained briefly when missing), the SFT policy,
+    one run per reward source and seed with its held-out evaluation, then ProgRM Table 1."""
+    prepare_dagster_home()
+    from dagster import DagsterInstance, MultiPartitionKey
+
+    from pipelines.definitions import defs
+    from training.evaluate import latest_models
+    from training.rl.rewards import SOURCE_MODEL_KIND
+    from training.rl.runs import RL_SEEDS, RUN_VARIANTS, report_markdown, run_rl_report
+    from warehouse.catalog import Warehouse
+
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    unknown = sorted(set(runs) - set(RUN_VARIANTS))
+    if unknown or not runs:
+        print(f"stepwise rl: unknown run(s) {unknown}; choose from {list(RUN_VARIANTS)}", file=sys.stderr)
+        return 2
+    if not 1 <= args.seeds <= len(RL_SEEDS):
+        print(f"stepwise rl: --seeds must be 1..{len(RL_SEEDS)}", file=sys.stderr)
+        return 2
+    reduced = RL_REDUCED if args.reduced else {"sft": {}, "run": {}, "evaluation": {}}
+    sft_config = reduced["sft"] | ({"tasks": args.tasks.split(",")} if args.tasks else {})
+    run_config = reduced["run"] | ({"iterations": args.iterations} if args.iterations else {})
+    quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+    warehouse = Warehouse()
+    started = time.perf_counter()
+    outcomes: list[tuple[str, bool]] = []
+    with DagsterInstance.get() as instance:
+        needed = sorted({k for r in runs if (k := SOURCE_MODEL_KIND[RUN_VARIANTS[r][0]]) is not None})
+        if any(RUN_VARIANTS[r][1] == "ppo" for r in runs):
+            needed = sorted(set(needed) | {"prm"})
+        have = {m.kind for m in latest_models(warehouse, needed)}
+        for kind in [k for k in needed if k not in have]:
+            print(f"   reward model {kind}: none trained yet; training one with {args.rm_max_steps} steps")
+            run = defs.resolve_job_def("reward_models").execute_in_process(
+                instance=instance,
+                partition_key=kind,
+                raise_on_error=False,
+                run_config=quiet | {"ops": {"reward_model": {"config": {"max_steps": args.rm_max_steps}}}},
+            )
+            outcomes.append((f"reward_models[{kind}]", run.success))
+            if not run.success:
+                return _summary("rl", started, outcomes)
+        if not args.reuse_sft:
+            run = defs.resolve_job_def("policy_sft_job").execute_in_process(
+                instance=instance,
+                raise_on_error=False,
+                run_config=quiet | {"ops": {"policy_sft": {"config": sft_config}}},
+            )
+            outcomes.append(("policy_sft", run.success))
+            if not run.success:
+                return _summary("rl", started, outcomes)
+        job = defs.resolve_job_def("rl_runs")
+        for variant in runs:
+            for seed in RL_SEEDS[: args.seeds]:
+                run = job.execute_in_process(
+                    instance=instance,
+                    partition_key=MultiPartitionKey({"run": variant, "seed": seed}),
+                    raise_on_error=False,
+                    run_config=quiet
+                    | {
+                        "ops": {
+                            "rl_run": {"config": run_config},
+                            "agent_evaluation": {"config": reduced["evaluation"]},
+                        }
+                    },
+                )
+                outcomes.append((f"rl_runs[{variant}|{seed}]", run.success))
+        report = defs.resolve_job_def("rl_report_job").execute_in_process(
+            instance=instance, raise_on_error=False, run_config=quiet
+        )
+        outcomes.append(("rl_report", report.success))
+        for check in report.get_asset_check_evaluations():
+            print(f"   check {check.check_name}: {'passed' if check.passed else 'did not pass'}")
+    if report.success:
+        print()
+        print(report_markdown(run_rl_report(warehouse)))
+        print(f"\n   plots: {warehouse.home / 'plots' / 'rl'}; SQL: SELECT * FROM agent_eval / rl_iterations")
+    return _summary("rl", started, outcomes)
+
+
+def _summary(name: str, started: float, outcomes: list[tuple[str, bool]]) -> int:
+    all_ok = all(ok for _, ok in outcomes)
+    print(f"\n== Stepwise {name}: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s")
+    for step, ok in outcomes:
+        print(f"   {step}: {'ok' if ok else 'FAILED'}")
+    return 0 if all_ok else 1
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     prepare_dagster_home()
     exe = Path(sys.executable).with_name("dagster-webserver")
@@ -351,6 +448,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-report", dest="report", action="store_false", help="train only")
     p.set_defaults(func=cmd_reward_models)
+    p = sub.add_parser("rl", help="the RL experiment: SFT, one run per reward source and seed, ProgRM Table 1")
+    p.add_argument(
+        "--runs",
+        default="outcome,orm,progrm_lcs,progrm_env,prm,admire",
+        help="comma-separated runs: a reward source (REINFORCE++) or a variant such as admire_grpo, prm_ppo",
+    )
+    p.add_argument("--seeds", type=int, default=3, help="RL seeds per run (1-3)")
+    p.add_argument("--iterations", type=int, default=0, help="RL iterations per run (0: the asset's default)")
+    p.add_argument("--tasks", default="", help="comma-separated candidate tasks (default: every catalog task)")
+    p.add_argument("--reduced", action="store_true", help="a small experiment (what CI runs end to end)")
+    p.add_argument("--reuse-sft", action="store_true", help="keep the newest SFT policy instead of training one")
+    p.add_argument("--rm-max-steps", type=int, default=400, help="steps of a missing reward model trained first")
+    p.set_defaults(func=cmd_rl)
     p = sub.add_parser("ui", help="start the Dagster UI on 127.0.0.1")
     p.add_argument("--port", type=int, default=3000)
     p.set_defaults(func=cmd_ui)

@@ -10,6 +10,7 @@ from assets.labels import LABEL_ASSETS, LABEL_CHECKS
 from assets.resources import RESOURCES
 from assets.reward_models import GROUP as REWARD_MODEL_GROUP
 from assets.reward_models import REWARD_MODEL_ASSETS, REWARD_MODEL_CHECKS, REWARD_MODEL_JOBS
+from assets.rl import RL_ASSETS, RL_CHECKS, RL_JOBS
 from assets.rollouts import ROLLOUT_ASSETS, ROLLOUT_CHECKS, ROLLOUT_JOBS
 
 # Everything unpartitioned and offline, on embedded defaults: what `make demo` runs after a batch
@@ -20,14 +21,29 @@ main_job = define_asset_job(
     selection=AssetSelection.all()
     - AssetSelection.groups("rollouts")
     - AssetSelection.groups("human_labels")
-    - AssetSelection.groups(REWARD_MODEL_GROUP),
+    - AssetSelection.groups(REWARD_MODEL_GROUP)
+    - AssetSelection.groups("rl"),
     description="The whole unpartitioned asset graph on embedded defaults (no Label Studio).",
 )
 
 defs = Definitions(
-    assets=[*DEMONSTRATION_ASSETS, *ROLLOUT_ASSETS, *LABEL_ASSETS, *HUMAN_LABEL_ASSETS, *REWARD_MODEL_ASSETS],
-    asset_checks=[*DEMONSTRATION_CHECKS, *ROLLOUT_CHECKS, *LABEL_CHECKS, *HUMAN_LABEL_CHECKS, *REWARD_MODEL_CHECKS],
-    jobs=[main_job, *HUMAN_LABEL_JOBS, *REWARD_MODEL_JOBS, *ROLLOUT_JOBS],
+    assets=[
+        *DEMONSTRATION_ASSETS,
+        *ROLLOUT_ASSETS,
+        *LABEL_ASSETS,
+        *HUMAN_LABEL_ASSETS,
+        *REWARD_MODEL_ASSETS,
+        *RL_ASSETS,
+    ],
+    asset_checks=[
+        *DEMONSTRATION_CHECKS,
+        *ROLLOUT_CHECKS,
+        *LABEL_CHECKS,
+        *HUMAN_LABEL_CHECKS,
+        *REWARD_MODEL_CHECKS,
+        *RL_CHECKS,
+    ],
+    jobs=[main_job, *HUMAN_LABEL_JOBS, *REWARD_MODEL_JOBS, *ROLLOUT_JOBS, *RL_JOBS],
     sensors=HUMAN_LABEL_SENSORS,
     resources=RESOURCES,
 )

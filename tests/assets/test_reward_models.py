@@ -37,6 +37,7 @@ def test_asset_definitions():
     assert {k.name for c in REWARD_MODEL_CHECKS for k in c.check_keys} == {
         "reward_model_report_metrics_present",
         "reward_model_report_progrm_beats_orm",
+        *(f"{t}_key_unique" for t in ("rm_examples", "rm_trl_stepwise", "models", "rm_predictions", "rm_metrics")),
     }
 
 

@@ -50,7 +50,7 @@ def test_definitions_and_partitions():
     assert len(keys) == len(BATCH_KEYS) * len(MINIWOB_FAMILIES) and "b00|miniwob-forms" in keys
     assert "android-tools" in ANDROID_PARTITIONS.get_partitions_def_for_dimension("family").get_partition_keys()
     assert {j.name for j in ROLLOUT_JOBS} == {"miniwob_rollouts_job", "android_rollouts_job"}
-    assert len(ROLLOUT_ASSETS) == 2 and len(ROLLOUT_CHECKS) == 2
+    assert len(ROLLOUT_ASSETS) == 2 and len(ROLLOUT_CHECKS) == 4  # the run checks and the key checks, per asset
 
 
 def _checks_for(asset_name):

@@ -16,6 +16,7 @@ GROUPS = {
         "label_source_comparison",
     },
     "reward_models": {"reward_model_datasets", "reward_model", "reward_model_report"},
+    "rl": {"policy_sft", "rl_run", "agent_evaluation", "rl_report"},
 }
 
 DEPENDENCIES = {
@@ -27,6 +28,10 @@ DEPENDENCIES = {
     "reward_model_datasets": {"progress_labels", "progress_split"},
     "reward_model": {"reward_model_datasets"},
     "reward_model_report": {"reward_model"},
+    "policy_sft": {"human_demonstrations", "rollouts"},
+    "rl_run": {"policy_sft", "reward_model"},
+    "agent_evaluation": {"rl_run"},
+    "rl_report": {"policy_sft", "agent_evaluation"},
     "annotation_queue": {"annotation_candidates"},
     "human_labels": {"annotation_queue"},
     "human_step_labels": {"human_labels"},
@@ -98,6 +103,9 @@ def test_jobs_sensors_and_resources():
         "reward_model_evaluation",
         "miniwob_rollouts_job",
         "android_rollouts_job",
+        "policy_sft_job",
+        "rl_runs",
+        "rl_report_job",
     } <= jobs
     assert {sensor.name for sensor in defs.sensors or []} == {"label_studio_sync"}
     assert set(defs.resources or {}) == {"warehouse", "env_pool", "label_studio"}
@@ -105,4 +113,4 @@ def test_jobs_sensors_and_resources():
     main = defs.resolve_job_def("stepwise_main")
     selected = {k.to_user_string() for k in main.asset_layer.selected_asset_keys}
     assert GROUPS["labels"] | GROUPS["demonstrations"] <= selected
-    assert not selected & (GROUPS["human_labels"] | GROUPS["reward_models"] | GROUPS["rollouts"])
+    assert not selected & (GROUPS["human_labels"] | GROUPS["reward_models"] | GROUPS["rollouts"] | GROUPS["rl"])

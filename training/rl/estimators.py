@@ -88,8 +88,8 @@ def reinforce_pp_advantages(
 
 
 def multi_turn_token_returns(
-    turn_rewards: Sequence[float],
-    token_kl: Sequence[Sequence[float]],
+    turn_rewards: Numbers,
+    token_kl: Sequence[Numbers],
     *,
     gamma_turn: float = GAMMA,
     gamma_token: float = 1.0,

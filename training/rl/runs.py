@@ -64,6 +64,7 @@ from training.rl.rewards.base import text_trajectory
 from training.rl.rewards.scoring import LocalScorer, load_scorer
 from training.rm_datasets import StepState
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
+from warehouse.checks import CheckOutcome
 from warehouse.figures import Markdown, figure_markdown, pyplot
 from warehouse.storage import git_revision
 from warehouse.tables_rl import AGENT_EVAL, AGENT_EVAL_EPISODES, POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
@@ -74,6 +75,18 @@ TRAIN_SEED_BASE = 1_000_000
 SELECTION_SEED_BASE = 2_000_000
 HELD_OUT_SEED_BASE = 3_000_000
 DEMONSTRATION_SOURCES = ("human_demo", "rollout")
+
+#: The runs of the experiment by partition key: a reward source with ProgRM's REINFORCE++, and
+#: each paper's own estimator for its source (ADMIRE: step-level GRPO; GUI-Shepherd: PPO).
+RUN_VARIANTS: dict[str, tuple[str, str]] = {
+    **{source: (source, "reinforce_pp") for source in REWARD_SOURCES},
+    "admire_grpo": ("admire", "grpo"),
+    "prm_ppo": ("prm", "ppo"),
+    "outcome_rloo": ("outcome", "rloo"),
+}
+#: The Table-1 experiment: every source with the same estimator.
+TABLE_ONE_VARIANTS: tuple[str, ...] = ("outcome", "orm", "progrm_lcs", "progrm_env", "prm", "admire")
+RL_SEEDS: tuple[str, ...] = ("s0", "s1", "s2")
 
 Log = Callable[[str], None]
 PoolFactory = Callable[[int], AbstractContextManager[EnvPool]]
@@ -917,3 +930,86 @@ def report_plot(report: dict[str, Any], path: Path) -> Markdown:
     ax.invert_yaxis()
     fig.tight_layout()
     return figure_markdown(fig, path, "agent success by reward source")
+
+
+# ---------------------------------------------------------------------------------------------
+# Partitions and checks
+# ---------------------------------------------------------------------------------------------
+
+
+def rl_settings_for(variant: str, seed_key: str, **overrides: Any) -> RLSettings:
+    """The settings of the run a partition names (``variant`` of :data:`RUN_VARIANTS`, seed ``s<n>``)."""
+    if variant not in RUN_VARIANTS:
+        raise ValueError(f"unknown RL run {variant!r}; choose one of {', '.join(RUN_VARIANTS)}")
+    if not (seed_key.startswith("s") and seed_key[1:].isdigit()):
+        raise ValueError(f"an RL seed is written s<number>, got {seed_key!r}")
+    source, estimator = RUN_VARIANTS[variant]
+    learner_fields = {f for f in LearnerSettings.__dataclass_fields__}
+    learner = LearnerSettings(
+        estimator=estimator,
+        seed=int(seed_key[1:]),
+        **{k: v for k, v in overrides.items() if k in learner_fields and k not in ("estimator", "seed")},
+    )
+    rest = {k: v for k, v in overrides.items() if k not in learner_fields}
+    return RLSettings(reward_source=source, estimator=estimator, rl_seed=int(seed_key[1:]), learner=learner, **rest)
+
+
+def latest_rl_policy(warehouse: Warehouse, variant: str, seed_key: str, sft_policy_id: str | None = None) -> dict:
+    """The newest registered policy of a run (``variant`` x seed) from the current SFT policy,
+    whatever its other settings."""
+    source, estimator = RUN_VARIANTS[variant]
+    sft = latest_policy(warehouse, "sft", sft_policy_id)
+    rows = warehouse.query(
+        "SELECT policy_id FROM policies WHERE kind = 'rl' AND reward_source = ? AND estimator = ? AND rl_seed = ? "
+        "AND parent_policy_id = ? ORDER BY created_at DESC LIMIT 1",
+        [source, estimator, int(seed_key[1:]), sft["policy_id"]],
+    ).to_pylist()
+    if not rows:
+        raise RLStageError(
+            f"no trained policy of run {variant} {seed_key} from {sft['policy_id']}: materialize rl_run first"
+        )
+    return latest_policy(warehouse, policy_id=rows[0]["policy_id"])
+
+
+def check_sft_policy(warehouse: Warehouse) -> CheckOutcome:
+    """The newest SFT policy chose tasks for RL and was evaluated on held-out seeds of each."""
+    rows = warehouse.query(
+        "SELECT p.policy_id, len(p.tasks) AS tasks, (SELECT count(*) FROM agent_eval a "
+        "WHERE a.policy_id = p.policy_id AND a.evaluation = 'held_out') AS evaluated "
+        "FROM policies p WHERE kind = 'sft' ORDER BY created_at DESC LIMIT 1"
+    ).to_pylist()
+    ok = bool(rows) and rows[0]["tasks"] > 0 and rows[0]["evaluated"] == rows[0]["tasks"]
+    return CheckOutcome(ok, rows[0] if rows else {"policy_id": None})
+
+
+def check_rl_run(warehouse: Warehouse, run_key: str, iterations: int) -> CheckOutcome:
+    """Every iteration of the run is recorded once, and every step of its episodes has its reward."""
+    rows = warehouse.query(
+        "SELECT iteration FROM rl_iterations WHERE run_key = ? ORDER BY iteration", [run_key]
+    ).to_pylist()
+    seen = [r["iteration"] for r in rows]
+    missing_rewards = warehouse.query(
+        "SELECT count(*) AS n FROM steps s JOIN episodes e USING (episode_id) "
+        "WHERE e.policy_id LIKE ? AND NOT EXISTS (SELECT 1 FROM rl_step_rewards r "
+        "WHERE r.episode_id = s.episode_id AND r.step_idx = s.step_idx)",
+        [f"rl:{run_key}:%"],
+    ).to_pylist()[0]["n"]
+    passed = seen == list(range(iterations)) and missing_rewards == 0
+    return CheckOutcome(passed, {"iterations": seen, "expected": iterations, "steps_without_reward": missing_rewards})
+
+
+def check_table_one(report: dict[str, Any]) -> dict[str, CheckOutcome]:
+    """ProgRM Table 1's claims on our runs: RL from SFT improves on SFT, and ProgRM's progress
+    rewards beat the outcome reward (both on held-out success)."""
+    rates = {r["actor"]: r["success_rate"] for r in report["rows"]}
+    sft = rates.get("SFT", float("nan"))
+    outcome = rates.get("outcome")
+    progrm = {k: v for k, v in rates.items() if k in ("progrm_lcs", "progrm_env")}
+    rl = {k: v for k, v in rates.items() if k != "SFT"}
+    return {
+        "rl_improves_on_sft": CheckOutcome(bool(rl) and all(v > sft for v in rl.values()), {"sft": sft, "rl": rl}),
+        "progrm_beats_outcome": CheckOutcome(
+            outcome is not None and bool(progrm) and all(v > outcome for v in progrm.values()),
+            {"outcome": outcome, "progrm": progrm},
+        ),
+    }

@@ -1,0 +1,247 @@
+"""RL stage (group ``rl``): the SFT policy -> RL runs per reward source and seed -> their held-out
+evaluation -> ProgRM Table 1.
+
+``rl_run`` and ``agent_evaluation`` are partitioned by run (a reward source, with ProgRM's
+REINFORCE++ or the source paper's own estimator) x RL seed; ``stepwise rl`` runs the experiment.
+
+Stage logic: :mod:`training.rl.runs`.
+"""
+
+from collections.abc import Iterator
+
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    Config,
+    Failure,
+    MaterializeResult,
+    MultiPartitionKey,
+    MultiPartitionsDefinition,
+    StaticPartitionsDefinition,
+    asset,
+    asset_check,
+    define_asset_job,
+)
+from pydantic import Field
+
+from assets.metadata import check_result, to_metadata, unique_key_checks
+from assets.resources import EnvPoolResource, WarehouseResource
+from training.rl.runs import (
+    RL_CODE_VERSION,
+    RL_SEEDS,
+    RUN_VARIANTS,
+    PolicySettings,
+    RLStageError,
+    SFTSettings,
+    check_rl_run,
+    check_sft_policy,
+    check_table_one,
+    latest_rl_policy,
+    report_markdown,
+    report_plot,
+    rl_settings_for,
+    run_agent_evaluation,
+    run_policy_sft,
+    run_rl,
+    run_rl_report,
+)
+
+GROUP = "rl"
+RUN_PARTITIONS = MultiPartitionsDefinition(
+    {"run": StaticPartitionsDefinition(list(RUN_VARIANTS)), "seed": StaticPartitionsDefinition(list(RL_SEEDS))}
+)
+
+
+class PolicySFTConfig(Config):
+    tasks: list[str] = Field(default=[], description="candidate tasks; empty: every catalog task with demonstrations")
+    epochs: int = Field(default=12, description="SFT epochs (early stopping on validation loss)")
+    selection_seeds: int = Field(default=10, description="greedy episodes per task to choose the RL tasks")
+    held_out_seeds: int = Field(default=25, description="greedy held-out evaluation episodes per chosen task")
+    max_tasks: int = Field(default=4, description="tasks of the experiment")
+    low: float = Field(default=0.1, description="a task is chosen when SFT success is above this ...")
+    high: float = Field(default=0.9, description="... and below this")
+    workers: int = 2
+
+
+class RLRunConfig(Config):
+    iterations: int = Field(default=10, description="RL iterations (sampling, rewards, one update)")
+    instances_per_task: int = Field(default=4, description="task instances (seeds) per task per iteration")
+    group_size: int = Field(default=4, description="episodes per instance (GRPO / RLOO groups)")
+    learning_rate: float = 1e-3
+    epochs: int = Field(default=2, description="update passes over each iteration's batch")
+    gamma: float = Field(default=0.9, description="discount between steps (ProgRM Table 6)")
+    kl_coef: float = Field(default=0.01, description="KL penalty to the SFT policy (ProgRM Table 6)")
+    clip: float = Field(default=0.2, description="PPO clip (ProgRM Table 6)")
+    progress_k: int = Field(default=1, description="ProgRM Eq. 2's progress history k")
+    reward_endpoint: str | None = Field(default=None, description="reward-model HTTP service instead of the checkpoint")
+    milestone_endpoint: str | None = Field(default=None, description="OpenAI-compatible base URL for ADMIRE milestones")
+    milestone_model: str = "default"
+    workers: int = 2
+
+
+class AgentEvaluationConfig(Config):
+    held_out_seeds: int = Field(default=25, description="greedy episodes per task on held-out seeds")
+    workers: int = 2
+
+
+def _run_keys(context: AssetExecutionContext) -> tuple[str, str]:
+    keys = context.partition_key
+    if not isinstance(keys, MultiPartitionKey):
+        raise Failure(f"rl partitions are run x seed, got {keys!r}")
+    return keys.keys_by_dimension["run"], keys.keys_by_dimension["seed"]
+
+
+def _settings(context: AssetExecutionContext, config: RLRunConfig):
+    run, seed = _run_keys(context)
+    overrides = config.model_dump(exclude={"epochs"}) | {"epochs": config.epochs}
+    return rl_settings_for(run, seed, **overrides)
+
+
+@asset(
+    group_name=GROUP,
+    deps=["human_demonstrations", "rollouts"],
+    code_version=RL_CODE_VERSION,
+    kinds={"pytorch", "chromium", "parquet"},
+    description="The learned CPU policy after SFT on successful trajectories; the experiment's tasks (SFT neither "
+    "near 0 nor near 100% on selection seeds) and its held-out evaluation. Tables policies, agent_eval.",
+)
+def policy_sft(
+    context: AssetExecutionContext, config: PolicySFTConfig, warehouse: WarehouseResource, env_pool: EnvPoolResource
+) -> MaterializeResult:
+    settings = PolicySettings(
+        tasks=tuple(config.tasks),
+        sft=SFTSettings(epochs=config.epochs),
+        selection_seeds=config.selection_seeds,
+        held_out_seeds=config.held_out_seeds,
+        max_tasks=config.max_tasks,
+        low=config.low,
+        high=config.high,
+        workers=config.workers,
+    )
+    try:
+        result = run_policy_sft(
+            warehouse.get(),
+            settings,
+            lambda workers: env_pool.pool("miniwob", workers, log=context.log.warning),
+            run_id=context.run_id,
+            log=context.log.info,
+        )
+    except RLStageError as exc:
+        raise Failure(str(exc)) from None
+    return MaterializeResult(metadata=to_metadata(result))
+
+
+@asset(
+    group_name=GROUP,
+    partitions_def=RUN_PARTITIONS,
+    deps=["policy_sft", "reward_model"],
+    check_specs=[AssetCheckSpec("every_iteration_recorded", asset="rl_run")],
+    code_version=RL_CODE_VERSION,
+    kinds={"pytorch", "chromium", "parquet"},
+    description="One RL run from the SFT policy on live MiniWoB++: a reward source and estimator (partition) and "
+    "an RL seed; every episode in episodes/steps, per-iteration figures in rl_iterations, step rewards in "
+    "rl_step_rewards; a killed run resumes from its last checkpoint.",
+)
+def rl_run(
+    context: AssetExecutionContext, config: RLRunConfig, warehouse: WarehouseResource, env_pool: EnvPoolResource
+) -> Iterator[MaterializeResult | AssetCheckResult]:
+    settings = _settings(context, config)
+    wh = warehouse.get()
+    try:
+        result = run_rl(
+            wh,
+            settings,
+            lambda workers: env_pool.pool("miniwob", workers, log=context.log.warning),
+            run_id=context.run_id,
+            log=context.log.info,
+        )
+    except (RLStageError, ValueError) as exc:
+        raise Failure(str(exc)) from None
+    yield MaterializeResult(metadata=to_metadata(result))
+    yield check_result(check_rl_run(wh, settings.run_key, settings.iterations), check_name="every_iteration_recorded")
+
+
+@asset(
+    group_name=GROUP,
+    partitions_def=RUN_PARTITIONS,
+    deps=["rl_run"],
+    code_version=RL_CODE_VERSION,
+    kinds={"chromium", "parquet"},
+    description="The run's final policy, greedy, on held-out seeds of its tasks: success and cumulative environment "
+    "reward per task, failure modes. Tables agent_eval, agent_eval_episodes.",
+)
+def agent_evaluation(
+    context: AssetExecutionContext,
+    config: AgentEvaluationConfig,
+    warehouse: WarehouseResource,
+    env_pool: EnvPoolResource,
+) -> MaterializeResult:
+    run, seed = _run_keys(context)
+    wh = warehouse.get()
+    try:
+        policy = latest_rl_policy(wh, run, seed)
+        result = run_agent_evaluation(
+            wh,
+            policy["policy_id"],
+            lambda workers: env_pool.pool("miniwob", workers, log=context.log.warning),
+            held_out_seeds=config.held_out_seeds,
+            workers=config.workers,
+            run_id=context.run_id,
+            log=context.log.info,
+        )
+    except RLStageError as exc:
+        raise Failure(str(exc)) from None
+    return MaterializeResult(metadata=to_metadata(result))
+
+
+@asset(
+    group_name=GROUP,
+    deps=["policy_sft", "agent_evaluation"],
+    check_specs=[
+        AssetCheckSpec("rl_improves_on_sft", asset="rl_report", description="every RL run beats SFT on held-out"),
+        AssetCheckSpec(
+            "progrm_beats_outcome", asset="rl_report", description="ProgRM's rewards beat the outcome reward (Table 1)"
+        ),
+    ],
+    code_version=RL_CODE_VERSION,
+    kinds={"duckdb", "matplotlib"},
+    description="ProgRM Table 1 on live MiniWoB++: held-out success and cumulative environment reward per reward "
+    "source (95% intervals over RL seeds), per task family, paired McNemar tests against SFT and the outcome reward, "
+    "failure modes.",
+)
+def rl_report(
+    context: AssetExecutionContext, warehouse: WarehouseResource
+) -> Iterator[MaterializeResult | AssetCheckResult]:
+    wh = warehouse.get()
+    try:
+        report = run_rl_report(wh)
+    except RLStageError as exc:
+        raise Failure(str(exc)) from None
+    plot = report_plot(report, wh.home / "plots" / "rl" / "table_one.png")
+    yield MaterializeResult(metadata=to_metadata({"table_one": report_markdown(report), "success_plot": plot}))
+    for name, outcome in check_table_one(report).items():
+        yield check_result(outcome, check_name=name, warn_only=True)
+
+
+@asset_check(asset=policy_sft, description="the SFT policy chose tasks for RL and was evaluated on held-out seeds")
+def sft_policy_is_ready(warehouse: WarehouseResource) -> AssetCheckResult:
+    return check_result(check_sft_policy(warehouse.get()))
+
+
+RL_ASSETS = [policy_sft, rl_run, agent_evaluation, rl_report]
+RL_CHECKS = [
+    sft_policy_is_ready,
+    unique_key_checks("policy_sft", dict.fromkeys(("policies", "agent_eval", "agent_eval_episodes"))),
+    unique_key_checks("rl_run", dict.fromkeys(("rl_iterations", "rl_step_rewards", "episodes", "steps"))),
+]
+RL_JOBS = [
+    define_asset_job("policy_sft_job", selection=["policy_sft"], description="SFT, task choice, held-out evaluation"),
+    define_asset_job(
+        "rl_runs",
+        selection=["rl_run", "agent_evaluation"],
+        partitions_def=RUN_PARTITIONS,
+        description="One RL run (reward source x seed) and its held-out evaluation",
+    ),
+    define_asset_job("rl_report_job", selection=["rl_report"], description="ProgRM Table 1 from the evaluations"),
+]

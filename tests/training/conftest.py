@@ -347,3 +347,14 @@ def trained_progrm(tiny_examples, tmp_path_factory) -> Path:
     )
     train_reward_model(model_config, data, args)
     return out / "trainer" / "final"
+
+
+@pytest.fixture(scope="session")
+def tiny_causal_lm_path(tmp_path_factory) -> str:
+    """A random 2-layer Qwen2ForCausalLM (hidden 64) with a tokenizer that matches it: a byte-level
+    BPE trained on ~300 actor prompts of the MiniWoB++ demonstrations, ChatML template (issue
+    "Hardening" item 17: not MiniLM's BERT tokenizer, which loads as a character-splitting
+    Qwen2Tokenizer). Both saved with save_pretrained; built in a few seconds."""
+    from tests.training.llm_fixtures import build_tiny_causal_lm
+
+    return str(build_tiny_causal_lm(tmp_path_factory.mktemp("tiny-causal-lm")))

@@ -37,11 +37,18 @@ slots as ``{slot}``: the named groups of ``instruction``, and the fields the env
 with the episode (``episodes.task_fields``; a slot named in a predicate must be one of the groups
 unless the spec lists it under ``fields:``). Milestones are reached in order: a
 milestone counts once every milestone before it has been reached.
+
+Loading is bounded (a spec is outside data): a file over ``MAX_SPEC_BYTES``, YAML nested deeper than
+``MAX_YAML_DEPTH`` or whose aliases expand to more than ``MAX_YAML_NODES`` nodes (an alias bomb: nine
+anchors of nine aliases each are 387 million nodes, a few hundred bytes), and an instruction over
+``MAX_INSTRUCTION_CHARS`` are refused with a one-line TaskSpecError naming the file and the field,
+before anything is built from them.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,9 +66,30 @@ PREDICATE_KINDS = frozenset(
 VALUE_COMPARISONS = ("equals", "contains", "starts_with", "ends_with")
 _SLOT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
+# Bounds on a spec file (docs/environments.md, "Bounds on outside data"). The shipped specs are far
+# inside them: at most 1.3 KB, 150 YAML nodes, 9 levels, an instruction of 154 characters.
+MAX_SPEC_BYTES = 64 * 1024
+MAX_YAML_NODES = 10_000  # after alias expansion: what building the spec would walk
+MAX_YAML_DEPTH = 32
+MAX_INSTRUCTION_CHARS = 1_000  # the instruction template (a regular expression)
+MAX_TASK_ID_CHARS = 200
+
+
+# Keys of ``episodes.task_fields`` that describe the episode, not its instruction: never slots.
+# ``task_variant``: the known task the folder of a demonstration names when it differs from the
+# task the recording names (envs.miniwob.demonstrations), e.g. email-inbox-nl-turk for recordings
+# that call themselves email-inbox.
+TASK_VARIANT_FIELD = "task_variant"
+EPISODE_METADATA_FIELDS = frozenset({TASK_VARIANT_FIELD})
+
 
 class TaskSpecError(ValueError):
-    """A task spec is invalid; the message names the file and the field."""
+    """A task spec is invalid; the message, one line, names the file and the field."""
+
+    def __init__(self, message: object) -> None:
+        # One line whatever went in (YAML errors span several, a file name may hold a newline):
+        # callers print it as one line of a report.
+        super().__init__(" ".join(part.strip() for part in str(message).splitlines() if part.strip()))
 
 
 @dataclass(frozen=True)
@@ -86,7 +114,9 @@ class TaskSpec:
         """The instruction's slot values: the template's named groups, plus the fields the
         environment recorded with the episode (MiniWoB++ records them for natural-language tasks).
         None when the instruction fits neither."""
-        recorded = {str(k): str(v) for k, v in (fields or {}).items() if v is not None}
+        recorded = {
+            str(k): str(v) for k, v in (fields or {}).items() if v is not None and k not in EPISODE_METADATA_FIELDS
+        }
         if self.instruction is None:
             return recorded
         match = self.instruction.search(instruction)
@@ -98,29 +128,136 @@ class TaskSpec:
 # -- loading ----------------------------------------------------------------------------------
 
 
-def load_task_spec(path: Path | str) -> TaskSpec:
+class _SpecTooBig(Exception):
+    """A bound of the YAML loader was exceeded (``where``: the field being read)."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(message)
+        self.where = where
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that, while composing, counts the nodes the document stands for with
+    every alias expanded, and tracks the depth: over a bound it stops at once (aliases are never
+    expanded to count them: each anchored node's size is remembered)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._sizes: dict[int, int] = {}  # id(node) -> its expanded size
+        self._open: list[int] = []  # expanded size so far of each collection being composed
+        self._path: list[str] = []  # the field being composed, for messages
+
+    def _where(self) -> str:
+        return "".join(p if p.startswith("[") else f".{p}" for p in self._path).lstrip(".") or "(document)"
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        pushed = False
+        if isinstance(index, yaml.ScalarNode):  # composing the value of this mapping key
+            self._path.append(str(index.value)[:80])
+            pushed = True
+        elif isinstance(index, int) and not isinstance(index, bool):
+            self._path.append(f"[{index}]")
+            pushed = True
+        try:
+            if self.check_event(yaml.AliasEvent):
+                anchor = self.peek_event().anchor
+                node = super().compose_node(parent, index)
+                size = self._sizes.get(id(node))
+                if size is None:
+                    raise _SpecTooBig(self._where(), f"alias *{anchor} refers to a node that contains it")
+            else:
+                if len(self._open) >= MAX_YAML_DEPTH:
+                    raise _SpecTooBig(
+                        self._where(), f"YAML nested deeper than {MAX_YAML_DEPTH} levels (MAX_YAML_DEPTH)"
+                    )
+                self._open.append(0)
+                node = super().compose_node(parent, index)
+                size = 1 + self._open.pop()
+                self._sizes[id(node)] = size
+            if self._open:
+                self._open[-1] += size
+            if size > MAX_YAML_NODES or (self._open and self._open[-1] > MAX_YAML_NODES):
+                raise _SpecTooBig(
+                    self._where(), f"YAML expands to more than {MAX_YAML_NODES} nodes (MAX_YAML_NODES; aliases counted)"
+                )
+            return node
+        finally:
+            if pushed:
+                self._path.pop()
+
+
+def _shown(path: Path) -> str:
+    """A path for a message: readable, storable (bytes that are not UTF-8 as \\xHH)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def load_spec_yaml(path: Path | str) -> Any:
+    """A spec file's YAML, read within the bounds (MAX_SPEC_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES);
+    TaskSpecError naming the file (and the field, for a bound) otherwise."""
     path = Path(path)
+    shown = _shown(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TaskSpecError(f"{path}: cannot read: {exc}") from None
+        if not path.is_file():
+            raise TaskSpecError(f"{shown}: cannot read: not a regular file")
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_SPEC_BYTES + 1)
+        if len(data) > MAX_SPEC_BYTES:
+            raise TaskSpecError(f"{shown}: the file is over {MAX_SPEC_BYTES} bytes (MAX_SPEC_BYTES)")
+        text = data.decode("utf-8")
+    except OSError as exc:
+        raise TaskSpecError(f"{shown}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TaskSpecError(f"{shown}: cannot read: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    loader = None
+    try:
+        loader = _BoundedLoader(text)  # the reader already refuses some characters here
+        return loader.get_single_data()
+    except _SpecTooBig as exc:
+        raise TaskSpecError(f"{shown}: field {exc.where!r}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise TaskSpecError(f"{path}: invalid YAML: {exc}") from None
-    return task_spec_from_mapping(raw, source=str(path))
+        raise TaskSpecError(f"{shown}: invalid YAML: {exc}") from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # PyYAML's constructors raise these for some malformed scalars (a date like 2001-02-30,
+        # an integer of more digits than Python converts).
+        raise TaskSpecError(f"{shown}: invalid YAML value: {type(exc).__name__}: {str(exc)[:200]}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def load_task_spec(path: Path | str) -> TaskSpec:
+    """One spec file -> TaskSpec; TaskSpecError (one line, naming the file and field) when invalid."""
+    return task_spec_from_mapping(load_spec_yaml(path), source=_shown(Path(path)))
 
 
 def task_spec_from_mapping(raw: Any, source: str = "<spec>") -> TaskSpec:
+    """A spec's mapping (the YAML document) -> TaskSpec, validated; TaskSpecError names ``source``."""
     if not isinstance(raw, Mapping):
         raise TaskSpecError(f"{source}: a task spec must be a mapping, got {type(raw).__name__}")
     task_id = raw.get("task_id")
-    if not isinstance(task_id, str) or not task_id:
+    if not isinstance(task_id, str) or not task_id.strip():
         raise TaskSpecError(f"{source}: field 'task_id' must be a non-empty string")
+    if len(task_id) > MAX_TASK_ID_CHARS or not task_id.isprintable():
+        raise TaskSpecError(
+            f"{source}: field 'task_id' must be printable and at most {MAX_TASK_ID_CHARS} characters: {task_id[:80]!r}"
+        )
     where = f"{source} (task {task_id})"
     pattern = None
     if raw.get("instruction") is not None:
+        instruction = raw["instruction"]
+        if not isinstance(instruction, str):
+            raise TaskSpecError(
+                f"{where}: field 'instruction' must be a string (a regular expression), "
+                f"got {type(instruction).__name__}"
+            )
+        if len(instruction) > MAX_INSTRUCTION_CHARS:
+            raise TaskSpecError(
+                f"{where}: field 'instruction' is {len(instruction)} characters, "
+                f"over the limit of {MAX_INSTRUCTION_CHARS} (MAX_INSTRUCTION_CHARS)"
+            )
         try:
-            pattern = re.compile(str(raw["instruction"]), re.IGNORECASE | re.DOTALL)
-        except re.error as exc:
+            pattern = re.compile(instruction, re.IGNORECASE | re.DOTALL)
+        except (re.error, OverflowError, RecursionError, ValueError) as exc:
             raise TaskSpecError(f"{where}: field 'instruction' is not a valid regular expression: {exc}") from None
     declared_fields = raw.get("fields") or []
     if not isinstance(declared_fields, list) or not all(isinstance(f, str) for f in declared_fields):
@@ -140,32 +277,58 @@ def task_spec_from_mapping(raw: Any, source: str = "<spec>") -> TaskSpec:
         seen_names.add(m["name"])
         _validate_predicate(m["when"], f"{at}.when", slots)
         milestones.append(Milestone(m["name"], m["when"]))
+    for name in ("backend", "family", "app"):
+        if raw.get(name) is not None and not isinstance(raw[name], str):
+            raise TaskSpecError(f"{where}: field {name!r} must be a string")
+    solution = raw.get("solution")
+    if solution is not None and not isinstance(solution, list):
+        raise TaskSpecError(f"{where}: field 'solution' must be a list of steps")
     known = {"task_id", "instruction", "milestones", "backend", "family", "app", "solution", "fields"}
     return TaskSpec(
         task_id=task_id,
         milestones=tuple(milestones),
         instruction=pattern,
-        backend=str(raw.get("backend", "miniwob")),
-        family=str(raw.get("family", raw.get("backend", "miniwob"))),
+        backend=str(raw.get("backend") or "miniwob"),
+        family=str(raw.get("family") or raw.get("backend") or "miniwob"),
         app=raw.get("app"),
-        solution=tuple(raw.get("solution") or ()),
+        solution=tuple(solution or ()),
         extra={k: v for k, v in raw.items() if k not in known},
         path=source,
     )
 
 
-def load_task_specs(folder: Path | str) -> dict[str, TaskSpec]:
-    """Every ``*.yaml`` / ``*.yml`` spec in ``folder`` (recursively), keyed by task id."""
+def load_task_specs(folder: Path | str, errors: list[str] | None = None) -> dict[str, TaskSpec]:
+    """Every ``*.yaml`` / ``*.yml`` spec in ``folder`` (recursively), keyed by task id.
+
+    A bad spec raises TaskSpecError, unless ``errors`` is given: then its message is appended
+    there and the other specs load (a missing folder always raises)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise TaskSpecError(f"task spec folder not found: {folder}")
+        raise TaskSpecError(f"task spec folder not found: {_shown(folder)}")
     specs: dict[str, TaskSpec] = {}
     for path in sorted([*folder.rglob("*.yaml"), *folder.rglob("*.yml")]):
-        spec = load_task_spec(path)
-        if spec.task_id in specs:
-            raise TaskSpecError(f"{path}: task {spec.task_id!r} is already defined in {specs[spec.task_id].path}")
+        try:
+            spec = load_task_spec(path)
+            if spec.task_id in specs:
+                raise TaskSpecError(
+                    f"{_shown(path)}: task {spec.task_id!r} is already defined in {specs[spec.task_id].path}"
+                )
+        except TaskSpecError as exc:
+            if errors is None:
+                raise
+            errors.append(str(exc))
+            continue
         specs[spec.task_id] = spec
     return specs
+
+
+def spec_for(specs: Mapping[str, TaskSpec], task_id: str, fields: Mapping[str, Any] | None = None) -> TaskSpec | None:
+    """The spec of an episode: its variant's when there is one (``task_fields.task_variant``), else
+    its task's. So a spec can target a variant (email-inbox-nl-turk) or the base task (email-inbox)."""
+    variant = (fields or {}).get(TASK_VARIANT_FIELD)
+    if isinstance(variant, str) and variant in specs:
+        return specs[variant]
+    return specs.get(task_id)
 
 
 def _validate_predicate(pred: Any, at: str, slots: set[str]) -> None:
@@ -211,6 +374,8 @@ def _validate_value(value: Any, at: str, slots: set[str]) -> None:
         raise TaskSpecError(f"{at}: {value!r} is not a finite number")
     if not isinstance(value, (str, int, float)):
         raise TaskSpecError(f"{at}: expected a string or number, got {type(value).__name__}")
+    if isinstance(value, int) and value.bit_length() > 64:  # e.g. a 0x literal of thousands of digits
+        raise TaskSpecError(f"{at}: the number is too large to compare as text")
     for slot in _SLOT.findall(str(value)):
         if slot not in slots:
             raise TaskSpecError(

@@ -176,6 +176,13 @@ def _string(
         raise RequestError(422, f"{where} must be a string")
     if len(value) > limits.max_text_chars:
         raise RequestError(413, f"{where} is longer than {limits.max_text_chars} characters")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:  # JSON's "\ud800": no tokenizer can read a lone surrogate
+            raise RequestError(
+                422, f"{where} is not valid Unicode text (a lone surrogate at character {exc.start})"
+            ) from None
     if not allow_empty and not value.strip():
         raise RequestError(422, f"{where} must not be empty")
     return value
@@ -299,9 +306,11 @@ def parse_trajectory(raw: Any, where: str, limits: ServingLimits) -> TextTraject
     episode_id = raw.get("id", where)
     if not isinstance(episode_id, (str, int)) or isinstance(episode_id, bool):
         raise RequestError(422, f"{where}.id must be a string or an integer")
+    if isinstance(episode_id, str):
+        _string(episode_id, f"{where}.id", limits)
     return TextTrajectory(
         episode_id=str(episode_id),
-        task_id=str(raw.get("task_id") or ""),
+        task_id=_string(raw.get("task_id"), f"{where}.task_id", limits, required=False) or "",
         instruction=instruction or "",
         steps=tuple(steps),
         final_screen_lines=parse_screen(final, f"{where}.final_screen", limits) if final is not None else None,
@@ -455,6 +464,10 @@ class RewardRequestHandler(BaseHTTPRequestHandler):
         except RequestError as exc:
             self._error(exc.status, exc.message)
             return
+        except Exception:  # a bug in reading the request: still answer, in JSON (the fuzz tests look for these)
+            log.exception("reading the request failed")
+            self._error(500, "internal error while reading the request")
+            return
         started = time.perf_counter()
         try:
             if request.trajectories:
@@ -498,8 +511,10 @@ class RewardRequestHandler(BaseHTTPRequestHandler):
         body = self.rfile.read(length)
         try:
             payload = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
             raise RequestError(400, f"malformed JSON: {exc}") from None
+        except RecursionError:
+            raise RequestError(400, "malformed JSON: nested too deeply") from None
         return parse_score_request(payload, limits, self.server.scorer.kind)
 
 

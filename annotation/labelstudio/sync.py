@@ -21,6 +21,12 @@ exponentially (:func:`backoff_seconds`).
 
 Pure parts (:func:`annotation_rows`, :func:`merge_labels`, :func:`backoff_seconds`) are separate
 from the I/O (:class:`ProjectSyncer`).
+
+An export is outside data: a malformed task or annotation (not an object, no usable id, a result
+that cannot be read, a value of the wrong type) is listed in the sync's errors and the rest is
+applied. An annotation whose id is readable keeps its row (its answer empty, not usable for
+training when the answer cannot be read); while an export has such errors, annotations missing
+from it are not retracted (they may be the unreadable ones).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import fcntl
 import hashlib
 import hmac
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -47,7 +54,7 @@ from annotation.labelstudio.client import (
     LabelStudioTimeout,
     LabelStudioUnavailable,
 )
-from annotation.labelstudio.interfaces import INTERFACES, Interface, parse_result
+from annotation.labelstudio.interfaces import INTERFACES, Interface, ParsedAnswer, parse_result
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.tables_annotation import HUMAN_LABELS
 
@@ -69,16 +76,19 @@ def pseudonymous_annotator_id(user_id: object, salt: str, server_key: str) -> st
         return None
     if isinstance(user_id, dict):
         user_id = user_id.get("id") or user_id.get("email")
-    digest = hmac.new(salt.encode(), f"{server_key}|{user_id}".encode(), hashlib.sha256).hexdigest()
+    # backslashreplace: the same bytes as before for any valid text; a lone surrogate cannot crash it
+    message = f"{server_key}|{user_id}".encode("utf-8", "backslashreplace")
+    digest = hmac.new(salt.encode("utf-8", "backslashreplace"), message, hashlib.sha256).hexdigest()
     return f"ann-{digest[:12]}"
 
 
 def parse_timestamp(text: str | None) -> datetime | None:
-    if not text:
+    """An ISO timestamp of an export (``...Z`` allowed) in UTC; None when absent or unreadable."""
+    if not text or not isinstance(text, str):
         return None
     try:
-        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).astimezone(UTC)
-    except ValueError:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    except (ValueError, OverflowError):  # OverflowError: a date at the edge of the calendar
         return None
 
 
@@ -90,13 +100,44 @@ def _content_hash(annotation: dict) -> str:
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _int_or_none(value: object) -> int | None:
-    if not isinstance(value, int | float | str) or value == "":
+INT32 = 2**31
+INT64 = 2**63
+
+
+def _int_or_none(value: object, limit: int = INT64) -> int | None:
+    """A whole number in (-limit, limit) from a JSON number or text; None otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str) or value == "":
         return None  # JSON gives numbers or text; anything else (None included) is no id
     try:
-        return int(value)
-    except ValueError:
+        number = int(value)
+    except (ValueError, OverflowError):  # OverflowError: inf
         return None
+    return number if -limit < number < limit else None
+
+
+def _float_or_none(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _text_or_none(value: object) -> str | None:
+    """A text field of an export as stored: text (a lone surrogate escaped), a number as text, else None."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return str(value)
+    if not isinstance(value, str):
+        return None
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class _Unreadable(Exception):
+    """One task or annotation of an export that cannot become a row."""
 
 
 def annotation_rows(
@@ -107,52 +148,118 @@ def annotation_rows(
     server_key: str,
     salt: str,
     task_url: Callable[[int, int], str],
+    errors: list[str] | None = None,
 ) -> list[dict]:
-    """One ``human_labels`` row per annotation in a Label Studio JSON export (status active)."""
-    rows = []
-    for task in tasks:
-        data = task.get("data") or {}
-        task_id = int(task["id"])
-        for annotation in task.get("annotations") or []:
-            answer = parse_result(interface.name, annotation.get("result"))
-            cancelled = bool(annotation.get("was_cancelled"))
-            origins = {str(r.get("origin", "")) for r in annotation.get("result") or []}
-            lead = annotation.get("lead_time")
-            rows.append(
-                {
-                    "ls_server": server_key,
-                    "annotation_id": int(annotation["id"]),
-                    "ls_project_id": project_id,
-                    "ls_task_id": task_id,
-                    "ls_task_url": task_url(project_id, task_id),
-                    "interface": interface.name,
-                    "interface_version": data.get("interface_version") or interface.version_key,
-                    "item_key": data.get("item_key"),
-                    "episode_id": data.get("episode_id"),
-                    "step_idx": _int_or_none(data.get("step_idx")),
-                    "task_id": data.get("task_id"),
-                    "milestone_set_id": data.get("milestone_set_id"),
-                    "milestone_idx": _int_or_none(data.get("milestone_idx")),
-                    "label": answer.label,
-                    "value": answer.value,
-                    "quality_factuality": answer.factuality,
-                    "quality_order": answer.order,
-                    "quality_granularity": answer.granularity,
-                    "rationale": answer.rationale,
-                    "status": "active",
-                    "was_cancelled": cancelled,
-                    "ground_truth": bool(annotation.get("ground_truth")),
-                    "usable_for_training": (not cancelled) and answer.has_answer and answer.label != "unsure",
-                    "annotator_id": pseudonymous_annotator_id(annotation.get("completed_by"), salt, server_key),
-                    "lead_time_s": float(lead) if lead is not None else None,
-                    "from_prediction": bool(annotation.get("parent_prediction"))
-                    or any(o.startswith("prediction") for o in origins),
-                    "created_at": parse_timestamp(annotation.get("created_at")),
-                    "updated_at": parse_timestamp(annotation.get("updated_at")),
-                    "content_hash": _content_hash(annotation),
-                }
-            )
+    """One ``human_labels`` row per annotation in a Label Studio JSON export (status active).
+
+    Malformed items are described in ``errors`` (when given) and left out, or, for an annotation
+    whose id is readable, kept with an empty answer (see the module docstring); never an exception."""
+    problems: list[str] = [] if errors is None else errors
+    rows: list[dict] = []
+    if not isinstance(tasks, list | tuple):
+        problems.append(f"the export is not a list of tasks ({type(tasks).__name__})")
+        return rows
+    for i, task in enumerate(tasks):
+        if not isinstance(task, dict):
+            problems.append(f"tasks[{i}] is not an object")
+            continue
+        task_id = _int_or_none(task.get("id"))
+        if task_id is None:
+            problems.append(f"tasks[{i}] has no usable id: {_brief(task.get('id'))}")
+            continue
+        data = task.get("data")
+        if data is None:
+            data = {}
+        elif not isinstance(data, dict):
+            problems.append(f"task {task_id}: 'data' is not an object")
+            data = {}
+        annotations = task.get("annotations") or []
+        if not isinstance(annotations, list):
+            problems.append(f"task {task_id}: 'annotations' is not a list")
+            continue
+        for j, annotation in enumerate(annotations):
+            where = f"task {task_id}, annotations[{j}]"
+            try:
+                rows.append(
+                    _annotation_row(
+                        annotation, data, where, problems, interface, project_id, task_id, server_key, salt, task_url
+                    )
+                )
+            except _Unreadable as exc:
+                problems.append(f"{where}: {exc}")
     return rows
+
+
+def _brief(value: object) -> str:
+    return repr(value)[:80]
+
+
+def _annotation_row(
+    annotation: object,
+    data: dict,
+    where: str,
+    problems: list[str],
+    interface: Interface,
+    project_id: int,
+    task_id: int,
+    server_key: str,
+    salt: str,
+    task_url: Callable[[int, int], str],
+) -> dict:
+    if not isinstance(annotation, dict):
+        raise _Unreadable("not an object")
+    annotation_id = _int_or_none(annotation.get("id"))
+    if annotation_id is None:
+        raise _Unreadable(f"no usable id: {_brief(annotation.get('id'))}")
+    try:
+        content_hash = _content_hash(annotation)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise _Unreadable(f"annotation {annotation_id} cannot be read: {type(exc).__name__}") from None
+    result = annotation.get("result")
+    regions = [r for r in result if isinstance(r, dict)] if isinstance(result, list) else []
+    try:
+        answer = parse_result(interface.name, regions)
+        if answer.value is not None and not math.isfinite(answer.value):
+            raise ValueError(f"value {answer.value!r} is not a finite number")
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+        problems.append(f"{where} (annotation {annotation_id}): unreadable result ({type(exc).__name__}: {exc})")
+        answer = ParsedAnswer()
+    if result is not None and (not isinstance(result, list) or len(regions) != len(result)):
+        problems.append(f"{where} (annotation {annotation_id}): 'result' holds items that are not regions")
+    cancelled = bool(annotation.get("was_cancelled"))
+    origins = {str(r.get("origin", "")) for r in regions}
+    return {
+        "ls_server": server_key,
+        "annotation_id": annotation_id,
+        "ls_project_id": project_id,
+        "ls_task_id": task_id,
+        "ls_task_url": _text_or_none(task_url(project_id, task_id)),
+        "interface": interface.name,
+        "interface_version": _text_or_none(data.get("interface_version")) or interface.version_key,
+        "item_key": _text_or_none(data.get("item_key")),
+        "episode_id": _text_or_none(data.get("episode_id")),
+        "step_idx": _int_or_none(data.get("step_idx"), INT32),
+        "task_id": _text_or_none(data.get("task_id")),
+        "milestone_set_id": _text_or_none(data.get("milestone_set_id")),
+        "milestone_idx": _int_or_none(data.get("milestone_idx"), INT32),
+        "label": _text_or_none(answer.label),
+        "value": answer.value,
+        "quality_factuality": _text_or_none(answer.factuality),
+        "quality_order": _text_or_none(answer.order),
+        "quality_granularity": _text_or_none(answer.granularity),
+        "rationale": _text_or_none(answer.rationale),
+        "status": "active",
+        "was_cancelled": cancelled,
+        "ground_truth": bool(annotation.get("ground_truth")),
+        "usable_for_training": (not cancelled) and answer.has_answer and answer.label != "unsure",
+        "annotator_id": pseudonymous_annotator_id(annotation.get("completed_by"), salt, server_key),
+        "lead_time_s": _float_or_none(annotation.get("lead_time")),
+        "from_prediction": bool(annotation.get("parent_prediction"))
+        or any(o.startswith("prediction") for o in origins),
+        "created_at": parse_timestamp(annotation.get("created_at")),
+        "updated_at": parse_timestamp(annotation.get("updated_at")),
+        "content_hash": content_hash,
+    }
 
 
 @dataclass(frozen=True)
@@ -168,12 +275,15 @@ class LabelDiff:
         return bool(self.created or self.updated or self.retracted or self.restored)
 
 
-def merge_labels(previous: Sequence[dict], current: Sequence[dict], now: datetime) -> tuple[list[dict], LabelDiff]:
+def merge_labels(
+    previous: Sequence[dict], current: Sequence[dict], now: datetime, *, retract_missing: bool = True
+) -> tuple[list[dict], LabelDiff]:
     """Apply a full snapshot (``current``) to the project's rows (``previous``), keyed by annotation id.
 
     New ids are added (revision 1); changed ones replaced (revision + 1, first sync time kept);
-    ids missing from the snapshot retracted (kept, ``status = 'retracted'``); a retracted id that
-    reappears is restored. Idempotent: merging the same snapshot again changes nothing.
+    ids missing from the snapshot retracted (kept, ``status = 'retracted'``) unless
+    ``retract_missing`` is False (a snapshot with unreadable items: they keep their rows); a
+    retracted id that reappears is restored. Idempotent: merging the same snapshot again changes nothing.
     """
     before = {int(r["annotation_id"]): r for r in previous}
     seen: set[int] = set()
@@ -216,7 +326,7 @@ def merge_labels(previous: Sequence[dict], current: Sequence[dict], now: datetim
     for annotation_id, old in before.items():
         if annotation_id in seen:
             continue
-        if old.get("status") == "retracted":
+        if old.get("status") == "retracted" or not retract_missing:
             merged.append(dict(old))
             unchanged += 1
         else:
@@ -275,23 +385,53 @@ class SyncState:
 
     @classmethod
     def from_json(cls, text: str | None) -> SyncState:
-        if not text:
+        """The state in a cursor; what cannot be read (not JSON, a value of the wrong type) starts
+        afresh, field by field: a lost cursor costs a full sync, never a crashed sensor."""
+        if not text or not isinstance(text, str):
             return cls()
         try:
             raw = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return cls()
-        known = set(ProjectSyncState.__dataclass_fields__)
+        if not isinstance(raw, dict):
+            return cls()
+        projects_raw = raw.get("projects")
         projects = {
-            k: ProjectSyncState(**{f: x for f, x in v.items() if f in known})
-            for k, v in (raw.get("projects") or {}).items()
+            k: ProjectSyncState(**{f: _typed(v.get(f), kind) for f, kind in _PROJECT_STATE_TYPES.items()})
+            for k, v in (projects_raw.items() if isinstance(projects_raw, dict) else ())
+            if isinstance(k, str) and isinstance(v, dict)
         }
+        failures = _typed(raw.get("consecutive_failures"), int)
         return cls(
             projects=projects,
-            consecutive_failures=int(raw.get("consecutive_failures") or 0),
-            retry_after=raw.get("retry_after"),
-            last_error=raw.get("last_error"),
+            consecutive_failures=max(0, min(failures, 1_000)) if failures is not None else 0,
+            retry_after=_typed(raw.get("retry_after"), float),
+            last_error=_typed(raw.get("last_error"), str),
         )
+
+
+_PROJECT_STATE_TYPES: dict[str, type] = {
+    "fingerprint": str,
+    "pending_export_title": str,
+    "pending_export_id": int,
+    "pending_fingerprint": str,
+    "export_requested_at": float,
+    "last_full_sync_at": float,
+    "last_checked_at": float,
+}
+
+
+def _typed(value: Any, kind: type) -> Any:
+    """``value`` if it is of ``kind`` (an int counts as a float, a bool as neither), else None."""
+    if isinstance(value, bool):
+        return None
+    if kind is float and isinstance(value, int | float):
+        return float(value) if math.isfinite(value) else None
+    if kind is int and isinstance(value, int):
+        return value if -INT64 < value < INT64 else None
+    if kind is str and isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return None
 
 
 @dataclass
@@ -307,6 +447,7 @@ class ProjectSyncResult:
     materialization_id: str | None = None
     output_path: str | None = None
     seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)  # malformed items of the export, left out or kept empty
 
 
 # -- I/O -------------------------------------------------------------------------------------------
@@ -514,6 +655,7 @@ class ProjectSyncer:
             state.clear_pending()  # the snapshot is gone or unreadable: ask for a new one next time
             raise
         self.on_stage("downloaded", {"project_id": project_id, "export_id": export.export_id, "tasks": len(tasks)})
+        errors: list[str] = []
         rows = annotation_rows(
             tasks,
             interface=interface,
@@ -521,7 +663,11 @@ class ProjectSyncer:
             server_key=server_key,
             salt=self.salt,
             task_url=self.client.task_url,
+            errors=errors,
         )
+        result.errors = errors
+        if errors:
+            self.log(f"export {export.export_id} of project {project_id}: {len(errors)} malformed items: {errors[0]}")
         previous, previous_materialization = self._previous_rows(dataset)
         active_before = sum(1 for r in previous if r.get("status") == "active")
         if not rows and active_before and (counts.total_annotations + counts.skipped_annotations) > 0:
@@ -532,7 +678,7 @@ class ProjectSyncer:
                 "retrying later"
             )
         stamp = datetime.fromtimestamp(now, UTC)
-        merged, diff = merge_labels(previous, rows, stamp)
+        merged, diff = merge_labels(previous, rows, stamp, retract_missing=not errors)
         result.diff = diff
         result.total = len(merged)
         result.active = sum(1 for r in merged if r["status"] == "active")
@@ -552,6 +698,7 @@ class ProjectSyncer:
                     "updated": diff.updated,
                     "retracted": diff.retracted,
                     "restored": diff.restored,
+                    "malformed_items": len(errors),
                 },
                 inputs=[
                     LineageInput(

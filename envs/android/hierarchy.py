@@ -11,6 +11,10 @@ semantic name from the class (``role_of_class``; the web backend's names where t
 button, checkbox, radio, textbox, password, combobox). An editable field's ``value`` is its text,
 unless the text is only its hint (what an empty field shows). Nodes without area or marked not
 visible to the user are left out (they cannot be touched), their subtrees with them.
+
+A dump comes from a device, so it is outside data: it is bounded (``MAX_HIERARCHY_BYTES``, nodes
+nested at most ``MAX_HIERARCHY_DEPTH`` deep) and may not declare a DTD (uiautomator never writes
+one; entities declared there could expand a few hundred bytes into megabytes of text).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ import xml.etree.ElementTree as ET
 from warehouse.model import Screen, UIElement
 
 _BOUNDS = re.compile(r"\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]")
+# The real dumps in ../shared/data/android-hierarchy are at most 79 KB, 163 nodes, 20 levels deep.
+MAX_HIERARCHY_BYTES = 16 * 1024 * 1024
+MAX_HIERARCHY_DEPTH = 1000  # also keeps UIElement.depth within the steps table's int16
 
 # Class simple names (the part after the last dot) -> role. Checked in order: first match wins.
 _ROLE_RULES: tuple[tuple[tuple[str, ...], str], ...] = (
@@ -76,8 +83,19 @@ def parse_hierarchy(xml_text: str, screenshot_path: str | None = None) -> Screen
 
     Raises ValueError naming the problem when the XML is not a hierarchy dump.
     """
+    if isinstance(xml_text, str):
+        try:
+            data = xml_text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: no XML parser can read it
+            raise ValueError(f"not a view hierarchy: not valid Unicode text at character {exc.start}") from None
+    else:
+        data = xml_text
+    if len(data) > MAX_HIERARCHY_BYTES:
+        raise ValueError(f"not a view hierarchy: {len(data)} bytes, over the limit of {MAX_HIERARCHY_BYTES}")
+    if b"<!DOCTYPE" in data.upper() or b"<!ENTITY" in data.upper():
+        raise ValueError("not a view hierarchy: it declares a DTD (<!DOCTYPE or <!ENTITY), which dumps never do")
     try:
-        root = ET.fromstring(xml_text.encode("utf-8") if isinstance(xml_text, str) else xml_text)
+        root = ET.fromstring(data)
     except ET.ParseError as exc:
         raise ValueError(f"not a view hierarchy: invalid XML ({exc})") from None
     if root.tag != "hierarchy":
@@ -88,6 +106,8 @@ def parse_hierarchy(xml_text: str, screenshot_path: str | None = None) -> Screen
     ]
     while stack:
         node, ref, parent_ref, depth = stack.pop()
+        if depth >= MAX_HIERARCHY_DEPTH:
+            raise ValueError(f"node {ref[:40]}...: nested more than {MAX_HIERARCHY_DEPTH} levels deep")
         try:
             bounds = parse_bounds(node.get("bounds", ""))
         except ValueError as exc:

@@ -22,12 +22,15 @@ counted, never dropped silently.
 from __future__ import annotations
 
 import ast
-import gzip
 import json
+import os
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from envs.miniwob.dom import EDITABLE_ROLES, dom_to_screen
 from warehouse.model import Action, ActionType, Screen
@@ -38,6 +41,17 @@ SCROLL_EVENTS = frozenset({"scroll", "wheel"})
 KNOWN_EVENTS = MOUSE_EVENTS | KEY_EVENTS | SCROLL_EVENTS
 DRAG_THRESHOLD_PX = 5.0
 ENTER_KEY = 13
+
+# Bounds on what one recording may be; beyond them the file is quarantined, never a crash
+# (docs/environments.md, "Bounds on outside data"). The real recordings are far inside them:
+# at most 0.62 MB on disk, 14.7 MB decompressed, JSON nested 25 levels deep, 1,333 states.
+MAX_FILE_BYTES = 32 * 1024 * 1024  # on disk, before decompression
+MAX_RECORDING_BYTES = 128 * 1024 * 1024  # decompressed (a gzip bomb stops here)
+MAX_JSON_DEPTH = 256  # nesting of arrays and objects
+MAX_LINK_HOPS = 4  # git-style link files followed in a row
+MAX_ACTION_CHARS = 4096  # one recorded action literal (real ones are under 200 characters)
+MAX_TASK_NAME_CHARS = 100
+TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 _KEY_NAMES = {
     8: "Backspace",
@@ -116,31 +130,57 @@ class _Event:
 # -- reading files ----------------------------------------------------------------------------
 
 
-def read_recording_bytes(path: Path, max_link_hops: int = 4) -> tuple[bytes, Path | None]:
+def read_recording_bytes(path: Path, max_link_hops: int = MAX_LINK_HOPS) -> tuple[bytes, Path | None]:
     """The decompressed recording behind ``path`` and, if ``path`` is a git-style link file
     (a tiny text file holding a relative path, as git writes symlinks on checkouts without them),
-    the file it points to. Raises RecordingError for unreadable or corrupted files."""
+    the file it points to. Raises RecordingError for unreadable, corrupted or oversized files."""
     link_target: Path | None = None
     current = path
     for _ in range(max_link_hops + 1):
         try:
+            size = current.stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise RecordingError(f"file of {size} bytes is over the limit of {MAX_FILE_BYTES} (MAX_FILE_BYTES)")
             data = current.read_bytes()
         except OSError as exc:
             raise RecordingError(f"cannot read file: {exc.strerror or exc}") from None
         target = _link_target(current, data)
         if target is None:
             break
-        if not target.exists():
+        try:
+            exists = target.is_file()
+        except (OSError, ValueError):
+            exists = False
+        if not exists:
             raise RecordingError(f"link file points to a missing file: {data.decode(errors='replace').strip()}")
         link_target = current = target
     else:
-        raise RecordingError("too many link hops")
+        raise RecordingError(f"too many link hops (more than {max_link_hops}, MAX_LINK_HOPS)")
     if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise RecordingError(f"corrupted gzip: {exc}") from None
+        data = gunzip_bounded(data, MAX_RECORDING_BYTES)
     return data, link_target
+
+
+def gunzip_bounded(data: bytes, limit: int) -> bytes:
+    """Decompress gzip data (one or more members) without ever holding more than ``limit`` bytes
+    of output: a small file that inflates to gigabytes is refused, not decompressed."""
+    out: list[bytes] = []
+    total = 0
+    rest = data
+    while rest:
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            chunk = inflater.decompress(rest, limit - total + 1)
+        except zlib.error as exc:
+            raise RecordingError(f"corrupted gzip: {exc}") from None
+        total += len(chunk)
+        if total > limit:
+            raise RecordingError(f"decompresses to more than {limit} bytes (MAX_RECORDING_BYTES)")
+        out.append(chunk)
+        if not inflater.eof:
+            raise RecordingError("corrupted gzip: compressed file ended before the end-of-stream marker")
+        rest = inflater.unused_data.lstrip(b"\x00")  # gzip allows zero padding between members
+    return b"".join(out)
 
 
 def _link_target(path: Path, data: bytes) -> Path | None:
@@ -150,18 +190,29 @@ def _link_target(path: Path, data: bytes) -> Path | None:
         text = data.decode("utf-8").strip()
     except UnicodeDecodeError:
         return None
-    if not text.endswith((".json", ".json.gz")) or text.startswith("/"):
+    if not text.endswith((".json", ".json.gz")) or text.startswith("/") or not text.isprintable():
         return None
-    return (path.parent / text).resolve()
+    try:
+        return Path(os.path.normpath(path.parent / text))
+    except ValueError:
+        return None
 
 
 def parse_recording_json(data: bytes) -> dict[str, Any]:
+    """Decode and check a recording's JSON (its top-level fields); RecordingError when it is not one."""
+    depth = json_nesting_depth(data, MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        raise RecordingError(f"JSON nested {depth} levels deep, over the limit of {MAX_JSON_DEPTH} (MAX_JSON_DEPTH)")
     try:
         recording = json.loads(data)
     except json.JSONDecodeError as exc:
         raise RecordingError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except UnicodeDecodeError as exc:
         raise RecordingError(f"not UTF-8 text: {exc.reason}") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise RecordingError(f"malformed JSON: {exc}") from None
+    except RecursionError:  # the depth check discounts brackets inside strings; belt and braces
+        raise RecordingError(f"JSON nested too deeply to parse (limit {MAX_JSON_DEPTH}, MAX_JSON_DEPTH)") from None
     if not isinstance(recording, dict):
         raise RecordingError(f"expected a JSON object, got {type(recording).__name__}")
     for key, kinds in (("utterance", str), ("states", list), ("rawReward", (int, float))):
@@ -171,7 +222,62 @@ def parse_recording_json(data: bytes) -> dict[str, Any]:
             raise RecordingError(f"field {key!r} has the wrong type ({type(recording[key]).__name__})")
     if not recording["states"]:
         raise RecordingError("recording has no states (empty episode)")
+    for i, state in enumerate(recording["states"]):
+        if not isinstance(state, dict):
+            raise RecordingError(f"states[{i}] is not an object ({type(state).__name__})")
+    recorded_task_name(recording)  # a malformed taskName is the file's problem, said here
     return recording
+
+
+def recorded_task_name(recording: dict[str, Any]) -> str | None:
+    """The task the recording names itself (``taskName``), or None when it names none (the
+    first MiniWoB++ batches do not record it). RecordingError when it is not a task id."""
+    name = recording.get("taskName")
+    if name is None or name == "":
+        return None
+    if not isinstance(name, str) or len(name) > MAX_TASK_NAME_CHARS or not TASK_NAME.fullmatch(name):
+        raise RecordingError(f"field 'taskName' is not a task id: {str(name)[:80]!r}")
+    return name
+
+
+_BRACKETS_ONLY = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+
+
+def json_nesting_depth(data: bytes, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deeply the arrays and objects of a JSON text nest, without parsing it (so that a
+    document too deep for the parser is refused, not a RecursionError). Exact up to ``limit``:
+    a quick count over all brackets first; only when that exceeds ``limit`` are brackets inside
+    strings discounted."""
+    skeleton = data.translate(_BRACKET_STEPS, _BRACKETS_ONLY)
+    if not skeleton:
+        return 0
+    quick = int(np.cumsum(np.frombuffer(skeleton, np.int8), dtype=np.int64).max())
+    if quick <= limit:
+        return max(quick, 0)
+    return _exact_nesting_depth(data)
+
+
+def _exact_nesting_depth(data: bytes) -> int:
+    arr = np.frombuffer(data, np.uint8)
+    special = np.flatnonzero((arr == 34) | (arr == 92) | (arr == 91) | (arr == 93) | (arr == 123) | (arr == 125))
+    kinds = arr[special]
+    index = np.arange(special.size)
+    backslash = kinds == 92
+    adjacent = np.zeros(special.size, bool)
+    adjacent[1:] = special[1:] == special[:-1] + 1
+    # Length of the run of backslashes ending at each position: a quote after an odd run is escaped.
+    run_start = backslash & ~(np.concatenate(([False], backslash[:-1])) & adjacent)
+    start_index = np.maximum.accumulate(np.where(run_start, index, 0))
+    run_length = np.where(backslash, index - start_index + 1, 0)
+    before = np.zeros(special.size, np.int64)
+    before[1:] = np.where(adjacent[1:], run_length[:-1], 0)
+    quote = (kinds == 34) & (before % 2 == 0)
+    in_string = (np.cumsum(quote) % 2 == 1) | quote
+    opening = (kinds == 91) | (kinds == 123)
+    closing = (kinds == 93) | (kinds == 125)
+    steps = np.where(in_string, 0, opening.astype(np.int64) - closing.astype(np.int64))
+    return max(int(np.cumsum(steps).max()), 0) if steps.size else 0
 
 
 # -- events -----------------------------------------------------------------------------------
@@ -180,15 +286,22 @@ def parse_recording_json(data: bytes) -> dict[str, Any]:
 def parse_action_literal(raw: Any) -> dict[str, Any]:
     """A recorded action: a dict, or a Python-literal string like ``{'type': 'click', 'x': 3}``."""
     if isinstance(raw, dict):
+        if "type" not in raw:
+            raise ValueError(f"action has no type: {str(raw)[:80]!r}")
         return raw
     if not isinstance(raw, str):
         raise ValueError(f"action is neither a dict nor a string: {type(raw).__name__}")
+    if len(raw) > MAX_ACTION_CHARS:
+        raise ValueError(f"action literal of {len(raw)} characters, over the limit of {MAX_ACTION_CHARS}")
     try:  # fast path: plain quotes, no nested quotes
         parsed = json.loads(
             raw.replace("'", '"').replace("None", "null").replace("True", "true").replace("False", "false")
         )
-    except json.JSONDecodeError:
-        parsed = ast.literal_eval(raw)
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        try:
+            parsed = ast.literal_eval(raw)
+        except (RecursionError, MemoryError, TypeError) as exc:  # nested too deeply, or not a literal
+            raise ValueError(f"unparseable action literal ({type(exc).__name__})") from None
     if not isinstance(parsed, dict) or "type" not in parsed:
         raise ValueError(f"action has no type: {raw[:80]!r}")
     return parsed
@@ -231,13 +344,19 @@ def _events(states: list[dict[str, Any]], problems: list[EventProblem]) -> list[
                 consumed = 2
             elif timing in (1, None) and isinstance(nxt.get("dom"), dict):
                 dom_after = nxt["dom"]
-        try:
-            time_ms = int(float(state.get("time") or 0))
-        except (TypeError, ValueError):
-            time_ms = 0
+        time_ms = _time_ms(state.get("time"))
         events.append(_Event(i, time_ms, str(action["type"]), action, dom_before, dom_after))
         i += consumed
     return events
+
+
+def _time_ms(raw: Any) -> int:
+    """A state's ``time`` (ms since the start, a string or a number); 0 when unusable."""
+    try:
+        value = int(float(raw or 0))
+    except (TypeError, ValueError, OverflowError):  # OverflowError: inf
+        return 0
+    return value if abs(value) < 2**62 else 0  # fits the warehouse's int64
 
 
 # -- steps ------------------------------------------------------------------------------------
@@ -371,12 +490,17 @@ def _pointer_step(
     )
 
 
+def _key_code(params: dict[str, Any], name: str) -> int:
+    value = params.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _key_name(params: dict[str, Any]) -> str:
-    code = params.get("keyCode") or 0
-    char = params.get("charCode") or 0
+    code = _key_code(params, "keyCode")
+    char = _key_code(params, "charCode")
     if code in _KEY_NAMES:
         return _KEY_NAMES[code]
-    if char:
+    if 0 < char < 0x110000 and not 0xD800 <= char < 0xE000:  # a character (not a lone surrogate)
         return chr(char)
     if 48 <= code <= 90:
         return chr(code)
@@ -410,7 +534,7 @@ def _key_segment_steps(segment: list[_Event], screens: _ScreenCache) -> list[Dem
     before = screens.get(first.dom_before)
     target = before.focused()
     downs = [e for e in segment if e.type == "keydown"] or [e for e in segment if e.type == "keypress"] or segment
-    ends_with_enter = downs[-1].params.get("keyCode") == ENTER_KEY
+    ends_with_enter = _key_code(downs[-1].params, "keyCode") == ENTER_KEY
     steps: list[DemoStep] = []
     if target is not None and target.role in EDITABLE_ROLES:
         after_element = screens.get(last.dom_after).by_ref(target.ref)
@@ -449,7 +573,7 @@ def _pressed_keys(downs: list[_Event]) -> str:
     parts: list[str] = []
     held: list[str] = []
     for event in downs:
-        code = event.params.get("keyCode") or 0
+        code = _key_code(event.params, "keyCode")
         name = _key_name(event.params)
         if event.type == "keydown" and code in _MODIFIERS:
             if name not in held:
@@ -497,20 +621,38 @@ def _scroll_direction(before: Screen, after: Screen) -> str | None:
 
 
 def recording_to_episode(recording: dict[str, Any], task_hint: str) -> DemoEpisode:
-    """A parsed recording (see ``parse_recording_json``) -> a DemoEpisode with agent-level steps."""
+    """A parsed recording (see ``parse_recording_json``) -> a DemoEpisode with agent-level steps.
+
+    The task is the one the recording names (``taskName``), else ``task_hint`` (the importer
+    passes the task its folder names, see ``envs.miniwob.demonstrations``). RecordingError when
+    the recording's content cannot be read as a MiniWoB++ episode (e.g. a DOM node without geometry).
+    """
+    try:
+        return _recording_to_episode(recording, task_hint)
+    except RecordingError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, RecursionError) as exc:
+        # Malformed content deep inside (a DOM node that is not an object, a key code that is a
+        # list, ...): the recording is unusable as a whole, which is a reason, not a crash.
+        raise RecordingError(f"malformed recording: {type(exc).__name__}: {str(exc)[:300]}") from None
+
+
+def _recording_to_episode(recording: dict[str, Any], task_hint: str) -> DemoEpisode:
     states = recording["states"]
     steps, problems = events_to_steps(states)
     try:
         duration = int(float(states[-1].get("time") or 0))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
+        duration = steps[-1].time_ms if steps else 0
+    if abs(duration) >= 2**62:  # fits the warehouse's int64
         duration = steps[-1].time_ms if steps else 0
     decayed = recording.get("reward")
     fields = recording.get("fields")
     return DemoEpisode(
-        task_id=str(recording.get("taskName") or task_hint),
+        task_id=recorded_task_name(recording) or task_hint,
         instruction=recording["utterance"],
         raw_reward=float(recording["rawReward"]),
-        decayed_reward=float(decayed) if isinstance(decayed, (int, float)) else None,
+        decayed_reward=float(decayed) if isinstance(decayed, (int, float)) and not isinstance(decayed, bool) else None,
         steps=steps,
         duration_ms=duration,
         fields=fields if isinstance(fields, dict) else None,

@@ -62,6 +62,7 @@ def test_bad_files_are_quarantined_and_the_rest_imported(small_demos, home, tmp_
     write_recording(
         task / "weird-event.json.gz",
         {
+            "taskName": "bad-task",  # the folder is no known task: the recording must name its own
             "utterance": "Click the button",
             "rawReward": -1,
             "reward": -1,
@@ -128,7 +129,8 @@ def test_lineage_walks_from_steps_back_to_raw_files(small_demos, home):
     row = warehouse.query("SELECT * FROM lineage_materializations").to_pylist()[0]
     assert row["asset"] == "human_demonstrations" and row["run_id"] == "run-123"
     assert json.loads(row["row_counts"])["steps"] == report.steps
-    assert report.outputs["steps"] in row["output_paths"]
+    stored_output = warehouse.relative(report.outputs["steps"])  # the catalog stores paths relative to the home
+    assert stored_output in row["output_paths"]
     assert json.loads(row["parameters"])["import_root"] == str(small_demos.resolve())
     inputs = warehouse.walk_back(report.outputs["steps"]).to_pylist()
     raw = {r["path"] for r in inputs if r["kind"] == "file"}
@@ -136,7 +138,7 @@ def test_lineage_walks_from_steps_back_to_raw_files(small_demos, home):
     assert all(len(r["version"]) == 64 for r in inputs)  # sha256 of each raw file
     via_view = warehouse.query(
         "SELECT count(*) n FROM lineage WHERE list_contains(output_paths, ?) AND input_kind = 'file'",
-        [report.outputs["steps"]],
+        [stored_output],
     ).to_pylist()[0]
     assert via_view["n"] == report.files
 

@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 VENV := .venv
 PORT ?= 3000
 
-.PHONY: setup demo test test-fast lint ui annotate reward-models bench clean
+.PHONY: setup demo test test-fast lint ui annotate reward-models rl bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -30,6 +30,11 @@ lint: setup
 test-fast: setup
 	@$(VENV)/bin/python -m pytest -q -m "not e2e"
 
+# The fuzz tests (marker fuzz) with 25x the examples of the suite's run (tests/envs/fuzzing.py); ~10 minutes.
+.PHONY: fuzz
+fuzz: setup
+	@STEPWISE_FUZZ_PROFILE=stepwise-fuzz-long $(VENV)/bin/python -m pytest -q -m fuzz
+
 ui: setup
 	@$(VENV)/bin/stepwise ui --port $(PORT)
 
@@ -38,6 +43,9 @@ annotate: setup
 
 reward-models: setup
 	@$(VENV)/bin/stepwise reward-models
+
+rl: setup
+	@$(VENV)/bin/stepwise rl
 
 bench: setup
 	@$(VENV)/bin/python benchmarks/bench_import.py

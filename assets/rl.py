@@ -159,7 +159,7 @@ def rl_run(
     except (RLStageError, ValueError) as exc:
         raise Failure(str(exc)) from None
     yield MaterializeResult(metadata=to_metadata(result))
-    yield check_result(check_rl_run(wh, settings.run_key, settings.iterations), check_name="every_iteration_recorded")
+    yield check_result(check_rl_run(wh, result["run_key"], settings.iterations), check_name="every_iteration_recorded")
 
 
 @asset(

@@ -383,6 +383,23 @@ def cmd_rl(args: argparse.Namespace) -> int:
     return _summary("rl", started, outcomes)
 
 
+def cmd_rl_export(args: argparse.Namespace) -> int:
+    """RL episodes and step rewards as OpenRLHF / verl datasets (training/rl/export.py)."""
+    from training.rl.export import export_rl_data
+    from warehouse.catalog import Warehouse
+
+    try:
+        summary = export_rl_data(Warehouse(), args.out, run_key=args.run)
+    except ValueError as exc:
+        print(f"stepwise rl-export: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"{summary.episodes} episodes, {summary.steps} steps ({summary.steps_without_response} without a "
+        f"writable action): {summary.steps_path}, {summary.trajectories_path}"
+    )
+    return 0
+
+
 def _summary(name: str, started: float, outcomes: list[tuple[str, bool]]) -> int:
     all_ok = all(ok for _, ok in outcomes)
     print(f"\n== Stepwise {name}: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s")
@@ -461,6 +478,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reuse-sft", action="store_true", help="keep the newest SFT policy instead of training one")
     p.add_argument("--rm-max-steps", type=int, default=400, help="steps of a missing reward model trained first")
     p.set_defaults(func=cmd_rl)
+    p = sub.add_parser("rl-export", help="RL episodes with their step rewards as OpenRLHF / verl datasets")
+    p.add_argument("out", help="folder for steps.parquet and trajectories.jsonl")
+    p.add_argument("--run", default=None, help="one run key (rl_iterations.run_key); default: every run")
+    p.set_defaults(func=cmd_rl_export)
     p = sub.add_parser("ui", help="start the Dagster UI on 127.0.0.1")
     p.add_argument("--port", type=int, default=3000)
     p.set_defaults(func=cmd_ui)

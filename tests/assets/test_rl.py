@@ -2,6 +2,9 @@
 a ProgRM model, SFT, RL runs with the outcome, ProgRM and ADMIRE rewards, held-out evaluation and
 Table 1 in SQL."""
 
+import json
+
+import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, MultiPartitionKey, materialize
 
@@ -10,6 +13,7 @@ from assets.labels import LABEL_ASSETS
 from assets.resources import EnvPoolResource, WarehouseResource
 from assets.reward_models import reward_model, reward_model_datasets
 from assets.rl import RL_CHECKS, agent_evaluation, policy_sft, rl_report, rl_run
+from training.rl.export import export_rl_data
 from warehouse.catalog import Warehouse
 
 pytestmark = pytest.mark.e2e
@@ -105,3 +109,13 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path):
         "SELECT DISTINCT input_asset FROM lineage WHERE asset = 'rl_run' AND parameters::VARCHAR LIKE '%progrm_env%'"
     ).to_pylist()
     assert {"reward_model", "policy_sft"} <= {r["input_asset"] for r in lineage}
+
+    # the episodes and step rewards as external trainers (OpenRLHF, verl) read them
+    summary = export_rl_data(warehouse, tmp_path / "export")
+    rl_steps = warehouse.query("SELECT count(*) AS n FROM rl_step_rewards").to_pylist()[0]["n"]
+    assert summary.steps == rl_steps and summary.episodes > 0
+    steps = pq.read_table(summary.steps_path).to_pylist()
+    assert steps[0]["prompt"][0]["role"] == "system" and steps[0]["prompt"][1]["role"] == "user"
+    assert sum(s["response"] is None for s in steps) == summary.steps_without_response < len(steps)
+    first = json.loads(summary.trajectories_path.read_text().splitlines()[0])
+    assert len(first["step_rewards"]) == sum(m["role"] == "assistant" for m in first["messages"])

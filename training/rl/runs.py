@@ -142,10 +142,11 @@ class RLSettings:
         if self.iterations < 1 or self.instances_per_task < 1 or self.group_size < 1:
             raise ValueError("iterations, instances_per_task and group_size must be at least 1")
 
-    @property
-    def run_key(self) -> str:
-        """``<source>-<estimator>-s<seed>-<hash>``: the hash covers every other setting."""
-        settings = asdict(self)
+    def run_key(self, sft_policy_id: str) -> str:
+        """``<source>-<estimator>-s<seed>-<hash>``: the hash covers the SFT policy the run starts
+        from and every other setting that changes what it learns (not the budget of iterations,
+        which a resumed run may extend, nor where rewards are computed)."""
+        settings = asdict(self) | {"sft_policy_id": sft_policy_id}
         for name in ("reward_source", "estimator", "rl_seed", "workers", "reward_endpoint", "iterations"):
             settings.pop(name)
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:6]
@@ -514,7 +515,7 @@ def run_rl(
             raise RLStageError("PPO's critic is initialised from a local PRM checkpoint, not a service")
         critic = PRMCritic(prm.scorer, settings.learner.critic_learning_rate)
     learner = Learner(model, reference, settings.learner, critic=critic)
-    run_key = settings.run_key
+    run_key = settings.run_key(sft["policy_id"])
     run_dir = warehouse.home / "policies" / "rl" / sft["policy_id"] / run_key
     checkpoint = run_dir / "checkpoint"
     state = RunState()

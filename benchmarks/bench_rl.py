@@ -1,0 +1,145 @@
+"""Benchmark: the RL loop on live MiniWoB++ with the learned CPU policy, next to its baseline.
+
+Measures, on the newest SFT policy of a warehouse (``make rl`` or ``stepwise rl --reduced`` makes
+one) and its tasks:
+
+* environment steps/s while RL samples episodes (the learned policy choosing among candidates at
+  temperature 1, decisions recorded), with 1 and 2 workers, next to the same batch run by the
+  scripted expert (the plain rollout benchmark's policy: no model in the loop);
+* the time of one iteration split into rollout / reward / update, for the outcome reward and for
+  ProgRM's progress reward (a trained progrm_env model, scored in-process);
+* reward scoring of the same episodes in-process vs over the HTTP service (``training.serving``).
+
+Run: ``.venv/bin/python benchmarks/bench_rl.py [--home .stepwise] [--episodes 48] [--workers 1 2]``.
+Goal (RL issue): >= 25 environment steps/s with 2 workers; the update must not be the bottleneck.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from envs.miniwob.live import MiniWoBConfig  # noqa: E402
+from envs.policies import make_policy  # noqa: E402
+from envs.pool import EnvPool, EpisodeJob, PoolConfig  # noqa: E402
+from envs.task_catalog import load_catalog  # noqa: E402
+from training.policy.learned import LearnedPolicy, PolicyModel  # noqa: E402
+from training.rl.learner import EpisodeExperience, Learner, LearnerSettings  # noqa: E402
+from training.rl.rewards import make_reward_source  # noqa: E402
+from training.rl.rewards.base import Rollout  # noqa: E402
+from training.rl.rewards.progrm import ProgressReward  # noqa: E402
+from training.rl.rewards.scoring import HTTPScorer, LocalScorer, load_scorer  # noqa: E402
+from training.rl.runs import latest_policy  # noqa: E402
+from training.serving import serve_in_background  # noqa: E402
+from warehouse.catalog import Warehouse  # noqa: E402
+
+GOAL_STEPS_PER_S = 25.0
+
+
+def _jobs(tasks, n: int, base: int) -> list[EpisodeJob]:
+    per_task = max(1, n // len(tasks))
+    return [
+        EpisodeJob(f"bench:{t.task_id}:{base + i}:{k}", t.spec, base + i, t.max_steps, t.family)
+        for t in tasks
+        for i in range(per_task)
+        for k in range(1)
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--home", default=os.environ.get("STEPWISE_HOME", ".stepwise"))
+    parser.add_argument("--episodes", type=int, default=48)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    args = parser.parse_args()
+    warehouse = Warehouse(args.home)
+    sft = latest_policy(warehouse, "sft")
+    catalog = load_catalog("miniwob")
+    tasks = [catalog[t] for t in sft["tasks"]]
+    model = PolicyModel.load(sft["checkpoint"])
+    load = os.getloadavg()[0]
+    names = [t.task_id for t in tasks]
+    print(f"SFT policy {sft['policy_id']} on {names}; load average {load:.1f} on {os.cpu_count()} cores")
+
+    print("\n| policy | workers | episodes | steps | steps/s |")
+    print("|---|---:|---:|---:|---:|")
+    batches = {}
+    for workers in args.workers:
+        with EnvPool(MiniWoBConfig(), PoolConfig(workers=workers, spares=0)) as pool:
+            for name, policy in (
+                ("scripted expert (baseline)", make_policy("expert")),
+                ("learned policy, sampling (RL)", LearnedPolicy(model, policy_id=f"bench-{workers}", record=True)),
+            ):
+                jobs = _jobs(tasks, args.episodes, 7_000_000 + 1000 * workers)
+                started = time.perf_counter()
+                result = pool.run(jobs, policy)
+                seconds = time.perf_counter() - started
+                print(
+                    f"| {name} | {workers} | {len(result.episodes)} | {result.steps} | {result.steps / seconds:.1f} |"
+                )
+                if isinstance(policy, LearnedPolicy):
+                    batches[workers] = (result, policy, seconds)
+
+    result, policy, rollout_s = batches[max(batches)]
+    kept = [r for r in result.episodes if len(policy.decisions.get(r.episode_id, [])) == r.n_steps]
+    rollouts = [Rollout(r) for r in kept]
+    print("\n| iteration part | outcome reward s | progrm_env reward s |")
+    print("|---|---:|---:|")
+    timings = {}
+    for name in ("outcome", "progrm_env"):
+        try:
+            source = make_reward_source(name, warehouse, cache=model.cache)
+        except Exception as exc:  # noqa: BLE001 - a benchmark reports what it cannot measure
+            print(f"(no {name} figures: {exc})")
+            continue
+        started = time.perf_counter()
+        batch = source.rewards(rollouts, 0)
+        reward_s = time.perf_counter() - started
+        learner = Learner(model.frozen_copy(), model.frozen_copy(), LearnerSettings())
+        for p in learner.model.scorer.parameters():
+            p.requires_grad_(True)
+        experience = [
+            EpisodeExperience(policy.decisions[r.episode_id], np.asarray(x), f"{r.task_id}:{r.seed}")
+            for r, x in zip(kept, batch.rewards, strict=True)
+        ]
+        started = time.perf_counter()
+        learner.update(experience)
+        timings[name] = (rollout_s, reward_s, time.perf_counter() - started)
+    if timings:
+        for i, part in enumerate(("rollout", "reward", "update")):
+            cells = [f"{timings[n][i]:.2f}" if n in timings else "-" for n in ("outcome", "progrm_env")]
+            print(f"| {part} | {' | '.join(cells)} |")
+
+    try:
+        scorer = load_scorer(warehouse, "progrm_env")
+    except Exception as exc:  # noqa: BLE001
+        print(f"\n(no scoring comparison: {exc})")
+        return 0
+    assert isinstance(scorer, LocalScorer)
+    server, _ = serve_in_background(scorer.scorer)
+    try:
+        remote = HTTPScorer(f"http://127.0.0.1:{server.server_address[1]}")
+        print("\n| progress reward scoring | episodes | steps | seconds | steps/s |")
+        print("|---|---:|---:|---:|---:|")
+        steps = sum(r.n_steps for r in rollouts)
+        for name, source_scorer in (("in-process", scorer), ("HTTP service", remote)):
+            ProgressReward(source_scorer).rewards(rollouts[:2], 0)  # warm the caches
+            started = time.perf_counter()
+            ProgressReward(source_scorer).rewards(rollouts, 0)
+            seconds = time.perf_counter() - started
+            print(f"| {name} | {len(rollouts)} | {steps} | {seconds:.2f} | {steps / seconds:.0f} |")
+    finally:
+        server.shutdown()
+    print(f"\ngoal: >= {GOAL_STEPS_PER_S:.0f} environment steps/s with 2 workers while RL samples")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

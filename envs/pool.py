@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from envs.policies import SolutionError
+from envs.process import die_with_parent
 from envs.protocol import Environment, EpisodeRecord, Observation, Policy, StepResult, run_episode
 from envs.task_catalog import CatalogTask
 from envs.tasks import TaskSpec, TaskSpecError
@@ -232,9 +233,15 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
     return f"{type(exc).__name__}: {text[:limit]}"
 
 
-def _worker_main(conn: Any, env_config: EnvConfig, worker_id: str) -> None:
+def _worker_main(conn: Any, env_config: EnvConfig, worker_id: str, parent_pid: int | None = None) -> None:
     """Serve one environment over ``conn`` until told to close or the parent goes away."""
     os.setsid()  # own process group: the parent kills the worker and its browser/adb children at once
+    if parent_pid is not None:
+        # A parent killed with SIGKILL (an OOM kill, a terminated run) cannot stop us: a watchdog
+        # ends this worker's whole group (browser included) when the parent is gone. Workers are
+        # started from the pool's threads, so the kernel's parent-death signal (tied to the forking
+        # thread) is not used.
+        die_with_parent(parent_pid, use_prctl=False, kill_group=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
     def _terminate(signum: int, frame: Any) -> None:
@@ -294,7 +301,10 @@ class _Worker:
         self.config_index = config_index
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
-            target=_worker_main, args=(child, env_config, worker_id), name=f"stepwise-{worker_id}", daemon=True
+            target=_worker_main,
+            args=(child, env_config, worker_id, os.getpid()),
+            name=f"stepwise-{worker_id}",
+            daemon=True,
         )
         self.process.start()
         child.close()

@@ -53,33 +53,44 @@ def parent_alive(parent_pid: int) -> bool:
     return os.getppid() == parent_pid
 
 
-def _end_self() -> None:
+def _end_self(group: bool = False) -> None:
     # SIGKILL, not sys.exit: the worker may be blocked in a write or deep in C code, and nothing it
-    # holds is worth cleaning up once its results have nowhere to go.
+    # holds is worth cleaning up once its results have nowhere to go. With ``group`` the whole
+    # process group goes (a worker that leads its own group, with the browser it started).
+    if group:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _watch(parent_pid: int, poll_s: float) -> None:
+def _watch(parent_pid: int, poll_s: float, group: bool) -> None:
     while True:
         if not parent_alive(parent_pid):
-            _end_self()
+            _end_self(group)
         time.sleep(poll_s)
 
 
-def die_with_parent(parent_pid: int | None = None, *, poll_s: float = DEFAULT_POLL_S, use_prctl: bool = True) -> bool:
+def die_with_parent(
+    parent_pid: int | None = None, *, poll_s: float = DEFAULT_POLL_S, use_prctl: bool = True, kill_group: bool = False
+) -> bool:
     """Make this (worker) process end when its parent dies; call it first in the worker.
 
     ``parent_pid`` is the parent's pid as the parent saw it (pass ``os.getpid()`` in the parent's
     ``initargs``); by default ``os.getppid()`` at the time of the call. When the parent is already
     gone (it died between forking and this call) the worker ends at once. Returns whether the
-    kernel's parent-death signal is set (False: only the polling fallback watches)."""
+    kernel's parent-death signal is set (False: only the polling fallback watches).
+
+    ``kill_group``: the watchdog kills the worker's whole process group (for a worker that called
+    ``os.setsid`` and started a browser or adb: they go too). Workers started from short-lived
+    threads should pass ``use_prctl=False`` (see the module's caveats)."""
     global _watchdog_pid
     expected = os.getppid() if parent_pid is None else parent_pid
     armed = set_parent_death_signal() if use_prctl else False
     # prctl only covers deaths after the call: the parent may have died in between.
     if not parent_alive(expected):
-        _end_self()
+        _end_self(kill_group)
     if _watchdog_pid != os.getpid():
         _watchdog_pid = os.getpid()
-        threading.Thread(target=_watch, args=(expected, poll_s), name="parent-watchdog", daemon=True).start()
+        threading.Thread(
+            target=_watch, args=(expected, poll_s, kill_group), name="parent-watchdog", daemon=True
+        ).start()
     return armed

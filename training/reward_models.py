@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from envs.process import set_parent_death_signal
 from training.rm_datasets import (
     REWARD_MODEL_KINDS,
     SPLITS,
@@ -303,7 +305,15 @@ def run_training_process(argv: list[str], log_path: Path, log: Log, timeout_s: i
     with (
         log_path.open("a", buffering=1) as sink,  # line-buffered: tail -f works
         subprocess.Popen(
-            argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            argv,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            # the training process (and the deepspeed launcher's ranks, which it signals) ends
+            # with the run that launched it, also when that run is killed outright
+            preexec_fn=_end_with_parent,
         ) as proc,
     ):
         try:
@@ -324,6 +334,10 @@ def run_training_process(argv: list[str], log_path: Path, log: Log, timeout_s: i
             raise
     if code != 0:
         raise RuntimeError(f"training failed (exit {code}); last output:\n" + "\n".join(tail))
+
+
+def _end_with_parent() -> None:
+    set_parent_death_signal(signal.SIGTERM)
 
 
 @dataclass

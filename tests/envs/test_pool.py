@@ -162,3 +162,56 @@ def test_an_episode_that_cannot_run_is_recorded_once_not_retried(jobs):
     attempts = [a for a in result.attempts if a.episode_id == bad.episode_id]
     assert len(attempts) == 1 and attempts[0].final and attempts[0].status == "aborted"
     assert len(result.episodes) == 2 and result.workers_replaced == 0
+
+
+def test_killing_the_parent_leaves_no_worker_or_browser(tmp_path):
+    """A process holding a pool is killed with SIGKILL (as an OOM kill or a terminated run would):
+    its workers and the Chromium processes they started are gone within seconds."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pids_file = tmp_path / "pids.json"
+    script = tmp_path / "hold_pool.py"
+    script.write_text(
+        "import json, sys, time, psutil\n"
+        "from envs.miniwob.live import MiniWoBConfig\n"
+        "from envs.pool import EnvPool, PoolConfig\n"
+        "if __name__ == '__main__':\n"
+        "    with EnvPool(MiniWoBConfig(), PoolConfig(workers=1, spares=1)) as pool:\n"
+        "        pids = []\n"
+        "        for w in pool.status():\n"
+        "            root = psutil.Process(w['pid'])\n"
+        "            pids += [root.pid] + [c.pid for c in root.children(recursive=True)]\n"
+        "        open(sys.argv[1], 'w').write(json.dumps(pids))\n"
+        "        time.sleep(600)\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(pids_file)], cwd=repo, env=os.environ | {"PYTHONPATH": str(repo)}
+    )
+    try:
+        deadline = time.time() + 120
+        while not pids_file.exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        pids = [p for p in json.loads(pids_file.read_text()) if _alive(p)]  # (some helpers come and go)
+        assert len(pids) >= 4  # two workers (one a spare), each with chromedriver and Chromium
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.time() + 15
+        while time.time() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.5)
+        assert not [p for p in pids if _alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

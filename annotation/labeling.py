@@ -22,7 +22,7 @@ from annotation.instruction_relative import INSTRUCTION_PLACEHOLDER, clean_traje
 from annotation.progress import label_corpus, milestone_progress
 from annotation.recipes import DEFAULT_THETA, Episode
 from annotation.text_similarity import Embed
-from envs.tasks import TaskSpec, TaskSpecError, track_milestones
+from envs.tasks import TaskSpec, TaskSpecError, spec_for, track_milestones
 from warehouse.model import Action, ActionType, Screen
 from warehouse.trajectories import Trajectory
 
@@ -222,7 +222,7 @@ def env_labels(trajectories: Iterable[Trajectory], specs: Mapping[str, TaskSpec]
     progress rises evenly over the task's milestones."""
     run = LabelRun()
     for trajectory in trajectories:
-        spec = specs.get(trajectory.task_id)
+        spec = spec_for(specs, trajectory.task_id, trajectory.fields)
         if spec is None and trajectory.milestones_hit is None:
             continue
         try:

@@ -30,6 +30,9 @@ GROUP = "demonstrations"
 class DemoImportConfig(Config):
     demos_dir: str = Field(default_factory=default_demos_dir, description="folder of recordings (*.json, *.json.gz)")
     workers: int = Field(default=2, description="parsing processes")
+    task: str | None = Field(
+        default=None, description="task of recordings that do not name theirs (a MiniWoB++ task id); default: none"
+    )
 
 
 @asset(
@@ -57,7 +60,7 @@ def human_demonstrations(
 
     wh = warehouse.get()
     report = import_demonstrations(
-        Path(config.demos_dir), wh, run_id=context.run_id, workers=config.workers, progress=progress
+        Path(config.demos_dir), wh, run_id=context.run_id, workers=config.workers, task=config.task, progress=progress
     )
     return MaterializeResult(
         metadata=to_metadata(
@@ -70,6 +73,8 @@ def human_demonstrations(
                 "tasks": report.tasks,
                 "duplicate_files": report.duplicates,
                 "quarantined_files": report.quarantined,
+                "duplicates_of_other_imports": report.duplicates_of_other_imports,
+                "variant_episodes": report.variants,
                 "untyped_step_share": report.untyped_share,
                 "seconds": report.seconds,
                 "materialization_id": report.materialization_id,

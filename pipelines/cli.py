@@ -63,12 +63,25 @@ def cmd_sql(args: argparse.Namespace) -> int:
 def cmd_import_demos(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from envs.miniwob.demonstrations import import_demonstrations
+    from envs.miniwob.demonstrations import (
+        DEMO_SUFFIXES,
+        find_demo_files,
+        import_demonstrations,
+        validate_task_override,
+    )
     from warehouse.catalog import Warehouse
 
     folder = Path(args.folder)
     if not folder.is_dir():
         print(f"stepwise import-demos: not a folder: {folder}", file=sys.stderr)
+        return 2
+    try:
+        validate_task_override(args.task)
+    except ValueError as exc:
+        print(f"stepwise import-demos: --task: {exc}", file=sys.stderr)
+        return 2
+    if not find_demo_files(folder):
+        print(f"stepwise import-demos: no recordings ({', '.join(DEMO_SUFFIXES)}) under {folder}", file=sys.stderr)
         return 2
     with Progress() as bar:
         task = bar.add_task(f"importing {folder}", total=None)
@@ -76,6 +89,7 @@ def cmd_import_demos(args: argparse.Namespace) -> int:
             folder,
             Warehouse(),
             workers=args.workers,
+            task=args.task,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     _print_report(report)
@@ -426,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("import-demos", help="import a folder of MiniWoB++-format demonstrations (*.json, *.json.gz)")
     p.add_argument("folder")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--task", default=None, help="task of recordings that name none (a MiniWoB++ task id)")
     p.set_defaults(func=cmd_import_demos)
     p = sub.add_parser(
         "label", help="(re)compute recipes, progress labels (LCS paper/improved, env milestones) and the RM split"

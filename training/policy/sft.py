@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from envs.protocol import EpisodeContext
-from envs.tasks import TaskSpec
+from envs.tasks import TaskSpec, spec_for
 from training.policy.candidates import Candidate
 from training.policy.learned import PolicyModel, StepDecision
 from warehouse.model import Action, ActionType
@@ -119,7 +119,7 @@ def demonstration_decisions(
     from the spec's template), split into train and validation by episode."""
     data = SFTData()
     for t in trajectories:
-        spec = specs.get(t.task_id)
+        spec = spec_for(specs, t.task_id, t.fields)
         if spec is None or not t.success:
             continue
         slots = spec.slots(t.instruction, t.fields) or {}

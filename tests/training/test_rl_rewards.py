@@ -160,3 +160,21 @@ def test_admire_total_reward_decays_and_pays_failures_their_progress(cache):
     every_step = AdmireReward(cache, store=source.store, outcome_every_step=True).rewards([success], 0).rewards[0]
     assert np.allclose(every_step - ok, [1, 1, 1, 0], atol=1e-6)  # GRPO's reading: the outcome at every step
     assert action_descriptions(success.record)[2] == 'INPUT(password#password, "<password>")'
+
+
+def test_the_orm_judges_with_the_threshold_its_report_chose(tmp_path):
+    import pyarrow as pa
+
+    from training.rl.rewards.scoring import report_threshold
+    from warehouse.catalog import Materialization
+    from warehouse.tables_training import RM_METRICS
+
+    warehouse = Warehouse(tmp_path / "home")
+    assert report_threshold(warehouse, "orm-1") == 0.5  # never reported: the default
+    m = Materialization(asset="reward_model_report")
+    rows = [{"model_id": "orm-1", "kind": "orm", "split": "validation", "metric": "threshold", "value": 0.44}]
+    warehouse.publish(
+        m, [warehouse.stage_table("rm_metrics", "orm-1", pa.Table.from_pylist(rows, schema=RM_METRICS), m)]
+    )
+    assert report_threshold(warehouse, "orm-1") == pytest.approx(0.44)
+    assert report_threshold(warehouse, "orm-2", default=0.6) == 0.6

@@ -9,7 +9,7 @@ from training.rl.rewards.orm import ORMReward
 from training.rl.rewards.outcome import OutcomeReward
 from training.rl.rewards.prm import StepJudgeReward
 from training.rl.rewards.progrm import ProgressReward
-from training.rl.rewards.scoring import RewardModelError, load_scorer
+from training.rl.rewards.scoring import RewardModelError, load_scorer, report_threshold
 from warehouse.catalog import Warehouse
 
 REWARD_SOURCES: tuple[str, ...] = ("outcome", "orm", "progrm_lcs", "progrm_env", "prm", "guidnav", "admire")
@@ -34,7 +34,7 @@ def make_reward_source(
     cache: EmbeddingCache,
     endpoint: str | None = None,
     progress_k: int = 1,
-    orm_threshold: float = 0.5,
+    orm_threshold: float | None = None,
     outcome_every_step: bool = False,
     milestone_generator: LLMMilestones | None = None,
     admire: AdmireSettings | None = None,
@@ -53,7 +53,9 @@ def make_reward_source(
     assert kind is not None
     scorer = load_scorer(warehouse, kind, endpoint=endpoint)
     if name == "orm":
-        return ORMReward(scorer, threshold=orm_threshold)
+        # the threshold the evaluation report chose on the validation split, unless one is given
+        threshold = orm_threshold if orm_threshold is not None else report_threshold(warehouse, scorer.model_id)
+        return ORMReward(scorer, threshold=threshold)
     if name in ("progrm_lcs", "progrm_env"):
         return ProgressReward(scorer, k=progress_k, name=name)
     return StepJudgeReward(scorer, kind=name)

@@ -34,7 +34,7 @@ class ORMReward:
                 rewards[-1] = judged
                 agree.append(judged == outcome(rollout.record))
             out.append(rewards)
-        return RewardBatch(out, {"judgement_accuracy": _mean(agree)})
+        return RewardBatch(out, {"judgement_accuracy": _mean(agree), "threshold": self.threshold})
 
     def lineage(self) -> list[LineageInput]:
         return self.scorer.lineage()

@@ -139,3 +139,18 @@ def load_scorer(warehouse: Warehouse, kind: str, *, endpoint: str | None = None)
         )
     model = found[0]
     return LocalScorer(model.checkpoint_path, home=warehouse.home, materialization_id=model.materialization_id)
+
+
+def report_threshold(warehouse: Warehouse, model_id: str | None, default: float = 0.5) -> float:
+    """The success threshold the evaluation report chose for a model on the validation split
+    (``rm_metrics`` metric ``threshold``), or ``default`` when the model was never reported."""
+    if model_id is None:
+        return default
+    try:
+        rows = warehouse.query(
+            "SELECT value FROM rm_metrics WHERE model_id = ? AND metric = 'threshold' AND value IS NOT NULL LIMIT 1",
+            [model_id],
+        ).to_pylist()
+    except Exception:  # noqa: BLE001 - no rm_metrics yet: the default
+        return default
+    return float(rows[0]["value"]) if rows else default

@@ -70,7 +70,7 @@ from warehouse.storage import git_revision
 from warehouse.tables_rl import AGENT_EVAL, AGENT_EVAL_EPISODES, POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
 from warehouse.trajectories import load_trajectories
 
-RL_CODE_VERSION = "rl-1"
+RL_CODE_VERSION = "rl-2"  # 2: the ORM reward judges with its report's threshold
 TRAIN_SEED_BASE = 1_000_000
 SELECTION_SEED_BASE = 2_000_000
 HELD_OUT_SEED_BASE = 3_000_000
@@ -146,7 +146,7 @@ class RLSettings:
         """``<source>-<estimator>-s<seed>-<hash>``: the hash covers the SFT policy the run starts
         from and every other setting that changes what it learns (not the budget of iterations,
         which a resumed run may extend, nor where rewards are computed)."""
-        settings = asdict(self) | {"sft_policy_id": sft_policy_id}
+        settings = asdict(self) | {"sft_policy_id": sft_policy_id, "code_version": RL_CODE_VERSION}
         for name in ("reward_source", "estimator", "rl_seed", "workers", "reward_endpoint", "iterations"):
             settings.pop(name)
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:6]

@@ -73,7 +73,7 @@ SUMMARY_FILE = "training_summary.json"
 TABLE5_DEFAULTS: dict = {
     "learning_rate": 5e-5,
     "global_batch_size": 128,
-    "per_device_train_batch_size": 4,
+    "per_device_train_batch_size": 0,  # 0: from the backbone's size (per_device_batch_for); 4 for a 7B model
     "per_device_eval_batch_size": 8,
     "num_train_epochs": 3.0,
     "lr_scheduler_type": "cosine",
@@ -301,6 +301,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def cuda_arch_list_for_deepspeed(arch_list: str) -> str:
+    """``TORCH_CUDA_ARCH_LIST`` as DeepSpeed 0.19's op builder parses it: GPU images set Hopper as
+    ``9.0a`` (the arch-specific variant), which the builder cannot read; ``9.0`` builds the same ops.
+    Separators (spaces or semicolons) and ``+PTX`` are kept."""
+    import re
+
+    return re.sub(r"(\d+\.\d+)a\b", r"\1", arch_list)
+
+
 def prepare_deepspeed_environment() -> None:
     """Make a plain ``python`` start work with DeepSpeed: a one-process 'cluster' on 127.0.0.1
     (else DeepSpeed looks for MPI), a persistent cache for compiled ops, and on CPU with one
@@ -316,6 +325,9 @@ def prepare_deepspeed_environment() -> None:
             }
         )
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "stepwise" / "torch_extensions"))
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if arch:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list_for_deepspeed(arch)
     if not torch.cuda.is_available() and os.environ.get("WORLD_SIZE", "1") == "1":
         import deepspeed.ops
 
@@ -353,6 +365,12 @@ def parse_args(argv: list[str] | None = None):
     }
     parser.set_defaults(**(defaults | PROFILES[known.profile]))
     model_config, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if training_args.per_device_train_batch_size <= 0:  # "auto": what the backbone's size allows
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        per_device = per_device_batch_for(
+            data_args.global_batch_size or 128, world, approximate_parameters(model_config.backbone)
+        )
+        training_args = replace(training_args, per_device_train_batch_size=per_device)
     if data_args.global_batch_size:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         per_step = training_args.per_device_train_batch_size * world
@@ -361,6 +379,41 @@ def parse_args(argv: list[str] | None = None):
             training_args, gradient_accumulation_steps=max(1, math.ceil(data_args.global_batch_size / per_step))
         )
     return model_config, data_args, with_best_model_selection(training_args, data_args.early_stopping_patience)
+
+
+def approximate_parameters(backbone: str) -> int:
+    """A transformer backbone's parameter count from its config alone (no weights loaded):
+    12 h^2 L for the blocks plus the embeddings. 0 when the config cannot be read."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(backbone)
+    except (OSError, ValueError):
+        return 0
+    hidden = int(getattr(config, "hidden_size", 0) or 0)
+    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    return 12 * hidden * hidden * layers + vocab * hidden
+
+
+def per_device_batch_for(global_batch: int, world_size: int, n_parameters: int) -> int:
+    """Examples per device per forward pass for a global batch, by backbone size (full fine-tune in
+    bf16 with activation checkpointing under ZeRO-2, 80 GB devices). Table 5's 4 per device is what
+    a 7B model fits; a small backbone at 4 per device leaves the GPU idle most of the time (11%
+    utilisation measured on an H100 with a 189M model: 9.2 s a step at 4 per device against 2.2 s at
+    32, for the same global batch of 128), so smaller models take larger micro-batches. The rest of
+    the global batch is gradient accumulation."""
+    if n_parameters >= 4_000_000_000:
+        cap = 4
+    elif n_parameters >= 1_000_000_000:
+        cap = 16
+    else:
+        cap = 32
+    share = max(1, global_batch // max(1, world_size))
+    per_device = 1
+    while per_device * 2 <= min(cap, share):
+        per_device *= 2
+    return per_device
 
 
 def with_best_model_selection(args, patience: int):
@@ -535,6 +588,11 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         "validation_metrics": {k.removeprefix("eval_"): v for k, v in metrics.items()},
         "label_versions": label_versions,
         "used_deepspeed": bool(args.deepspeed),
+        # asked for, and in effect on the backbone the engine trained (full mode only)
+        "activation_checkpointing": {
+            "requested": bool(getattr(args, "activation_checkpointing", False)),
+            "active": bool(getattr(trainer.model, "is_activation_checkpointing", False)),
+        },
         # what the DeepSpeed engine was configured with (its "auto" values filled in by the Trainer)
         "deepspeed_batch": {
             k: args.hf_deepspeed_config.config.get(k)

@@ -270,30 +270,6 @@ def minilm_path() -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen2_path(tmp_path_factory, minilm_path) -> str:
-    """A 2-layer Qwen2 built from a config, with the MiniLM tokenizer (NOTES.md): LLM-shaped, random."""
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2Model
-
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
-    config = Qwen2Config(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    Qwen2Model(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="session")
 def tiny_examples(tiny_home, tmp_path_factory) -> dict[str, Path]:
     """rm_examples Parquet files per kind, built from the tiny warehouse."""
     import pyarrow.parquet as pq

@@ -134,12 +134,12 @@ def test_frozen_segment_model_trains_and_round_trips(tmp_path):
     assert scorer.metadata["model_id"] == "x"
 
 
-def test_decoder_backbone_full_mode_uses_last_token_pooling(tiny_qwen2_path, tmp_path):
+def test_decoder_backbone_full_mode_uses_last_token_pooling(tiny_causal_lm_path, tmp_path):
     """The GPU path, shaped like Qwen2.5-7B: a 2-layer Qwen2 from a config with the MiniLM tokenizer."""
-    config = RewardModelConfig(kind="orm", backbone=tiny_qwen2_path, encoder_mode="full", max_length=256)
+    config = RewardModelConfig(kind="orm", backbone=tiny_causal_lm_path, encoder_mode="full", max_length=256)
     model = build_reward_model(config)
     assert model.pooling == "last_token" and resolve_pooling(model.backbone.config) == "last_token"
-    tokenizer = load_tokenizer(tiny_qwen2_path)
+    tokenizer = load_tokenizer(tiny_causal_lm_path)
     texts = prompt_texts(STATES[:2], "orm", tokenizer, config)
     assert "judgment about the success or failure" in texts[0]
     batch = tokenize_prompts(texts, tokenizer, config.max_length)
@@ -160,8 +160,8 @@ def test_decoder_backbone_full_mode_uses_last_token_pooling(tiny_qwen2_path, tmp
     np.testing.assert_allclose(scorer.score_states(STATES[:2]), expected, atol=1e-4)
 
 
-def test_decoder_backbone_as_frozen_segment_encoder(tiny_qwen2_path):
-    config = RewardModelConfig(kind="prm", backbone=tiny_qwen2_path, quantize_encoder=False)
+def test_decoder_backbone_as_frozen_segment_encoder(tiny_causal_lm_path):
+    config = RewardModelConfig(kind="prm", backbone=tiny_causal_lm_path, quantize_encoder=False)
     scorer = RewardScorer(build_reward_model(config, input_dim=64), encoder=SegmentEncoder(config))
     assert scorer.encoder.pooling == "last_token"
     scores = scorer.score_states(STATES)

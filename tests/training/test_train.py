@@ -269,14 +269,22 @@ def test_deepspeed_zero2_on_cpu_kill_and_resume(tiny_examples, tmp_path):
 
 
 @pytest.mark.e2e
-def test_full_finetune_path_on_a_decoder(tiny_qwen2_path, tiny_examples, tmp_path):
-    """The GPU path (full fine-tune, last-token pooling) through the same script, on a tiny Qwen2."""
+def test_full_finetune_path_on_a_decoder(tiny_causal_lm_path, tiny_examples, tmp_path):
+    """The GPU path (full fine-tune, last-token pooling) through the same script, on a tiny Qwen2
+    whose tokenizer matches it: a prompt round-trips and fits the length budget (with MiniLM's BERT
+    tokenizer beside a Qwen2 config every prompt was cut into single characters)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_causal_lm_path)
+    prompt = 'Enter the username "renda" and press login\ntextbox#username [clickable, editable]'
+    ids = tokenizer(prompt)["input_ids"]
+    assert tokenizer.decode(ids) == prompt and len(ids) < len(prompt) / 2
     argv = _train_argv(
         "orm",
         tiny_examples["orm"],
         tmp_path,
         "--backbone",
-        tiny_qwen2_path,
+        tiny_causal_lm_path,
         "--encoder_mode",
         "full",
         "--max_length",
@@ -300,3 +308,50 @@ def test_full_finetune_path_on_a_decoder(tiny_qwen2_path, tiny_examples, tmp_pat
     assert scorer.config.encoder_mode == "full" and scorer.model.pooling == "last_token"
     score = scorer.score_states([StepState("Click ok", ('CLICK(button "ok")',), ('button "ok"',))])
     assert score.shape == (1,) and 0 < score[0] < 1
+
+
+@pytest.mark.e2e
+def test_activation_checkpointing_is_in_effect_under_deepspeed(tiny_causal_lm_path, tiny_examples, tmp_path):
+    """Full mode under DeepSpeed ZeRO-2 with --activation_checkpointing: the backbone the engine
+    trains checkpoints its layers (the summary reads it off the trained model, not the flag)."""
+    argv = _train_argv(
+        "orm",
+        tiny_examples["orm"],
+        tmp_path,
+        "--backbone",
+        tiny_causal_lm_path,
+        "--encoder_mode",
+        "full",
+        "--max_length",
+        "256",
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "2",
+        "--deepspeed",
+        str(DS_ZERO2_CPU),
+        "--activation_checkpointing",
+        "true",
+    )
+    done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "trainer" / "training_summary.json").read_text())
+    assert summary["used_deepspeed"] and summary["activation_checkpointing"] == {"requested": True, "active": True}
+
+
+def test_per_device_batch_follows_the_backbone_size():
+    from training.train import per_device_batch_for
+
+    # a 7B model: Table 5's 4 per device; the rest of 128 is accumulation over 8 GPUs (4 x 8 x 4)
+    assert per_device_batch_for(128, 8, 7_000_000_000) == 4
+    assert per_device_batch_for(128, 1, 1_500_000_000) == 16
+    assert per_device_batch_for(128, 1, 189_000_000) == 32  # small backbones are host-bound at 4
+    assert per_device_batch_for(8, 4, 189_000_000) == 2  # never more than a device's share
+
+
+def test_hopper_arch_list_is_made_readable_for_deepspeed():
+    from training.train import cuda_arch_list_for_deepspeed
+
+    assert cuda_arch_list_for_deepspeed("9.0a") == "9.0"
+    assert cuda_arch_list_for_deepspeed("8.0;9.0a+PTX") == "8.0;9.0+PTX"
+    assert cuda_arch_list_for_deepspeed("7.5 8.6") == "7.5 8.6"

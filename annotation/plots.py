@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from warehouse.figures import Markdown, figure_markdown, pyplot
+from warehouse.figures import Markdown, figure_markdown, integer_ticks, pyplot
 
 STYLE = {"lcs/paper": ("#999", "--"), "lcs/improved": ("#1f77b4", "-"), "env": ("#2ca02c", ":")}
 
@@ -57,6 +57,7 @@ def progress_curves_plot(
             ax.set_title(f"{t.task_id} ({outcome})", fontsize=8)
             ax.set_ylim(-0.05, 1.05)
             ax.set_xlabel("step", fontsize=7)
+            integer_ticks(ax)
             ax.tick_params(labelsize=7)
             if row == 0 and col == 0:
                 ax.legend(fontsize=6, loc="upper left")
@@ -102,13 +103,11 @@ def quality_plot(rows: Sequence[Mapping], path: Path) -> Markdown:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.3 * len(names) + 1.5))
     for offset, method, colour in ((-0.2, "paper", "#999"), (0.2, "improved", "#1f77b4")):
-        ax.barh(
-            [i + offset for i in range(len(names))],
-            [by_set[n].get(method, 0) for n in names],
-            height=0.4,
-            color=colour,
-            label=method,
-        )
+        bars = [(i, by_set[n][method]) for i, n in enumerate(names) if by_set[n].get(method) is not None]
+        ax.barh([i + offset for i, _ in bars], [v for _, v in bars], height=0.4, color=colour, label=method)
+        for i, n in enumerate(names):  # a missing value is said, not drawn as a zero bar
+            if by_set[n].get(method) is None:
+                ax.text(0, i + offset, " n/a", va="center", fontsize=6, color=colour)
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_xlabel("key-step progress error (lower is better)")
     ax.invert_yaxis()

@@ -9,7 +9,7 @@ from pathlib import Path
 from dagster import AssetCheckResult, AssetExecutionContext, Config, MaterializeResult, asset, asset_check
 from pydantic import Field
 
-from assets.metadata import check_result, to_metadata, unique_key_checks
+from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import WarehouseResource
 from envs.miniwob.demonstrations import (
     ASSET_NAME,
@@ -84,6 +84,7 @@ def human_demonstrations(
                 "success_by_task": success_by_task_plot(wh, report.import_root),
             }
         )
+        | table_metadata(wh, "episodes", also=("steps", "source_files", "quarantine"))
     )
 
 

@@ -29,7 +29,7 @@ from annotation.labels import (
     run_split,
     run_synthesis,
 )
-from assets.metadata import check_result, to_metadata, unique_key_checks
+from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import WarehouseResource
 
 GROUP = "labels"
@@ -66,8 +66,12 @@ class LabelReportConfig(Config):
 def synthetic_trajectories(
     context: AssetExecutionContext, config: SynthesisConfig, warehouse: WarehouseResource
 ) -> MaterializeResult:
-    result = run_synthesis(warehouse.get(), seed=config.seed, run_id=context.run_id, log=context.log.info)
-    return MaterializeResult(metadata=to_metadata({k: result[k] for k in ("episodes", "steps", "kinds")}))
+    wh = warehouse.get()
+    result = run_synthesis(wh, seed=config.seed, run_id=context.run_id, log=context.log.info)
+    return MaterializeResult(
+        metadata=to_metadata({k: result[k] for k in ("episodes", "steps", "kinds")})
+        | table_metadata(wh, "episodes", also=("steps",))
+    )
 
 
 @multi_asset(
@@ -114,7 +118,8 @@ def recipes_and_progress_labels(
                 "tasks_without_recipe": summary.tasks_without_recipe,
                 "path": summary.outputs["recipes"],
             }
-        ),
+        )
+        | table_metadata(wh, "recipes"),
     )
     yield MaterializeResult(
         asset_key="progress_labels",
@@ -127,7 +132,8 @@ def recipes_and_progress_labels(
                 "progress_curves": summary.plots["progress_curves"],
                 "label_distribution": summary.plots["label_distribution"],
             }
-        ),
+        )
+        | table_metadata(wh, "progress_labels", also=("label_notes",)),
     )
     for name, outcome in check_progress_labels(wh).items():
         yield check_result(outcome, check_name=name, asset_key="progress_labels")
@@ -144,8 +150,9 @@ def recipes_and_progress_labels(
 def progress_split(
     context: AssetExecutionContext, config: SplitConfig, warehouse: WarehouseResource
 ) -> MaterializeResult:
-    result = run_split(warehouse.get(), by=config.by, seed=config.seed, run_id=context.run_id, log=context.log.info)
-    return MaterializeResult(metadata=to_metadata({"splits": result["splits"]}))
+    wh = warehouse.get()
+    result = run_split(wh, by=config.by, seed=config.seed, run_id=context.run_id, log=context.log.info)
+    return MaterializeResult(metadata=to_metadata({"splits": result["splits"]}) | table_metadata(wh, "progress_split"))
 
 
 @asset(
@@ -159,13 +166,13 @@ def progress_split(
 def label_quality_report(
     context: AssetExecutionContext, config: LabelReportConfig, warehouse: WarehouseResource
 ) -> MaterializeResult:
-    report = run_label_quality_report(
-        warehouse.get(), specs_dir=config.task_specs_dir, run_id=context.run_id, log=context.log.info
-    )
+    wh = warehouse.get()
+    report = run_label_quality_report(wh, specs_dir=config.task_specs_dir, run_id=context.run_id, log=context.log.info)
     return MaterializeResult(
         metadata=to_metadata(
             {"summary": report.summary, "per_task": report.per_task, "key_step_progress_error": report.plot}
         )
+        | table_metadata(wh, "label_quality")
     )
 
 

@@ -13,12 +13,17 @@ from dagster import (
     AssetCheckSeverity,
     AssetCheckSpec,
     MetadataValue,
+    TableColumn,
+    TableColumnConstraints,
+    TableSchema,
     multi_asset_check,
 )
 
 from assets.resources import WarehouseResource
+from warehouse.catalog import Warehouse
 from warehouse.checks import CheckOutcome, check_unique_key
 from warehouse.figures import Markdown
+from warehouse.schema import TABLE_SCHEMAS, table_key
 
 
 def metadata_value(value: Any) -> Any:
@@ -73,3 +78,31 @@ def unique_key_checks(asset: str, tables: Mapping[str, pa.Schema | None]) -> Ass
             )
 
     return keys_unique
+
+
+def table_metadata(warehouse: Warehouse, table: str, *, also: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Dagster's standard table metadata for the table an asset writes: its column schema (from the
+    Arrow schema, with the declared key said in the description) and its row count as SQL users
+    see it (the view over every current version), plus the row counts of ``also``."""
+    schema = TABLE_SCHEMAS.get(table)
+    out: dict[str, Any] = {}
+    if schema is not None:
+        key = set(table_key(schema))
+        out["dagster/column_schema"] = TableSchema(
+            columns=[
+                TableColumn(
+                    name=f.name,
+                    type=str(f.type),
+                    description="key" if f.name in key else None,
+                    constraints=TableColumnConstraints(nullable=f.nullable),
+                )
+                for f in schema
+            ]
+        )
+    for name in (table, *also):
+        try:
+            rows = int(warehouse.query(f"SELECT count(*) AS n FROM {name}").to_pylist()[0]["n"])
+        except Exception:  # noqa: BLE001 - a table not written yet has no count to report
+            continue
+        out["dagster/row_count" if name == table else f"rows_{name}"] = rows
+    return out

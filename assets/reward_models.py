@@ -18,7 +18,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.metadata import check_result, to_metadata, unique_key_checks
+from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import WarehouseResource
 from training.reward_models import (
     DATASET_CODE_VERSION,
@@ -84,9 +84,11 @@ def reward_model_datasets(
     context: AssetExecutionContext, config: RewardModelDatasetConfig, warehouse: WarehouseResource
 ) -> MaterializeResult:
     options = dataset_options(**config.model_dump())
-    result = build_dataset(warehouse.get(), context.partition_key, options, run_id=context.run_id, log=context.log.info)
+    wh = warehouse.get()
+    result = build_dataset(wh, context.partition_key, options, run_id=context.run_id, log=context.log.info)
     return MaterializeResult(
-        metadata=to_metadata(result.metadata), check_results=[check_result(result.check, check_name="dataset_is_valid")]
+        metadata=to_metadata(result.metadata) | table_metadata(wh, "rm_examples"),
+        check_results=[check_result(result.check, check_name="dataset_is_valid")],
     )
 
 
@@ -134,9 +136,11 @@ def reward_model(
     context: AssetExecutionContext, config: RewardModelTrainingConfig, warehouse: WarehouseResource
 ) -> MaterializeResult:
     settings = TrainingSettings(**config.model_dump() | {"extra_args": tuple(config.extra_args)})
-    result = train_model(warehouse.get(), context.partition_key, settings, run_id=context.run_id, log=context.log.info)
+    wh = warehouse.get()
+    result = train_model(wh, context.partition_key, settings, run_id=context.run_id, log=context.log.info)
     return MaterializeResult(
-        metadata=to_metadata(result.metadata), check_results=[check_result(result.check, check_name="checkpoint_loads")]
+        metadata=to_metadata(result.metadata) | table_metadata(wh, "models"),
+        check_results=[check_result(result.check, check_name="checkpoint_loads")],
     )
 
 
@@ -161,8 +165,11 @@ def reward_model_report(
     context: AssetExecutionContext, config: RewardModelReportConfig, warehouse: WarehouseResource
 ) -> MaterializeResult:
     settings = ReportSettings(**config.model_dump() | {"kinds": tuple(config.kinds)})
-    metadata = run_evaluation_report(warehouse.get(), settings, run_id=context.run_id, log=context.log.info)
-    return MaterializeResult(metadata=to_metadata(metadata))
+    wh = warehouse.get()
+    metadata = run_evaluation_report(wh, settings, run_id=context.run_id, log=context.log.info)
+    return MaterializeResult(
+        metadata=to_metadata(metadata) | table_metadata(wh, "rm_metrics", also=("rm_predictions",))
+    )
 
 
 @asset_check(asset=REPORT_ASSET, description="ORM, ProgRM-LCS and ProgRM-Env each have Table 2-3 metrics, none NaN")

@@ -25,7 +25,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.metadata import check_result, to_metadata, unique_key_checks
+from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import EnvPoolResource, WarehouseResource
 from training.rl.runs import (
     RL_CODE_VERSION,
@@ -119,9 +119,10 @@ def policy_sft(
         high=config.high,
         workers=config.workers,
     )
+    wh = warehouse.get()
     try:
         result = run_policy_sft(
-            warehouse.get(),
+            wh,
             settings,
             lambda workers: env_pool.pool("miniwob", workers, log=context.log.warning),
             run_id=context.run_id,
@@ -129,7 +130,7 @@ def policy_sft(
         )
     except RLStageError as exc:
         raise Failure(str(exc)) from None
-    return MaterializeResult(metadata=to_metadata(result))
+    return MaterializeResult(metadata=to_metadata(result) | table_metadata(wh, "policies", also=("agent_eval",)))
 
 
 @asset(
@@ -158,7 +159,9 @@ def rl_run(
         )
     except (RLStageError, ValueError) as exc:
         raise Failure(str(exc)) from None
-    yield MaterializeResult(metadata=to_metadata(result))
+    yield MaterializeResult(
+        metadata=to_metadata(result) | table_metadata(wh, "rl_iterations", also=("rl_step_rewards",))
+    )
     yield check_result(check_rl_run(wh, result["run_key"], settings.iterations), check_name="every_iteration_recorded")
 
 
@@ -192,7 +195,9 @@ def agent_evaluation(
         )
     except RLStageError as exc:
         raise Failure(str(exc)) from None
-    return MaterializeResult(metadata=to_metadata(result))
+    return MaterializeResult(
+        metadata=to_metadata(result) | table_metadata(wh, "agent_eval", also=("agent_eval_episodes",))
+    )
 
 
 @asset(

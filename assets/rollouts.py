@@ -27,7 +27,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.metadata import check_result, to_metadata, unique_key_checks
+from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import EnvPoolResource, WarehouseResource
 from envs.rollouts import (
     ANDROID_ASSET_NAME,
@@ -88,9 +88,10 @@ def _materialize(
         seeds=tuple(config.seeds),
         max_steps=config.max_steps,
     )
+    wh = warehouse.get()
     try:
         summary = run_rollout_batch(
-            warehouse.get(),
+            wh,
             request,
             lambda workers: env_pool.pool(backend, workers, log=context.log.warning),
             asset=asset_name,
@@ -103,7 +104,9 @@ def _materialize(
         )
     except RolloutError as exc:
         raise Failure(str(exc)) from None
-    return MaterializeResult(metadata=to_metadata(summary.metadata()))
+    return MaterializeResult(
+        metadata=to_metadata(summary.metadata()) | table_metadata(wh, "episodes", also=("steps", ATTEMPTS_TABLE))
+    )
 
 
 @asset(

@@ -39,6 +39,7 @@ from training.rm_datasets import (
     progress_gains,
     state_for,
 )
+from warehouse.figures import integer_ticks
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -485,6 +486,7 @@ def plot_training_curves(summary: Mapping, path: Path) -> Path:
         fontsize=10,
     )
     ax.set_xlabel("optimizer step")
+    integer_ticks(ax)
     ax.set_ylabel("loss (BCE / MSE)")
     ax.legend(fontsize=8)
     fig.tight_layout()

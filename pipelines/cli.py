@@ -46,15 +46,32 @@ def _print_table(table, max_rows: int = 50) -> None:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
+    """One query, or (without one) the interactive shell; a query read from a pipe runs as a script."""
     import duckdb
 
+    from pipelines.sql_shell import error_hint, shell
     from warehouse.catalog import Warehouse
 
     warehouse = Warehouse()
+    if args.query is None:
+        lines = None if sys.stdin.isatty() else sys.stdin.read().splitlines()
+        return shell(warehouse, lambda table: _print_table(table, args.max_rows), lines)
     try:
         table = warehouse.query(args.query)
     except duckdb.Error as exc:
-        print(f"stepwise sql: {exc}", file=sys.stderr)
+        print(f"stepwise sql: {error_hint(warehouse, exc)}", file=sys.stderr)
+        return 2
+    _print_table(table, args.max_rows)
+    return 0
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    """Where an episode came from: the table version holding it and everything behind it."""
+    from warehouse.catalog import Warehouse
+
+    table = Warehouse().lineage_of(args.episode_id)
+    if not table.num_rows:
+        print(f"stepwise lineage: no current version holds episode {args.episode_id!r}", file=sys.stderr)
         return 2
     _print_table(table, args.max_rows)
     return 0
@@ -120,11 +137,15 @@ def cmd_label(args: argparse.Namespace) -> int:
 
 
 def cmd_label_report(args: argparse.Namespace) -> int:
-    from annotation.labels import run_label_report
-    from envs.tasks import TaskSpecError
+    from annotation.labels import default_specs_dir, run_label_report
+    from envs.tasks import TaskSpecError, load_task_specs
     from warehouse.catalog import Warehouse
 
+    folder = Path(args.tasks or default_specs_dir())
     try:
+        if not folder.is_dir() or not load_task_specs(folder):
+            print(f"stepwise label-report: no task specs (*.yaml) in {folder}", file=sys.stderr)
+            return 2
         rows = run_label_report(Warehouse(), specs_dir=args.tasks, publish=not args.no_save)
     except TaskSpecError as exc:
         print(f"stepwise label-report: {exc}", file=sys.stderr)
@@ -456,10 +477,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", default=None, help="folder of task specs (YAML, one per task); default: envs/task_specs")
     p.add_argument("--no-save", action="store_true", help="print only; do not write the label_quality table")
     p.set_defaults(func=cmd_label_report)
-    p = sub.add_parser("sql", help="run a SQL query against the warehouse and print the result")
-    p.add_argument("query")
+    p = sub.add_parser("sql", help="run a SQL query against the warehouse (no query: an interactive shell)")
+    p.add_argument("query", nargs="?", default=None, help="a query; without one, a shell (.tables, .schema VIEW)")
     p.add_argument("--max-rows", type=int, default=50)
     p.set_defaults(func=cmd_sql)
+    p = sub.add_parser("lineage", help="where an episode came from, down to the raw files")
+    p.add_argument("episode_id")
+    p.add_argument("--max-rows", type=int, default=100)
+    p.set_defaults(func=cmd_lineage)
     p = sub.add_parser(
         "reward-models", help="train reward models (dataset + model per kind), then the evaluation report"
     )

@@ -162,13 +162,14 @@ class Warehouse:
 
     def _views_for_this_home(self, con: duckdb.DuckDBPyConnection, read_only: bool) -> duckdb.DuckDBPyConnection:
         """The views name absolute paths: when the catalog was last viewed from another location (a
-        copied or moved home) or by an older version, rebuild them here once. Returns a connection
-        of the asked mode."""
+        copied or moved home) or by an older version (no view yet for a table it now knows), rebuild
+        them here once. Returns a connection of the asked mode."""
         try:
             rows = con.execute("SELECT value FROM catalog_meta WHERE key = 'views_home'").fetchall()
         except duckdb.CatalogException:
             rows = []
-        if rows and rows[0][0] == str(self.home):
+        views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+        if rows and rows[0][0] == str(self.home) and set(TABLE_SCHEMAS) <= views:
             self._views_checked = True
             return con
         if read_only:
@@ -361,6 +362,41 @@ class Warehouse:
             for r in rows
             if r["dataset"] != exclude_dataset
         ]
+
+    def views(self) -> list[str]:
+        """The SQL views users query (one per table, plus ``lineage``), sorted."""
+        with self.connect(read_only=True) as con:
+            rows = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY 1").fetchall()
+        return [r[0] for r in rows]
+
+    def columns(self, view: str) -> list[tuple[str, str]]:
+        """(name, type) of a view's columns; KeyError naming the views that exist when it is not one."""
+        known = self.views()
+        if view not in known:
+            raise KeyError(f"no view {view!r}; the views are: {', '.join(known)}")
+        with self.connect(read_only=True) as con:
+            rows = con.execute(
+                "SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = ? ORDER BY column_index",
+                [view],
+            ).fetchall()
+        return [(str(name), str(kind)) for name, kind in rows]
+
+    def lineage_of(self, episode_id: str) -> pa.Table:
+        """Where an episode came from: the current table version holding it and, transitively,
+        everything that version was made from, down to raw files (rows as :meth:`walk_back`).
+        Empty when no current version holds the episode."""
+        versions = self.current_versions("episodes")
+        if not versions:
+            return pa.table({})
+        paths = _sql_list([str(path) for _, _, path in versions])
+        found = self.query(
+            f"SELECT DISTINCT filename FROM read_parquet({paths}, filename = true, union_by_name = true) "
+            "WHERE episode_id = ?",
+            [episode_id],
+        ).to_pylist()
+        if not found:
+            return pa.table({})
+        return self.walk_back(found[0]["filename"])
 
     def walk_back(self, output_path: str) -> pa.Table:
         """Every input, transitively, behind the materialization that wrote ``output_path``.

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from warehouse.catalog import Warehouse
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STEPWISE = Path(sys.executable).with_name("stepwise")
 
@@ -32,3 +34,27 @@ def test_cli_import_demos_and_sql(small_demos, home):
         [STEPWISE, "import-demos", str(home / "nowhere")], capture_output=True, text=True, env=env, timeout=120
     )
     assert missing.returncode == 2 and "not a folder" in missing.stderr
+
+
+def test_sql_shell_lineage_and_one_line_errors(small_demos, home, tmp_path):
+    env = {"STEPWISE_HOME": str(home), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([STEPWISE, "import-demos", str(small_demos)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    script = ".tables\n.schema steps\nSELECT count(*) AS n\n  FROM episodes;\n.quit\n"
+    shell = subprocess.run([STEPWISE, "sql"], input=script, capture_output=True, text=True, env=env, timeout=120)
+    assert shell.returncode == 0, shell.stderr
+    assert "episodes" in shell.stdout and "step_idx" in shell.stdout and "INTEGER" in shell.stdout
+    bad = subprocess.run([STEPWISE, "sql"], input="SELECT * FROM stepz;\n", capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "views: " in bad.stderr and "steps" in bad.stderr
+    episode = Warehouse(home).query("SELECT episode_id FROM episodes LIMIT 1").to_pylist()[0]["episode_id"]
+    lineage = subprocess.run([STEPWISE, "lineage", episode], capture_output=True, text=True, env=env, timeout=120)
+    assert lineage.returncode == 0 and "human_demonstrations" in lineage.stdout and "file" in lineage.stdout
+    missing = subprocess.run([STEPWISE, "lineage", "nope"], capture_output=True, text=True, env=env)
+    assert missing.returncode == 2 and "no current version holds episode 'nope'" in missing.stderr
+    (tmp_path / "specs").mkdir()
+    report = subprocess.run(
+        [STEPWISE, "label-report", "--tasks", str(tmp_path / "specs")], capture_output=True, text=True, env=env
+    )
+    assert report.returncode == 2 and report.stderr.strip().count("\n") == 0 and "no task specs" in report.stderr
+    empty = subprocess.run([STEPWISE, "import-demos", str(tmp_path / "specs")], capture_output=True, text=True, env=env)
+    assert empty.returncode == 2 and "no recordings" in empty.stderr and "Traceback" not in empty.stderr

@@ -149,6 +149,7 @@ class RewardModelReportConfig(Config):
     threshold_split: str = Field(default="validation", description="split on which success thresholds are chosen")
     kinds: list[str] = Field(default_factory=lambda: list(REWARD_MODEL_KINDS))
     latency_calls: int = Field(default=100, description="single-state calls timed per model")
+    max_trajectories: int | None = Field(default=None, description="a fixed sample of each split (quick report)")
     threads: int = 2
 
 

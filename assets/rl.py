@@ -61,6 +61,7 @@ class PolicySFTConfig(Config):
     max_tasks: int = Field(default=4, description="tasks of the experiment")
     low: float = Field(default=0.1, description="a task is chosen when SFT success is above this ...")
     high: float = Field(default=0.9, description="... and below this")
+    max_episodes_per_task: int = Field(default=400, description="successful trajectories per task used for SFT")
     workers: int = 2
 
 
@@ -117,6 +118,7 @@ def policy_sft(
         max_tasks=config.max_tasks,
         low=config.low,
         high=config.high,
+        max_episodes_per_task=config.max_episodes_per_task,
         workers=config.workers,
     )
     wh = warehouse.get()

@@ -176,8 +176,22 @@ def _print_report(report) -> None:
     )
 
 
+#: What `stepwise demo` runs after the labels, reduced so that the whole graph runs in minutes.
+DEMO_REWARD_MODELS = ("orm", "progrm_lcs", "progrm_env")
+DEMO = {
+    "reward_model": {"max_steps": 150, "max_train_examples": 6000},
+    "reward_model_report": {"latency_calls": 20, "max_trajectories": 400},
+    "policy_sft": {"selection_seeds": 4, "held_out_seeds": 8, "max_tasks": 2, "epochs": 6, "max_episodes_per_task": 60},
+    "runs": ("outcome", "progrm_env"),
+    "rl_run": {"iterations": 3, "instances_per_task": 2, "group_size": 2},
+    "agent_evaluation": {"held_out_seeds": 8},
+}
+DEMO_STAGES = ("rollouts", "labels", "reward_models", "rl")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Materialize the whole asset graph (with its checks) into the local Dagster instance."""
+    """Materialize every stage of the asset graph (with its checks) into the local Dagster instance,
+    on embedded defaults, reduced where a stage is long; prints which stage runs and how far."""
     prepare_dagster_home()
     from dagster import DagsterInstance, MultiPartitionKey
 
@@ -185,68 +199,131 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pipelines.definitions import defs
     from warehouse.catalog import Warehouse
 
+    stages = DEMO_STAGES[: DEMO_STAGES.index(args.until) + 1]
     started = time.perf_counter()
     quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
-    rollout_runs = []
-    with DagsterInstance.get() as instance:
-        # First a batch of live rollouts (Chromium) per MiniWoB++ family, so the labels stage
-        # below sees human demonstrations and rollouts alike.
-        rollout_job = defs.resolve_job_def("miniwob_rollouts_job")
-        for family in families("miniwob"):
-            partition = MultiPartitionKey({"batch": "b00", "family": family})
-            run = rollout_job.execute_in_process(
-                instance=instance,
-                partition_key=partition,
-                raise_on_error=False,
-                run_config=quiet | {"ops": {"rollouts": {"config": {"episodes_per_task": args.episodes_per_task}}}},
-            )
-            rollout_runs.append((str(partition), run.success))
-        result = defs.resolve_job_def("stepwise_main").execute_in_process(
-            instance=instance, raise_on_error=False, run_config=quiet
+    outcomes: list[tuple[str, bool]] = []
+    checks: list = []  # asset-check evaluations of every run
+
+    def stage(number: int, name: str, detail: str) -> None:
+        print(
+            f"\n== [{number}/{len(stages)}] {name}: {detail} ({time.perf_counter() - started:.0f} s so far)", flush=True
         )
+
+    def run(job: str, label: str, partition=None, config: dict | None = None) -> bool:
+        result = defs.resolve_job_def(job).execute_in_process(
+            instance=instance, partition_key=partition, raise_on_error=False, run_config=quiet | {"ops": config or {}}
+        )
+        outcomes.append((label, result.success))
+        checks.extend(result.get_asset_check_evaluations())
+        return result.success
+
+    with DagsterInstance.get() as instance:
+        # A batch of live rollouts (Chromium) per MiniWoB++ family, so the labels stage below sees
+        # human demonstrations and rollouts alike.
+        stage(1, "rollouts", f"{args.episodes_per_task} live episodes per catalog task in Chromium")
+        for family in families("miniwob"):
+            run(
+                "miniwob_rollouts_job",
+                f"rollouts b00|{family}",
+                MultiPartitionKey({"batch": "b00", "family": family}),
+                {"rollouts": {"config": {"episodes_per_task": args.episodes_per_task}}},
+            )
+        stage(2, "demonstrations and labels", "import, synthesis, recipes, progress labels, split, label report")
+        main_ok = run("stepwise_main", "stepwise_main")
+        if "reward_models" in stages and main_ok:
+            for i, kind in enumerate(DEMO_REWARD_MODELS):
+                stage(3, "reward models", f"{kind} ({i + 1}/{len(DEMO_REWARD_MODELS)}), a short training")
+                run("reward_models", f"reward_models[{kind}]", kind, {"reward_model": {"config": DEMO["reward_model"]}})
+            stage(3, "reward models", "the evaluation report (ProgRM Tables 2-3) on a sample of the held-out split")
+            run(
+                "reward_model_evaluation",
+                "reward_model_evaluation",
+                None,
+                {"reward_model_report": {"config": DEMO["reward_model_report"]}},
+            )
+        if "rl" in stages and all(ok for _, ok in outcomes):
+            stage(4, "RL", "SFT policy, task choice and held-out evaluation")
+            if run("policy_sft_job", "policy_sft", None, {"policy_sft": {"config": DEMO["policy_sft"]}}):
+                for i, variant in enumerate(DEMO["runs"]):
+                    stage(4, "RL", f"run {variant} ({i + 1}/{len(DEMO['runs'])}) and its evaluation")
+                    run(
+                        "rl_runs",
+                        f"rl_runs[{variant}|s0]",
+                        MultiPartitionKey({"run": variant, "seed": "s0"}),
+                        {
+                            "rl_run": {"config": DEMO["rl_run"]},
+                            "agent_evaluation": {"config": DEMO["agent_evaluation"]},
+                        },
+                    )
+                stage(4, "RL", "ProgRM Table 1")
+                run("rl_report_job", "rl_report")
+    all_ok = all(ok for _, ok in outcomes)
     warehouse = Warehouse()
     print()
-    all_ok = result.success and all(ok for _, ok in rollout_runs)
     outcome = "succeeded" if all_ok else "FAILED"
-    print(f"== Stepwise: {outcome} in {time.perf_counter() - started:.0f} s (main run {result.run_id})")
-    for name, ok in rollout_runs:
-        print(f"   rollouts {name}: {'ok' if ok else 'FAILED'}")
-    for check in result.get_asset_check_evaluations():
-        print(f"   check {check.check_name}: {'passed' if check.passed else 'FAILED'}")
-    if result.success:
-        _print_table(
-            warehouse.query(
-                "SELECT source, count(*) AS episodes, count(*) FILTER (WHERE success) AS successes, "
-                "count(*) FILTER (WHERE NOT success) AS failures, sum(n_steps) AS steps, "
-                "count(DISTINCT task_id) AS tasks "
-                "FROM episodes GROUP BY source ORDER BY source"
-            )
-        )
-        _print_table(
-            warehouse.query("SELECT status, count(*) AS files FROM source_files GROUP BY status ORDER BY status")
-        )
-        _print_table(
-            warehouse.query(
-                "SELECT source, method, count(*) AS steps, count(DISTINCT episode_id) AS episodes, "
-                "round(avg(progress), 3) AS mean_progress, "
-                "round(avg(is_key_step::INT), 3) AS key_step_share FROM progress_labels GROUP BY ALL ORDER BY ALL"
-            )
-        )
-        _print_table(
-            warehouse.query(
-                "SELECT method, task_set, episodes, round(key_step_precision, 3) AS precision, "
-                "round(key_step_recall, 3) AS recall, round(key_step_progress_error, 3) AS key_step_error "
-                "FROM label_quality WHERE task_set NOT IN (SELECT DISTINCT task_id FROM episodes) "
-                "ORDER BY task_set, method"
-            )
-        )
-    views = "episodes, steps, progress_labels, recipes, progress_split, label_quality, lineage, ..."
-    print(f"   warehouse: {warehouse.db_path} (views: {views})")
+    print(f"== Stepwise: {outcome} in {time.perf_counter() - started:.0f} s")
+    for name, ok in outcomes:
+        print(f"   {name}: {'ok' if ok else 'FAILED'}")
+    for check in checks:
+        print(f"   check {check.check_name}: {'passed' if check.passed else 'did not pass'}")
+    if main_ok:
+        _demo_tables(warehouse, stages)
+    views = "episodes, steps, progress_labels, recipes, label_quality, rm_metrics, agent_eval, rl_iterations, lineage"
+    print(f"   warehouse: {warehouse.db_path} (views: {views}, ...)")
     print(f"   plots:     {warehouse.home / 'plots'}")
-    print(f"   parquet:   {warehouse.data_dir}")
-    print('   query:     .venv/bin/stepwise sql "SELECT task_id, avg(success::int) FROM episodes GROUP BY 1"')
+    print("   query:     .venv/bin/stepwise sql      (a SQL shell; .tables lists the views)")
     print("   UI:        make ui   (then open http://127.0.0.1:3000)")
     return 0 if all_ok else 1
+
+
+def _demo_tables(warehouse, stages: tuple[str, ...]) -> None:
+    """The summary tables `stepwise demo` prints (also what docs/numbers come from)."""
+    _print_table(
+        warehouse.query(
+            "SELECT source, count(*) AS episodes, count(*) FILTER (WHERE success) AS successes, "
+            "count(*) FILTER (WHERE NOT success) AS failures, sum(n_steps) AS steps, "
+            "count(DISTINCT task_id) AS tasks "
+            "FROM episodes GROUP BY source ORDER BY source"
+        )
+    )
+    _print_table(warehouse.query("SELECT status, count(*) AS files FROM source_files GROUP BY status ORDER BY status"))
+    _print_table(
+        warehouse.query(
+            "SELECT source, method, count(*) AS steps, count(DISTINCT episode_id) AS episodes, "
+            "round(avg(progress), 3) AS mean_progress, "
+            "round(avg(is_key_step::INT), 3) AS key_step_share FROM progress_labels GROUP BY ALL ORDER BY ALL"
+        )
+    )
+    _print_table(
+        warehouse.query(
+            "SELECT method, task_set, episodes, round(key_step_precision, 3) AS precision, "
+            "round(key_step_recall, 3) AS recall, round(key_step_progress_error, 3) AS key_step_error "
+            "FROM label_quality WHERE task_set NOT IN (SELECT DISTINCT task_id FROM episodes) "
+            "ORDER BY task_set, method"
+        )
+    )
+    if "reward_models" in stages:
+        _print_table(
+            warehouse.query(
+                "SELECT kind, metric, round(value, 4) AS value FROM rm_metrics WHERE split = 'test' AND metric IN "
+                "('accuracy', 'key_step_progress_error', 'latency_ms_p50') AND report_run_id = (SELECT run_id FROM "
+                "lineage_materializations WHERE asset = 'reward_model_report' ORDER BY created_at DESC LIMIT 1) "
+                "ORDER BY metric, kind"
+            )
+        )
+    if "rl" in stages:
+        _print_table(
+            warehouse.query(
+                "WITH sft AS (SELECT policy_id FROM policies WHERE kind = 'sft' ORDER BY created_at DESC LIMIT 1) "
+                "SELECT reward_source, count(*) AS tasks, sum(episodes) AS episodes, "
+                "round(sum(successes) / sum(episodes), 3) AS success_rate, "
+                "round(avg(mean_env_return), 3) AS env_return "
+                "FROM agent_eval WHERE evaluation = 'held_out' AND (policy_id IN (SELECT policy_id FROM sft) OR "
+                "policy_id IN (SELECT policy_id FROM policies WHERE parent_policy_id IN (SELECT policy_id FROM sft))) "
+                "GROUP BY 1 ORDER BY 1"
+            )
+        )
 
 
 def cmd_reward_models(args: argparse.Namespace) -> int:
@@ -457,6 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="materialize the whole asset graph on embedded defaults and print a summary")
     p.add_argument("--episodes-per-task", type=int, default=2, help="live rollouts per catalog task (batch b00)")
+    p.add_argument("--until", choices=DEMO_STAGES, default="rl", help="the last stage to run (default: every stage)")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("import-demos", help="import a folder of MiniWoB++-format demonstrations (*.json, *.json.gz)")
     p.add_argument("folder")

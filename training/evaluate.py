@@ -676,9 +676,15 @@ def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
 
 
 def load_evaluation_set(
-    warehouse, split: str, *, lcs_method: str = "improved", derived_from: str = "lcs"
+    warehouse,
+    split: str,
+    *,
+    lcs_method: str = "improved",
+    derived_from: str = "lcs",
+    max_trajectories: int | None = None,
 ) -> EvaluationSet:
-    """Held-out trajectories of ``split`` with LCS and milestone labels and step verdicts."""
+    """Held-out trajectories of ``split`` with LCS and milestone labels and step verdicts;
+    ``max_trajectories``: a fixed sample of them (by episode id hash), for a quick report."""
     from training.rm_datasets import (
         read_human_verdicts,
         read_progress_labels,
@@ -689,6 +695,10 @@ def load_evaluation_set(
 
     splits = read_splits(warehouse)
     ids = [e for e, info in splits.items() if info.split == split]
+    if max_trajectories is not None and len(ids) > max_trajectories:
+        import hashlib
+
+        ids = sorted(ids, key=lambda e: hashlib.sha256(e.encode()).hexdigest())[:max_trajectories]
     trajectories = read_trajectories(warehouse, ids)
     lcs = read_progress_labels(warehouse, "lcs", lcs_method)
     env = read_progress_labels(warehouse, "env")
@@ -752,6 +762,7 @@ def run_report(
     latency_calls: int = 100,
     cache_home=None,
     log=None,
+    max_trajectories: int | None = None,
 ) -> ReportResult:
     """Score ``split`` (and ``threshold_split`` for the success thresholds) with every model,
     compute the metrics, draw the plots and build the ``rm_predictions`` / ``rm_metrics`` rows.
@@ -762,8 +773,12 @@ def run_report(
     from warehouse.tables_training import RM_METRICS
 
     say = log or (lambda msg: None)
-    held_out = load_evaluation_set(warehouse, split)
-    tuning = load_evaluation_set(warehouse, threshold_split) if threshold_split != split else held_out
+    held_out = load_evaluation_set(warehouse, split, max_trajectories=max_trajectories)
+    tuning = (
+        load_evaluation_set(warehouse, threshold_split, max_trajectories=max_trajectories)
+        if threshold_split != split
+        else held_out
+    )
     say(f"report: {len(held_out.trajectories)} {split} and {len(tuning.trajectories)} {threshold_split} trajectories")
     metrics: dict[str, dict[str, dict[str, float]]] = {}
     scores_by_kind: dict[str, dict[str, np.ndarray]] = {}

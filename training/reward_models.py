@@ -490,6 +490,7 @@ class ReportSettings:
     kinds: tuple[str, ...] = REWARD_MODEL_KINDS
     latency_calls: int = 100  # single-state calls timed per model
     threads: int = 2
+    max_trajectories: int | None = None  # a fixed sample of each split (a quick report); None: all
 
 
 def run_evaluation_report(
@@ -517,6 +518,7 @@ def run_evaluation_report(
         latency_calls=settings.latency_calls,
         cache_home=warehouse.home,
         log=log,
+        max_trajectories=settings.max_trajectories,
     )
     m = Materialization(
         asset=REPORT_ASSET,
@@ -525,6 +527,7 @@ def run_evaluation_report(
         parameters={
             "split": settings.split,
             "threshold_split": settings.threshold_split,
+            "max_trajectories": settings.max_trajectories,
             "thresholds": result.thresholds,
             "models": [x.model_id for x in models],
         },

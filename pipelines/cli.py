@@ -512,6 +512,17 @@ def cmd_rl_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_figures(args: argparse.Namespace) -> int:
+    """The README's tables from the warehouse, as markdown."""
+    from pipelines.figures import SECTIONS, print_figures
+    from warehouse.catalog import Warehouse
+
+    if args.section and args.section not in SECTIONS:
+        print(f"stepwise figures: unknown section {args.section!r}; choose from {list(SECTIONS)}", file=sys.stderr)
+        return 2
+    return 0 if print_figures(Warehouse(), args.section) else 1
+
+
 def _summary(name: str, started: float, outcomes: list[tuple[str, bool]]) -> int:
     all_ok = all(ok for _, ok in outcomes)
     print(f"\n== Stepwise {name}: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s")
@@ -559,6 +570,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("query", nargs="?", default=None, help="a query; without one, a shell (.tables, .schema VIEW)")
     p.add_argument("--max-rows", type=int, default=50)
     p.set_defaults(func=cmd_sql)
+    p = sub.add_parser("figures", help="the README's tables, printed from the warehouse as markdown")
+    p.add_argument("--section", default=None, help="one section (demonstrations, label quality, ...)")
+    p.set_defaults(func=cmd_figures)
     p = sub.add_parser("lineage", help="where an episode came from, down to the raw files")
     p.add_argument("episode_id")
     p.add_argument("--max-rows", type=int, default=100)

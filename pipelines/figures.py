@@ -1,0 +1,95 @@
+"""``stepwise figures``: the README's tables, printed from the warehouse as markdown, so that the
+numbers in the README can be regenerated rather than typed. Each section prints only when its
+stage has run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+
+from warehouse.catalog import Warehouse
+
+
+def _markdown(rows: list[dict], columns: list[str] | None = None) -> str:
+    if not rows:
+        return "_(nothing yet)_"
+    columns = columns or list(rows[0])
+
+    def cell(value: object) -> str:
+        if value is None:
+            return ""
+        if isinstance(value, Decimal):  # DuckDB's sums of integers
+            value = int(value) if value == value.to_integral_value() else float(value)
+        if isinstance(value, float):
+            return f"{value:,.3f}"
+        if isinstance(value, int):
+            return f"{value:,}"
+        return str(value)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def demonstrations(warehouse: Warehouse) -> str:
+    files = warehouse.query(
+        "SELECT status, count(*) AS files FROM source_files WHERE import_root LIKE '%miniwob-demos' "
+        "GROUP BY 1 ORDER BY 1"
+    ).to_pylist()
+    episodes = warehouse.query(
+        "SELECT source, count(*) AS episodes, count(*) FILTER (WHERE success) AS successes, sum(n_steps) AS steps, "
+        "count(DISTINCT task_id) AS tasks FROM episodes GROUP BY 1 ORDER BY 1"
+    ).to_pylist()
+    return _markdown(files) + "\n\n" + _markdown(episodes)
+
+
+def label_quality(warehouse: Warehouse) -> str:
+    rows = warehouse.query(
+        "SELECT task_set, method, tasks, episodes, key_step_precision AS precision, key_step_recall AS recall, "
+        "key_step_progress_error AS key_step_error FROM label_quality "
+        "WHERE task_set IN ('dev', 'held_out', 'untagged', 'dev (task mean)', 'held_out (task mean)', "
+        "'untagged (task mean)') ORDER BY task_set, method"
+    ).to_pylist()
+    return _markdown(rows)
+
+
+def reward_models(warehouse: Warehouse) -> str:
+    rows = warehouse.query(
+        "SELECT kind, max(value) FILTER (WHERE metric = 'accuracy') AS accuracy, "
+        "max(value) FILTER (WHERE metric = 'key_step_progress_error') AS key_step_error, "
+        "max(value) FILTER (WHERE metric = 'mcnemar_p_vs_orm') AS mcnemar_p_vs_orm, "
+        "max(value) FILTER (WHERE metric = 'latency_ms_p50') AS latency_ms_p50 FROM rm_metrics "
+        "WHERE split = 'test' AND report_run_id = (SELECT run_id FROM lineage_materializations "
+        "WHERE asset = 'reward_model_report' ORDER BY created_at DESC LIMIT 1) GROUP BY 1 ORDER BY 1"
+    ).to_pylist()
+    return _markdown(rows)
+
+
+def rl(warehouse: Warehouse) -> str:
+    from training.rl.runs import report_markdown, run_rl_report
+
+    return str(report_markdown(run_rl_report(warehouse)))
+
+
+SECTIONS: dict[str, Callable[[Warehouse], str]] = {
+    "demonstrations": demonstrations,
+    "label quality": label_quality,
+    "reward models": reward_models,
+    "RL (ProgRM Table 1)": rl,
+}
+
+
+def print_figures(warehouse: Warehouse, only: str | None = None) -> int:
+    """Print every section (or ``only`` one) whose tables exist; returns how many printed."""
+    printed = 0
+    for name, section in SECTIONS.items():
+        if only and only != name:
+            continue
+        try:
+            body = section(warehouse)
+        except Exception as exc:  # noqa: BLE001 - a stage that has not run has no figures to print
+            print(f"## {name}\n\n_(not available: {str(exc).splitlines()[0]})_\n")
+            continue
+        print(f"## {name}\n\n{body}\n")
+        printed += 1
+    return printed

@@ -4,8 +4,9 @@
 and calls one function here for each::
 
     steps, episodes, progress_labels, rm_predictions
-        -> annotation_candidates      select_candidates: active selection under a budget
+        -> annotation_candidates      select_candidates: active selection under a budget, shared by episode source
         -> annotation_queue           push_queue: pushed to Label Studio, idempotently
+    (both at once without Dagster: push_from_cli, the body of `stepwise annotate push`)
     Label Studio -> human_labels      sync_projects (asset), sync_tick (the label_studio_sync sensor)
         -> human_step_labels          build_human_step_labels: per-step training labels (+ progress_labels)
         -> annotation_agreement       build_agreement: Cohen's kappa, annotator statistics, a plot
@@ -22,7 +23,7 @@ from __future__ import annotations
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from annotation.labelstudio.audit import file_text, files_containing
-from annotation.labelstudio.connection import LabelStudioSite
+from annotation.labelstudio.connection import LabelStudioSite, connect
 from annotation.labelstudio.interfaces import INTERFACES, STEP_INTERFACES
 from annotation.labelstudio.plots import annotator_plot, comparison_plot, selection_plot
 from annotation.labelstudio.push import QueueItem, ensure_project, push_items, reconcile_queue
@@ -63,12 +64,19 @@ from annotation.labelstudio.reports import (
     human_step_label_rows,
     selection_summary,
     source_comparison,
+    source_summary,
     step_labels_summary,
     untraced_labels,
     unusable_violations,
 )
-from annotation.labelstudio.secrets import API_KEY_ENV, read_local_secrets
-from annotation.labelstudio.selection import candidate_rows, select_match_pairs, select_steps
+from annotation.labelstudio.secrets import API_KEY_ENV, credentials_from_environment, read_local_secrets
+from annotation.labelstudio.selection import (
+    DEFAULT_SOURCE_SHARES,
+    MIN_DISAGREEMENT,
+    candidate_rows,
+    select_by_source,
+    select_match_pairs,
+)
 from annotation.labelstudio.sensor import SensorSettings, TickOutcome, sync_projects, sync_tick
 from annotation.labelstudio.sync import SYNC_CODE_VERSION
 from warehouse.catalog import Materialization, Warehouse
@@ -88,6 +96,7 @@ __all__ = [  # what assets/human_labels.py uses
     "CANDIDATE_UPSTREAM",
     "DOWNSTREAM_OF_LABELS",
     "INTERFACE_NAMES",
+    "DEFAULT_SOURCE_SHARES",
     "PUSH_VERSION",
     "REPORT_VERSION",
     "SELECTION_VERSION",
@@ -107,13 +116,14 @@ __all__ = [  # what assets/human_labels.py uses
     "check_traced_to_queue",
     "check_unique_annotations",
     "check_unsure_excluded",
+    "push_from_cli",
     "push_queue",
     "select_candidates",
     "sync_projects",
     "sync_tick",
 ]
 
-SELECTION_VERSION = "active-selection-1"
+SELECTION_VERSION = "active-selection-2"  # 2: budget shared by episode source, disagreements first
 PUSH_VERSION = "labelstudio-push-1"
 REPORT_VERSION = "annotation-report-1"
 SYNC_VERSION = SYNC_CODE_VERSION
@@ -156,7 +166,13 @@ class SelectionOptions:
     max_per_episode: int = 2
     seed: int = 0
     prediction_model: str | None = None  # an rm_predictions model_id; None: the latest model
-    episode_source: str | None = None  # only episodes of this source (e.g. rollout)
+    episode_source: str | None = None  # only episodes of this source (e.g. rollout): it gets the whole budget
+    # the budget's share per episode source (a source, a family such as "synthetic", or "*"; see selection.py)
+    source_shares: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_SOURCE_SHARES))
+    min_disagreement: float = MIN_DISAGREEMENT  # label sources this far apart: picked first within a source
+
+    def shares(self) -> dict[str, float]:
+        return {self.episode_source: 1.0} if self.episode_source else dict(self.source_shares)
 
 
 @dataclass(frozen=True)
@@ -197,25 +213,32 @@ def publish_tables(
 def select_candidates(
     warehouse: Warehouse, options: SelectionOptions, *, run_id: str | None = None, log: Log = _no_log
 ) -> dict[str, Any]:
-    """Pick the steps whose automatic labels are least certain, leaving out those already queued;
-    publish them as ``annotation_candidates`` (dataset ``latest``) and summarize."""
+    """Pick the steps whose automatic labels are least certain, the budget shared by episode source,
+    leaving out those already queued; publish them as ``annotation_candidates`` (dataset ``latest``,
+    rows in the order people will see them) and summarize, with what each source got."""
     candidates = read_step_candidates(warehouse, model=options.prediction_model, episode_source=options.episode_source)
     exclude = queued_step_keys(read_queue(warehouse))
-    picked = select_steps(
+    picked, allocations = select_by_source(
         candidates,
         options.budget,
+        options.shares(),
         exclude=exclude,
         spot_check_share=options.spot_check_share,
         max_per_episode=options.max_per_episode,
         seed=options.seed,
+        min_disagreement=options.min_disagreement,
     )
     rows = candidate_rows(picked)
+    by_source = source_summary(allocations, options.budget)
     materialization = Materialization(
         asset="annotation_candidates",
         run_id=run_id,
         code_version=SELECTION_VERSION,
         parameters={
             **asdict(options),
+            "source_shares": options.shares(),
+            "source_budget": {a.key: a.budget for a in allocations},
+            "source_selected": {a.key: a.selected for a in allocations},
             "candidates": len(candidates),
             "excluded_already_queued": len(exclude),
             "git": git_revision(),
@@ -223,8 +246,11 @@ def select_candidates(
         inputs=table_inputs(warehouse, ("steps", "episodes", "progress_labels", "rm_predictions", "annotation_queue")),
     )
     publish_tables(warehouse, materialization, [("annotation_candidates", "latest", rows, ANNOTATION_CANDIDATES)])
-    summary = selection_summary(rows, len(candidates), len(exclude))
-    log(f"selected {len(rows)} of {len(candidates)} steps: {summary['by_reason']}")
+    summary = selection_summary(rows, len(candidates), len(exclude)) | by_source
+    log(
+        f"selected {len(rows)} of {len(candidates)} steps: {summary['by_reason']}; "
+        f"by source {summary['selected_share_by_source']}"
+    )
     plot = (
         selection_plot(rows, _plot_path(warehouse, "annotation_candidates")) if rows else Markdown("_nothing selected_")
     )
@@ -387,6 +413,85 @@ def push_queue(
         "projects": project_urls,
         "login": site.login_hint(),
     }
+
+
+# -- `stepwise annotate push` --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AnnotatePushOptions:
+    """``stepwise annotate push``: a fresh selection (unless ``select`` is False), then the push."""
+
+    selection: SelectionOptions = field(default_factory=SelectionOptions)
+    push: PushOptions = field(default_factory=PushOptions)
+    select: bool = True
+
+
+def parse_source_shares(specs: Sequence[str]) -> dict[str, float]:
+    """``--share SOURCE=WEIGHT`` arguments over the default shares (``--share rollout=0.5``; ``=0`` leaves a
+    source out); a ValueError with a one-line message for a malformed one."""
+    shares = dict(DEFAULT_SOURCE_SHARES)
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--share {spec!r}: expected SOURCE=WEIGHT, e.g. human_demo=0.6 or synthetic=0")
+        try:
+            shares[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--share {spec!r}: {value!r} is not a number") from None
+        if not shares[key.strip()] >= 0:
+            raise ValueError(f"--share {spec!r}: a share must be >= 0")
+    return shares
+
+
+def cli_site(
+    home: Path, *, namespace: str = "Stepwise", start: bool = True, progress: Log | None = None
+) -> LabelStudioSite:
+    """The Label Studio the CLI talks to: ``LABEL_STUDIO_URL`` + ``LABEL_STUDIO_API_KEY`` when set, else the
+    project's own server under ``home`` (started if it is not running, with ``start``)."""
+    return LabelStudioSite(
+        connect=lambda: connect(home, start_local=start, progress=progress),
+        namespace=namespace,
+        home=Path(home),
+        own_server=credentials_from_environment() is None,
+    )
+
+
+def push_from_cli(
+    warehouse: Warehouse,
+    site: LabelStudioSite | None = None,
+    options: AnnotatePushOptions | None = None,
+    log: Log = _no_log,
+) -> dict[str, Any]:
+    """Select (``annotation_candidates``) and push (``annotation_queue``) without Dagster, as the
+    ``annotation_push`` job does; ``site`` None: :func:`cli_site` on the warehouse's home. ``log`` gets
+    progress and, at the end, a short report (what each source got, the projects, where to log in).
+    Returns {"selection": the selection summary (None without ``select``), "push": the push summary}."""
+    options = options or AnnotatePushOptions()
+    site = site or cli_site(warehouse.home, progress=log)
+    selection = select_candidates(warehouse, options.selection, log=log) if options.select else None
+    pushed = push_queue(warehouse, site, options.push, log=log)
+    for line in push_report_lines(selection, pushed):
+        log(line)
+    return {"selection": selection, "push": pushed}
+
+
+def push_report_lines(selection: Mapping[str, Any] | None, pushed: Mapping[str, Any]) -> list[str]:
+    """The end of ``stepwise annotate push``'s output: the selection by source, each project, the login."""
+    lines = []
+    if selection is not None:
+        shares = ", ".join(f"{k} {v:g}" for k, v in selection["source_shares"].items())
+        lines.append(f"selected {selection['selected']} steps; shares configured: {shares}")
+        for key, got in selection["selected_share_by_source"].items():
+            lines.append(f"  {key:<34} {got:6.1%} of the selection")
+    lines.append(f"pushed {pushed['pushed']} new tasks to {pushed['label_studio']}")
+    for name, outcome in pushed["by_interface"].items():
+        lines.append(
+            f"  {name:<18} {outcome['pushed']:>5} new, {outcome['queued_total']:>5} queued in all  "
+            f"{pushed['projects'][name]}"
+        )
+    lines.append(f"annotators log in at {pushed['label_studio']}/user/login/ as {pushed['login']}")
+    return lines
 
 
 # -- downstream of the labels -----------------------------------------------------------------------------------

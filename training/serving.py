@@ -7,13 +7,15 @@ Python::
     results[0].scores          # p_t: progress after each action (ProgRM) / success belief (ORM)
     results[0].progress_gains  # r_t = p_t - p_{t-k}, p_{-1} = 0 (ProgRM Eq. 2)
 
-HTTP (stdlib ``http.server``, one model per process)::
+HTTP (FastAPI on uvicorn, one model per process; ``training.serving_app``)::
 
-    python -m training.serving --checkpoint <model folder> --host 127.0.0.1 --port 8765
+    python -m training.serving --checkpoint <model folder> --host 127.0.0.1 --port 8765 [--device cuda --dtype bfloat16]
 
     GET  /health      -> {"status": "ok", "kind": ...}
     GET  /v1/model    -> the model's kind, config, training metadata and the request limits
     POST /v1/score    -> per-step scores and rewards
+    GET  /v1/stats    -> the micro-batcher's counters (batches, requests, states, refusals, queue)
+    GET  /docs        -> the OpenAPI page (``/openapi.json``)
 
 Request body of ``POST /v1/score`` (JSON, ``Content-Type: application/json``), either whole
 trajectories::
@@ -42,8 +44,15 @@ Response: ``{"model": {...}, "results": [{"id", "scores", "progress_gains", "rew
 step judges (PRM, GuidNav: GUI-Shepherd Eq. 3 uses the PRM output as the step reward).
 
 Bad requests get a JSON error and a 4xx status: 400 malformed JSON, 404 unknown path, 405 wrong
-method, 411 no Content-Length, 413 body or batch too large, 415 not JSON, 422 invalid fields
-(the message names the field, e.g. ``trajectories[0].steps[2].action``).
+method, 408 body not received in time, 411 no Content-Length, 413 body or batch too large, 415 not
+JSON, 422 invalid fields (the message names the field, e.g. ``trajectories[0].steps[2].action``).
+A full scoring queue is a 503 with ``Retry-After``.
+
+This module is the part every server shares: the batch API, request validation
+(``parse_score_request`` and friends), the device/dtype options and the command line. The ASGI
+app and its micro-batcher are in ``training.serving_app`` (imported only when serving, so the RL
+code that calls :func:`score_trajectories` does not load FastAPI); the stdlib server it replaced
+is kept as a benchmark baseline in ``training.serving_legacy``.
 """
 
 from __future__ import annotations
@@ -51,18 +60,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import threading
-import time
+import re
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
-from training.models import RewardScorer
+from training.models import RewardScorer, read_model_config
 from training.rm_datasets import (
     StepState,
     TextStep,
@@ -75,6 +83,11 @@ from training.rm_datasets import (
     target_context,
 )
 from warehouse.model import Screen, UIElement
+
+if TYPE_CHECKING:  # the ASGI stack is imported when a server starts, not with the batch API
+    import threading
+
+    from training.serving_app import BackgroundServer, BatchingSettings
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +114,22 @@ def score_trajectories(
     Eq. 2 gains ``r_t = p_t - p_{t-k}`` as rewards; step judges (PRM, GuidNav) score each
     (state, action) and their scores are the rewards.
     """
-    states: list[StepState] = []
-    for traj in trajectories:
-        states.extend(state_for(scorer.kind, traj, t) for t in range(len(traj)))
+    states = trajectory_states(scorer.kind, trajectories)
     scores = scorer.score_states(states) if states else np.zeros(0)
-    progress_kind = kind_spec(scorer.kind).scores_progress
+    return trajectory_scores(scorer.kind, trajectories, scores, k)
+
+
+def trajectory_states(kind: str, trajectories: Sequence[TextTrajectory]) -> list[StepState]:
+    """The state a ``kind`` model scores at every step of every trajectory, in order."""
+    return [state_for(kind, traj, t) for traj in trajectories for t in range(len(traj))]
+
+
+def trajectory_scores(
+    kind: str, trajectories: Sequence[TextTrajectory], scores: np.ndarray, k: int = 1
+) -> list[TrajectoryScores]:
+    """Split the scores of :func:`trajectory_states` back per trajectory, with Eq. 2 gains for
+    progress/outcome models (``r_t = p_t - p_{t-k}``) and the scores as rewards for step judges."""
+    progress_kind = kind_spec(kind).scores_progress
     results, start = [], 0
     for traj in trajectories:
         s = scores[start : start + len(traj)]
@@ -139,6 +163,7 @@ class ServingLimits:
     max_k: int = 100
 
     def to_json(self) -> dict:
+        """The limits as ``GET /v1/model`` reports them."""
         return self.__dict__.copy()
 
 
@@ -244,6 +269,7 @@ def parse_screen_elements(
 
 
 def parse_screen(raw: Any, where: str, limits: ServingLimits) -> tuple[str, ...]:
+    """A screen (element list or pre-rendered text) -> its prompt lines."""
     return parse_screen_elements(raw, where, limits)[0]
 
 
@@ -281,6 +307,7 @@ def _action(raw: Any, where: str, limits: ServingLimits) -> str:
 
 
 def parse_trajectory(raw: Any, where: str, limits: ServingLimits) -> TextTrajectory:
+    """One ``trajectories[i]`` object -> TextTrajectory; ``where`` names it in error messages."""
     if not isinstance(raw, dict):
         raise RequestError(422, f"{where} must be an object")
     unknown = sorted(set(raw) - {"id", "instruction", "steps", "final_screen", "task_id"})
@@ -318,6 +345,7 @@ def parse_trajectory(raw: Any, where: str, limits: ServingLimits) -> TextTraject
 
 
 def parse_state(raw: Any, where: str, limits: ServingLimits) -> StepState:
+    """One ``steps[i]`` object (a single state the caller assembled) -> StepState."""
     if not isinstance(raw, dict):
         raise RequestError(422, f"{where} must be an object")
     unknown = sorted(set(raw) - {"instruction", "history", "screen", "action"})
@@ -341,9 +369,30 @@ def parse_state(raw: Any, where: str, limits: ServingLimits) -> StepState:
 
 @dataclass
 class ScoreRequest:
+    """A validated ``POST /v1/score`` body: whole trajectories, or single states."""
+
     k: int = 1
     trajectories: list[TextTrajectory] = field(default_factory=list)
     states: list[StepState] = field(default_factory=list)
+
+    @property
+    def n_states(self) -> int:
+        """How many states scoring this request runs through the model."""
+        return sum(len(t) for t in self.trajectories) if self.trajectories else len(self.states)
+
+    def model_states(self, kind: str) -> list[StepState]:
+        """The states a ``kind`` model scores for this request, in order."""
+        return trajectory_states(kind, self.trajectories) if self.trajectories else list(self.states)
+
+    def results(self, kind: str, scores: np.ndarray) -> list[dict]:
+        """The ``results`` of the response from the scores of :meth:`model_states`."""
+        if not self.trajectories:
+            return [{"scores": [float(s) for s in scores]}]
+        per_trajectory = trajectory_scores(kind, self.trajectories, scores, self.k)
+        return [
+            {"id": t.episode_id, "scores": r.scores, "progress_gains": r.progress_gains, "rewards": r.rewards}
+            for t, r in zip(self.trajectories, per_trajectory, strict=True)
+        ]
 
 
 def parse_score_request(payload: Any, limits: ServingLimits, kind: str) -> ScoreRequest:
@@ -387,159 +436,193 @@ def parse_score_request(payload: Any, limits: ServingLimits, kind: str) -> Score
 
 
 # ---------------------------------------------------------------------------------------------
-# HTTP service
+# What every server shares: header checks, body decoding, the error body, the model's description
 # ---------------------------------------------------------------------------------------------
 
 
-class RewardHTTPServer(ThreadingHTTPServer):
-    """A threading HTTP server holding one scorer (calls into the model are serialised)."""
-
-    daemon_threads = True
-    server_address: tuple[str, int]  # IPv4 (host, port), as bound: the port is the real one when 0 was asked
-
-    def __init__(self, address: tuple[str, int], scorer: RewardScorer, limits: ServingLimits = ServingLimits()) -> None:
-        self.scorer = scorer
-        self.limits = limits
-        self.model_info = {
-            "kind": scorer.kind,
-            "model_id": scorer.metadata.get("model_id"),
-            "encoder_mode": scorer.config.encoder_mode,
-            "backbone": scorer.config.to_dict()["backbone"],
-            "scores_progress": kind_spec(scorer.kind).scores_progress,
-        }
-        super().__init__(address, RewardRequestHandler)
+def check_content_type(content_type: str | None) -> None:
+    """415 unless the body is declared JSON (a missing Content-Type is taken as JSON)."""
+    media = (content_type or "application/json").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise RequestError(415, f"Content-Type must be application/json, got {media}")
 
 
-class RewardRequestHandler(BaseHTTPRequestHandler):
-    server: RewardHTTPServer
-    protocol_version = "HTTP/1.1"
-    server_version = "StepwiseReward/1.0"
+def check_content_length(length_header: str | None, limits: ServingLimits) -> int:
+    """The declared body length: 411 when missing, 400 when not a number, 413 beyond the limit
+    (refused before reading the body)."""
+    if length_header is None:
+        raise RequestError(411, "Content-Length is required")
+    try:
+        length = int(length_header)
+    except ValueError:
+        raise RequestError(400, "Content-Length is not a number") from None
+    if length < 0:
+        raise RequestError(400, "Content-Length is negative")
+    if length > limits.max_body_bytes:
+        raise RequestError(413, f"body of {length} bytes; at most {limits.max_body_bytes}")
+    return length
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the stdlib's name
-        log.info("%s %s", self.address_string(), format % args)
 
-    def _send(self, status: int, payload: dict) -> None:
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        if status >= 400:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        self.wfile.write(body)
+def decode_score_request(body: bytes, limits: ServingLimits, kind: str) -> ScoreRequest:
+    """A ``POST /v1/score`` body -> ScoreRequest: 400 for malformed JSON, else
+    :func:`parse_score_request`'s verdict."""
+    try:
+        payload = json.loads(body)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        raise RequestError(400, f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError(400, "malformed JSON: nested too deeply") from None
+    return parse_score_request(payload, limits, kind)
 
-    def _error(self, status: int, message: str) -> None:
-        self._send(status, {"error": {"status": status, "reason": HTTPStatus(status).phrase, "message": message}})
 
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-        if self.path == "/health":
-            self._send(200, {"status": "ok", "kind": self.server.scorer.kind})
-        elif self.path == "/v1/model":
-            meta = self.server.scorer.metadata
-            self._send(
-                200,
-                self.server.model_info
-                | {
-                    "config": self.server.scorer.config.to_dict(),
-                    "validation_metrics": meta.get("validation_metrics"),
-                    "label_versions": meta.get("label_versions"),
-                    "limits": self.server.limits.to_json(),
-                },
-            )
-        elif self.path == "/v1/score":
-            self._error(405, "use POST /v1/score")
-        else:
-            self._error(404, f"no such path {self.path}; try GET /health, GET /v1/model, POST /v1/score")
+def error_body(status: int, message: str) -> dict:
+    """The JSON of every refusal: ``{"error": {"status", "reason", "message"}}``."""
+    return {"error": {"status": status, "reason": HTTPStatus(status).phrase, "message": message}}
 
-    def do_POST(self) -> None:  # noqa: N802
-        if self.path != "/v1/score":
-            self._error(
-                404 if self.path not in ("/health", "/v1/model") else 405,
-                f"POST {self.path} is not served; use POST /v1/score",
-            )
-            return
-        try:
-            request = self._read_request()
-        except RequestError as exc:
-            self._error(exc.status, exc.message)
-            return
-        except Exception:  # a bug in reading the request: still answer, in JSON (the fuzz tests look for these)
-            log.exception("reading the request failed")
-            self._error(500, "internal error while reading the request")
-            return
-        started = time.perf_counter()
-        try:
-            if request.trajectories:
-                results = score_trajectories(self.server.scorer, request.trajectories, request.k)
-                out = [
-                    {"id": t.episode_id, "scores": r.scores, "progress_gains": r.progress_gains, "rewards": r.rewards}
-                    for t, r in zip(request.trajectories, results, strict=True)
-                ]
-            else:
-                scores = self.server.scorer.score_states(request.states)
-                out = [{"scores": [float(s) for s in scores]}]
-        except Exception as exc:  # a bug, not the caller's fault: 500 with the reason
-            log.exception("scoring failed")
-            self._error(500, f"scoring failed: {exc}")
-            return
-        self._send(
-            200,
-            {
-                "model": self.server.model_info,
-                "results": out,
-                "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
-            },
+
+def model_info(scorer: RewardScorer) -> dict:
+    """What every score response says about the model that answered."""
+    return {
+        "kind": scorer.kind,
+        "model_id": scorer.metadata.get("model_id"),
+        "encoder_mode": scorer.config.encoder_mode,
+        "backbone": scorer.config.to_dict()["backbone"],
+        "scores_progress": kind_spec(scorer.kind).scores_progress,
+    }
+
+
+def model_description(scorer: RewardScorer, limits: ServingLimits) -> dict:
+    """``GET /v1/model``: the model's kind, config, training metadata and the request limits."""
+    meta = scorer.metadata
+    return model_info(scorer) | {
+        "config": scorer.config.to_dict(),
+        "validation_metrics": meta.get("validation_metrics"),
+        "label_versions": meta.get("label_versions"),
+        "limits": limits.to_json(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Device and precision
+# ---------------------------------------------------------------------------------------------
+
+DTYPES = ("float32", "bfloat16", "float16")
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Where and in what precision a served model runs.
+
+    ``weights_dtype`` is what :meth:`RewardScorer.from_checkpoint` loads a full-mode backbone in
+    (``torch_dtype``); ``autocast_dtype`` is the autocast the scoring thread runs under: the
+    frozen-segment mode's encoder and fusion are built in float32, so on CUDA they reach bf16 /
+    fp16 through autocast instead of converted weights. None: float32.
+    """
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    weights_dtype: str | None = None
+    autocast_dtype: str | None = None
+
+    def to_json(self) -> dict:
+        """As ``GET /v1/model`` reports it."""
+        return {"device": self.device, "dtype": self.dtype}
+
+    def scoring_context(self) -> AbstractContextManager:
+        """The context every forward pass runs in (autocast on CUDA, or nothing)."""
+        if self.autocast_dtype is None:
+            return nullcontext()
+        import torch
+
+        return torch.autocast(device_type="cuda", dtype=getattr(torch, self.autocast_dtype))
+
+
+def resolve_precision(encoder_mode: str, device: str, dtype: str) -> Precision:
+    """How a model of ``encoder_mode`` runs on ``device`` (cpu, cuda, cuda:N) in ``dtype``
+    (float32, bfloat16, float16); ValueError for a combination that cannot run as asked.
+
+    * full mode: the backbone is loaded in ``dtype`` (the head stays float32, the pooled vector
+      is cast to it), on CPU or CUDA; float16 only on CUDA (CPU half-precision kernels are slow
+      or missing).
+    * frozen_segments on CPU: float32 only; the CPU path is the int8-quantised encoder and a
+      float32 fusion, and the model was trained that way.
+    * frozen_segments on CUDA: float32, or bfloat16 / float16 autocast around the (unquantised)
+      encoder and the fusion.
+    """
+    if not _DEVICE.fullmatch(device):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if encoder_mode not in ("full", "frozen_segments"):
+        raise ValueError(f"unknown encoder_mode {encoder_mode!r}")
+    on_cuda = device.startswith("cuda")
+    if dtype == "float32":
+        return Precision(device, dtype)
+    if not on_cuda and dtype == "float16":
+        raise ValueError("--dtype float16 needs a CUDA device (use bfloat16 or float32 on CPU)")
+    if encoder_mode == "full":
+        return Precision(device, dtype, weights_dtype=dtype)
+    if not on_cuda:
+        raise ValueError(
+            f"a frozen_segments model on CPU scores in float32 (its int8 encoder and float32 fusion, as "
+            f"trained); --dtype {dtype} applies to full-mode models, or to CUDA (autocast)"
         )
-
-    def _read_request(self) -> ScoreRequest:
-        limits = self.server.limits
-        content_type = (self.headers.get("Content-Type") or "application/json").split(";")[0].strip().lower()
-        if content_type != "application/json":
-            raise RequestError(415, f"Content-Type must be application/json, got {content_type}")
-        length_header = self.headers.get("Content-Length")
-        if length_header is None:
-            raise RequestError(411, "Content-Length is required")
-        try:
-            length = int(length_header)
-        except ValueError:
-            raise RequestError(400, "Content-Length is not a number") from None
-        if length < 0:
-            raise RequestError(400, "Content-Length is negative")
-        if length > limits.max_body_bytes:
-            raise RequestError(413, f"body of {length} bytes; at most {limits.max_body_bytes}")
-        body = self.rfile.read(length)
-        try:
-            payload = json.loads(body)
-        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
-            raise RequestError(400, f"malformed JSON: {exc}") from None
-        except RecursionError:
-            raise RequestError(400, "malformed JSON: nested too deeply") from None
-        return parse_score_request(payload, limits, self.server.scorer.kind)
+    return Precision(device, dtype, autocast_dtype=dtype)
 
 
-def make_server(
-    scorer: RewardScorer, host: str = "127.0.0.1", port: int = 0, limits: ServingLimits = ServingLimits()
-) -> RewardHTTPServer:
-    """A server bound to (host, port); port 0 picks a free one (``server.server_address``)."""
-    return RewardHTTPServer((host, port), scorer, limits)
+def load_serving_scorer(
+    checkpoint: Path | str, *, device: str = "cpu", dtype: str = "float32", warm_cache: Path | str | None = None
+) -> tuple[RewardScorer, Precision]:
+    """Load an exported model for serving on ``device`` in ``dtype`` (see
+    :func:`resolve_precision`); ValueError when that cannot run here (e.g. no CUDA)."""
+    import torch
+
+    config, _ = read_model_config(checkpoint)
+    precision = resolve_precision(config.encoder_mode, device, dtype)
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: this torch sees no CUDA device")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+    weights = getattr(torch, precision.weights_dtype) if precision.weights_dtype else None
+    scorer = RewardScorer.from_checkpoint(Path(checkpoint), device=device, warm_cache=warm_cache, torch_dtype=weights)
+    return scorer, precision
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP service (FastAPI on uvicorn: training/serving_app.py)
+# ---------------------------------------------------------------------------------------------
 
 
 def serve_in_background(
-    scorer: RewardScorer, host: str = "127.0.0.1", port: int = 0, limits: ServingLimits = ServingLimits()
-):
-    """Start a server on a daemon thread; returns (server, thread). Stop with ``server.shutdown()``."""
-    server = make_server(scorer, host, port, limits)
-    thread = threading.Thread(target=server.serve_forever, name="reward-http", daemon=True)
-    thread.start()
-    return server, thread
+    scorer: RewardScorer,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    limits: ServingLimits = ServingLimits(),
+    batching: BatchingSettings | None = None,
+    precision: Precision | None = None,
+) -> tuple[BackgroundServer, threading.Thread]:
+    """Start the HTTP service on a daemon thread; returns (server, thread). ``server.server_address``
+    is the bound (host, port) (port 0 picks a free one); stop with ``server.shutdown()``;
+    ``server.batcher`` counts the forward passes."""
+    from training.serving_app import serve_in_background as start
+
+    return start(scorer, host, port, limits, batching, precision)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m training.serving``: serve one exported model until interrupted."""
+    from training.serving_app import BatchingSettings, run_server
+
+    defaults = BatchingSettings()
     parser = argparse.ArgumentParser(description="Serve a trained reward model over HTTP (JSON).")
     parser.add_argument("--checkpoint", required=True, help="an exported model folder (models.checkpoint_path)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--port", type=int, default=8765, help="0 picks a free port (the start line says which)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="see training.serving.resolve_precision")
     parser.add_argument("--warm-cache", default=None, help="a saved segment-embedding cache folder to start from")
     parser.add_argument(
         "--home", default=None, help="start from the segment cache training saved under this STEPWISE_HOME"
@@ -547,27 +630,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--max-body-bytes", type=int, default=ServingLimits.max_body_bytes)
     parser.add_argument("--max-states", type=int, default=ServingLimits.max_states)
+    parser.add_argument(
+        "--max-batch-states", type=int, default=defaults.max_batch_states, help="states per forward pass"
+    )
+    parser.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=defaults.max_wait_ms,
+        help="how long a batch waits for requests already being received",
+    )
+    parser.add_argument(
+        "--max-queue-requests", type=int, default=defaults.max_queue_requests, help="beyond it: 503 + Retry-After"
+    )
+    parser.add_argument("--max-queue-states", type=int, default=defaults.max_queue_states)
+    parser.add_argument(
+        "--body-timeout", type=float, default=defaults.body_timeout_s, help="seconds to receive a body (then 408)"
+    )
+    parser.add_argument("--backlog", type=int, default=defaults.backlog, help="listen backlog")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import torch
 
     torch.set_num_threads(args.threads)
-    scorer = RewardScorer.from_checkpoint(Path(args.checkpoint), warm_cache=args.warm_cache)
+    try:
+        batching = BatchingSettings(
+            max_batch_states=args.max_batch_states,
+            max_wait_ms=args.max_wait_ms,
+            max_queue_requests=args.max_queue_requests,
+            max_queue_states=args.max_queue_states,
+            body_timeout_s=args.body_timeout,
+            backlog=args.backlog,
+        )
+        scorer, precision = load_serving_scorer(
+            args.checkpoint, device=args.device, dtype=args.dtype, warm_cache=args.warm_cache
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.home:
         log.info("segment cache: %d entries from %s", scorer.load_home_cache(args.home), args.home)
     limits = ServingLimits(max_body_bytes=args.max_body_bytes, max_states=args.max_states)
-    server = make_server(scorer, args.host, args.port, limits)
-    host, port = server.server_address[:2]
-    print(
-        json.dumps({"serving": scorer.kind, "url": f"http://{host}:{port}", "checkpoint": str(args.checkpoint)}),
-        flush=True,
-    )
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+
+    def announce(host: str, port: int) -> None:
+        print(
+            json.dumps({"serving": scorer.kind, "url": f"http://{host}:{port}", "checkpoint": str(args.checkpoint)}),
+            flush=True,
+        )
+
+    run_server(scorer, args.host, args.port, limits, batching, precision, on_listening=announce)
     return 0
 
 

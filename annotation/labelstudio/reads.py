@@ -97,8 +97,8 @@ def read_step_candidates(
     source, params = (" AND e.source = ?", [episode_source]) if episode_source else ("", [])
     steps = _query(
         warehouse,
-        "SELECT s.episode_id, s.step_idx, e.task_id, e.success FROM steps s JOIN episodes e USING (episode_id) "
-        f"WHERE true{source}",
+        "SELECT s.episode_id, s.step_idx, e.task_id, e.success, e.source "
+        f"FROM steps s JOIN episodes e USING (episode_id) WHERE true{source}",
         params,
     )
     if steps is None or not steps.num_rows:

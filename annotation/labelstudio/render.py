@@ -7,7 +7,8 @@ task: ~5-8 kB per step for a MiniWoB++ screen.
 A screen is shown two ways side by side:
 
 * **boxes**: an SVG wireframe of the element bounds (clickable elements outlined blue, editable
-  green, the action's target filled red), so layout and position read at a glance;
+  green, the action's target filled red), so layout and position read at a glance; its viewBox
+  is computed from every box it draws, the target's included, so the target is never cut off;
 * **list**: one element per line, indented by depth (role, #id, .classes, "text", value, flags),
   the target marked; containers without text are dimmed.
 
@@ -17,6 +18,7 @@ The screenshot is shown above them when the step has one (a URL Label Studio can
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +27,11 @@ from warehouse.model import Screen, UIElement
 MAX_LIST_ELEMENTS = 160
 MAX_TEXT_CHARS = 90
 MAX_DEPTH_CLASS = 15
+MIN_MARGIN = 2.0  # px around the drawn elements in the wireframe's viewBox
+MARGIN_SHARE = 0.02  # ... or this share of the larger side, whichever is more
+MIN_TARGET_MARKER = 6.0  # px: the target is drawn at least this wide and high (a point or a line too)
+
+Box = tuple[float, float, float, float]  # left, top, right, bottom
 
 
 @dataclass(frozen=True)
@@ -91,42 +98,87 @@ def element_label(element: UIElement) -> str:
     return " ".join(parts)
 
 
-def screen_viewport(screen: Screen) -> tuple[float, float, float, float] | None:
-    """The area worth drawing: the union of the bounds of elements that carry content (padded)."""
-    boxes = [e.bounds for e in screen.elements if e.area > 0 and _has_content(e)]
-    if not boxes:
-        boxes = [e.bounds for e in screen.elements if e.area > 0]
+def known_bounds(element: UIElement) -> bool:
+    """Whether an element has a position on the screen: finite bounds, not all zero (the default of
+    an element whose bounds were never recorded), right >= left and bottom >= top."""
+    x0, y0, x1, y1 = element.bounds
+    return all(math.isfinite(v) for v in element.bounds) and any(element.bounds) and x1 >= x0 and y1 >= y0
+
+
+def _drawn_box(element: UIElement, is_target: bool, marker: float) -> Box | None:
+    """The box the wireframe draws for an element: its bounds, grown for the target to at least a
+    ``marker``-sized square around its centre (a target that is a point, a line or a few pixels stays
+    visible); None when the element is not drawn (no content, no area or no known position)."""
+    if not known_bounds(element) or not (is_target or (element.area > 0 and _has_content(element))):
+        return None
+    x0, y0, x1, y1 = element.bounds
+    if not is_target:
+        return element.bounds
+    cx, cy, half = (x0 + x1) / 2, (y0 + y1) / 2, marker / 2
+    return (min(x0, cx - half), min(y0, cy - half), max(x1, cx + half), max(y1, cy + half))
+
+
+def _px(value: float) -> str:
+    """A coordinate, compactly: whole pixels without decimals, else one decimal."""
+    return f"{value:.0f}" if abs(value - round(value)) < 0.05 else f"{value:.1f}"
+
+
+def _union(boxes: Sequence[Box]) -> Box:
+    return (min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes))
+
+
+def screen_viewport(screen: Screen, target_ref: str | None = None) -> tuple[int, int, int, int] | None:
+    """The area the wireframe shows, in whole pixels (left, top, right, bottom): every drawn element
+    (those that carry content, and the target) with a margin around them, so the target is always
+    inside; None when nothing can be drawn."""
+    boxes = _drawn_boxes(screen, target_ref)
     if not boxes:
         return None
-    left = min(b[0] for b in boxes)
-    top = min(b[1] for b in boxes)
-    right = max(b[2] for b in boxes)
-    bottom = max(b[3] for b in boxes)
-    pad = max(2.0, 0.02 * max(right - left, bottom - top))
-    return (left - pad, top - pad, right + pad, bottom + pad)
+    left, top, right, bottom = _union([box for _, box, _ in boxes])
+    pad = max(MIN_MARGIN, MARGIN_SHARE * max(right - left, bottom - top))
+    return (
+        math.floor(left - pad),
+        math.floor(top - pad),
+        math.ceil(right + pad),
+        math.ceil(bottom + pad),
+    )
+
+
+def _drawn_boxes(screen: Screen, target_ref: str | None) -> list[tuple[UIElement, Box, bool]]:
+    """(element, its drawn box, whether it is the target) for every element the wireframe draws."""
+    known = [e.bounds for e in screen.elements if known_bounds(e) and e.area > 0]
+    span = _union(known) if known else (0.0, 0.0, 100.0, 100.0)
+    marker = max(MIN_TARGET_MARKER, 0.03 * max(span[2] - span[0], span[3] - span[1]))
+    out: list[tuple[UIElement, Box, bool]] = []
+    for element in screen.elements:
+        is_target = target_ref is not None and element.ref == target_ref
+        box = _drawn_box(element, is_target, marker)
+        if box is not None:
+            out.append((element, box, is_target))
+    return out
 
 
 def screen_boxes_svg(screen: Screen, target_ref: str | None = None) -> str:
-    """An SVG wireframe of the screen: elements as boxes, the target filled, short texts written in."""
-    viewport = screen_viewport(screen)
+    """An SVG wireframe of the screen: elements as boxes, the target filled (drawn last, on top), short
+    texts written in. The viewBox holds every box drawn (:func:`screen_viewport`). A target without a
+    known position is said so under the wireframe (the element list still marks it)."""
+    viewport = screen_viewport(screen, target_ref)
+    target = screen.by_ref(target_ref) if target_ref is not None else None
+    unplaced = (
+        '<p class="sw-none">the target has no recorded position on the screen: see it marked in the list</p>'
+        if target is not None and not known_bounds(target)
+        else ""
+    )
     if viewport is None:
-        return ""
+        return unplaced
     left, top, right, bottom = viewport
     width, height = right - left, bottom - top
     font = max(5.0, min(width, height) / 26)
     shapes: list[str] = []
     target_shape = ""
-    for element in sorted(screen.elements, key=lambda e: e.depth):
-        if element.area <= 0:
-            continue
-        x0, y0, x1, y1 = element.bounds
-        if x1 < left or y1 < top or x0 > right or y0 > bottom:
-            continue
-        is_target = target_ref is not None and element.ref == target_ref
+    for element, (x0, y0, x1, y1), is_target in sorted(_drawn_boxes(screen, target_ref), key=lambda d: d[0].depth):
         kind = "t" if is_target else "e" if element.editable else "c" if element.clickable else "n"
-        if kind == "n" and not _has_content(element):
-            continue
-        rect = f'<rect class="{kind}" x="{x0:.0f}" y="{y0:.0f}" width="{x1 - x0:.0f}" height="{y1 - y0:.0f}"/>'
+        rect = f'<rect class="{kind}" x="{_px(x0)}" y="{_px(y0)}" width="{_px(x1 - x0)}" height="{_px(y1 - y0)}"/>'
         label = _clip(element.text or element.value or element.description or "", 24)
         if label and (y1 - y0) >= font * 0.9:
             rect += f'<text x="{x0 + 1:.0f}" y="{min(y1, y0 + font):.0f}">{_esc(label)}</text>'
@@ -135,11 +187,12 @@ def screen_boxes_svg(screen: Screen, target_ref: str | None = None) -> str:
         else:
             shapes.append(rect)
     return (
-        f'<svg class="sw-svg" viewBox="{left:.0f} {top:.0f} {width:.0f} {height:.0f}" '
+        f'<svg class="sw-svg" viewBox="{left} {top} {width} {height}" '
         f'style="font-size:{font:.1f}px" preserveAspectRatio="xMinYMin meet">'
         + "".join(shapes)
         + target_shape
         + "</svg>"
+        + unplaced
     )
 
 

@@ -20,7 +20,7 @@ from annotation.labelstudio.agreement import (
     step_training_labels,
 )
 from annotation.labelstudio.interfaces import INTERFACES
-from annotation.labelstudio.selection import StepCandidate
+from annotation.labelstudio.selection import SourceAllocation, StepCandidate
 from annotation.labelstudio.sync import ProjectSyncResult
 from warehouse.checks import CheckOutcome
 from warehouse.figures import Markdown
@@ -80,6 +80,47 @@ def selection_summary(rows: Sequence[Mapping[str, Any]], n_candidates: int, n_ex
         "by_reason": dict(Counter(r["reason"] for r in rows)),
         "strata": len({r["stratum"] for r in rows}),
         "with_model_prediction": sum(1 for r in rows if r["model_progress"] is not None),
+    }
+
+
+SOURCE_COLUMNS = (
+    "source",
+    "share",
+    "budget",
+    "selected",
+    "of_budget",
+    "disagreements",
+    "candidates",
+    "candidate_disagreements",
+    "covers",
+)
+
+
+def source_summary(allocations: Sequence[SourceAllocation], budget: int) -> dict[str, Any]:
+    """How the budget went by episode source: the configured shares, the share of the selection each
+    source got, and a table (share, budget, picks, disagreements among them, candidates, sources covered)."""
+    selected = sum(a.selected for a in allocations)
+    rows = [
+        {
+            "source": a.key,
+            "share": a.share,
+            "budget": a.budget,
+            "selected": a.selected,
+            "of_budget": round(a.selected / budget, 3) if budget > 0 else None,
+            "disagreements": a.selected_disagreements,
+            "candidates": a.candidates,
+            "candidate_disagreements": a.disagreements,
+            "covers": ", ".join(a.sources) or "-",
+        }
+        for a in allocations
+    ]
+    return {
+        "source_shares": {a.key: a.share for a in allocations if a.key != "-"},
+        "selected_share_by_source": {
+            a.key: round(a.selected / selected, 3) for a in allocations if selected and a.selected
+        },
+        "selected_disagreements": sum(a.selected_disagreements for a in allocations),
+        "by_source": md_table(rows, SOURCE_COLUMNS),
     }
 
 

@@ -12,11 +12,23 @@ People are expensive, so they see the steps where the automatic labels are least
 * **spot checks**: a small share of the budget goes to random steps the sources agree on, as the
   quality control of automatic labels that GUI-Shepherd (§3) runs on its own annotations.
 
-The budget is split evenly across strata, a stratum being (task, success or failure), so that
-rare tasks and failed episodes (where automatic labels are weakest) are represented; a stratum
-with fewer candidates than its share hands the rest to the others (water-filling). Within a
-stratum, candidates are taken by uncertainty, at most ``max_per_episode`` steps per episode, ties
-broken by a seeded hash so that a selection is reproducible.
+**By episode source first.** The budget is shared out over episode sources (``episodes.source``)
+by configurable shares (:data:`DEFAULT_SOURCE_SHARES`): mostly real trajectories (human
+demonstrations, policy rollouts), a small share of synthetic ones, and none of the
+mismatched-instruction synthetic episodes, whose instruction belongs to another task's screen
+(an annotator would be asked whether a flight-booking step advances an e-mail task). A source
+with fewer candidates than its share hands the rest on to the others in proportion to their
+shares; a share of 0 never receives any.
+
+Within a source, **disagreements first**: the steps whose label sources disagree by at least
+``min_disagreement`` (LCS vs environment, or the model vs the labels) are picked before steps with
+nothing to compare or with agreeing labels. Each pass splits its budget evenly across strata, a
+stratum being (task, success or failure), so that rare tasks and failed episodes (where automatic
+labels are weakest) are represented; a stratum with fewer candidates than its share hands the rest
+to the others (water-filling). Within a stratum, candidates are taken by uncertainty, at most
+``max_per_episode`` steps per episode, ties broken by a seeded hash so that a selection is
+reproducible. :func:`push_order` puts the selection in the order people see it: the sources by
+share (real ones first), disagreements first, strata taking turns, spot checks spread through.
 
 All functions are pure; :func:`step_candidates` builds the candidates from plain rows of
 ``steps``/``episodes``, ``progress_labels`` and ``rm_predictions``.
@@ -33,6 +45,19 @@ from typing import Any
 
 NO_SIGNAL_UNCERTAINTY = 0.5
 KEY_STEP_DISAGREEMENT = 0.5
+#: A step whose label sources differ by at least this much is a disagreement, picked first within its source.
+MIN_DISAGREEMENT = 0.25
+DISAGREEMENT_REASONS = frozenset({"label_disagreement", "model_disagreement"})
+#: The share of the budget per episode source. A key names a source (``human_demo``, ``rollout``,
+#: ``synthetic:random_walk``), a family (``synthetic``: every ``synthetic:<kind>`` without a key of
+#: its own) or ``*`` (any other source); a source no key covers gets nothing. Shares are weights:
+#: they need not sum to 1, and what a source cannot use goes to the others in proportion.
+DEFAULT_SOURCE_SHARES: dict[str, float] = {
+    "human_demo": 0.6,
+    "rollout": 0.3,
+    "synthetic": 0.1,
+    "synthetic:mismatched_instruction": 0.0,  # its instruction is another task's: nothing to judge
+}
 #: ``rm_predictions.kind`` values whose ``score`` is the probability that a step is correct (the step
 #: judges of training.rm_datasets.KINDS); every other kind's score is the progress reached after the step.
 STEP_JUDGE_KINDS = frozenset({"prm", "guidnav"})
@@ -54,6 +79,7 @@ class StepCandidate:
     model_previous_progress: float | None = None  # the model's prediction for the step before (None at step 0)
     model_id: str | None = None
     model_step_prob: float | None = None  # a step judge's probability that the step is correct
+    episode_source: str | None = None  # episodes.source: human_demo | rollout | synthetic:<kind>
 
     @property
     def has_prediction(self) -> bool:
@@ -83,6 +109,12 @@ class Selected:
     uncertainty: float
     reason: str  # label_disagreement | model_disagreement | no_signal | spot_check
     rank_in_stratum: int
+    tier: int = 0  # 0: a disagreement (or any step, without tiers), 1: the rest, 2: a spot check
+
+
+def is_disagreement(score: float, reason: str, min_disagreement: float = MIN_DISAGREEMENT) -> bool:
+    """Whether label sources disagree on a step by at least ``min_disagreement``."""
+    return reason in DISAGREEMENT_REASONS and score >= min_disagreement
 
 
 def uncertainty(candidate: StepCandidate) -> tuple[float, str]:
@@ -150,26 +182,38 @@ def select_steps(
     spot_check_share: float = 0.1,
     max_per_episode: int = 2,
     seed: int = 0,
+    min_disagreement: float | None = None,
 ) -> list[Selected]:
     """Pick up to ``budget`` steps where labels are least certain, stratified by task and outcome.
 
     ``exclude`` holds (episode_id, step_idx) already queued or labeled. ``spot_check_share`` of
     the budget (rounded down) goes to a seeded random sample of the remaining steps, whatever
-    their uncertainty.
+    their uncertainty. With ``min_disagreement``, disagreements of at least that much
+    (:func:`is_disagreement`) are picked first (tier 0) and the rest only fill what they leave (tier 1).
     """
     if budget <= 0:
         return []
     scored = [(c, *uncertainty(c)) for c in candidates if (c.episode_id, c.step_idx) not in exclude]
     n_spot = int(math.floor(budget * max(0.0, min(1.0, spot_check_share))))
-    main = _stratified_pick(scored, budget - n_spot, max_per_episode, seed, by_uncertainty=True)
+    if min_disagreement is None:
+        main = _stratified_pick(scored, budget - n_spot, max_per_episode, seed, by_uncertainty=True)
+    else:
+        first = [row for row in scored if is_disagreement(row[1], row[2], min_disagreement)]
+        main = _stratified_pick(first, budget - n_spot, max_per_episode, seed, by_uncertainty=True)
+        rest = [row for row in scored if not is_disagreement(row[1], row[2], min_disagreement)]
+        main += _stratified_pick(
+            rest, budget - n_spot - len(main), max_per_episode, seed, by_uncertainty=True, after=main, tier=1
+        )
     taken = {(s.candidate.episode_id, s.candidate.step_idx) for s in main}
     rest = [row for row in scored if (row[0].episode_id, row[0].step_idx) not in taken]
-    spots = _stratified_pick(rest, n_spot, max_per_episode, seed + 1, by_uncertainty=False)
+    spots = _stratified_pick(rest, n_spot, max_per_episode, seed + 1, by_uncertainty=False, tier=2)
     spots = [replace(s, reason="spot_check") for s in spots]
     if len(main) + len(spots) < budget:  # too few spot-check candidates: fill with the next most uncertain
         taken |= {(s.candidate.episode_id, s.candidate.step_idx) for s in spots}
         extra = [row for row in scored if (row[0].episode_id, row[0].step_idx) not in taken]
-        main += _stratified_pick(extra, budget - len(main) - len(spots), max_per_episode, seed + 2, by_uncertainty=True)
+        main += _stratified_pick(
+            extra, budget - len(main) - len(spots), max_per_episode, seed + 2, by_uncertainty=True, after=main, tier=1
+        )
     return main + spots
 
 
@@ -180,12 +224,21 @@ def _stratified_pick(
     seed: int,
     *,
     by_uncertainty: bool,
+    after: Sequence[Selected] = (),
+    tier: int = 0,
 ) -> list[Selected]:
+    """Up to ``budget`` of ``scored``, split evenly over strata; ``after``: picks already made, whose
+    episodes count against ``max_per_episode`` and whose ranks in a stratum come first."""
     if budget <= 0 or not scored:
         return []
     by_stratum: dict[str, list[tuple[StepCandidate, float, str]]] = defaultdict(list)
     for row in scored:
         by_stratum[row[0].stratum].append(row)
+    per_episode: dict[str, int] = defaultdict(int)
+    rank_offset: dict[str, int] = defaultdict(int)
+    for earlier in after:
+        per_episode[earlier.candidate.episode_id] += 1
+        rank_offset[earlier.candidate.stratum] += 1
     ordered: dict[str, list[tuple[StepCandidate, float, str]]] = {}
     for stratum, rows in by_stratum.items():
         key = (
@@ -194,7 +247,6 @@ def _stratified_pick(
             else (lambda r: stable_hash(r[0].episode_id, r[0].step_idx, seed=seed))
         )
         rows = sorted(rows, key=key)
-        per_episode: dict[str, int] = defaultdict(int)
         capped = []
         for row in rows:
             if per_episode[row[0].episode_id] < max_per_episode:
@@ -205,8 +257,156 @@ def _stratified_pick(
     picked: list[Selected] = []
     for stratum in sorted(ordered):
         for rank, (candidate, score, reason) in enumerate(ordered[stratum][: quota[stratum]]):
-            picked.append(Selected(candidate, score, reason, rank))
+            picked.append(Selected(candidate, score, reason, rank_offset[stratum] + rank, tier))
     return picked
+
+
+# -- shares of the budget by episode source ----------------------------------------------------
+
+
+def share_key(source: str | None, shares: Mapping[str, float]) -> str | None:
+    """The key of ``shares`` that governs an episode source: its own, its family's (the part before
+    the first ``:``), ``*``, else None (the source gets nothing)."""
+    name = source or "unknown"
+    for key in (name, name.split(":", 1)[0], "*"):
+        if key in shares:
+            return key
+    return None
+
+
+def validate_shares(shares: Mapping[str, float]) -> dict[str, float]:
+    """Shares as floats, or a ValueError saying what is wrong (negative, not a number, all zero)."""
+    out: dict[str, float] = {}
+    for key, value in shares.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"the share of {key!r} is not a number: {value!r}") from None
+        if not math.isfinite(number) or number < 0:
+            raise ValueError(f"the share of {key!r} must be a number >= 0, not {value!r}")
+        out[str(key)] = number
+    if not any(out.values()):
+        raise ValueError(f"every source share is 0 (or none is given): nothing would be selected ({out})")
+    return out
+
+
+def allocate_by_share(capacity: Mapping[str, int], shares: Mapping[str, float], budget: int) -> dict[str, int]:
+    """Split ``budget`` over groups in proportion to their shares, capped by each group's capacity;
+    what a capped group cannot take goes to the others, again in proportion. A share of 0 gets nothing.
+
+    Largest remainders (then the larger share, then the name) settle rounding, so the split is deterministic.
+    """
+    quota = dict.fromkeys(capacity, 0)
+    open_groups = sorted(g for g, n in capacity.items() if n > 0 and shares.get(g, 0.0) > 0)
+    remaining = min(max(0, budget), sum(capacity[g] for g in open_groups))
+    while remaining > 0 and open_groups:
+        total = sum(shares[g] for g in open_groups)
+        exact = {g: remaining * shares[g] / total for g in open_groups}
+        give = {g: int(math.floor(exact[g])) for g in open_groups}
+        by_remainder = sorted(open_groups, key=lambda g: (give[g] - exact[g], -shares[g], g))
+        for g in by_remainder[: remaining - sum(give.values())]:
+            give[g] += 1
+        for g in open_groups:
+            take = min(give[g], capacity[g] - quota[g])
+            quota[g] += take
+            remaining -= take
+        open_groups = [g for g in open_groups if quota[g] < capacity[g]]
+    return quota
+
+
+@dataclass(frozen=True)
+class SourceAllocation:
+    """What one key of the source shares got: its sources, candidates, budget and picks."""
+
+    key: str
+    share: float  # as configured
+    sources: tuple[str, ...]  # the episode sources it covers (among the candidates)
+    candidates: int  # steps not queued yet
+    disagreements: int  # of which label sources disagree (at least ``min_disagreement``)
+    budget: int  # its part of the budget
+    selected: int = 0
+    selected_disagreements: int = 0
+
+
+def select_by_source(
+    candidates: Iterable[StepCandidate],
+    budget: int,
+    shares: Mapping[str, float] = DEFAULT_SOURCE_SHARES,
+    *,
+    exclude: set[tuple[str, int]] | frozenset = frozenset(),
+    spot_check_share: float = 0.1,
+    max_per_episode: int = 2,
+    seed: int = 0,
+    min_disagreement: float = MIN_DISAGREEMENT,
+) -> tuple[list[Selected], list[SourceAllocation]]:
+    """The budget shared out over episode sources by ``shares`` (:func:`allocate_by_share`), each
+    source's part picked by :func:`select_steps` with disagreements first; the picks in
+    :func:`push_order`, and what each share key got (sources no key covers under the key ``-``)."""
+    shares = validate_shares(shares)
+    groups: dict[str, list[StepCandidate]] = defaultdict(list)
+    for c in candidates:
+        if (c.episode_id, c.step_idx) not in exclude:
+            groups[share_key(c.episode_source, shares) or "-"].append(c)
+    capacity = {}
+    for key, members in groups.items():
+        steps_per_episode: dict[str, int] = defaultdict(int)
+        for c in members:
+            steps_per_episode[c.episode_id] += 1
+        capacity[key] = sum(min(n, max(0, max_per_episode)) for n in steps_per_episode.values())
+    quota = allocate_by_share(capacity, {k: shares.get(k, 0.0) for k in capacity}, budget)
+    picked: dict[str, list[Selected]] = {}
+    report = []
+    for key in sorted(set(shares) | set(groups), key=lambda k: (-shares.get(k, 0.0), k)):
+        members = groups.get(key, [])
+        picked[key] = select_steps(
+            members,
+            quota.get(key, 0),
+            spot_check_share=spot_check_share,
+            max_per_episode=max_per_episode,
+            seed=seed,
+            min_disagreement=min_disagreement,
+        )
+        report.append(
+            SourceAllocation(
+                key=key,
+                share=shares.get(key, 0.0),
+                sources=tuple(sorted({c.episode_source or "unknown" for c in members})),
+                candidates=len(members),
+                disagreements=sum(is_disagreement(*uncertainty(c), min_disagreement) for c in members),
+                budget=quota.get(key, 0),
+                selected=len(picked[key]),
+                selected_disagreements=sum(
+                    is_disagreement(s.uncertainty, s.reason, min_disagreement) for s in picked[key]
+                ),
+            )
+        )
+    return push_order(picked[a.key] for a in report), report
+
+
+def push_order(groups: Iterable[Sequence[Selected]]) -> list[Selected]:
+    """The order people see a selection in: group after group (the sources by share), and within one
+    disagreements first (tier 0, then 1), strata taking turns (rank in stratum, then stratum), the
+    spot checks spread evenly through."""
+    ordered: list[Selected] = []
+    for group in groups:
+        main = sorted(
+            (s for s in group if s.tier < 2),
+            key=lambda s: (
+                s.tier,
+                s.rank_in_stratum,
+                s.candidate.stratum,
+                s.candidate.episode_id,
+                s.candidate.step_idx,
+            ),
+        )
+        spots = sorted(
+            (s for s in group if s.tier >= 2),
+            key=lambda s: (s.rank_in_stratum, s.candidate.stratum, s.candidate.episode_id, s.candidate.step_idx),
+        )
+        placed = [((i + 1) / (len(main) + 1), 0, s) for i, s in enumerate(main)]
+        placed += [((j + 1) / (len(spots) + 1), 1, s) for j, s in enumerate(spots)]
+        ordered += [s for *_, s in sorted(placed, key=lambda p: (p[0], p[1]))]
+    return ordered
 
 
 # -- candidates from the warehouse's rows ------------------------------------------------------
@@ -265,7 +465,8 @@ def step_candidates(
 ) -> list[StepCandidate]:
     """Every step with its LCS and environment labels and one model's prediction (None where absent).
 
-    ``steps``: rows (episode_id, step_idx, task_id, success), the steps joined with their episodes;
+    ``steps``: rows (episode_id, step_idx, task_id, success, and optionally source), the steps joined
+    with their episodes;
     ``labels``: ``progress_labels`` rows; ``predictions``: the ``rm_predictions`` rows of the model
     ``model_id``. A row's ``kind`` says what its ``score`` is: a progress estimate fills
     ``model_progress`` (and the next step's ``model_previous_progress``), a step judge's
@@ -294,6 +495,7 @@ def step_candidates(
                 model_previous_progress=before if before is not None else (0.0 if key[1] == 0 else None),
                 model_id=model_id if model_progress is not None or model_step_prob is not None else None,
                 model_step_prob=model_step_prob,
+                episode_source=row.get("source"),
             )
         )
     return out

@@ -290,15 +290,25 @@ def tiny_examples(tiny_home, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def trained_progrm(tiny_examples, tmp_path_factory) -> Path:
     """A ProgRM-Env model trained (briefly, for real) on the tiny warehouse; its export folder."""
+    return _train_tiny(tiny_examples, tmp_path_factory, "progrm_env")
+
+
+@pytest.fixture(scope="session")
+def trained_prm(tiny_examples, tmp_path_factory) -> Path:
+    """A binary step-correctness PRM trained (briefly, for real) on the tiny warehouse."""
+    return _train_tiny(tiny_examples, tmp_path_factory, "prm")
+
+
+def _train_tiny(tiny_examples, tmp_path_factory, kind: str) -> Path:
     from training.train import parse_args, train_reward_model
 
-    out = tmp_path_factory.mktemp("trained-progrm")
+    out = tmp_path_factory.mktemp(f"trained-{kind}")
     model_config, data, args = parse_args(
         [
             "--kind",
-            "progrm_env",
+            kind,
             "--examples",
-            str(tiny_examples["progrm_env"]),
+            str(tiny_examples[kind]),
             "--output_dir",
             str(out / "trainer"),
             "--embedding_cache_dir",

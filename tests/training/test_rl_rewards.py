@@ -178,3 +178,17 @@ def test_the_orm_judges_with_the_threshold_its_report_chose(tmp_path):
     )
     assert report_threshold(warehouse, "orm-1") == pytest.approx(0.44)
     assert report_threshold(warehouse, "orm-2", default=0.6) == 0.6
+
+
+def test_the_prm_pays_its_judgement_as_plus_or_minus_one_with_the_format_penalty(trained_prm):
+    from training.rl.rewards.prm import StepJudgeReward
+
+    scorer = LocalScorer(trained_prm)
+    rollout = _rollout()
+    flagged = Rollout(rollout.record, format_ok=(True, True, False, True))
+    rewards = StepJudgeReward(scorer, kind="prm").rewards([flagged], 0).rewards[0]
+    p = np.asarray(scorer.score([text_trajectory(rollout.record)])[0].scores)
+    assert np.allclose(rewards, 2 * p - 1 + np.array([0, 0, -1, 0]))
+    assert np.all(rewards[[0, 1, 3]] >= -1) and np.all(rewards[[0, 1, 3]] <= 1)
+    with pytest.raises(RewardModelError, match="needs a guidnav model"):
+        StepJudgeReward(scorer, kind="guidnav")

@@ -70,7 +70,8 @@ from warehouse.storage import git_revision
 from warehouse.tables_rl import AGENT_EVAL, AGENT_EVAL_EPISODES, POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
 from warehouse.trajectories import load_trajectories
 
-RL_CODE_VERSION = "rl-2"  # 2: the ORM reward judges with its report's threshold
+# 2: the ORM reward judges with its report's threshold; 3: the PRM pays 2 P(correct) - 1
+RL_CODE_VERSION = "rl-3"
 TRAIN_SEED_BASE = 1_000_000
 SELECTION_SEED_BASE = 2_000_000
 HELD_OUT_SEED_BASE = 3_000_000

@@ -92,7 +92,7 @@ from warehouse.tables_annotation import (
     LABEL_SOURCE_AGREEMENT,
 )
 
-__all__ = [  # what assets/human_labels.py uses
+__all__ = [  # what assets/human_labels.py and the CLI (`stepwise annotate push`) use
     "CANDIDATE_UPSTREAM",
     "DOWNSTREAM_OF_LABELS",
     "INTERFACE_NAMES",
@@ -101,6 +101,7 @@ __all__ = [  # what assets/human_labels.py uses
     "REPORT_VERSION",
     "SELECTION_VERSION",
     "SYNC_VERSION",
+    "AnnotatePushOptions",
     "CheckOutcome",
     "LabelStudioSite",
     "Markdown",
@@ -116,7 +117,10 @@ __all__ = [  # what assets/human_labels.py uses
     "check_traced_to_queue",
     "check_unique_annotations",
     "check_unsure_excluded",
+    "cli_site",
+    "parse_source_shares",
     "push_from_cli",
+    "push_report_lines",
     "push_queue",
     "select_candidates",
     "sync_projects",

@@ -54,6 +54,7 @@ from assets.metadata import check_result, to_metadata, unique_key_checks
 from assets.resources import LabelStudioResource, WarehouseResource
 
 GROUP = "human_labels"
+SHARES_HELP = "budget share per episode source (a source, a family like synthetic, or *); 0 leaves it out"
 
 
 def _with_url(summary: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +67,9 @@ class CandidateSelectionConfig(Config):
     max_per_episode: int = Field(SelectionOptions.max_per_episode, description="at most this many steps per episode")
     seed: int = SelectionOptions.seed
     prediction_model: str | None = Field(None, description="rm_predictions model to use (default: the latest)")
-    episode_source: str | None = Field(None, description="only episodes of this source (e.g. rollout)")
+    episode_source: str | None = Field(None, description="only episodes of this source: it gets the whole budget")
+    source_shares: dict[str, float] = Field(default_factory=SelectionOptions().shares, description=SHARES_HELP)
+    min_disagreement: float = Field(SelectionOptions.min_disagreement, description="picked first within a source")
 
 
 class PushConfig(Config):
@@ -90,9 +93,10 @@ class SyncConfig(Config):
     kinds={"duckdb", "parquet"},
     deps=CANDIDATE_UPSTREAM,
     description=(
-        "Active selection: the steps whose automatic labels are least certain (LCS vs environment labels disagree, "
-        "or the reward model disagrees with them), under a budget, stratified by task and success/failure, with "
-        "spot checks. Steps already queued for people are left out. Table `annotation_candidates`."
+        "Active selection under a budget shared by episode source (config source_shares; default mostly human "
+        "demonstrations and rollouts, little synthetic, no mismatched-instruction episodes): within a source the "
+        "steps whose label sources disagree first (LCS vs environment, or the reward model vs them), stratified by "
+        "task and success/failure, with spot checks. Steps already queued are left out. Table `annotation_candidates`."
     ),
 )
 def annotation_candidates(

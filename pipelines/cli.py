@@ -523,6 +523,33 @@ def cmd_figures(args: argparse.Namespace) -> int:
     return 0 if print_figures(Warehouse(), args.section) else 1
 
 
+def cmd_annotate_push(args: argparse.Namespace) -> int:
+    """Select the steps whose labels matter and push them to Label Studio (no Dagster needed)."""
+    from dataclasses import replace
+
+    from annotation.human_labels import (
+        AnnotatePushOptions,
+        PushOptions,
+        SelectionOptions,
+        parse_source_shares,
+        push_from_cli,
+    )
+    from annotation.labelstudio.client import LabelStudioError
+    from annotation.labelstudio.server import LabelStudioServerError
+    from warehouse.catalog import Warehouse
+
+    try:
+        selection = SelectionOptions(budget=args.budget, source_shares=parse_source_shares(args.share))
+        push = PushOptions()
+        if args.interfaces:
+            push = replace(push, interfaces=tuple(i.strip() for i in args.interfaces.split(",") if i.strip()))
+        push_from_cli(Warehouse(), options=AnnotatePushOptions(selection, push, select=not args.no_select), log=print)
+    except (ValueError, LabelStudioError, LabelStudioServerError) as exc:
+        print(f"stepwise annotate push: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _summary(name: str, started: float, outcomes: list[tuple[str, bool]]) -> int:
     all_ok = all(ok for _, ok in outcomes)
     print(f"\n== Stepwise {name}: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s")
@@ -570,6 +597,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("query", nargs="?", default=None, help="a query; without one, a shell (.tables, .schema VIEW)")
     p.add_argument("--max-rows", type=int, default=50)
     p.set_defaults(func=cmd_sql)
+    p = sub.add_parser("annotate", help="human labels in Label Studio")
+    annotate = p.add_subparsers(dest="annotate_command", required=True)
+    p = annotate.add_parser("push", help="select the steps whose labels matter and push them to Label Studio")
+    p.add_argument("--budget", type=int, default=500, help="steps to put in front of people this round")
+    p.add_argument(
+        "--share",
+        action="append",
+        default=[],
+        metavar="SOURCE=WEIGHT",
+        help="the budget's share of an episode source (human_demo, rollout, synthetic, synthetic:<kind>, *); "
+        "repeatable; =0 leaves a source out",
+    )
+    p.add_argument("--interfaces", default="", help="comma-separated interfaces to push (default: all)")
+    p.add_argument("--no-select", action="store_true", help="push the current selection without selecting again")
+    p.set_defaults(func=cmd_annotate_push)
     p = sub.add_parser("figures", help="the README's tables, printed from the warehouse as markdown")
     p.add_argument("--section", default=None, help="one section (demonstrations, label quality, ...)")
     p.set_defaults(func=cmd_figures)

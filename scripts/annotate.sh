@@ -5,16 +5,35 @@
 #   LABEL_STUDIO_URL + LABEL_STUDIO_API_KEY set  -> your own Label Studio is used (nothing started for it)
 #   otherwise                                    -> the project's own server, data in $STEPWISE_HOME/labelstudio
 #
-# Ctrl-C stops what this script started (Label Studio too, unless it was already running or
-# KEEP_LABEL_STUDIO=1). ANNOTATE_SMOKE=1 starts everything, checks it answers, and stops again.
+# Work is queued with one command, `stepwise annotate push` (the banner prints it with this
+# STEPWISE_HOME). Ctrl-C stops what this script started (Label Studio too, unless it was already
+# running or KEEP_LABEL_STUDIO=1). ANNOTATE_SMOKE=1 starts everything, checks it answers, and stops
+# again; ANNOTATE_BANNER_ONLY=1 prints the banner for a server that is already running, starting nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 BIN=$(dirname "$PY")
-export STEPWISE_HOME=${STEPWISE_HOME:-$PWD/.stepwise}
+STEPWISE_HOME=${STEPWISE_HOME:-$PWD/.stepwise}
+mkdir -p "$STEPWISE_HOME"
+STEPWISE_HOME=$(cd "$STEPWISE_HOME" && pwd)  # absolute, so the printed commands work from anywhere
+export STEPWISE_HOME
 export DAGSTER_HOME=${DAGSTER_HOME:-$STEPWISE_HOME/dagster}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 DAGSTER_PORT=${PORT:-3000}
+
+banner() {
+  "$PY" -m annotation.labelstudio.banner --home "$STEPWISE_HOME" --url "$1" --dagster-port "$DAGSTER_PORT" --bin "$BIN"
+}
+
+if [ "${ANNOTATE_BANNER_ONLY:-0}" = 1 ]; then
+  if [ -n "${LABEL_STUDIO_URL:-}" ] && [ -n "${LABEL_STUDIO_API_KEY:-}" ]; then
+    banner "$LABEL_STUDIO_URL"
+  else
+    banner "$("$PY" -m annotation.labelstudio url --home "$STEPWISE_HOME" || echo "http://127.0.0.1:8080")"
+  fi
+  exit 0
+fi
+
 mkdir -p "$DAGSTER_HOME"
 cp dagster.yaml "$DAGSTER_HOME/dagster.yaml"
 
@@ -46,14 +65,12 @@ except LabelStudioError as exc:
     sys.exit(f"[annotate] {exc}")
 print(f"[annotate] using your Label Studio as {user['email']}")
 EOF
-  LOGIN="your own Label Studio account"
 else
   if ! "$PY" -m annotation.labelstudio status --home "$STEPWISE_HOME" >/dev/null 2>&1; then
     started_ls=1
   fi
   "$PY" -m annotation.labelstudio start --home "$STEPWISE_HOME"
   LS_URL=$("$PY" -m annotation.labelstudio url --home "$STEPWISE_HOME")
-  LOGIN="admin@stepwise.local (password: \"password\" in $STEPWISE_HOME/labelstudio/stepwise-credentials.json)"
 fi
 
 mkdir -p "$STEPWISE_HOME/logs"
@@ -69,20 +86,7 @@ for _ in $(seq 1 90); do
   sleep 1
 done
 
-cat <<EOF
-
-== Stepwise annotation ==================================================================
-  Annotators log in at   $LS_URL/user/login/
-  as                     $LOGIN
-  Projects               "Stepwise · Step correctness · v1", "... Step progress ...", "... Milestone review ...",
-                         "... Milestone-action match ..." (created by the first push)
-  Push tasks             Dagster UI -> assets annotation_candidates, annotation_queue -> Materialize
-  Labels come back       sensor label_studio_sync (every 30 s) -> table human_labels
-                         .venv/bin/stepwise sql "SELECT interface, label, count(*) FROM human_labels GROUP BY ALL"
-  Dagster UI             http://127.0.0.1:$DAGSTER_PORT   (logs: $STEPWISE_HOME/logs/)
-  Ctrl-C stops what this started.
-==========================================================================================
-EOF
+banner "$LS_URL"
 
 if [ "${ANNOTATE_SMOKE:-0}" = 1 ]; then
   "$PY" -c "import urllib.request; urllib.request.urlopen('$LS_URL/health', timeout=5); urllib.request.urlopen('http://127.0.0.1:$DAGSTER_PORT/server_info', timeout=5)"

@@ -1,4 +1,4 @@
-"""``python -m annotation.labelstudio start|stop|status|url``: the project's own Label Studio server."""
+"""``python -m annotation.labelstudio start|stop|status|url|password``: the project's own Label Studio server."""
 
 import sys
 

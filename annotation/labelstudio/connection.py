@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,5 +83,8 @@ class LabelStudioSite:
 
     def login_hint(self) -> str:
         if self.own_server:
-            return f"admin@stepwise.local; password in {self.data_dir / 'stepwise-credentials.json'}"
+            return (
+                f'admin@stepwise.local (password: field "password" of {self.data_dir / "stepwise-credentials.json"}; '
+                f"print it with python -m annotation.labelstudio password --home {shlex.quote(str(self.home))})"
+            )
         return "your own Label Studio account"

@@ -21,7 +21,7 @@ user, no secret) is built once per Label Studio version in a cache folder
 (``$STEPWISE_LS_SCHEMA_CACHE``, default ``~/.cache/stepwise``) and copied into each new data
 folder, so a fresh home starts in ~10-15 s. Set ``STEPWISE_LS_SCHEMA_CACHE=off`` to disable it.
 
-Run ``python -m annotation.labelstudio {start,stop,status,url}``.
+Run ``python -m annotation.labelstudio {start,stop,status,url,password}``.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from pathlib import Path
 import httpx
 
 from annotation.labelstudio.secrets import (
+    CREDENTIALS_FILE,
     Credentials,
     LocalSecrets,
     read_local_secrets,
@@ -549,11 +550,12 @@ def _create_personal_access_token(url: str, email: str, password: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m annotation.labelstudio start|stop|status|url`` for the project's own server."""
+    """``python -m annotation.labelstudio start|stop|status|url|password`` for the project's own server
+    (``password``: the admin's, printed from the credentials file, for logging in to the web UI)."""
     from warehouse.storage import stepwise_home
 
     parser = argparse.ArgumentParser(prog="python -m annotation.labelstudio", description=main.__doc__)
-    parser.add_argument("command", choices=["start", "stop", "status", "url"])
+    parser.add_argument("command", choices=["start", "stop", "status", "url", "password"])
     parser.add_argument("--home", default=None, help="STEPWISE_HOME (default: $STEPWISE_HOME or ./.stepwise)")
     parser.add_argument(
         "--port", type=int, default=None, help=f"preferred port (default ${PORT_ENV} or {DEFAULT_PORT})"
@@ -569,8 +571,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[label-studio] running at {creds.url} (pid {server.status().pid})")
         print(
             f"[label-studio] log in as {creds.username}; "
-            f"password and API token in {server.data_dir / 'stepwise-credentials.json'}"
+            f"password and API token in {server.data_dir / CREDENTIALS_FILE} "
+            f"(print the password: python -m annotation.labelstudio password --home {server.home})"
         )
+        return 0
+    if args.command == "password":
+        local = read_local_secrets(server.data_dir)
+        if local is None:
+            print(f"[label-studio] no {CREDENTIALS_FILE} in {server.data_dir}: start the server first", file=sys.stderr)
+            return 1
+        print(local.password)
         return 0
     if args.command == "stop":
         print("[label-studio] stopped" if server.stop() else "[label-studio] was not running")

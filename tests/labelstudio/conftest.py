@@ -133,17 +133,26 @@ PNG = bytes.fromhex(
 
 
 def build_small_warehouse(
-    home: Path, *, episodes_per_stratum: int = 3, with_predictions: bool = True, screenshots: bool = False
+    home: Path,
+    *,
+    episodes_per_stratum: int = 3,
+    with_predictions: bool = True,
+    screenshots: bool = False,
+    source: str = "human_demo",
 ) -> Warehouse:
     """3 tasks x (success, failure) x ``episodes_per_stratum`` episodes of 4 steps, with LCS and env labels
-    (they disagree on login-user) and a progress model's ``rm_predictions``; optionally a screenshot file per step."""
+    (they disagree on login-user) and a progress model's ``rm_predictions``; optionally a screenshot file per step.
+
+    The episodes are of ``source``; called again on the same home with another source, it adds that
+    source's episodes (their own ids and datasets) to the warehouse."""
     warehouse = Warehouse(home)
+    prefix, dataset = ("test", "test") if source == "human_demo" else (source, source.replace(":", "-"))
     episodes, steps, labels, predictions = [], [], [], []
     for task in TASKS:
         for success in (True, False):
             for k in range(episodes_per_stratum):
                 word = f"{task[:3]}{k}{'s' if success else 'f'}"
-                episode_id = f"test:{task}:{word}"
+                episode_id = f"{prefix}:{task}:{word}"
                 episodes.append(
                     {name: None for name in EPISODES.names}
                     | {
@@ -151,7 +160,7 @@ def build_small_warehouse(
                         "task_id": task,
                         "task_family": "miniwob",
                         "instruction": TASKS[task].format(u=word),
-                        "source": "human_demo",
+                        "source": source,
                         "success": success,
                         "n_steps": 4,
                         "outcome_reward": 1.0 if success else -1.0,
@@ -222,13 +231,14 @@ def build_small_warehouse(
                     )
     m = Materialization(asset="test_fixture")
     outputs = [
-        warehouse.stage_table("episodes", "test", pa.Table.from_pylist(episodes, schema=EPISODES), m),
-        warehouse.stage_table("steps", "test", pa.Table.from_pylist(steps, schema=STEPS), m),
-        warehouse.stage_table("progress_labels", "test", pa.Table.from_pylist(labels, schema=PROGRESS_LABELS), m),
+        warehouse.stage_table("episodes", dataset, pa.Table.from_pylist(episodes, schema=EPISODES), m),
+        warehouse.stage_table("steps", dataset, pa.Table.from_pylist(steps, schema=STEPS), m),
+        warehouse.stage_table("progress_labels", dataset, pa.Table.from_pylist(labels, schema=PROGRESS_LABELS), m),
     ]
     if with_predictions:
         table = pa.Table.from_pylist(predictions, schema=RM_PREDICTIONS)
-        outputs.append(warehouse.stage_table("rm_predictions", "rm-test-1", table, m))
+        model_dataset = "rm-test-1" if dataset == "test" else f"rm-test-1-{dataset}"
+        outputs.append(warehouse.stage_table("rm_predictions", model_dataset, table, m))
     warehouse.publish(m, outputs)
     return warehouse
 

@@ -142,4 +142,5 @@ def test_reading_candidates_of_one_source_and_an_empty_warehouse(small_warehouse
 
     assert read_step_candidates(small_warehouse, episode_source="rollout") == []
     assert len(read_step_candidates(small_warehouse, episode_source="human_demo")) == 3 * 2 * 3 * 4
+    assert {c.episode_source for c in read_step_candidates(small_warehouse)} == {"human_demo"}
     assert read_step_candidates(Warehouse(tmp_path / "empty")) == []

@@ -48,6 +48,7 @@ def test_site_paths_and_login_hint(tmp_path):
     site = LabelStudioSite(connect=lambda: calls.append(1), namespace="N", home=tmp_path, own_server=True)
     assert site.data_dir == labelstudio_dir(tmp_path) and site.lock_path.parent == site.data_dir
     assert "admin@stepwise.local" in site.login_hint() and "stepwise-credentials.json" in site.login_hint()
+    assert "python -m annotation.labelstudio password --home" in site.login_hint()  # how to read it
     assert (
         LabelStudioSite(lambda: None, "N", tmp_path, own_server=False).login_hint() == "your own Label Studio account"
     )

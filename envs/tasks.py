@@ -29,14 +29,46 @@ Predicates (``when``), over the screen after a step and the step's action:
 * ``clicked: SELECTOR`` - the step's action clicked an element matching the selector;
 * ``typed: {element: SELECTOR, equals: TEMPLATE}`` - the step's action typed that text there;
 * ``episode_success: true`` - the environment reported success at this (final) step;
+* ``count: {slot: NAME, each: PREDICATE, at_least: N | all}`` - a list slot (below): at least N
+  of its items (``all``, the default: every item) satisfy ``each``, in which ``{item}`` stands
+  for the item. Strict: N items must exist (a list of 2 never satisfies ``at_least: 3``); ``all``
+  of an empty list holds. Optional ``split`` (a regular expression; default: commas and the word
+  "and") and ``synonyms`` (a list of word groups: an item also stands for every word of a group
+  holding it, and ``each`` holds for the item when it holds for one of them);
 * ``all: [...]``, ``any: [...]``, ``not: PREDICATE`` - combinations.
 
 A SELECTOR is a mapping of ``role``, ``text`` (exact), ``text_contains``, ``element_id``,
-``classes_contains``, ``description``; every key given must match. Values may name instruction
-slots as ``{slot}``: the named groups of ``instruction``, and the fields the environment recorded
-with the episode (``episodes.task_fields``; a slot named in a predicate must be one of the groups
-unless the spec lists it under ``fields:``). Milestones are reached in order: a
-milestone counts once every milestone before it has been reached.
+``classes_contains``, ``description``, ``labelled``, ``within``; every key given must match.
+Two keys look at the elements around the element (document order and depth of the screen):
+
+* ``labelled: TEXT`` - a form field (checkbox, radio, switch, text field, select, any editable
+  element) whose label reads TEXT, or that label itself (a click on a label is a click on its
+  field, as in a browser; add ``role: checkbox`` for the field only). A field's label is its
+  nearest enclosing ``label`` element (``<label><input> furious</label>``: MiniWoB++'s checkboxes
+  and radios); else the nearest ``label`` before it in the same container with no other label
+  between (``<label>Password</label><input>``: the login forms); a label after its field is not
+  recognised (the recorded DOM has no ``for`` attribute). Its text: its own and its descendants'.
+* ``within: SELECTOR`` - the element lies in the same container as an element matching the inner
+  selector: going up from the element (itself included), the first container holding an element
+  of the inner selector's *kind* (its ``role``, ``element_id`` and ``classes_contains`` keys,
+  one of which it must have) must hold one that matches the inner selector entirely. E.g.
+  ``{classes_contains: retweet, within: {classes_contains: username, text: "@keli"}}``: from the
+  retweet icon up, the first container holding a ``.username`` is its post; that post's username
+  must read @keli.
+
+For ``clicked`` and ``typed`` these two keys read the clicked element's surroundings on the screen
+after the step (the same element by ref; an element that is gone there does not match them).
+``element_matches`` without a screen matches neither.
+
+Values may name instruction slots as ``{slot}``: the named groups of ``instruction``, and the
+fields the environment recorded with the episode (``episodes.task_fields``; a slot named in a
+predicate must be one of the groups unless the spec lists it under ``fields:``). **A slot the
+instruction leaves unfilled** (an optional group that did not take part in the match, a field not
+recorded) **stays as the literal text** ``{slot}``: a selector or comparison naming it matches
+nothing but that literal text (so ``not`` of it holds), and a ``count`` over it sees an empty
+list. Specs may rely on this for optional parts of an instruction; ``envs.spec_validation`` warns
+where it happens on recorded episodes. Milestones are reached in order: a milestone counts once
+every milestone before it has been reached.
 
 Loading is bounded (a spec is outside data): a file over ``MAX_SPEC_BYTES``, YAML nested deeper than
 ``MAX_YAML_DEPTH`` or whose aliases expand to more than ``MAX_YAML_NODES`` nodes (an alias bomb: nine
@@ -50,8 +82,10 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -59,20 +93,47 @@ import yaml
 
 from warehouse.model import Action, ActionType, Screen, UIElement
 
-SELECTOR_KEYS = frozenset({"role", "text", "text_contains", "element_id", "classes_contains", "description"})
+SELECTOR_KEYS = frozenset(
+    {"role", "text", "text_contains", "element_id", "classes_contains", "description", "labelled", "within"}
+)
+# Selector keys that look at the elements around the element (they need the screen).
+STRUCTURAL_SELECTOR_KEYS = frozenset({"labelled", "within"})
+# The keys that say what kind of element a selector finds (``within`` finds its container by them).
+KIND_SELECTOR_KEYS = ("role", "element_id", "classes_contains")
 PREDICATE_KINDS = frozenset(
-    {"visible", "field_value", "checked", "unchecked", "clicked", "typed", "episode_success", "all", "any", "not"}
+    {
+        "visible",
+        "field_value",
+        "checked",
+        "unchecked",
+        "clicked",
+        "typed",
+        "episode_success",
+        "count",
+        "all",
+        "any",
+        "not",
+    }
 )
 VALUE_COMPARISONS = ("equals", "contains", "starts_with", "ends_with")
+COUNT_KEYS = frozenset({"slot", "each", "at_least", "split", "synonyms"})
+ITEM_SLOT = "item"  # in ``count.each``: the list item being checked
+# A list slot's default separators: commas, "and", ", and" ("foo, bar and baz" -> 3 items).
+DEFAULT_LIST_SPLIT = r"\s*,\s*(?:and\s+)?|\s+and\s+"
 _SLOT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+LABEL_ROLE = "label"
+# Roles of form fields a <label> can name (plus any editable element and unmapped input_* tags).
+FIELD_ROLES = frozenset({"checkbox", "radio", "switch", "textbox", "password", "number", "date", "time", "combobox"})
 
 # Bounds on a spec file (docs/environments.md, "Bounds on outside data"). The shipped specs are far
-# inside them: at most 1.3 KB, 150 YAML nodes, 9 levels, an instruction of 154 characters.
+# inside them: at most 2.2 KB, 600 YAML nodes (click-checkboxes-soft: its synonym table, used twice
+# through an alias), 9 levels, an instruction of 154 characters.
 MAX_SPEC_BYTES = 64 * 1024
 MAX_YAML_NODES = 10_000  # after alias expansion: what building the spec would walk
 MAX_YAML_DEPTH = 32
 MAX_INSTRUCTION_CHARS = 1_000  # the instruction template (a regular expression)
 MAX_TASK_ID_CHARS = 200
+MAX_SPLIT_CHARS = 200  # a count's ``split`` (a regular expression)
 
 
 # Keys of ``episodes.task_fields`` that describe the episode, not its instruction: never slots.
@@ -186,7 +247,7 @@ class _BoundedLoader(yaml.SafeLoader):
                 self._path.pop()
 
 
-def _shown(path: Path) -> str:
+def shown_path(path: Path | str) -> str:
     """A path for a message: readable, storable (bytes that are not UTF-8 as \\xHH)."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
@@ -195,7 +256,7 @@ def load_spec_yaml(path: Path | str) -> Any:
     """A spec file's YAML, read within the bounds (MAX_SPEC_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES);
     TaskSpecError naming the file (and the field, for a bound) otherwise."""
     path = Path(path)
-    shown = _shown(path)
+    shown = shown_path(path)
     try:
         if not path.is_file():
             raise TaskSpecError(f"{shown}: cannot read: not a regular file")
@@ -227,7 +288,7 @@ def load_spec_yaml(path: Path | str) -> Any:
 
 def load_task_spec(path: Path | str) -> TaskSpec:
     """One spec file -> TaskSpec; TaskSpecError (one line, naming the file and field) when invalid."""
-    return task_spec_from_mapping(load_spec_yaml(path), source=_shown(Path(path)))
+    return task_spec_from_mapping(load_spec_yaml(path), source=shown_path(Path(path)))
 
 
 def task_spec_from_mapping(raw: Any, source: str = "<spec>") -> TaskSpec:
@@ -297,21 +358,27 @@ def task_spec_from_mapping(raw: Any, source: str = "<spec>") -> TaskSpec:
     )
 
 
+def spec_files(folder: Path | str) -> list[Path]:
+    """The spec files of a folder: every ``*.yaml`` / ``*.yml`` in it, recursively, sorted;
+    TaskSpecError when the folder does not exist."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise TaskSpecError(f"task spec folder not found: {shown_path(folder)}")
+    return sorted([*folder.rglob("*.yaml"), *folder.rglob("*.yml")])
+
+
 def load_task_specs(folder: Path | str, errors: list[str] | None = None) -> dict[str, TaskSpec]:
     """Every ``*.yaml`` / ``*.yml`` spec in ``folder`` (recursively), keyed by task id.
 
     A bad spec raises TaskSpecError, unless ``errors`` is given: then its message is appended
     there and the other specs load (a missing folder always raises)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise TaskSpecError(f"task spec folder not found: {_shown(folder)}")
     specs: dict[str, TaskSpec] = {}
-    for path in sorted([*folder.rglob("*.yaml"), *folder.rglob("*.yml")]):
+    for path in spec_files(folder):
         try:
             spec = load_task_spec(path)
             if spec.task_id in specs:
                 raise TaskSpecError(
-                    f"{_shown(path)}: task {spec.task_id!r} is already defined in {specs[spec.task_id].path}"
+                    f"{shown_path(path)}: task {spec.task_id!r} is already defined in {specs[spec.task_id].path}"
                 )
         except TaskSpecError as exc:
             if errors is None:
@@ -347,6 +414,8 @@ def _validate_predicate(pred: Any, at: str, slots: set[str]) -> None:
     elif kind == "episode_success":
         if arg is not True:
             raise TaskSpecError(f"{at}.episode_success must be true")
+    elif kind == "count":
+        _validate_count(arg, f"{at}.count", slots)
     elif kind in ("field_value", "typed"):
         comparisons = VALUE_COMPARISONS if kind == "field_value" else ("equals",)
         given = [c for c in comparisons if isinstance(arg, Mapping) and c in arg]
@@ -358,13 +427,58 @@ def _validate_predicate(pred: Any, at: str, slots: set[str]) -> None:
         _validate_selector(arg, f"{at}.{kind}", slots)
 
 
+def _validate_count(arg: Any, at: str, slots: set[str]) -> None:
+    if not isinstance(arg, Mapping) or "slot" not in arg or "each" not in arg:
+        raise TaskSpecError(f"{at} needs 'slot' (a list slot) and 'each' (a predicate using {{{ITEM_SLOT}}})")
+    unknown = sorted(str(k) for k in arg if k not in COUNT_KEYS)
+    if unknown:
+        raise TaskSpecError(f"{at}: unknown key {unknown[0]!r} (known: {sorted(COUNT_KEYS)})")
+    slot = arg["slot"]
+    if not isinstance(slot, str) or slot not in slots:
+        raise TaskSpecError(
+            f"{at}.slot: {slot!r} is neither a named group of 'instruction' nor in 'fields' (has {sorted(slots)})"
+        )
+    at_least = arg.get("at_least", "all")
+    if at_least != "all" and (isinstance(at_least, bool) or not isinstance(at_least, int) or at_least < 1):
+        raise TaskSpecError(f"{at}.at_least must be a whole number >= 1 or 'all', got {at_least!r}")
+    if "split" in arg:
+        split = arg["split"]
+        if not isinstance(split, str) or not split or len(split) > MAX_SPLIT_CHARS:
+            raise TaskSpecError(
+                f"{at}.split must be a regular expression of 1 to {MAX_SPLIT_CHARS} characters (MAX_SPLIT_CHARS)"
+            )
+        try:
+            separator = re.compile(split, re.IGNORECASE)
+        except (re.error, OverflowError, RecursionError, ValueError) as exc:
+            raise TaskSpecError(f"{at}.split is not a valid regular expression: {exc}") from None
+        if separator.fullmatch(""):
+            raise TaskSpecError(f"{at}.split must not match the empty text")
+    if "synonyms" in arg:
+        groups = arg["synonyms"]
+        if not isinstance(groups, list) or not all(isinstance(g, list) and g for g in groups):
+            raise TaskSpecError(f"{at}.synonyms must be a list of word groups (non-empty lists)")
+        for i, group in enumerate(groups):
+            for j, word in enumerate(group):
+                if isinstance(word, bool) or not isinstance(word, (str, int, float)):
+                    raise TaskSpecError(f"{at}.synonyms[{i}][{j}]: expected a word, got {word!r}")
+    _validate_predicate(arg["each"], f"{at}.each", slots | {ITEM_SLOT})
+
+
 def _validate_selector(selector: Any, at: str, slots: set[str]) -> None:
     if not isinstance(selector, Mapping) or not selector:
         raise TaskSpecError(f"{at}: a selector is a non-empty mapping of {sorted(SELECTOR_KEYS)}")
     for key, value in selector.items():
         if key not in SELECTOR_KEYS:
             raise TaskSpecError(f"{at}: unknown selector key {key!r} (known: {sorted(SELECTOR_KEYS)})")
-        _validate_value(value, f"{at}.{key}", slots)
+        if key == "within":
+            _validate_selector(value, f"{at}.within", slots)
+            if not any(k in value for k in KIND_SELECTOR_KEYS):
+                raise TaskSpecError(
+                    f"{at}.within needs one of {list(KIND_SELECTOR_KEYS)}: they find the container "
+                    "(text keys only pick which element of that kind)"
+                )
+        else:
+            _validate_value(value, f"{at}.{key}", slots)
 
 
 def _validate_value(value: Any, at: str, slots: set[str]) -> None:
@@ -384,6 +498,11 @@ def _validate_value(value: Any, at: str, slots: set[str]) -> None:
 
 
 # -- evaluation -------------------------------------------------------------------------------
+
+
+def slot_names(template: str) -> list[str]:
+    """The slots ``{name}`` a template names, in order."""
+    return _SLOT.findall(template)
 
 
 def _render(value: Any, slots: Mapping[str, str]) -> str:
@@ -417,9 +536,133 @@ def _in_view(element: UIElement, viewport: tuple[float, float, float, float]) ->
     )
 
 
-def element_matches(element: UIElement, selector: Mapping[str, Any], slots: Mapping[str, str]) -> bool:
-    for key, raw in selector.items():
-        want = _norm(_render(raw, slots))
+@lru_cache(maxsize=64)
+def _separator(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern, re.IGNORECASE)
+
+
+def list_items(value: str | None, split: str | None = None) -> list[str]:
+    """A list slot's items: ``value`` split by the regular expression ``split`` (default
+    ``DEFAULT_LIST_SPLIT``: commas, "and", ", and"), each stripped, empty ones dropped.
+    An unfilled slot (None, or still the literal ``{slot}``) is the empty list."""
+    if value is None or _SLOT.fullmatch(value.strip()):
+        return []
+    parts = _separator(split or DEFAULT_LIST_SPLIT).split(value)
+    return [part.strip() for part in parts if part and part.strip()]
+
+
+def is_form_field(element: UIElement) -> bool:
+    """Can a <label> name this element? Checkboxes, radios, switches, text fields, selects, any
+    editable element, and input types the DOM converter leaves unmapped (``input_range``, ...)."""
+    return element.role in FIELD_ROLES or element.editable or element.role.startswith("input_")
+
+
+class ScreenTree:
+    """A screen's structure, read from document order and depth (as ``envs.miniwob.dom`` and
+    ``envs.android.hierarchy`` write them; refs may repeat within a recorded page, so they are not
+    used): each element's parent, its subtree, and which label names which form field."""
+
+    def __init__(self, screen: Screen | Sequence[UIElement]) -> None:
+        self.elements: Sequence[UIElement] = screen.elements if isinstance(screen, Screen) else tuple(screen)
+        n = len(self.elements)
+        parents = [-1] * n
+        ends = [n] * n  # the subtree of i is elements[i:ends[i]]
+        stack: list[int] = []
+        for i, element in enumerate(self.elements):
+            while stack and self.elements[stack[-1]].depth >= element.depth:
+                ends[stack.pop()] = i
+            parents[i] = stack[-1] if stack else -1
+            stack.append(i)
+        self.parents: tuple[int, ...] = tuple(parents)
+        self.ends: tuple[int, ...] = tuple(ends)
+        self._label_of: dict[int, int] | None = None
+        self._labels_in_use: frozenset[int] = frozenset()
+        self._label_texts: dict[int, str] = {}
+        self._kind_cache: dict[tuple[str, ...], list[int]] = {}
+
+    def ancestors_or_self(self, index: int) -> Iterator[int]:
+        """``index``, its parent, and so on up to the root."""
+        while index >= 0:
+            yield index
+            index = self.parents[index]
+
+    def label_of(self) -> dict[int, int]:
+        """Form field index -> the index of the label naming it (see the module docstring)."""
+        if self._label_of is None:
+            self._label_of = self._link_labels()
+            self._labels_in_use = frozenset(self._label_of.values())
+        return self._label_of
+
+    def _link_labels(self) -> dict[int, int]:
+        elements = self.elements
+        links: dict[int, int] = {}
+        for i, element in enumerate(elements):
+            if is_form_field(element):
+                wrapping = next(
+                    (a for a in self.ancestors_or_self(self.parents[i]) if elements[a].role == LABEL_ROLE), None
+                )
+                if wrapping is not None:
+                    links[i] = wrapping
+        wrapping_labels = set(links.values())
+        for i, element in enumerate(elements):
+            if element.role != LABEL_ROLE or i in wrapping_labels:
+                continue
+            container_end = self.ends[self.parents[i]] if self.parents[i] >= 0 else len(elements)
+            for j in range(self.ends[i], container_end):
+                if elements[j].role == LABEL_ROLE:
+                    break
+                if is_form_field(elements[j]):
+                    links.setdefault(j, i)
+                    break
+        return links
+
+    def label_text(self, label: int) -> str:
+        """A label's text: its own and its descendants', form fields' left out (normalised)."""
+        if label not in self._label_texts:
+            parts = [
+                e.text
+                for e in self.elements[label : self.ends[label]]
+                if e.text and (e is self.elements[label] or not is_form_field(e))
+            ]
+            self._label_texts[label] = _norm(" ".join(parts))
+        return self._label_texts[label]
+
+    def is_labelled(self, index: int, want: str) -> bool:
+        """The element is a form field whose label reads ``want`` (normalised), or that label."""
+        label = self.label_of().get(index)
+        if label is None and index in self._labels_in_use:
+            label = index
+        return label is not None and self.label_text(label) == want
+
+    def of_kind(self, kind: Mapping[str, Any], slots: Mapping[str, str]) -> list[int]:
+        """Indices (ascending) of the elements matching a selector made only of kind keys."""
+        key = tuple(f"{k}={_norm(_render(v, slots))}" for k, v in sorted(kind.items()))
+        if key not in self._kind_cache:
+            wants = _wants(kind, slots)
+            self._kind_cache[key] = [i for i, e in enumerate(self.elements) if _fits(e, wants)]
+        return self._kind_cache[key]
+
+    def locate(self, element: UIElement) -> int | None:
+        """The index of ``element`` on this screen: the same object, else the element with its ref
+        (and, where refs repeat, its role, id and classes)."""
+        same_ref = [i for i, e in enumerate(self.elements) if e is element or e.ref == element.ref]
+        for i in same_ref:
+            if self.elements[i] is element:
+                return i
+        for i in same_ref:
+            e = self.elements[i]
+            if (e.role, e.element_id, e.classes) == (element.role, element.element_id, element.classes):
+                return i
+        return None
+
+
+def _wants(selector: Mapping[str, Any], slots: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The selector's keys that look at the element alone, with their values rendered and normalised."""
+    return [(k, _norm(_render(v, slots))) for k, v in selector.items() if k not in STRUCTURAL_SELECTOR_KEYS]
+
+
+def _fits(element: UIElement, wants: Sequence[tuple[str, str]]) -> bool:
+    for key, want in wants:
         if key == "role" and _norm(element.role) != want:
             return False
         if key == "text" and _norm(element.text) != want:
@@ -435,6 +678,165 @@ def element_matches(element: UIElement, selector: Mapping[str, Any], slots: Mapp
     return True
 
 
+def _plain_matches(element: UIElement, selector: Mapping[str, Any], slots: Mapping[str, str]) -> bool:
+    """The selector's keys that look at the element alone (the structural ones are skipped)."""
+    return _fits(element, _wants(selector, slots))
+
+
+def _matches_at(tree: ScreenTree, index: int, selector: Mapping[str, Any], slots: Mapping[str, str]) -> bool:
+    """Does the element at ``index`` of the screen match the selector, structural keys included?"""
+    if not _plain_matches(tree.elements[index], selector, slots):
+        return False
+    if "labelled" in selector and not tree.is_labelled(index, _norm(_render(selector["labelled"], slots))):
+        return False
+    if "within" in selector:
+        inner = selector["within"]
+        kind = {k: v for k, v in inner.items() if k in KIND_SELECTOR_KEYS}
+        of_kind = tree.of_kind(kind, slots)
+        for container in tree.ancestors_or_self(index):
+            end = tree.ends[container]
+            first = bisect_left(of_kind, container)
+            if first < len(of_kind) and of_kind[first] < end:  # the nearest container holding the kind
+                inside = of_kind[first : bisect_left(of_kind, end)]
+                return any(_matches_at(tree, i, inner, slots) for i in inside)
+        return False
+    return True
+
+
+def element_matches(
+    element: UIElement, selector: Mapping[str, Any], slots: Mapping[str, str], screen: Screen | None = None
+) -> bool:
+    """Does ``element`` match the selector? ``labelled`` and ``within`` read the element's
+    surroundings on ``screen`` (the element found there by ``ScreenTree.locate``); without a
+    screen, or when the element is not on it, they match nothing."""
+    if not any(k in selector for k in STRUCTURAL_SELECTOR_KEYS):
+        return _plain_matches(element, selector, slots)
+    if screen is None:
+        return False
+    tree = ScreenTree(screen)
+    index = tree.locate(element)
+    return index is not None and _matches_at(tree, index, selector, slots)
+
+
+_SYNONYM_INDEXES: dict[int, tuple[Sequence[Sequence[Any]], dict[str, tuple[str, ...]]]] = {}
+
+
+def synonym_alternatives(groups: Sequence[Sequence[Any]], item: str) -> tuple[str, ...]:
+    """``count.synonyms``: the item, then every other word of the groups that hold it (compared
+    case- and whitespace-insensitively)."""
+    cached = _SYNONYM_INDEXES.get(id(groups))
+    if cached is None or cached[0] is not groups:
+        index: dict[str, list[str]] = {}
+        for group in groups:
+            words = [str(w) for w in group]
+            for word in words:
+                known = index.setdefault(_norm(word), [])
+                known.extend(w for w in words if w not in known and _norm(w) != _norm(word))
+        if len(_SYNONYM_INDEXES) >= 64:
+            _SYNONYM_INDEXES.clear()
+        cached = (groups, {k: tuple(v) for k, v in index.items()})
+        _SYNONYM_INDEXES[id(groups)] = cached  # holds ``groups``, so its id is not reused meanwhile
+    return (item, *cached[1].get(_norm(item), ()))
+
+
+class _Evaluation:
+    """One ``evaluate`` call: the screen's structure is built once, when a predicate needs it."""
+
+    def __init__(self, screen: Screen | None, action: Action | None, success: bool) -> None:
+        self.elements: Sequence[UIElement] = screen.elements if screen is not None else ()
+        self.action = action
+        self.success = success
+        self._tree: ScreenTree | None = None
+
+    @property
+    def tree(self) -> ScreenTree:
+        if self._tree is None:
+            self._tree = ScreenTree(self.elements)
+        return self._tree
+
+    def on_screen(
+        self, selector: Mapping[str, Any], slots: Mapping[str, str], keep: Callable[[UIElement], bool]
+    ) -> bool:
+        """Some element satisfying ``keep`` (cheap, checked first) matches the selector."""
+        structural = any(k in selector for k in STRUCTURAL_SELECTOR_KEYS)
+        wants = _wants(selector, slots)
+        for i, e in enumerate(self.elements):
+            if keep(e) and _fits(e, wants) and (not structural or _matches_at(self.tree, i, selector, slots)):
+                return True
+        return False
+
+    def target_matches(self, selector: Mapping[str, Any], slots: Mapping[str, str]) -> bool:
+        """The action's target matches; structural keys read it on the screen after the step."""
+        assert self.action is not None and self.action.target is not None
+        target = self.action.target
+        if not _plain_matches(target, selector, slots):
+            return False
+        if not any(k in selector for k in STRUCTURAL_SELECTOR_KEYS):
+            return True
+        index = self.tree.locate(target)
+        return index is not None and _matches_at(self.tree, index, selector, slots)
+
+    def holds(self, pred: Mapping[str, Any], slots: Mapping[str, str]) -> bool:
+        ((kind, arg),) = pred.items()
+        if kind == "all":
+            return all(self.holds(p, slots) for p in arg)
+        if kind == "any":
+            return any(self.holds(p, slots) for p in arg)
+        if kind == "not":
+            return not self.holds(arg, slots)
+        if kind == "episode_success":
+            return self.success
+        if kind == "count":
+            return self.count_holds(arg, slots)
+        if kind == "visible":
+            viewport = self.elements[0].bounds if self.elements else (0.0, 0.0, 0.0, 0.0)
+            return self.on_screen(arg, slots, lambda e: _in_view(e, viewport))
+        if kind in ("checked", "unchecked"):
+            want_checked = kind == "checked"
+            return self.on_screen(arg, slots, lambda e: e.checked is want_checked)
+        if kind == "field_value":
+            comparison = next(c for c in VALUE_COMPARISONS if c in arg)
+            want = _norm(_render(arg[comparison], slots))
+            return self.on_screen(
+                arg["element"], slots, lambda e: e.editable and _compare(_norm(e.value), comparison, want)
+            )
+        action = self.action
+        if kind == "clicked":
+            return (
+                action is not None
+                and action.type in (ActionType.CLICK, ActionType.LONG_CLICK)
+                and action.target is not None
+                and self.target_matches(arg, slots)
+            )
+        if kind == "typed":
+            return (
+                action is not None
+                and action.type is ActionType.INPUT
+                and action.target is not None
+                and _norm(action.text) == _norm(_render(arg["equals"], slots))
+                and self.target_matches(arg["element"], slots)
+            )
+        raise TaskSpecError(f"unknown predicate {kind!r}")
+
+    def count_holds(self, arg: Mapping[str, Any], slots: Mapping[str, str]) -> bool:
+        items = list_items(slots.get(str(arg["slot"])), arg.get("split"))
+        at_least = arg.get("at_least", "all")
+        need = len(items) if at_least == "all" else int(at_least)
+        if need > len(items):
+            return False
+        groups = arg.get("synonyms")
+        found = 0
+        for k, item in enumerate(items):
+            alternatives = synonym_alternatives(groups, item) if groups else (item,)
+            if any(self.holds(arg["each"], {**slots, ITEM_SLOT: alt}) for alt in alternatives):
+                found += 1
+                if found >= need:
+                    return True
+            if found + len(items) - k - 1 < need:  # too few items left
+                return False
+        return found >= need
+
+
 def evaluate(
     pred: Mapping[str, Any],
     slots: Mapping[str, str],
@@ -443,45 +845,7 @@ def evaluate(
     success: bool = False,
 ) -> bool:
     """Does the predicate hold for the screen after a step and the step's action?"""
-    ((kind, arg),) = pred.items()
-    elements: Sequence[UIElement] = screen.elements if screen is not None else ()
-    if kind == "all":
-        return all(evaluate(p, slots, screen, action, success) for p in arg)
-    if kind == "any":
-        return any(evaluate(p, slots, screen, action, success) for p in arg)
-    if kind == "not":
-        return not evaluate(arg, slots, screen, action, success)
-    if kind == "episode_success":
-        return success
-    if kind == "visible":
-        viewport = elements[0].bounds if elements else (0.0, 0.0, 0.0, 0.0)
-        return any(_in_view(e, viewport) and element_matches(e, arg, slots) for e in elements)
-    if kind in ("checked", "unchecked"):
-        want_checked = kind == "checked"
-        return any(e.checked is want_checked and element_matches(e, arg, slots) for e in elements)
-    if kind == "field_value":
-        comparison = next(c for c in VALUE_COMPARISONS if c in arg)
-        want = _norm(_render(arg[comparison], slots))
-        return any(
-            e.editable and _compare(_norm(e.value), comparison, want) and element_matches(e, arg["element"], slots)
-            for e in elements
-        )
-    if kind == "clicked":
-        return (
-            action is not None
-            and action.type in (ActionType.CLICK, ActionType.LONG_CLICK)
-            and action.target is not None
-            and element_matches(action.target, arg, slots)
-        )
-    if kind == "typed":
-        return (
-            action is not None
-            and action.type is ActionType.INPUT
-            and action.target is not None
-            and _norm(action.text) == _norm(_render(arg["equals"], slots))
-            and element_matches(action.target, arg["element"], slots)
-        )
-    raise TaskSpecError(f"unknown predicate {kind!r}")
+    return _Evaluation(screen, action, success).holds(pred, slots)
 
 
 @dataclass(frozen=True)

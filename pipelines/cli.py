@@ -550,6 +550,21 @@ def cmd_annotate_push(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_specs_validate(args: argparse.Namespace) -> int:
+    """Load a folder of task specs and replay the recorded episodes of each task against them."""
+    from envs.spec_validation import format_report, validate_specs, warehouse_episodes
+    from warehouse.catalog import Warehouse
+
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        print(f"stepwise specs validate: not a folder: {folder}", file=sys.stderr)
+        return 2
+    load = None if args.no_replay else warehouse_episodes(Warehouse(), source=args.source)
+    report = validate_specs(folder, load=load)
+    print(format_report(report))
+    return 1 if report.errors else 0
+
+
 def _summary(name: str, started: float, outcomes: list[tuple[str, bool]]) -> int:
     all_ok = all(ok for _, ok in outcomes)
     print(f"\n== Stepwise {name}: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s")
@@ -597,6 +612,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("query", nargs="?", default=None, help="a query; without one, a shell (.tables, .schema VIEW)")
     p.add_argument("--max-rows", type=int, default=50)
     p.set_defaults(func=cmd_sql)
+    p = sub.add_parser("specs", help="task specs (milestone ground truth)")
+    specs = p.add_subparsers(dest="specs_command", required=True)
+    p = specs.add_parser(
+        "validate", help="load specs (errors by file and field) and replay the recorded episodes of each task"
+    )
+    p.add_argument("folder", help="a folder of task specs (YAML), e.g. envs/task_specs/miniwob")
+    p.add_argument("--source", default="human_demo", help="episodes to replay (episodes.source)")
+    p.add_argument("--no-replay", action="store_true", help="only load the specs")
+    p.set_defaults(func=cmd_specs_validate)
     p = sub.add_parser("annotate", help="human labels in Label Studio")
     annotate = p.add_subparsers(dest="annotate_command", required=True)
     p = annotate.add_parser("push", help="select the steps whose labels matter and push them to Label Studio")

@@ -76,7 +76,9 @@ def test_ppo_with_a_critic_initialised_from_a_reward_model(base, trained_progrm)
     critic = PRMCritic(scorer, learning_rate=1e-3)
     screen_lines = tuple(_login_screen(None, None, None).to_text().split("\n"))
     state = StepState(INSTRUCTION, (), screen_lines)
-    assert np.isclose(critic.values([state])[0], float(scorer.model(**_batch(scorer, [state]))["logits"][0]), atol=1e-4)
+    assert np.isclose(
+        critic.values([state])[0], float(scorer.model(**_batch(scorer, [state]))["logits"][0].detach()), atol=1e-4
+    )
     model = base.frozen_copy()
     for p in model.scorer.parameters():
         p.requires_grad_(True)

@@ -53,6 +53,8 @@ bench: setup
 	@$(VENV)/bin/python benchmarks/bench_rollouts.py
 	@$(VENV)/bin/python benchmarks/bench_annotation.py
 	@$(VENV)/bin/python benchmarks/bench_reward_models.py
+	@$(VENV)/bin/python benchmarks/bench_serving.py
+	@$(VENV)/bin/python benchmarks/bench_rl.py
 
 clean:
 	rm -rf $(STEPWISE_HOME)

@@ -649,9 +649,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backlog", type=int, default=defaults.backlog, help="listen backlog")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import torch
-
-    torch.set_num_threads(args.threads)
     try:
         batching = BatchingSettings(
             max_batch_states=args.max_batch_states,
@@ -666,6 +663,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
+    import torch
+
+    torch.set_num_threads(args.threads)
     if args.home:
         log.info("segment cache: %d entries from %s", scorer.load_home_cache(args.home), args.home)
     limits = ServingLimits(max_body_bytes=args.max_body_bytes, max_states=args.max_states)
@@ -676,7 +676,10 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-    run_server(scorer, args.host, args.port, limits, batching, precision, on_listening=announce)
+    try:
+        run_server(scorer, args.host, args.port, limits, batching, precision, on_listening=announce)
+    except KeyboardInterrupt:  # uvicorn shut down gracefully on SIGINT, then re-raised it
+        pass
     return 0
 
 

@@ -27,6 +27,7 @@ from pydantic import Field
 
 from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import EnvPoolResource, WarehouseResource
+from training.rl.report import check_table_one, report_markdown, report_plot
 from training.rl.runs import (
     RL_CODE_VERSION,
     RL_SEEDS,
@@ -36,10 +37,7 @@ from training.rl.runs import (
     SFTSettings,
     check_rl_run,
     check_sft_policy,
-    check_table_one,
     latest_rl_policy,
-    report_markdown,
-    report_plot,
     rl_settings_for,
     run_agent_evaluation,
     run_policy_sft,

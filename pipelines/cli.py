@@ -422,8 +422,9 @@ def cmd_rl(args: argparse.Namespace) -> int:
 
     from pipelines.definitions import defs
     from training.evaluate import latest_models
+    from training.rl.report import report_markdown
     from training.rl.rewards import SOURCE_MODEL_KIND
-    from training.rl.runs import RL_SEEDS, RUN_VARIANTS, report_markdown, run_rl_report
+    from training.rl.runs import RL_SEEDS, RUN_VARIANTS, run_rl_report
     from warehouse.catalog import Warehouse
 
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]

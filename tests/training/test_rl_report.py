@@ -1,0 +1,105 @@
+"""ProgRM Table 1 from hand-made held-out episodes: rows, intervals, paired tests, claims' checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from training.rl.report import check_table_one, report_markdown, table_one
+
+TASKS = [("click-tab-2", "click"), ("enter-text", "type")]
+SEEDS = range(10)
+
+
+def _episodes(policy_id: str, solved: set[tuple[str, int]]) -> list[dict]:
+    return [
+        {
+            "policy_id": policy_id,
+            "task_id": task,
+            "task_family": family,
+            "seed": seed,
+            "success": (task, seed) in solved,
+            "env_return": 1.0 if (task, seed) in solved else -1.0,
+            "failure_mode": None if (task, seed) in solved else "out_of_steps",
+        }
+        for task, family in TASKS
+        for seed in SEEDS
+    ]
+
+
+def _solved(task_seeds: int) -> set[tuple[str, int]]:
+    """The first ``task_seeds`` seeds of every task."""
+    return {(task, seed) for task, _ in TASKS for seed in range(task_seeds)}
+
+
+@pytest.fixture()
+def report() -> dict:
+    by_policy = {
+        "sft": _episodes("sft", _solved(4)),
+        "out0": _episodes("out0", _solved(5)),
+        "out1": _episodes("out1", _solved(5)),
+        "lcs0": _episodes("lcs0", _solved(9)),
+        "lcs1": _episodes("lcs1", _solved(7)),
+    }
+    runs = [
+        {"policy_id": "out0", "reward_source": "outcome", "estimator": "reinforce_pp", "rl_seed": 0, "env_steps": 100},
+        {"policy_id": "out1", "reward_source": "outcome", "estimator": "reinforce_pp", "rl_seed": 1, "env_steps": 300},
+        {"policy_id": "lcs0", "reward_source": "progrm_lcs", "estimator": "reinforce_pp", "rl_seed": 0, "env_steps": 1},
+        {"policy_id": "lcs1", "reward_source": "progrm_lcs", "estimator": "grpo", "rl_seed": 1, "env_steps": 1},
+    ]
+    return table_one("sft", runs, by_policy)
+
+
+def test_rows_average_over_rl_seeds_with_an_interval(report: dict) -> None:
+    rows = {r["actor"]: r for r in report["rows"]}
+    assert list(rows) == ["SFT", "outcome", "progrm_lcs", "progrm_lcs (grpo)"]
+    assert report["families"] == ["click", "type"]
+    outcome = rows["outcome"]
+    assert outcome["seeds"] == 2 and outcome["episodes"] == 40
+    assert outcome["success_rate"] == pytest.approx(0.5)
+    # both seeds agree exactly: the t-interval over seeds has zero width
+    assert outcome["success_low"] == pytest.approx(0.5) and outcome["success_high"] == pytest.approx(0.5)
+    assert outcome["env_steps"] == 200
+    assert outcome["click_success"] == pytest.approx(0.5) and outcome["type_return"] == pytest.approx(0.0)
+    assert outcome["failure_modes"]["out_of_steps"] == 20
+
+
+def test_a_single_policy_gets_a_bootstrap_interval_over_episodes(report: dict) -> None:
+    sft = next(r for r in report["rows"] if r["actor"] == "SFT")
+    assert sft["success_rate"] == pytest.approx(0.4)
+    assert sft["success_low"] < 0.4 < sft["success_high"]
+    assert 0.0 <= sft["success_low"] and sft["success_high"] <= 1.0
+
+
+def test_paired_tests_pair_each_rl_seed_with_sft_and_with_the_outcome_runs(report: dict) -> None:
+    by = {(c["actor"], c["versus"]): c for c in report["comparisons"]}
+    versus_sft = by[("progrm_lcs", "SFT")]
+    assert versus_sft["pairs"] == 20 and versus_sft["only_a"] == 10 and versus_sft["only_b"] == 0
+    assert versus_sft["mcnemar_p"] < 0.01
+    versus_outcome = by[("progrm_lcs", "outcome")]
+    # pairs share task, seed and RL seed: lcs0 is paired with out0 only
+    assert versus_outcome["pairs"] == 20 and versus_outcome["only_a"] == 8
+    assert ("outcome", "outcome") not in by
+
+
+def test_claims_are_checked_on_held_out_success(report: dict) -> None:
+    checks = check_table_one(report)
+    assert checks["rl_improves_on_sft"].passed
+    assert checks["progrm_beats_outcome"].passed
+    worse = dict(report, rows=[r | {"success_rate": 0.3} if r["actor"] == "progrm_lcs" else r for r in report["rows"]])
+    assert not check_table_one(worse)["progrm_beats_outcome"].passed
+    assert not check_table_one(worse)["rl_improves_on_sft"].passed
+
+
+def test_markdown_has_one_row_per_actor_and_comparison(report: dict) -> None:
+    text = str(report_markdown(report))
+    assert "| outcome | 2 | 50.0 [50.0, 50.0] |" in text
+    assert text.count("| progrm_lcs | SFT |") == 1
+    assert "click SR / Rwd" in text and "type SR / Rwd" in text
+
+
+def test_no_episodes_gives_nan_not_an_error() -> None:
+    report = table_one("sft", [], {})
+    assert len(report["rows"]) == 1 and math.isnan(report["rows"][0]["success_rate"])
+    assert not check_table_one(report)["rl_improves_on_sft"].passed

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from dagster import DagsterInstance, materialize
 
@@ -93,7 +95,8 @@ def test_datasets_models_and_report_materialize_with_checks(tmp_path):
     assert models[1]["label_versions"] == ["env-test-v1"]
     from training.models import RewardScorer
 
-    served = RewardScorer.from_checkpoint(models[1]["checkpoint_path"])
+    assert not Path(models[1]["checkpoint_path"]).is_absolute()  # stored relative to the home
+    served = RewardScorer.from_checkpoint(warehouse.resolve(models[1]["checkpoint_path"]))
     model_ids = warehouse.query("SELECT model_id FROM models WHERE kind = 'progrm_env'").column("model_id").to_pylist()
     assert served.metadata["model_id"] == model_ids[0]
     counts = warehouse.query(

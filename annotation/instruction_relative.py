@@ -33,7 +33,6 @@ INSTRUCTION_PLACEHOLDER = "<instr>"
 _GENERATED_ID = re.compile(r"\d+$")
 _TRANSIENT_CLASS = re.compile(r"(hover|focus|active|selected|highlight|disabled|visited)", re.IGNORECASE)
 _DIGITS = re.compile(r"\d+")
-_WORD = re.compile(r"\w")
 
 
 @dataclass(frozen=True)
@@ -50,12 +49,34 @@ class CleanedTrajectory:
         return tuple(i for i in range(self.n_steps) if i not in kept)
 
 
+def _is_word_char(char: str) -> bool:
+    """``re``'s ``\\w`` for one character of a str pattern: alphanumeric (Unicode) or underscore."""
+    return char.isalnum() or char == "_"
+
+
 @lru_cache(maxsize=65536)
-def _instruction_pattern(text: str) -> re.Pattern[str]:
-    # Word boundaries only where the text itself starts/ends with a word character ("$349" ok).
-    left = r"(?<!\w)" if _WORD.match(text[0]) else ""
-    right = r"(?!\w)" if _WORD.match(text[-1]) else ""
-    return re.compile(left + re.escape(text) + right)
+def _normalised_instruction(instruction: str) -> str:
+    return " ".join(instruction.split()).casefold()
+
+
+@lru_cache(maxsize=262144)
+def _named_in(wanted: str, haystack: str) -> bool:
+    """Does ``wanted`` occur in ``haystack`` as a whole word? Word boundaries count only where
+    ``wanted`` itself starts/ends with a word character ("$349" matches inside "for $349").
+
+    The same decision as searching ``(?<!\\w)`` + escaped text + ``(?!\\w)`` with ``re`` (every
+    start position is tried, overlapping ones included), without compiling a pattern per text."""
+    check_left = _is_word_char(wanted[0])
+    check_right = _is_word_char(wanted[-1])
+    start = haystack.find(wanted)
+    while start >= 0:
+        end = start + len(wanted)
+        if (not check_left or start == 0 or not _is_word_char(haystack[start - 1])) and (
+            not check_right or end == len(haystack) or not _is_word_char(haystack[end])
+        ):
+            return True
+        start = haystack.find(wanted, start + 1)
+    return False
 
 
 def named_by_instruction(text: str | None, instruction: str) -> bool:
@@ -65,9 +86,10 @@ def named_by_instruction(text: str | None, instruction: str) -> bool:
     wanted = " ".join(text.split()).casefold()
     if not wanted:
         return False
-    return _instruction_pattern(wanted).search(" ".join(instruction.split()).casefold()) is not None
+    return _named_in(wanted, _normalised_instruction(instruction))
 
 
+@lru_cache(maxsize=262144)
 def relative_text(text: str | None, instruction: str) -> str:
     """``<instr>`` if the instruction names the text; else the text with every word the
     instruction names as ``<instr>`` ("mute @dannie" -> "<instr> <instr>") and digit runs as ``#``."""
@@ -126,29 +148,55 @@ def screen_signature(screen: Screen) -> tuple:
     if not screen.elements:
         return ()
     v_left, v_top, v_right, v_bottom = screen.elements[0].bounds
-    return tuple(
-        (e.role, e.element_id, e.text, e.value, e.checked)
-        for e in screen.elements
-        if e.bounds[2] > e.bounds[0]
-        and e.bounds[3] > e.bounds[1]
-        and e.bounds[0] < v_right
-        and e.bounds[2] > v_left
-        and e.bounds[1] < v_bottom
-        and e.bounds[3] > v_top
-    )
+    shown = []
+    for e in screen.elements:
+        left, top, right, bottom = e.bounds
+        if right > left and bottom > top and left < v_right and right > v_left and top < v_bottom and bottom > v_top:
+            shown.append((e.role, e.element_id, e.text, e.value, e.checked))
+    return tuple(shown)
 
 
-def garbage_mask(screens_before: Sequence[Screen], n_steps: int) -> list[bool]:
+class ScreenStates:
+    """Screens -> small integers, equal iff their :func:`screen_signature` is equal.
+
+    Signatures are computed once per distinct screen *object* (a corpus that shares screens
+    between trajectories, as replayed or synthesised ones do, pays once) and interned, so the
+    loop detection of :func:`garbage_mask` compares integers. Each cached screen is kept
+    referenced, so its ``id`` cannot be reused while the cache lives; make one per batch of
+    trajectories and drop it after.
+    """
+
+    def __init__(self) -> None:
+        self._by_object: dict[int, tuple[Screen, int]] = {}
+        self._by_signature: dict[tuple, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_object)
+
+    def state(self, screen: Screen) -> int:
+        """The interned state of ``screen``."""
+        hit = self._by_object.get(id(screen))
+        if hit is not None:
+            return hit[1]
+        signature = screen_signature(screen)
+        state = self._by_signature.setdefault(signature, len(self._by_signature))
+        self._by_object[id(screen)] = (screen, state)
+        return state
+
+
+def garbage_mask(screens_before: Sequence[Screen], n_steps: int, states: ScreenStates | None = None) -> list[bool]:
     """Which steps are garbage: those undone later or without effect (a loop back to an earlier state).
 
     ``screens_before[t]`` is the screen before step t; the state after step t is the screen before
     step t + 1. The state after the last step is unknown, so the last step is never garbage.
+    ``states`` may carry signatures already computed for these screens (:class:`ScreenStates`).
     """
     garbage = [False] * n_steps
     if n_steps == 0:
         return garbage
-    signatures = [screen_signature(s) for s in screens_before[:n_steps]]
-    stack: list[tuple[tuple, int]] = [(signatures[0], -1)]  # (state, the step that led to it)
+    states = states if states is not None else ScreenStates()
+    signatures = [states.state(s) for s in screens_before[:n_steps]]
+    stack: list[tuple[int, int]] = [(signatures[0], -1)]  # (state, the step that led to it)
     for t in range(n_steps - 1):
         after = signatures[t + 1]
         loop_start = next((k for k in range(len(stack) - 1, -1, -1) if stack[k][0] == after), None)
@@ -166,21 +214,24 @@ def collapse_repeats(actions: Sequence[Action], kept: Sequence[int]) -> tuple[in
     """Of a run of identical consecutive actions (scrolling down five times to find a post), keep
     the last: repeating a step is one step of the recipe, and the last repetition completes it."""
     out: list[int] = []
+    previous = None
     for i in kept:
-        if out and actions[out[-1]].canonical_text() == actions[i].canonical_text():
+        text = actions[i].canonical_text()
+        if out and previous == text:
             out[-1] = i
         else:
             out.append(i)
+        previous = text
     return tuple(out)
 
 
 def clean_trajectory(
-    actions: Sequence[Action], screens_before: Sequence[Screen], instruction: str
+    actions: Sequence[Action], screens_before: Sequence[Screen], instruction: str, states: ScreenStates | None = None
 ) -> CleanedTrajectory:
     """Drop garbage steps, collapse repeated ones, and rewrite the rest relative to the instruction
-    (the improved mode)."""
+    (the improved mode). ``states``: a :class:`ScreenStates` shared by a batch of trajectories."""
     n = len(actions)
-    garbage = garbage_mask(screens_before, n)
+    garbage = garbage_mask(screens_before, n, states)
     kept = collapse_repeats(actions, [i for i in range(n) if not garbage[i]])
     rewritten = tuple(relative_action(actions[i], screens_before[i], instruction) for i in kept)
     return CleanedTrajectory(rewritten, kept, n)

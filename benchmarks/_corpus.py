@@ -44,7 +44,7 @@ import re
 import shutil
 import tempfile
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,15 +155,23 @@ class Renamer:
         self._screens: dict[int, Screen] = {}
         self._actions: dict[int, Action] = {}
 
+    @property
+    def active(self) -> bool:
+        """Whether this renamer changes anything (variant 0 is the task as recorded)."""
+        return bool(self.mapping)
+
+    def _new_word(self, word: str) -> str | None:
+        return self.mapping.get(word)
+
     def _word(self, match: re.Match[str]) -> str:
         word = match.group()
-        new = self.mapping.get(word.lower())
+        new = self._new_word(word.lower())
         if new is None:
             return word
         return "".join(n.upper() if o.isupper() else n for o, n in zip(word, new, strict=False))
 
     def text(self, text: str | None) -> str | None:
-        if not text or not self.mapping:
+        if not text or not self.active:
             return text
         out = self._texts.get(text)
         if out is None:
@@ -171,7 +179,7 @@ class Renamer:
         return out
 
     def element(self, e: UIElement) -> UIElement:
-        if not self.mapping:
+        if not self.active:
             return e
         out = self._elements.get(id(e))
         if out is None:
@@ -195,7 +203,7 @@ class Renamer:
 
     def screen(self, screen: Screen, labels: tuple[int, ...]) -> Screen:
         """The screen with its ``label`` elements (at ``labels``) renamed; shared when it has none."""
-        if not self.mapping or not labels:
+        if not self.active or not labels:
             return screen
         out = self._screens.get(id(screen))
         if out is None:
@@ -206,7 +214,7 @@ class Renamer:
         return out
 
     def action(self, action: Action) -> Action:
-        if not self.mapping:
+        if not self.active:
             return action
         out = self._actions.get(id(action))
         if out is None:
@@ -377,3 +385,191 @@ def derive_paper_corpus(
         tasks_with_fewer_than_two_successes=int((successes_per_task < 2).sum()),
     )
     return trajectories, stats
+
+
+# --------------------------------------------------------------------------------------------
+# Scaled corpora: more tasks, or more trajectories per task, generated one task at a time
+# --------------------------------------------------------------------------------------------
+
+#: ProgRM App. C per task: 10,438 trajectories over 577 tasks (18.09 a task), 54.9% successful,
+#: 13.9 steps per successful and 27.1 per failed trajectory.
+PAPER_PER_TASK = PAPER_TRAJECTORIES / PAPER_TASKS
+PAPER_SUCCESS_LENGTH = PAPER_SUCCESS_STEPS / PAPER_SUCCESSES
+PAPER_FAILURE_LENGTH = (PAPER_STEPS - PAPER_SUCCESS_STEPS) / (PAPER_TRAJECTORIES - PAPER_SUCCESSES)
+
+
+class ShiftRenamer(Renamer):
+    """A renaming by cyclic shifts: each word of ``domain`` (lowercase) moves ``offsets[len]``
+    places within the domain's words of its length. A bijection of the domain, computed per word
+    on demand, so a million renamers cost nothing to make (a random permutation of the whole
+    vocabulary per renamer does)."""
+
+    def __init__(self, domain: DomainIndex, rng: np.random.Generator) -> None:
+        super().__init__((), None)
+        self.domain = domain
+        self.offsets = {length: int(rng.integers(1, max(2, len(words)))) for length, words in domain.by_length.items()}
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    def _new_word(self, word: str) -> str | None:
+        position = self.domain.position.get(word)
+        if position is None:
+            return None
+        words = self.domain.by_length[len(word)]
+        return words[(position + self.offsets[len(word)]) % len(words)]
+
+
+@dataclass(frozen=True)
+class DomainIndex:
+    """Words grouped by length, with each word's place in its group (see :class:`ShiftRenamer`)."""
+
+    by_length: dict[int, list[str]]
+    position: dict[str, int]
+
+    @classmethod
+    def of(cls, words: Sequence[str]) -> DomainIndex:
+        by_length: dict[int, list[str]] = defaultdict(list)
+        for word in sorted(set(words)):
+            by_length[len(word)].append(word)
+        position = {w: k for group in by_length.values() for k, w in enumerate(group)}
+        return cls(dict(by_length), position)
+
+
+def _instance_words(episodes: Sequence[Trajectory]) -> set[str]:
+    """Words of a task's instructions that are not its template: those in fewer than half of them."""
+    counts: dict[str, int] = defaultdict(int)
+    for t in episodes:
+        for word in {w.lower() for w in _WORD.findall(t.instruction)}:
+            counts[word] += 1
+    return {w for w, c in counts.items() if c < 0.5 * len(episodes) and not _SPECIAL.search(w)}
+
+
+@dataclass(frozen=True)
+class ScaledCorpusSpec:
+    """A corpus of ``n_tasks`` tasks with ``copies`` x ~18 trajectories each (ProgRM's per-task mean).
+
+    Task i is real task ``i mod 51`` (in a seeded order); for i >= 51 its vocabulary is renamed
+    (variant ``i // 51``, as in the paper-scale corpus). Each task has 18 or 19 *base*
+    trajectories built like the paper-scale corpus's (runs of consecutive recordings; successes
+    whole, failures abandoned; lengths around the paper's means; per-task success rate ~ Beta),
+    and every base trajectory has ``copies - 1`` perturbed copies whose *instance words* (the
+    words of the task's instructions that are not its template, e.g. the username to type) are
+    renamed, wherever they appear (instruction, typed texts, targets, screen labels). Every step
+    gets its own Screen object, as steps loaded from a warehouse have.
+    """
+
+    n_tasks: int
+    copies: int = 1
+    seed: int = 0
+
+    @property
+    def trajectories(self) -> int:
+        return sum(self.base_count(i) for i in range(self.n_tasks)) * self.copies
+
+    def base_count(self, i: int) -> int:
+        return int(round((i + 1) * PAPER_PER_TASK) - round(i * PAPER_PER_TASK))
+
+
+class ScaledCorpus:
+    """Generates a :class:`ScaledCorpusSpec` one task at a time (memory: one task)."""
+
+    def __init__(self, real: Sequence[Trajectory], spec: ScaledCorpusSpec) -> None:
+        self.spec = spec
+        by_task: dict[str, list[Trajectory]] = defaultdict(list)
+        for t in sorted(real, key=lambda t: t.episode_id):
+            if t.n_steps:
+                by_task[t.task_id].append(t)
+        order = np.random.default_rng(spec.seed).permutation(len(by_task))
+        names = sorted(by_task)
+        self.real_tasks = [names[k] for k in order.tolist()]
+        self.by_task = by_task
+        self.successes = {task: [t for t in eps if t.success] for task, eps in by_task.items()}
+        self.vocabulary = DomainIndex.of(_vocabulary(real))
+        self.label_positions: dict[int, tuple[int, ...]] = {
+            id(s): tuple(k for k, e in enumerate(s.elements) if e.role == "label") for t in real for s in t.screens
+        }
+        instance = {task: _instance_words(eps) for task, eps in by_task.items()}
+        everything = set().union(*instance.values())
+        templates = {
+            task: {w.lower() for t in eps for w in _WORD.findall(t.instruction)} - instance[task]
+            for task, eps in by_task.items()
+        }
+        self.instance_domain = {task: DomainIndex.of(sorted(everything - templates[task])) for task in by_task}
+
+    def task_ids(self) -> list[str]:
+        n_real = len(self.real_tasks)
+        return [f"{self.real_tasks[i % n_real]}~v{i // n_real:04d}" for i in range(self.spec.n_tasks)]
+
+    def __iter__(self) -> Iterator[list[Trajectory]]:
+        for i in range(self.spec.n_tasks):
+            yield self.task(i)
+
+    def task(self, i: int) -> list[Trajectory]:
+        """The trajectories of task i (deterministic)."""
+        spec = self.spec
+        n_real = len(self.real_tasks)
+        real_task, variant = self.real_tasks[i % n_real], i // n_real
+        task_id = f"{real_task}~v{variant:04d}"
+        rng = np.random.default_rng([spec.seed, 1, i])
+        variant_renamer = ShiftRenamer(self.vocabulary, rng) if variant else Renamer((), None)
+        mean_rate = PAPER_SUCCESSES / PAPER_TRAJECTORIES
+        rate = rng.beta(mean_rate * 2.5, (1 - mean_rate) * 2.5)
+        plans: list[tuple[bool, list[tuple[Trajectory, int]]]] = []
+        for _ in range(spec.base_count(i)):
+            outcome = bool(rng.random() < rate)
+            pool = self.successes[real_task] if outcome else self.by_task[real_task]
+            mean = PAPER_SUCCESS_LENGTH if outcome else PAPER_FAILURE_LENGTH
+            target = max(1, int(round(rng.gamma(2.0, mean / 2.0))))
+            start = int(rng.integers(len(pool)))
+            plan: list[tuple[Trajectory, int]] = []
+            length = 0
+            for k in range(10_000):
+                part = pool[(start + k) % len(pool)]
+                if outcome:
+                    if plan and abs(length + part.n_steps - target) >= abs(length - target):
+                        break
+                    plan.append((part, part.n_steps))
+                    length += part.n_steps
+                else:
+                    if target - length < part.n_steps:
+                        plan.append((part, target - length))
+                        break
+                    plan.append((part, part.n_steps))
+                    length += part.n_steps
+            plans.append((outcome, plan))
+        out: list[Trajectory] = []
+        for copy in range(spec.copies):
+            renamers = [variant_renamer]
+            if copy:
+                copy_rng = np.random.default_rng([spec.seed, 2, i, copy])
+                renamers.append(ShiftRenamer(self.instance_domain[real_task], copy_rng))
+            for b, (outcome, plan) in enumerate(plans):
+                actions: list[Action] = []
+                screens: list[Screen] = []
+                instructions: list[str] = []
+                for part, keep in plan:
+                    instruction = part.instruction
+                    for renamer in renamers:
+                        instruction = renamer.text(instruction) or ""
+                    instructions.append(instruction)
+                    for action, screen in zip(part.actions[:keep], part.screens[:keep], strict=True):
+                        labels = self.label_positions[id(screen)]
+                        for renamer in renamers:
+                            action = renamer.action(action)
+                            screen = renamer.screen(screen, labels)
+                        actions.append(action)
+                        screens.append(Screen(screen.elements, screen.screenshot_path))
+                out.append(
+                    Trajectory(
+                        episode_id=f"scaled:{task_id}:{b:02d}:{copy:04d}",
+                        task_id=task_id,
+                        instruction=" ".join(i for i in instructions if i),
+                        source="human_demo",
+                        success=outcome,
+                        actions=tuple(actions),
+                        screens=tuple(screens),
+                    )
+                )
+        return out

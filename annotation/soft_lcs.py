@@ -32,6 +32,7 @@ ratios of a soft-LCS score to a length.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -506,7 +507,10 @@ class TableSet:
         return self.tables[k]
 
 
-_SYMMETRY_CACHE: OrderedDict[int, tuple[np.ndarray, bool]] = OrderedDict()
+#: id(table) -> (a weak reference to the table, whether it is symmetric). Weak: the cache must not
+#: keep a task's (possibly hundreds of MB) table alive after its batch; a dead reference, or
+#: another array at a reused id, is a miss.
+_SYMMETRY_CACHE: OrderedDict[int, tuple[weakref.ref[np.ndarray], bool]] = OrderedDict()
 
 
 def _flat_tables(tables: list[np.ndarray]) -> np.ndarray:
@@ -522,9 +526,14 @@ def _remember_symmetry(table: np.ndarray, symmetric: bool) -> None:
     """Record what is known of a read-only table by construction (its off-diagonal entries come
     from blocks whose symmetry was checked), sparing :func:`is_symmetric` a (V, V) comparison."""
     if not table.flags.writeable:
-        _SYMMETRY_CACHE[id(table)] = (table, symmetric)
-        while len(_SYMMETRY_CACHE) > 64:
-            _SYMMETRY_CACHE.popitem(last=False)
+        _cache_symmetry(table, symmetric)
+
+
+def _cache_symmetry(table: np.ndarray, symmetric: bool) -> None:
+    _SYMMETRY_CACHE[id(table)] = (weakref.ref(table), symmetric)
+    _SYMMETRY_CACHE.move_to_end(id(table))
+    while len(_SYMMETRY_CACHE) > 64:
+        _SYMMETRY_CACHE.popitem(last=False)
 
 
 def is_symmetric(table: np.ndarray) -> bool:
@@ -533,13 +542,11 @@ def is_symmetric(table: np.ndarray) -> bool:
     if table.flags.writeable:
         return bool(np.array_equal(table, table.T))
     hit = _SYMMETRY_CACHE.get(id(table))
-    if hit is not None and hit[0] is table:
+    if hit is not None and hit[0]() is table:
         _SYMMETRY_CACHE.move_to_end(id(table))
         return hit[1]
     symmetric = bool(np.array_equal(table, table.T))
-    _SYMMETRY_CACHE[id(table)] = (table, symmetric)  # holds the table: its id cannot be reused meanwhile
-    while len(_SYMMETRY_CACHE) > 64:
-        _SYMMETRY_CACHE.popitem(last=False)
+    _cache_symmetry(table, symmetric)
     return symmetric
 
 

@@ -319,10 +319,16 @@ def _register_stage_tables() -> None:
     """Tables defined next to the stages that write them join the registry (views exist, typed,
     before the first write)."""
     from warehouse.tables_annotation import ANNOTATION_TABLE_SCHEMAS
+    from warehouse.tables_guidance import GUIDANCE_TABLE_SCHEMAS
     from warehouse.tables_rl import RL_TABLE_SCHEMAS
     from warehouse.tables_training import TRAINING_TABLE_SCHEMAS
 
-    for name, schema in {**ANNOTATION_TABLE_SCHEMAS, **TRAINING_TABLE_SCHEMAS, **RL_TABLE_SCHEMAS}.items():
+    for name, schema in {
+        **ANNOTATION_TABLE_SCHEMAS,
+        **TRAINING_TABLE_SCHEMAS,
+        **RL_TABLE_SCHEMAS,
+        **GUIDANCE_TABLE_SCHEMAS,
+    }.items():
         TABLE_SCHEMAS.setdefault(name, schema)
 
 

@@ -1,0 +1,777 @@
+"""The guidance stage: reward-guided agents evaluated on held-out seeds of the task catalog, and
+the report.
+
+* :func:`run_guidance_evaluation` runs one *method* (the asset's partition) on the held-out seeds
+  (``training.rl.runs.HELD_OUT_SEED_BASE``: the RL stage's held-out range, never trained on) of the
+  policy's tasks, in live MiniWoB++ through the worker pool:
+
+  - ``base``: the policy alone (greedy; N = 1);
+  - ``best_of_n``: every verifier of the settings (PRM, ProgRM gain, ...) at every N of the sweep
+    (GUI-Shepherd Table 5: N in {1, 3, 5, 8, 16}; N = 1 is ``base``), optionally also with the
+    policy's prior (``+prior``);
+  - ``oracle``: GuidNav's "top-k with oracle" upper bound at every N;
+  - ``judge``: the GUI-PRA judge and its ablations (GUI-PRA Table 2), local or over an endpoint;
+  - ``retry``: reflect and retry (GuidNav §3.3) with R retries; pass@k for k = 1..R + 1.
+
+  Models load and settings are checked before any rollout. Everything lands in
+  ``guidance_eval`` / ``guidance_episodes`` / ``guidance_steps`` and, as trajectories, in
+  ``episodes`` / ``steps`` (one publish per method, replacing that method's previous version).
+* :func:`run_guidance_report` reads them back: the N sweep with paired differences to the base
+  policy (95% paired-bootstrap intervals, McNemar), the judge's ablations, pass@k and the cost
+  per step; plots.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from envs.pool import BatchResult, EnvPool, EpisodeJob
+from envs.protocol import EpisodeRecord, episode_tables
+from envs.rollouts import ATTEMPTS_TABLE, ProgressLog
+from envs.task_catalog import CatalogTask, load_catalog
+from training.guidance.agent import GuidedPolicy, StepLog
+from training.guidance.judge import VARIANTS, JudgeSettings
+from training.guidance.proposals import GuidanceError, LearnedProposer, LLMProposer, Proposer
+from training.guidance.reflection import AttemptGuidance, next_guidance, pass_at, reflect
+from training.guidance.verifiers import VERIFIERS, Verifier, make_verifier
+from training.llm.chat_client import ChatClient, ChatEndpoint
+from training.policy.learned import PolicyModel
+from training.rl.evaluation import bootstrap_interval, env_return, failure_mode, paired_comparison, sample_seeds
+from training.rl.runs import HELD_OUT_SEED_BASE, RLStageError, latest_policy
+from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
+from warehouse.checks import CheckOutcome
+from warehouse.figures import Markdown, figure_markdown, pyplot
+from warehouse.storage import git_revision
+from warehouse.tables_guidance import GUIDANCE_EPISODES, GUIDANCE_EVAL, GUIDANCE_STEPS
+
+GUIDANCE_CODE_VERSION = "guidance-1"
+METHODS: tuple[str, ...] = ("base", "best_of_n", "oracle", "judge", "retry")
+POLICY_KINDS = ("learned", "endpoint", "hf")
+
+Log = Callable[[str], None]
+PoolFactory = Callable[[int], AbstractContextManager[EnvPool]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GuidanceSettings:
+    """What one evaluation runs; checked at construction (before any rollout)."""
+
+    policy: str = "learned"  # learned (a policies row) | endpoint (an OpenAI-compatible model) | hf (a local LM)
+    policy_id: str | None = None  # learned: this policies row (default: the newest SFT policy)
+    policy_endpoint: str | None = None  # endpoint: base URL
+    policy_model: str = "default"
+    policy_path: str | None = None  # hf: a save_pretrained folder
+    tasks: tuple[str, ...] = ()  # default: the learned policy's tasks
+    held_out_seeds: int = 25  # episodes per task
+    n_values: tuple[int, ...] = (1, 3, 5, 8, 16)
+    verifiers: tuple[str, ...] = ("prm", "progrm_env")
+    with_prior: bool = False  # best_of_n also with log score + log pi (``+prior``)
+    sample: bool = False  # N sampled without replacement instead of the N most probable
+    judge_n: int = 8
+    judge_variants: tuple[str, ...] = VARIANTS
+    endpoint: str | None = None  # the judge's and the reflections' OpenAI-compatible endpoint
+    endpoint_model: str = "default"
+    endpoint_timeout_s: float = 30.0
+    judge_local_kind: str = "prm"
+    retries: int = 3
+    retry_verifier: str | None = None  # None: retry the base policy; a verifier: GuidNav + AR "integration"
+    retry_n: int = 5
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_KINDS:
+            raise GuidanceError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICY_KINDS)}")
+        if self.policy == "endpoint" and not self.policy_endpoint:
+            raise GuidanceError("policy 'endpoint' needs policy_endpoint (an OpenAI-compatible base URL)")
+        if self.policy == "hf" and not self.policy_path:
+            raise GuidanceError("policy 'hf' needs policy_path (a save_pretrained folder)")
+        if self.policy != "learned" and not self.tasks:
+            raise GuidanceError("an LLM policy has no tasks of its own: name the tasks")
+        bad_n = [n for n in (*self.n_values, self.judge_n, self.retry_n) if n < 1]
+        if bad_n:
+            raise GuidanceError(f"N must be at least 1, got {bad_n[0]}")
+        if self.held_out_seeds < 1 or self.retries < 0 or self.workers < 1:
+            raise GuidanceError("held_out_seeds and workers must be at least 1, retries at least 0")
+        for name in (*self.verifiers, *([self.retry_verifier] if self.retry_verifier else [])):
+            if name not in VERIFIERS:
+                raise GuidanceError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}")
+        for variant in self.judge_variants:
+            if variant not in VARIANTS:
+                raise GuidanceError(f"unknown judge variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+
+    def judge_settings(self, variant: str = "full") -> JudgeSettings:
+        return JudgeSettings.for_variant(
+            variant,
+            endpoint=self.endpoint,
+            model=self.endpoint_model,
+            timeout_s=self.endpoint_timeout_s,
+            local_kind=self.judge_local_kind,
+        )
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One evaluated configuration: ``label`` is its key in the tables (``prm:N=8``)."""
+
+    method: str
+    label: str
+    verifier: str | None = None
+    n: int = 1
+    variant: str | None = None
+    retries: int = 0
+    prior: bool = False
+
+
+def plan_settings(method: str, settings: GuidanceSettings) -> list[Setting]:
+    """The configurations a method evaluates (see the module docstring)."""
+    if method not in METHODS:
+        raise GuidanceError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    sweep = [n for n in dict.fromkeys(settings.n_values) if n > 1]
+    if method == "base":
+        return [Setting("base", "base")]
+    if method == "best_of_n":
+        out = [Setting(method, f"{v}:N={n}", v, n) for v in settings.verifiers for n in sweep]
+        if settings.with_prior:
+            out += [Setting(method, f"{v}+prior:N={n}", v, n, prior=True) for v in settings.verifiers for n in sweep]
+        return out
+    if method == "oracle":
+        return [Setting(method, f"oracle:N={n}", "oracle", n) for n in sweep]
+    if method == "judge":
+        return [
+            Setting(method, f"judge:{variant}:N={settings.judge_n}", "judge", settings.judge_n, variant)
+            for variant in settings.judge_variants
+        ]
+    verifier = settings.retry_verifier
+    label = f"retry:R={settings.retries}" + (f":{verifier}:N={settings.retry_n}" if verifier else "")
+    n = settings.retry_n if verifier else 1
+    return [Setting(method, label, verifier, n, str(settings.retries), settings.retries)]
+
+
+def build_verifiers(
+    warehouse: Warehouse | None, settings: GuidanceSettings, plan: Sequence[Setting]
+) -> dict[str, Verifier | None]:
+    """Every verifier of the plan, loaded now (a missing or wrong model fails before any rollout)."""
+    out: dict[str, Verifier | None] = {}
+    for s in plan:
+        if s.verifier is None:
+            out[s.label] = None
+        elif s.verifier == "judge":
+            out[s.label] = make_verifier("judge", warehouse, judge=settings.judge_settings(s.variant or "full"))
+        else:
+            out[s.label] = make_verifier(s.verifier, warehouse)
+    return out
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def load_proposer(
+    warehouse: Warehouse, settings: GuidanceSettings
+) -> tuple[Proposer, str, list[CatalogTask], list[LineageInput]]:
+    """(the policy as a proposer, its id, the tasks to evaluate, lineage)."""
+    catalog = load_catalog("miniwob")
+    names: list[str] = list(settings.tasks)
+    lineage: list[LineageInput] = []
+    proposer: Proposer
+    if settings.policy == "learned":
+        try:
+            row = latest_policy(warehouse, "sft", settings.policy_id)
+        except RLStageError as exc:
+            raise GuidanceError(str(exc)) from None
+        proposer = LearnedProposer(PolicyModel.load(row["checkpoint"]), row["policy_id"], sample=settings.sample)
+        names = names or list(row["tasks"] or [])
+        policy_id = row["policy_id"]
+        lineage.append(
+            LineageInput(kind="asset", input_asset="policy_sft", path=row["checkpoint_path"], version=policy_id)
+        )
+    elif settings.policy == "endpoint":
+        from training.llm.policy import EndpointPolicy
+
+        assert settings.policy_endpoint is not None
+        client = ChatClient(ChatEndpoint(settings.policy_endpoint, settings.policy_model))
+        policy_id = f"endpoint:{settings.policy_model}"
+        proposer = LLMProposer(EndpointPolicy(client, policy_id=policy_id))
+        lineage.append(LineageInput(kind="file", path=settings.policy_endpoint, version=settings.policy_model))
+    else:
+        from training.llm.policy import HFPolicy
+
+        assert settings.policy_path is not None
+        policy_id = f"hf:{Path(settings.policy_path).name}"
+        proposer = LLMProposer(HFPolicy.from_pretrained(settings.policy_path, policy_id=policy_id, greedy=True))
+        lineage.append(LineageInput(kind="file", path=settings.policy_path))
+    unknown = [n for n in names if n not in catalog]
+    if unknown or not names:
+        raise GuidanceError(f"no tasks to evaluate, or not in the MiniWoB++ catalog: {unknown or names}")
+    return proposer, policy_id, [catalog[n] for n in names], lineage
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a setting
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SettingResult:
+    """The episodes of one setting, their step logs, and per attempt the guidance given."""
+
+    setting: Setting
+    records: list[tuple[EpisodeRecord, int]] = field(default_factory=list)  # (record, attempt)
+    logs: dict[str, list[StepLog]] = field(default_factory=dict)
+    given: dict[str, tuple[str | None, str | None, int]] = field(default_factory=dict)  # id -> reflection
+    batches: list[BatchResult] = field(default_factory=list)
+    lost: int = 0
+
+
+def episode_id_for(policy_id: str, label: str, task_id: str, seed: int, attempt: int) -> str:
+    return f"guide:{policy_id}:{label}:{task_id}:{seed}:a{attempt}"
+
+
+def run_setting(
+    pool: EnvPool,
+    setting: Setting,
+    proposer: Proposer,
+    verifier: Verifier | None,
+    tasks: Sequence[CatalogTask],
+    seeds: Sequence[int],
+    *,
+    policy_id: str,
+    reflection_client: ChatClient | None = None,
+    log: Log = print,
+) -> SettingResult:
+    """All held-out episodes of one setting; a retry setting runs failed instances again (same
+    seed) with their reflection, up to ``setting.retries`` times."""
+    guided = GuidedPolicy(
+        proposer, verifier, setting.n, policy_id=f"guided:{policy_id}:{setting.label}", prior=setting.prior
+    )
+    out = SettingResult(setting)
+    pending = [(task, seed) for task in tasks for seed in seeds]
+    for attempt in range(setting.retries + 1):
+        if not pending:
+            break
+        jobs = [
+            EpisodeJob(
+                episode_id_for(policy_id, setting.label, t.task_id, s, attempt), t.spec, s, t.max_steps, t.family
+            )
+            for t, s in pending
+        ]
+        label = f"{setting.label}" + (f" attempt {attempt}" if setting.retries else "")
+        started = time.perf_counter()
+        result = pool.run(jobs, guided, on_episode=ProgressLog(log, label))
+        log(f"{label}: {result.successes}/{len(jobs)} solved in {time.perf_counter() - started:.1f} s")
+        out.batches.append(result)
+        out.lost += len(result.lost)
+        failed = []
+        by_instance = {(r.task_id, r.seed): r for r in result.episodes}
+        for t, s in pending:
+            record = by_instance.get((t.task_id, s))
+            if record is None:
+                continue
+            out.records.append((record, attempt))
+            out.logs[record.episode_id] = list(guided.logs.get(record.episode_id, []))
+            current = guided.attempts.get((t.task_id, s), AttemptGuidance())
+            out.given[record.episode_id] = (current.reflection, current.source, len(current.bans))
+            if not record.success and attempt < setting.retries:
+                reflection = reflect(record, reflection_client)
+                guided.attempts[(t.task_id, s)] = next_guidance(current, record, reflection)
+                failed.append((t, s))
+        pending = failed
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def paired_delta(
+    a: Mapping[tuple, bool], b: Mapping[tuple, bool], *, samples: int = 2000, seed: int = 0
+) -> dict[str, float]:
+    """Success of ``a`` minus success of ``b`` on the instances both ran (paired), with a 95%
+    percentile bootstrap interval over instances, and McNemar's exact test."""
+    keys = sorted(set(a) & set(b))
+    if not keys:
+        return {"delta": math.nan, "low": math.nan, "high": math.nan, "only_a": 0, "only_b": 0, "p": math.nan}
+    diff = np.array([float(a[k]) - float(b[k]) for k in keys])
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, diff.size, size=(samples, diff.size))].mean(axis=1)
+    counts = paired_comparison(a, b)
+    return {
+        "delta": float(diff.mean()),
+        "low": float(np.quantile(means, 0.025)),
+        "high": float(np.quantile(means, 0.975)),
+        "only_a": int(counts["only_a"]),
+        "only_b": int(counts["only_b"]),
+        "p": float(counts["mcnemar_p"]),
+    }
+
+
+def instance_outcomes(episodes: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], list[bool]]:
+    """Per (task, seed): the outcomes of its attempts in order."""
+    out: dict[tuple[str, int], list[tuple[int, bool]]] = defaultdict(list)
+    for e in episodes:
+        out[(e["task_id"], int(e["seed"]))].append((int(e["attempt"]), bool(e["success"])))
+    return {k: [s for _, s in sorted(v)] for k, v in out.items()}
+
+
+def setting_rows(
+    meta: Mapping[str, Any],
+    episodes: Sequence[Mapping[str, Any]],
+    steps: Sequence[Mapping[str, Any]],
+    base: Mapping[tuple[str, int], bool] | None,
+    *,
+    max_attempts: int = 1,
+) -> list[dict[str, Any]]:
+    """``guidance_eval`` rows of one setting (per task, then ``all``) from its episode and step rows.
+    A retry setting's success is the instance's over all its attempts; ``pass_at`` lists pass@k."""
+    rows = []
+    tasks = sorted({e["task_id"] for e in episodes})
+    for task in [*tasks, "all"]:
+        mine = [e for e in episodes if task == "all" or e["task_id"] == task]
+        ids = {e["episode_id"] for e in mine}
+        my_steps = [s for s in steps if s["episode_id"] in ids]
+        outcomes = instance_outcomes(mine)
+        solved = {k: any(v) for k, v in outcomes.items()}
+        low, high = bootstrap_interval(list(solved.values()))
+        delta = paired_delta(solved, base) if base is not None else None
+        n_steps = max(1, len(my_steps))
+        modes = Counter(e["failure_mode"] for e in mine if e["failure_mode"])
+        seconds = sum((s["propose_ms"] or 0) + (s["verify_ms"] or 0) for s in my_steps) / 1000
+        rows.append(
+            {
+                **meta,
+                "task_id": task,
+                "episodes": len(solved),
+                "successes": sum(solved.values()),
+                "success_rate": sum(solved.values()) / len(solved) if solved else math.nan,
+                "success_low": low,
+                "success_high": high,
+                "delta_vs_base": None if delta is None else delta["delta"],
+                "delta_low": None if delta is None else delta["low"],
+                "delta_high": None if delta is None else delta["high"],
+                "only_setting": None if delta is None else delta["only_a"],
+                "only_base": None if delta is None else delta["only_b"],
+                "mcnemar_p": None if delta is None else delta["p"],
+                "mean_steps": float(np.mean([e["n_steps"] for e in mine])) if mine else math.nan,
+                "seconds_per_step": seconds / n_steps,
+                "propose_ms": sum(s["propose_ms"] or 0 for s in my_steps) / n_steps,
+                "verify_ms": sum(s["verify_ms"] or 0 for s in my_steps) / n_steps,
+                "verifier_calls_per_step": sum(s["verifier_calls"] or 0 for s in my_steps) / n_steps,
+                "policy_calls_per_step": sum(s["policy_calls"] or 0 for s in my_steps) / n_steps,
+                "changed_choice": sum((s["chosen_rank"] or 0) != 0 for s in my_steps) / n_steps,
+                "fallback_steps": sum(s["mode"] == "fallback" for s in my_steps) / n_steps,
+                "unjudged_steps": sum(s["mode"] == "unjudged" for s in my_steps) / n_steps,
+                "pass_at": json.dumps({str(k): pass_at(list(outcomes.values()), k) for k in range(1, max_attempts + 1)})
+                if max_attempts > 1
+                else None,
+                "failure_modes": json.dumps(dict(modes), sort_keys=True),
+                "created_at": _now(),
+            }
+        )
+    return rows
+
+
+def _step_rows(result: SettingResult) -> list[dict[str, Any]]:
+    rows = []
+    for record, _ in result.records:
+        for s in result.logs.get(record.episode_id, []):
+            rows.append(
+                {
+                    "episode_id": record.episode_id,
+                    "step_idx": s.step_idx,
+                    "setting": result.setting.label,
+                    "n_candidates": s.n_candidates,
+                    "chosen_rank": s.chosen_rank,
+                    "chosen_score": s.chosen_score,
+                    "first_score": s.first_score,
+                    "scores": list(s.scores),
+                    "propose_ms": 1000 * s.propose_s,
+                    "verify_ms": 1000 * s.verify_s,
+                    "policy_calls": s.policy_calls,
+                    "verifier_calls": s.verifier_calls,
+                    "mode": s.mode,
+                    "note": s.note,
+                    "banned": s.banned,
+                    "details": s.details,
+                }
+            )
+    return rows
+
+
+def _episode_rows(result: SettingResult, policy_id: str) -> list[dict[str, Any]]:
+    rows = []
+    for record, attempt in result.records:
+        logs = result.logs.get(record.episode_id, [])
+        reflection, source, bans = result.given.get(record.episode_id, (None, None, 0))
+        rows.append(
+            {
+                "policy_id": policy_id,
+                "setting": result.setting.label,
+                "task_id": record.task_id,
+                "seed": record.seed,
+                "attempt": attempt,
+                "method": result.setting.method,
+                "episode_id": record.episode_id,
+                "success": record.success,
+                "env_return": env_return(record),
+                "n_steps": record.n_steps,
+                "failure_mode": failure_mode(record),
+                "seconds": sum(s.propose_s + s.verify_s for s in logs),
+                "verifier_calls": sum(s.verifier_calls for s in logs),
+                "fallback_steps": sum(s.mode == "fallback" for s in logs),
+                "unjudged_steps": sum(s.mode == "unjudged" for s in logs),
+                "reflection": reflection,
+                "reflection_source": source,
+                "banned_actions": bans,
+            }
+        )
+    return rows
+
+
+def _meta(setting: Setting, policy_id: str, judge_mode: str | None) -> dict[str, Any]:
+    return {
+        "policy_id": policy_id,
+        "setting": setting.label,
+        "method": setting.method,
+        "verifier": setting.verifier + ("+prior" if setting.prior else "") if setting.verifier else None,
+        "n": setting.n,
+        "variant": setting.variant,
+        "judge_mode": judge_mode,
+    }
+
+
+def _base_outcomes(warehouse: Warehouse, policy_id: str) -> dict[tuple[str, int], bool] | None:
+    try:
+        rows = warehouse.query(
+            "SELECT task_id, seed, success FROM guidance_episodes WHERE policy_id = ? AND setting = 'base'",
+            [policy_id],
+        ).to_pylist()
+    except Exception:  # noqa: BLE001 - no guidance_episodes yet
+        return None
+    return {(r["task_id"], int(r["seed"])): bool(r["success"]) for r in rows} or None
+
+
+# ---------------------------------------------------------------------------------------------
+# The evaluation asset
+# ---------------------------------------------------------------------------------------------
+
+
+def run_guidance_evaluation(
+    warehouse: Warehouse,
+    method: str,
+    settings: GuidanceSettings,
+    pool_factory: PoolFactory,
+    *,
+    run_id: str | None,
+    log: Log = print,
+) -> dict[str, Any]:
+    """Evaluate one method on the held-out seeds (see the module docstring); returns the asset's
+    metadata. Every model is loaded and every setting checked before the first rollout."""
+    torch.set_num_threads(1)
+    plan = plan_settings(method, settings)
+    proposer, policy_id, tasks, lineage = load_proposer(warehouse, settings)
+    verifiers = build_verifiers(warehouse, settings, plan)
+    for v in verifiers.values():
+        lineage += v.lineage() if v is not None else []
+    if method == "oracle":
+        missing = [t.task_id for t in tasks if not t.has_solution]
+        if missing:
+            log(f"oracle: {missing} have no solution in their spec: the oracle keeps the policy's choice there")
+    reflection_client = None
+    if settings.endpoint:
+        endpoint = ChatEndpoint(settings.endpoint, settings.endpoint_model, timeout_s=settings.endpoint_timeout_s)
+        reflection_client = ChatClient(endpoint)
+    seeds = sample_seeds(HELD_OUT_SEED_BASE, settings.held_out_seeds, "held_out")
+    log(
+        f"guidance {method}: {len(plan)} settings x {len(tasks)} tasks x {len(seeds)} held-out seeds "
+        f"with {policy_id}: {', '.join(s.label for s in plan)}"
+    )
+    results: list[SettingResult] = []
+    with pool_factory(settings.workers) as pool:
+        for setting in plan:
+            results.append(
+                run_setting(
+                    pool,
+                    setting,
+                    proposer,
+                    verifiers[setting.label],
+                    tasks,
+                    seeds,
+                    policy_id=policy_id,
+                    reflection_client=reflection_client,
+                    log=log,
+                )
+            )
+    base = _base_outcomes(warehouse, policy_id)
+    m = Materialization(
+        asset="guidance_evaluation",
+        run_id=run_id,
+        partition_key=method,
+        code_version=f"{GUIDANCE_CODE_VERSION}+{git_revision()}",
+        parameters={"method": method, "settings": asdict(settings), "policy_id": policy_id, "held_out_seeds": seeds},
+        inputs=lineage,
+    )
+    dataset = f"guidance/{policy_id}/{method}"
+    eval_rows: list[dict] = []
+    episode_rows: list[dict] = []
+    step_rows: list[dict] = []
+    summary: dict[str, Any] = {}
+    for result in results:
+        episodes, steps = _episode_rows(result, policy_id), _step_rows(result)
+        judge_mode = None
+        if result.setting.verifier == "judge":
+            judge_mode = "endpoint" if settings.endpoint else "local"
+        mine = {(e["task_id"], int(e["seed"])): bool(e["success"]) for e in episodes} if method == "base" else base
+        rows = setting_rows(
+            _meta(result.setting, policy_id, judge_mode), episodes, steps, mine, max_attempts=result.setting.retries + 1
+        )
+        eval_rows += rows
+        episode_rows += episodes
+        step_rows += steps
+        overall = rows[-1]
+        summary[result.setting.label] = {
+            "success_rate": overall["success_rate"],
+            "interval": [overall["success_low"], overall["success_high"]],
+            "delta_vs_base": overall["delta_vs_base"],
+            "ms_per_step": 1000 * overall["seconds_per_step"],
+            "verifier_calls_per_step": overall["verifier_calls_per_step"],
+            "lost": result.lost,
+            **({"pass_at": json.loads(overall["pass_at"])} if overall["pass_at"] else {}),
+        }
+    records = [r for result in results for r, _ in result.records]
+    merged = BatchResult(
+        episodes=records,
+        attempts=[a for result in results for b in result.batches for a in b.attempts],
+        lost=[x for result in results for b in result.batches for x in b.lost],
+        seconds=sum(b.seconds for result in results for b in result.batches),
+        workers_started=0,
+        workers_replaced=0,
+    )
+    episodes_table, steps_table = episode_tables(records, run_id=run_id)
+    outputs: list[TableOutput] = [
+        warehouse.stage_table("episodes", dataset, episodes_table, m),
+        warehouse.stage_table("steps", dataset, steps_table, m),
+        warehouse.stage_table(ATTEMPTS_TABLE, dataset, merged.attempts_table(run_id), m),
+        warehouse.stage_table("guidance_eval", dataset, pa.Table.from_pylist(eval_rows, schema=GUIDANCE_EVAL), m),
+        warehouse.stage_table(
+            "guidance_episodes", dataset, pa.Table.from_pylist(episode_rows, schema=GUIDANCE_EPISODES), m
+        ),
+        warehouse.stage_table("guidance_steps", dataset, pa.Table.from_pylist(step_rows, schema=GUIDANCE_STEPS), m),
+    ]
+    warehouse.publish(m, outputs)
+    return {
+        "policy_id": policy_id,
+        "method": method,
+        "tasks": [t.task_id for t in tasks],
+        "held_out_seeds": len(seeds),
+        "episodes": len(records),
+        "settings": summary,
+        "judge_mode": ("endpoint" if settings.endpoint else "local") if method == "judge" else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------
+
+
+def run_guidance_report(warehouse: Warehouse, policy_id: str | None = None) -> dict[str, Any]:
+    """Every setting evaluated for a policy (the newest evaluated one by default), recomputed from
+    ``guidance_episodes`` and ``guidance_steps`` so that differences to the base policy are paired
+    whatever order the methods ran in."""
+    try:
+        if policy_id is None:
+            found = warehouse.query("SELECT policy_id FROM guidance_eval ORDER BY created_at DESC LIMIT 1").to_pylist()
+            if not found:
+                raise GuidanceError("no guidance evaluation yet: materialize guidance_evaluation first")
+            policy_id = found[0]["policy_id"]
+        evals = warehouse.query(
+            "SELECT * FROM guidance_eval WHERE policy_id = ? AND task_id = 'all'", [policy_id]
+        ).to_pylist()
+        episodes = warehouse.query("SELECT * FROM guidance_episodes WHERE policy_id = ?", [policy_id]).to_pylist()
+        steps = warehouse.query(
+            "SELECT s.* FROM guidance_steps s JOIN guidance_episodes e USING (episode_id) WHERE e.policy_id = ?",
+            [policy_id],
+        ).to_pylist()
+    except GuidanceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the views do not exist yet
+        raise GuidanceError(f"no guidance evaluation yet ({exc})") from None
+    return guidance_report(policy_id, evals, episodes, steps)
+
+
+_META_KEYS = ("policy_id", "setting", "method", "verifier", "n", "variant", "judge_mode")
+
+
+def guidance_report(
+    policy_id: str, evals: Sequence[Mapping], episodes: Sequence[Mapping], steps: Sequence[Mapping]
+) -> dict[str, Any]:
+    """The report's figures (pure): one ``all`` row per setting with paired differences to base."""
+    by_setting: dict[str, list[Mapping]] = defaultdict(list)
+    for e in episodes:
+        by_setting[e["setting"]].append(e)
+    steps_by_episode: dict[str, list[Mapping]] = defaultdict(list)
+    for s in steps:
+        steps_by_episode[s["episode_id"]].append(s)
+    base_eps = by_setting.get("base", [])
+    base = {(e["task_id"], int(e["seed"])): bool(e["success"]) for e in base_eps} or None
+    rows = []
+    for meta in evals:
+        label = meta["setting"]
+        mine = by_setting.get(label, [])
+        my_steps = [s for e in mine for s in steps_by_episode.get(e["episode_id"], [])]
+        attempts = max((int(e["attempt"]) for e in mine), default=0) + 1
+        retries = int(meta["variant"]) if meta["method"] == "retry" and meta["variant"] else 0
+        row = setting_rows(
+            {k: meta[k] for k in _META_KEYS}, mine, my_steps, base, max_attempts=max(attempts, retries + 1)
+        )[-1]
+        rows.append(row)
+    order = {m: i for i, m in enumerate(METHODS)}
+    rows.sort(key=lambda r: (order.get(r["method"], 9), r["verifier"] or "", r["n"] or 0, r["variant"] or ""))
+    return {"policy_id": policy_id, "rows": rows, "tasks": sorted({e["task_id"] for e in episodes})}
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
+
+
+def _interval(row: Mapping) -> str:
+    return f"{_pct(row['success_rate'])} [{_pct(row['success_low'])}, {_pct(row['success_high'])}]"
+
+
+def _delta(row: Mapping) -> str:
+    if row["delta_vs_base"] is None or row["method"] == "base":
+        return "-"
+    p = row["mcnemar_p"]
+    p_text = "n/a" if p is None or math.isnan(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
+    return (
+        f"{100 * row['delta_vs_base']:+.1f} [{100 * row['delta_low']:+.1f}, {100 * row['delta_high']:+.1f}] "
+        f"(+{row['only_setting']}/-{row['only_base']}, p {p_text})"
+    )
+
+
+def report_markdown(report: Mapping[str, Any]) -> Markdown:
+    """The N sweep, the oracle, the judge's ablations, retries and the cost per step."""
+    rows = report["rows"]
+    base = next((r for r in rows if r["method"] == "base"), None)
+    lines = [
+        f"Policy `{report['policy_id']}` on held-out seeds of {', '.join(report['tasks'])}. Success in % with a "
+        "95% bootstrap interval; the difference to the base policy is paired (same task and seed) with a 95% "
+        "paired-bootstrap interval, (+instances only this setting solved / -only the base solved, McNemar p).",
+        "",
+        "| setting | N | episodes | success % [95% CI] | vs base (paired) | ms/step (propose + verify) | "
+        "verifier calls/step | overridden | fallback |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['setting']} | {r['n']} | {r['episodes']} | {_interval(r)} | {_delta(r)} | "
+            f"{r['propose_ms']:.0f} + {r['verify_ms']:.0f} | {r['verifier_calls_per_step']:.2f} | "
+            f"{100 * r['changed_choice']:.0f}% | {100 * r['fallback_steps']:.0f}% |"
+        )
+    sweep = sorted({r["n"] for r in rows if r["method"] in ("best_of_n", "oracle")})
+    verifiers = sorted({r["verifier"] for r in rows if r["method"] in ("best_of_n", "oracle") and r["verifier"]})
+    if sweep and base is not None:
+        lines += ["", "N sweep (GUI-Shepherd Table 5's layout; N = 1 is the base policy):", ""]
+        lines += ["| verifier | " + " | ".join(f"N={n}" for n in [1, *sweep]) + " |"]
+        lines += ["|---|" + "---:|" * (len(sweep) + 1)]
+        for v in verifiers:
+            cells = [_pct(base["success_rate"])]
+            for n in sweep:
+                hit = next(
+                    (r for r in rows if r["verifier"] == v and r["n"] == n and r["method"] in ("best_of_n", "oracle")),
+                    None,
+                )
+                cells.append(_pct(hit["success_rate"]) if hit else "")
+            lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    retry = [r for r in rows if r["method"] == "retry" and r["pass_at"]]
+    for r in retry:
+        passes = json.loads(r["pass_at"])
+        lines += [
+            "",
+            f"{r['setting']}: " + ", ".join(f"pass@{k} {_pct(v)}" for k, v in passes.items()) + " (pass@k: k attempts)",
+        ]
+    return Markdown("\n".join(lines))
+
+
+def report_plots(report: Mapping[str, Any], folder: Path) -> dict[str, Markdown]:
+    """Success against N per verifier (base and oracle marked), and agent-side ms per step against N."""
+    rows = report["rows"]
+    base = next((r for r in rows if r["method"] == "base"), None)
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    series: dict[str, list[Mapping]] = defaultdict(list)
+    for r in rows:
+        if r["method"] in ("best_of_n", "oracle"):
+            series[r["verifier"]].append(r)
+    for name, items in sorted(series.items()):
+        items = sorted(items, key=lambda r: r["n"])
+        ns = [1, *(r["n"] for r in items)] if base else [r["n"] for r in items]
+        rates = ([base["success_rate"]] if base else []) + [r["success_rate"] for r in items]
+        style = "--" if name == "oracle" else "-"
+        axes[0].plot(ns, rates, style, marker="o", label=name)
+        ms = [r["propose_ms"] + r["verify_ms"] for r in items]
+        if base:
+            ms = [base["propose_ms"] + base["verify_ms"], *ms]
+        axes[1].plot(ns, ms, style, marker="o", label=name)
+    for r in rows:
+        if r["method"] == "judge":
+            axes[0].scatter([r["n"]], [r["success_rate"]], marker="s", label=f"judge {r['variant']}")
+    if base is not None:
+        axes[0].axhline(base["success_rate"], color="#999", linestyle=":", label="base policy")
+    axes[0].set_xscale("log", base=2)
+    axes[1].set_xscale("log", base=2)
+    axes[0].set_ylim(0, 1)
+    axes[0].set_xlabel("N candidates per step")
+    axes[0].set_ylabel("held-out success rate")
+    axes[1].set_xlabel("N candidates per step")
+    axes[1].set_ylabel("agent ms per step (propose + verify)")
+    axes[0].legend(fontsize=7)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    out = {"sweep_plot": figure_markdown(fig, folder / "best_of_n_sweep.png", "best-of-N sweep")}
+    retry = [r for r in rows if r["method"] == "retry" and r["pass_at"]]
+    if retry:
+        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        for r in retry:
+            passes = json.loads(r["pass_at"])
+            ax.plot([int(k) for k in passes], list(passes.values()), marker="o", label=r["setting"])
+        ax.set_xlabel("attempts k (k - 1 retries)")
+        ax.set_ylabel("pass@k")
+        ax.set_ylim(0, 1)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        out["retry_plot"] = figure_markdown(fig, folder / "retry_pass_at_k.png", "reflect and retry")
+    return out
+
+
+def check_best_of_n(report: Mapping[str, Any], verifier: str = "prm") -> CheckOutcome:
+    """GUI-Shepherd's claim on our agent: best-of-N with the trained PRM succeeds more often than the
+    base policy (paired, at the N values evaluated, on average over them)."""
+    rows = [r for r in report["rows"] if r["method"] == "best_of_n" and r["verifier"] == verifier]
+    base = next((r for r in report["rows"] if r["method"] == "base"), None)
+    if not rows or base is None:
+        return CheckOutcome(False, {"reason": f"no base or no {verifier} best-of-N evaluation"})
+    deltas = {f"N={r['n']}": r["delta_vs_base"] for r in rows}
+    values = [d for d in deltas.values() if d is not None and not math.isnan(d)]
+    passed = bool(values) and float(np.mean(values)) > 0
+    return CheckOutcome(passed, {"base": base["success_rate"], "delta_vs_base": deltas})

@@ -1,0 +1,331 @@
+"""Verifiers: what scores a step's N candidates so that the best is executed.
+
+* :class:`StepJudgeVerifier` (``prm``, ``guidnav``): the step reward model scores
+  ``action_state(s_t, a)`` = (instruction, history a_0..a_{t-1}, screen o_t, candidate a) for every
+  candidate, all N in **one** batch (GUI-Shepherd Eq. 6, a* = argmax_a L_pos(I, s_t, a); the
+  sigmoid of our head is monotone in the positive logit, so the argmax is the same; GuidNav Eqs. 5-6,
+  r_t^k = R(x, h_t, a_t^k, s_t), a* = argmax_k r_t^k).
+* :class:`ProgressGainVerifier` (``progrm_lcs``, ``progrm_env``): ProgRM's progress gain (Eq. 2,
+  k = 1) of each candidate, Prog(g, [a_0..a_{t-1}, a], o) - Prog(g, [a_0..a_{t-1}], o_t). The next
+  screen o_{t+1} is not known before acting, so the current screen o_t stands in for it in the
+  candidate's state; the current progress is the same for all candidates (it only makes the score
+  a gain: the argmax is that of the candidates' progress). One batch of N + 1 states.
+* :class:`OracleVerifier` (``oracle``): the upper bound GuidNav reports as "top-k with oracle":
+  a candidate that does the task spec's next planned step (``envs.policies``' expansion of the
+  spec's ``solution``, the scripted expert's plan) scores 1, others 0; with none matching, the
+  policy's first candidate is kept.
+* ``judge``: the GUI-PRA judge (:mod:`training.guidance.judge`).
+
+:func:`make_verifier` chooses one by name and refuses, before any rollout, an unknown name, the
+ORM (it judges whole trajectories, not candidate steps) or a checkpoint of another kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from envs.policies import PlanStep, SolutionError, condition_holds, expand_solution, find_target, plan_action
+from envs.protocol import EpisodeContext, StepResult
+from training.guidance.proposals import GuidanceError, Proposal
+from training.rl.rewards.scoring import LocalScorer, RewardModelError, load_scorer
+from training.rm_datasets import StepState
+from warehouse.catalog import LineageInput, Warehouse
+from warehouse.model import Action, ActionType, Screen, UIElement
+
+#: Verifiers by name: step judges, progress models, the oracle, the GUI-PRA judge.
+STEP_JUDGE_KINDS = ("prm", "guidnav")
+PROGRESS_KINDS = ("progrm_lcs", "progrm_env")
+VERIFIERS: tuple[str, ...] = (*STEP_JUDGE_KINDS, *PROGRESS_KINDS, "oracle", "judge")
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What a verifier sees at step t: the instruction (the original one, never a reflection),
+    the executed history as reward models read it, and the screens."""
+
+    instruction: str
+    step_index: int
+    screen: Screen
+    screen_lines: tuple[str, ...]
+    history: tuple[str, ...]  # a_0..a_{t-1} as reward models read them
+    actions: tuple[Action, ...] = ()  # the same actions
+    problems: tuple[str | None, ...] = ()  # why each could not be carried out (None: it was)
+    previous_screen: Screen | None = None  # o_{t-1}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Scores of a step's candidates (None: unjudged) and what judging cost.
+
+    ``mode``: ``local`` (a model in this process), ``endpoint`` (every score from the LLM
+    endpoint), ``fallback`` (the endpoint failed for some candidates; the local model scored
+    them), ``unjudged`` (no score at all: the policy's first candidate is taken), ``oracle``."""
+
+    scores: tuple[float | None, ...]
+    calls: int = 0
+    mode: str = "local"
+    note: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+class EpisodeVerifier(Protocol):
+    def score(self, view: StepView, proposals: Sequence[Proposal]) -> Verdict: ...
+
+    def observe(self, chosen: Proposal, score: float | None, result: StepResult) -> None: ...
+
+
+class Verifier(Protocol):
+    name: str
+
+    def start(self, context: EpisodeContext) -> EpisodeVerifier: ...
+
+    def lineage(self) -> list[LineageInput]: ...
+
+
+class _Stateless:
+    """An episode view of a verifier whose scores depend on the step alone."""
+
+    def __init__(self, owner: StepJudgeVerifier | ProgressGainVerifier) -> None:
+        self.owner = owner
+
+    def score(self, view: StepView, proposals: Sequence[Proposal]) -> Verdict:
+        return self.owner.score(view, proposals)
+
+    def observe(self, chosen: Proposal, score: float | None, result: StepResult) -> None:
+        pass
+
+
+def candidate_states(view: StepView, proposals: Sequence[Proposal]) -> list[StepState]:
+    """``action_state(s_t, a)`` for every candidate a (GUI-Shepherd Eq. 1's input)."""
+    return [StepState(view.instruction, view.history, view.screen_lines, p.description) for p in proposals]
+
+
+def progress_states(view: StepView, proposals: Sequence[Proposal]) -> list[StepState]:
+    """The current state [g, a_0..a_{t-1}, o_t], then each candidate appended to the history (with
+    o_t standing in for the unknown next screen): ProgRM Eq. 6 states."""
+    current = StepState(view.instruction, view.history, view.screen_lines)
+    return [current] + [
+        StepState(view.instruction, (*view.history, p.description), view.screen_lines) for p in proposals
+    ]
+
+
+@dataclass
+class StepJudgeVerifier:
+    """A step PRM (``prm``) or GuidNav reward model (``guidnav``) scoring all candidates in one batch."""
+
+    scorer: LocalScorer
+    name: str = "prm"
+
+    def start(self, context: EpisodeContext) -> EpisodeVerifier:
+        return _Stateless(self)
+
+    def score(self, view: StepView, proposals: Sequence[Proposal]) -> Verdict:
+        """GUI-Shepherd Eq. 6 / GuidNav Eq. 5: one score per candidate, one model call."""
+        scores = self.scorer.scorer.score_states(candidate_states(view, proposals))
+        return Verdict(tuple(float(s) for s in scores), calls=1, mode="local")
+
+    def lineage(self) -> list[LineageInput]:
+        return self.scorer.lineage()
+
+
+@dataclass
+class ProgressGainVerifier:
+    """ProgRM's progress gain of each candidate (Eq. 2, k = 1), N + 1 states in one batch."""
+
+    scorer: LocalScorer
+    name: str = "progrm_env"
+
+    def start(self, context: EpisodeContext) -> EpisodeVerifier:
+        return _Stateless(self)
+
+    def score(self, view: StepView, proposals: Sequence[Proposal]) -> Verdict:
+        """r = Prog(g, [a_<t, a], o_t) - Prog(g, [a_<t], o_t) per candidate (see the module docstring)."""
+        progress = self.scorer.scorer.score_states(progress_states(view, proposals))
+        gains = tuple(float(p - progress[0]) for p in progress[1:])
+        return Verdict(gains, calls=1, mode="local", details={"progress": float(progress[0])})
+
+    def lineage(self) -> list[LineageInput]:
+        return self.scorer.lineage()
+
+
+# ---------------------------------------------------------------------------------------------
+# The oracle
+# ---------------------------------------------------------------------------------------------
+
+
+def same_action(a: Action, b: Action) -> bool:
+    """Whether two actions do the same thing: type, target element, text, direction. A click on an
+    element or on the element that directly wraps it is the same click (a checkbox and its
+    ``<label>``: the task specs' ``labelled`` selector treats them alike)."""
+    if a.type is not b.type:
+        return False
+    if (a.target is None) != (b.target is None):
+        return False
+    if a.target is not None and b.target is not None and a.target.ref != b.target.ref:
+        wrapped = a.target.parent_ref == b.target.ref or b.target.parent_ref == a.target.ref
+        if a.type is not ActionType.CLICK or not wrapped:
+            return False
+    if a.type in (ActionType.INPUT, ActionType.PRESS_KEY, ActionType.ANSWER):
+        return (a.text or "").strip() == (b.text or "").strip()
+    if a.type is ActionType.SCROLL:
+        return (a.direction or "").upper() == (b.direction or "").upper()
+    return True
+
+
+def _ticked(screen: Screen, target: UIElement) -> bool:
+    """Whether a click target is a ticked checkbox, or a label wrapping one."""
+    if target.role == "checkbox":
+        return target.checked is True
+    return any(e.parent_ref == target.ref and e.role == "checkbox" and e.checked is True for e in screen.elements)
+
+
+class PlanTracker:
+    """The spec's plan for one episode and where the episode is in it (the expert's pointer,
+    without its noise or patience): which action the plan wants next on a screen. A planned click
+    on a box that is already ticked is passed over (the plan ticks boxes; the policy may have
+    ticked them in another order)."""
+
+    def __init__(self, plan: Sequence[PlanStep]) -> None:
+        self.plan = list(plan)
+        self.pointer = 0
+
+    def expected(self, screen: Screen) -> tuple[Action | None, int]:
+        """(the planned action on ``screen``, its index in the plan); None when the plan is done or
+        its next target is not on the screen. Steps whose condition fails here, and optional
+        steps whose target is absent, are passed over."""
+        i = self.pointer
+        while i < len(self.plan):
+            step = self.plan[i]
+            if step.when is not None and not condition_holds(step.when, step.slots, screen):
+                i += 1
+                continue
+            target = find_target(screen, step) if step.target is not None else None
+            if step.action is ActionType.CLICK and target is not None and _ticked(screen, target):
+                i += 1  # a box the plan would tick is ticked already (clicking it would untick it)
+                continue
+            if step.target is not None and target is None:
+                if step.optional:
+                    i += 1
+                    continue
+                return None, i
+            return plan_action(step, target), i
+        return None, i
+
+    def advance(self, executed: Action, screen: Screen, ok: bool) -> None:
+        """After ``executed`` was carried out on ``screen``: past the planned step it did."""
+        action, index = self.expected(screen)
+        if ok and action is not None and same_action(executed, action):
+            self.pointer = index + 1
+
+
+class _OracleEpisode:
+    def __init__(self, tracker: PlanTracker) -> None:
+        self.tracker = tracker
+        self.screen: Screen | None = None
+
+    def score(self, view: StepView, proposals: Sequence[Proposal]) -> Verdict:
+        self.screen = view.screen
+        wanted, index = self.tracker.expected(view.screen)
+        scores = tuple(1.0 if wanted is not None and same_action(p.action, wanted) else 0.0 for p in proposals)
+        if not self.tracker.plan:
+            note = "no plan (the task's spec has no solution): the policy's first"
+        elif not any(scores):
+            done = wanted is None and index >= len(self.tracker.plan)
+            note = "plan done" if done else "no candidate does the plan's step"
+        else:
+            note = ""
+        return Verdict(scores, calls=0, mode="oracle", note=note, details={"plan_step": index})
+
+    def observe(self, chosen: Proposal, score: float | None, result: StepResult) -> None:
+        if self.screen is not None:
+            self.tracker.advance(chosen.action, self.screen, result.problem is None)
+
+
+@dataclass
+class OracleVerifier:
+    """GuidNav's "top-k with oracle": the candidate the spec's plan wants, when one is (a task whose
+    spec has no solution has no plan: the policy's first candidate, said in the step's note)."""
+
+    name: str = "oracle"
+
+    def start(self, context: EpisodeContext) -> EpisodeVerifier:
+        try:
+            plan = expand_solution(context.task, context.slots) if context.task.solution else []
+        except SolutionError as exc:
+            raise GuidanceError(f"the oracle needs the task's solution: {exc}") from None
+        return _OracleEpisode(PlanTracker(plan))
+
+    def lineage(self) -> list[LineageInput]:
+        return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing a verifier
+# ---------------------------------------------------------------------------------------------
+
+
+def load_local_scorer(warehouse: Warehouse | None, kind: str, checkpoint: Path | str | None = None) -> LocalScorer:
+    """The newest trained model of ``kind`` in the warehouse (or the checkpoint given), checked to
+    be of that kind."""
+    try:
+        if checkpoint is not None:
+            scorer = LocalScorer(checkpoint)
+        else:
+            if warehouse is None:
+                raise GuidanceError(f"a {kind} verifier needs a warehouse or a checkpoint")
+            loaded = load_scorer(warehouse, kind)
+            if not isinstance(loaded, LocalScorer):  # pragma: no cover - load_scorer without endpoint is local
+                raise GuidanceError(f"the {kind} verifier needs a local checkpoint")
+            scorer = loaded
+    except RewardModelError as exc:
+        raise GuidanceError(str(exc)) from None
+    if scorer.kind != kind:
+        raise GuidanceError(
+            f"the {kind} verifier needs a {kind} reward model, but {scorer.checkpoint} is a {scorer.kind} model"
+        )
+    return scorer
+
+
+def make_verifier(
+    name: str,
+    warehouse: Warehouse | None = None,
+    *,
+    checkpoint: Path | str | None = None,
+    judge: Any = None,
+) -> Verifier:
+    """A verifier by name (:data:`VERIFIERS`); models load now, so a missing or wrong one fails
+    before any rollout. ``judge``: :class:`training.guidance.judge.JudgeSettings` for ``judge``."""
+    if name == "orm":
+        raise GuidanceError(
+            "the ORM judges whether a whole trajectory succeeded, not which candidate step is best: "
+            f"choose one of {', '.join(VERIFIERS)}"
+        )
+    if name not in VERIFIERS:
+        raise GuidanceError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}")
+    if name in STEP_JUDGE_KINDS:
+        return StepJudgeVerifier(load_local_scorer(warehouse, name, checkpoint), name)
+    if name in PROGRESS_KINDS:
+        return ProgressGainVerifier(load_local_scorer(warehouse, name, checkpoint), name)
+    if name == "oracle":
+        return OracleVerifier()
+    from training.guidance.judge import JudgeSettings, make_judge
+
+    return make_judge(judge if judge is not None else JudgeSettings(), warehouse, checkpoint=checkpoint)
+
+
+def context_of(task: Any, instruction: str, slots: Mapping[str, str], max_steps: int = 12) -> EpisodeContext:
+    """An episode context outside an environment (tests, benchmarks over recorded screens)."""
+    from warehouse.model import ActionType as _T
+
+    return EpisodeContext(
+        task=task,
+        instruction=instruction,
+        slots=dict(slots),
+        seed=0,
+        backend="miniwob",
+        supported_actions=frozenset(_T),
+        max_steps=max_steps,
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dagster import AssetSelection, Definitions, define_asset_job
 
 from assets.demonstrations import DEMONSTRATION_ASSETS, DEMONSTRATION_CHECKS
+from assets.guidance import GUIDANCE_ASSETS, GUIDANCE_CHECKS, GUIDANCE_JOBS
 from assets.human_labels import HUMAN_LABEL_ASSETS, HUMAN_LABEL_CHECKS, HUMAN_LABEL_JOBS, HUMAN_LABEL_SENSORS
 from assets.labels import LABEL_ASSETS, LABEL_CHECKS
 from assets.resources import RESOURCES
@@ -22,7 +23,8 @@ main_job = define_asset_job(
     - AssetSelection.groups("rollouts")
     - AssetSelection.groups("human_labels")
     - AssetSelection.groups(REWARD_MODEL_GROUP)
-    - AssetSelection.groups("rl"),
+    - AssetSelection.groups("rl")
+    - AssetSelection.groups("guidance"),
     description="The whole unpartitioned asset graph on embedded defaults (no Label Studio).",
 )
 
@@ -34,6 +36,7 @@ defs = Definitions(
         *HUMAN_LABEL_ASSETS,
         *REWARD_MODEL_ASSETS,
         *RL_ASSETS,
+        *GUIDANCE_ASSETS,
     ],
     asset_checks=[
         *DEMONSTRATION_CHECKS,
@@ -42,8 +45,9 @@ defs = Definitions(
         *HUMAN_LABEL_CHECKS,
         *REWARD_MODEL_CHECKS,
         *RL_CHECKS,
+        *GUIDANCE_CHECKS,
     ],
-    jobs=[main_job, *HUMAN_LABEL_JOBS, *REWARD_MODEL_JOBS, *ROLLOUT_JOBS, *RL_JOBS],
+    jobs=[main_job, *HUMAN_LABEL_JOBS, *REWARD_MODEL_JOBS, *ROLLOUT_JOBS, *RL_JOBS, *GUIDANCE_JOBS],
     sensors=HUMAN_LABEL_SENSORS,
     resources=RESOURCES,
 )

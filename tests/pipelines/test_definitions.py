@@ -17,6 +17,7 @@ GROUPS = {
     },
     "reward_models": {"reward_model_datasets", "reward_model", "reward_model_report"},
     "rl": {"policy_sft", "rl_run", "agent_evaluation", "rl_report"},
+    "guidance": {"guidance_evaluation", "guidance_report"},
 }
 
 DEPENDENCIES = {
@@ -32,6 +33,8 @@ DEPENDENCIES = {
     "rl_run": {"policy_sft", "reward_model"},
     "agent_evaluation": {"rl_run"},
     "rl_report": {"policy_sft", "agent_evaluation"},
+    "guidance_evaluation": {"policy_sft", "reward_model"},
+    "guidance_report": {"guidance_evaluation"},
     "annotation_queue": {"annotation_candidates"},
     "human_labels": {"annotation_queue"},
     "human_step_labels": {"human_labels"},
@@ -61,6 +64,7 @@ CHECKS = {
             "attempts_schema",
         )
     },
+    "guidance_report": {"prm_best_of_n_beats_base"},
 }
 
 
@@ -106,6 +110,8 @@ def test_jobs_sensors_and_resources():
         "policy_sft_job",
         "rl_runs",
         "rl_report_job",
+        "guidance_evaluations",
+        "guidance_report_job",
     } <= jobs
     assert {sensor.name for sensor in defs.sensors or []} == {"label_studio_sync"}
     assert set(defs.resources or {}) == {"warehouse", "env_pool", "label_studio"}
@@ -113,4 +119,6 @@ def test_jobs_sensors_and_resources():
     main = defs.resolve_job_def("stepwise_main")
     selected = {k.to_user_string() for k in main.asset_layer.selected_asset_keys}
     assert GROUPS["labels"] | GROUPS["demonstrations"] <= selected
-    assert not selected & (GROUPS["human_labels"] | GROUPS["reward_models"] | GROUPS["rollouts"] | GROUPS["rl"])
+    assert not selected & (
+        GROUPS["human_labels"] | GROUPS["reward_models"] | GROUPS["rollouts"] | GROUPS["rl"] | GROUPS["guidance"]
+    )

@@ -55,6 +55,7 @@ bench: setup
 	@$(VENV)/bin/python benchmarks/bench_reward_models.py
 	@$(VENV)/bin/python benchmarks/bench_serving.py
 	@$(VENV)/bin/python benchmarks/bench_rl.py
+	@$(VENV)/bin/python benchmarks/bench_guidance.py
 
 clean:
 	rm -rf $(STEPWISE_HOME)

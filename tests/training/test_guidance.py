@@ -139,10 +139,10 @@ def test_the_learned_policys_top_n_starts_with_its_greedy_choice_and_respects_ba
     assert len({p.action.canonical_text() for p in sampled.proposals}) == len(sampled.proposals)
 
 
-def test_the_learned_proposer_is_deterministic_even_given_a_model_in_train_mode():
+def test_the_learned_proposer_puts_the_policy_in_eval_mode_and_proposes_deterministically():
     from training.policy.learned import PolicyModel
 
-    model = PolicyModel()  # as PolicyModel() and PolicyModel.load give it: train mode, dropout active
+    model = PolicyModel()  # as PolicyModel() and PolicyModel.load give it: train mode
     assert model.scorer.training
     proposer = LearnedProposer(model)
     assert not model.scorer.training

@@ -82,7 +82,7 @@ def test_retries_ban_where_the_failed_attempt_went_wrong_and_pass_at_k_never_fal
             assert blamed is not None
             before = [s.action.canonical_text() for s in failed.steps]
             after = [s.action.canonical_text() for s in retried.steps]
-            # Near-ties of the random policy can flip between attempts (batched encoder floats), so a
+            # The random policy's choices can differ between attempts of one seed (seen; cause not isolated), so a
             # retry does not always reach the state where its predecessor was blamed; when it does:
             if after[:blamed] == before[:blamed] and len(after) > blamed:
                 reached += 1

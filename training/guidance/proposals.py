@@ -124,8 +124,8 @@ class LearnedProposer:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        # A fresh or loaded PolicyModel is in train mode: its dropout would make the "greedy" candidate
-        # differ from call to call (N = 1 no longer the base policy, a retry not reaching its bans).
+        # A fresh or loaded PolicyModel is in train mode. Today's scorers have dropout 0.0, so nothing
+        # changes, but a policy trained with dropout would otherwise propose noisily at inference.
         self.model.scorer.eval()
 
     def start(self, context: EpisodeContext, reflection: str | None = None) -> EpisodeProposer:

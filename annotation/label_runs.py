@@ -31,8 +31,6 @@ import pyarrow as pa
 
 from annotation.label_io import OTHER_FAMILY, TableWriter, family_dataset, label_families, label_family
 from annotation.label_state import (
-    LABEL_LEDGER,
-    LIBRARY_STATE,
     LibraryState,
     label_against_library,
     library_states,
@@ -45,7 +43,7 @@ from annotation.text_similarity import HashingTextEmbedder, TextEmbedder
 from envs.task_catalog import MINIWOB_FAMILIES
 from envs.tasks import TaskSpec, load_task_specs
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
-from warehouse.schema import LABEL_NOTES, PROGRESS_LABELS, RECIPES
+from warehouse.schema import LABEL_LEDGER, LABEL_NOTES, LIBRARY_STATE, PROGRESS_LABELS, RECIPES
 from warehouse.storage import git_revision
 from warehouse.trajectories import Trajectory, iter_task_batches, load_trajectories
 
@@ -298,6 +296,8 @@ def run_labeling(
         },
         inputs=warehouse.current_inputs(["episodes", "steps"]) + spec_inputs(specs),
     )
+    prefixes = [family_dataset(fam) for fam in family_names] + (["labels", LEGACY_DATASET] if all_families else [])
+    guard = warehouse.guard(LABEL_TABLES, prefixes)
     out = _Outputs(warehouse, m, family_names)
     rng = random.Random(0)
     family_of_batch: list[str] = []
@@ -330,7 +330,7 @@ def run_labeling(
         out.abort()
         raise
     outputs += _empty_outputs(warehouse, _retired(warehouse, family_names, True, all_families), m)
-    warehouse.publish(m, outputs)
+    warehouse.publish(m, outputs, guard=guard)
     for method in LCS_METHODS:
         log(
             f"lcs/{method}: {out.summary.recipes.get(method, 0)} recipes, "
@@ -416,6 +416,7 @@ def run_family_labels(
     ``max(rebuild_at_least, rebuild_share x the successes they were built from)``."""
     from annotation.labels import default_specs_dir
 
+    guard = warehouse.guard(LABEL_TABLES, [family_dataset(family)])
     states_table = _read(
         _family_paths(warehouse, "recipe_library_state", family).values(), "SELECT * FROM {files}", LIBRARY_STATE
     )
@@ -519,7 +520,7 @@ def run_family_labels(
         raise
     if compact:
         outputs = _compact(warehouse, family, m, outputs, rebuild, sorted(removed))
-    warehouse.publish(m, outputs)
+    warehouse.publish(m, outputs, guard=guard)
     out.summary.materialization_id = m.materialization_id
     out.summary.incremental = {
         "new_episodes": len(new_rows),
@@ -618,14 +619,110 @@ def _sql_list(paths: Sequence[str]) -> str:
 
 def unlabelled_episodes(warehouse: Warehouse, family: str) -> int:
     """Episodes of a family the labels stage has not handled yet (not in its ledger)."""
-    fam_where, fam_params = family_where([family])
-    ledger = list(_family_paths(warehouse, "label_ledger", family).values())
-    current = warehouse.query(f"SELECT e.episode_id FROM episodes e WHERE {fam_where}", fam_params)
-    known = set(_read(ledger, "SELECT episode_id FROM {files}", LABEL_LEDGER).column("episode_id").to_pylist())
-    return sum(1 for e in current.column("episode_id").to_pylist() if e not in known)
+    return families_with_new_episodes(warehouse).get(family, 0)
 
 
 def families_with_new_episodes(warehouse: Warehouse) -> dict[str, int]:
-    """Label families with episodes not labelled yet, and how many (what a sensor asks)."""
-    counts = {fam: unlabelled_episodes(warehouse, fam) for fam in label_families()}
-    return {fam: n for fam, n in counts.items() if n}
+    """Label families with episodes not labelled yet (in ``episodes``, not in ``label_ledger``),
+    and how many: what the ``new_episodes_to_label`` sensor asks. One anti-join in DuckDB; only the
+    distinct task ids of what is new come back to Python."""
+    rows = warehouse.query(
+        "SELECT e.task_id, count(*) AS n FROM episodes e ANTI JOIN label_ledger l USING (episode_id) GROUP BY 1"
+    ).to_pylist()
+    counts: Counter[str] = Counter()
+    for row in rows:
+        counts[label_family(row["task_id"])] += int(row["n"])
+    return dict(sorted(counts.items()))
+
+
+def episodes_version(warehouse: Warehouse) -> str:
+    """The current versions of ``episodes`` (their materialization ids, joined): changes exactly
+    when episodes are published, so a sensor asks for one labels run per family per change."""
+    return ",".join(sorted(mid for _, mid, _ in warehouse.current_versions("episodes")))
+
+
+def has_library(warehouse: Warehouse, family: str) -> bool:
+    """Whether a family has a stored recipe library (so it can be labelled incrementally)."""
+    return bool(_family_paths(warehouse, "recipe_library_state", family))
+
+
+def run_label_partitions(
+    warehouse: Warehouse,
+    families: Sequence[str],
+    *,
+    mode: str = "incremental",
+    specs_dir: str | Path | None = None,
+    embedder: str = "minilm",
+    theta: float = 0.6,
+    run_id: str | None = None,
+    log: Log = print,
+    asset: str = "progress_labels",
+) -> LabelSummary:
+    """The labels stage for a set of label families (the Dagster partitions of a run).
+
+    ``mode="full"`` relabels them from scratch in one streamed pass (every family: exactly the
+    all-at-once rows). ``"incremental"``: families with no stored recipe library are labelled from
+    scratch together in one pass (so a first run over every family is the full run), and each of
+    the others is brought up to date by :func:`run_family_labels` (new episodes against the stored
+    libraries, tasks whose successes grew enough rebuilt). Returns the summaries merged."""
+    if mode not in ("full", "incremental"):
+        raise ValueError(f"unknown labels mode {mode!r} (full | incremental)")
+    unknown = sorted(set(families) - set(label_families()))
+    if unknown:
+        raise ValueError(f"unknown label families {unknown}; the families are {label_families()}")
+    wanted = [f for f in label_families() if f in set(families)]
+    fresh = wanted if mode == "full" else [f for f in wanted if not has_library(warehouse, f)]
+    summaries = []
+    if fresh:
+        every = fresh == label_families()
+        summaries.append(
+            run_labeling(
+                warehouse,
+                families=None if every else fresh,
+                asset=asset,
+                partition_key=None if every else ",".join(fresh),
+                specs_dir=specs_dir,
+                embedder=embedder,
+                theta=theta,
+                run_id=run_id,
+                log=log,
+            )
+        )
+    for family in wanted:
+        if family not in fresh:
+            summaries.append(
+                run_family_labels(
+                    warehouse,
+                    family,
+                    asset=asset,
+                    specs_dir=specs_dir,
+                    embedder=embedder,
+                    theta=theta,
+                    run_id=run_id,
+                    log=log,
+                )
+            )
+    return merge_summaries(summaries)
+
+
+def merge_summaries(summaries: Sequence[LabelSummary]) -> LabelSummary:
+    """Several runs' summaries as one (counts added, per-family incremental reports kept by family)."""
+    merged = LabelSummary()
+    for s in summaries:
+        merged.episodes += s.episodes
+        merged.batches += s.batches
+        merged.families += s.families
+        for key, n in s.label_rows.items():
+            merged.label_rows[key] = merged.label_rows.get(key, 0) + n
+        for key, n in s.recipes.items():
+            merged.recipes[key] = merged.recipes.get(key, 0) + n
+        for key, n in s.unlabelled.items():
+            merged.unlabelled[key] = merged.unlabelled.get(key, 0) + n
+        for key, notes in s.tasks_without_recipe.items():
+            merged.tasks_without_recipe.setdefault(key, {}).update(notes)
+        merged.plots.update(s.plots)
+        merged.outputs.update(s.outputs)
+        if s.incremental:
+            merged.incremental.update({fam: s.incremental for fam in s.families})
+        merged.materialization_id = s.materialization_id
+    return merged

@@ -26,8 +26,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-
 from annotation.instruction_relative import ScreenStates, clean_trajectory
 from annotation.labeling import (
     RECIPE_SOURCES,
@@ -42,47 +40,7 @@ from annotation.recipes import Episode, Recipe, TaskRecipes
 from annotation.soft_lcs import build_match_table_encoded
 from annotation.text_similarity import Embed
 from warehouse.model import Action, ActionType, UIElement
-from warehouse.schema import with_key
 from warehouse.trajectories import Trajectory
-
-#: The recipe library of one (task, LCS mode), as the last run that built it left it.
-LIBRARY_STATE = with_key(
-    pa.schema(
-        [
-            pa.field("task_id", pa.string(), nullable=False),
-            pa.field("method", pa.string(), nullable=False),
-            pa.field("version", pa.int32(), nullable=False),  # 1 for a full run; +1 at each rebuild since
-            ("label_family", pa.string()),
-            ("n_successes", pa.int64()),  # recipe-eligible successes the library was built from
-            ("n_episodes", pa.int64()),  # episodes of the task labelled with this version so far
-            ("recipe_ids", pa.list_(pa.string())),  # as in recipes.recipe_id / progress_labels.recipe_id
-            ("recipe_actions", pa.list_(pa.string())),  # per recipe: its actions as JSON
-            ("common_texts", pa.list_(pa.string())),  # improved mode: target texts kept (others: <other>)
-            ("reason", pa.string()),  # why the task has no recipe, if it has none
-            ("built_by", pa.string()),  # materialization id of the run that built this version
-            ("label_version", pa.string()),
-        ]
-    ),
-    "task_id",
-    "method",
-)
-
-#: Every episode the labels stage has handled (labelled, or noted as unlabelable), per family:
-#: what an incremental run compares the warehouse with to find new episodes.
-LABEL_LEDGER = with_key(
-    pa.schema(
-        [
-            pa.field("episode_id", pa.string(), nullable=False),
-            pa.field("task_id", pa.string(), nullable=False),
-            ("label_family", pa.string()),
-            ("success", pa.bool_()),
-            ("recipe_eligible", pa.bool_()),
-            ("library_versions", pa.string()),  # JSON {method: version} that labelled it
-            ("labelled_by", pa.string()),  # materialization id
-        ]
-    ),
-    "episode_id",
-)
 
 
 def action_to_json(action: Action) -> str:
@@ -109,7 +67,7 @@ def action_from_json(text: str) -> Action:
 
 @dataclass
 class LibraryState:
-    """One row of :data:`LIBRARY_STATE`, with its recipes as actions."""
+    """One row of :data:`warehouse.schema.LIBRARY_STATE`, with its recipes as actions."""
 
     task_id: str
     method: str

@@ -5,17 +5,28 @@ Stage logic: :mod:`annotation.labels`.
 """
 
 from collections.abc import Iterator
+from typing import Literal
 
 from dagster import (
     AssetCheckResult,
     AssetCheckSpec,
     AssetExecutionContext,
+    AssetSelection,
     AssetSpec,
+    BackfillPolicy,
     Config,
+    DefaultSensorStatus,
     MaterializeResult,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    StaticPartitionsDefinition,
     asset,
     asset_check,
+    define_asset_job,
     multi_asset,
+    sensor,
 )
 from pydantic import Field
 
@@ -24,8 +35,11 @@ from annotation.labels import (
     check_improved_beats_paper,
     check_progress_labels,
     default_specs_dir,
+    episodes_version,
+    families_with_new_episodes,
+    label_families,
+    run_label_partitions,
     run_label_quality_report,
-    run_labeling,
     run_split,
     run_synthesis,
 )
@@ -34,6 +48,17 @@ from assets.resources import WarehouseResource
 
 GROUP = "labels"
 TRAJECTORY_ASSETS = ["human_demonstrations", "rollouts"]
+
+#: Recipes and progress labels are partitioned by label family (the environment catalog's task
+#: families, plus ``other``): a run materializes only the families it names, and a backfill of
+#: several runs as one (single-run backfill policy), so "every family" is one streamed pass.
+LABEL_FAMILIES = StaticPartitionsDefinition(label_families())
+
+
+def all_label_families_tags() -> dict[str, str]:
+    """Run tags that select every label family in one run (what ``stepwise demo`` runs)."""
+    keys = LABEL_FAMILIES.get_partition_keys()
+    return {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
 
 
 class SynthesisConfig(Config):
@@ -44,6 +69,12 @@ class LabelConfig(Config):
     task_specs_dir: str = Field(default_factory=default_specs_dir, description="folder of task specs (YAML)")
     embedder: str = Field(default="minilm", description="minilm (the real Sentence-BERT) | hashing (quick runs)")
     theta: float = Field(default=0.6, description="θ_L of ProgRM §2.2: recipe group similarity threshold")
+    mode: Literal["incremental", "full"] = Field(
+        default="incremental",
+        description="incremental: new episodes labelled against the stored recipe libraries, a task's library "
+        "rebuilt when its successes grew by max(2, 10%), families without a library labelled from scratch | "
+        "full: relabel the selected families from scratch",
+    )
 
 
 class SplitConfig(Config):
@@ -82,16 +113,20 @@ def synthetic_trajectories(
             deps=[*TRAJECTORY_ASSETS, "synthetic_trajectories"],
             kinds={"parquet"},
             description="Recipes per task (ProgRM §2.2, Eq. 10), paper-faithful and improved modes, "
-            "with member episodes.",
+            "with member episodes; per label family, with the stored library state (recipe_library_state) "
+            "that incremental runs label against.",
         ),
         AssetSpec(
             "progress_labels",
             group_name=GROUP,
             deps=[*TRAJECTORY_ASSETS, "synthetic_trajectories"],
             kinds={"parquet"},
-            description="Per-step progress labels: LCS (paper, improved) and environment milestones; key steps.",
+            description="Per-step progress labels: LCS (paper, improved) and environment milestones; key steps; "
+            "per label family, with the ledger of labelled episodes (label_ledger).",
         ),
     ],
+    partitions_def=LABEL_FAMILIES,
+    backfill_policy=BackfillPolicy.single_run(),
     check_specs=[
         AssetCheckSpec("labels_in_unit_interval", asset="progress_labels"),
         AssetCheckSpec("labels_non_decreasing", asset="progress_labels"),
@@ -102,8 +137,10 @@ def recipes_and_progress_labels(
     context: AssetExecutionContext, config: LabelConfig, warehouse: WarehouseResource
 ) -> Iterator[MaterializeResult | AssetCheckResult]:
     wh = warehouse.get()
-    summary = run_labeling(
+    summary = run_label_partitions(
         wh,
+        context.partition_keys,
+        mode=config.mode,
         specs_dir=config.task_specs_dir,
         embedder=config.embedder,
         theta=config.theta,
@@ -114,12 +151,14 @@ def recipes_and_progress_labels(
         asset_key="recipe_library",
         metadata=to_metadata(
             {
+                "families": summary.families,
                 "recipes": summary.recipes,
                 "tasks_without_recipe": summary.tasks_without_recipe,
+                "incremental": summary.incremental or None,
                 "path": summary.outputs["recipes"],
             }
         )
-        | table_metadata(wh, "recipes"),
+        | table_metadata(wh, "recipes", also=("recipe_library_state",)),
     )
     yield MaterializeResult(
         asset_key="progress_labels",
@@ -129,11 +168,11 @@ def recipes_and_progress_labels(
                 "label_rows": summary.label_rows,
                 "unlabelled_episodes": summary.unlabelled,
                 "path": summary.outputs["progress_labels"],
-                "progress_curves": summary.plots["progress_curves"],
-                "label_distribution": summary.plots["label_distribution"],
+                "progress_curves": summary.plots.get("progress_curves"),
+                "label_distribution": summary.plots.get("label_distribution"),
             }
         )
-        | table_metadata(wh, "progress_labels", also=("label_notes",)),
+        | table_metadata(wh, "progress_labels", also=("label_notes", "label_ledger")),
     )
     for name, outcome in check_progress_labels(wh).items():
         yield check_result(outcome, check_name=name, asset_key="progress_labels")
@@ -181,12 +220,48 @@ def improved_beats_paper_on_held_out(warehouse: WarehouseResource) -> AssetCheck
     return check_result(check_improved_beats_paper(warehouse.get()))
 
 
+label_families_job = define_asset_job(
+    "label_families",
+    selection=AssetSelection.assets("recipe_library", "progress_labels"),
+    partitions_def=LABEL_FAMILIES,
+    description="Recipes and progress labels for the chosen label families (incremental by default).",
+)
+
+
+@sensor(
+    job=label_families_job,
+    minimum_interval_seconds=60,
+    default_status=DefaultSensorStatus.STOPPED,
+    description="Asks for a labels run of every label family with episodes not labelled yet (e.g. a batch of "
+    "rollouts): new episodes are labelled against the stored recipe libraries, incrementally.",
+)
+def new_episodes_to_label(context: SensorEvaluationContext, warehouse: WarehouseResource):
+    wh = warehouse.get()
+    pending = families_with_new_episodes(wh)
+    if not pending:
+        return SkipReason("every episode is labelled")
+    version = episodes_version(wh)
+    context.log.info(f"episodes not labelled yet, by label family: {pending}")
+    return SensorResult(
+        run_requests=[
+            RunRequest(
+                partition_key=family,
+                run_key=f"{family}@{version}",
+                tags={"stepwise/trigger": "new_episodes_to_label", "stepwise/new_episodes": str(n)},
+            )
+            for family, n in pending.items()
+        ]
+    )
+
+
 LABEL_ASSETS = [synthetic_trajectories, recipes_and_progress_labels, progress_split, label_quality_report]
 LABEL_CHECKS = [
     improved_beats_paper_on_held_out,
     unique_key_checks("synthetic_trajectories", dict.fromkeys(("episodes", "steps"))),
-    unique_key_checks("recipe_library", {"recipes": None}),
-    unique_key_checks("progress_labels", dict.fromkeys(("progress_labels", "label_notes"))),
+    unique_key_checks("recipe_library", dict.fromkeys(("recipes", "recipe_library_state"))),
+    unique_key_checks("progress_labels", dict.fromkeys(("progress_labels", "label_notes", "label_ledger"))),
     unique_key_checks("progress_split", {"progress_split": None}),
     unique_key_checks("label_quality_report", {"label_quality": None}),
 ]
+LABEL_JOBS = [label_families_job]
+LABEL_SENSORS = [new_episodes_to_label]

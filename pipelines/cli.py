@@ -195,6 +195,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     prepare_dagster_home()
     from dagster import DagsterInstance, MultiPartitionKey
 
+    from assets.labels import all_label_families_tags
     from envs.task_catalog import families
     from pipelines.definitions import defs
     from warehouse.catalog import Warehouse
@@ -210,9 +211,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"\n== [{number}/{len(stages)}] {name}: {detail} ({time.perf_counter() - started:.0f} s so far)", flush=True
         )
 
-    def run(job: str, label: str, partition=None, config: dict | None = None) -> bool:
+    def run(job: str, label: str, partition=None, config: dict | None = None, tags: dict | None = None) -> bool:
         result = defs.resolve_job_def(job).execute_in_process(
-            instance=instance, partition_key=partition, raise_on_error=False, run_config=quiet | {"ops": config or {}}
+            instance=instance,
+            partition_key=partition,
+            raise_on_error=False,
+            run_config=quiet | {"ops": config or {}},
+            tags=tags,
         )
         outcomes.append((label, result.success))
         checks.extend(result.get_asset_check_evaluations())
@@ -230,7 +235,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 {"rollouts": {"config": {"episodes_per_task": args.episodes_per_task}}},
             )
         stage(2, "demonstrations and labels", "import, synthesis, recipes, progress labels, split, label report")
-        main_ok = run("stepwise_main", "stepwise_main")
+        main_ok = run(
+            "stepwise_main",
+            "stepwise_main",
+            config={"recipes_and_progress_labels": {"config": {"mode": "full"}}},
+            tags=all_label_families_tags(),
+        )
         if "reward_models" in stages and main_ok:
             for i, kind in enumerate(DEMO_REWARD_MODELS):
                 stage(3, "reward models", f"{kind} ({i + 1}/{len(DEMO_REWARD_MODELS)}), a short training")

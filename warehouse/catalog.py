@@ -105,6 +105,25 @@ class Materialization:
     materialization_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
 
+class ConcurrentPublishError(RuntimeError):
+    """Another materialization published one of the datasets a run started from while it ran."""
+
+
+@dataclass(frozen=True)
+class PublishGuard:
+    """The current versions of a set of datasets as a run found them when it started: publishing
+    with it fails (and publishes nothing) if any of them changed meanwhile. Datasets are named by
+    prefix: ``labels/miniwob-forms`` covers that dataset and ``labels/miniwob-forms/+0``, ...."""
+
+    tables: tuple[str, ...]
+    dataset_prefixes: tuple[str, ...]
+    seen: dict[tuple[str, str], str]
+
+
+def _dataset_under(dataset: str, prefixes: Iterable[str]) -> bool:
+    return any(dataset == p or dataset.startswith(p + "/") for p in prefixes)
+
+
 @dataclass(frozen=True)
 class TableOutput:
     table_name: str
@@ -218,14 +237,49 @@ class Warehouse:
         write_parquet_atomic(table, path)
         return TableOutput(table_name, dataset, path, table.num_rows)
 
-    def publish(self, materialization: Materialization, outputs: Iterable[TableOutput]) -> None:
-        """Make the staged outputs current and record lineage, in one transaction."""
+    def guard(self, tables: Iterable[str], dataset_prefixes: Iterable[str]) -> PublishGuard:
+        """What :meth:`publish` checks is unchanged when it commits (see :class:`PublishGuard`):
+        take it before reading the datasets a run will replace."""
+        tables, prefixes = tuple(tables), tuple(dataset_prefixes)
+        seen = {}
+        for table in tables:
+            for dataset, mid, _ in self.current_versions(table):
+                if _dataset_under(dataset, prefixes):
+                    seen[(table, dataset)] = mid
+        return PublishGuard(tables, prefixes, seen)
+
+    @staticmethod
+    def _check_guard(con: duckdb.DuckDBPyConnection, guard: PublishGuard) -> None:
+        rows = con.execute(
+            "SELECT table_name, dataset, materialization_id FROM table_versions "
+            "WHERE is_current AND list_contains(?, table_name)",
+            [list(guard.tables)],
+        ).fetchall()
+        now = {(t, d): mid for t, d, mid in rows if _dataset_under(d, guard.dataset_prefixes)}
+        changed = sorted(k for k in set(now) | set(guard.seen) if now.get(k) != guard.seen.get(k))
+        if changed:
+            table, dataset = changed[0]
+            raise ConcurrentPublishError(
+                f"{table} / {dataset} was published by materialization {now.get((table, dataset)) or '(removed)'} "
+                f"while this run (started from {guard.seen.get((table, dataset)) or 'no version'}) was running; "
+                f"{len(changed)} dataset(s) changed. Nothing was published: run it again."
+            )
+
+    def publish(
+        self, materialization: Materialization, outputs: Iterable[TableOutput], *, guard: PublishGuard | None = None
+    ) -> None:
+        """Make the staged outputs current and record lineage, in one transaction. With a ``guard``,
+        only if the datasets it covers are still as the run found them (else
+        :class:`ConcurrentPublishError`, the staged files removed): two runs of the same
+        partition never silently overwrite each other's rows."""
         outputs = list(outputs)
         now = datetime.now(UTC)
         with self.connect() as con:
             con.execute(_CATALOG_DDL)
             con.execute("BEGIN TRANSACTION")
             try:
+                if guard is not None:
+                    self._check_guard(con, guard)
                 for out in outputs:
                     con.execute(
                         "UPDATE table_versions SET is_current = false WHERE table_name = ? AND dataset = ?",

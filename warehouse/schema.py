@@ -227,6 +227,45 @@ LABEL_QUALITY = with_key(
     "task_set",
 )
 
+#: The recipe library of one (task, LCS mode), as the last run that built it left it.
+LIBRARY_STATE = with_key(
+    pa.schema(
+        [
+            pa.field("task_id", pa.string(), nullable=False),
+            pa.field("method", pa.string(), nullable=False),
+            pa.field("version", pa.int32(), nullable=False),  # 1 for a full run; +1 at each rebuild since
+            ("label_family", pa.string()),
+            ("n_successes", pa.int64()),  # recipe-eligible successes the library was built from
+            ("n_episodes", pa.int64()),  # episodes of the task labelled with this version so far
+            ("recipe_ids", pa.list_(pa.string())),  # as in recipes.recipe_id / progress_labels.recipe_id
+            ("recipe_actions", pa.list_(pa.string())),  # per recipe: its actions as JSON
+            ("common_texts", pa.list_(pa.string())),  # improved mode: target texts kept (others: <other>)
+            ("reason", pa.string()),  # why the task has no recipe, if it has none
+            ("built_by", pa.string()),  # materialization id of the run that built this version
+            ("label_version", pa.string()),
+        ]
+    ),
+    "task_id",
+    "method",
+)
+
+#: Every episode the labels stage has handled (labelled, or noted as unlabelable), per family:
+#: what an incremental run compares the warehouse with to find new episodes.
+LABEL_LEDGER = with_key(
+    pa.schema(
+        [
+            pa.field("episode_id", pa.string(), nullable=False),
+            pa.field("task_id", pa.string(), nullable=False),
+            ("label_family", pa.string()),
+            ("success", pa.bool_()),
+            ("recipe_eligible", pa.bool_()),
+            ("library_versions", pa.string()),  # JSON {method: version} that labelled it
+            ("labelled_by", pa.string()),  # materialization id
+        ]
+    ),
+    "episode_id",
+)
+
 TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "episodes": EPISODES,
     "steps": STEPS,
@@ -237,6 +276,8 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "progress_split": PROGRESS_SPLIT,
     "label_notes": LABEL_NOTES,
     "label_quality": LABEL_QUALITY,
+    "recipe_library_state": LIBRARY_STATE,
+    "label_ledger": LABEL_LEDGER,
 }
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pyarrow as pa
 import pytest
 
 from annotation.label_runs import run_family_labels, run_labeling, unlabelled_episodes
@@ -15,9 +14,9 @@ from annotation.labeling import LCS_METHODS, env_labels, lcs_labels, prepare_lcs
 from annotation.labels import check_progress_labels, default_specs_dir
 from annotation.text_similarity import HashingTextEmbedder
 from envs.tasks import load_task_specs
+from tests.annotation.helpers import publish_tiny_episodes
 from tests.annotation.test_labeling import LOGIN_SPEC, login_trajectory
-from tests.training.conftest import build_tiny_warehouse
-from warehouse.catalog import Materialization, Warehouse
+from warehouse.catalog import Warehouse
 from warehouse.checks import check_unique_key
 from warehouse.trajectories import load_trajectories, task_batches
 
@@ -86,19 +85,6 @@ def test_rebuild_rule():
     assert not needs_rebuild(lonely, 0) and needs_rebuild(lonely, 1)
 
 
-def _publish_tiny(home, dataset: str, prefix: str, seed: int, **sizes) -> None:
-    tiny = build_tiny_warehouse(home.parent / f"tiny-{dataset}", seed=seed, **sizes)
-    warehouse = Warehouse(home)
-    m = Materialization(asset="human_demonstrations")
-    outputs = []
-    for name in ("episodes", "steps"):
-        table = tiny.query(f"SELECT * FROM {name}")
-        ids = pa.array([prefix + e for e in table.column("episode_id").to_pylist()], pa.string())
-        table = table.set_column(table.schema.get_field_index("episode_id"), "episode_id", ids)
-        outputs.append(warehouse.stage_table(name, dataset, table, m))
-    warehouse.publish(m, outputs)
-
-
 def _labels(warehouse: Warehouse) -> list[dict]:
     return _sorted_rows(
         warehouse.query(
@@ -110,7 +96,7 @@ def _labels(warehouse: Warehouse) -> list[dict]:
 
 def test_full_run_then_incremental_runs_of_one_family(tmp_path):
     home = tmp_path / "home"
-    _publish_tiny(home, "first", "", seed=7, n_login=12, n_button=8)
+    publish_tiny_episodes(home, "first", "", seed=7, n_login=12, n_button=8)
     warehouse = Warehouse(home)
     quiet = lambda _message: None  # noqa: E731
 
@@ -128,7 +114,7 @@ def test_full_run_then_incremental_runs_of_one_family(tmp_path):
     before = {(r["episode_id"], r["step_idx"], r["source"], r["method"]): r for r in _labels(warehouse)}
 
     # New episodes, too few to rebuild anything: labelled against the stored libraries, in a delta.
-    _publish_tiny(home, "second", "new-", seed=8, n_login=4, n_button=2)
+    publish_tiny_episodes(home, "second", "new-", seed=8, n_login=4, n_button=2)
     summary = run_family_labels(warehouse, "miniwob-forms", embedder="hashing", log=quiet, rebuild_at_least=100)
     assert summary.incremental["labelled_against_library"] == 4 and not summary.incremental["rebuilt_tasks"]
     assert "labels/miniwob-forms/+0" in {d for d, _, _ in warehouse.current_versions("progress_labels")}
@@ -144,7 +130,7 @@ def test_full_run_then_incremental_runs_of_one_family(tmp_path):
     assert all(outcome.passed for outcome in check_progress_labels(warehouse).values())
 
     # Enough new successes: the task's library is rebuilt (version 2), the family compacted.
-    _publish_tiny(home, "third", "newer-", seed=9, n_login=8, n_button=2)
+    publish_tiny_episodes(home, "third", "newer-", seed=9, n_login=8, n_button=2)
     summary = run_family_labels(warehouse, "miniwob-forms", embedder="hashing", log=quiet)
     assert summary.incremental["rebuilt_tasks"] == {"login-user": 2} and summary.incremental["compacted"]
     lcs = warehouse.query(

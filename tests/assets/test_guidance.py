@@ -10,7 +10,7 @@ from dagster import DagsterInstance, materialize
 
 from assets.demonstrations import DEMONSTRATION_ASSETS
 from assets.guidance import GUIDANCE_CHECKS, guidance_evaluation, guidance_report
-from assets.labels import LABEL_ASSETS
+from assets.labels import LABEL_ASSETS, all_label_families_tags
 from assets.resources import EnvPoolResource, WarehouseResource
 from assets.reward_models import reward_model, reward_model_datasets
 from assets.rl import policy_sft
@@ -38,6 +38,7 @@ def test_every_method_materializes_and_the_report_reads_them_back(small_demos, t
         [*DEMONSTRATION_ASSETS, *LABEL_ASSETS],
         resources=resources,
         instance=instance,
+        tags=all_label_families_tags(),
         run_config={
             "ops": {
                 "human_demonstrations": {"config": {"demos_dir": str(small_demos), "workers": 1}},

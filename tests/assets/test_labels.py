@@ -7,7 +7,7 @@ from pathlib import Path
 from dagster import DagsterInstance, materialize
 
 from assets.demonstrations import DEMONSTRATION_ASSETS, DEMONSTRATION_CHECKS
-from assets.labels import LABEL_ASSETS, LABEL_CHECKS
+from assets.labels import LABEL_ASSETS, LABEL_CHECKS, all_label_families_tags
 from assets.resources import WarehouseResource
 from warehouse.catalog import Warehouse
 
@@ -24,6 +24,7 @@ def test_label_assets_materialize_with_checks(small_demos, home):
                 "recipes_and_progress_labels": {"config": {"embedder": "hashing"}},
             }
         },
+        tags=all_label_families_tags(),
         instance=DagsterInstance.ephemeral(),
     )
     assert result.success

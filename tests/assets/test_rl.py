@@ -9,7 +9,7 @@ import pytest
 from dagster import DagsterInstance, MultiPartitionKey, materialize
 
 from assets.demonstrations import DEMONSTRATION_ASSETS
-from assets.labels import LABEL_ASSETS
+from assets.labels import LABEL_ASSETS, all_label_families_tags
 from assets.resources import EnvPoolResource, WarehouseResource
 from assets.reward_models import reward_model, reward_model_datasets
 from assets.rl import RL_CHECKS, agent_evaluation, policy_sft, rl_report, rl_run
@@ -29,6 +29,7 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path):
         [*DEMONSTRATION_ASSETS, *LABEL_ASSETS],
         resources=resources,
         instance=instance,
+        tags=all_label_families_tags(),
         run_config={
             "ops": {
                 "human_demonstrations": {"config": {"demos_dir": str(small_demos), "workers": 1}},

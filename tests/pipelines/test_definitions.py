@@ -102,6 +102,7 @@ def test_jobs_sensors_and_resources():
     jobs = {job.name for job in defs.resolve_all_job_defs()}
     assert {
         "stepwise_main",
+        "label_families",
         "annotation_push",
         "reward_models",
         "reward_model_evaluation",
@@ -113,7 +114,7 @@ def test_jobs_sensors_and_resources():
         "guidance_evaluations",
         "guidance_report_job",
     } <= jobs
-    assert {sensor.name for sensor in defs.sensors or []} == {"label_studio_sync"}
+    assert {sensor.name for sensor in defs.sensors or []} == {"label_studio_sync", "new_episodes_to_label"}
     assert set(defs.resources or {}) == {"warehouse", "env_pool", "label_studio"}
     # The main job runs every unpartitioned offline stage and none that needs people or long training.
     main = defs.resolve_job_def("stepwise_main")
@@ -122,3 +123,11 @@ def test_jobs_sensors_and_resources():
     assert not selected & (
         GROUPS["human_labels"] | GROUPS["reward_models"] | GROUPS["rollouts"] | GROUPS["rl"] | GROUPS["guidance"]
     )
+    # Recipes and labels are partitioned by label family, so the main job is launched over a range of
+    # families (the demo: all of them, one run); the family job runs one family at a time.
+    assert main.partitions_def is not None and main.partitions_def.get_partition_keys()[-1] == "other"
+    families = defs.resolve_job_def("label_families")
+    assert {k.to_user_string() for k in families.asset_layer.selected_asset_keys} == {
+        "recipe_library",
+        "progress_labels",
+    }

@@ -4,9 +4,10 @@ import shutil
 
 import duckdb
 import pyarrow as pa
+import pytest
 
 from envs.miniwob.demonstrations import import_demonstrations
-from warehouse.catalog import LineageInput, Materialization, Warehouse
+from warehouse.catalog import ConcurrentPublishError, LineageInput, Materialization, Warehouse
 from warehouse.schema import TABLE_SCHEMAS
 
 
@@ -70,3 +71,32 @@ def test_outside_files_keep_absolute_paths_in_lineage(tmp_path):
     warehouse.publish(m, [warehouse.stage_table("things", "d", pa.table({"x": [1]}), m)])
     inputs = warehouse.query("SELECT path FROM lineage_inputs").to_pylist()
     assert inputs == [{"path": str(raw)}]
+
+
+def test_a_guarded_publish_refuses_when_another_run_published_its_datasets_meanwhile(tmp_path):
+    warehouse = Warehouse(tmp_path / "home")
+    table = pa.table({"x": [1, 2]})
+
+    def publish(dataset: str, guard=None) -> Materialization:
+        m = Materialization(asset="a")
+        warehouse.publish(m, [warehouse.stage_table("t", dataset, table, m)], guard=guard)
+        return m
+
+    first = publish("labels/f")
+    guard = warehouse.guard(["t"], ["labels/f"])  # a run of family f starts here
+    publish("labels/g")  # another family: no conflict
+    publish("labels/f/+0", guard=warehouse.guard(["t"], ["labels/f"]))  # a second run of f lands first
+    late = Materialization(asset="a")
+    staged = warehouse.stage_table("t", "labels/f", table, late)
+    with pytest.raises(ConcurrentPublishError, match=r"labels/f/\+0 was published by materialization"):
+        warehouse.publish(late, [staged], guard=guard)
+    assert not staged.path.exists()  # nothing half-written
+    current = {d: mid for d, mid, _ in warehouse.current_versions("t")}
+    assert current["labels/f"] == first.materialization_id
+    assert (
+        warehouse.query(
+            "SELECT count(*) AS n FROM lineage_materializations WHERE materialization_id = ?", [late.materialization_id]
+        ).to_pylist()[0]["n"]
+        == 0
+    )
+    publish("labels/f", guard=warehouse.guard(["t"], ["labels/f"]))  # started afresh, it lands

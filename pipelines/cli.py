@@ -114,20 +114,28 @@ def cmd_import_demos(args: argparse.Namespace) -> int:
 
 
 def cmd_label(args: argparse.Namespace) -> int:
-    from annotation.labels import run_labeling, run_split, run_synthesis
+    from annotation.labels import label_families, run_label_partitions, run_split, run_synthesis
     from envs.tasks import TaskSpecError
-    from warehouse.catalog import Warehouse
+    from warehouse.catalog import ConcurrentPublishError, Warehouse
 
     warehouse = Warehouse()
+    families = label_families() if args.families is None else [f.strip() for f in args.families.split(",") if f]
     try:
         if args.synthesize:
             run_synthesis(warehouse, seed=args.seed)
-        summary = run_labeling(warehouse, specs_dir=args.tasks, embedder=args.embedder, theta=args.theta)
+        summary = run_label_partitions(
+            warehouse, families, mode=args.mode, specs_dir=args.tasks, embedder=args.embedder, theta=args.theta
+        )
         run_split(warehouse, by=args.split_by, seed=args.seed)
-    except TaskSpecError as exc:
+    except (TaskSpecError, ValueError, ConcurrentPublishError) as exc:
         print(f"stepwise label: {exc}", file=sys.stderr)
         return 2
     print(f"recipes: {summary.recipes}; step labels: {summary.label_rows}")
+    for family, done in summary.incremental.items():
+        print(
+            f"  {family}: {done['new_episodes']} new episodes, {done['labelled_against_library']} against the "
+            f"stored recipes, rebuilt {done['rebuilt_tasks'] or 'none'}"
+        )
     for method, notes in summary.tasks_without_recipe.items():
         for task, reason in sorted(notes.items()):
             print(f"  no {method} recipe for {task}: {reason}")
@@ -612,6 +620,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embedder", default="minilm", choices=["minilm", "hashing"])
     p.add_argument("--theta", type=float, default=0.6)
     p.add_argument("--synthesize", action="store_true", help="also (re)generate the synthetic trajectories first")
+    p.add_argument(
+        "--families",
+        default=None,
+        help="comma-separated label families (default: all; `other` = tasks off the catalog)",
+    )
+    p.add_argument(
+        "--mode",
+        default="full",
+        choices=["full", "incremental"],
+        help="full: relabel from scratch (default); incremental: label only new episodes against the stored recipes",
+    )
     p.add_argument("--split-by", default="goal", choices=["goal", "task"])
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_label)

@@ -58,3 +58,21 @@ def test_sql_shell_lineage_and_one_line_errors(small_demos, home, tmp_path):
     assert report.returncode == 2 and report.stderr.strip().count("\n") == 0 and "no task specs" in report.stderr
     empty = subprocess.run([STEPWISE, "import-demos", str(tmp_path / "specs")], capture_output=True, text=True, env=env)
     assert empty.returncode == 2 and "no recordings" in empty.stderr and "Traceback" not in empty.stderr
+
+
+def test_cli_labels_one_family_incrementally(small_demos, home):
+    env = {"STEPWISE_HOME": str(home), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+
+    def stepwise(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([STEPWISE, *args], capture_output=True, text=True, env=env, timeout=300)
+
+    assert stepwise("import-demos", str(small_demos)).returncode == 0
+    full = stepwise("label", "--embedder", "hashing")
+    assert full.returncode == 0, full.stderr
+    ledger = Warehouse(home).query("SELECT count(*) AS n FROM label_ledger").to_pylist()[0]["n"]
+    assert ledger == Warehouse(home).query("SELECT count(*) AS n FROM episodes").to_pylist()[0]["n"] > 0
+    again = stepwise("label", "--embedder", "hashing", "--families", "miniwob-forms", "--mode", "incremental")
+    assert again.returncode == 0, again.stderr
+    assert "miniwob-forms: 0 new episodes" in again.stdout
+    bad = stepwise("label", "--embedder", "hashing", "--families", "miniwob-nope")
+    assert bad.returncode == 2 and "unknown label families ['miniwob-nope']" in bad.stderr

@@ -1,0 +1,142 @@
+"""Benchmark: label families as Dagster partitions, one run after another vs two runs at once.
+
+Each label family (``recipe_library`` + ``progress_labels``, partitioned by family) is
+materialized by its own ``dagster asset materialize --partition FAMILY`` process, as a backfill's
+runs are launched (the default run launcher starts each run in a new process; ``dagster.yaml``'s
+queued run coordinator lets 2 run at once). Two copies of the same warehouse are labelled:
+
+* **sequential**: one family's run after another (the baseline);
+* **parallel**: at most ``--workers`` runs at once, each on its own family.
+
+Printed: wall seconds of each run and of the whole, the speed-up, and whether the two homes end
+with identical labels (a digest of every ``progress_labels`` row per family). The warehouse is a
+copy of ``--home`` (e.g. the home ``make demo`` leaves, 15k episodes) reduced to its episodes and
+steps; with ``--demos`` the real demonstrations are imported into a fresh one instead.
+
+    .venv/bin/python benchmarks/bench_partitions.py --home .stepwise
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from annotation.label_io import family_dataset, label_families  # noqa: E402
+from warehouse.catalog import Materialization, Warehouse  # noqa: E402
+
+DAGSTER = Path(sys.executable).with_name("dagster")
+
+
+def trajectories_only(source: Path, target: Path) -> None:
+    """A new home holding the current episodes and steps of ``source`` (one dataset each)."""
+    src, dst = Warehouse(source), Warehouse(target)
+    m = Materialization(asset="human_demonstrations", parameters={"copied_from": str(source)})
+    outputs = [dst.stage_table(name, "copy", src.query(f"SELECT * FROM {name}"), m) for name in ("episodes", "steps")]
+    dst.publish(m, outputs)
+
+
+def materialize(home: Path, dagster_home: Path, family: str, embedder: str) -> subprocess.Popen:
+    env = os.environ | {"STEPWISE_HOME": str(home), "DAGSTER_HOME": str(dagster_home)}
+    config = {"ops": {"recipes_and_progress_labels": {"config": {"embedder": embedder, "mode": "full"}}}}
+    return subprocess.Popen(
+        [DAGSTER, "asset", "materialize", "-m", "pipelines.definitions", "--select", "recipe_library,progress_labels"]
+        + ["--partition", family, "--config-json", json.dumps(config)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run_all(home: Path, dagster_home: Path, families: list[str], workers: int, embedder: str) -> dict[str, float]:
+    """Materialize every family, at most ``workers`` at once; wall seconds per family and ``total``."""
+    pending, running, seconds = list(families), {}, {}
+    started = time.perf_counter()
+    while pending or running:
+        while pending and len(running) < workers:
+            family = pending.pop(0)
+            running[family] = (materialize(home, dagster_home, family, embedder), time.perf_counter())
+        for family, (proc, t0) in list(running.items()):
+            if proc.poll() is not None:
+                _, err = proc.communicate()
+                if proc.returncode:
+                    raise SystemExit(f"{family}: dagster exited {proc.returncode}\n{err[-3000:]}")
+                seconds[family] = time.perf_counter() - t0
+                del running[family]
+        time.sleep(0.2)
+    seconds["total"] = time.perf_counter() - started
+    return seconds
+
+
+def label_digest(home: Path, family: str) -> tuple[int, str]:
+    """Rows and a digest of every progress_labels row of a family (order-free)."""
+    warehouse = Warehouse(home)
+    paths = [p for d, _, p in warehouse.current_versions("progress_labels") if d == family_dataset(family)]
+    if not paths:
+        return 0, ""
+    rows = warehouse.query(
+        "SELECT episode_id, step_idx, source, method, round(progress, 9) AS p, is_key_step, recipe_id "
+        f"FROM read_parquet('{paths[0]}') ORDER BY ALL"
+    ).to_pylist()
+    return len(rows), hashlib.sha256(json.dumps(rows, default=str).encode()).hexdigest()[:16]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--home", type=Path, help="a Stepwise home whose episodes and steps are labelled")
+    parser.add_argument("--demos", type=Path, help="import these demonstrations instead (a fresh home)")
+    parser.add_argument("--embedder", default="hashing", choices=["hashing", "minilm"])
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench_partitions_"))
+    try:
+        base = work / "base"
+        if args.demos:
+            from envs.miniwob.demonstrations import import_demonstrations
+
+            import_demonstrations(args.demos, base)
+        else:
+            trajectories_only(args.home or ROOT / ".stepwise", base)
+        counts = Warehouse(base).query("SELECT count(*) AS episodes FROM episodes").to_pylist()[0]
+        families = label_families()
+        results = {}
+        for name, workers in (("sequential", 1), ("parallel", args.workers)):
+            home, dagster_home = work / name, work / f"{name}-dagster"
+            shutil.copytree(base, home)
+            dagster_home.mkdir()
+            shutil.copy(ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+            results[name] = run_all(home, dagster_home, families, workers, args.embedder)
+        load = os.getloadavg()[0]
+        print(f"\n{counts['episodes']:,} episodes, {len(families)} label families, embedder {args.embedder}, "
+              f"{os.cpu_count()} cores, load average {load:.1f}")
+        print(f"{'family':<22} {'rows':>9} {'sequential s':>13} {'parallel s':>11}  same labels")
+        for family in families:
+            seq, par = label_digest(work / "sequential", family), label_digest(work / "parallel", family)
+            print(
+                f"{family:<22} {seq[0]:>9,} {results['sequential'][family]:>13.1f} {results['parallel'][family]:>11.1f}"
+                f"  {'yes' if seq == par else 'NO'}"
+            )
+        seq_total, par_total = results["sequential"]["total"], results["parallel"]["total"]
+        print(
+            f"{'all families (wall)':<22} {'':>9} {seq_total:>13.1f} {par_total:>11.1f}  "
+            f"speed-up {seq_total / par_total:.2f}x with {args.workers} runs at once"
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

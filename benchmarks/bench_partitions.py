@@ -120,8 +120,10 @@ def main() -> None:
             shutil.copy(ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
             results[name] = run_all(home, dagster_home, families, workers, args.embedder)
         load = os.getloadavg()[0]
-        print(f"\n{counts['episodes']:,} episodes, {len(families)} label families, embedder {args.embedder}, "
-              f"{os.cpu_count()} cores, load average {load:.1f}")
+        print(
+            f"\n{counts['episodes']:,} episodes, {len(families)} label families, embedder {args.embedder}, "
+            f"{os.cpu_count()} cores, load average {load:.1f}"
+        )
         print(f"{'family':<22} {'rows':>9} {'sequential s':>13} {'parallel s':>11}  same labels")
         for family in families:
             seq, par = label_digest(work / "sequential", family), label_digest(work / "parallel", family)

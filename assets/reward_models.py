@@ -5,8 +5,10 @@ Stage logic: :mod:`training.reward_models`.
 """
 
 from dagster import (
+    AllPartitionMapping,
     AssetCheckResult,
     AssetCheckSpec,
+    AssetDep,
     AssetExecutionContext,
     AssetKey,
     Config,
@@ -69,7 +71,8 @@ class RewardModelDatasetConfig(Config):
     partitions_def=KIND_PARTITIONS,
     code_version=DATASET_CODE_VERSION,
     kinds={"parquet", "duckdb"},
-    deps=[AssetKey(name) for name in UPSTREAM_LABEL_ASSETS],
+    # Every kind reads the labels of every label family (their partitions): not kind -> same-named family.
+    deps=[AssetDep(name, partition_mapping=AllPartitionMapping()) for name in UPSTREAM_LABEL_ASSETS],
     check_specs=[
         AssetCheckSpec(
             "dataset_is_valid",

@@ -1,6 +1,8 @@
 """The whole code location, loaded as Dagster loads it: the asset graph (keys, groups, dependencies,
 checks), the jobs, sensors and resources. A change to the graph shows up here as a diff."""
 
+from dagster import AllPartitionMapping, AssetKey
+
 from pipelines.definitions import defs
 
 GROUPS = {
@@ -131,3 +133,15 @@ def test_jobs_sensors_and_resources():
         "recipe_library",
         "progress_labels",
     }
+
+
+def test_every_reader_of_the_labels_reads_every_label_family():
+    """Labels are partitioned by label family; an asset partitioned otherwise (reward-model kinds)
+    must depend on all of them, not on a same-named family (Dagster's default between static
+    partitions), or a backfill would wait for upstream partitions that never exist."""
+    graph = defs.resolve_asset_graph()
+    for parent in ("progress_labels", "recipe_library"):
+        for child in graph.get(AssetKey(parent)).child_keys:
+            if graph.get(child).partitions_def != graph.get(AssetKey(parent)).partitions_def:
+                mapping = graph.get_partition_mapping(child, AssetKey(parent))
+                assert isinstance(mapping, AllPartitionMapping), (child, mapping)

@@ -52,6 +52,17 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from pipelines.sql_shell import error_hint, shell
     from warehouse.catalog import Warehouse
 
+    if args.store:
+        from warehouse.object_store import connect
+
+        try:
+            con = connect(args.store)
+            table = con.sql(args.query or "SHOW TABLES").to_arrow_table()
+        except (duckdb.Error, OSError, ValueError) as exc:
+            print(f"stepwise sql: {args.store}: {exc}", file=sys.stderr)
+            return 2
+        _print_table(table, args.max_rows)
+        return 0
     warehouse = Warehouse()
     if args.query is None:
         lines = None if sys.stdin.isatty() else sys.stdin.read().splitlines()
@@ -62,6 +73,19 @@ def cmd_sql(args: argparse.Namespace) -> int:
         print(f"stepwise sql: {error_hint(warehouse, exc)}", file=sys.stderr)
         return 2
     _print_table(table, args.max_rows)
+    return 0
+
+
+def cmd_warehouse(args: argparse.Namespace) -> int:
+    """``stepwise warehouse push|pull URL``: the home and an object store, merged per dataset."""
+    from warehouse.catalog import ConcurrentPublishError, Warehouse
+    from warehouse.object_store import pull, push
+
+    try:
+        (push if args.warehouse_command == "push" else pull)(Warehouse(), args.url)
+    except (ConcurrentPublishError, OSError, ValueError) as exc:
+        print(f"stepwise warehouse {args.warehouse_command}: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -641,7 +665,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sql", help="run a SQL query against the warehouse (no query: an interactive shell)")
     p.add_argument("query", nargs="?", default=None, help="a query; without one, a shell (.tables, .schema VIEW)")
     p.add_argument("--max-rows", type=int, default=50)
+    p.add_argument("--store", default=None, help="query a warehouse pushed to an object store (s3://bucket/prefix)")
     p.set_defaults(func=cmd_sql)
+    p = sub.add_parser("warehouse", help="share the warehouse through an object store (S3-compatible or a folder)")
+    store = p.add_subparsers(dest="warehouse_command", required=True)
+    for name, text in (
+        ("push", "send this home's current table versions and lineage to the store, merged with what it holds"),
+        ("pull", "make the store's current versions current in this home (files copied, lineage merged)"),
+    ):
+        p = store.add_parser(name, help=text)
+        p.add_argument("url", help="s3://bucket/prefix (endpoint: AWS_ENDPOINT_URL) or a folder")
+        p.set_defaults(func=cmd_warehouse, warehouse_command=name)
     p = sub.add_parser("specs", help="task specs (milestone ground truth)")
     specs = p.add_subparsers(dest="specs_command", required=True)
     p = specs.add_parser(

@@ -333,6 +333,74 @@ class Warehouse:
                     out.path.unlink(missing_ok=True)
                 raise
 
+    # -- the catalog as data (for an object store, warehouse.object_store) ---------------------
+    def catalog_tables(self) -> dict[str, pa.Table]:
+        """The current table versions and every lineage row, as Arrow tables."""
+        self.ensure_catalog()
+        with self.connect(read_only=True) as con:
+            return {
+                "versions": con.sql(
+                    "SELECT table_name, dataset, path, materialization_id, n_rows, created_at FROM table_versions "
+                    "WHERE is_current ORDER BY table_name, dataset"
+                ).to_arrow_table(),
+                "lineage_materializations": con.sql("SELECT * FROM lineage_materializations").to_arrow_table(),
+                "lineage_inputs": con.sql("SELECT * FROM lineage_inputs").to_arrow_table(),
+            }
+
+    def adopt_versions(
+        self, versions: pa.Table, materializations: pa.Table, inputs: pa.Table, *, meta: dict[str, str] | None = None
+    ) -> None:
+        """Make these (table_name, dataset, path, materialization_id, n_rows, created_at) versions
+        current, with the lineage rows of materializations this catalog does not hold yet, and set
+        ``meta`` keys, in one transaction. The files must already be in the home."""
+        self.ensure_catalog()
+        with self.connect() as con:
+            con.register("adopted", versions)
+            con.register("new_materializations", materializations)
+            con.register("new_inputs", inputs)
+            con.execute("BEGIN TRANSACTION")
+            try:
+                con.execute(
+                    "UPDATE table_versions SET is_current = false WHERE (table_name, dataset) IN "
+                    "(SELECT (table_name, dataset) FROM adopted)"
+                )
+                con.execute(
+                    "INSERT INTO table_versions SELECT table_name, dataset, path, materialization_id, n_rows, "
+                    "created_at, true FROM adopted"
+                )
+                known = "SELECT materialization_id FROM lineage_materializations"
+                con.execute(
+                    "INSERT INTO lineage_inputs SELECT * FROM new_inputs WHERE materialization_id NOT IN "
+                    f"({known}) AND materialization_id IN (SELECT materialization_id FROM new_materializations)"
+                )
+                con.execute(
+                    f"INSERT INTO lineage_materializations SELECT * FROM new_materializations "
+                    f"WHERE materialization_id NOT IN ({known})"
+                )
+                for key, value in (meta or {}).items():
+                    con.execute("INSERT OR REPLACE INTO catalog_meta VALUES (?, ?)", [key, value])
+                self._rebuild_views(con)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+
+    def meta(self, key: str) -> str | None:
+        """A value of the catalog's ``catalog_meta`` table."""
+        if not self.db_path.exists():
+            return None
+        with self.connect(read_only=True) as con:
+            try:
+                row = con.execute("SELECT value FROM catalog_meta WHERE key = ?", [key]).fetchone()
+            except duckdb.CatalogException:
+                return None
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.connect() as con:
+            con.execute(_CATALOG_DDL)
+            con.execute("INSERT OR REPLACE INTO catalog_meta VALUES (?, ?)", [key, value])
+
     def _rebuild_views(self, con: duckdb.DuckDBPyConnection) -> None:
         current = con.execute(
             "SELECT table_name, list(path ORDER BY dataset) FROM table_versions WHERE is_current GROUP BY table_name"

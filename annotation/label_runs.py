@@ -641,6 +641,17 @@ def episodes_version(warehouse: Warehouse) -> str:
     return ",".join(sorted(mid for _, mid, _ in warehouse.current_versions("episodes")))
 
 
+def family_labels_version(warehouse: Warehouse, family: str) -> str:
+    """The current versions of a family's label ledger datasets (base and deltas), joined."""
+    versions = warehouse.current_versions("label_ledger")
+    return ",".join(sorted(mid for dataset, mid, _path in versions if _in_family(dataset, family)))
+
+
+def _in_family(dataset: str, family: str) -> bool:
+    prefix = family_dataset(family)
+    return dataset == prefix or dataset.startswith(prefix + "/")
+
+
 def has_library(warehouse: Warehouse, family: str) -> bool:
     """Whether a family has a stored recipe library (so it can be labelled incrementally)."""
     return bool(_family_paths(warehouse, "recipe_library_state", family))

@@ -23,6 +23,7 @@ from annotation.label_runs import LABELS_CODE_VERSION as LABELS_CODE_VERSION
 from annotation.label_runs import LabelSummary as LabelSummary
 from annotation.label_runs import episodes_version as episodes_version
 from annotation.label_runs import families_with_new_episodes as families_with_new_episodes
+from annotation.label_runs import family_labels_version as family_labels_version
 from annotation.label_runs import make_embedder as make_embedder
 from annotation.label_runs import run_family_labels as run_family_labels
 from annotation.label_runs import run_label_partitions as run_label_partitions

@@ -8,16 +8,20 @@ from collections.abc import Iterator
 from typing import Literal
 
 from dagster import (
+    AllPartitionMapping,
     AssetCheckResult,
     AssetCheckSpec,
+    AssetDep,
     AssetExecutionContext,
     AssetSelection,
     AssetSpec,
     BackfillPolicy,
     Config,
+    DagsterRunStatus,
     DefaultSensorStatus,
     MaterializeResult,
     RunRequest,
+    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -37,6 +41,7 @@ from annotation.labels import (
     default_specs_dir,
     episodes_version,
     families_with_new_episodes,
+    family_labels_version,
     label_families,
     run_label_partitions,
     run_label_quality_report,
@@ -48,6 +53,14 @@ from assets.resources import WarehouseResource
 
 GROUP = "labels"
 TRAJECTORY_ASSETS = ["human_demonstrations", "rollouts"]
+# Every label family reads every rollout partition (batch x family): a label family is not one of
+# the rollouts' dimensions (it also holds Android and off-catalog tasks), and Dagster's default
+# between the two partitionings would name upstream partitions that do not exist.
+LABEL_INPUTS = [
+    AssetDep("human_demonstrations"),
+    AssetDep("rollouts", partition_mapping=AllPartitionMapping()),
+    AssetDep("synthetic_trajectories"),
+]
 
 #: Recipes and progress labels are partitioned by label family (the environment catalog's task
 #: families, plus ``other``): a run materializes only the families it names, and a backfill of
@@ -110,7 +123,7 @@ def synthetic_trajectories(
         AssetSpec(
             "recipe_library",
             group_name=GROUP,
-            deps=[*TRAJECTORY_ASSETS, "synthetic_trajectories"],
+            deps=LABEL_INPUTS,
             kinds={"parquet"},
             description="Recipes per task (ProgRM §2.2, Eq. 10), paper-faithful and improved modes, "
             "with member episodes; per label family, with the stored library state (recipe_library_state) "
@@ -119,7 +132,7 @@ def synthetic_trajectories(
         AssetSpec(
             "progress_labels",
             group_name=GROUP,
-            deps=[*TRAJECTORY_ASSETS, "synthetic_trajectories"],
+            deps=LABEL_INPUTS,
             kinds={"parquet"},
             description="Per-step progress labels: LCS (paper, improved) and environment milestones; key steps; "
             "per label family, with the ledger of labelled episodes (label_ledger).",
@@ -220,6 +233,13 @@ def improved_beats_paper_on_held_out(warehouse: WarehouseResource) -> AssetCheck
     return check_result(check_improved_beats_paper(warehouse.get()))
 
 
+IN_FLIGHT = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+]
+
 label_families_job = define_asset_job(
     "label_families",
     selection=AssetSelection.assets("recipe_library", "progress_labels"),
@@ -233,25 +253,35 @@ label_families_job = define_asset_job(
     minimum_interval_seconds=60,
     default_status=DefaultSensorStatus.STOPPED,
     description="Asks for a labels run of every label family with episodes not labelled yet (e.g. a batch of "
-    "rollouts): new episodes are labelled against the stored recipe libraries, incrementally.",
+    "rollouts): new episodes are labelled against the stored recipe libraries, incrementally. A family with a run "
+    "in flight waits; a failed run is asked for again when episodes or the family's labels change.",
 )
 def new_episodes_to_label(context: SensorEvaluationContext, warehouse: WarehouseResource):
     wh = warehouse.get()
     pending = families_with_new_episodes(wh)
     if not pending:
         return SkipReason("every episode is labelled")
-    version = episodes_version(wh)
-    context.log.info(f"episodes not labelled yet, by label family: {pending}")
-    return SensorResult(
-        run_requests=[
-            RunRequest(
-                partition_key=family,
-                run_key=f"{family}@{version}",
-                tags={"stepwise/trigger": "new_episodes_to_label", "stepwise/new_episodes": str(n)},
-            )
-            for family, n in pending.items()
-        ]
+    busy = {
+        run.tags.get("dagster/partition")
+        for run in context.instance.get_runs(
+            RunsFilter(job_name=label_families_job.name, statuses=IN_FLIGHT), limit=100
+        )
+    }
+    context.log.info(
+        f"episodes not labelled yet, by label family: {pending}; runs in flight: {sorted(b for b in busy if b)}"
     )
+    requests = [
+        RunRequest(
+            partition_key=family,
+            # One request per state of the episodes and of the family's labels: a run that failed is
+            # asked for again once either changes (or from the UI), never in a loop.
+            run_key=f"{family}@{episodes_version(wh)}@{family_labels_version(wh, family)}",
+            tags={"stepwise/trigger": "new_episodes_to_label", "stepwise/new_episodes": str(n)},
+        )
+        for family, n in pending.items()
+        if family not in busy  # a second run of a family would only be refused when it publishes
+    ]
+    return SensorResult(run_requests=requests) if requests else SkipReason("every family with new episodes is running")
 
 
 LABEL_ASSETS = [synthetic_trajectories, recipes_and_progress_labels, progress_split, label_quality_report]

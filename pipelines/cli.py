@@ -143,7 +143,10 @@ def cmd_label(args: argparse.Namespace) -> int:
     from warehouse.catalog import ConcurrentPublishError, Warehouse
 
     warehouse = Warehouse()
-    families = label_families() if args.families is None else [f.strip() for f in args.families.split(",") if f]
+    families = label_families() if args.families is None else [f.strip() for f in args.families.split(",")]
+    if not all(families):
+        print(f"stepwise label: --families {args.families!r} names an empty family", file=sys.stderr)
+        return 2
     try:
         if args.synthesize:
             run_synthesis(warehouse, seed=args.seed)
@@ -665,7 +668,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sql", help="run a SQL query against the warehouse (no query: an interactive shell)")
     p.add_argument("query", nargs="?", default=None, help="a query; without one, a shell (.tables, .schema VIEW)")
     p.add_argument("--max-rows", type=int, default=50)
-    p.add_argument("--store", default=None, help="query a warehouse pushed to an object store (s3://bucket/prefix)")
+    p.add_argument(
+        "--store",
+        default=None,
+        help="query a warehouse pushed to an object store (s3://bucket/prefix); no query: list its tables",
+    )
     p.set_defaults(func=cmd_sql)
     p = sub.add_parser("warehouse", help="share the warehouse through an object store (S3-compatible or a folder)")
     store = p.add_subparsers(dest="warehouse_command", required=True)

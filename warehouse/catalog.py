@@ -348,11 +348,19 @@ class Warehouse:
             }
 
     def adopt_versions(
-        self, versions: pa.Table, materializations: pa.Table, inputs: pa.Table, *, meta: dict[str, str] | None = None
+        self,
+        versions: pa.Table,
+        materializations: pa.Table,
+        inputs: pa.Table,
+        *,
+        meta: dict[str, str] | None = None,
+        expected: dict[tuple[str, str], str | None] | None = None,
     ) -> None:
         """Make these (table_name, dataset, path, materialization_id, n_rows, created_at) versions
         current, with the lineage rows of materializations this catalog does not hold yet, and set
-        ``meta`` keys, in one transaction. The files must already be in the home."""
+        ``meta`` keys, in one transaction. The files must already be in the home. ``expected``: the
+        current version of each (table, dataset) the caller read (None: none); if one changed
+        meanwhile (a run published), :class:`ConcurrentPublishError` and nothing changes."""
         self.ensure_catalog()
         with self.connect() as con:
             con.register("adopted", versions)
@@ -360,6 +368,20 @@ class Warehouse:
             con.register("new_inputs", inputs)
             con.execute("BEGIN TRANSACTION")
             try:
+                if expected:
+                    rows = con.execute(
+                        "SELECT table_name, dataset, materialization_id FROM table_versions "
+                        "WHERE is_current AND list_contains(?, table_name)",
+                        [sorted({t for t, _ in expected})],
+                    ).fetchall()
+                    now = {(t, d): mid for t, d, mid in rows}
+                    changed = sorted(k for k, mid in expected.items() if now.get(k) != mid)
+                    if changed:
+                        table, dataset = changed[0]
+                        raise ConcurrentPublishError(
+                            f"{table} / {dataset} was published here while the versions to adopt were fetched; "
+                            "nothing was adopted. Run it again."
+                        )
                 con.execute(
                     "UPDATE table_versions SET is_current = false WHERE (table_name, dataset) IN "
                     "(SELECT (table_name, dataset) FROM adopted)"

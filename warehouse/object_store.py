@@ -23,10 +23,12 @@ Locations: ``s3://bucket/prefix`` (AWS or any S3-compatible server: endpoint fro
 ``AWS_ENDPOINT_URL``; credentials and region from the usual ``AWS_*`` variables, read by pyarrow
 and never stored), or a folder path / ``file://`` URL (a shared file system).
 
-What this does not do: two pushes that start at the same moment can both read the same manifest,
-and the second one written wins (the first one's datasets stay in the store but are not current
-until that home pushes again); closing that window needs a conditional PUT (``If-Match``), which
-pyarrow's S3 client does not expose. See docs/scale.md.
+What this does not fully close: two pushes that start at the same moment both read one manifest.
+Each checks the manifest again just before writing its own and reads it back after: the one whose
+manifest was replaced raises (its home records no sync, so pushing again merges properly), but a
+replacement landing in the instant between another push's read-back and its write goes unseen.
+Closing that window needs a conditional PUT (``If-Match``), which pyarrow's S3 client does not
+expose. See docs/scale.md.
 """
 
 from __future__ import annotations
@@ -128,6 +130,9 @@ class Store:
 def open_store(url: str) -> Store:
     """A :class:`Store` for ``s3://bucket[/prefix]``, ``file:///folder`` or a folder path."""
     parsed = urlparse(url)
+    if parsed.username or parsed.password:
+        # A URL is logged, shown in errors and kept in the catalog: credentials never go in one.
+        raise ValueError("an object-store URL must not hold credentials: set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise ValueError(f"{url!r}: an S3 location names a bucket: s3://bucket/prefix")
@@ -180,7 +185,9 @@ def read_catalog(store: Store, like: Warehouse) -> StoreCatalog:
 
 
 def _base_key(store: Store) -> str:
-    return f"object_store_base:{store.url}"
+    """Where a home keeps its last sync with a store: named by the store's resolved location, so
+    ``./shared``, ``/abs/shared`` and ``file:///abs/shared`` are one store."""
+    return f"object_store_base:{store.uri('')}"
 
 
 def _base(warehouse: Warehouse, store: Store) -> dict[Key, str]:
@@ -191,8 +198,10 @@ def _base(warehouse: Warehouse, store: Store) -> dict[Key, str]:
     return {(k.split("\t", 1)[0], k.split("\t", 1)[1]): v for k, v in json.loads(raw).items()}
 
 
-def _encode_base(versions: dict[Key, dict]) -> str:
-    return json.dumps({f"{t}\t{d}": r["materialization_id"] for (t, d), r in versions.items()}, sort_keys=True)
+def _encode_base(versions: dict[Key, dict], keep: dict[Key, str] | None = None) -> str:
+    """The base to record: ``versions``' ids, and ``keep``'s for keys not in ``versions``."""
+    ids = dict(keep or {}) | {key: r["materialization_id"] for key, r in versions.items()}
+    return json.dumps({f"{t}\t{d}": mid for (t, d), mid in ids.items()}, sort_keys=True)
 
 
 def _merge(winners: dict[Key, dict], losers: dict[Key, dict], base: dict[Key, str], where: str) -> list[Key]:
@@ -270,7 +279,16 @@ def push(warehouse: Warehouse, url: str, *, log: Log = print) -> SyncSummary:
         "tables": sorted({t for t, _ in merged}),
     }
     store.write_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())
-    warehouse.set_meta(_base_key(store), _encode_base(merged))
+    landed = json.loads(store.read_bytes(MANIFEST) or b"{}").get("generation")
+    if landed != generation:
+        raise ConcurrentPublishError(
+            f"{store.url}: another push replaced this one's manifest (generation {landed} is current, not "
+            f"{generation}); this home's datasets may not be current there. Push again."
+        )
+    # The new base: what the store and this home now agree on; a dataset kept as the store had it
+    # (newer there) keeps its old base, so the next pull takes it and the next push does not undo it.
+    agreed = {k: r for k, r in merged.items() if k in mine and mine[k]["materialization_id"] == r["materialization_id"]}
+    warehouse.set_meta(_base_key(store), _encode_base(agreed, keep=base))
     summary.generation = generation
     log(
         f"pushed {len(take)} dataset versions ({summary.files} files, {summary.bytes / 1e6:.1f} MB) to {store.url}, "
@@ -301,7 +319,11 @@ def pull(warehouse: Warehouse, url: str, *, log: Log = print) -> SyncSummary:
             summary.bytes += target.stat().st_size
     adopted = pa.Table.from_pylist([theirs[k] for k in take], schema=local["versions"].schema)
     warehouse.adopt_versions(
-        adopted, remote.materializations, remote.inputs, meta={_base_key(store): _encode_base(theirs)}
+        adopted,
+        remote.materializations,
+        remote.inputs,
+        meta={_base_key(store): _encode_base(theirs)},
+        expected={key: mine[key]["materialization_id"] if key in mine else None for key in take},
     )
     summary.kept = _differing(mine, theirs, take)
     log(

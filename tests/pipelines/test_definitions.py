@@ -136,12 +136,14 @@ def test_jobs_sensors_and_resources():
 
 
 def test_every_reader_of_the_labels_reads_every_label_family():
-    """Labels are partitioned by label family; an asset partitioned otherwise (reward-model kinds)
-    must depend on all of them, not on a same-named family (Dagster's default between static
-    partitions), or a backfill would wait for upstream partitions that never exist."""
+    """Labels are partitioned by label family; an asset partitioned otherwise on either side
+    (reward-model kinds below, rollouts' batch x family above) must map to all partitions, not to a
+    same-named one (Dagster's default), or a backfill would wait for partitions that never exist."""
     graph = defs.resolve_asset_graph()
-    for parent in ("progress_labels", "recipe_library"):
-        for child in graph.get(AssetKey(parent)).child_keys:
-            if graph.get(child).partitions_def != graph.get(AssetKey(parent)).partitions_def:
-                mapping = graph.get_partition_mapping(child, AssetKey(parent))
-                assert isinstance(mapping, AllPartitionMapping), (child, mapping)
+    for labels in ("progress_labels", "recipe_library"):
+        node = graph.get(AssetKey(labels))
+        edges = [(child, node.key) for child in node.child_keys] + [(node.key, parent) for parent in node.parent_keys]
+        for child, parent in edges:
+            if graph.get(parent).partitions_def not in (None, graph.get(child).partitions_def):
+                mapping = graph.get_partition_mapping(child, parent)
+                assert isinstance(mapping, AllPartitionMapping), (child, parent, mapping)

@@ -142,3 +142,34 @@ def test_a_shared_folder_through_the_cli(tmp_path):
     assert bad.returncode == 2 and "not an object-store location" in bad.stderr
     empty = stepwise(tmp_path / "c", "warehouse", "pull", str(tmp_path / "nothing-here"))
     assert empty.returncode == 2 and "nothing was pushed to this store yet" in empty.stderr
+
+
+def test_a_dataset_newer_in_the_store_is_pulled_later_and_never_pushed_back(tmp_path):
+    """B keeps the store's newer version of a dataset B also holds when it pushes something else;
+    its next pull takes that version, and no push of B's rolls the store back."""
+    store = str(tmp_path / "shared")
+    a = _labelled_home(tmp_path, "a")
+    push(a, store, log=quiet)
+    b = Warehouse(tmp_path / "b")
+    pull(b, store, log=quiet)
+    run_labeling(a, embedder="hashing", log=quiet, families=["miniwob-forms"])  # replaces a dataset B holds
+    push(a, store, log=quiet)
+    run_labeling(b, embedder="hashing", log=quiet, families=["other"])
+    forms = ("progress_labels", "labels/miniwob-forms")
+    assert forms in push(b, store, log=quiet).kept
+
+    def current(w: Warehouse) -> str:
+        return {d: mid for d, mid, _ in w.current_versions("progress_labels")}["labels/miniwob-forms"]
+
+    assert forms not in push(b, store, log=quiet).sent  # pushing again does not send B's older copy
+    assert forms in pull(b, store, log=quiet).sent
+    assert current(b) == current(a)
+    assert forms not in push(b, store, log=quiet).sent
+    fresh = Warehouse(tmp_path / "c")
+    pull(fresh, store, log=quiet)
+    assert current(fresh) == current(a)
+
+
+def test_credentials_never_go_in_a_url():
+    with pytest.raises(ValueError, match="must not hold credentials"):
+        open_store("s3://AKIA123:secret@bucket/prefix")

@@ -56,6 +56,7 @@ bench: setup
 	@$(VENV)/bin/python benchmarks/bench_serving.py
 	@$(VENV)/bin/python benchmarks/bench_rl.py
 	@$(VENV)/bin/python benchmarks/bench_guidance.py
+	@$(VENV)/bin/python benchmarks/bench_partitions.py
 
 clean:
 	rm -rf $(STEPWISE_HOME)

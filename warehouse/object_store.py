@@ -48,6 +48,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
 from warehouse.catalog import ConcurrentPublishError, Warehouse
 from warehouse.schema import TABLE_SCHEMAS
@@ -249,7 +250,7 @@ def push(warehouse: Warehouse, url: str, *, log: Log = print) -> SyncSummary:
     take = _merge(mine, theirs, base, store.url)
     summary = SyncSummary(url=store.url, sent=take)
     summary.kept = _differing(theirs, mine, take)
-    for key in take:
+    for key in tqdm(take, desc=f"push to {store.url}", unit="dataset", disable=None):
         path = mine[key]["path"]
         if not store.exists(path):
             local_file = warehouse.resolve(path)
@@ -310,7 +311,7 @@ def pull(warehouse: Warehouse, url: str, *, log: Log = print) -> SyncSummary:
     base = _base(warehouse, store)
     take = _merge(theirs, mine, base, "this home")
     summary = SyncSummary(url=store.url, generation=remote.generation, sent=take)
-    for key in take:
+    for key in tqdm(take, desc=f"pull from {store.url}", unit="dataset", disable=None):
         path = theirs[key]["path"]
         target = warehouse.resolve(path)
         if not target.exists():

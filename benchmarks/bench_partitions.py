@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from dagster import DagsterInstance  # noqa: E402
+
 from annotation.label_io import family_dataset, label_families  # noqa: E402
 from warehouse.catalog import Materialization, Warehouse  # noqa: E402
 
@@ -126,6 +128,8 @@ def main() -> None:
             shutil.copytree(base, home)
             dagster_home.mkdir()
             shutil.copy(ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+            os.environ["DAGSTER_HOME"] = str(dagster_home)  # dagster.yaml names its storage by this variable
+            DagsterInstance.from_config(str(dagster_home)).dispose()  # created once, before two runs race to
             results[name] = run_all(home, dagster_home, runs, workers, args.embedder)
         load = os.getloadavg()[0]
         print(

@@ -152,6 +152,9 @@ def test_two_families_label_in_parallel_processes(tmp_path):
     publish_tiny_episodes(home, "first", "", seed=7, n_login=12, n_button=8)
     env = os.environ | {"STEPWISE_HOME": str(home), "DAGSTER_HOME": str(tmp_path / "dagster"), "HF_HUB_OFFLINE": "1"}
     (tmp_path / "dagster").mkdir()
+    # The Dagster instance exists before its runs start, as in any deployment (two processes that
+    # both create a new instance's SQLite storage race on its schema migration).
+    DagsterInstance.from_config(str(tmp_path / "dagster")).dispose()
     config = json.dumps({"ops": {"recipes_and_progress_labels": {"config": LABEL_CONFIG}}})
     dagster = Path(sys.executable).with_name("dagster")
     procs = {

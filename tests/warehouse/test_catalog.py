@@ -100,3 +100,37 @@ def test_a_guarded_publish_refuses_when_another_run_published_its_datasets_meanw
         == 0
     )
     publish("labels/f", guard=warehouse.guard(["t"], ["labels/f"]))  # started afresh, it lands
+
+
+def test_adopting_versions_refuses_when_the_home_published_meanwhile(tmp_path):
+    """A pull adopts a store's versions only if the home's are still those it read."""
+    source, home = Warehouse(tmp_path / "store-side"), Warehouse(tmp_path / "home")
+    m = Materialization(asset="a")
+    source.publish(m, [source.stage_table("t", "d", pa.table({"x": [1]}), m)])
+    remote = source.catalog_tables()
+    path = home.resolve(remote["versions"].column("path")[0].as_py())
+    path.parent.mkdir(parents=True)
+    shutil.copy(source.resolve(remote["versions"].column("path")[0].as_py()), path)
+    local = Materialization(asset="a")
+    home.publish(local, [home.stage_table("t", "d", pa.table({"x": [2, 3]}), local)])  # after the pull read None
+    with pytest.raises(ConcurrentPublishError, match="t / d was published here"):
+        home.adopt_versions(
+            remote["versions"],
+            remote["lineage_materializations"],
+            remote["lineage_inputs"],
+            expected={("t", "d"): None},
+        )
+    assert home.query("SELECT count(*) AS n FROM t").to_pylist()[0]["n"] == 2  # nothing adopted
+    home.adopt_versions(
+        remote["versions"],
+        remote["lineage_materializations"],
+        remote["lineage_inputs"],
+        expected={("t", "d"): local.materialization_id},
+    )
+    assert home.query("SELECT count(*) AS n FROM t").to_pylist()[0]["n"] == 1
+    assert (
+        m.materialization_id
+        in home.query("SELECT materialization_id FROM lineage_materializations")
+        .column("materialization_id")
+        .to_pylist()
+    )

@@ -365,14 +365,19 @@ def _write_batch(out: _Outputs, family: str, result: BatchLabels, mid: str, vers
 # -- incremental runs -----------------------------------------------------------------------------
 
 
-def _family_paths(warehouse: Warehouse, table: str, family: str) -> dict[str, Path]:
-    """Current files of a family's base and delta datasets of a table, by dataset."""
+def _family_versions(warehouse: Warehouse, table: str, family: str) -> dict[str, tuple[str, Path]]:
+    """Current (materialization id, file) of a family's base and delta datasets of a table, by dataset."""
     prefix = family_dataset(family)
     return {
-        dataset: path
-        for dataset, _, path in warehouse.current_versions(table)
+        dataset: (mid, path)
+        for dataset, mid, path in warehouse.current_versions(table)
         if dataset == prefix or dataset.startswith(prefix + "/+")
     }
+
+
+def _family_paths(warehouse: Warehouse, table: str, family: str) -> dict[str, Path]:
+    """Current files of a family's base and delta datasets of a table, by dataset."""
+    return {dataset: path for dataset, (_, path) in _family_versions(warehouse, table, family).items()}
 
 
 def _slot_rows(warehouse: Warehouse, family: str) -> dict[str, int]:
@@ -643,13 +648,7 @@ def episodes_version(warehouse: Warehouse) -> str:
 
 def family_labels_version(warehouse: Warehouse, family: str) -> str:
     """The current versions of a family's label ledger datasets (base and deltas), joined."""
-    versions = warehouse.current_versions("label_ledger")
-    return ",".join(sorted(mid for dataset, mid, _path in versions if _in_family(dataset, family)))
-
-
-def _in_family(dataset: str, family: str) -> bool:
-    prefix = family_dataset(family)
-    return dataset == prefix or dataset.startswith(prefix + "/")
+    return ",".join(sorted(mid for mid, _ in _family_versions(warehouse, "label_ledger", family).values()))
 
 
 def has_library(warehouse: Warehouse, family: str) -> bool:

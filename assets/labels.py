@@ -270,12 +270,13 @@ def new_episodes_to_label(context: SensorEvaluationContext, warehouse: Warehouse
     context.log.info(
         f"episodes not labelled yet, by label family: {pending}; runs in flight: {sorted(b for b in busy if b)}"
     )
+    episodes = episodes_version(wh)
     requests = [
         RunRequest(
             partition_key=family,
             # One request per state of the episodes and of the family's labels: a run that failed is
             # asked for again once either changes (or from the UI), never in a loop.
-            run_key=f"{family}@{episodes_version(wh)}@{family_labels_version(wh, family)}",
+            run_key=f"{family}@{episodes}@{family_labels_version(wh, family)}",
             tags={"stepwise/trigger": "new_episodes_to_label", "stepwise/new_episodes": str(n)},
         )
         for family, n in pending.items()

@@ -124,6 +124,16 @@ def _dataset_under(dataset: str, prefixes: Iterable[str]) -> bool:
     return any(dataset == p or dataset.startswith(p + "/") for p in prefixes)
 
 
+def _current_ids(con: duckdb.DuckDBPyConnection, tables: Iterable[str]) -> dict[tuple[str, str], str]:
+    """(table, dataset) -> materialization id of the current versions of these tables."""
+    rows = con.execute(
+        "SELECT table_name, dataset, materialization_id FROM table_versions "
+        "WHERE is_current AND list_contains(?, table_name)",
+        [sorted(set(tables))],
+    ).fetchall()
+    return {(t, d): mid for t, d, mid in rows}
+
+
 @dataclass(frozen=True)
 class TableOutput:
     table_name: str
@@ -241,21 +251,16 @@ class Warehouse:
         """What :meth:`publish` checks is unchanged when it commits (see :class:`PublishGuard`):
         take it before reading the datasets a run will replace."""
         tables, prefixes = tuple(tables), tuple(dataset_prefixes)
-        seen = {}
-        for table in tables:
-            for dataset, mid, _ in self.current_versions(table):
-                if _dataset_under(dataset, prefixes):
-                    seen[(table, dataset)] = mid
+        with self.connect(read_only=True) as con:
+            current = _current_ids(con, tables)
+        seen = {key: mid for key, mid in current.items() if _dataset_under(key[1], prefixes)}
         return PublishGuard(tables, prefixes, seen)
 
     @staticmethod
     def _check_guard(con: duckdb.DuckDBPyConnection, guard: PublishGuard) -> None:
-        rows = con.execute(
-            "SELECT table_name, dataset, materialization_id FROM table_versions "
-            "WHERE is_current AND list_contains(?, table_name)",
-            [list(guard.tables)],
-        ).fetchall()
-        now = {(t, d): mid for t, d, mid in rows if _dataset_under(d, guard.dataset_prefixes)}
+        now = {
+            k: mid for k, mid in _current_ids(con, guard.tables).items() if _dataset_under(k[1], guard.dataset_prefixes)
+        }
         changed = sorted(k for k in set(now) | set(guard.seen) if now.get(k) != guard.seen.get(k))
         if changed:
             table, dataset = changed[0]
@@ -336,7 +341,6 @@ class Warehouse:
     # -- the catalog as data (for an object store, warehouse.object_store) ---------------------
     def catalog_tables(self) -> dict[str, pa.Table]:
         """The current table versions and every lineage row, as Arrow tables."""
-        self.ensure_catalog()
         with self.connect(read_only=True) as con:
             return {
                 "versions": con.sql(
@@ -361,20 +365,15 @@ class Warehouse:
         ``meta`` keys, in one transaction. The files must already be in the home. ``expected``: the
         current version of each (table, dataset) the caller read (None: none); if one changed
         meanwhile (a run published), :class:`ConcurrentPublishError` and nothing changes."""
-        self.ensure_catalog()
         with self.connect() as con:
+            con.execute(_CATALOG_DDL)
             con.register("adopted", versions)
             con.register("new_materializations", materializations)
             con.register("new_inputs", inputs)
             con.execute("BEGIN TRANSACTION")
             try:
                 if expected:
-                    rows = con.execute(
-                        "SELECT table_name, dataset, materialization_id FROM table_versions "
-                        "WHERE is_current AND list_contains(?, table_name)",
-                        [sorted({t for t, _ in expected})],
-                    ).fetchall()
-                    now = {(t, d): mid for t, d, mid in rows}
+                    now = _current_ids(con, (t for t, _ in expected))
                     changed = sorted(k for k, mid in expected.items() if now.get(k) != mid)
                     if changed:
                         table, dataset = changed[0]

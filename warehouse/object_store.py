@@ -168,20 +168,29 @@ class StoreCatalog:
         return {(r["table_name"], r["dataset"]): r for r in self.versions.to_pylist()}
 
 
-def read_catalog(store: Store, like: Warehouse) -> StoreCatalog:
-    """The store's current catalog (``like`` supplies the empty tables' schemas)."""
+def current_generation(store: Store) -> str | None:
+    """The generation the store's manifest names (None: nothing was pushed yet)."""
     raw = store.read_bytes(MANIFEST)
-    empty = {name: table.schema.empty_table() for name, table in like.catalog_tables().items()}
     if raw is None:
-        return StoreCatalog(None, empty["versions"], empty["lineage_materializations"], empty["lineage_inputs"])
+        return None
     manifest = json.loads(raw)
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{store.uri(MANIFEST)}: catalog format {manifest.get('format')!r}, this code reads {FORMAT}")
-    generation = manifest["generation"]
-    tables = {
-        name: store.read_table(f"catalog/{generation}/{name}.parquet").cast(empty[name].schema)
-        for name in ("versions", "lineage_materializations", "lineage_inputs")
-    }
+    return manifest["generation"]
+
+
+def read_catalog(store: Store, local: dict[str, pa.Table]) -> StoreCatalog:
+    """The store's current catalog, cast to the schemas of ``local`` (a home's
+    :meth:`~warehouse.catalog.Warehouse.catalog_tables`)."""
+    generation = current_generation(store)
+    schemas = {name: table.schema for name, table in local.items()}
+    if generation is None:
+        tables = {name: schema.empty_table() for name, schema in schemas.items()}
+    else:
+        tables = {
+            name: store.read_table(f"catalog/{generation}/{name}.parquet").cast(schema)
+            for name, schema in schemas.items()
+        }
     return StoreCatalog(generation, tables["versions"], tables["lineage_materializations"], tables["lineage_inputs"])
 
 
@@ -242,8 +251,8 @@ def push(warehouse: Warehouse, url: str, *, log: Log = print) -> SyncSummary:
     store holds; a new catalog generation, then the manifest."""
     store = open_store(url)
     store.ensure_root()
-    remote = read_catalog(store, warehouse)
     local = warehouse.catalog_tables()
+    remote = read_catalog(store, local)
     mine = {(r["table_name"], r["dataset"]): r for r in local["versions"].to_pylist()}
     theirs = remote.by_key()
     base = _base(warehouse, store)
@@ -259,14 +268,15 @@ def push(warehouse: Warehouse, url: str, *, log: Log = print) -> SyncSummary:
             summary.bytes += local_file.stat().st_size
     merged = {**theirs, **{k: mine[k] for k in take}}
     versions = pa.Table.from_pylist([merged[k] for k in sorted(merged)], schema=local["versions"].schema)
-    materializations = _union_by_id(remote.materializations, local["lineage_materializations"])
-    inputs = _union_inputs(remote.inputs, local["lineage_inputs"], remote.materializations)
+    known = set(remote.materializations.column("materialization_id").to_pylist())
+    materializations = _with_new_rows(remote.materializations, local["lineage_materializations"], known)
+    inputs = _with_new_rows(remote.inputs, local["lineage_inputs"], known)
     generation = f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
     store.write_table(f"catalog/{generation}/versions.parquet", versions)
     store.write_table(f"catalog/{generation}/lineage_materializations.parquet", materializations)
     store.write_table(f"catalog/{generation}/lineage_inputs.parquet", inputs)
     store.write_bytes(f"catalog/{generation}/views.sql", views_sql(store, versions).encode())
-    if read_catalog(store, warehouse).generation != remote.generation:
+    if current_generation(store) != remote.generation:
         raise ConcurrentPublishError(
             f"{store.url}: another push landed while this one ran; nothing was made current. Push again."
         )
@@ -280,7 +290,7 @@ def push(warehouse: Warehouse, url: str, *, log: Log = print) -> SyncSummary:
         "tables": sorted({t for t, _ in merged}),
     }
     store.write_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())
-    landed = json.loads(store.read_bytes(MANIFEST) or b"{}").get("generation")
+    landed = current_generation(store)
     if landed != generation:
         raise ConcurrentPublishError(
             f"{store.url}: another push replaced this one's manifest (generation {landed} is current, not "
@@ -302,10 +312,10 @@ def pull(warehouse: Warehouse, url: str, *, log: Log = print) -> SyncSummary:
     """Make the store's current versions current here (files copied, lineage merged), except
     datasets changed only here; a dataset changed on both sides is a conflict."""
     store = open_store(url)
-    remote = read_catalog(store, warehouse)
+    local = warehouse.catalog_tables()
+    remote = read_catalog(store, local)
     if remote.generation is None:
         raise FileNotFoundError(f"{store.uri(MANIFEST)}: nothing was pushed to this store yet")
-    local = warehouse.catalog_tables()
     mine = {(r["table_name"], r["dataset"]): r for r in local["versions"].to_pylist()}
     theirs = remote.by_key()
     base = _base(warehouse, store)
@@ -343,14 +353,8 @@ def _differing(side: dict[Key, dict], other: dict[Key, dict], taken: list[Key]) 
     )
 
 
-def _union_by_id(remote: pa.Table, local: pa.Table) -> pa.Table:
-    known = set(remote.column("materialization_id").to_pylist())
-    mask = pa.array([m not in known for m in local.column("materialization_id").to_pylist()], pa.bool_())
-    return pa.concat_tables([remote, local.filter(mask).cast(remote.schema)])
-
-
-def _union_inputs(remote: pa.Table, local: pa.Table, remote_materializations: pa.Table) -> pa.Table:
-    known = set(remote_materializations.column("materialization_id").to_pylist())
+def _with_new_rows(remote: pa.Table, local: pa.Table, known: set[str]) -> pa.Table:
+    """``remote``'s lineage rows plus ``local``'s rows of materializations not in ``known``."""
     mask = pa.array([m not in known for m in local.column("materialization_id").to_pylist()], pa.bool_())
     return pa.concat_tables([remote, local.filter(mask).cast(remote.schema)])
 
@@ -373,10 +377,9 @@ def connect(url: str) -> duckdb.DuckDBPyConnection:
     through pyarrow datasets (no download, no DuckDB extension), plus ``lineage_materializations``
     and ``lineage_inputs``."""
     store = open_store(url)
-    raw = store.read_bytes(MANIFEST)
-    if raw is None:
+    generation = current_generation(store)
+    if generation is None:
         raise FileNotFoundError(f"{store.uri(MANIFEST)}: nothing was pushed to this store yet")
-    generation = json.loads(raw)["generation"]
     versions = store.read_table(f"catalog/{generation}/versions.parquet").to_pylist()
     con = duckdb.connect()
     by_table: dict[str, list[str]] = {}

@@ -19,7 +19,8 @@ Two encoder modes, chosen in :class:`RewardModelConfig`:
   transformer (:class:`SegmentFusion`) attends over the segment embeddings (with type, recency,
   position and depth embeddings, and each segment's match with the instruction: exact entities,
   shared words, cosine) and its [CLS] output feeds the same MLP head. On CPU the frozen
-  encoder's linear layers are int8-quantised (dynamic quantisation), about 5x faster.
+  encoder's linear layers are int8 (per-row activation scales); every embedding is
+  batch-invariant, bit for bit (:class:`SegmentEncoder`).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class RewardModelConfig:
     pooling: str = field(default="auto", metadata={"help": "auto | mean | last_token | cls"})
     # frozen_segments
     quantize_encoder: bool = field(
-        default=True, metadata={"help": "int8 dynamic quantisation of the frozen encoder on CPU"}
+        default=True, metadata={"help": "int8 linear layers (per-row activation scales) in the frozen encoder on CPU"}
     )
     segment_max_tokens: int = 128
     max_history: int = 32
@@ -199,25 +200,76 @@ def load_backbone(path: str, *, torch_dtype: torch.dtype | None = None) -> PreTr
 # ---------------------------------------------------------------------------------------------
 
 
-QUANTIZATION_SCHEME = "int8-dynamic-per-channel"
+QUANTIZATION_SCHEME = "int8-per-row-activations-per-channel-weights"
+#: Segments are padded to a multiple of this many tokens (see :func:`padded_length`).
+LENGTH_STEP = 8
+#: Batches of states are filled to a multiple of this many rows before the fusion and head run.
+ROW_MULTIPLE = 8
 
 
-def _quantize_dynamic(model: nn.Module) -> nn.Module:
-    """int8 dynamic quantisation of the Linear layers with per-channel weight scales (CPU
-    inference only): about 5x faster than fp32 on this CPU; embeddings keep a cosine of ~0.97 to
-    the fp32 ones (per-tensor scales: ~0.94). Returns the model unchanged where this torch lacks
-    the eager-mode API."""
-    try:
+class RowScaledInt8Linear(nn.Module):
+    """An ``nn.Linear`` with int8 weights (per output channel) and int8 activations scaled per row.
+
+    PyTorch's dynamic quantisation picks one activation range for the whole input tensor, so a
+    token's output depends on every other token of the batch. Here every row is divided by its
+    own max-abs, and one extra row holding +1 and -1 is appended, so the quantiser's range is
+    exactly [-1, 1] whatever the batch holds; the int32 accumulation is exact, and each row's
+    scale is multiplied back after it. A row's output depends on that row alone, bit for bit."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-    except ImportError:  # pragma: no cover - a torch without eager quantisation
-        return model
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+
+        if linear.in_features < 2:
+            raise ValueError("RowScaledInt8Linear needs at least two input features")
+        unbiased = nn.Linear(linear.in_features, linear.out_features, bias=False)
+        with torch.no_grad():
+            unbiased.weight.copy_(linear.weight)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantized = quantize_dynamic(nn.Sequential(unbiased), {nn.Linear: per_channel_dynamic_qconfig}, torch.qint8)
+        self.inner = quantized[0]
+        bias = linear.bias.detach().clone() if linear.bias is not None else torch.zeros(linear.out_features)
+        self.register_buffer("bias", bias)
+        bounds = torch.zeros(1, linear.in_features)
+        bounds[0, 0], bounds[0, 1] = 1.0, -1.0
+        self.register_buffer("bounds", bounds)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        scale = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
+        scaled = torch.empty((rows.shape[0] + 1, rows.shape[1]), dtype=rows.dtype, device=rows.device)
+        torch.div(rows, scale, out=scaled[:-1])
+        scaled[-1] = self.bounds
+        y = torch.addcmul(self.bias, self.inner(scaled)[:-1], scale)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def quantize_rowwise(model: nn.Module) -> nn.Module:
+    """Every ``nn.Linear`` of ``model`` replaced (in place) by a :class:`RowScaledInt8Linear`."""
+    for name, child in list(model.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(model, name, RowScaledInt8Linear(child))
+        else:
+            quantize_rowwise(child)
+    return model
+
+
+def padded_length(n_tokens: int, max_tokens: int) -> int:
+    """The length a segment of ``n_tokens`` tokens is padded to: the next multiple of
+    :data:`LENGTH_STEP` (at most ``max_tokens``). It depends on the segment alone, so the encoder
+    runs every segment in a tensor of the same width whichever segments share its batch."""
+    return min(-(-n_tokens // LENGTH_STEP) * LENGTH_STEP, max_tokens)
 
 
 class SegmentEncoder:
-    """The frozen backbone as a text -> vector function (pooled, L2-normalised, float32)."""
+    """The frozen backbone as a text -> vector function (pooled, L2-normalised, float32).
+
+    Batch-invariant: a text's embedding depends on the text and the model alone, bit for bit,
+    never on which texts share its batch (so no cache's history can change a result). Two things
+    make it so: every text is padded to a width fixed by its own length (:func:`padded_length`),
+    so attention reduces over the same number of keys, and the int8 path scales activations per
+    row (:class:`RowScaledInt8Linear`), not per batch. Measured in benchmarks/bench_encoder.py."""
 
     def __init__(self, config: RewardModelConfig, device: str | torch.device = "cpu") -> None:
         self.config = config
@@ -229,32 +281,36 @@ class SegmentEncoder:
         self.pooling = resolve_pooling(model.config, config.pooling)
         self.hidden_size = int(model.config.hidden_size)
         self.quantized = bool(config.quantize_encoder and self.device.type == "cpu")
-        self.model = (_quantize_dynamic(model) if self.quantized else model).to(self.device)
+        self.model = (quantize_rowwise(model) if self.quantized else model).to(self.device)
         self.fingerprint = encoder_fingerprint(config, self.quantized)
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
         self._lock = threading.Lock()
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-        """Embeddings of ``texts`` (n, hidden) in float32; batches are formed by length."""
+        """Embeddings of ``texts`` (n, hidden) in float32; texts of one padded width share a batch."""
         out = np.zeros((len(texts), self.hidden_size), dtype=np.float32)
         if not texts:
             return out
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        max_tokens = self.config.segment_max_tokens
+        token_ids = self.tokenizer(list(texts), truncation=True, max_length=max_tokens)["input_ids"]
+        by_width: dict[int, list[int]] = {}
+        for i, ids in enumerate(token_ids):
+            by_width.setdefault(padded_length(len(ids), max_tokens), []).append(i)
         with self._lock:
-            for start in range(0, len(order), batch_size):
-                idx = order[start : start + batch_size]
-                batch = self.tokenizer(
-                    [texts[i] for i in idx],
-                    padding=True,
-                    truncation=True,
-                    max_length=self.config.segment_max_tokens,
-                    return_tensors="pt",
-                ).to(self.device)
-                hidden = self.model(
-                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-                ).last_hidden_state
-                pooled = pool_hidden_states(hidden.float(), batch["attention_mask"], self.pooling)
-                out[idx] = F.normalize(pooled, dim=-1).cpu().numpy()
+            for width, members in sorted(by_width.items()):
+                for start in range(0, len(members), batch_size):
+                    idx = members[start : start + batch_size]
+                    ids = np.full((len(idx), width), self.pad_id, dtype=np.int64)
+                    mask = np.zeros((len(idx), width), dtype=np.int64)
+                    for row, i in enumerate(idx):
+                        ids[row, : len(token_ids[i])] = token_ids[i]
+                        mask[row, : len(token_ids[i])] = 1
+                    input_ids = torch.from_numpy(ids).to(self.device)
+                    attention_mask = torch.from_numpy(mask).to(self.device)
+                    hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                    pooled = pool_hidden_states(hidden.float(), attention_mask, self.pooling)
+                    out[idx] = F.normalize(pooled, dim=-1).cpu().numpy()
         return out
 
 
@@ -271,7 +327,9 @@ def encoder_fingerprint(config: RewardModelConfig, quantized: bool) -> str:
     else:
         h.update(config.backbone.encode())
     scheme = QUANTIZATION_SCHEME if quantized else "fp32"
-    h.update(f"{config.pooling}|{config.segment_max_tokens}|{scheme}|{torch.__version__}".encode())
+    # the padding rule is part of the function: the same weights padded otherwise give other bits
+    padding = f"pad-to-multiple-of-{LENGTH_STEP}"
+    h.update(f"{config.pooling}|{config.segment_max_tokens}|{scheme}|{padding}|{torch.__version__}".encode())
     return h.hexdigest()[:16]
 
 
@@ -344,7 +402,7 @@ class EmbeddingCache:
         for text, i in self._index.items():
             texts[i] = text
         tmp = directory / "embeddings.tmp.npy"
-        np.save(tmp, self.matrix.astype(np.float16))
+        np.save(tmp, self.matrix)  # float32, as computed: a reloaded cache gives the same results
         os.replace(tmp, directory / "embeddings.npy")
         meta = {"fingerprint": self.encoder.fingerprint, "texts": texts}
         (directory / "texts.tmp.json").write_text(json.dumps(meta))
@@ -357,10 +415,14 @@ class EmbeddingCache:
         directory = Path(directory)
         try:
             meta = json.loads((directory / "texts.json").read_text())
-            matrix = np.load(directory / "embeddings.npy").astype(np.float32)
+            matrix = np.load(directory / "embeddings.npy")
         except (OSError, ValueError):
             return 0
-        if meta.get("fingerprint") != self.encoder.fingerprint or len(meta["texts"]) != len(matrix):
+        if (
+            meta.get("fingerprint") != self.encoder.fingerprint
+            or len(meta["texts"]) != len(matrix)
+            or matrix.dtype != np.float32
+        ):
             log.warning("embedding cache %s was made by another encoder; not used", directory)
             return 0
         with self._lock:
@@ -520,11 +582,16 @@ def segment_features(states: Sequence[StepState], cache: EmbeddingCache, config:
 
 
 def collate_segments(
-    features: SegmentFeatures, items: Sequence[int] | np.ndarray, matrix: torch.Tensor
+    features: SegmentFeatures, items: Sequence[int] | np.ndarray, matrix: torch.Tensor, width: int | None = None
 ) -> dict[str, torch.Tensor]:
-    """A padded batch for :class:`SegmentFusion` from states ``items`` of ``features``."""
+    """A padded batch for :class:`SegmentFusion` from states ``items`` of ``features``, padded to
+    ``width`` segments (default: the longest state's count)."""
     starts, ends = features.offsets[items], features.offsets[np.asarray(items) + 1]
-    width = int((ends - starts).max()) if len(items) else 0
+    longest = int((ends - starts).max()) if len(items) else 0
+    if width is None:
+        width = longest
+    elif width < longest:
+        raise ValueError(f"width {width} is shorter than a state of {longest} segments")
     batch = len(items)
     rows = np.zeros((batch, width), dtype=np.int64)
     types = np.zeros((batch, width), dtype=np.int64)
@@ -912,13 +979,22 @@ class RewardScorer:
             if self.cache is not None:  # frozen mode (the cache comes with the encoder)
                 features = segment_features(states, self.cache, self.config)
                 matrix = torch.from_numpy(self.cache.matrix)
-                # batches of states with similar segment counts: little padding in the fusion's attention
-                by_length = np.argsort(np.diff(features.offsets), kind="stable")
+                # A state's score must not depend on the states that share its batch: each is
+                # padded to a width fixed by its own segment count (as the encoder pads texts),
+                # and a batch is filled up to a multiple of ROW_MULTIPLE states, since the CPU's
+                # matrix kernels round differently for a few rows than for many (measured in
+                # tests/training/test_batch_invariance.py).
+                widths = np.array([padded_length(int(n), 1 << 30) for n in np.diff(features.offsets)])
                 scores = np.zeros(len(states), dtype=np.float64)
-                for start in range(0, len(states), batch_size):
-                    items = by_length[start : start + batch_size]
-                    batch = {k: v.to(self.device) for k, v in collate_segments(features, items, matrix).items()}
-                    scores[items] = torch.sigmoid(self.model(**batch)["logits"].float()).cpu().double().numpy()
+                for width in np.unique(widths):
+                    members = np.flatnonzero(widths == width)
+                    for start in range(0, len(members), batch_size):
+                        items = members[start : start + batch_size]
+                        filled = np.resize(items, -(-len(items) // ROW_MULTIPLE) * ROW_MULTIPLE)
+                        collated = collate_segments(features, filled, matrix, width=int(width))
+                        batch = {k: v.to(self.device) for k, v in collated.items()}
+                        logits = self.model(**batch)["logits"].float()[: len(items)]
+                        scores[items] = torch.sigmoid(logits).cpu().double().numpy()
                 return scores
             texts = prompt_texts(states, self.kind, self.tokenizer, self.config)
             chunks = []

@@ -56,11 +56,11 @@ def test_minilm_segment_encoder_matches_sentence_transformers(minilm_path):
     ours = encoder.encode(texts)
     reference = SentenceTransformer(minilm_path, device="cpu").encode(texts, normalize_embeddings=True)
     np.testing.assert_allclose(ours, reference, atol=1e-4)
-    # the int8-quantised CPU encoder stays close to it
+    # the int8 CPU encoder (per-row activation scales) stays close to it
     quantized = SegmentEncoder(RewardModelConfig(quantize_encoder=True))
     assert quantized.quantized and quantized.fingerprint != encoder.fingerprint
     cosine = np.sum(quantized.encode(texts) * reference, axis=1)
-    assert cosine.min() > 0.93 and cosine.mean() > 0.95
+    assert cosine.min() > 0.97 and cosine.mean() > 0.98
 
 
 def test_embedding_cache_hits_save_load_and_eviction(tmp_path):
@@ -71,7 +71,8 @@ def test_embedding_cache_hits_save_load_and_eviction(tmp_path):
     cache.save(tmp_path / "c")
     fresh = EmbeddingCache(encoder, max_entries=6)
     assert fresh.load(tmp_path / "c") == 3
-    np.testing.assert_allclose(fresh.matrix[fresh.indices(["b"])], cache.matrix[cache.indices(["b"])], atol=1e-3)
+    # stored as computed (float32): a reloaded cache holds the same bits
+    np.testing.assert_array_equal(fresh.matrix[fresh.indices(["b"])], cache.matrix[cache.indices(["b"])])
     assert fresh.misses == 0
     fresh.indices(["d", "e", "f"])  # 6 entries: full
     fresh.indices(["g"])  # evicts the unpinned ones, keeps the loaded three

@@ -1,0 +1,136 @@
+"""Same input, same output: an embedding, a reward score or a policy's choice depends on its own
+input and the model alone, never on what shared its batch or what a cache met first."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from training.models import (
+    EmbeddingCache,
+    RewardModelConfig,
+    RewardScorer,
+    RowScaledInt8Linear,
+    SegmentEncoder,
+    build_reward_model,
+    padded_length,
+)
+from training.rm_datasets import StepState
+
+WORDS = (
+    "submit cancel ok username password email inbox reply forward delete search flight from to date "
+    "button link checkbox textbox tab next previous select option star important vanda 4242 the of"
+).split()
+
+
+def _texts(rng: random.Random, n: int) -> list[str]:
+    """Action and screen-line shaped texts of very different lengths (1 to ~120 tokens)."""
+    texts = []
+    for _ in range(n):
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.choice([0, 1, 2, 3, 5, 8, 13, 30, 70])))
+        texts.append(f'{rng.choice(["CLICK", "INPUT", "div", "span"])}({words} "{rng.randint(0, 9999)}")')
+    return list(dict.fromkeys(texts))
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["int8", "fp32"])
+def encoder(request) -> SegmentEncoder:
+    return SegmentEncoder(RewardModelConfig(kind="prm", quantize_encoder=request.param))
+
+
+def test_padded_length_depends_on_the_text_alone():
+    assert [padded_length(n, 128) for n in (1, 8, 9, 16, 17, 127, 128)] == [8, 8, 16, 16, 24, 128, 128]
+    assert padded_length(100, 100) == 100  # a budget that is no multiple of the step caps it
+
+
+def test_a_text_encoded_alone_equals_it_inside_random_batches(encoder):
+    """The issue's criterion (tolerance 1e-6); the encoder in fact gives the same bits."""
+    rng = random.Random(7)
+    texts = _texts(rng, 120)
+    alone = np.concatenate([encoder.encode([t]) for t in texts[:40]])
+    worst = 0.0
+    for _ in range(12):
+        batch = rng.sample(texts, rng.randint(2, 60))
+        batch.insert(rng.randrange(len(batch) + 1), texts[rng.randrange(40)])
+        got = encoder.encode(batch, batch_size=rng.choice([1, 5, 64]))
+        for row, text in enumerate(batch):
+            if text in texts[:40]:
+                worst = max(worst, float(np.abs(got[row] - alone[texts.index(text)]).max()))
+    assert worst <= 1e-6
+    np.testing.assert_array_equal(encoder.encode(texts[:40], batch_size=64), alone)
+
+
+def test_thread_count_does_not_change_an_embedding(encoder):
+    texts = _texts(random.Random(3), 30)
+    threads = torch.get_num_threads()
+    reference = encoder.encode(texts)
+    try:
+        torch.set_num_threads(1)
+        single = encoder.encode(texts)
+    finally:
+        torch.set_num_threads(threads)
+    np.testing.assert_array_equal(single, reference)
+
+
+def test_row_scaled_int8_linear_is_row_independent_and_close_to_fp32():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 32)
+    quantized = RowScaledInt8Linear(linear)
+    # rows of very different magnitudes: one per-tensor scale would crush the small ones
+    x = torch.randn(50, 64) * torch.logspace(-3, 2, 50).unsqueeze(1)
+    per_tensor = torch.ao.quantization.quantize_dynamic(nn.Sequential(linear), {nn.Linear}, torch.qint8)
+    with torch.inference_mode():
+        together = quantized(x)
+        apart = torch.cat([quantized(x[i : i + 1]) for i in range(50)])
+        signal = linear(x) - linear.bias  # the input-dependent part of the output
+
+        def relative_error(y: torch.Tensor) -> torch.Tensor:
+            return ((y - linear.bias) - signal).norm(dim=1) / signal.norm(dim=1)
+
+        ours, theirs = relative_error(together), relative_error(per_tensor(x))
+    assert torch.equal(together, apart)
+    assert ours.max() < 0.05  # every row keeps its precision, small ones included
+    assert theirs.max() > 0.5  # one scale for the whole batch loses the small rows
+
+
+def test_cache_history_never_changes_a_reward_score(tmp_path):
+    """Two scorers with the same weights: one meets the states one at a time (a cold RL loop),
+    the other after a warm-up that encoded them among many other texts, in other batches, then
+    through a cache saved to disk and loaded again. Same scores, bit for bit."""
+    config = RewardModelConfig(kind="progrm_lcs")
+    torch.manual_seed(0)
+    model = build_reward_model(config, input_dim=384).eval()
+    encoder = SegmentEncoder(config)
+    states = [
+        StepState(
+            f'Enter the username "{name}" and press Login',
+            tuple(f'INPUT(textbox#username, "{name[:k]}")' for k in range(step)),
+            ("body", f'  textbox#username value="{name[:step]}" [editable]', '  button "Login" [clickable]'),
+        )
+        for name in ("vanda", "kasey", "ilsa")
+        for step in range(3)
+    ]
+    cold = RewardScorer(model, encoder=encoder)
+    one_at_a_time = np.concatenate([cold.score_states([s]) for s in states])
+
+    warm = RewardScorer(model, encoder=encoder)
+    warm.cache.indices(_texts(random.Random(1), 80) + [t for s in states for t in (s.instruction, *s.history)])
+    warm.cache.save(tmp_path / "cache")
+    reloaded = RewardScorer(model, encoder=encoder)
+    assert reloaded.cache.load(tmp_path / "cache") > 0
+    for scorer in (warm, reloaded):
+        np.testing.assert_array_equal(scorer.score_states(states[::-1])[::-1], one_at_a_time)
+
+
+def test_a_fresh_cache_and_a_shared_one_give_the_same_rows():
+    encoder = SegmentEncoder(RewardModelConfig(kind="prm"))
+    texts = _texts(random.Random(5), 50)
+    shared = EmbeddingCache(encoder)
+    shared.indices(texts[25:] + texts[:10])
+    rows = shared.indices(texts)
+    fresh = EmbeddingCache(encoder)
+    fresh_rows = fresh.indices(texts)
+    np.testing.assert_array_equal(shared.matrix[rows], fresh.matrix[fresh_rows])

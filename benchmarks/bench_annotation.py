@@ -14,7 +14,8 @@ pre-annotation into an annotation, as if annotators accepted them).
 
 Steps are synthetic MiniWoB++-like screens of ~40 elements by default; ``--warehouse DIR``
 takes real steps from an existing STEPWISE_HOME instead. Goal: each timed part under 60 s.
-Run: ``.venv/bin/python benchmarks/bench_annotation.py [--tasks 10000] [--warehouse ~/.stepwise]``.
+Run: ``.venv/bin/python benchmarks/bench_annotation.py [--tasks 10000] [--warehouse ~/.stepwise]``;
+``--smoke`` pushes and ingests 20 tasks (the server's start, about a minute, is most of it).
 """
 
 from __future__ import annotations
@@ -219,7 +220,10 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--warehouse", type=Path, default=None, help="take real steps from this STEPWISE_HOME")
     parser.add_argument("--keep", action="store_true", help="keep the temporary home (and leave nothing running)")
+    parser.add_argument("--smoke", action="store_true", help="20 synthetic tasks (the test suite)")
     args = parser.parse_args()
+    if args.smoke:
+        args.tasks = min(args.tasks, 20)
 
     root = Path(tempfile.mkdtemp(prefix="bench-annotation-"))
     home = root / "stepwise"

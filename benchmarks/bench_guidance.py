@@ -14,7 +14,9 @@ policy proposing N candidates + the verifier scoring them), environment excluded
 Each state is measured cold (the encoders' caches emptied first: a new screen) and warm (again:
 screens and history entries repeat within an episode and across episodes of a task).
 
-Run: ``.venv/bin/python benchmarks/bench_guidance.py [--home .stepwise] [--states 60] [--serve DIR]``.
+Run: ``.venv/bin/python benchmarks/bench_guidance.py [--home .stepwise] [--states 60] [--serve DIR]``;
+``--smoke`` builds a temporary home first (a few demonstrations, the PRM, a ProgRM-Env model and an
+SFT policy trained briefly, its held-out episodes: ``benchmarks/_smoke.py``) and measures 4 states.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
@@ -152,7 +155,13 @@ def main() -> int:
     parser.add_argument("--endpoint", default=None, help="an OpenAI-compatible base URL instead")
     parser.add_argument("--model", default="default")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="a tiny trained home of its own, 4 states")
     args = parser.parse_args()
+    if args.smoke:
+        from _smoke import smoke_root, trained_home
+
+        args.home = str(trained_home(smoke_root("guidance") / "home"))
+        args.states, args.judge_states = min(args.states, 4), min(args.judge_states, 2)
     torch.set_num_threads(args.threads)
     warehouse = Warehouse(args.home)
     policy = latest_policy(warehouse, "sft")

@@ -3,12 +3,14 @@
 Prints episodes/s and steps/s for the import with 2 worker processes next to the 1-process
 baseline, and for three typical queries DuckDB's time next to the same query in polars (lazy scan
 of the same Parquet files), median of 5 runs each. Run: `make bench` or
-`.venv/bin/python benchmarks/bench_import.py [--demos DIR] [--skip-baseline]`.
+`.venv/bin/python benchmarks/bench_import.py [--demos DIR] [--skip-baseline]`; `--smoke` imports a
+few recordings of four tasks instead (seconds; the test suite runs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -16,8 +18,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import polars as pl  # noqa: E402
+from _smoke import small_demos, smoke_root  # noqa: E402
 
 from envs.miniwob.demonstrations import import_demonstrations  # noqa: E402
 from warehouse.catalog import Warehouse  # noqa: E402
@@ -81,7 +85,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--demos", type=Path, default=DEFAULT_DEMOS)
     parser.add_argument("--skip-baseline", action="store_true", help="skip the 1-process import baseline")
+    parser.add_argument("--smoke", action="store_true", help="a few recordings of four tasks (seconds)")
     args = parser.parse_args()
+    if args.smoke:
+        args.demos = small_demos(smoke_root("import") / "demos", args.demos)
 
     runs = [] if args.skip_baseline else [1]
     runs.append(2)
@@ -98,14 +105,15 @@ def main() -> None:
         )
 
     warehouse = results[2][2]
+    # Stored paths are relative to the home: polars reads them from wherever this script runs.
     episode_paths = [
-        r["path"]
+        str(warehouse.resolve(r["path"]))
         for r in warehouse.query(
             "SELECT path FROM table_versions WHERE is_current AND table_name = 'episodes'"
         ).to_pylist()
     ]
     step_paths = [
-        r["path"]
+        str(warehouse.resolve(r["path"]))
         for r in warehouse.query(
             "SELECT path FROM table_versions WHERE is_current AND table_name = 'steps'"
         ).to_pylist()
@@ -121,6 +129,8 @@ def main() -> None:
                 ).collect()
             )
             print(f"{name:<34} {duck:>10.1f} {polars:>10.1f}")
+    for _, _, imported in results.values():
+        shutil.rmtree(imported.home, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ time is the steadier figure; the load average is printed.
 
     .venv/bin/python benchmarks/bench_labels.py                 # ~1.5-2.5 minutes on a 2-core box
     .venv/bin/python benchmarks/bench_labels.py --home /path/to/STEPWISE_HOME --sample-pairs 1000
+    .venv/bin/python benchmarks/bench_labels.py --smoke         # a corpus of ~40 trajectories (seconds)
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ from _corpus import (  # noqa: E402
     derive_paper_corpus,
     load_real_trajectories,
 )
+from _smoke import small_demos, smoke_root  # noqa: E402
 
+import annotation.grouping as grouping  # noqa: E402
 import annotation.labeling as labeling  # noqa: E402
 import annotation.progress as progress  # noqa: E402
 import annotation.recipes as recipes  # noqa: E402
@@ -76,6 +79,16 @@ T = TypeVar("T")
 
 GOAL_SECONDS = 60.0
 GOAL_SPEEDUP = 100.0
+
+#: The corpus shape: ProgRM App. C's, and the smoke run's (the four tasks of ``_smoke.small_demos``).
+PAPER_SHAPE = {
+    "n_tasks": PAPER_TASKS,
+    "n_trajectories": PAPER_TRAJECTORIES,
+    "n_successes": PAPER_SUCCESSES,
+    "n_steps": PAPER_STEPS,
+    "n_success_steps": PAPER_SUCCESS_STEPS,
+}
+SMOKE_SHAPE = {"n_tasks": 8, "n_trajectories": 40, "n_successes": 22, "n_steps": 700, "n_success_steps": 300}
 
 
 def timed(fn: Callable[[], T]) -> tuple[T, float, float]:
@@ -165,14 +178,20 @@ class Probe:
 @contextlib.contextmanager
 def instrumented(probe: Probe) -> Iterator[None]:
     """Route the pipeline's stage functions and DP calls through ``probe`` while the block runs."""
+
+    def keep_tables(encoded: dict) -> None:
+        # build_match_tables_encoded: task -> (MatchTable, the task's trajectories encoded)
+        probe.match_tables.update({task: table for task, (table, _) in encoded.items()})
+
     patches = [
         (labeling, "clean_trajectory", probe.stage("clean", labeling.clean_trajectory)),
         (labeling, "generalise_rare_target_texts", probe.stage("rare", labeling.generalise_rare_target_texts)),
         (labeling, "label_corpus", probe.stage("label_corpus", labeling.label_corpus)),
+        # label_corpus builds the match tables (Eq. 9) and encodes the trajectories in one call
         (
             progress,
-            "build_match_tables",
-            probe.stage("tables", progress.build_match_tables, probe.match_tables.update),
+            "build_match_tables_encoded",
+            probe.stage("tables", progress.build_match_tables_encoded, keep_tables),
         ),
         (progress, "build_recipe_libraries", probe.stage("recipes", progress.build_recipe_libraries)),
         (
@@ -183,7 +202,8 @@ def instrumented(probe: Probe) -> Iterator[None]:
     ]
     scores = probe.dp("scores", soft_lcs_module.soft_lcs_scores_indexed)
     aligns = probe.dp("alignments", soft_lcs_module.soft_lcs_alignment_arrays_indexed)
-    for module in (soft_lcs_module, recipes, progress):
+    # grouping: the Eq. (3) similarities of the recipe stage (deduplicated, prefiltered pairs)
+    for module in (soft_lcs_module, grouping, recipes, progress):
         for name, wrapper in (("soft_lcs_scores_indexed", scores), ("soft_lcs_alignment_arrays_indexed", aligns)):
             if hasattr(module, name):
                 patches.append((module, name, wrapper))
@@ -251,7 +271,18 @@ def main(argv: list[str] | None = None) -> None:
         "--torch-threads", type=int, default=None, help="threads for MiniLM (default: torch's own choice)"
     )
     parser.add_argument("--methods", nargs="+", default=list(labeling.LCS_METHODS), choices=labeling.LCS_METHODS)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few recordings of four tasks imported into a temporary home, a corpus of 40 trajectories (seconds)",
+    )
     args = parser.parse_args(argv)
+    shape = PAPER_SHAPE
+    if args.smoke:
+        root = smoke_root("labels")
+        args.home, args.demos = root / "home", small_demos(root / "demos", args.demos)
+        args.sample_pairs = min(args.sample_pairs, 100)
+        shape = SMOKE_SHAPE
     load_before = os.getloadavg()
     started = time.perf_counter()
 
@@ -259,33 +290,34 @@ def main(argv: list[str] | None = None) -> None:
     (real, source), t_load, c_load = timed(lambda: load_real_trajectories(args.home.resolve(), args.demos))
     # A partial, not a lambda: ``real`` is bound now, and the ``del real`` below stays the only
     # reference to drop (a closure over a name deleted later reads to linters as undefined).
-    (corpus, stats), t_derive, c_derive = timed(functools.partial(derive_paper_corpus, real, seed=args.seed))
+    (corpus, stats), t_derive, c_derive = timed(functools.partial(derive_paper_corpus, real, seed=args.seed, **shape))
     real_steps = sum(t.n_steps for t in real)
     print(
         f"real demonstrations: {len(real):,} episodes, {real_steps:,} steps, {len({t.task_id for t in real})} tasks "
         f"(from {source})"
     )
+    n_failures = shape["n_trajectories"] - shape["n_successes"]
     paper = {
-        "tasks": (stats.tasks, PAPER_TASKS),
-        "trajectories": (stats.trajectories, PAPER_TRAJECTORIES),
-        "  successful": (stats.successes, PAPER_SUCCESSES),
-        "  failed": (stats.failures, PAPER_TRAJECTORIES - PAPER_SUCCESSES),
-        "steps": (stats.steps, PAPER_STEPS),
-        "  in successful trajectories": (stats.success_steps, PAPER_SUCCESS_STEPS),
-        "  in failed trajectories": (stats.failure_steps, PAPER_STEPS - PAPER_SUCCESS_STEPS),
+        "tasks": (stats.tasks, shape["n_tasks"]),
+        "trajectories": (stats.trajectories, shape["n_trajectories"]),
+        "  successful": (stats.successes, shape["n_successes"]),
+        "  failed": (stats.failures, n_failures),
+        "steps": (stats.steps, shape["n_steps"]),
+        "  in successful trajectories": (stats.success_steps, shape["n_success_steps"]),
+        "  in failed trajectories": (stats.failure_steps, shape["n_steps"] - shape["n_success_steps"]),
     }
     print()
-    print(f"{'derived corpus':<34}{'this':>10}{'ProgRM':>10}")
+    print(f"{'derived corpus':<34}{'this':>10}{'smoke' if args.smoke else 'ProgRM':>10}")
     print("-" * 54)
     for name, (ours, theirs) in paper.items():
         print(f"{name:<34}{ours:>10,}{theirs:>10,}")
     print(
         f"{'  mean length, successful':<34}{stats.success_steps / stats.successes:>10.2f}"
-        f"{PAPER_SUCCESS_STEPS / PAPER_SUCCESSES:>10.2f}"
+        f"{shape['n_success_steps'] / shape['n_successes']:>10.2f}"
     )
     print(
         f"{'  mean length, failed':<34}{stats.failure_steps / stats.failures:>10.2f}"
-        f"{(PAPER_STEPS - PAPER_SUCCESS_STEPS) / (PAPER_TRAJECTORIES - PAPER_SUCCESSES):>10.2f}"
+        f"{(shape['n_steps'] - shape['n_success_steps']) / n_failures:>10.2f}"
     )
     print("-" * 54)
     print(

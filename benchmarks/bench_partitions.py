@@ -17,6 +17,7 @@ copy of ``--home`` (e.g. the home ``make demo`` leaves, 15k episodes) reduced to
 steps; with ``--demos`` the real demonstrations are imported into a fresh one instead.
 
     .venv/bin/python benchmarks/bench_partitions.py --home .stepwise
+    .venv/bin/python benchmarks/bench_partitions.py --smoke   # a few recordings, two families (the test suite)
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from dagster import DagsterInstance  # noqa: E402
@@ -52,10 +54,15 @@ def trajectories_only(source: Path, target: Path) -> None:
     dst.publish(m, outputs)
 
 
-def materialize(home: Path, dagster_home: Path, family: str, embedder: str) -> subprocess.Popen:
-    """One run of one family, or of a range ``first...last``."""
+def materialize(
+    home: Path, dagster_home: Path, family: str, embedder: str, in_process: bool = False
+) -> subprocess.Popen:
+    """One run of one family, or of a range ``first...last``; ``in_process``: the run's steps in its
+    own process (Dagster's default executor starts a process per step)."""
     env = os.environ | {"STEPWISE_HOME": str(home), "DAGSTER_HOME": str(dagster_home)}
-    config = {"ops": {"recipes_and_progress_labels": {"config": {"embedder": embedder, "mode": "full"}}}}
+    config: dict = {"ops": {"recipes_and_progress_labels": {"config": {"embedder": embedder, "mode": "full"}}}}
+    if in_process:
+        config["execution"] = {"config": {"in_process": {}}}
     return subprocess.Popen(
         [DAGSTER, "asset", "materialize", "-m", "pipelines.definitions", "--select", "recipe_library,progress_labels"]
         + ["--partition-range" if "..." in family else "--partition", family, "--config-json", json.dumps(config)],
@@ -67,14 +74,16 @@ def materialize(home: Path, dagster_home: Path, family: str, embedder: str) -> s
     )
 
 
-def run_all(home: Path, dagster_home: Path, families: list[str], workers: int, embedder: str) -> dict[str, float]:
+def run_all(
+    home: Path, dagster_home: Path, families: list[str], workers: int, embedder: str, in_process: bool = False
+) -> dict[str, float]:
     """Materialize every family, at most ``workers`` at once; wall seconds per family and ``total``."""
     pending, running, seconds = list(families), {}, {}
     started = time.perf_counter()
     while pending or running:
         while pending and len(running) < workers:
             family = pending.pop(0)
-            running[family] = (materialize(home, dagster_home, family, embedder), time.perf_counter())
+            running[family] = (materialize(home, dagster_home, family, embedder, in_process), time.perf_counter())
         for family, (proc, t0) in list(running.items()):
             if proc.poll() is not None:
                 _, err = proc.communicate()
@@ -106,18 +115,41 @@ def main() -> None:
     parser.add_argument("--demos", type=Path, help="import these demonstrations instead (a fresh home)")
     parser.add_argument("--embedder", default="hashing", choices=["hashing", "minilm"])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--families", nargs="+", default=None, help="the first N families only (default: all); consecutive ones"
+    )
+    parser.add_argument(
+        "--in-process", action="store_true", help="each run's steps in the run's process (no process per step)"
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few recordings of four tasks (--demos), the first two families, --in-process (the test suite)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_partitions_"))
     try:
         base = work / "base"
+        if args.smoke:
+            from _smoke import DEMOS_DIR, small_demos
+
+            args.demos = small_demos(work / "demos", args.demos or DEMOS_DIR)
+            args.families = args.families or label_families()[:2]
+            args.in_process = True
         if args.demos:
             from envs.miniwob.demonstrations import import_demonstrations
 
-            import_demonstrations(args.demos, base)
+            import_demonstrations(args.demos, Warehouse(base))
         else:
             trajectories_only(args.home or ROOT / ".stepwise", base)
         counts = Warehouse(base).query("SELECT count(*) AS episodes FROM episodes").to_pylist()[0]
         families = label_families()
+        if args.families:
+            unknown = sorted(set(args.families) - set(families))
+            if unknown:
+                raise SystemExit(f"unknown label families {unknown}; choose from {families}")
+            # in the partitions' order, so that the single run's --partition-range covers exactly them
+            families = [f for f in families if f in args.families]
         results = {}
         for name, workers, runs in (
             ("sequential", 1, families),
@@ -130,11 +162,11 @@ def main() -> None:
             shutil.copy(ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
             os.environ["DAGSTER_HOME"] = str(dagster_home)  # dagster.yaml names its storage by this variable
             DagsterInstance.from_config(str(dagster_home)).dispose()  # created once, before two runs race to
-            results[name] = run_all(home, dagster_home, runs, workers, args.embedder)
+            results[name] = run_all(home, dagster_home, runs, workers, args.embedder, args.in_process)
         load = os.getloadavg()[0]
         print(
             f"\n{counts['episodes']:,} episodes, {len(families)} label families, embedder {args.embedder}, "
-            f"{os.cpu_count()} cores, load average {load:.1f}"
+            f"{os.cpu_count()} cores, load average {load:.1f}" + (", steps in process" if args.in_process else "")
         )
         print(f"{'family':<22} {'rows':>9} {'sequential s':>13} {'parallel s':>11}  same labels")
         for family in families:

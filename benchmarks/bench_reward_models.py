@@ -3,6 +3,7 @@ throughput, single-call latency, training speed and peak memory.
 
     python benchmarks/bench_reward_models.py --checkpoint <model folder> [--home <STEPWISE_HOME>]
     python benchmarks/bench_reward_models.py --checkpoint ... --train-examples rm_examples.parquet --train-steps 60
+    python benchmarks/bench_reward_models.py --smoke   # a tiny home and model of its own (the test suite)
 
 Measured on the held-out (test) trajectories of the warehouse (``progress_split``), in this order:
 
@@ -21,7 +22,9 @@ Measured on the held-out (test) trajectories of the warehouse (``progress_split`
    on the first ``--baseline-steps`` states, batched and one call at a time.
 
 Without ``--checkpoint`` the latest ProgRM-Env model of the warehouse's ``models`` table is used
-(run ``make reward-models`` first).
+(run ``make reward-models`` first). ``--smoke`` builds a temporary home first (a few real
+demonstrations, labelled, a ProgRM-Env model trained for 10 steps: ``benchmarks/_smoke.py``), then
+runs every part above on a few of its trajectories, training included (3 steps on its examples).
 
 Goals (issue): >= 200 steps/s batched, <= 50 ms p50 per single call on 2 cores, the full
 ProgRM-style training split in under 15 minutes. The machine is shared: the load average is
@@ -39,6 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -93,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline-steps", type=int, default=512, help="states scored by the plain full-prompt baseline"
     )
     parser.add_argument("--out", default=None, help="JSON results file (default: <home>/benchmarks/reward_models.json)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a temporary home with a tiny trained model; every part at a tiny size"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -100,7 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     from training.train import default_embedding_cache_dir
     from warehouse.catalog import Warehouse
 
+    if args.smoke:
+        from _smoke import smoke_root, trained_home
+
+        args.home = str(trained_home(smoke_root("reward-models") / "home"))
+        args.max_trajectories = min(args.max_trajectories or 6, 6)
+        args.latency_calls = min(args.latency_calls, 10)
+        args.baseline_steps = min(args.baseline_steps, 16)
+        args.train_steps = min(args.train_steps, 3)
     warehouse = Warehouse(args.home)
+    if args.smoke and args.train_examples is None:
+        current = warehouse.current_version("rm_examples", "progrm_env")
+        args.train_examples = str(current[1]) if current else None
     if args.checkpoint is None:
         from training.evaluate import latest_models
 

@@ -10,7 +10,9 @@ one) and its tasks:
   ProgRM's progress reward (a trained progrm_env model, scored in-process);
 * reward scoring of the same episodes in-process vs over the HTTP service (``training.serving``).
 
-Run: ``.venv/bin/python benchmarks/bench_rl.py [--home .stepwise] [--episodes 48] [--workers 1 2]``.
+Run: ``.venv/bin/python benchmarks/bench_rl.py [--home .stepwise] [--episodes 48] [--workers 1 2]``;
+``--smoke`` builds a temporary home first (a few demonstrations, reward models and an SFT policy
+trained briefly: ``benchmarks/_smoke.py``) and runs 2 episodes per batch with 1 worker.
 Goal (RL issue): >= 25 environment steps/s with 2 workers; the update must not be the bottleneck.
 """
 
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
@@ -58,7 +61,13 @@ def main() -> int:
     parser.add_argument("--home", default=os.environ.get("STEPWISE_HOME", ".stepwise"))
     parser.add_argument("--episodes", type=int, default=48)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--smoke", action="store_true", help="a tiny trained home of its own, 2 episodes, 1 worker")
     args = parser.parse_args()
+    if args.smoke:
+        from _smoke import smoke_root, trained_home
+
+        args.home = str(trained_home(smoke_root("rl") / "home"))
+        args.episodes, args.workers = min(args.episodes, 2), [1]
     warehouse = Warehouse(args.home)
     sft = latest_policy(warehouse, "sft")
     catalog = load_catalog("miniwob")
@@ -97,6 +106,8 @@ def main() -> int:
         try:
             source = make_reward_source(name, warehouse, cache=model.cache)
         except Exception as exc:  # noqa: BLE001 - a benchmark reports what it cannot measure
+            if args.smoke:  # built its own home: every figure must be there
+                raise
             print(f"(no {name} figures: {exc})")
             continue
         started = time.perf_counter()
@@ -120,6 +131,8 @@ def main() -> int:
     try:
         scorer = load_scorer(warehouse, "progrm_env")
     except Exception as exc:  # noqa: BLE001
+        if args.smoke:
+            raise
         print(f"\n(no scoring comparison: {exc})")
         return 0
     assert isinstance(scorer, LocalScorer)

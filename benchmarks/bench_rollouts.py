@@ -5,7 +5,8 @@ latency percentiles (as the pool's driver sees them: IPC and the browser include
 spent checking task-spec milestones per step (inside the worker, and as a share of the step).
 The scripted noisy expert runs the catalog tasks that have solutions, several seeds each.
 
-Run: `.venv/bin/python benchmarks/bench_rollouts.py [--episodes 80] [--workers 1 2] [--json out.json]`.
+Run: `.venv/bin/python benchmarks/bench_rollouts.py [--episodes 80] [--workers 1 2] [--json out.json]`;
+`--smoke` runs 4 episodes per run (the test suite).
 The machine's load is printed with the figures: on a shared 2-core machine other work competes
 for the same cores as the browsers.
 """
@@ -104,7 +105,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--noise", type=float, default=0.2)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--smoke", action="store_true", help="4 episodes per run, 1 and 2 workers (under a minute)")
     args = parser.parse_args()
+    if args.smoke:
+        args.episodes = min(args.episodes, 4)
 
     tasks = [t for t in load_catalog().values() if t.has_solution]
     chromium = subprocess.run(

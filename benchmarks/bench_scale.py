@@ -25,10 +25,12 @@ Two parts, in one run:
 
     .venv/bin/python benchmarks/bench_scale.py --baseline /tmp/scale_base --home /tmp/stepwise_baseline_home
     .venv/bin/python benchmarks/bench_scale.py ... --tasks 20 --copies 1 4 16 64 --new-only-copies 128
+    .venv/bin/python benchmarks/bench_scale.py --smoke   # 4 tasks, copies 1 and 2; this checkout on both sides
 
 The baseline is a worktree of the commit to compare with (``git worktree add /tmp/scale_base
-<commit> --detach``). Times are CPU of the subprocess (``time.process_time``, steadier than wall on
-a shared machine) and wall; the load average is printed.
+<commit> --detach``); ``--smoke`` (the test suite) compares this checkout with itself on a few
+recordings of four tasks imported into a temporary home. Times are CPU of the subprocess
+(``time.process_time``, steadier than wall on a shared machine) and wall; the load average is printed.
 """
 
 from __future__ import annotations
@@ -325,8 +327,8 @@ def exponent(ns: list[int], cpus: list[float]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", type=Path, required=True, help="worktree of the commit to compare with")
-    parser.add_argument("--home", type=Path, required=True, help="a STEPWISE_HOME with the imported demonstrations")
+    parser.add_argument("--baseline", type=Path, help="worktree of the commit to compare with (required)")
+    parser.add_argument("--home", type=Path, help="a STEPWISE_HOME with the imported demonstrations (required)")
     parser.add_argument("--tasks", type=int, default=20)
     parser.add_argument("--copies", type=int, nargs="*", default=[1, 4, 16, 64])
     parser.add_argument("--new-only-copies", type=int, nargs="*", default=[])
@@ -343,18 +345,34 @@ def main() -> int:
         help="only label a corpus of TASKS x COPIES (x ~18 trajectories) with the new code, e.g. 57700 1 "
         "(100x the ProgRM tasks) or 577 100 (100x per task)",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few recordings of four tasks in a temporary home, 4 tasks, copies 1 2, this checkout as the baseline",
+    )
     args = parser.parse_args()
+    from _corpus import DEMOS_DIR, load_real_trajectories
+
+    demos = DEMOS_DIR
+    if args.smoke:
+        from _smoke import small_demos, smoke_root
+
+        root = smoke_root("scale")
+        demos = small_demos(root / "demos")
+        args.home, args.work = args.home or root / "home", args.work or root / "work"
+        args.baseline = args.baseline or ROOT
+        args.tasks, args.copies, args.new_only_copies, args.incremental_copies = 4, [1, 2], [], [1]
+    if args.home is None or (args.baseline is None and not args.million):
+        parser.error("--home and --baseline are required (or --smoke)")
     if args.million:
         run_million(args.home, args.million[0], args.million[1], args.batch, args.work or Path(tempfile.mkdtemp()))
         return 0
-
-    from _corpus import load_real_trajectories
 
     from annotation.text_similarity import HashingTextEmbedder, TextEmbedder
 
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; baseline {args.baseline}")
     start = time.perf_counter()
-    real, where = load_real_trajectories(args.home)
+    real, where = load_real_trajectories(args.home, demos)
     print(f"{len(real):,} real demonstrations from {where} in {time.perf_counter() - start:.0f} s")
     if not args.skip_grouping:
         grouping_agreement(real, HashingTextEmbedder() if args.embedder == "hashing" else TextEmbedder())
@@ -369,6 +387,7 @@ def main() -> int:
         f"{'new CPU s':>9} {'wall s':>7} {'RSS GB':>6} | {'rows':>9} same"
     )
     results: dict[str, list[tuple[int, float]]] = {"old": [], "new": []}
+    failed: list[str] = []  # sizes with an error or different labels (a smoke run fails on them)
     for copies in sorted(set(args.copies) | set(args.new_only_copies)):
         folder = work / f"c{copies}"
         n = write_corpus(real, args.tasks, copies, folder)
@@ -387,6 +406,8 @@ def main() -> int:
             return f"{r['cpu']:9.1f} {r['wall']:7.1f} {r['rss_gb']:6.2f}"
 
         print(f"{copies:6d} {n:12,d} | {cells(old)} | {cells(new)} | {new.get('rows', 0):9,d} {same}", flush=True)
+        if "error" in old or "error" in new or same == "NO":
+            failed.append(f"copies {copies}: {old.get('error') or new.get('error') or 'labels differ'}")
         for f in folder.glob("*.pickle"):
             f.unlink()
     for which in ("old", "new"):
@@ -399,6 +420,9 @@ def main() -> int:
         "same: the label rows of both runs have the same digest (an order-independent sum of SHA-256 over every "
         "row, floats rounded to 1e-9; its CPU is not counted)"
     )
+    if args.smoke and failed:
+        print(f"smoke run failed: {failed}", file=sys.stderr)
+        return 1
     return 0
 
 

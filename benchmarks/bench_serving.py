@@ -3,6 +3,7 @@ with micro-batching (``training.serving_app``) next to the stdlib server it repl
 (``training.serving_legacy``, the baseline of issue 14).
 
     python benchmarks/bench_serving.py [--checkpoint <model folder>] [--clients 1 16 64 256] [--seconds 10]
+    python benchmarks/bench_serving.py --smoke   # both servers, a burst of 16, 1 and 4 clients for 1.5 s
 
 First issue 14's scene on each server: a burst of ``--burst`` requests (200, 256) released at
 once, each on its own connection, while one more connection holds a half-sent body; counted:
@@ -298,7 +299,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", type=int, nargs="*", default=[200, 256], help="burst sizes (issue 14's scene)")
     parser.add_argument("--servers", nargs="+", default=["new", "legacy"], choices=["new", "legacy"])
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the test suite's size: both servers, a burst of 16, 1 and 4 clients for 1.5 s each, the untrained "
+        "model of a temporary home unless --checkpoint",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from _smoke import smoke_root
+
+        args.home = args.home or str(smoke_root("serving") / "home")
+        args.clients, args.burst = [1, 4], [16]
+        args.seconds, args.warmup = min(args.seconds, 1.5), min(args.warmup, 0.5)
 
     checkpoint, origin = _checkpoint(args)
     print(f"model: {checkpoint} ({origin}); {os.cpu_count()} CPUs, load average {os.getloadavg()}")

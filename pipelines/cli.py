@@ -310,8 +310,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"== Stepwise: {outcome} in {time.perf_counter() - started:.0f} s")
     for name, ok in outcomes:
         print(f"   {name}: {'ok' if ok else 'FAILED'}")
-    for check in checks:
-        print(f"   check {check.check_name}: {'passed' if check.passed else 'did not pass'}")
+    _print_checks(checks)
     if main_ok:
         _demo_tables(warehouse, stages)
     views = "episodes, steps, progress_labels, recipes, label_quality, rm_metrics, agent_eval, rl_iterations, lineage"
@@ -412,8 +411,7 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
                 instance=instance, raise_on_error=False, run_config=quiet
             )
             outcomes.append(("reward_model_report", report.success))
-            for check in report.get_asset_check_evaluations():
-                print(f"   check {check.check_name}: {'passed' if check.passed else 'did not pass'}")
+            _print_checks(report.get_asset_check_evaluations())
     all_ok = all(ok for _, ok in outcomes)
     print(
         f"\n== Stepwise reward models: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s"
@@ -532,8 +530,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
             instance=instance, raise_on_error=False, run_config=quiet
         )
         outcomes.append(("rl_report", report.success))
-        for check in report.get_asset_check_evaluations():
-            print(f"   check {check.check_name}: {'passed' if check.passed else 'did not pass'}")
+        _print_checks(report.get_asset_check_evaluations())
     if report.success:
         print()
         print(report_markdown(run_rl_report(warehouse)))
@@ -609,6 +606,22 @@ def cmd_specs_validate(args: argparse.Namespace) -> int:
     report = validate_specs(folder, load=load)
     print(format_report(report))
     return 1 if report.errors else 0
+
+
+def _print_checks(evaluations) -> None:
+    """Data checks (ERROR severity: a failure means broken data) apart from findings (WARN: a
+    research claim the run tested, such as ``progrm_beats_orm``, whose answer may be no)."""
+    from dagster import AssetCheckSeverity
+
+    evaluations = list(evaluations)
+    data = [e for e in evaluations if e.severity != AssetCheckSeverity.WARN]
+    findings = [e for e in evaluations if e.severity == AssetCheckSeverity.WARN]
+    for check in data:
+        print(f"   check {check.check_name}: {'passed' if check.passed else 'FAILED'}")
+    if findings:
+        print("   findings (claims this run tested; 'no' is a result, not a failure):")
+        for check in findings:
+            print(f"     {check.check_name}: {'yes' if check.passed else 'no'}")
 
 
 def _summary(name: str, started: float, outcomes: list[tuple[str, bool]]) -> int:

@@ -256,9 +256,12 @@ def quantize_rowwise(model: nn.Module) -> nn.Module:
 
 
 def padded_length(n_tokens: int, max_tokens: int) -> int:
-    """The length a segment of ``n_tokens`` tokens is padded to: the next multiple of
-    :data:`LENGTH_STEP` (at most ``max_tokens``). It depends on the segment alone, so the encoder
-    runs every segment in a tensor of the same width whichever segments share its batch."""
+    """``n_tokens`` rounded up to a multiple of :data:`LENGTH_STEP` (at most ``max_tokens``).
+
+    Why: the CPU kernels reduce in lanes of 8 floats, and give the same bits for a padded row
+    whatever the padding adds as long as every width is such a multiple (so masked keys add exact
+    zeros to whole lanes); an odd width changes how a row's sums are grouped, and its last bits.
+    Checked on every run of tests/training/test_batch_invariance.py."""
     return min(-(-n_tokens // LENGTH_STEP) * LENGTH_STEP, max_tokens)
 
 
@@ -267,9 +270,9 @@ class SegmentEncoder:
 
     Batch-invariant: a text's embedding depends on the text and the model alone, bit for bit,
     never on which texts share its batch (so no cache's history can change a result). Two things
-    make it so: every text is padded to a width fixed by its own length (:func:`padded_length`),
-    so attention reduces over the same number of keys, and the int8 path scales activations per
-    row (:class:`RowScaledInt8Linear`), not per batch. Measured in benchmarks/bench_encoder.py."""
+    make it so: batches are padded to a multiple of :data:`LENGTH_STEP` tokens
+    (:func:`padded_length`), and the int8 path scales activations per row
+    (:class:`RowScaledInt8Linear`), not per batch. Measured in benchmarks/bench_encoder.py."""
 
     def __init__(self, config: RewardModelConfig, device: str | torch.device = "cpu") -> None:
         self.config = config
@@ -288,29 +291,27 @@ class SegmentEncoder:
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-        """Embeddings of ``texts`` (n, hidden) in float32; texts of one padded width share a batch."""
+        """Embeddings of ``texts`` (n, hidden) in float32; batches are formed by length."""
         out = np.zeros((len(texts), self.hidden_size), dtype=np.float32)
         if not texts:
             return out
         max_tokens = self.config.segment_max_tokens
         token_ids = self.tokenizer(list(texts), truncation=True, max_length=max_tokens)["input_ids"]
-        by_width: dict[int, list[int]] = {}
-        for i, ids in enumerate(token_ids):
-            by_width.setdefault(padded_length(len(ids), max_tokens), []).append(i)
+        order = sorted(range(len(texts)), key=lambda i: len(token_ids[i]))
         with self._lock:
-            for width, members in sorted(by_width.items()):
-                for start in range(0, len(members), batch_size):
-                    idx = members[start : start + batch_size]
-                    ids = np.full((len(idx), width), self.pad_id, dtype=np.int64)
-                    mask = np.zeros((len(idx), width), dtype=np.int64)
-                    for row, i in enumerate(idx):
-                        ids[row, : len(token_ids[i])] = token_ids[i]
-                        mask[row, : len(token_ids[i])] = 1
-                    input_ids = torch.from_numpy(ids).to(self.device)
-                    attention_mask = torch.from_numpy(mask).to(self.device)
-                    hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-                    pooled = pool_hidden_states(hidden.float(), attention_mask, self.pooling)
-                    out[idx] = F.normalize(pooled, dim=-1).cpu().numpy()
+            for start in range(0, len(order), batch_size):
+                idx = order[start : start + batch_size]
+                width = padded_length(max(len(token_ids[i]) for i in idx), max_tokens)
+                ids = np.full((len(idx), width), self.pad_id, dtype=np.int64)
+                mask = np.zeros((len(idx), width), dtype=np.int64)
+                for row, i in enumerate(idx):
+                    ids[row, : len(token_ids[i])] = token_ids[i]
+                    mask[row, : len(token_ids[i])] = 1
+                input_ids = torch.from_numpy(ids).to(self.device)
+                attention_mask = torch.from_numpy(mask).to(self.device)
+                hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                pooled = pool_hidden_states(hidden.float(), attention_mask, self.pooling)
+                out[idx] = F.normalize(pooled, dim=-1).cpu().numpy()
         return out
 
 
@@ -979,11 +980,11 @@ class RewardScorer:
             if self.cache is not None:  # frozen mode (the cache comes with the encoder)
                 features = segment_features(states, self.cache, self.config)
                 matrix = torch.from_numpy(self.cache.matrix)
-                # A state's score must not depend on the states that share its batch: each is
-                # padded to a width fixed by its own segment count (as the encoder pads texts),
-                # and a batch is filled up to a multiple of ROW_MULTIPLE states, since the CPU's
-                # matrix kernels round differently for a few rows than for many (measured in
-                # tests/training/test_batch_invariance.py).
+                # A state's score must not depend on the states that share its batch: states are
+                # batched with others of the same padded segment count (the fusion prepends its
+                # [CLS], so the encoder's padding rule alone does not suffice), and a batch is
+                # filled up to a multiple of ROW_MULTIPLE states, since the CPU's matrix kernels
+                # round differently for a few rows than for many (tests/training/test_batch_invariance.py).
                 widths = np.array([padded_length(int(n), 1 << 30) for n in np.diff(features.offsets)])
                 scores = np.zeros(len(states), dtype=np.float64)
                 for width in np.unique(widths):

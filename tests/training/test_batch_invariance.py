@@ -41,7 +41,7 @@ def encoder(request) -> SegmentEncoder:
     return SegmentEncoder(RewardModelConfig(kind="prm", quantize_encoder=request.param))
 
 
-def test_padded_length_depends_on_the_text_alone():
+def test_padded_length_is_the_next_multiple_of_eight_within_the_budget():
     assert [padded_length(n, 128) for n in (1, 8, 9, 16, 17, 127, 128)] == [8, 8, 16, 16, 24, 128, 128]
     assert padded_length(100, 100) == 100  # a budget that is no multiple of the step caps it
 

@@ -906,6 +906,12 @@ def read_model_config(directory: Path | str) -> tuple[RewardModelConfig, int | N
     return config, data.get("input_dim")
 
 
+def _sigmoid(logits: np.ndarray) -> np.ndarray:
+    """The logistic function in float64, element by element: the same bits for a logit however
+    many share its array (torch's float32 kernel takes another path for an array's tail)."""
+    return 1.0 / (1.0 + np.exp(-logits))
+
+
 class RewardScorer:
     """A trained reward model ready to score states (the batch scoring API).
 
@@ -995,7 +1001,7 @@ class RewardScorer:
                         collated = collate_segments(features, filled, matrix, width=int(width))
                         batch = {k: v.to(self.device) for k, v in collated.items()}
                         logits = self.model(**batch)["logits"].float()[: len(items)]
-                        scores[items] = torch.sigmoid(logits).cpu().double().numpy()
+                        scores[items] = _sigmoid(logits.cpu().double().numpy())
                 return scores
             texts = prompt_texts(states, self.kind, self.tokenizer, self.config)
             chunks = []

@@ -177,10 +177,35 @@ def test_a_concurrent_burst_shares_forward_passes_and_each_request_gets_its_own_
             [result] = answer["results"]
             expected = score_trajectories(scorer, [parse_trajectory(_trajectory(i, n), "t", ServingLimits())])[0]
             assert result["id"] == f"req-{i}" and len(result["scores"]) == n
-            np.testing.assert_allclose(result["scores"], expected.scores, atol=1e-5)
-            np.testing.assert_allclose(result["rewards"], expected.rewards, atol=1e-5)
+            # batch-invariant scoring: the same bits as the request scored on its own
+            np.testing.assert_array_equal(result["scores"], expected.scores)
+            np.testing.assert_array_equal(result["rewards"], expected.rewards)
     finally:
         _stop(server)
+
+
+def test_a_request_gets_the_same_scores_alone_on_a_cold_server_and_queued_with_others(trained_progrm):
+    """Issue 21: with micro-batching, one client's scores must not depend on other clients'
+    requests, nor on what the server's cache met before."""
+    probe = _body(7, 5)
+    alone_server = _start(RewardScorer.from_checkpoint(trained_progrm))  # a cold cache
+    try:
+        status, alone, _ = _post(alone_server, probe)
+    finally:
+        _stop(alone_server)
+    assert status == 200
+    busy_server = _start(RewardScorer.from_checkpoint(trained_progrm), BatchingSettings(max_wait_ms=200))
+    try:
+        others = [_body(100 + i, 1 + i % 6) for i in range(23)]
+        answers = _burst(busy_server, others[:11] + [probe] + others[11:])
+        assert busy_server.batcher.stats()["largest_batch_requests"] > 1
+    finally:
+        _stop(busy_server)
+    assert all(status == 200 for status, _, _ in answers)
+    queued = answers[11][1]["results"][0]
+    assert queued["id"] == "req-7"
+    assert queued["scores"] == alone["results"][0]["scores"]
+    assert queued["rewards"] == alone["results"][0]["rewards"]
 
 
 def test_a_body_that_never_arrives_is_answered_408_and_blocks_nobody(scorer):

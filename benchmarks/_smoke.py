@@ -79,7 +79,12 @@ def small_demos(
 
 #: What :func:`trained_home` builds by default: what bench_reward_models, bench_rl and bench_guidance
 #: need between them, so that one build (cached, see :func:`trained_home`) serves all three.
-TRAINED = {"reward_models": ("progrm_env", "prm"), "rm_steps": 10, "sft_tasks": ("login-user",), "seeds": 1}
+TRAINED: dict[str, Any] = {
+    "reward_models": ("progrm_env", "prm"),
+    "rm_steps": 10,
+    "sft_tasks": ("login-user",),
+    "seeds": 1,
+}
 CACHE_ENV = "STEPWISE_SMOKE_CACHE"
 
 

@@ -165,3 +165,28 @@ def test_the_judge_end_to_end_against_transformers_serve_and_in_local_mode(
     result = pool.run(_jobs("local", seeds=SEEDS[:1], max_steps=3), policy)
     steps = policy.logs[result.episodes[0].episode_id]
     assert steps and all(s.mode == "local" and "local mode" in s.note for s in steps)
+
+
+def test_a_guidance_setting_run_twice_gives_the_same_episodes(pool, trained_prm, tmp_path):
+    """PRM best-of-4, once, then again with the policy reloaded and a fresh verifier (both caches
+    cold): the same actions and successes on every seed (issue 21: 'varied (N=5: 3 vs 9 of 40)')."""
+    import torch
+
+    torch.manual_seed(5)
+    policy = PolicyModel()
+    policy.save(tmp_path / "policy")
+    setting = Setting("prm", "prm:N=4", "prm", 4)
+    tasks = [LOGIN, CATALOG["click-tab-2"]]
+    runs = []
+    for model in (policy, PolicyModel.load(tmp_path / "policy", encoder=policy.encoder)):
+        verifier = make_verifier("prm", checkpoint=trained_prm)
+        result = run_setting(pool, setting, LearnedProposer(model), verifier, tasks, SEEDS, policy_id="p")
+        assert not result.lost
+        runs.append(
+            sorted(
+                (r.task_id, r.seed, tuple(s.action.canonical_text() for s in r.steps), r.success)
+                for r, _ in result.records
+            )
+        )
+    assert len(runs[0]) == len(tasks) * len(SEEDS)
+    assert runs[0] == runs[1]

@@ -131,6 +131,9 @@ _RESET_SCRIPT = (
     _STATE_JS
     + """
 core.endEpisode(0);
+// A page element keeps focus from the worker's previous episode (a static form's button):
+// blur it, so that a seed's first screen does not depend on what ran before in this browser.
+if (document.activeElement && document.activeElement !== document.body) { document.activeElement.blur(); }
 WOB_EPISODE_ID++;
 Math.seedrandom(arguments[0]);
 core.setDataMode(arguments[1]);

@@ -57,6 +57,8 @@ bench: setup
 	@$(VENV)/bin/python benchmarks/bench_rl.py
 	@$(VENV)/bin/python benchmarks/bench_guidance.py
 	@$(VENV)/bin/python benchmarks/bench_partitions.py
+	@$(VENV)/bin/python benchmarks/bench_encoder.py
+	@$(VENV)/bin/python benchmarks/bench_determinism.py
 
 clean:
 	rm -rf $(STEPWISE_HOME)

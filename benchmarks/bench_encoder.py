@@ -106,11 +106,10 @@ def generated_texts(n: int, seed: int = 0) -> list[str]:
         "submit cancel ok username password email inbox reply forward delete search flight from to date "
         "button link checkbox textbox tab next previous select option star important"
     ).split()
-    texts = [
-        f'{rng.choice(["CLICK", "INPUT", "div", "span"])}({" ".join(rng.choices(words, k=rng.choice([1, 2, 4, 8, 20, 40])))}'
-        f' "{rng.randint(0, 9999)}")'
-        for _ in range(n)
-    ]
+    texts = []
+    for _ in range(n):
+        phrase = " ".join(rng.choices(words, k=rng.choice([1, 2, 4, 8, 20, 40])))
+        texts.append(f'{rng.choice(["CLICK", "INPUT", "div", "span"])}({phrase} "{rng.randint(0, 9999)}")')
     return list(dict.fromkeys(texts))
 
 
@@ -155,8 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     fp32 = SegmentEncoder(RewardModelConfig(kind="prm", quantize_encoder=False))
     reference = fp32.encode(texts)
     rows = [
-        measure("baseline: int8 per-tensor, padded batches", BaselineEncoder(fp32.config.backbone).encode, texts, reference),
-        measure("int8 per-row, widths padded to 8 (default)", SegmentEncoder(RewardModelConfig(kind="prm")).encode, texts, reference),
+        measure(
+            "baseline: int8 per-tensor, padded batches", BaselineEncoder(fp32.config.backbone).encode, texts, reference
+        ),
+        measure(
+            "int8 per-row, widths padded to 8 (default)",
+            SegmentEncoder(RewardModelConfig(kind="prm")).encode,
+            texts,
+            reference,
+        ),
         measure("fp32, widths padded to 8", fp32.encode, texts, reference),
     ]
     columns = list(rows[0])

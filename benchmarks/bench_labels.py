@@ -384,9 +384,14 @@ def main(argv: list[str] | None = None) -> None:
                 embedder.wall,
                 embedder.cpu,
             ),
-            ("match tables (Eq. 9), besides embeddings", w["tables"] - embedder.wall, c["tables"] - embedder.cpu),
+            # build_match_tables_encoded encodes the trajectories to symbols with the tables
             (
-                "encode trajectories to symbols",
+                "match tables (Eq. 9) + symbol encoding, besides embeddings",
+                w["tables"] - embedder.wall,
+                c["tables"] - embedder.cpu,
+            ),
+            (
+                "rest of label_corpus (codes per episode)",
                 w["label_corpus"] - w["tables"] - w["recipes"] - w["key_steps"],
                 c["label_corpus"] - c["tables"] - c["recipes"] - c["key_steps"],
             ),

@@ -230,6 +230,8 @@ class RowScaledInt8Linear(nn.Module):
             quantized = quantize_dynamic(nn.Sequential(unbiased), {nn.Linear: per_channel_dynamic_qconfig}, torch.qint8)
         self.inner = quantized[0]
         bias = linear.bias.detach().clone() if linear.bias is not None else torch.zeros(linear.out_features)
+        self.bias: torch.Tensor
+        self.bounds: torch.Tensor
         self.register_buffer("bias", bias)
         bounds = torch.zeros(1, linear.in_features)
         bounds[0, 0], bounds[0, 1] = 1.0, -1.0

@@ -39,6 +39,7 @@ SMOKE: dict[str, Smoke] = {
             "derived corpus",
             "paper: lcs_labels, end to end (SBERT included)",
             "improved: lcs_labels, end to end (SBERT included)",
+            "match tables (Eq. 9) + symbol encoding, besides embeddings",
             "grouping (Eq. 3) + recipes (Eq. 10)",
             "DP implementation (CPU time)",
             "fast: lcs_labels' DP, paper, all",
@@ -57,6 +58,15 @@ SMOKE: dict[str, Smoke] = {
     ),
     "bench_encoder": Smoke(
         ("| encoder | bulk texts/s |", "baseline: int8 per-tensor", "int8 per-row", "fp32, widths padded to 8")
+    ),
+    "bench_determinism": Smoke(
+        (
+            "(policy, task, seed) pairs run twice",
+            "| task | pairs | identical episodes | same outcome |",
+            "| login-user |",
+            "tasks where a seed does not repeat:",
+        ),
+        e2e=True,
     ),
     "bench_rollouts": Smoke(("workers  steps/s", "goal >= 30 steps/s with 2 workers", "CPU cost:"), e2e=True),
     "bench_annotation": Smoke(

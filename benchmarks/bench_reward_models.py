@@ -184,6 +184,23 @@ def main(argv: list[str] | None = None) -> int:
         k: round(v, 2) for k, v in measure_latency(fresh, states[: args.latency_calls]).items()
     }
     print("single call, cold cache:", results["single_call_cold"], flush=True)
+    # What batch invariance cost: the same model, cold, with the encoder as it was before issue 21
+    # (per-tensor int8, padded batches). Speed only: its embeddings are not those the model saw.
+    if cold.encoder is not None:
+        from bench_encoder import BaselineEncoder
+
+        old = RewardScorer.from_checkpoint(args.checkpoint)
+        assert old.encoder is not None
+        baseline_encoder = BaselineEncoder(old.config.backbone, old.config.segment_max_tokens)
+        old.encoder.encode = baseline_encoder.encode  # type: ignore[method-assign]
+        results["batched_cold_old_encoder"] = _batched(old, trajectories)
+        old_single = RewardScorer.from_checkpoint(args.checkpoint)
+        assert old_single.encoder is not None
+        old_single.encoder.encode = baseline_encoder.encode  # type: ignore[method-assign]
+        results["single_call_cold_old_encoder"] = {
+            k: round(v, 2) for k, v in measure_latency(old_single, states[: args.latency_calls]).items()
+        }
+        print("batched / single call, cold, the old encoder:", results["batched_cold_old_encoder"], flush=True)
     deployed_latency = RewardScorer.from_checkpoint(
         args.checkpoint, warm_cache=warm_dir if warm_dir and warm_dir.exists() else None
     )
@@ -283,8 +300,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     for label, batched, single in (
         ("segments + cache, cold", "batched_cold", "single_call_cold"),
+        (
+            "the same, cold, encoder before issue 21 (not batch-invariant)",
+            "batched_cold_old_encoder",
+            "single_call_cold_old_encoder",
+        ),
         ("segments + cache, from the training cache", "batched_deployed", "single_call_deployed"),
     ):
+        if batched not in results:
+            continue
         print(
             f"| {label} | {results[batched]['steps_per_second']} | {results[single]['latency_ms_p50']} | "
             f"{results[single]['latency_ms_p95']} |"

@@ -257,14 +257,17 @@ def quantize_rowwise(model: nn.Module) -> nn.Module:
     return model
 
 
-def padded_length(n_tokens: int, max_tokens: int) -> int:
-    """``n_tokens`` rounded up to a multiple of :data:`LENGTH_STEP` (at most ``max_tokens``).
+def padded_length(n_tokens: int) -> int:
+    """The width a batch whose longest row has ``n_tokens`` is padded to: the next multiple of
+    :data:`LENGTH_STEP` strictly above it.
 
-    Why: the CPU kernels reduce in lanes of 8 floats, and give the same bits for a padded row
-    whatever the padding adds as long as every width is such a multiple (so masked keys add exact
-    zeros to whole lanes); an odd width changes how a row's sums are grouped, and its last bits.
-    Checked on every run of tests/training/test_batch_invariance.py."""
-    return min(-(-n_tokens // LENGTH_STEP) * LENGTH_STEP, max_tokens)
+    Why a multiple: the CPU kernels reduce in lanes of 8 floats, and give the same bits for a row
+    whatever the padding adds as long as every width is such a multiple (masked keys add exact
+    zeros to whole lanes); an odd width changes how a row's sums are grouped. Why strictly above:
+    at least one padded position keeps the attention mask from being all ones, which Transformers
+    would drop, sending attention through another kernel with other last bits. Both are checked on
+    every run of tests/training/test_batch_invariance.py."""
+    return (n_tokens // LENGTH_STEP + 1) * LENGTH_STEP
 
 
 class SegmentEncoder:
@@ -303,7 +306,7 @@ class SegmentEncoder:
         with self._lock:
             for start in range(0, len(order), batch_size):
                 idx = order[start : start + batch_size]
-                width = padded_length(max(len(token_ids[i]) for i in idx), max_tokens)
+                width = padded_length(max(len(token_ids[i]) for i in idx))
                 ids = np.full((len(idx), width), self.pad_id, dtype=np.int64)
                 mask = np.zeros((len(idx), width), dtype=np.int64)
                 for row, i in enumerate(idx):
@@ -331,7 +334,7 @@ def encoder_fingerprint(config: RewardModelConfig, quantized: bool) -> str:
         h.update(config.backbone.encode())
     scheme = QUANTIZATION_SCHEME if quantized else "fp32"
     # the padding rule is part of the function: the same weights padded otherwise give other bits
-    padding = f"pad-to-multiple-of-{LENGTH_STEP}"
+    padding = f"pad-above-to-multiple-of-{LENGTH_STEP}"
     h.update(f"{config.pooling}|{config.segment_max_tokens}|{scheme}|{padding}|{torch.__version__}".encode())
     return h.hexdigest()[:16]
 
@@ -883,6 +886,8 @@ def save_reward_model(
         state = model.trainable_state_dict()
     save_file(state, str(tmp / WEIGHTS_FILE))
     payload = config.to_dict() | {"input_dim": model.input_dim}
+    if config.encoder_mode == "frozen_segments":  # the embeddings the model was trained on (CPU)
+        payload["encoder_fingerprint"] = encoder_fingerprint(config, config.quantize_encoder)
     (tmp / CONFIG_FILE).write_text(json.dumps(payload, indent=2))
     (tmp / METADATA_FILE).write_text(json.dumps(metadata or {}, indent=2, default=str))
     if directory.exists():
@@ -965,6 +970,13 @@ class RewardScorer:
                 raise ValueError(f"checkpoint {directory} does not match its config: {unexpected or missing}")
             return cls(model, tokenizer=load_tokenizer(config.backbone), device=device, metadata=metadata)
         encoder = SegmentEncoder(config, device=device)
+        trained_with = json.loads((directory / CONFIG_FILE).read_text()).get("encoder_fingerprint")
+        if trained_with and encoder.device.type == "cpu" and trained_with != encoder.fingerprint:
+            raise ValueError(
+                f"reward model {directory} was trained on the embeddings of encoder {trained_with}; this "
+                f"code's encoder is {encoder.fingerprint} (another padding, quantisation or torch): retrain it "
+                "(stepwise reward-models)"
+            )
         model = RewardModel(config, input_dim=input_dim or encoder.hidden_size)
         model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
         scorer = cls(model, encoder=encoder, device=device, metadata=metadata)
@@ -993,7 +1005,7 @@ class RewardScorer:
                 # [CLS], so the encoder's padding rule alone does not suffice), and a batch is
                 # filled up to a multiple of ROW_MULTIPLE states, since the CPU's matrix kernels
                 # round differently for a few rows than for many (tests/training/test_batch_invariance.py).
-                widths = np.array([padded_length(int(n), 1 << 30) for n in np.diff(features.offsets)])
+                widths = np.array([padded_length(int(n)) for n in np.diff(features.offsets)])
                 scores = np.zeros(len(states), dtype=np.float64)
                 for width in np.unique(widths):
                     members = np.flatnonzero(widths == width)

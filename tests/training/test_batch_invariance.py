@@ -41,9 +41,8 @@ def encoder(request) -> SegmentEncoder:
     return SegmentEncoder(RewardModelConfig(kind="prm", quantize_encoder=request.param))
 
 
-def test_padded_length_is_the_next_multiple_of_eight_within_the_budget():
-    assert [padded_length(n, 128) for n in (1, 8, 9, 16, 17, 127, 128)] == [8, 8, 16, 16, 24, 128, 128]
-    assert padded_length(100, 100) == 100  # a budget that is no multiple of the step caps it
+def test_padded_length_is_the_next_multiple_of_eight_above_the_longest_row():
+    assert [padded_length(n) for n in (1, 7, 8, 9, 15, 16, 127, 128)] == [8, 8, 16, 16, 16, 24, 128, 136]
 
 
 def test_a_text_encoded_alone_equals_it_inside_random_batches(encoder):
@@ -61,6 +60,20 @@ def test_a_text_encoded_alone_equals_it_inside_random_batches(encoder):
                 worst = max(worst, float(np.abs(got[row] - alone[texts.index(text)]).max()))
     assert worst <= 1e-6
     np.testing.assert_array_equal(encoder.encode(texts[:40], batch_size=64), alone)
+
+
+def test_a_text_that_fills_a_whole_lane_is_encoded_alone_as_in_a_padded_batch(encoder):
+    """A text of exactly 8 or 16 tokens, alone, would have no padding: its attention mask all ones,
+    which Transformers drops (another kernel, other last bits) unless a padded position is kept."""
+    rng = random.Random(11)
+    candidates = _texts(rng, 400)
+    lengths = [len(ids) for ids in encoder.tokenizer(candidates, truncation=True, max_length=128)["input_ids"]]
+    full = [t for t, n in zip(candidates, lengths, strict=True) if n % 8 == 0][:6]
+    assert full
+    for text in full:
+        alone = encoder.encode([text])
+        batch = [text, *rng.sample(candidates, 7)]
+        np.testing.assert_array_equal(encoder.encode(batch)[:1], alone)
 
 
 def test_thread_count_does_not_change_an_embedding(encoder):

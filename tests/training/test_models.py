@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -133,6 +135,13 @@ def test_frozen_segment_model_trains_and_round_trips(tmp_path):
     np.testing.assert_allclose(scorer.score_states(STATES, batch_size=2), expected, atol=1e-5)
     np.testing.assert_allclose([scorer.score_states([s])[0] for s in STATES], expected, atol=1e-5)
     assert scorer.metadata["model_id"] == "x"
+    # a model remembers the encoder whose embeddings it was trained on, and refuses another
+    config_file = tmp_path / "m" / "reward_model_config.json"
+    saved = json.loads(config_file.read_text())
+    assert saved["encoder_fingerprint"] == scorer.encoder.fingerprint
+    config_file.write_text(json.dumps(saved | {"encoder_fingerprint": "0123456789abcdef"}))
+    with pytest.raises(ValueError, match="trained on the embeddings of encoder 0123456789abcdef"):
+        RewardScorer.from_checkpoint(tmp_path / "m")
 
 
 def test_decoder_backbone_full_mode_uses_last_token_pooling(tiny_causal_lm_path, tmp_path):

@@ -971,11 +971,13 @@ class RewardScorer:
             return cls(model, tokenizer=load_tokenizer(config.backbone), device=device, metadata=metadata)
         encoder = SegmentEncoder(config, device=device)
         trained_with = json.loads((directory / CONFIG_FILE).read_text()).get("encoder_fingerprint")
-        if trained_with and encoder.device.type == "cpu" and trained_with != encoder.fingerprint:
+        if encoder.device.type == "cpu" and trained_with != encoder.fingerprint:
+            # (models saved before fingerprints were recorded were trained on the old, batch-dependent
+            # encoder's embeddings: refused too)
             raise ValueError(
-                f"reward model {directory} was trained on the embeddings of encoder {trained_with}; this "
-                f"code's encoder is {encoder.fingerprint} (another padding, quantisation or torch): retrain it "
-                "(stepwise reward-models)"
+                f"reward model {directory} was trained on the embeddings of encoder {trained_with or 'unrecorded'}; "
+                f"this code's encoder is {encoder.fingerprint} (another padding, quantisation or torch): retrain "
+                "it (stepwise reward-models)"
             )
         model = RewardModel(config, input_dim=input_dim or encoder.hidden_size)
         model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))

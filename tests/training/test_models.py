@@ -142,6 +142,9 @@ def test_frozen_segment_model_trains_and_round_trips(tmp_path):
     config_file.write_text(json.dumps(saved | {"encoder_fingerprint": "0123456789abcdef"}))
     with pytest.raises(ValueError, match="trained on the embeddings of encoder 0123456789abcdef"):
         RewardScorer.from_checkpoint(tmp_path / "m")
+    config_file.write_text(json.dumps({k: v for k, v in saved.items() if k != "encoder_fingerprint"}))
+    with pytest.raises(ValueError, match="encoder unrecorded"):
+        RewardScorer.from_checkpoint(tmp_path / "m")
 
 
 def test_decoder_backbone_full_mode_uses_last_token_pooling(tiny_causal_lm_path, tmp_path):

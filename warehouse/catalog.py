@@ -172,22 +172,26 @@ class Warehouse:
         """A short-lived connection. DuckDB allows one writing process: wait for a busy file, don't fail."""
         if read_only and not self.db_path.exists():
             self.ensure_catalog()
-        delay = 0.05
-        for attempt in range(attempts):
-            try:
-                con = duckdb.connect(str(self.db_path), read_only=read_only)
-                break
-            except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower() or attempt == attempts - 1:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 1.5, 1.0)
+        con = self._open(read_only, attempts)
         try:
             if not self._views_checked:
                 con = self._views_for_this_home(con, read_only)
             yield con
         finally:
             con.close()
+
+    def _open(self, read_only: bool, attempts: int = 40) -> duckdb.DuckDBPyConnection:
+        """Open the file, waiting (with back-off) while another process holds its write lock."""
+        delay = 0.05
+        for attempt in range(attempts):
+            try:
+                return duckdb.connect(str(self.db_path), read_only=read_only)
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower() or attempt == attempts - 1:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 1.5, 1.0)
+        raise AssertionError("unreachable: the last attempt raises")
 
     def _views_for_this_home(self, con: duckdb.DuckDBPyConnection, read_only: bool) -> duckdb.DuckDBPyConnection:
         """The views name absolute paths: when the catalog was last viewed from another location (a
@@ -205,7 +209,8 @@ class Warehouse:
             con.close()
             with self.connect(read_only=False) as writer:
                 del writer  # the read-write connection rebuilds the views on opening
-            return duckdb.connect(str(self.db_path), read_only=True)
+            # (another process may take the write lock in between: wait for it as connect does)
+            return self._open(read_only=True)
         self._views_checked = True  # before the rebuild: it runs statements on this connection
         con.execute(_CATALOG_DDL)
         self._migrate_absolute_paths(con)

@@ -140,7 +140,8 @@ def test_the_judge_end_to_end_against_transformers_serve_and_in_local_mode(
         steps = policy.logs[record.episode_id]
         assert len(steps) == record.n_steps >= 1  # every step judged (or fallen back), to the episode's end
         client = judge.client  # type: ignore[attr-defined]
-        assert client is not None and client.calls >= 3 * 3  # at least one call per candidate per step
+        # at least one call per candidate per step (a screen may offer fewer than N candidates)
+        assert client is not None and client.calls >= sum(step.n_candidates for step in steps) >= len(steps)
         for step in steps:
             assert step.mode in ("endpoint", "fallback")
             assert step.mode == "endpoint" or "unparsable" in step.note or "endpoint failed" in step.note

@@ -1,6 +1,6 @@
 """Human labels stage (group ``human_labels``): selection and push to Label Studio, the sync into
 ``human_labels`` (asset and the ``label_studio_sync`` sensor), per-step training labels, annotator
-agreement and the comparison of label sources. Stage logic: :mod:`annotation.human_labels`."""
+agreement and the comparison of label sources. Stage logic: :mod:`annotation.labelstudio.human_labels`."""
 
 from typing import Any
 
@@ -25,7 +25,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from annotation.human_labels import (
+from annotation.labelstudio.human_labels import (
     CANDIDATE_UPSTREAM,
     DOWNSTREAM_OF_LABELS,
     INTERFACE_NAMES,
@@ -233,7 +233,8 @@ def build_label_studio_sensor(
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
     **settings: Any,
 ) -> SensorDefinition:
-    """The sensor that keeps ``human_labels`` current (each tick: :func:`annotation.human_labels.sync_tick`);
+    """The sensor that keeps ``human_labels`` current (each tick:
+    :func:`annotation.labelstudio.human_labels.sync_tick`);
     ``settings`` are :class:`SensorSettings` fields: name, back-off, tick budget, ``on_stage``."""
     timing = SensorSettings(**settings)
 

@@ -1,7 +1,7 @@
 """Labels stage (group ``labels``): synthetic trajectories, the recipe library and progress
 labels, the reward-model split and the label-quality report (ProgRM §2.2, App. B-C).
 
-Stage logic: :mod:`annotation.labels`.
+Stage logic: :mod:`annotation.progress.labels`.
 """
 
 from collections.abc import Iterator
@@ -34,7 +34,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from annotation.labels import (
+from annotation.progress.labels import (
     LABELS_CODE_VERSION,
     check_improved_beats_paper,
     check_progress_labels,

@@ -1,7 +1,7 @@
 """Reward-model stage (group ``reward_models``): datasets per kind -> one trained model per kind ->
 the evaluation report (ProgRM Tables 2-3). The dataset and model assets are partitioned by kind.
 
-Stage logic: :mod:`training.reward_models`.
+Stage logic: :mod:`training.reward_models.runs`.
 """
 
 from dagster import (
@@ -22,7 +22,7 @@ from pydantic import Field
 
 from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import WarehouseResource
-from training.reward_models import (
+from training.reward_models.runs import (
     DATASET_CODE_VERSION,
     DATASETS_ASSET,
     MODEL_ASSET,
@@ -115,7 +115,7 @@ class RewardModelTrainingConfig(Config):
     save_steps: int | None = None
     max_train_examples: int | None = None
     threads: int = Field(default=2, description="torch CPU threads of the training process")
-    extra_args: list[str] = Field(default_factory=list, description="more training/train.py arguments")
+    extra_args: list[str] = Field(default_factory=list, description="more training/reward_models/train.py arguments")
     timeout_s: int = 6 * 3600
 
 

@@ -27,6 +27,7 @@ from pydantic import Field
 
 from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import EnvPoolResource, WarehouseResource
+from training.policy.store import PolicyNotFoundError
 from training.rl.report import check_table_one, report_markdown, report_plot
 from training.rl.runs import (
     RL_CODE_VERSION,
@@ -128,7 +129,7 @@ def policy_sft(
             run_id=context.run_id,
             log=context.log.info,
         )
-    except RLStageError as exc:
+    except (RLStageError, PolicyNotFoundError) as exc:
         raise Failure(str(exc)) from None
     return MaterializeResult(metadata=to_metadata(result) | table_metadata(wh, "policies", also=("agent_eval",)))
 
@@ -157,7 +158,7 @@ def rl_run(
             run_id=context.run_id,
             log=context.log.info,
         )
-    except (RLStageError, ValueError) as exc:
+    except (RLStageError, PolicyNotFoundError, ValueError) as exc:
         raise Failure(str(exc)) from None
     yield MaterializeResult(
         metadata=to_metadata(result) | table_metadata(wh, "rl_iterations", also=("rl_step_rewards",))
@@ -193,7 +194,7 @@ def agent_evaluation(
             run_id=context.run_id,
             log=context.log.info,
         )
-    except RLStageError as exc:
+    except (RLStageError, PolicyNotFoundError) as exc:
         raise Failure(str(exc)) from None
     return MaterializeResult(
         metadata=to_metadata(result) | table_metadata(wh, "agent_eval", also=("agent_eval_episodes",))
@@ -221,7 +222,7 @@ def rl_report(
     wh = warehouse.get()
     try:
         report = run_rl_report(wh)
-    except RLStageError as exc:
+    except (RLStageError, PolicyNotFoundError) as exc:
         raise Failure(str(exc)) from None
     plot = report_plot(report, wh.home / "plots" / "rl" / "table_one.png")
     yield MaterializeResult(metadata=to_metadata({"table_one": report_markdown(report), "success_plot": plot}))

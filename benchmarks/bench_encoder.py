@@ -10,7 +10,7 @@ the same shapes. Side by side, in the same run:
 * **baseline**: the encoder before issue 21 (PyTorch dynamic int8 quantisation, one activation
   scale per batch tensor; batches sorted by length and padded to their longest text);
 * **int8 per-row** (the default): batches padded to a multiple of 8 tokens, int8
-  linears with per-row activation scales (``training.models.RowScaledInt8Linear``);
+  linears with per-row activation scales (``training.reward_models.models.RowScaledInt8Linear``);
 * **fp32**: the same padding rule, MiniLM's own float32 weights.
 
 For each: texts/s in bulk (batches of 64) and in calls of 5 new texts (what a reward model meets
@@ -39,7 +39,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from training.models import (  # noqa: E402
+from training.reward_models.models import (  # noqa: E402
     RewardModelConfig,
     SegmentEncoder,
     load_backbone,
@@ -77,8 +77,9 @@ class BaselineEncoder:
 
 def warehouse_texts(home: str | None, limit: int) -> list[str]:
     """Distinct segment texts of the warehouse's trajectories (empty without a warehouse)."""
-    from training.models import state_segments
-    from training.rm_datasets import progress_state, read_splits, read_trajectories
+    from training.reward_models.models import state_segments
+    from training.reward_models.readers import read_splits, read_trajectories
+    from training.reward_models.states import progress_state
     from warehouse.catalog import Warehouse
 
     try:

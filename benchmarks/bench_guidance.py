@@ -40,10 +40,10 @@ from envs.task_catalog import load_catalog  # noqa: E402
 from training.guidance.judge import JudgeSettings  # noqa: E402
 from training.guidance.proposals import LearnedProposer, Proposal, describe_action  # noqa: E402
 from training.guidance.verifiers import StepView, context_of, make_verifier  # noqa: E402
-from training.models import EmbeddingCache  # noqa: E402
 from training.policy.learned import PolicyModel  # noqa: E402
-from training.rl.runs import latest_policy  # noqa: E402
-from training.rm_datasets import screen_lines  # noqa: E402
+from training.policy.store import latest_policy  # noqa: E402
+from training.reward_models.models import EmbeddingCache  # noqa: E402
+from training.reward_models.states import screen_lines  # noqa: E402
 from warehouse.catalog import Warehouse  # noqa: E402
 from warehouse.trajectories import load_trajectories  # noqa: E402
 

@@ -5,7 +5,7 @@ from the real MiniWoB++ human demonstrations: see ``benchmarks/_corpus.py`` for 
 variants with renamed vocabulary, trajectories made of consecutive recordings of a task,
 success = all parts succeeded, failures abandon their last part). Then, in one process:
 
-1. for each method ("paper", "improved"), ``annotation.labeling.lcs_labels`` end to end on the
+1. for each method ("paper", "improved"), ``annotation.progress.labeling.lcs_labels`` end to end on the
    full corpus with the real all-MiniLM-L6-v2 embedder (``TextEmbedder``, CPU): match tables
    (Eq. 9), grouping (Eq. 3), recipes (Eq. 10), key steps (Eq. 4) and labels, plus the improved
    mode's cleaning. The model is loaded once beforehand (timed apart); each method gets an empty
@@ -60,12 +60,12 @@ from _corpus import (  # noqa: E402
 )
 from _smoke import small_demos, smoke_root  # noqa: E402
 
-import annotation.grouping as grouping  # noqa: E402
-import annotation.labeling as labeling  # noqa: E402
-import annotation.progress as progress  # noqa: E402
-import annotation.recipes as recipes  # noqa: E402
-import annotation.soft_lcs as soft_lcs_module  # noqa: E402
-from annotation.soft_lcs import (  # noqa: E402
+import annotation.progress.grouping as grouping  # noqa: E402
+import annotation.progress.key_steps as progress  # noqa: E402
+import annotation.progress.labeling as labeling  # noqa: E402
+import annotation.progress.recipes as recipes  # noqa: E402
+import annotation.progress.soft_lcs as soft_lcs_module  # noqa: E402
+from annotation.progress.soft_lcs import (  # noqa: E402
     SequenceStore,
     soft_lcs,
     soft_lcs_alignment_arrays_indexed,
@@ -73,7 +73,7 @@ from annotation.soft_lcs import (  # noqa: E402
     soft_lcs_reference_actions,
     soft_lcs_scores_indexed,
 )
-from annotation.text_similarity import TextEmbedder, load_minilm  # noqa: E402
+from annotation.progress.text_similarity import TextEmbedder, load_minilm  # noqa: E402
 
 T = TypeVar("T")
 

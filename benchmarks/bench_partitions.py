@@ -40,7 +40,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from dagster import DagsterInstance  # noqa: E402
 
-from annotation.label_io import family_dataset, label_families  # noqa: E402
+from annotation.progress.label_io import family_dataset, label_families  # noqa: E402
 from warehouse.catalog import Materialization, Warehouse  # noqa: E402
 
 DAGSTER = Path(sys.executable).with_name("dagster")

@@ -49,8 +49,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from training.evaluate import measure_latency, predict_trajectories, trajectory_states  # noqa: E402
-from training.models import RewardScorer  # noqa: E402
+from training.reward_models.evaluate import measure_latency, predict_trajectories, trajectory_states  # noqa: E402
+from training.reward_models.models import RewardScorer  # noqa: E402
 
 
 def _peak_rss_mb() -> float:
@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from training.rm_datasets import read_splits, read_trajectories
-    from training.train import default_embedding_cache_dir
+    from training.reward_models.readers import read_splits, read_trajectories
+    from training.reward_models.train import default_embedding_cache_dir
     from warehouse.catalog import Warehouse
 
     if args.smoke:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         current = warehouse.current_version("rm_examples", "progrm_env")
         args.train_examples = str(current[1]) if current else None
     if args.checkpoint is None:
-        from training.evaluate import latest_models
+        from training.reward_models.evaluate import latest_models
 
         latest = latest_models(warehouse, ["progrm_env"])
         if not latest:
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     results["peak_rss_mb_scoring"] = round(_peak_rss_mb(), 1)
 
     # the baseline: the same backbone over the whole prompt of every state (no segments, no cache)
-    from training.models import RewardModelConfig, build_reward_model, default_backbone, load_tokenizer
+    from training.reward_models.models import RewardModelConfig, build_reward_model, default_backbone, load_tokenizer
 
     plain_config = RewardModelConfig(kind=kind, encoder_mode="full", max_length=512)
     plain = RewardScorer(build_reward_model(plain_config), tokenizer=load_tokenizer(default_backbone()))
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.train_examples:
         import tempfile
 
-        from training.train import parse_args, train_reward_model
+        from training.reward_models.train import parse_args, train_reward_model
 
         with tempfile.TemporaryDirectory() as tmp:
             model_config, data, training_args = parse_args(

@@ -5,17 +5,17 @@ Two parts, in one run:
 1. **Grouping on the real tasks.** For every real MiniWoB++ task of the imported
    demonstrations, in both LCS modes (paper: Eq. 3 with min length; improved: cleaned and
    rewritten trajectories, mean length, INPUT target must match), the Eq. (3) groups of the
-   exact all-pairs grouping (:func:`annotation.recipes.group_by_similarity` on the full matrix)
-   are compared with those of :mod:`annotation.grouping` (deduplicated classes, rapidfuzz
+   exact all-pairs grouping (:func:`annotation.progress.recipes.group_by_similarity` on the full matrix)
+   are compared with those of :mod:`annotation.progress.grouping` (deduplicated classes, rapidfuzz
    hard-LCS upper bound as prefilter), the prefilter forced on for every task. Printed: tasks
    with identical groups, Eq. (3) pairs, and the soft DPs each way ran.
 2. **Scaling.** Corpora derived from the real demonstrations (:class:`_corpus.ScaledCorpus`:
    ``--tasks`` tasks, ~18 trajectories each as in ProgRM App. C, times ``copies`` perturbed
    copies per task whose instance words are renamed) are written task by task to pickles. Each
    is labelled in a fresh subprocess (so peak RSS is the run's own) by
-   * **old**: the baseline's ``annotation.labeling.lcs_labels`` on the whole corpus in memory
+   * **old**: the baseline's ``annotation.progress.labeling.lcs_labels`` on the whole corpus in memory
      (what ``run_labeling`` did), paper and improved modes;
-   * **new**: :func:`annotation.label_stream.stream_labels`, task batch by task batch (tasks read
+   * **new**: :func:`annotation.progress.label_stream.stream_labels`, task batch by task batch (tasks read
      one pickle at a time, at most ``--batch`` episodes a batch), both modes.
    Both use the hashing text embedder (``--embedder minilm`` for the real one; embedding costs
    the same either way and is not what scales badly). Printed per size: CPU seconds, wall
@@ -65,7 +65,7 @@ def peak_gb():  # this process's own high-water mark (ru_maxrss would include th
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024 / 1e9
     return float("nan")
-from annotation.text_similarity import HashingTextEmbedder, TextEmbedder
+from annotation.progress.text_similarity import HashingTextEmbedder, TextEmbedder
 embed = HashingTextEmbedder() if embedder == "hashing" else TextEmbedder()
 files = sorted(folder.glob("task-*.pickle"))
 class Digest:  # order-independent: the sum of the rows' SHA-256 prefixes, so rows need not be kept
@@ -90,7 +90,7 @@ def check_rows(rows):
 wall, cpu = time.perf_counter(), time.process_time()
 n_rows = 0
 if which == "old":
-    from annotation.labeling import lcs_labels
+    from annotation.progress.labeling import lcs_labels
     trajectories = [t for f in files for t in pickle.loads(f.read_bytes())]
     for method in ("paper", "improved"):
         rows = lcs_labels(trajectories, embed, method).label_rows  # held whole, as the old run_labeling did
@@ -98,7 +98,7 @@ if which == "old":
         check_rows(rows)
         del rows
 else:
-    from annotation.label_stream import stream_labels
+    from annotation.progress.label_stream import stream_labels
     def batches():
         batch_list = []
         for f in files:
@@ -111,7 +111,7 @@ else:
             yield batch_list
     for result in stream_labels(batches(), embed, None, embed_scope="batch"):
         for run in result.lcs.values():
-            n_rows += len(run.labels)  # a real run writes them out as they come (annotation.label_runs)
+            n_rows += len(run.labels)  # a real run writes them out as they come (annotation.progress.label_runs)
             if check:
                 check_rows(run.label_rows)
 print(json.dumps({"cpu": time.process_time() - cpu - hashing, "wall": time.perf_counter() - wall - hashing,
@@ -132,8 +132,8 @@ def status(key):
     return float("nan")
 import pyarrow.parquet as pq
 from _corpus import ScaledCorpus, ScaledCorpusSpec, load_real_trajectories
-from annotation.label_stream import stream_labels
-from annotation.text_similarity import HashingTextEmbedder
+from annotation.progress.label_stream import stream_labels
+from annotation.progress.text_similarity import HashingTextEmbedder
 from warehouse.schema import PROGRESS_LABELS
 real, _ = load_real_trajectories(Path(home), log=lambda m: None)
 corpus = ScaledCorpus(real, ScaledCorpusSpec(n_tasks=n_tasks, copies=copies))
@@ -216,11 +216,11 @@ def run_worker(folder: Path, which: str, pythonpath: Path, embedder: str, batch:
 
 
 def grouping_agreement(trajectories, embed) -> None:
-    import annotation.grouping as grouping
-    from annotation.grouping import TaskSequences, deduplicate, greedy_groups, similarity_graphs
-    from annotation.labeling import prepare_lcs
-    from annotation.recipes import _similarity_matrices, group_by_similarity
-    from annotation.soft_lcs import SequenceStore, build_match_table, is_symmetric
+    import annotation.progress.grouping as grouping
+    from annotation.progress.grouping import TaskSequences, deduplicate, greedy_groups, similarity_graphs
+    from annotation.progress.labeling import prepare_lcs
+    from annotation.progress.recipes import _similarity_matrices, group_by_similarity
+    from annotation.progress.soft_lcs import SequenceStore, build_match_table, is_symmetric
 
     grouping.PREFILTER_MIN_CLASSES = 0  # the prefilter on every task, however small
     print("\n== Eq. (3) grouping on the real tasks: exact all pairs vs deduplicated + prefiltered ==")
@@ -275,9 +275,9 @@ def incremental(real, n_tasks: int, copies_list: list[int], batch: int) -> None:
     labelled against the recipe libraries of corpora of growing size, without rebuilding them."""
     from _corpus import ScaledCorpus, ScaledCorpusSpec
 
-    from annotation.label_state import label_against_library, library_states
-    from annotation.label_stream import stream_labels
-    from annotation.text_similarity import HashingTextEmbedder
+    from annotation.progress.label_state import label_against_library, library_states
+    from annotation.progress.label_stream import stream_labels
+    from annotation.progress.text_similarity import HashingTextEmbedder
     from warehouse.trajectories import task_batches
 
     print(f"\n== Incremental: a batch of new trajectories labelled against the stored libraries ({n_tasks} tasks) ==")
@@ -368,7 +368,7 @@ def main() -> int:
         run_million(args.home, args.million[0], args.million[1], args.batch, args.work or Path(tempfile.mkdtemp()))
         return 0
 
-    from annotation.text_similarity import HashingTextEmbedder, TextEmbedder
+    from annotation.progress.text_similarity import HashingTextEmbedder, TextEmbedder
 
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; baseline {args.baseline}")
     start = time.perf_counter()

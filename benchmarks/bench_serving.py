@@ -1,6 +1,6 @@
 """Benchmark of the reward-model HTTP service under concurrent clients: the FastAPI/uvicorn server
-with micro-batching (``training.serving_app``) next to the stdlib server it replaced
-(``training.serving_legacy``, the baseline of issue 14).
+with micro-batching (``training.reward_models.serving_app``) next to the stdlib server it replaced
+(``benchmarks.serving_legacy``, the baseline of issue 14).
 
     python benchmarks/bench_serving.py [--checkpoint <model folder>] [--clients 1 16 64 256] [--seconds 10]
     python benchmarks/bench_serving.py --smoke   # both servers, a burst of 16, 1 and 4 clients for 1.5 s
@@ -77,16 +77,16 @@ def _payload(i: int, cached: bool) -> bytes:
 def _serve(which: str, checkpoint: str, threads: int, max_wait_ms: float | None, conn) -> None:
     import torch
 
-    from training.models import RewardScorer
+    from training.reward_models.models import RewardScorer
 
     torch.set_num_threads(threads)
     scorer = RewardScorer.from_checkpoint(checkpoint)
     if which == "legacy":
-        from training.serving_legacy import legacy_serve_in_background
+        from benchmarks.serving_legacy import legacy_serve_in_background
 
         server, _ = legacy_serve_in_background(scorer)
     else:
-        from training.serving_app import BatchingSettings, serve_in_background
+        from training.reward_models.serving_app import BatchingSettings, serve_in_background
 
         batching = BatchingSettings() if max_wait_ms is None else BatchingSettings(max_wait_ms=max_wait_ms)
         server, _ = serve_in_background(scorer, batching=batching)
@@ -267,7 +267,7 @@ def _checkpoint(args) -> tuple[str, str]:
     home = args.home or os.environ.get("STEPWISE_HOME")
     if home:
         try:
-            from training.evaluate import latest_models
+            from training.reward_models.evaluate import latest_models
             from warehouse.catalog import Warehouse
 
             found = latest_models(Warehouse(home), ["progrm_env"])
@@ -277,7 +277,7 @@ def _checkpoint(args) -> tuple[str, str]:
             print(f"(no trained model from {home}: {exc})")
     import torch
 
-    from training.models import RewardModelConfig, build_reward_model, save_reward_model
+    from training.reward_models.models import RewardModelConfig, build_reward_model, save_reward_model
 
     torch.manual_seed(0)
     folder = Path(tempfile.mkdtemp(prefix="bench-serving-")) / "model"

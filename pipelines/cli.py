@@ -138,7 +138,7 @@ def cmd_import_demos(args: argparse.Namespace) -> int:
 
 
 def cmd_label(args: argparse.Namespace) -> int:
-    from annotation.labels import label_families, run_label_partitions, run_split, run_synthesis
+    from annotation.progress.labels import label_families, run_label_partitions, run_split, run_synthesis
     from envs.tasks import TaskSpecError
     from warehouse.catalog import ConcurrentPublishError, Warehouse
 
@@ -172,7 +172,7 @@ def cmd_label(args: argparse.Namespace) -> int:
 
 
 def cmd_label_report(args: argparse.Namespace) -> int:
-    from annotation.labels import default_specs_dir, run_label_report
+    from annotation.progress.labels import default_specs_dir, run_label_report
     from envs.tasks import TaskSpecError, load_task_specs
     from warehouse.catalog import Warehouse
 
@@ -376,9 +376,9 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
     from dagster import DagsterInstance
 
     from pipelines.definitions import defs
-    from training.evaluate import latest_models
-    from training.reward_models import REPORT_REQUIRED_KINDS
-    from training.rm_datasets import REWARD_MODEL_KINDS
+    from training.reward_models.evaluate import latest_models
+    from training.reward_models.kinds import REWARD_MODEL_KINDS
+    from training.reward_models.runs import REPORT_REQUIRED_KINDS
     from warehouse.catalog import Warehouse
 
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -425,7 +425,7 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
     elif args.report and all_ok:
         import pyarrow as pa
 
-        from training.reward_models import latest_report_metrics
+        from training.reward_models.runs import latest_report_metrics
 
         shown = (
             "accuracy",
@@ -464,7 +464,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
     from dagster import DagsterInstance, MultiPartitionKey
 
     from pipelines.definitions import defs
-    from training.evaluate import latest_models
+    from training.reward_models.evaluate import latest_models
     from training.rl.report import report_markdown
     from training.rl.rewards import SOURCE_MODEL_KIND
     from training.rl.runs import RL_SEEDS, RUN_VARIANTS, run_rl_report
@@ -570,14 +570,14 @@ def cmd_annotate_push(args: argparse.Namespace) -> int:
     """Select the steps whose labels matter and push them to Label Studio (no Dagster needed)."""
     from dataclasses import replace
 
-    from annotation.human_labels import (
+    from annotation.labelstudio.client import LabelStudioError
+    from annotation.labelstudio.human_labels import (
         AnnotatePushOptions,
         PushOptions,
         SelectionOptions,
         parse_source_shares,
         push_from_cli,
     )
-    from annotation.labelstudio.client import LabelStudioError
     from annotation.labelstudio.server import LabelStudioServerError
     from warehouse.catalog import Warehouse
 

@@ -74,7 +74,10 @@ MODELS = with_key(
             ("encoder_mode", pa.string()),  # frozen_segments | full
             ("pooling", pa.string()),  # mean | last_token | cls
             ("loss", pa.string()),  # bce | mse
-            ("checkpoint_path", pa.string()),  # the exported model folder (training.models.load_reward_model)
+            (
+                "checkpoint_path",
+                pa.string(),
+            ),  # the exported model folder (training.reward_models.models.load_reward_model)
             ("training_dir", pa.string()),  # Trainer checkpoints, for resuming
             ("dataset_materialization_id", pa.string()),  # the rm_examples version it was trained on
             ("label_versions", pa.list_(pa.string())),

@@ -1,6 +1,6 @@
 """Human labels in Label Studio: the server, the client, labeling interfaces, selection, push and sync.
 
-Modules (no Dagster here; the stage module :mod:`annotation.human_labels` composes them, and
+Modules (no Dagster here; the stage module :mod:`annotation.labelstudio.human_labels` composes them, and
 assets/human_labels.py declares its assets):
 
 * :mod:`~annotation.labelstudio.server`: the project's own Label Studio (start, stop, admin token);

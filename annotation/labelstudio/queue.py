@@ -1,6 +1,6 @@
 """What goes into Label Studio: steps as annotators see them, and the queue items of each interface.
 
-Pure functions over plain rows and Arrow tables (the stage module, :mod:`annotation.human_labels`,
+Pure functions over plain rows and Arrow tables (the stage module, :mod:`annotation.labelstudio.human_labels`,
 reads them from the warehouse):
 
 * step interfaces (``step_correctness``, ``step_progress``): one item per selected step, with the

@@ -1,4 +1,4 @@
-"""Reading the warehouse for the human-label stage: the edge of :mod:`annotation.human_labels`.
+"""Reading the warehouse for the human-label stage: the edge of :mod:`annotation.labelstudio.human_labels`.
 
 Every function takes the :class:`~warehouse.catalog.Warehouse` and returns plain rows, Arrow
 tables or the pure modules' objects (StepCandidate, StepView); a table a query needs that does

@@ -59,7 +59,7 @@ DEFAULT_SOURCE_SHARES: dict[str, float] = {
     "synthetic:mismatched_instruction": 0.0,  # its instruction is another task's: nothing to judge
 }
 #: ``rm_predictions.kind`` values whose ``score`` is the probability that a step is correct (the step
-#: judges of training.rm_datasets.KINDS); every other kind's score is the progress reached after the step.
+#: judges of training.reward_models.kinds.KINDS); every other kind's score is the progress reached after the step.
 STEP_JUDGE_KINDS = frozenset({"prm", "guidnav"})
 
 

@@ -1,4 +1,4 @@
-"""Eq. (3) grouping without all pairs (annotation.grouping) gives the all-pairs groups; the
+"""Eq. (3) grouping without all pairs (annotation.progress.grouping) gives the all-pairs groups; the
 faster pure-Python paths decide as the code they replace did."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import annotation.grouping as grouping_module
-import annotation.progress as progress_module
-from annotation.grouping import (
+import annotation.progress.grouping as grouping_module
+import annotation.progress.key_steps as progress_module
+from annotation.progress.grouping import (
     TaskSequences,
     UpperBounds,
     deduplicate,
@@ -20,11 +20,11 @@ from annotation.grouping import (
     highest_similarity,
     similarity_graphs,
 )
-from annotation.instruction_relative import ScreenStates, named_by_instruction, screen_signature
-from annotation.progress import label_corpus
-from annotation.recipes import Episode, _similarity_matrices, build_recipe_libraries, group_by_similarity
-from annotation.soft_lcs import SequenceStore, build_match_table, soft_lcs_scores
-from annotation.text_similarity import HashingTextEmbedder
+from annotation.progress.instruction_relative import ScreenStates, named_by_instruction, screen_signature
+from annotation.progress.key_steps import label_corpus
+from annotation.progress.recipes import Episode, _similarity_matrices, build_recipe_libraries, group_by_similarity
+from annotation.progress.soft_lcs import SequenceStore, build_match_table, soft_lcs_scores
+from annotation.progress.text_similarity import HashingTextEmbedder
 from warehouse.model import Action, ActionType, Screen, UIElement
 
 FIELDS = ["user", "pass", "ok", "cancel", "next"]

@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from annotation.label_runs import run_family_labels, run_labeling, unlabelled_episodes
-from annotation.label_state import LibraryState, label_against_library, library_states, needs_rebuild
-from annotation.label_stream import stream_labels
-from annotation.labeling import LCS_METHODS, env_labels, lcs_labels, prepare_lcs
-from annotation.labels import check_progress_labels, default_specs_dir
-from annotation.text_similarity import HashingTextEmbedder
+from annotation.progress.label_runs import run_family_labels, run_labeling, unlabelled_episodes
+from annotation.progress.label_state import LibraryState, label_against_library, library_states, needs_rebuild
+from annotation.progress.label_stream import stream_labels
+from annotation.progress.labeling import LCS_METHODS, env_labels, lcs_labels, prepare_lcs
+from annotation.progress.labels import check_progress_labels, default_specs_dir
+from annotation.progress.text_similarity import HashingTextEmbedder
 from envs.tasks import load_task_specs
 from tests.annotation.helpers import publish_tiny_episodes
 from tests.annotation.test_labeling import LOGIN_SPEC, login_trajectory

@@ -4,23 +4,23 @@ import random
 
 import pytest
 
-from annotation.instruction_relative import (
+from annotation.progress.instruction_relative import (
     INSTRUCTION_PLACEHOLDER,
     clean_trajectory,
     garbage_mask,
     relative_action,
     relative_text,
 )
-from annotation.labeling import env_labels, label_quality, lcs_labels
-from annotation.split import training_split
-from annotation.synthesis import (
+from annotation.progress.labeling import env_labels, label_quality, lcs_labels
+from annotation.progress.split import training_split
+from annotation.progress.synthesis import (
     insert_noop,
     mismatched_instruction,
     random_walk,
     remove_noops,
     synthesize,
 )
-from annotation.text_similarity import HashingTextEmbedder
+from annotation.progress.text_similarity import HashingTextEmbedder
 from envs.tasks import task_spec_from_mapping
 from warehouse.model import Action, ActionType, Screen, UIElement
 from warehouse.trajectories import Trajectory

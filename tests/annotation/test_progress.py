@@ -7,16 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from annotation.progress import (
+from annotation.progress.key_steps import (
     label_corpus,
     label_episodes,
     label_with_milestones,
     milestone_progress,
     progress_from_alignment,
 )
-from annotation.recipes import Episode, build_recipe_library
-from annotation.soft_lcs import build_match_table
-from annotation.text_similarity import HashingTextEmbedder
+from annotation.progress.recipes import Episode, build_recipe_library
+from annotation.progress.soft_lcs import build_match_table
+from annotation.progress.text_similarity import HashingTextEmbedder
 from warehouse.model import Action, ActionType, UIElement
 
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rapidfuzz.distance import LCSseq
 
-from annotation.recipes import (
+from annotation.progress.recipes import (
     Episode,
     build_recipe_libraries,
     build_recipe_library,
@@ -15,8 +15,8 @@ from annotation.recipes import (
     group_by_similarity,
     similarity_matrix,
 )
-from annotation.soft_lcs import build_match_table, build_match_tables, lcs_length
-from annotation.text_similarity import HashingTextEmbedder
+from annotation.progress.soft_lcs import build_match_table, build_match_tables, lcs_length
+from annotation.progress.text_similarity import HashingTextEmbedder
 from warehouse.model import Action, ActionType, UIElement
 
 

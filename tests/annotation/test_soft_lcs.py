@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rapidfuzz.distance import LCSseq
 
-from annotation.soft_lcs import (
+from annotation.progress.soft_lcs import (
     EPSILON_NOTHING,
     SequenceStore,
     action_key,
@@ -27,7 +27,7 @@ from annotation.soft_lcs import (
     soft_match,
     trajectory_similarity,
 )
-from annotation.text_similarity import HashingTextEmbedder
+from annotation.progress.text_similarity import HashingTextEmbedder
 from warehouse.model import Action, ActionType, UIElement
 
 FAST = settings(max_examples=200, deadline=None)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from annotation.soft_lcs import build_match_table
-from annotation.text_similarity import (
+from annotation.progress.soft_lcs import build_match_table
+from annotation.progress.text_similarity import (
     SIMILARITY_RESOLUTION,
     HashingTextEmbedder,
     TextEmbedder,

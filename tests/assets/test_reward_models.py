@@ -93,7 +93,7 @@ def test_datasets_models_and_report_materialize_with_checks(tmp_path):
     ).to_pylist()
     assert [m["kind"] for m in models] == ["orm", "progrm_env", "progrm_lcs"]
     assert models[1]["label_versions"] == ["env-test-v1"]
-    from training.models import RewardScorer
+    from training.reward_models.models import RewardScorer
 
     assert not Path(models[1]["checkpoint_path"]).is_absolute()  # stored relative to the home
     served = RewardScorer.from_checkpoint(warehouse.resolve(models[1]["checkpoint_path"]))

@@ -1,4 +1,4 @@
-"""`stepwise annotate push` (:func:`annotation.human_labels.push_from_cli`): selection and push without
+"""`stepwise annotate push` (:func:`annotation.labelstudio.human_labels.push_from_cli`): selection and push without
 Dagster, against the real server; the first task an annotator is given is from a real trajectory."""
 
 from __future__ import annotations
@@ -7,7 +7,13 @@ from collections import Counter
 
 import pytest
 
-from annotation.human_labels import AnnotatePushOptions, PushOptions, SelectionOptions, cli_site, push_from_cli
+from annotation.labelstudio.human_labels import (
+    AnnotatePushOptions,
+    PushOptions,
+    SelectionOptions,
+    cli_site,
+    push_from_cli,
+)
 from tests.labelstudio.conftest import build_small_warehouse
 
 pytestmark = pytest.mark.e2e

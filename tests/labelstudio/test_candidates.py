@@ -80,7 +80,7 @@ def test_a_step_judge_fills_the_probability_of_a_correct_step(kind):
 
 
 def test_step_judge_kinds_are_the_step_judges_of_training():
-    from training.rm_datasets import KINDS
+    from training.reward_models.kinds import KINDS
 
     judges = {name for name, spec in KINDS.items() if spec.target in ("step_correctness", "step_reward")}
     assert judges == STEP_JUDGE_KINDS

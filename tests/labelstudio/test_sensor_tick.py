@@ -6,8 +6,14 @@ import time
 
 import pytest
 
-from annotation.human_labels import LabelStudioSite, SensorSettings, TickOutcome, check_no_secrets, sync_tick
 from annotation.labelstudio.client import LabelStudioAuthError, LabelStudioUnavailable
+from annotation.labelstudio.human_labels import (
+    LabelStudioSite,
+    SensorSettings,
+    TickOutcome,
+    check_no_secrets,
+    sync_tick,
+)
 from annotation.labelstudio.sync import SyncState, sync_lock
 from warehouse.catalog import Warehouse
 

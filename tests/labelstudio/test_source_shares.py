@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from dagster import DagsterInstance, materialize
 
-from annotation.human_labels import (
+from annotation.labelstudio.human_labels import (
     DEFAULT_SOURCE_SHARES,
     SelectionOptions,
     parse_source_shares,

@@ -264,7 +264,7 @@ def tiny_home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_path() -> str:
-    from training.models import default_backbone
+    from training.reward_models.models import default_backbone
 
     return default_backbone()
 
@@ -274,7 +274,9 @@ def tiny_examples(tiny_home, tmp_path_factory) -> dict[str, Path]:
     """rm_examples Parquet files per kind, built from the tiny warehouse."""
     import pyarrow.parquet as pq
 
-    from training.rm_datasets import REWARD_MODEL_KINDS, build_reward_model_dataset, read_splits, read_trajectories
+    from training.reward_models.dataset import build_reward_model_dataset
+    from training.reward_models.kinds import REWARD_MODEL_KINDS
+    from training.reward_models.readers import read_splits, read_trajectories
 
     warehouse = Warehouse(tiny_home)
     trajectories = read_trajectories(warehouse, read_splits(warehouse).keys())
@@ -300,7 +302,7 @@ def trained_prm(tiny_examples, tmp_path_factory) -> Path:
 
 
 def _train_tiny(tiny_examples, tmp_path_factory, kind: str) -> Path:
-    from training.train import parse_args, train_reward_model
+    from training.reward_models.train import parse_args, train_reward_model
 
     out = tmp_path_factory.mktemp(f"trained-{kind}")
     model_config, data, args = parse_args(

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from training.models import (
+from training.reward_models.models import (
     EmbeddingCache,
     RewardModelConfig,
     RewardScorer,
@@ -19,7 +19,7 @@ from training.models import (
     build_reward_model,
     padded_length,
 )
-from training.rm_datasets import StepState
+from training.reward_models.states import StepState
 
 WORDS = (
     "submit cancel ok username password email inbox reply forward delete search flight from to date "

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from training.evaluate import (
+from training.reward_models.evaluate import (
     PAIRED_COLUMNS,
     EvaluationSet,
     calibration_bins,
@@ -22,7 +22,8 @@ from training.evaluate import (
     roc_auc,
     success_judgement,
 )
-from training.rm_datasets import EpisodeLabels, TextStep, TextTrajectory
+from training.reward_models.examples import EpisodeLabels
+from training.reward_models.states import TextStep, TextTrajectory
 
 
 def test_success_judgement_counts_and_rates():

@@ -44,7 +44,7 @@ from training.guidance.reflection import AttemptGuidance, Ban, blame_step, next_
 from training.guidance.runs import GuidanceSettings, paired_delta, plan_settings, setting_rows
 from training.guidance.verifiers import PlanTracker, StepView, make_verifier, same_action
 from training.llm.chat_client import ChatClient, ChatEndpoint
-from training.rm_datasets import StepState, screen_lines
+from training.reward_models.states import StepState, screen_lines
 from warehouse.model import Action, ActionType, Screen
 
 LOGIN = load_catalog("miniwob")["login-user"]
@@ -352,7 +352,7 @@ def test_paired_differences_and_report_rows():
 
 def train_tiny_prm(examples, out):
     """A PRM trained (briefly, for real) on the tiny warehouse's examples; its export folder."""
-    from training.train import parse_args, train_reward_model
+    from training.reward_models.train import parse_args, train_reward_model
 
     args = ["--kind", "prm", "--examples", str(examples), "--output_dir", str(out / "trainer"),
             "--embedding_cache_dir", str(out / "cache"), "--max_steps", "40", "--per_device_train_batch_size", "16",

@@ -28,18 +28,6 @@ from envs.task_catalog import load_catalog
 from tests.training.llm_fixtures import MINIWOB_ACTIONS, login_screen
 from training.llm import prompts
 from training.llm.chat_client import ChatClient, ChatEndpoint
-from training.llm.learner import (
-    DS_ZERO3,
-    DS_ZERO3_CPU,
-    LLMLearner,
-    LLMLearnerSettings,
-    frozen_reference,
-    resolve_deepspeed_config,
-    sft_examples,
-    sft_loss,
-    sft_step,
-    trajectory_sft_pairs,
-)
 from training.llm.policy import (
     ENDPOINT_ERROR,
     EndpointPolicy,
@@ -60,6 +48,18 @@ from training.llm.prompts import (
     parse_response,
 )
 from training.rl import estimators
+from training.rl.llm_learner import (
+    DS_ZERO3,
+    DS_ZERO3_CPU,
+    LLMLearner,
+    LLMLearnerSettings,
+    frozen_reference,
+    resolve_deepspeed_config,
+    sft_examples,
+    sft_loss,
+    sft_step,
+    trajectory_sft_pairs,
+)
 from training.rl.rewards.prm import format_rewards
 from warehouse.model import Action, ActionType
 
@@ -447,7 +447,7 @@ DEEPSPEED_SCRIPT = """
 import json, sys
 import numpy as np
 from training.llm.policy import HFPolicy
-from training.llm.learner import LLMLearner, LLMLearnerSettings, frozen_reference, sft_examples
+from training.rl.llm_learner import LLMLearner, LLMLearnerSettings, frozen_reference, sft_examples
 from tests.training.llm_fixtures import login_screen
 from tests.training.test_llm_policy import _context
 import deepspeed

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.models import (
+from training.reward_models.models import (
     EmbeddingCache,
     RewardModelConfig,
     RewardScorer,
@@ -25,7 +25,7 @@ from training.models import (
     state_segments,
     tokenize_prompts,
 )
-from training.rm_datasets import StepState
+from training.reward_models.states import StepState
 
 STATES = [
     StepState('Enter the username "vanda"', ("CLICK(textbox#username)",), ("body", "  textbox#username [editable]")),
@@ -195,7 +195,7 @@ def test_truncated_prompt_fits_max_length(minilm_path):
 
 
 def test_instruction_match_features():
-    from training.models import instruction_match
+    from training.reward_models.models import instruction_match
 
     instruction = 'For the user @cheree, click on the "Copy link to Tweet" button.'
     right = instruction_match(instruction, 'CLICK(li.copy "Copy link to Tweet") within "@cheree"')

@@ -6,10 +6,10 @@ import torch
 
 from envs.protocol import EpisodeContext
 from tests.training.test_policy import INSTRUCTION, LOGIN, SLOTS, _login_screen
-from training.models import RewardScorer
 from training.policy.learned import LearnedPolicy, PolicyModel
+from training.reward_models.models import RewardScorer
+from training.reward_models.states import StepState
 from training.rl.learner import EpisodeExperience, Learner, LearnerSettings, PRMCritic
-from training.rm_datasets import StepState
 from warehouse.model import ActionType
 
 GOOD = 'INPUT(textbox#username, "<username>")'
@@ -93,7 +93,7 @@ def test_ppo_with_a_critic_initialised_from_a_reward_model(base, trained_progrm)
 
 
 def _batch(scorer, states):
-    from training.models import collate_segments, segment_features
+    from training.reward_models.models import collate_segments, segment_features
 
     features = segment_features(states, scorer.cache, scorer.config)
     return collate_segments(features, np.arange(len(states)), torch.from_numpy(scorer.cache.matrix))

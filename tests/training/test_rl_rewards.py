@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from tests.training.test_policy import _login_episode, record_of
-from training.models import EmbeddingCache, RewardModelConfig, SegmentEncoder
+from training.policy.rollouts import Rollout
+from training.reward_models.models import EmbeddingCache, RewardModelConfig, SegmentEncoder
+from training.reward_models.serving import score_trajectories, serve_in_background
 from training.rl.rewards import make_reward_source
 from training.rl.rewards.admire import (
     AdmireReward,
@@ -18,13 +20,12 @@ from training.rl.rewards.admire import (
     match_milestones,
     milestone_credit,
 )
-from training.rl.rewards.base import Rollout, text_trajectory
+from training.rl.rewards.base import text_trajectory
 from training.rl.rewards.orm import ORMReward
 from training.rl.rewards.outcome import OutcomeReward
 from training.rl.rewards.prm import format_rewards
 from training.rl.rewards.progrm import ProgressReward
 from training.rl.rewards.scoring import HTTPScorer, LocalScorer, RewardModelError, load_scorer
-from training.serving import score_trajectories, serve_in_background
 from warehouse.catalog import Warehouse
 from warehouse.trajectories import Trajectory
 

@@ -5,28 +5,18 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from training.rm_datasets import (
-    DatasetOptions,
-    StepState,
-    TextStep,
-    TextTrajectory,
-    TruncationBudget,
-    action_state,
-    build_examples,
-    build_reward_model_dataset,
+from training.reward_models.dataset import build_reward_model_dataset
+from training.reward_models.examples import DatasetOptions, build_examples, fallback_sources
+from training.reward_models.labels import (
     derive_step_verdicts,
-    fallback_sources,
     human_step_verdicts,
     outcome_anchored_progress,
     progress_gains,
-    progress_state,
-    read_progress_labels,
-    read_splits,
-    read_trajectories,
-    render_prompt,
     sampled_steps,
-    truncate_state,
 )
+from training.reward_models.prompts import TruncationBudget, render_prompt, truncate_state
+from training.reward_models.readers import read_progress_labels, read_splits, read_trajectories
+from training.reward_models.states import StepState, TextStep, TextTrajectory, action_state, progress_state
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.model import Screen, UIElement
 
@@ -58,7 +48,7 @@ def test_progress_state_reads_the_screen_after_the_action():
 
 
 def test_screen_lines_match_screen_to_text():
-    from training.rm_datasets import screen_lines_from_records
+    from training.reward_models.states import screen_lines_from_records
     from warehouse.schema import element_records
 
     screen = Screen(
@@ -327,7 +317,7 @@ def test_episodes_without_their_labels_fall_back_or_are_dropped(tiny_home):
 
 
 def test_target_context_names_which_of_identical_buttons():
-    from training.rm_datasets import action_in_context, target_context
+    from training.reward_models.states import action_in_context, target_context
 
     records = [
         {"ref": "1", "role": "body", "depth": 0},
@@ -349,7 +339,7 @@ def test_target_context_names_which_of_identical_buttons():
 
 def test_absent_views_read_as_no_human_labels(tmp_path, monkeypatch):
     """An older catalog without the annotation stage's views: no human labels, no error."""
-    from training import rm_datasets as datasets
+    from training.reward_models import readers as datasets
 
     warehouse = build_tiny_warehouse(tmp_path / "home", n_login=4, n_button=2)
     assert not datasets.view_exists(warehouse, "no_such_view")

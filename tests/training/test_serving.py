@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from training.models import RewardScorer
-from training.rm_datasets import TextStep, TextTrajectory, progress_state
-from training.serving import ServingLimits, score_trajectories, serve_in_background
+from training.reward_models.models import RewardScorer
+from training.reward_models.serving import ServingLimits, score_trajectories, serve_in_background
+from training.reward_models.states import TextStep, TextTrajectory, progress_state
 
 LOGIN = 'Enter the username "vanda" and the password "abc" into the text fields and press login.'
 
@@ -82,7 +82,7 @@ def test_http_scores_a_trajectory_with_progress_gains(server, scorer):
     assert result["rewards"] == result["progress_gains"]
     assert scores[-1] > scores[0]  # a completed login ends with more progress than it starts
     # the same numbers through the Python batch API
-    from training.serving import parse_trajectory
+    from training.reward_models.serving import parse_trajectory
 
     traj = parse_trajectory(TRAJECTORY, "t", ServingLimits())
     api = score_trajectories(scorer, [traj], k=1)[0]
@@ -174,7 +174,7 @@ def test_http_refuses_oversized_bodies_unknown_paths_and_methods(server):
 
 
 def test_action_target_adds_its_context_as_in_training():
-    from training.serving import parse_trajectory
+    from training.reward_models.serving import parse_trajectory
 
     screen = [
         _element("body", depth=0),

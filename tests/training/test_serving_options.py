@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from training.models import RewardScorer
-from training.serving import (
+from benchmarks.serving_legacy import legacy_serve_in_background
+from training.reward_models.models import RewardScorer
+from training.reward_models.serving import (
     Precision,
     ServingLimits,
     load_serving_scorer,
@@ -22,8 +23,7 @@ from training.serving import (
     resolve_precision,
     serve_in_background,
 )
-from training.serving_app import ScoreRequestBody
-from training.serving_legacy import legacy_serve_in_background
+from training.reward_models.serving_app import ScoreRequestBody
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAJECTORY = {
@@ -165,7 +165,7 @@ def test_the_command_line_serves_with_uvicorn_and_prints_its_start_line(trained_
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_WAIT_POLICY="PASSIVE", PYTHONPATH=str(ROOT))
     log = (tmp_path / "server.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "training.serving", "--checkpoint", str(trained_progrm), "--port", "0"],
+        [sys.executable, "-m", "training.reward_models.serving", "--checkpoint", str(trained_progrm), "--port", "0"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from training.models import RewardScorer
-from training.rm_datasets import StepState
-from training.train import (
+from training.reward_models.models import RewardScorer
+from training.reward_models.states import StepState
+from training.reward_models.train import (
     DS_ZERO2,
     DS_ZERO2_CPU,
     TABLE5_DEFAULTS,
@@ -97,8 +97,8 @@ def test_early_stopping_exports_the_checkpoint_with_the_lowest_validation_loss(t
     ``patience`` evaluations after its minimum, and the exported weights are that checkpoint's."""
     from safetensors.torch import load_file
 
-    from training.models import WEIGHTS_FILE
-    from training.train import train_reward_model
+    from training.reward_models.models import WEIGHTS_FILE
+    from training.reward_models.train import train_reward_model
 
     argv = [
         "--kind",
@@ -178,7 +178,7 @@ def _train_argv(kind: str, examples: Path, out: Path, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "training.train",
+        "training.reward_models.train",
         "--kind",
         kind,
         "--examples",
@@ -340,7 +340,7 @@ def test_activation_checkpointing_is_in_effect_under_deepspeed(tiny_causal_lm_pa
 
 
 def test_per_device_batch_follows_the_backbone_size():
-    from training.train import per_device_batch_for
+    from training.reward_models.train import per_device_batch_for
 
     # a 7B model: Table 5's 4 per device; the rest of 128 is accumulation over 8 GPUs (4 x 8 x 4)
     assert per_device_batch_for(128, 8, 7_000_000_000) == 4
@@ -350,7 +350,7 @@ def test_per_device_batch_follows_the_backbone_size():
 
 
 def test_hopper_arch_list_is_made_readable_for_deepspeed():
-    from training.train import cuda_arch_list_for_deepspeed
+    from training.reward_models.train import cuda_arch_list_for_deepspeed
 
     assert cuda_arch_list_for_deepspeed("9.0a") == "9.0"
     assert cuda_arch_list_for_deepspeed("8.0;9.0a+PTX") == "8.0;9.0+PTX"

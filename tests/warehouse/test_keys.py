@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from annotation.labels import run_labeling, run_split, run_synthesis
+from annotation.progress.labels import run_labeling, run_split, run_synthesis
 from envs.pool import ROLLOUT_ATTEMPTS
 from tests.training.conftest import build_tiny_warehouse
 from warehouse.catalog import Materialization, Warehouse

@@ -23,7 +23,7 @@ from envs.protocol import Actor, EpisodeContext, StepResult
 from training.guidance.proposals import GuidanceError, Proposal, Proposer
 from training.guidance.reflection import AttemptGuidance
 from training.guidance.verifiers import EpisodeVerifier, StepView, Verdict, Verifier
-from training.rm_datasets import screen_lines
+from training.reward_models.states import screen_lines
 from warehouse.model import Action, Screen
 
 

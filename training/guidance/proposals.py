@@ -29,7 +29,7 @@ from envs.protocol import EpisodeContext, StepResult
 from training.llm.policy import EndpointPolicy, HFPolicy
 from training.llm.prompts import HistoryEntry, ParsedAction, ParseFailure
 from training.policy.learned import PolicyModel, StepDecision
-from training.rm_datasets import action_in_context, target_context
+from training.reward_models.states import action_in_context, target_context
 from warehouse.model import Action, ActionType, Screen
 
 

@@ -6,7 +6,7 @@ instances solved by one of the first k attempts (pass@1: no retry; pass@(R + 1):
   tells us).
 * The reflection comes from an OpenAI-compatible endpoint when one is configured
   (:func:`reflection_messages`); otherwise, or when the endpoint fails, it is a template
-  (:func:`template_reflection`) built from the failure mode (``training.rl.evaluation.failure_mode``)
+  (:func:`template_reflection`) built from the failure mode (``training.policy.evaluation.failure_mode``)
   and the steps, naming the step where the attempt went wrong (:func:`blame_step`).
 * The LLM policies read the reflection in their prompt. **The learned CPU policy cannot read
   text**: for it the reflection acts only through a *ban*: the action the failed attempt took at
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from envs.protocol import EpisodeRecord
 from training.llm.chat_client import ChatClient, ChatEndpointError
 from training.policy.candidates import FEATURE_NAMES, enumerate_candidates
-from training.rl.evaluation import failure_mode
+from training.policy.evaluation import failure_mode
 
 _FITS = FEATURE_NAMES.index("value_fits_field")
 _TYPES_VALUE = FEATURE_NAMES.index("types_a_value")

@@ -2,7 +2,7 @@
 the report.
 
 * :func:`run_guidance_evaluation` runs one *method* (the asset's partition) on the held-out seeds
-  (``training.rl.runs.HELD_OUT_SEED_BASE``: the RL stage's held-out range, never trained on) of the
+  (``training.policy.store.HELD_OUT_SEED_BASE``: the RL stage's held-out range, never trained on) of the
   policy's tasks, in live MiniWoB++ through the worker pool:
 
   - ``base``: the policy alone (greedy; N = 1);
@@ -48,9 +48,9 @@ from training.guidance.proposals import GuidanceError, LearnedProposer, LLMPropo
 from training.guidance.reflection import AttemptGuidance, next_guidance, pass_at, reflect
 from training.guidance.verifiers import VERIFIERS, Verifier, make_verifier
 from training.llm.chat_client import ChatClient, ChatEndpoint
+from training.policy.evaluation import bootstrap_interval, env_return, failure_mode, paired_comparison, sample_seeds
 from training.policy.learned import PolicyModel
-from training.rl.evaluation import bootstrap_interval, env_return, failure_mode, paired_comparison, sample_seeds
-from training.rl.runs import HELD_OUT_SEED_BASE, RLStageError, latest_policy
+from training.policy.store import HELD_OUT_SEED_BASE, PolicyNotFoundError, latest_policy
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.figures import Markdown, figure_markdown, pyplot
@@ -195,7 +195,7 @@ def load_proposer(
     if settings.policy == "learned":
         try:
             row = latest_policy(warehouse, "sft", settings.policy_id)
-        except RLStageError as exc:
+        except PolicyNotFoundError as exc:
             raise GuidanceError(str(exc)) from None
         proposer = LearnedProposer(PolicyModel.load(row["checkpoint"]), row["policy_id"], sample=settings.sample)
         names = names or list(row["tasks"] or [])

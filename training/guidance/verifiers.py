@@ -30,8 +30,8 @@ from typing import Any, Protocol
 from envs.policies import PlanStep, SolutionError, condition_holds, expand_solution, find_target, plan_action
 from envs.protocol import EpisodeContext, StepResult
 from training.guidance.proposals import GuidanceError, Proposal
+from training.reward_models.states import StepState
 from training.rl.rewards.scoring import LocalScorer, RewardModelError, load_scorer
-from training.rm_datasets import StepState
 from warehouse.catalog import LineageInput, Warehouse
 from warehouse.model import Action, ActionType, Screen, UIElement
 

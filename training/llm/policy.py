@@ -1,7 +1,7 @@
 """LLM policies behind the environments' ``Policy`` interface, with ProgRM Table 11's prompt.
 
 * :class:`HFPolicy`: a local Hugging Face causal LM that the RL code trains
-  (:mod:`training.llm.learner`). Per step it builds the chat prompt (:mod:`training.llm.prompts`;
+  (:mod:`training.rl.llm_learner`). Per step it builds the chat prompt (:mod:`training.llm.prompts`;
   the tokenizer's chat template when it has one, else plain ``System:/User:`` text), generates at
   temperature 1 (training, ProgRM Table 6 "rollout temperature 1.0") or greedily (evaluation),
   and parses the answer. It records a :class:`TurnRecord` per step: prompt and response token ids
@@ -48,7 +48,7 @@ from training.llm.prompts import (
     parse_response,
     plain_chat_text,
 )
-from training.rl.rewards.base import Rollout
+from training.policy.rollouts import Rollout
 from warehouse.model import Action, ActionType, Screen, UIElement
 
 #: Failure reason (counted like a parse failure) when the endpoint did not answer.

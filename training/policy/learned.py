@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from envs.protocol import Actor, EpisodeContext, StepResult
-from training.models import EmbeddingCache, RewardModelConfig, SegmentEncoder
 from training.policy.candidates import (
     FEATURE_NAMES,
     Candidate,
@@ -35,6 +34,7 @@ from training.policy.candidates import (
     relative_instruction,
 )
 from training.policy.network import CandidateScorer, ScorerConfig, grouped_entropy, grouped_log_softmax
+from training.reward_models.models import EmbeddingCache, RewardModelConfig, SegmentEncoder
 from warehouse.model import Action, ActionType, Screen
 
 WEIGHTS_FILE = "policy.pt"

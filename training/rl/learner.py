@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from training.models import RewardScorer, collate_segments, segment_features
 from training.policy.learned import PolicyModel, StepDecision
+from training.reward_models.models import RewardScorer, collate_segments, segment_features
+from training.reward_models.states import StepState
 from training.rl import estimators
-from training.rm_datasets import StepState
 
 ESTIMATORS = ("reinforce_pp", "grpo", "rloo", "ppo")
 

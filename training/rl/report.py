@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from training.rl.evaluation import FAILURE_MODES, bootstrap_interval, mean_interval, paired_comparison
+from training.policy.evaluation import FAILURE_MODES, bootstrap_interval, mean_interval, paired_comparison
 from warehouse.checks import CheckOutcome
 from warehouse.figures import Markdown, figure_markdown, pyplot
 

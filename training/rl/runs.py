@@ -46,21 +46,27 @@ from envs.protocol import EpisodeRecord, episode_tables
 from envs.rollouts import ATTEMPTS_TABLE, ProgressLog
 from envs.task_catalog import CatalogTask, load_catalog
 from training.llm.chat_client import ChatClient, ChatEndpoint
-from training.policy.learned import LearnedPolicy, PolicyModel, StepDecision
-from training.policy.sft import SFTSettings, demonstration_decisions, train_sft
-from training.rl.evaluation import (
+from training.policy.evaluation import (
     EvalEpisode,
     eval_episode,
     per_task_rows,
     sample_seeds,
 )
+from training.policy.learned import LearnedPolicy, PolicyModel, StepDecision
+from training.policy.sft import SFTSettings, demonstration_decisions, train_sft
+from training.policy.store import (
+    HELD_OUT_SEED_BASE,
+    SELECTION_SEED_BASE,
+    TRAIN_SEED_BASE,
+    latest_policy,
+)
+from training.reward_models.states import StepState
 from training.rl.learner import EpisodeExperience, Learner, LearnerSettings, PRMCritic
 from training.rl.report import learning_curves_plot, table_one
 from training.rl.rewards import REWARD_SOURCES, Rollout, make_reward_source
 from training.rl.rewards.admire import LLMMilestones, MilestoneStore, TaskMilestones
 from training.rl.rewards.base import text_trajectory
 from training.rl.rewards.scoring import LocalScorer, load_scorer
-from training.rm_datasets import StepState
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.figures import Markdown, figure_markdown, pyplot
@@ -70,9 +76,6 @@ from warehouse.trajectories import load_trajectories
 
 # 2: the ORM reward judges with its report's threshold; 3: the PRM pays 2 P(correct) - 1
 RL_CODE_VERSION = "rl-3"
-TRAIN_SEED_BASE = 1_000_000
-SELECTION_SEED_BASE = 2_000_000
-HELD_OUT_SEED_BASE = 3_000_000
 DEMONSTRATION_SOURCES = ("human_demo", "rollout")
 
 #: The runs of the experiment by partition key: a reward source with ProgRM's REINFORCE++, and
@@ -275,18 +278,6 @@ def evaluate_policy(
     jobs = _jobs(tasks, seeds, f"eval:{policy_id}:{evaluation}")
     result, _ = _run_pool(pool, jobs, policy, f"evaluation {policy_id} ({evaluation})", log)
     return result, [eval_episode(policy_id, r) for r in result.episodes]
-
-
-def latest_policy(warehouse: Warehouse, kind: str = "sft", policy_id: str | None = None) -> dict:
-    """The newest ``policies`` row of a kind (or the one named), with its checkpoint resolved."""
-    where, params = ("policy_id = ?", [policy_id]) if policy_id else ("kind = ?", [kind])
-    rows = warehouse.query(f"SELECT * FROM policies WHERE {where} ORDER BY created_at DESC LIMIT 1", params).to_pylist()
-    if not rows:
-        wanted = f"policy {policy_id}" if policy_id else f"{kind} policy"
-        raise RLStageError(f"no {wanted} in the warehouse: materialize policy_sft first (stepwise rl)")
-    row = rows[0]
-    row["checkpoint"] = warehouse.resolve(row["checkpoint_path"])
-    return row
 
 
 # ---------------------------------------------------------------------------------------------

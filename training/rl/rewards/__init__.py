@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from training.models import EmbeddingCache
+from training.policy.rollouts import Rollout
+from training.reward_models.models import EmbeddingCache
 from training.rl.rewards.admire import AdmireReward, AdmireSettings, LLMMilestones, MilestoneStore
-from training.rl.rewards.base import RewardBatch, RewardSource, Rollout
+from training.rl.rewards.base import RewardBatch, RewardSource
 from training.rl.rewards.orm import ORMReward
 from training.rl.rewards.outcome import OutcomeReward
 from training.rl.rewards.prm import StepJudgeReward

@@ -31,14 +31,15 @@ from typing import Protocol
 
 import numpy as np
 
-from annotation.instruction_relative import clean_trajectory
+from annotation.progress.instruction_relative import clean_trajectory
 from envs.protocol import EpisodeRecord
 from training.llm.chat_client import ChatClient, ChatEndpointError
-from training.models import EmbeddingCache
 from training.policy.candidates import instruction_values, relative_instruction, relative_text
-from training.rl.rewards.base import RewardBatch, Rollout, outcome
+from training.policy.rollouts import Rollout
+from training.reward_models.models import EmbeddingCache
+from training.reward_models.states import action_in_context, target_context
+from training.rl.rewards.base import RewardBatch, outcome
 from training.rl.rewards.prm import format_rewards
-from training.rm_datasets import action_in_context, target_context
 from warehouse.catalog import LineageInput
 
 

@@ -15,26 +15,9 @@ from typing import Protocol
 import numpy as np
 
 from envs.protocol import EpisodeRecord
-from training.rm_datasets import TextStep, TextTrajectory, action_in_context, screen_lines, target_context
+from training.policy.rollouts import Rollout
+from training.reward_models.states import TextStep, TextTrajectory, action_in_context, screen_lines, target_context
 from warehouse.catalog import LineageInput
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """A finished episode plus what the policy knows about it: per step, whether its output was a
-    well-formed action (an LLM's text can fail to parse; the learned CPU policy's never does) and
-    the instruction-relative description of each action (ADMIRE matches those to milestones)."""
-
-    record: EpisodeRecord
-    format_ok: tuple[bool, ...] = ()
-    descriptions: tuple[str, ...] = ()
-
-    @property
-    def n_steps(self) -> int:
-        return self.record.n_steps
-
-    def well_formed(self, t: int) -> bool:
-        return self.format_ok[t] if t < len(self.format_ok) else True
 
 
 @dataclass

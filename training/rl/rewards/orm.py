@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from training.rl.rewards.base import RewardBatch, Rollout, outcome, text_trajectory
+from training.policy.rollouts import Rollout
+from training.rl.rewards.base import RewardBatch, outcome, text_trajectory
 from training.rl.rewards.scoring import RewardModelError, TrajectoryScorer
 from warehouse.catalog import LineageInput
 

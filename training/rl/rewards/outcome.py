@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from training.rl.rewards.base import RewardBatch, Rollout, outcome
+from training.policy.rollouts import Rollout
+from training.rl.rewards.base import RewardBatch, outcome
 from warehouse.catalog import LineageInput
 
 

@@ -1,5 +1,5 @@
 """Reward models as the RL sources call them: in-process (a checkpoint loaded here) or over the
-project's HTTP scoring service (``python -m training.serving``), behind one interface."""
+project's HTTP scoring service (``python -m training.reward_models.serving``), behind one interface."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from training.evaluate import latest_models
-from training.rm_datasets import KINDS, TextTrajectory
-from training.serving import TrajectoryScores, score_trajectories
+from training.reward_models.evaluate import latest_models
+from training.reward_models.kinds import KINDS
+from training.reward_models.serving import TrajectoryScores, score_trajectories
+from training.reward_models.states import TextTrajectory
 from warehouse.catalog import LineageInput, Warehouse
 
 
@@ -22,7 +23,7 @@ class RewardModelError(ValueError):
 
 
 class TrajectoryScorer(Protocol):
-    """Scores every step of whole trajectories (``training.serving.score_trajectories``)."""
+    """Scores every step of whole trajectories (``training.reward_models.serving.score_trajectories``)."""
 
     kind: str
     model_id: str | None
@@ -38,7 +39,7 @@ class LocalScorer:
     def __init__(
         self, checkpoint: Path | str, *, home: Path | str | None = None, materialization_id: str | None = None
     ):
-        from training.models import RewardScorer
+        from training.reward_models.models import RewardScorer
 
         if not Path(checkpoint).is_dir():
             raise RewardModelError(f"reward-model checkpoint not found: {checkpoint}")

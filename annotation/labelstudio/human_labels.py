@@ -265,7 +265,7 @@ def select_candidates(
 
 
 def _embed(name: str) -> Callable:
-    from annotation.text_similarity import HashingTextEmbedder, TextEmbedder
+    from annotation.progress.text_similarity import HashingTextEmbedder, TextEmbedder
 
     return (TextEmbedder() if name == "minilm" else HashingTextEmbedder()).embed
 
@@ -274,7 +274,7 @@ def milestone_queue_items(
     warehouse: Warehouse, options: PushOptions, server_key: str, local_root: Path | None, log: Log = _no_log
 ) -> dict[str, list[QueueItem]]:
     """Milestone review items (one per milestone set) and milestone-action match pairs near the matcher's threshold."""
-    from annotation.text_similarity import text_similarity_matrix
+    from annotation.progress.text_similarity import text_similarity_matrix
 
     sets = read_milestone_sets(warehouse, options.task_specs_dir)
     if not sets:

@@ -24,8 +24,8 @@ from typing import Literal
 
 import numpy as np
 
-from annotation.grouping import UpperBounds
-from annotation.recipes import (
+from annotation.progress.grouping import UpperBounds
+from annotation.progress.recipes import (
     DEFAULT_MIN_GROUP_SIZE,
     DEFAULT_THETA,
     Episode,
@@ -35,7 +35,7 @@ from annotation.recipes import (
     TaskRecipes,
     build_recipe_libraries,
 )
-from annotation.soft_lcs import (
+from annotation.progress.soft_lcs import (
     EPSILON_NOTHING,
     MatchMode,
     MatchTable,
@@ -45,7 +45,7 @@ from annotation.soft_lcs import (
     soft_lcs_alignment_arrays_indexed,
     soft_lcs_scores_indexed,
 )
-from annotation.text_similarity import Embed
+from annotation.progress.text_similarity import Embed
 
 #: How kappa, the numerator of a key step's label, is counted.
 #: "recipe_position" (the paper): the 1-based position in the recipe of the matched element.
@@ -176,7 +176,7 @@ def _pairs_that_can_win(
 ) -> np.ndarray:
     """Which (episode, recipe) pairs must be scored to find each episode's best recipe (Eq. 4).
 
-    A pair whose CR upper bound (:class:`annotation.grouping.UpperBounds` over |L|) is below the
+    A pair whose CR upper bound (:class:`annotation.progress.grouping.UpperBounds` over |L|) is below the
     exact CR of the episode's most promising recipe can neither win nor tie, so it is skipped:
     first the recipe with the highest bound is scored for every episode, then every pair whose
     bound reaches that CR. The choice is the one all pairs would give. Returns a boolean mask.
@@ -364,7 +364,7 @@ def label_corpus(
     """The whole LCS self-annotation of §2.2: match tables, recipe libraries, key steps, labels.
 
     ``embed`` supplies the sentence embeddings of INPUT/ANSWER texts for Eq. (9) (e.g. a
-    :class:`annotation.text_similarity.TextEmbedder`); it may be None in ``mode="hard"``.
+    :class:`annotation.progress.text_similarity.TextEmbedder`); it may be None in ``mode="hard"``.
     Episode ids must be unique across the corpus.
     """
     encoded = build_match_tables_encoded(

@@ -3,13 +3,14 @@
 The same script runs on this CPU machine and on GPUs:
 
     # CPU default (frozen MiniLM segments + trained fusion/head), plain Trainer:
-    python -m training.train --kind progrm_lcs --examples rm_examples.parquet --output_dir runs/progrm_lcs
+    python -m training.reward_models.train --kind progrm_lcs --examples rm_examples.parquet --output_dir runs/progrm_lcs
 
     # CPU with DeepSpeed ZeRO-2 (gloo), as CI runs it:
-    python -m training.train --kind orm --examples ... --output_dir ... --deepspeed training/ds_zero2_cpu.json
+    python -m training.reward_models.train --kind orm --examples ... --output_dir ... \
+        --deepspeed training/ds_zero2_cpu.json
 
     # GPUs: full fine-tune of an LLM with ProgRM Table 5's hyper-parameters under ZeRO-2:
-    deepspeed --num_gpus 8 --module training.train --profile llm --kind progrm_env \
+    deepspeed --num_gpus 8 --module training.reward_models.train --profile llm --kind progrm_env \
         --backbone /models/Qwen2.5-7B --encoder_mode full --examples ... --output_dir ... \
         --deepspeed training/ds_zero2.json
 
@@ -44,7 +45,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from training.models import (
+from training.reward_models.kinds import KINDS
+from training.reward_models.models import (
     EmbeddingCache,
     RewardModel,
     RewardModelConfig,
@@ -57,12 +59,12 @@ from training.models import (
     segment_features,
     tokenize_prompts,
 )
-from training.rm_datasets import KINDS, StepState
+from training.reward_models.states import StepState
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
 
-log = logging.getLogger("training.train")
+log = logging.getLogger("training.reward_models.train")
 
 REPO_TRAINING_DIR = Path(__file__).resolve().parent
 DS_ZERO2 = REPO_TRAINING_DIR / "ds_zero2.json"
@@ -449,7 +451,7 @@ def epochs_for_min_steps(n_examples: int, args, min_steps: int) -> float:
 
 def default_embedding_cache_dir(encoder_fingerprint: str, home: str | None = None) -> Path:
     """``<home>/cache/segment_embeddings/<encoder fingerprint>`` (home: --home or $STEPWISE_HOME)."""
-    from training.models import segment_cache_dir
+    from training.reward_models.models import segment_cache_dir
     from warehouse.storage import stepwise_home
 
     return segment_cache_dir(Path(home) if home else stepwise_home(), encoder_fingerprint)
@@ -710,7 +712,7 @@ def _example_lengths(collator, n: int) -> list[int]:
 
 def _features_with_progress(states, cache: EmbeddingCache, config: RewardModelConfig, name: str, chunk: int = 4096):
     """Segment features in chunks, logging progress (the first run encodes every distinct text)."""
-    from training.models import SegmentFeatures
+    from training.reward_models.models import SegmentFeatures
 
     if not states:
         return segment_features([], cache, config)

@@ -1,7 +1,7 @@
 """Grouping successful trajectories by Eq. (3) without running the soft DP on every pair.
 
 ProgRM §2.2 groups a task's successful trajectories so that every two members of a group have
-Sim >= theta_L (Eq. 3, Sim = SoftLCS / min length; :func:`annotation.recipes.group_by_similarity`
+Sim >= theta_L (Eq. 3, Sim = SoftLCS / min length; :func:`annotation.progress.recipes.group_by_similarity`
 is the greedy grouping). Done naively this is one soft-LCS DP (Eq. 8) per pair: quadratic in the
 task's successes, and the dominant cost once a task has a few thousand of them. Three exact
 reductions, none of which changes a single group:
@@ -38,7 +38,7 @@ from rapidfuzz.process import cdist
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
-from annotation.soft_lcs import SOFT_TEXT_TYPES, MatchTable, SequenceStore, soft_lcs_scores_indexed
+from annotation.progress.soft_lcs import SOFT_TEXT_TYPES, MatchTable, SequenceStore, soft_lcs_scores_indexed
 from warehouse.model import ActionType
 
 SimilarityNorm = Literal["min", "mean"]
@@ -282,7 +282,7 @@ def similarity_graphs(
 
 
 def greedy_groups(graph: SimilarityGraph) -> list[list[int]]:
-    """:func:`annotation.recipes.group_by_similarity` on the task's full Eq. (3) matrix, computed
+    """:func:`annotation.progress.recipes.group_by_similarity` on the task's full Eq. (3) matrix, computed
     from the class graph: same visiting order (decreasing number of neighbours, ties by index),
     each trajectory joining the first group compatible with all its members."""
     n = graph.class_of.size

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from envs.protocol import END_FAILURE, EpisodeRecord
-from training.evaluate import mcnemar_exact_p
 from training.policy.candidates import FEATURE_NAMES, enumerate_candidates
+from training.reward_models.evaluate import mcnemar_exact_p
 
 FAILURE_MODES = ("useless_repetition", "wrong_field", "wrong_submission", "out_of_steps")
 _FITS = FEATURE_NAMES.index("value_fits_field")

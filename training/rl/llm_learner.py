@@ -207,12 +207,12 @@ def _walk(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
 def deepspeed_engine(model: torch.nn.Module, settings: LLMLearnerSettings) -> tuple[Any, Any, Any]:
     """(engine, optimizer, scheduler) from ``deepspeed.initialize`` for the policy model.
 
-    A plain ``python`` process becomes a one-rank cluster (``training.train.
+    A plain ``python`` process becomes a one-rank cluster (``training.reward_models.train.
     prepare_deepspeed_environment``: MASTER_ADDR/PORT, RANK, WORLD_SIZE, the compiled-ops cache);
     under the ``deepspeed`` launcher the launcher's variables are used."""
     import deepspeed
 
-    from training.train import prepare_deepspeed_environment
+    from training.reward_models.train import prepare_deepspeed_environment
 
     prepare_deepspeed_environment()
     path = settings.deepspeed_config or str(DS_ZERO3 if torch.cuda.is_available() else DS_ZERO3_CPU)

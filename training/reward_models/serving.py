@@ -7,9 +7,10 @@ Python::
     results[0].scores          # p_t: progress after each action (ProgRM) / success belief (ORM)
     results[0].progress_gains  # r_t = p_t - p_{t-k}, p_{-1} = 0 (ProgRM Eq. 2)
 
-HTTP (FastAPI on uvicorn, one model per process; ``training.serving_app``)::
+HTTP (FastAPI on uvicorn, one model per process; ``training.reward_models.serving_app``)::
 
-    python -m training.serving --checkpoint <model folder> --host 127.0.0.1 --port 8765 [--device cuda --dtype bfloat16]
+    python -m training.reward_models.serving --checkpoint <model folder> --host 127.0.0.1 --port 8765 \
+        [--device cuda --dtype bfloat16]
 
     GET  /health      -> {"status": "ok", "kind": ...}
     GET  /v1/model    -> the model's kind, config, training metadata and the request limits
@@ -34,10 +35,10 @@ or single states (the caller assembles the history)::
 A screen is a list of element objects (the fields of ``warehouse.model.UIElement``: role, text,
 element_id, classes, description, value, clickable, editable, checked, focused, depth, ...) or
 a string of pre-rendered lines. ``target`` (optional) names the element the action acted on, so
-that its surrounding texts are added to the action as in training (``training.rm_datasets.target_context``:
+that its surrounding texts are added to the action as in training (``training.reward_models.states.target_context``:
 ``CLICK(span.retweet) within "@lacus" ...``). ``steps[t].screen`` is the screen the agent saw *before* action
 ``t``; for progress models the score of step ``t`` is the progress *after* action ``t``, read from
-the next step's screen (``training.rm_datasets.progress_state``).
+the next step's screen (``training.reward_models.states.progress_state``).
 
 Response: ``{"model": {...}, "results": [{"id", "scores", "progress_gains", "rewards"}], "elapsed_ms"}``;
 ``rewards`` are the progress gains for progress/outcome models and the scores themselves for
@@ -50,9 +51,9 @@ A full scoring queue is a 503 with ``Retry-After``.
 
 This module is the part every server shares: the batch API, request validation
 (``parse_score_request`` and friends), the device/dtype options and the command line. The ASGI
-app and its micro-batcher are in ``training.serving_app`` (imported only when serving, so the RL
+app and its micro-batcher are in ``training.reward_models.serving_app`` (imported only when serving, so the RL
 code that calls :func:`score_trajectories` does not load FastAPI); the stdlib server it replaced
-is kept as a benchmark baseline in ``training.serving_legacy``.
+is kept as a benchmark baseline in ``benchmarks.serving_legacy``.
 """
 
 from __future__ import annotations
@@ -70,14 +71,14 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
-from training.models import RewardScorer, read_model_config
-from training.rm_datasets import (
+from training.reward_models.kinds import kind_spec
+from training.reward_models.labels import progress_gains
+from training.reward_models.models import RewardScorer, read_model_config
+from training.reward_models.states import (
     StepState,
     TextStep,
     TextTrajectory,
     action_in_context,
-    kind_spec,
-    progress_gains,
     screen_lines,
     state_for,
     target_context,
@@ -87,7 +88,7 @@ from warehouse.model import Screen, UIElement
 if TYPE_CHECKING:  # the ASGI stack is imported when a server starts, not with the batch API
     import threading
 
-    from training.serving_app import BackgroundServer, BatchingSettings
+    from training.reward_models.serving_app import BackgroundServer, BatchingSettings
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +277,7 @@ def parse_screen(raw: Any, where: str, limits: ServingLimits) -> tuple[str, ...]
 def parse_action(step: dict, elements: list[UIElement] | None, where: str, limits: ServingLimits) -> str:
     """A step's action as models read it: with the texts around its target when ``target`` (an
     index into the screen's element list, or an element ``ref``) names one (see
-    ``training.rm_datasets.target_context``)."""
+    ``training.reward_models.states.target_context``)."""
     action = _action(step.get("action"), f"{where}.action", limits)
     if step.get("target") is None:
         return action
@@ -592,7 +593,7 @@ def load_serving_scorer(
 
 
 # ---------------------------------------------------------------------------------------------
-# HTTP service (FastAPI on uvicorn: training/serving_app.py)
+# HTTP service (FastAPI on uvicorn: training/reward_models/serving_app.py)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -607,14 +608,14 @@ def serve_in_background(
     """Start the HTTP service on a daemon thread; returns (server, thread). ``server.server_address``
     is the bound (host, port) (port 0 picks a free one); stop with ``server.shutdown()``;
     ``server.batcher`` counts the forward passes."""
-    from training.serving_app import serve_in_background as start
+    from training.reward_models.serving_app import serve_in_background as start
 
     return start(scorer, host, port, limits, batching, precision)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m training.serving``: serve one exported model until interrupted."""
-    from training.serving_app import BatchingSettings, run_server
+    """``python -m training.reward_models.serving``: serve one exported model until interrupted."""
+    from training.reward_models.serving_app import BatchingSettings, run_server
 
     defaults = BatchingSettings()
     parser = argparse.ArgumentParser(description="Serve a trained reward model over HTTP (JSON).")
@@ -622,7 +623,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765, help="0 picks a free port (the start line says which)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="see training.serving.resolve_precision")
+    parser.add_argument(
+        "--dtype", default="float32", choices=DTYPES, help="see training.reward_models.serving.resolve_precision"
+    )
     parser.add_argument("--warm-cache", default=None, help="a saved segment-embedding cache folder to start from")
     parser.add_argument(
         "--home", default=None, help="start from the segment cache training saved under this STEPWISE_HOME"

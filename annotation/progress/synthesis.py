@@ -1,9 +1,9 @@
-"""Synthetic trajectories for reward-model training (ProgRM App. B); the split is :mod:`annotation.split`.
+"""Synthetic trajectories for reward-model training (ProgRM App. B); the split is :mod:`annotation.progress.split`.
 
 Failed trajectories: (1) an instruction of task a with the execution of task b (mismatched
 instruction), (2) a random walk. Successful trajectories: a successful "prototype" with empty or
 effectless action tuples added (NOTHING; scroll down then up) or removed (the garbage steps of
-:func:`annotation.instruction_relative.garbage_mask`). Every synthetic trajectory records its kind
+:func:`annotation.progress.instruction_relative.garbage_mask`). Every synthetic trajectory records its kind
 and its parent. All functions are pure and deterministic given the ``random.Random``.
 """
 
@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 
-from annotation.instruction_relative import garbage_mask
+from annotation.progress.instruction_relative import garbage_mask
 from warehouse.model import Action, ActionType, Screen
 from warehouse.trajectories import Trajectory
 

@@ -40,7 +40,7 @@ from typing import Final, Literal, TypeVar
 
 import numpy as np
 
-from annotation.text_similarity import Embed, normalise_text, text_similarity, text_similarity_matrix
+from annotation.progress.text_similarity import Embed, normalise_text, text_similarity, text_similarity_matrix
 from warehouse.model import Action, ActionType, UIElement
 
 #: epsilon of Eq. (9): the score of matching two NOTHING actions.
@@ -123,7 +123,7 @@ def soft_match(
     """The soft match function f of Eq. (9), generalised to the canonical action space.
 
     ``similarity(text_a, text_b)`` must return a value in [0, 1] (e.g. a clipped SBERT cosine,
-    :func:`annotation.text_similarity.text_similarity`). The paper scores two INPUTs on their text
+    :func:`annotation.progress.text_similarity.text_similarity`). The paper scores two INPUTs on their text
     alone; ``input_target_must_match=True`` additionally requires the same target field (so a
     username typed into the password box does not count).
     UNKNOWN actions (events the importer could not type) score 0: nothing is known of what they did.

@@ -18,21 +18,21 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from annotation.label_io import label_families as label_families
-from annotation.label_runs import LABELS_CODE_VERSION as LABELS_CODE_VERSION
-from annotation.label_runs import LabelSummary as LabelSummary
-from annotation.label_runs import episodes_version as episodes_version
-from annotation.label_runs import families_with_new_episodes as families_with_new_episodes
-from annotation.label_runs import family_labels_version as family_labels_version
-from annotation.label_runs import make_embedder as make_embedder
-from annotation.label_runs import run_family_labels as run_family_labels
-from annotation.label_runs import run_label_partitions as run_label_partitions
-from annotation.label_runs import run_labeling as run_labeling
-from annotation.label_runs import spec_inputs
-from annotation.labeling import LabelQuality, env_labels, label_quality
-from annotation.plots import quality_plot
-from annotation.split import training_split
-from annotation.synthesis import synthesize
+from annotation.progress.label_io import label_families as label_families
+from annotation.progress.label_runs import LABELS_CODE_VERSION as LABELS_CODE_VERSION
+from annotation.progress.label_runs import LabelSummary as LabelSummary
+from annotation.progress.label_runs import episodes_version as episodes_version
+from annotation.progress.label_runs import families_with_new_episodes as families_with_new_episodes
+from annotation.progress.label_runs import family_labels_version as family_labels_version
+from annotation.progress.label_runs import make_embedder as make_embedder
+from annotation.progress.label_runs import run_family_labels as run_family_labels
+from annotation.progress.label_runs import run_label_partitions as run_label_partitions
+from annotation.progress.label_runs import run_labeling as run_labeling
+from annotation.progress.label_runs import spec_inputs
+from annotation.progress.labeling import LabelQuality, env_labels, label_quality
+from annotation.progress.plots import quality_plot
+from annotation.progress.split import training_split
+from annotation.progress.synthesis import synthesize
 from envs.tasks import load_task_specs
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.checks import CheckOutcome
@@ -82,7 +82,7 @@ def run_synthesis(warehouse: Warehouse, *, seed: int = 0, run_id: str | None = N
     }
 
 
-# -- recipes and labels: annotation.label_runs (streamed, per label family, incremental) ----------
+# -- recipes and labels: annotation.progress.label_runs (streamed, per label family, incremental) ----------
 
 
 # -- the reward-model split ---------------------------------------------------------------------

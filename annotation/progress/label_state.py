@@ -12,7 +12,7 @@ aligned, so the cost is proportional to the batch.
 A task's library is rebuilt only when its successes changed enough (:func:`needs_rebuild`):
 then the whole task is relabelled, and its library gets the next version. Label rows name the
 version that labelled them through their recipe id (``...@v<version>``, version 1 unmarked;
-:func:`annotation.labeling.recipe_id`); the state table says which materialization built it.
+:func:`annotation.progress.labeling.recipe_id`); the state table says which materialization built it.
 
 What differs from relabelling everything: a rebuild would regroup the task's successes with
 the new ones (so recipes can change), and recount which target texts are rare; between
@@ -26,8 +26,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from annotation.instruction_relative import ScreenStates, clean_trajectory
-from annotation.labeling import (
+from annotation.progress.instruction_relative import ScreenStates, clean_trajectory
+from annotation.progress.key_steps import TieBreak, assign_progress_labels
+from annotation.progress.labeling import (
     RECIPE_SOURCES,
     LabelRun,
     LcsMethod,
@@ -35,10 +36,9 @@ from annotation.labeling import (
     add_lcs_labels,
     generalise_rare_target_texts,
 )
-from annotation.progress import TieBreak, assign_progress_labels
-from annotation.recipes import Episode, Recipe, TaskRecipes
-from annotation.soft_lcs import build_match_table_encoded
-from annotation.text_similarity import Embed
+from annotation.progress.recipes import Episode, Recipe, TaskRecipes
+from annotation.progress.soft_lcs import build_match_table_encoded
+from annotation.progress.text_similarity import Embed
 from warehouse.model import Action, ActionType, UIElement
 from warehouse.trajectories import Trajectory
 
@@ -98,7 +98,7 @@ class LibraryState:
         )
 
     def row(self) -> dict:
-        from annotation.labeling import LABEL_VERSION
+        from annotation.progress.labeling import LABEL_VERSION
 
         return {
             "task_id": self.task_id,
@@ -125,7 +125,7 @@ def library_states(
     built_by: str | None = None,
 ) -> list[LibraryState]:
     """The library state of every task a run labelled (from its recipes and its prepared input)."""
-    from annotation.labeling import recipe_id
+    from annotation.progress.labeling import recipe_id
 
     states = []
     for task_id, library in run.recipes.items():

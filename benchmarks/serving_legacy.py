@@ -1,11 +1,11 @@
-"""The stdlib HTTP server the reward-model service ran on before ``training.serving_app``:
+"""The stdlib HTTP server the reward-model service ran on before ``training.reward_models.serving_app``:
 **a benchmark baseline only** (``benchmarks/bench_serving.py``), not for serving.
 
 It is the server of issue 14 as it was: ``http.server.ThreadingHTTPServer`` with the
 socketserver's listen backlog of 5 (``request_queue_size``), one thread per connection, every
 model call serialised behind the scorer's lock, no queue bound. Under 200 concurrent clients it
 reset about a sixth of the connections. The request validation is the shared one
-(``training.serving``), so both servers answer the same requests the same way.
+(``training.reward_models.serving``), so both servers answer the same requests the same way.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from training.models import RewardScorer
-from training.serving import (
+from training.reward_models.models import RewardScorer
+from training.reward_models.serving import (
     RequestError,
     ScoreRequest,
     ServingLimits,

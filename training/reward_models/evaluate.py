@@ -30,15 +30,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from training.rm_datasets import (
-    EpisodeLabels,
-    StepState,
-    TextTrajectory,
-    Verdict,
-    kind_spec,
-    progress_gains,
-    state_for,
-)
+from training.reward_models.examples import EpisodeLabels
+from training.reward_models.kinds import Verdict, kind_spec
+from training.reward_models.labels import progress_gains
+from training.reward_models.states import StepState, TextTrajectory, state_for
 from warehouse.figures import integer_ticks
 
 if TYPE_CHECKING:
@@ -460,7 +455,7 @@ def plot_progress_curves(
 
 def plot_training_curves(summary: Mapping, path: Path) -> Path:
     """Training and validation loss against optimizer steps from a training summary
-    (``training.train``), with the exported step marked: whether a model converged, and where
+    (``training.reward_models.train``), with the exported step marked: whether a model converged, and where
     early stopping picked its weights."""
     import matplotlib
 
@@ -654,7 +649,7 @@ class ReportResult:
 
 def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
     """The most recent model of each kind in the ``models`` table (skips kinds without one)."""
-    from training.rm_datasets import view_exists
+    from training.reward_models.readers import view_exists
 
     if not view_exists(warehouse, "models"):
         return []
@@ -685,13 +680,8 @@ def load_evaluation_set(
 ) -> EvaluationSet:
     """Held-out trajectories of ``split`` with LCS and milestone labels and step verdicts;
     ``max_trajectories``: a fixed sample of them (by episode id hash), for a quick report."""
-    from training.rm_datasets import (
-        read_human_verdicts,
-        read_progress_labels,
-        read_splits,
-        read_trajectories,
-        step_verdicts_for_export,
-    )
+    from training.reward_models.examples import step_verdicts_for_export
+    from training.reward_models.readers import read_human_verdicts, read_progress_labels, read_splits, read_trajectories
 
     splits = read_splits(warehouse)
     ids = [e for e, info in splits.items() if info.split == split]
@@ -769,7 +759,7 @@ def run_report(
     ``cache_home``: a STEPWISE_HOME whose saved segment caches the scorers start from."""
     import pyarrow as pa
 
-    from training.models import RewardScorer
+    from training.reward_models.models import RewardScorer
     from warehouse.tables_training import RM_METRICS
 
     say = log or (lambda msg: None)

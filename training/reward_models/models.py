@@ -10,7 +10,7 @@ decoder models use the hidden state of their last non-padding token.
 Two encoder modes, chosen in :class:`RewardModelConfig`:
 
 * ``full`` (the GPU path, e.g. Qwen2.5-7B): the whole prompt of ProgRM Table 7/8 (truncated by
-  ``training.rm_datasets.truncate_state``) goes through the backbone, which is fine-tuned with the head.
+  ``training.reward_models.prompts.truncate_state``) goes through the backbone, which is fine-tuned with the head.
 * ``frozen_segments`` (the CPU default, MiniLM): the backbone is frozen and encodes each *segment*
   of the state on its own (the instruction, every history action, every screen element line,
   the candidate action). Segments repeat a lot (the screen barely changes between steps, the
@@ -42,14 +42,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.rm_datasets import (
-    StepState,
-    TruncationBudget,
-    kind_spec,
-    prompt_parts,
-    render_user_message,
-    truncate_state,
-)
+from training.reward_models.kinds import kind_spec
+from training.reward_models.prompts import TruncationBudget, prompt_parts, render_user_message, truncate_state
+from training.reward_models.states import StepState
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -810,7 +805,7 @@ class RewardModel(nn.Module):
 
 def prompt_texts(states: Sequence[StepState], kind: str, tokenizer, config: RewardModelConfig) -> list[str]:
     """Render states with the kind's prompt (Tables 7/8), truncated to ``config.max_length``
-    tokens of ``tokenizer`` by the rule of ``training.rm_datasets.truncate_state``; with the
+    tokens of ``tokenizer`` by the rule of ``training.reward_models.prompts.truncate_state``; with the
     tokenizer's chat template (system + user, generation prompt) when it has one."""
     system, _ = prompt_parts(kind)
     use_template = bool(config.use_chat_template and getattr(tokenizer, "chat_template", None))

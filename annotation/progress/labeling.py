@@ -6,7 +6,7 @@ Pure functions over :class:`warehouse.trajectories.Trajectory`; assets and the C
   texts, epsilon for NOTHING, exact target identity otherwise), recipes from all successful
   trajectories of a task, labels kappa / |L|.
 * ``improved`` mode first cleans garbage steps and rewrites actions relative to the instruction
-  (:mod:`annotation.instruction_relative`), then runs the same machinery.
+  (:mod:`annotation.progress.instruction_relative`), then runs the same machinery.
 * ``env`` labels come from environment milestones: recorded online (rollouts) or evaluated from
   a task spec over the recorded screens (demonstrations).
 """
@@ -20,17 +20,17 @@ from typing import Literal
 
 import pyarrow as pa
 
-from annotation.instruction_relative import (
+from annotation.progress.instruction_relative import (
     INSTRUCTION_PLACEHOLDER,
     CleanedTrajectory,
     ScreenStates,
     clean_trajectory,
     expand_to_all_steps,
 )
-from annotation.progress import TrajectoryLabels, label_corpus, milestone_progress
-from annotation.recipes import DEFAULT_THETA, Episode, Grouping, TaskRecipes
-from annotation.soft_lcs import SOFT_TEXT_TYPES
-from annotation.text_similarity import Embed, normalise_text
+from annotation.progress.key_steps import TrajectoryLabels, label_corpus, milestone_progress
+from annotation.progress.recipes import DEFAULT_THETA, Episode, Grouping, TaskRecipes
+from annotation.progress.soft_lcs import SOFT_TEXT_TYPES
+from annotation.progress.text_similarity import Embed, normalise_text
 from envs.tasks import TaskSpec, TaskSpecError, spec_for, track_milestones
 from warehouse.model import Action, ActionType, Screen
 from warehouse.trajectories import Trajectory
@@ -151,7 +151,7 @@ def prepare_lcs(
     states: ScreenStates | None = None,
 ) -> PreparedLcs:
     """The first half of :func:`lcs_labels`: every trajectory of the given tasks cleaned and
-    rewritten (improved mode, :mod:`annotation.instruction_relative`) and grouped by task. Every
+    rewritten (improved mode, :mod:`annotation.progress.instruction_relative`) and grouped by task. Every
     trajectory of a task must be in the same call (rare target texts are counted per task)."""
     prepared = PreparedLcs(method)
     actions_of: dict[str, tuple[Action, ...]] = {}
@@ -274,7 +274,7 @@ def add_lcs_labels(
     version: int = 1,
 ) -> None:
     """One episode's LCS labels as rows; in improved mode, garbage steps get theirs back
-    (:func:`annotation.instruction_relative.expand_to_all_steps`)."""
+    (:func:`annotation.progress.instruction_relative.expand_to_all_steps`)."""
     progress: Sequence[float] = [s.progress for s in labels.steps]
     is_key: Sequence[bool] = [s.is_key_step for s in labels.steps]
     if cleaned is not None:

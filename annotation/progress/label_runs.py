@@ -1,8 +1,8 @@
 """Recipes and progress labels over the warehouse, streamed, per label family, and incrementally.
 
-The edge of the labels stage for :mod:`annotation.label_stream` (bounded-memory labelling) and
-:mod:`annotation.label_state` (incremental labels). Every table the stage writes is stored per
-label family (:func:`annotation.label_io.label_family`): a *base* dataset ``labels/<family>``
+The edge of the labels stage for :mod:`annotation.progress.label_stream` (bounded-memory labelling) and
+:mod:`annotation.progress.label_state` (incremental labels). Every table the stage writes is stored per
+label family (:func:`annotation.progress.label_io.label_family`): a *base* dataset ``labels/<family>``
 and up to :data:`DELTA_SLOTS` *delta* datasets ``labels/<family>/+<k>`` that incremental runs
 append to. SQL readers see the union, one ``progress_labels`` table as before.
 
@@ -29,17 +29,17 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from annotation.label_io import OTHER_FAMILY, TableWriter, family_dataset, label_families, label_family
-from annotation.label_state import (
+from annotation.progress.label_io import OTHER_FAMILY, TableWriter, family_dataset, label_families, label_family
+from annotation.progress.label_state import (
     LibraryState,
     label_against_library,
     library_states,
     needs_rebuild,
 )
-from annotation.label_stream import BatchLabels, EmbedScope, stream_labels
-from annotation.labeling import LABEL_VERSION, LCS_METHODS, RECIPE_SOURCES, LabelColumns, LabelRun, env_labels
-from annotation.plots import label_distribution_plot_from_counts, progress_curves_plot
-from annotation.text_similarity import HashingTextEmbedder, TextEmbedder
+from annotation.progress.label_stream import BatchLabels, EmbedScope, stream_labels
+from annotation.progress.labeling import LABEL_VERSION, LCS_METHODS, RECIPE_SOURCES, LabelColumns, LabelRun, env_labels
+from annotation.progress.plots import label_distribution_plot_from_counts, progress_curves_plot
+from annotation.progress.text_similarity import HashingTextEmbedder, TextEmbedder
 from envs.task_catalog import MINIWOB_FAMILIES
 from envs.tasks import TaskSpec, load_task_specs
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
@@ -87,7 +87,7 @@ def spec_inputs(specs: dict[str, TaskSpec]) -> list[LineageInput]:
 def family_where(family_names: Sequence[str]) -> tuple[str, list]:
     """SQL (over ``episodes e``) selecting the episodes of these label families, and its parameters."""
     catalog_tasks = {task: fam for fam, tasks in MINIWOB_FAMILIES.items() for task in tasks}
-    from annotation.label_io import _android_families
+    from annotation.progress.label_io import _android_families
 
     catalog_tasks.update(_android_families())
     wanted = [task for task, fam in catalog_tasks.items() if fam in family_names]
@@ -272,8 +272,8 @@ def run_labeling(
     the given label families (default: all), from scratch; publishes the stage's tables for those
     families together. Streams batches of whole tasks (at most ``batch_episodes`` episodes unless
     one task has more) and writes rows as they are produced; with ``embed_scope="corpus"`` the rows
-    are exactly those of the all-at-once :func:`annotation.labeling.lcs_labels`."""
-    from annotation.labels import default_specs_dir
+    are exactly those of the all-at-once :func:`annotation.progress.labeling.lcs_labels`."""
+    from annotation.progress.labels import default_specs_dir
 
     specs = load_task_specs(specs_dir or default_specs_dir())
     all_families = families is None
@@ -419,7 +419,7 @@ def run_family_labels(
     relabels the family from scratch; ``"incremental"`` (default) labels only what is new,
     rebuilding the recipe libraries of tasks whose recipe-eligible successes grew by at least
     ``max(rebuild_at_least, rebuild_share x the successes they were built from)``."""
-    from annotation.labels import default_specs_dir
+    from annotation.progress.labels import default_specs_dir
 
     guard = warehouse.guard(LABEL_TABLES, [family_dataset(family)])
     states_table = _read(

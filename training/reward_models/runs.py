@@ -3,7 +3,7 @@
 * :func:`build_dataset`: ``rm_examples`` rows of one kind (and, for ``prm``, the TRL stepwise
   export), built from ``episodes``/``steps``, ``progress_labels``, ``progress_split`` and
   ``human_labels`` when it exists; lineage names the versions read.
-* :func:`train_model`: trains with ``training/train.py`` in a subprocess (the Hugging Face Trainer;
+* :func:`train_model`: trains with ``training/reward_models/train.py`` in a subprocess (the Hugging Face Trainer;
   DeepSpeed ZeRO-2 when configured), resuming from the last checkpoint if an earlier run was
   killed, exports the model and registers it in ``models``.
 * :func:`run_evaluation_report`: every kind's latest model on the held-out split: ProgRM Tables
@@ -12,7 +12,7 @@
 
 ``assets/reward_models.py`` declares these as Dagster assets; ``stepwise reward-models`` runs
 them from the command line. The pure parts live in :mod:`training.rm_datasets` (examples),
-:mod:`training.train` (the Trainer) and :mod:`training.evaluate` (metrics).
+:mod:`training.reward_models.train` (the Trainer) and :mod:`training.reward_models.evaluate` (metrics).
 """
 
 from __future__ import annotations
@@ -38,16 +38,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from envs.process import set_parent_death_signal
-from training.rm_datasets import (
-    REWARD_MODEL_KINDS,
-    SPLITS,
-    DatasetOptions,
-    StepState,
-    TruncationBudget,
-    build_reward_model_dataset,
-    kind_spec,
-    view_exists,
-)
+from training.reward_models.dataset import build_reward_model_dataset
+from training.reward_models.examples import DatasetOptions
+from training.reward_models.kinds import REWARD_MODEL_KINDS, SPLITS, kind_spec
+from training.reward_models.prompts import TruncationBudget
+from training.reward_models.readers import view_exists
+from training.reward_models.states import StepState
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.figures import Markdown, image_markdown
@@ -61,7 +57,7 @@ DATASET_CODE_VERSION = "rm-datasets-1"
 MODEL_CODE_VERSION = "rm-train-2"  # 2: early stopping on validation loss, best checkpoint exported
 REPORT_CODE_VERSION = "rm-report-1"
 
-#: Upstream assets of the label stage (annotation/labels.py).
+#: Upstream assets of the label stage (annotation/progress/labels.py).
 UPSTREAM_LABEL_ASSETS = ("progress_labels", "progress_split")
 REPORT_REQUIRED_KINDS = ("orm", "progrm_lcs", "progrm_env")
 REPORT_REQUIRED_METRICS = (
@@ -99,7 +95,7 @@ def dataset_options(
     sample_failed_steps: bool = True,
     anchor_outcome: bool = True,
 ) -> DatasetOptions:
-    """Dataset options from plain values (see :class:`training.rm_datasets.DatasetOptions`)."""
+    """Dataset options from plain values (see :class:`training.reward_models.examples.DatasetOptions`)."""
     return DatasetOptions(
         lcs_method=lcs_method,
         derived_from=derived_from,
@@ -244,12 +240,12 @@ def training_command(
     settings: TrainingSettings,
     home: Path,
 ) -> list[str]:
-    """The ``training.train`` command line a run launches (segment embeddings are cached under
+    """The ``training.reward_models.train`` command line a run launches (segment embeddings are cached under
     ``<home>/cache/segment_embeddings/<encoder>``, shared by all kinds)."""
     if settings.launcher == "deepspeed":
-        argv = ["deepspeed", "--num_gpus", str(settings.num_gpus), "--module", "training.train"]
+        argv = ["deepspeed", "--num_gpus", str(settings.num_gpus), "--module", "training.reward_models.train"]
     else:
-        argv = [sys.executable, "-m", "training.train"]
+        argv = [sys.executable, "-m", "training.reward_models.train"]
     argv += [
         "--profile",
         settings.profile,
@@ -421,7 +417,7 @@ def train_model(
         "created_at": datetime.now(UTC),
     }
     warehouse.publish(m, [warehouse.stage_table("models", model_id, pa.Table.from_pylist([row], schema=MODELS), m)])
-    from training.evaluate import plot_training_curves
+    from training.reward_models.evaluate import plot_training_curves
 
     curves = plot_training_curves(summary, run_dir / "training_curves.png")
     metadata = {
@@ -448,7 +444,7 @@ def train_model(
 
 def check_checkpoint(export_dir: Path, examples_path: str, n: int = 16) -> CheckOutcome:
     """Load the exported model as a server would and score a few validation examples in [0, 1]."""
-    from training.models import RewardScorer
+    from training.reward_models.models import RewardScorer
 
     try:
         scorer = RewardScorer.from_checkpoint(export_dir)
@@ -500,7 +496,7 @@ def run_evaluation_report(
     ``rm_metrics``, write the markdown report and plots; returns the asset's metadata."""
     import torch
 
-    from training.evaluate import latest_models, run_report
+    from training.reward_models.evaluate import latest_models, run_report
 
     torch.set_num_threads(settings.threads)
     models = latest_models(warehouse, list(settings.kinds))

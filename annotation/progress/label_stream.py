@@ -6,7 +6,7 @@ is shared across tasks: the sentence embeddings of Eq. (9), and only through the
 cache. So a corpus can be labelled in *batches of whole tasks* (:func:`stream_labels`):
 
 * ``embed_scope="corpus"`` (default) gives exactly the rows of the all-at-once
-  :func:`annotation.labeling.lcs_labels`: a first pass prepares every batch (cleaning, rewriting;
+  :func:`annotation.progress.labeling.lcs_labels`: a first pass prepares every batch (cleaning, rewriting;
   screens are dropped as soon as a batch is prepared) and collects the INPUT/ANSWER texts of
   each mode; the texts are then embedded in the same calls, in the same order, as the
   all-at-once path makes (a model's embeddings depend slightly on what shares their batch); a
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from annotation.instruction_relative import ScreenStates
-from annotation.labeling import (
+from annotation.progress.instruction_relative import ScreenStates
+from annotation.progress.labeling import (
     LCS_METHODS,
     LabelRun,
     LcsMethod,
@@ -40,8 +40,8 @@ from annotation.labeling import (
     label_prepared,
     prepare_lcs,
 )
-from annotation.recipes import DEFAULT_THETA, Grouping
-from annotation.text_similarity import Embed
+from annotation.progress.recipes import DEFAULT_THETA, Grouping
+from annotation.progress.text_similarity import Embed
 from envs.tasks import TaskSpec
 from warehouse.trajectories import Trajectory
 
@@ -131,7 +131,7 @@ def stream_labels(
     reads them so). With ``embed_scope="corpus"``, milestone labels come first, batch by batch,
     then the LCS labels. ``keep_trajectories`` selects trajectories to hand back with their
     batch (screens included), e.g. a few to plot. ``version_of``: the library version of
-    rebuilt tasks, named by their recipe ids (:func:`annotation.labeling.recipe_id`).
+    rebuilt tasks, named by their recipe ids (:func:`annotation.progress.labeling.recipe_id`).
     """
     if embed_scope == "batch":
         for index, batch in enumerate(batches):

@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from annotation.grouping import (
+from annotation.progress.grouping import (
     SimilarityGraph,
     TaskSequences,
     deduplicate,
@@ -31,7 +31,7 @@ from annotation.grouping import (
     highest_similarity,
     similarity_graphs,
 )
-from annotation.soft_lcs import (
+from annotation.progress.soft_lcs import (
     MatchTable,
     SequenceStore,
     TableSet,
@@ -87,7 +87,9 @@ class TaskRecipes:
     n_successful: int
     reason: str | None = None  # set iff there is no recipe
     notes: tuple[str, ...] = field(default=())  # groups that gave no recipe, and why
-    pairs_total: int = 0  # Eq. (3) pairs the grouping had to decide (distinct sequences, see annotation.grouping)
+    pairs_total: int = (
+        0  # Eq. (3) pairs the grouping had to decide (distinct sequences, see annotation.progress.grouping)
+    )
     pairs_scored: int = 0  # of which the soft DP ran on (the rest were ruled out by the prefilter's bound)
 
     @property
@@ -283,7 +285,7 @@ def build_recipe_libraries(
     ``grouping`` says how Eq. (3) is evaluated for the grouping: ``"all_pairs"`` runs the soft DP
     on every pair of successes (the definition); ``"deduplicated"`` once per pair of distinct
     sequences; ``"prefiltered"`` (default) also skips the pairs whose upper bound is below theta
-    (:mod:`annotation.grouping`). All three give the same groups and recipes.
+    (:mod:`annotation.progress.grouping`). All three give the same groups and recipes.
 
     ``recipe_rule="fold"`` is Eq. (10); ``"consensus"`` keeps the steps of the group's medoid
     that at least ``support`` of the other members share (:func:`_consensus_groups`).

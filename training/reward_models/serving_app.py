@@ -2,13 +2,13 @@
 forward passes.
 
 RL trainers call the service from many rollout workers at once. The stdlib server it replaces
-(``training.serving_legacy``, kept as the benchmark's baseline) had a listen backlog of 5 and
+(``benchmarks.serving_legacy``, kept as the benchmark's baseline) had a listen backlog of 5 and
 reset connections under load (issue 14: 33 of 200 concurrent requests). Here:
 
 * **uvicorn** (asyncio, uvloop and httptools where installed) owns the connections: a listen
   backlog of 2048, keep-alive timeout, and a deadline on receiving a body (408), so a slow or
   idle client holds one coroutine and blocks nobody.
-* **Validation is the shared core** (``training.serving.parse_score_request`` and friends): the
+* **Validation is the shared core** (``training.reward_models.serving.parse_score_request`` and friends): the
   same 4xx statuses and messages naming the field as before. The pydantic models below only
   describe the request and responses on the OpenAPI page (``/docs``); they do not validate, so
   no error changes wording.
@@ -21,11 +21,11 @@ reset connections under load (issue 14: 33 of 200 concurrent requests). Here:
 * **A bounded queue**: beyond ``max_queue_requests`` requests or ``max_queue_states`` states
   waiting, a request is answered 503 with ``Retry-After`` (the queue's states over the measured
   states/s) right away: never a reset, never a hang.
-* ``--device`` / ``--dtype``: see ``training.serving.resolve_precision``; the scoring thread runs
+* ``--device`` / ``--dtype``: see ``training.reward_models.serving.resolve_precision``; the scoring thread runs
   every forward pass inside :meth:`Precision.scoring_context` (CUDA autocast for frozen mode).
 
-Start it with ``python -m training.serving`` (:func:`run_server`) or, in tests and benchmarks,
-``training.serving.serve_in_background`` (:class:`BackgroundServer`).
+Start it with ``python -m training.reward_models.serving`` (:func:`run_server`) or, in tests and benchmarks,
+``training.reward_models.serving.serve_in_background`` (:class:`BackgroundServer`).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from training.models import RewardScorer
-from training.serving import (
+from training.reward_models.models import RewardScorer
+from training.reward_models.serving import (
     Precision,
     RequestError,
     ScoreRequest,

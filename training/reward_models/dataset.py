@@ -1,0 +1,84 @@
+"""One kind's reward-model dataset built from the warehouse: read, build the examples, record lineage."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from training.reward_models.examples import (
+    DatasetOptions,
+    DatasetStats,
+    EpisodeLabels,
+    build_examples,
+    fallback_sources,
+    step_verdicts_for_export,
+    trl_stepwise_rows,
+)
+from training.reward_models.kinds import kind_spec
+from training.reward_models.readers import read_human_verdicts, read_progress_labels, read_splits, read_trajectories
+from training.reward_models.states import TextTrajectory
+from warehouse.catalog import LineageInput, Warehouse
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RewardModelDataset:
+    """One kind's dataset as built from the warehouse (see :func:`build_reward_model_dataset`)."""
+
+    kind: str
+    examples: pa.Table
+    stats: DatasetStats
+    inputs: list[LineageInput]
+    trl_stepwise: pa.Table | None = None
+    human_labels_present: bool = False
+
+    def summary(self) -> dict:
+        return self.stats.to_json() | {"human_labels_present": self.human_labels_present}
+
+
+def build_reward_model_dataset(
+    warehouse: Warehouse,
+    kind: str,
+    options: DatasetOptions | None = None,
+    *,
+    trajectories: Mapping[str, TextTrajectory] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> RewardModelDataset:
+    """Read splits, labels and trajectories from the warehouse and build ``kind``'s examples
+    (plus, for ``prm``, the TRL stepwise export), with the lineage inputs to record; ``options``
+    defaults to :class:`DatasetOptions`'s defaults."""
+    options = options or DatasetOptions()
+    spec = kind_spec(kind)
+    splits = read_splits(warehouse)
+    if not splits:
+        raise ValueError("progress_split is empty: the reward-model split has not been materialized")
+    labels: dict[str, dict[str, EpisodeLabels]] = {}
+    needed: set[str] = (
+        ({spec.label_source or "lcs", *fallback_sources(kind, options)} - {"outcome"})
+        if spec.target == "progress"
+        else set()
+    )
+    if spec.target in ("step_correctness", "step_reward"):
+        needed.add(options.derived_from)
+    for source in needed:
+        labels[source] = read_progress_labels(warehouse, source, options.lcs_method if source == "lcs" else None)
+    human, human_tables = (
+        read_human_verdicts(warehouse) if spec.target in ("step_correctness", "step_reward") else ({}, [])
+    )
+    if trajectories is None:
+        trajectories = read_trajectories(warehouse, splits.keys(), progress=progress)
+    examples, stats = build_examples(
+        kind, trajectories, splits, progress_labels=labels, human_verdicts=human, options=options
+    )
+    tables = ["episodes", "steps", "progress_split"] + (["progress_labels"] if needed else []) + human_tables
+    trl = None
+    if kind == "prm":
+        source = options.derived_from
+        derived_name = f"derived:{source}" + (f":{options.lcs_method}" if source == "lcs" else "")
+        verdicts = step_verdicts_for_export(trajectories, labels.get(source, {}), human, derived_name)
+        trl = trl_stepwise_rows(trajectories, splits, verdicts)
+    return RewardModelDataset(kind, examples, stats, warehouse.current_inputs(tables), trl, bool(human))

@@ -1,0 +1,353 @@
+"""Training examples per kind, built from plain trajectories, splits and labels (pure), and the
+TRL stepwise-supervision rows exported beside them."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from training.reward_models.kinds import KINDS, SPLITS, RewardModelKind, Verdict, kind_spec
+from training.reward_models.labels import GUIDNAV_REWARD, derive_step_verdicts, outcome_anchored_progress, sampled_steps
+from training.reward_models.prompts import (
+    CANDIDATE_BULLET,
+    SYSTEM_PROMPT,
+    TokenCounter,
+    TruncationBudget,
+    approx_token_count,
+    render_prompt,
+)
+from training.reward_models.states import StepState, TextTrajectory, action_state, progress_state
+from warehouse.tables_training import RM_EXAMPLES, RM_TRL_STEPWISE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EpisodeLabels:
+    """Per-step progress labels of one episode from one source (``progress_labels`` rows)."""
+
+    progress: tuple[float, ...]
+    is_key_step: tuple[bool, ...]
+    label_version: str | None
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """An episode's row of ``progress_split``."""
+
+    split: str
+    goal_key: str | None = None
+    n_steps_sampled: int | None = None
+    sampled: tuple[int, ...] | None = None  # which steps the balancing kept, when the split says
+
+
+@dataclass
+class DatasetStats:
+    """What building one kind's dataset kept, and what it dropped and why."""
+
+    kind: str
+    examples_by_split: dict[str, int] = field(default_factory=dict)
+    label_mean_by_split: dict[str, float] = field(default_factory=dict)
+    dropped: Counter = field(default_factory=Counter)
+    label_sources: Counter = field(default_factory=Counter)
+    label_versions: set[str] = field(default_factory=set)
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "examples_by_split": self.examples_by_split,
+            "label_mean_by_split": {k: round(v, 4) for k, v in self.label_mean_by_split.items()},
+            "dropped": dict(self.dropped),
+            "label_sources": dict(self.label_sources),
+            "label_versions": sorted(self.label_versions),
+        }
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """Parameters of dataset building (recorded in lineage)."""
+
+    # progress_labels.method of the LCS labels: improved (the pipeline's better labels, about half
+    # the paper mode's key-step error against milestones) | paper (ProgRM §2.2 as published)
+    lcs_method: str = "improved"
+    derived_from: str = "lcs"  # labels step verdicts are derived from where no human label: lcs | env
+    prompt_budget: TruncationBudget = TruncationBudget()
+    sample_failed_steps: bool = True  # ProgRM App. C balancing (progrm_* kinds)
+    # progrm_* kinds: the outcome as the final milestone (:func:`outcome_anchored_progress`); an
+    # episode without labels of its kind's source then falls back (see :func:`fallback_sources`)
+    # instead of being dropped
+    anchor_outcome: bool = True
+
+    def to_json(self) -> dict:
+        return {
+            "anchor_outcome": self.anchor_outcome,
+            "lcs_method": self.lcs_method,
+            "derived_from": self.derived_from,
+            "prompt_max_tokens": self.prompt_budget.max_tokens,
+            "keep_recent_actions": self.prompt_budget.keep_recent_actions,
+            "sample_failed_steps": self.sample_failed_steps,
+        }
+
+
+def fallback_sources(kind: str, options: DatasetOptions) -> tuple[str, ...]:
+    """Where a progress kind's labels come from for an episode its own source did not label.
+
+    ProgRM-Env's milestone labels exist only for tasks with a task spec; on the others the best
+    progress label there is, is the LCS one. Anchored to the outcome (``anchor_outcome``), an
+    episode labelled by nobody gets outcome-only labels (0, then 1 at a success's last step),
+    since the outcome is the one milestone every task has. Without anchoring (§2.2 as
+    published) such episodes are dropped.
+    """
+    if not options.anchor_outcome:
+        return ()
+    return ("lcs", "outcome") if kind_spec(kind).label_source == "env" else ("outcome",)
+
+
+def build_examples(
+    kind: str,
+    trajectories: Mapping[str, TextTrajectory],
+    splits: Mapping[str, SplitInfo],
+    *,
+    progress_labels: Mapping[str, Mapping[str, EpisodeLabels]],
+    human_verdicts: Mapping[tuple[str, int], tuple[Verdict, int]] | None = None,
+    options: DatasetOptions = DatasetOptions(),
+    count_tokens: TokenCounter = approx_token_count,
+) -> tuple[pa.Table, DatasetStats]:
+    """One kind's examples (``rm_examples`` rows) from trajectories, splits and labels.
+
+    ``progress_labels[source][episode_id]`` holds the labels of a source: ``"lcs"`` (already
+    restricted to ``options.lcs_method``) and ``"env"``. Episodes without a split are skipped;
+    episodes without the labels a kind needs are skipped and counted in ``stats.dropped``.
+    """
+    spec = kind_spec(kind)
+    human_verdicts = human_verdicts or {}
+    stats = DatasetStats(kind)
+    rows: dict[str, list] = {name: [] for name in RM_EXAMPLES.names}
+
+    def add(
+        traj: TextTrajectory,
+        info: SplitInfo,
+        t: int,
+        state: StepState,
+        label: float,
+        source: str,
+        version: str | None,
+        key: bool | None,
+    ) -> None:
+        rows["example_id"].append(f"{kind}:{traj.episode_id}:{t}")
+        rows["kind"].append(kind)
+        rows["split"].append(info.split)
+        rows["episode_id"].append(traj.episode_id)
+        rows["task_id"].append(traj.task_id)
+        rows["goal_key"].append(info.goal_key)
+        rows["step_idx"].append(t)
+        rows["n_steps"].append(len(traj))
+        rows["instruction"].append(state.instruction)
+        rows["history"].append(list(state.history))
+        rows["screen_lines"].append(list(state.screen_lines))
+        rows["action"].append(state.action)
+        rows["prompt"].append(render_prompt(kind, state, options.prompt_budget, count_tokens))
+        rows["label"].append(float(label))
+        rows["label_source"].append(source)
+        rows["label_version"].append(version)
+        rows["is_key_step"].append(key)
+        rows["episode_success"].append(traj.success)
+        stats.label_sources[source] += 1
+        if version:
+            stats.label_versions.add(version)
+
+    derived_source = "lcs" if options.derived_from == "lcs" else "env"
+    derived_name = f"derived:{derived_source}" + (f":{options.lcs_method}" if derived_source == "lcs" else "")
+    for episode_id in sorted(trajectories):
+        traj = trajectories[episode_id]
+        info = splits.get(episode_id)
+        if info is None:
+            stats.dropped["no split"] += 1
+            continue
+        if not traj.steps:
+            stats.dropped["no steps"] += 1
+            continue
+        n = len(traj)
+        if spec.target == "outcome":
+            if traj.success is None:
+                stats.dropped["no outcome"] += 1
+                continue
+            add(traj, info, n - 1, progress_state(traj, n - 1), float(traj.success), "outcome", None, None)
+            continue
+        if spec.target == "progress":
+            source = spec.label_source or "lcs"
+            labels = progress_labels.get(source, {}).get(episode_id)
+            if labels is not None and len(labels.progress) != n:
+                stats.dropped[f"{source} labels length mismatch"] += 1
+                continue
+            if labels is None and traj.success is not None:
+                for fallback in fallback_sources(kind, options):
+                    if fallback == "outcome":  # the one milestone every task has
+                        progress = outcome_anchored_progress(np.zeros(n), bool(traj.success))
+                        labels = EpisodeLabels(
+                            tuple(float(v) for v in progress), tuple(bool(v > 0) for v in progress), None
+                        )
+                    else:
+                        labels = progress_labels.get(fallback, {}).get(episode_id)
+                        labels = labels if labels is not None and len(labels.progress) == n else None
+                    if labels is not None:
+                        source = fallback
+                        break
+            if labels is None:
+                stats.dropped[f"no {spec.label_source or 'lcs'} labels"] += 1
+                continue
+            name = {"lcs": f"lcs:{options.lcs_method}", "outcome": "outcome"}.get(source, source)
+            if source != "outcome" and options.anchor_outcome and traj.success is not None:
+                labels = EpisodeLabels(
+                    tuple(float(v) for v in outcome_anchored_progress(labels.progress, traj.success)),
+                    labels.is_key_step,
+                    labels.label_version,
+                )
+                name += "+outcome"
+            keep: Sequence[int]
+            if not options.sample_failed_steps:
+                keep = range(n)
+            elif info.sampled is not None:  # the split's own choice of steps (App. C balancing)
+                keep = sorted(t for t in set(info.sampled) if 0 <= t < n)
+            elif traj.success is False:
+                keep = sampled_steps(episode_id, n, info.n_steps_sampled)
+            else:
+                keep = range(n)
+            stats.dropped["failed steps not sampled (App. C)"] += n - len(keep)
+            for t in keep:
+                add(
+                    traj,
+                    info,
+                    t,
+                    progress_state(traj, t),
+                    labels.progress[t],
+                    name,
+                    labels.label_version,
+                    labels.is_key_step[t],
+                )
+            continue
+        # step judges: human verdicts where present, derived verdicts otherwise
+        derived_labels = progress_labels.get(derived_source, {}).get(episode_id)
+        derived: list[Verdict] | None = None
+        if derived_labels is not None and len(derived_labels.progress) == n and traj.success is not None:
+            derived = derive_step_verdicts(derived_labels.progress, traj.success)
+        for t in range(n):
+            human = human_verdicts.get((episode_id, t))
+            version: str | None
+            if human is not None:  # a person looked at the step; if they were unsure, so are we
+                verdict, source, version = human[0], "human", "human_labels"
+            elif derived is not None and derived_labels is not None:
+                verdict, source, version = derived[t], derived_name, derived_labels.label_version
+            else:
+                stats.dropped["no step label"] += 1
+                continue
+            if spec.target == "step_correctness":
+                if verdict == "unsure":
+                    stats.dropped[f"unsure ({source.split(':')[0]})"] += 1
+                    continue
+                label = 1.0 if verdict == "positive" else 0.0
+            else:
+                label = GUIDNAV_REWARD[verdict]
+            key = derived_labels.is_key_step[t] if derived is not None and derived_labels is not None else None
+            add(traj, info, t, action_state(traj, t), label, source, version, key)
+
+    table = pa.Table.from_pydict(rows, schema=RM_EXAMPLES)
+    for split in SPLITS:
+        split_labels = [lab for lab, s in zip(rows["label"], rows["split"], strict=True) if s == split]
+        stats.examples_by_split[split] = len(split_labels)
+        if split_labels:
+            stats.label_mean_by_split[split] = float(np.mean(split_labels))
+    return table, stats
+
+
+def trl_stepwise_rows(
+    trajectories: Mapping[str, TextTrajectory],
+    splits: Mapping[str, SplitInfo],
+    verdicts: Mapping[str, Sequence[tuple[Verdict, str]]],
+    *,
+    max_screen_chars: int = 4000,
+) -> pa.Table:
+    """Step-correctness labels in TRL's stepwise-supervision format (``prompt``, ``completions``,
+    ``labels``; one bool per completion), so a PRM can be trained with ``trl.PRMTrainer``.
+
+    ``verdicts[episode_id][t] = (verdict, label_source)``. The prompt carries the instruction and
+    the actions before the row's first step; each completion is one step: the screen the agent
+    saw (cut at ``max_screen_chars``) and its action. TRL has no "ignore" label, so an ``unsure``
+    step ends a row and the next labelled step starts a new one whose prompt lists the history.
+    """
+    rows: dict[str, list] = {name: [] for name in RM_TRL_STEPWISE.names}
+
+    def flush(traj: TextTrajectory, start: int, completions: list[str], labels: list[bool], sources: list[str]) -> None:
+        if not completions:
+            return
+        history = traj.actions[:start]
+        history_text = "\n".join(f"{i + 1}. {a}" for i, a in enumerate(history)) if history else "None"
+        prompt = (
+            f"{SYSTEM_PROMPT}{CANDIDATE_BULLET}\n{KINDS[RewardModelKind.PRM].question}\n"
+            f"Instructions: {traj.instruction}\nHistory Actions: {history_text}"
+        )
+        info = splits[traj.episode_id]
+        rows["example_id"].append(f"{traj.episode_id}:{start}")
+        rows["split"].append(info.split)
+        rows["episode_id"].append(traj.episode_id)
+        rows["task_id"].append(traj.task_id)
+        rows["first_step_idx"].append(start)
+        rows["prompt"].append(prompt)
+        rows["completions"].append(list(completions))
+        rows["labels"].append(list(labels))
+        rows["label_sources"].append(list(sources))
+
+    for episode_id in sorted(verdicts):
+        traj = trajectories.get(episode_id)
+        if traj is None or episode_id not in splits:
+            continue
+        start = 0
+        completions: list[str] = []
+        labels: list[bool] = []
+        sources: list[str] = []
+        for t, (verdict, source) in enumerate(verdicts[episode_id]):
+            if verdict == "unsure":
+                flush(traj, start, completions, labels, sources)
+                start, completions, labels, sources = t + 1, [], [], []
+                continue
+            screen = "\n".join(traj.steps[t].screen_lines)
+            if len(screen) > max_screen_chars:
+                screen = screen[:max_screen_chars] + "\n[...]"
+            completions.append(f"Current screen:\n{screen}\nAction: {traj.steps[t].action}")
+            labels.append(verdict == "positive")
+            sources.append(source)
+        flush(traj, start, completions, labels, sources)
+    return pa.Table.from_pydict(rows, schema=RM_TRL_STEPWISE)
+
+
+def step_verdicts_for_export(
+    trajectories: Mapping[str, TextTrajectory],
+    progress_labels: Mapping[str, EpisodeLabels],
+    human_verdicts: Mapping[tuple[str, int], tuple[Verdict, int]],
+    derived_name: str,
+) -> dict[str, list[tuple[Verdict, str]]]:
+    """Per episode and step: (verdict, source), human where present, else derived (PRM rule)."""
+    result: dict[str, list[tuple[Verdict, str]]] = {}
+    for episode_id, traj in trajectories.items():
+        labels = progress_labels.get(episode_id)
+        derived = (
+            derive_step_verdicts(labels.progress, traj.success)
+            if labels is not None and len(labels.progress) == len(traj) and traj.success is not None
+            else None
+        )
+        out: list[tuple[Verdict, str]] = []
+        for t in range(len(traj)):
+            human = human_verdicts.get((episode_id, t))
+            if human is not None:
+                out.append((human[0], "human"))
+            elif derived is not None:
+                out.append((derived[t], derived_name))
+            else:
+                out.append(("unsure", "none"))
+        result[episode_id] = out
+    return result

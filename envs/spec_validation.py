@@ -10,7 +10,7 @@ satisfies tells nothing apart. So, per task::
     print(format_report(report))   # ERROR / WARNING lines, one per problem; NOTE lines; a table
     exit_code = 1 if report.errors else 0
 
-Replaying follows the ground truth of the labels (``annotation.labeling.milestone_hits``): the
+Replaying follows the ground truth of the labels (``annotation.progress.labeling.milestone_hits``): the
 screen after a step is the next step's screen; after the last step, the last screen recorded with
 the last action's own effect where it is known (typed text lands in its field). Milestones
 recorded online (rollouts) are not used: the point is to check the specs in hand.

@@ -23,7 +23,8 @@ from assets.resources import WarehouseResource
 from warehouse.catalog import Warehouse
 from warehouse.checks import CheckOutcome, check_unique_key
 from warehouse.figures import Markdown
-from warehouse.schema import TABLE_SCHEMAS, table_key
+from warehouse.keys import table_key
+from warehouse.schema import TABLE_SCHEMAS
 
 
 def metadata_value(value: Any) -> Any:

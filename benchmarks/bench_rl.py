@@ -8,7 +8,7 @@ one) and its tasks:
   scripted expert (the plain rollout benchmark's policy: no model in the loop);
 * the time of one iteration split into rollout / reward / update, for the outcome reward and for
   ProgRM's progress reward (a trained progrm_env model, scored in-process);
-* reward scoring of the same episodes in-process vs over the HTTP service (``training.reward_models.serving``).
+* reward scoring of the same episodes in-process vs over the HTTP service (``training.reward_models.serving_app``).
 
 Run: ``.venv/bin/python benchmarks/bench_rl.py [--home .stepwise] [--episodes 48] [--workers 1 2]``;
 ``--smoke`` builds a temporary home first (a few demonstrations, reward models and an SFT policy
@@ -36,11 +36,11 @@ from envs.task_catalog import load_catalog  # noqa: E402
 from training.policy.learned import LearnedPolicy, PolicyModel  # noqa: E402
 from training.policy.rollouts import Rollout  # noqa: E402
 from training.policy.store import latest_policy  # noqa: E402
-from training.reward_models.serving import serve_in_background  # noqa: E402
+from training.reward_models.scoring import HTTPScorer, LocalScorer, load_scorer  # noqa: E402
+from training.reward_models.serving_app import serve_in_background  # noqa: E402
 from training.rl.learner import EpisodeExperience, Learner, LearnerSettings  # noqa: E402
 from training.rl.rewards import make_reward_source  # noqa: E402
 from training.rl.rewards.progrm import ProgressReward  # noqa: E402
-from training.rl.rewards.scoring import HTTPScorer, LocalScorer, load_scorer  # noqa: E402
 from warehouse.catalog import Warehouse  # noqa: E402
 
 GOAL_STEPS_PER_S = 25.0

@@ -43,8 +43,8 @@ from envs.process import die_with_parent
 from envs.protocol import Environment, EpisodeRecord, Observation, Policy, StepResult, run_episode
 from envs.task_catalog import CatalogTask
 from envs.tasks import TaskSpec, TaskSpecError
+from warehouse.keys import with_key
 from warehouse.model import Action, ActionType
-from warehouse.schema import with_key
 
 ATTEMPT_COMPLETED = "completed"
 ATTEMPT_ABORTED = "aborted"

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import pyarrow as pa
 
-from warehouse.schema import TABLE_SCHEMAS, table_key
+from warehouse.keys import table_key
+from warehouse.schema import TABLE_SCHEMAS
 
 if TYPE_CHECKING:
     from warehouse.catalog import Warehouse

@@ -8,23 +8,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-#: Schema metadata naming a table's key: the columns whose values no two rows share.
-KEY_METADATA = b"stepwise.key"
-
-
-def with_key(schema: pa.Schema, *columns: str) -> pa.Schema:
-    """``schema`` declaring ``columns`` as the table's key (no two rows share their values)."""
-    missing = [c for c in columns if c not in schema.names]
-    if not columns or missing:
-        raise ValueError(f"key columns {missing or '(none)'} are not in the schema {schema.names}")
-    return schema.with_metadata({**(schema.metadata or {}), KEY_METADATA: ",".join(columns).encode()})
-
-
-def table_key(schema: pa.Schema) -> tuple[str, ...]:
-    """The key a schema declares (empty when it declares none)."""
-    raw = (schema.metadata or {}).get(KEY_METADATA)
-    return tuple(raw.decode().split(",")) if raw else ()
-
+from warehouse.keys import with_key
+from warehouse.tables_annotation import ANNOTATION_TABLE_SCHEMAS
+from warehouse.tables_guidance import GUIDANCE_TABLE_SCHEMAS
+from warehouse.tables_rl import RL_TABLE_SCHEMAS
+from warehouse.tables_training import TRAINING_TABLE_SCHEMAS
 
 ELEMENT_TYPE = pa.struct(
     [
@@ -356,21 +344,12 @@ def same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
     return actual.equals(expected)
 
 
-def _register_stage_tables() -> None:
-    """Tables defined next to the stages that write them join the registry (views exist, typed,
-    before the first write)."""
-    from warehouse.tables_annotation import ANNOTATION_TABLE_SCHEMAS
-    from warehouse.tables_guidance import GUIDANCE_TABLE_SCHEMAS
-    from warehouse.tables_rl import RL_TABLE_SCHEMAS
-    from warehouse.tables_training import TRAINING_TABLE_SCHEMAS
-
-    for name, schema in {
-        **ANNOTATION_TABLE_SCHEMAS,
-        **TRAINING_TABLE_SCHEMAS,
-        **RL_TABLE_SCHEMAS,
-        **GUIDANCE_TABLE_SCHEMAS,
-    }.items():
-        TABLE_SCHEMAS.setdefault(name, schema)
-
-
-_register_stage_tables()
+# Tables defined next to the stages that write them join the registry (views exist, typed,
+# before the first write).
+for _name, _schema in {
+    **ANNOTATION_TABLE_SCHEMAS,
+    **TRAINING_TABLE_SCHEMAS,
+    **RL_TABLE_SCHEMAS,
+    **GUIDANCE_TABLE_SCHEMAS,
+}.items():
+    TABLE_SCHEMAS.setdefault(_name, _schema)

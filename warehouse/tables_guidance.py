@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from warehouse.schema import with_key
+from warehouse.keys import with_key
 
 _TS = pa.timestamp("us", tz="UTC")
 

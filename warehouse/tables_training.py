@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from warehouse.schema import with_key
+from warehouse.keys import with_key
 
 RM_EXAMPLES = with_key(
     pa.schema(

@@ -18,13 +18,19 @@ import pyarrow.parquet as pq
 
 from envs.task_catalog import families, load_catalog, miniwob_family_of
 from warehouse.catalog import Materialization, TableOutput, Warehouse
-from warehouse.storage import slug
+from warehouse.storage import REPO_ROOT, slug
 
 OTHER_FAMILY = "other"
+DEFAULT_SPECS_DIR = REPO_ROOT / "envs" / "task_specs"
+
+
+def default_specs_dir() -> str:
+    """The task specs' folder: ``$STEPWISE_TASK_SPECS``, else the repository's ``envs/task_specs``."""
+    return os.environ.get("STEPWISE_TASK_SPECS", str(DEFAULT_SPECS_DIR))
 
 
 @lru_cache(maxsize=1)
-def _android_families() -> dict[str, str]:
+def android_families() -> dict[str, str]:
     try:
         return {task_id: task.family for task_id, task in load_catalog("android").items()}
     except Exception:  # noqa: BLE001 - no Android specs: no Android family
@@ -33,13 +39,13 @@ def _android_families() -> dict[str, str]:
 
 def label_families() -> list[str]:
     """Every label family: the MiniWoB++ catalog's, the Android catalog's, and ``other``."""
-    android = sorted(set(_android_families().values()))
+    android = sorted(set(android_families().values()))
     return [*families("miniwob"), *android, OTHER_FAMILY]
 
 
 def label_family(task_id: str) -> str:
     """The label family of a task (a pure function of its id)."""
-    return miniwob_family_of(task_id) or _android_families().get(task_id) or OTHER_FAMILY
+    return miniwob_family_of(task_id) or android_families().get(task_id) or OTHER_FAMILY
 
 
 def family_dataset(family: str) -> str:

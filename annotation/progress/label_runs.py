@@ -29,7 +29,15 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from annotation.progress.label_io import OTHER_FAMILY, TableWriter, family_dataset, label_families, label_family
+from annotation.progress.label_io import (
+    OTHER_FAMILY,
+    TableWriter,
+    android_families,
+    default_specs_dir,
+    family_dataset,
+    label_families,
+    label_family,
+)
 from annotation.progress.label_state import (
     LibraryState,
     label_against_library,
@@ -87,9 +95,8 @@ def spec_inputs(specs: dict[str, TaskSpec]) -> list[LineageInput]:
 def family_where(family_names: Sequence[str]) -> tuple[str, list]:
     """SQL (over ``episodes e``) selecting the episodes of these label families, and its parameters."""
     catalog_tasks = {task: fam for fam, tasks in MINIWOB_FAMILIES.items() for task in tasks}
-    from annotation.progress.label_io import _android_families
 
-    catalog_tasks.update(_android_families())
+    catalog_tasks.update(android_families())
     wanted = [task for task, fam in catalog_tasks.items() if fam in family_names]
     if OTHER_FAMILY in family_names:
         return "(list_contains(?, e.task_id) OR NOT list_contains(?, e.task_id))", [wanted, sorted(catalog_tasks)]
@@ -273,7 +280,6 @@ def run_labeling(
     families together. Streams batches of whole tasks (at most ``batch_episodes`` episodes unless
     one task has more) and writes rows as they are produced; with ``embed_scope="corpus"`` the rows
     are exactly those of the all-at-once :func:`annotation.progress.labeling.lcs_labels`."""
-    from annotation.progress.labels import default_specs_dir
 
     specs = load_task_specs(specs_dir or default_specs_dir())
     all_families = families is None
@@ -419,7 +425,6 @@ def run_family_labels(
     relabels the family from scratch; ``"incremental"`` (default) labels only what is new,
     rebuilding the recipe libraries of tasks whose recipe-eligible successes grew by at least
     ``max(rebuild_at_least, rebuild_share x the successes they were built from)``."""
-    from annotation.progress.labels import default_specs_dir
 
     guard = warehouse.guard(LABEL_TABLES, [family_dataset(family)])
     states_table = _read(

@@ -9,7 +9,6 @@ The ``stepwise label`` / ``stepwise label-report`` commands and the Dagster asse
 
 from __future__ import annotations
 
-import os
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from annotation.progress.label_io import default_specs_dir as default_specs_dir
 from annotation.progress.label_io import label_families as label_families
 from annotation.progress.label_runs import LABELS_CODE_VERSION as LABELS_CODE_VERSION
 from annotation.progress.label_runs import LabelSummary as LabelSummary
@@ -38,16 +38,11 @@ from warehouse.catalog import Materialization, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.figures import Markdown
 from warehouse.schema import LABEL_QUALITY, PROGRESS_SPLIT
-from warehouse.storage import REPO_ROOT, git_revision
+from warehouse.storage import git_revision
 from warehouse.trajectories import load_trajectories, trajectories_to_tables
 
-DEFAULT_SPECS_DIR = REPO_ROOT / "envs" / "task_specs"
 SYNTHETIC_DATASET = "synthetic"
 Log = Callable[[str], None]
-
-
-def default_specs_dir() -> str:
-    return os.environ.get("STEPWISE_TASK_SPECS", str(DEFAULT_SPECS_DIR))
 
 
 # -- synthetic trajectories -------------------------------------------------------------------

@@ -41,3 +41,56 @@ def test_stepwise_label_runs_without_dagster(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "CODE 0 DAGSTER 0" in done.stdout, done.stdout[-2000:]
+
+
+PROJECT_PACKAGES = ("pipelines", "assets", "annotation", "training", "envs", "warehouse")
+
+
+def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan): each is a cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in edges.get(module, ()):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_itself_through_others():
+    """No import cycle anywhere, counting the imports inside functions and under TYPE_CHECKING
+    (the ones a layer contract between packages cannot see)."""
+    import grimp
+
+    graph = grimp.build_graph(*PROJECT_PACKAGES)
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) & graph.modules for m in graph.modules}
+    assert import_cycles(edges) == []

@@ -41,8 +41,9 @@ from training.guidance.judge import (
 )
 from training.guidance.proposals import GuidanceError, LearnedProposer, Proposal, describe_action, rank_candidates
 from training.guidance.reflection import AttemptGuidance, Ban, blame_step, next_guidance, pass_at, reflect
+from training.guidance.registry import make_verifier
 from training.guidance.runs import GuidanceSettings, paired_delta, plan_settings, setting_rows
-from training.guidance.verifiers import PlanTracker, StepView, make_verifier, same_action
+from training.guidance.verifiers import PlanTracker, StepView, same_action
 from training.llm.chat_client import ChatClient, ChatEndpoint
 from training.reward_models.states import StepState, screen_lines
 from warehouse.model import Action, ActionType, Screen

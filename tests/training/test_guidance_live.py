@@ -21,8 +21,8 @@ from training.guidance.agent import GuidedPolicy, step_summary
 from training.guidance.judge import JudgeSettings
 from training.guidance.proposals import LearnedProposer, LLMProposer
 from training.guidance.reflection import pass_at, reflect
+from training.guidance.registry import make_verifier
 from training.guidance.runs import Setting, run_setting
-from training.guidance.verifiers import make_verifier
 from training.llm.chat_client import ChatClient, ChatEndpoint
 from training.llm.policy import EndpointPolicy
 from training.policy.learned import PolicyModel

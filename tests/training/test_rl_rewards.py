@@ -9,7 +9,9 @@ import pytest
 from tests.training.test_policy import _login_episode, record_of
 from training.policy.rollouts import Rollout
 from training.reward_models.models import EmbeddingCache, RewardModelConfig, SegmentEncoder
-from training.reward_models.serving import score_trajectories, serve_in_background
+from training.reward_models.scoring import HTTPScorer, LocalScorer, RewardModelError, load_scorer
+from training.reward_models.serving import score_trajectories
+from training.reward_models.serving_app import serve_in_background
 from training.rl.rewards import make_reward_source
 from training.rl.rewards.admire import (
     AdmireReward,
@@ -25,7 +27,6 @@ from training.rl.rewards.orm import ORMReward
 from training.rl.rewards.outcome import OutcomeReward
 from training.rl.rewards.prm import format_rewards
 from training.rl.rewards.progrm import ProgressReward
-from training.rl.rewards.scoring import HTTPScorer, LocalScorer, RewardModelError, load_scorer
 from warehouse.catalog import Warehouse
 from warehouse.trajectories import Trajectory
 
@@ -166,7 +167,7 @@ def test_admire_total_reward_decays_and_pays_failures_their_progress(cache):
 def test_the_orm_judges_with_the_threshold_its_report_chose(tmp_path):
     import pyarrow as pa
 
-    from training.rl.rewards.scoring import report_threshold
+    from training.reward_models.scoring import report_threshold
     from warehouse.catalog import Materialization
     from warehouse.tables_training import RM_METRICS
 

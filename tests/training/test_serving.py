@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from training.reward_models.models import RewardScorer
-from training.reward_models.serving import ServingLimits, score_trajectories, serve_in_background
+from training.reward_models.serving import ServingLimits, score_trajectories
+from training.reward_models.serving_app import serve_in_background
 from training.reward_models.states import TextStep, TextTrajectory, progress_state
 
 LOGIN = 'Enter the username "vanda" and the password "abc" into the text fields and press login.'

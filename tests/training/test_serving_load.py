@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from training.reward_models.models import RewardScorer
-from training.reward_models.serving import ServingLimits, parse_trajectory, score_trajectories, serve_in_background
-from training.reward_models.serving_app import BatchingSettings
+from training.reward_models.serving import ServingLimits, parse_trajectory, score_trajectories
+from training.reward_models.serving_app import BatchingSettings, serve_in_background
 
 LOGIN = 'Enter the username "{user}" and the password "abc" into the text fields and press login.'
 FORM = 'label "Username"\ntextbox#username{value} [clickable, editable]\nlabel "Password"\npassword#password'

@@ -165,7 +165,7 @@ def test_the_command_line_serves_with_uvicorn_and_prints_its_start_line(trained_
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_WAIT_POLICY="PASSIVE", PYTHONPATH=str(ROOT))
     log = (tmp_path / "server.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "training.reward_models.serving", "--checkpoint", str(trained_progrm), "--port", "0"],
+        [sys.executable, "-m", "training.reward_models.serve", "--checkpoint", str(trained_progrm), "--port", "0"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

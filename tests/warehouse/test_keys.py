@@ -11,7 +11,8 @@ from envs.pool import ROLLOUT_ATTEMPTS
 from tests.training.conftest import build_tiny_warehouse
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.checks import check_unique_key
-from warehouse.schema import EPISODES, TABLE_SCHEMAS, table_key, with_key
+from warehouse.keys import table_key, with_key
+from warehouse.schema import EPISODES, TABLE_SCHEMAS
 
 
 def test_every_table_declares_a_key_of_its_own_columns():

@@ -54,8 +54,8 @@ from envs.protocol import EpisodeContext, StepResult
 from training.guidance.proposals import GuidanceError, Proposal
 from training.guidance.verifiers import STEP_JUDGE_KINDS, EpisodeVerifier, StepView, Verdict, load_local_scorer
 from training.llm.chat_client import ChatClient, ChatEndpoint, ChatEndpointError
+from training.reward_models.scoring import LocalScorer
 from training.reward_models.states import StepState
-from training.rl.rewards.scoring import LocalScorer
 from warehouse.catalog import LineageInput, Warehouse
 from warehouse.model import ActionType, Screen, UIElement
 

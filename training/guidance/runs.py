@@ -46,7 +46,8 @@ from training.guidance.agent import GuidedPolicy, StepLog
 from training.guidance.judge import VARIANTS, JudgeSettings
 from training.guidance.proposals import GuidanceError, LearnedProposer, LLMProposer, Proposer
 from training.guidance.reflection import AttemptGuidance, next_guidance, pass_at, reflect
-from training.guidance.verifiers import VERIFIERS, Verifier, make_verifier
+from training.guidance.registry import make_verifier
+from training.guidance.verifiers import VERIFIERS, Verifier
 from training.llm.chat_client import ChatClient, ChatEndpoint
 from training.policy.evaluation import bootstrap_interval, env_return, failure_mode, paired_comparison, sample_seeds
 from training.policy.learned import PolicyModel

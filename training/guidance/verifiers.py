@@ -30,8 +30,8 @@ from typing import Any, Protocol
 from envs.policies import PlanStep, SolutionError, condition_holds, expand_solution, find_target, plan_action
 from envs.protocol import EpisodeContext, StepResult
 from training.guidance.proposals import GuidanceError, Proposal
+from training.reward_models.scoring import LocalScorer, RewardModelError, load_scorer
 from training.reward_models.states import StepState
-from training.rl.rewards.scoring import LocalScorer, RewardModelError, load_scorer
 from warehouse.catalog import LineageInput, Warehouse
 from warehouse.model import Action, ActionType, Screen, UIElement
 
@@ -289,43 +289,14 @@ def load_local_scorer(warehouse: Warehouse | None, kind: str, checkpoint: Path |
     return scorer
 
 
-def make_verifier(
-    name: str,
-    warehouse: Warehouse | None = None,
-    *,
-    checkpoint: Path | str | None = None,
-    judge: Any = None,
-) -> Verifier:
-    """A verifier by name (:data:`VERIFIERS`); models load now, so a missing or wrong one fails
-    before any rollout. ``judge``: :class:`training.guidance.judge.JudgeSettings` for ``judge``."""
-    if name == "orm":
-        raise GuidanceError(
-            "the ORM judges whether a whole trajectory succeeded, not which candidate step is best: "
-            f"choose one of {', '.join(VERIFIERS)}"
-        )
-    if name not in VERIFIERS:
-        raise GuidanceError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}")
-    if name in STEP_JUDGE_KINDS:
-        return StepJudgeVerifier(load_local_scorer(warehouse, name, checkpoint), name)
-    if name in PROGRESS_KINDS:
-        return ProgressGainVerifier(load_local_scorer(warehouse, name, checkpoint), name)
-    if name == "oracle":
-        return OracleVerifier()
-    from training.guidance.judge import JudgeSettings, make_judge
-
-    return make_judge(judge if judge is not None else JudgeSettings(), warehouse, checkpoint=checkpoint)
-
-
 def context_of(task: Any, instruction: str, slots: Mapping[str, str], max_steps: int = 12) -> EpisodeContext:
     """An episode context outside an environment (tests, benchmarks over recorded screens)."""
-    from warehouse.model import ActionType as _T
-
     return EpisodeContext(
         task=task,
         instruction=instruction,
         slots=dict(slots),
         seed=0,
         backend="miniwob",
-        supported_actions=frozenset(_T),
+        supported_actions=frozenset(ActionType),
         max_steps=max_steps,
     )

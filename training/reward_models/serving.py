@@ -9,7 +9,7 @@ Python::
 
 HTTP (FastAPI on uvicorn, one model per process; ``training.reward_models.serving_app``)::
 
-    python -m training.reward_models.serving --checkpoint <model folder> --host 127.0.0.1 --port 8765 \
+    python -m training.reward_models.serve --checkpoint <model folder> --host 127.0.0.1 --port 8765 \
         [--device cuda --dtype bfloat16]
 
     GET  /health      -> {"status": "ok", "kind": ...}
@@ -50,15 +50,14 @@ JSON, 422 invalid fields (the message names the field, e.g. ``trajectories[0].st
 A full scoring queue is a 503 with ``Retry-After``.
 
 This module is the part every server shares: the batch API, request validation
-(``parse_score_request`` and friends), the device/dtype options and the command line. The ASGI
-app and its micro-batcher are in ``training.reward_models.serving_app`` (imported only when serving, so the RL
-code that calls :func:`score_trajectories` does not load FastAPI); the stdlib server it replaced
-is kept as a benchmark baseline in ``benchmarks.serving_legacy``.
+(``parse_score_request`` and friends) and the device/dtype options. The ASGI app and its
+micro-batcher are in ``training.reward_models.serving_app`` and the command line in
+``training.reward_models.serve`` (so the RL code that calls :func:`score_trajectories` does not
+load FastAPI); the stdlib server it replaced is a benchmark baseline, ``benchmarks.serving_legacy``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
@@ -67,7 +66,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -84,11 +83,6 @@ from training.reward_models.states import (
     target_context,
 )
 from warehouse.model import Screen, UIElement
-
-if TYPE_CHECKING:  # the ASGI stack is imported when a server starts, not with the batch API
-    import threading
-
-    from training.reward_models.serving_app import BackgroundServer, BatchingSettings
 
 log = logging.getLogger(__name__)
 
@@ -590,101 +584,3 @@ def load_serving_scorer(
     weights = getattr(torch, precision.weights_dtype) if precision.weights_dtype else None
     scorer = RewardScorer.from_checkpoint(Path(checkpoint), device=device, warm_cache=warm_cache, torch_dtype=weights)
     return scorer, precision
-
-
-# ---------------------------------------------------------------------------------------------
-# HTTP service (FastAPI on uvicorn: training/reward_models/serving_app.py)
-# ---------------------------------------------------------------------------------------------
-
-
-def serve_in_background(
-    scorer: RewardScorer,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    limits: ServingLimits = ServingLimits(),
-    batching: BatchingSettings | None = None,
-    precision: Precision | None = None,
-) -> tuple[BackgroundServer, threading.Thread]:
-    """Start the HTTP service on a daemon thread; returns (server, thread). ``server.server_address``
-    is the bound (host, port) (port 0 picks a free one); stop with ``server.shutdown()``;
-    ``server.batcher`` counts the forward passes."""
-    from training.reward_models.serving_app import serve_in_background as start
-
-    return start(scorer, host, port, limits, batching, precision)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m training.reward_models.serving``: serve one exported model until interrupted."""
-    from training.reward_models.serving_app import BatchingSettings, run_server
-
-    defaults = BatchingSettings()
-    parser = argparse.ArgumentParser(description="Serve a trained reward model over HTTP (JSON).")
-    parser.add_argument("--checkpoint", required=True, help="an exported model folder (models.checkpoint_path)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765, help="0 picks a free port (the start line says which)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument(
-        "--dtype", default="float32", choices=DTYPES, help="see training.reward_models.serving.resolve_precision"
-    )
-    parser.add_argument("--warm-cache", default=None, help="a saved segment-embedding cache folder to start from")
-    parser.add_argument(
-        "--home", default=None, help="start from the segment cache training saved under this STEPWISE_HOME"
-    )
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--max-body-bytes", type=int, default=ServingLimits.max_body_bytes)
-    parser.add_argument("--max-states", type=int, default=ServingLimits.max_states)
-    parser.add_argument(
-        "--max-batch-states", type=int, default=defaults.max_batch_states, help="states per forward pass"
-    )
-    parser.add_argument(
-        "--max-wait-ms",
-        type=float,
-        default=defaults.max_wait_ms,
-        help="how long a batch waits for requests already being received",
-    )
-    parser.add_argument(
-        "--max-queue-requests", type=int, default=defaults.max_queue_requests, help="beyond it: 503 + Retry-After"
-    )
-    parser.add_argument("--max-queue-states", type=int, default=defaults.max_queue_states)
-    parser.add_argument(
-        "--body-timeout", type=float, default=defaults.body_timeout_s, help="seconds to receive a body (then 408)"
-    )
-    parser.add_argument("--backlog", type=int, default=defaults.backlog, help="listen backlog")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        batching = BatchingSettings(
-            max_batch_states=args.max_batch_states,
-            max_wait_ms=args.max_wait_ms,
-            max_queue_requests=args.max_queue_requests,
-            max_queue_states=args.max_queue_states,
-            body_timeout_s=args.body_timeout,
-            backlog=args.backlog,
-        )
-        scorer, precision = load_serving_scorer(
-            args.checkpoint, device=args.device, dtype=args.dtype, warm_cache=args.warm_cache
-        )
-    except ValueError as exc:
-        parser.error(str(exc))
-    import torch
-
-    torch.set_num_threads(args.threads)
-    if args.home:
-        log.info("segment cache: %d entries from %s", scorer.load_home_cache(args.home), args.home)
-    limits = ServingLimits(max_body_bytes=args.max_body_bytes, max_states=args.max_states)
-
-    def announce(host: str, port: int) -> None:
-        print(
-            json.dumps({"serving": scorer.kind, "url": f"http://{host}:{port}", "checkpoint": str(args.checkpoint)}),
-            flush=True,
-        )
-
-    try:
-        run_server(scorer, args.host, args.port, limits, batching, precision, on_listening=announce)
-    except KeyboardInterrupt:  # uvicorn shut down gracefully on SIGINT, then re-raised it
-        pass
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

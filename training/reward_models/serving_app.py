@@ -24,8 +24,8 @@ reset connections under load (issue 14: 33 of 200 concurrent requests). Here:
 * ``--device`` / ``--dtype``: see ``training.reward_models.serving.resolve_precision``; the scoring thread runs
   every forward pass inside :meth:`Precision.scoring_context` (CUDA autocast for frozen mode).
 
-Start it with ``python -m training.reward_models.serving`` (:func:`run_server`) or, in tests and benchmarks,
-``training.reward_models.serving.serve_in_background`` (:class:`BackgroundServer`).
+Start it with ``python -m training.reward_models.serve`` (:func:`run_server`) or, in tests and benchmarks,
+:func:`serve_in_background` (:class:`BackgroundServer`).
 """
 
 from __future__ import annotations

@@ -60,13 +60,13 @@ from training.policy.store import (
     TRAIN_SEED_BASE,
     latest_policy,
 )
+from training.reward_models.scoring import LocalScorer, load_scorer
 from training.reward_models.states import StepState
 from training.rl.learner import EpisodeExperience, Learner, LearnerSettings, PRMCritic
 from training.rl.report import learning_curves_plot, table_one
 from training.rl.rewards import REWARD_SOURCES, Rollout, make_reward_source
 from training.rl.rewards.admire import LLMMilestones, MilestoneStore, TaskMilestones
 from training.rl.rewards.base import text_trajectory
-from training.rl.rewards.scoring import LocalScorer, load_scorer
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.figures import Markdown, figure_markdown, pyplot

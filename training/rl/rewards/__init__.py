@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from training.policy.rollouts import Rollout
 from training.reward_models.models import EmbeddingCache
+from training.reward_models.scoring import RewardModelError, load_scorer, report_threshold
 from training.rl.rewards.admire import AdmireReward, AdmireSettings, LLMMilestones, MilestoneStore
 from training.rl.rewards.base import RewardBatch, RewardSource
 from training.rl.rewards.orm import ORMReward
 from training.rl.rewards.outcome import OutcomeReward
 from training.rl.rewards.prm import StepJudgeReward
 from training.rl.rewards.progrm import ProgressReward
-from training.rl.rewards.scoring import RewardModelError, load_scorer, report_threshold
 from warehouse.catalog import Warehouse
 
 REWARD_SOURCES: tuple[str, ...] = ("outcome", "orm", "progrm_lcs", "progrm_env", "prm", "guidnav", "admire")

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from training.policy.rollouts import Rollout
+from training.reward_models.scoring import RewardModelError, TrajectoryScorer
 from training.rl.rewards.base import RewardBatch, text_trajectory
-from training.rl.rewards.scoring import RewardModelError, TrajectoryScorer
 from warehouse.catalog import LineageInput
 
 FORMAT_PENALTY = -1.0

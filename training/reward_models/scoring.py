@@ -1,5 +1,5 @@
 """Reward models as the RL sources call them: in-process (a checkpoint loaded here) or over the
-project's HTTP scoring service (``python -m training.reward_models.serving``), behind one interface."""
+project's HTTP scoring service (``python -m training.reward_models.serve``), behind one interface."""
 
 from __future__ import annotations
 

@@ -343,6 +343,6 @@ def tiny_causal_lm_path(tmp_path_factory) -> str:
     BPE trained on ~300 actor prompts of the MiniWoB++ demonstrations, ChatML template (issue
     "Hardening" item 17: not MiniLM's BERT tokenizer, which loads as a character-splitting
     Qwen2Tokenizer). Both saved with save_pretrained; built in a few seconds."""
-    from tests.training.llm_fixtures import build_tiny_causal_lm
+    from tests.training.llm.llm_fixtures import build_tiny_causal_lm
 
     return str(build_tiny_causal_lm(tmp_path_factory.mktemp("tiny-causal-lm")))

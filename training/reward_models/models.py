@@ -261,7 +261,7 @@ def padded_length(n_tokens: int) -> int:
     zeros to whole lanes); an odd width changes how a row's sums are grouped. Why strictly above:
     at least one padded position keeps the attention mask from being all ones, which Transformers
     would drop, sending attention through another kernel with other last bits. Both are checked on
-    every run of tests/training/test_batch_invariance.py."""
+    every run of tests/training/reward_models/test_batch_invariance.py."""
     return (n_tokens // LENGTH_STEP + 1) * LENGTH_STEP
 
 
@@ -1001,7 +1001,8 @@ class RewardScorer:
                 # batched with others of the same padded segment count (the fusion prepends its
                 # [CLS], so the encoder's padding rule alone does not suffice), and a batch is
                 # filled up to a multiple of ROW_MULTIPLE states, since the CPU's matrix kernels
-                # round differently for a few rows than for many (tests/training/test_batch_invariance.py).
+                # round differently for a few rows than for many
+                # (tests/training/reward_models/test_batch_invariance.py).
                 widths = np.array([padded_length(int(n)) for n in np.diff(features.offsets)])
                 scores = np.zeros(len(states), dtype=np.float64)
                 for width in np.unique(widths):

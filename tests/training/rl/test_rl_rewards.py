@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from tests.training.test_policy import _login_episode, record_of
+from tests.training.policy.test_policy import _login_episode, record_of
 from training.policy.rollouts import Rollout
 from training.reward_models.models import EmbeddingCache, RewardModelConfig, SegmentEncoder
 from training.reward_models.scoring import HTTPScorer, LocalScorer, RewardModelError, load_scorer

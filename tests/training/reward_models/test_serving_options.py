@@ -15,17 +15,11 @@ import pytest
 
 from benchmarks.serving_legacy import legacy_serve_in_background
 from training.reward_models.models import RewardScorer
-from training.reward_models.serving import (
-    Precision,
-    ServingLimits,
-    load_serving_scorer,
-    main,
-    resolve_precision,
-    serve_in_background,
-)
-from training.reward_models.serving_app import ScoreRequestBody
+from training.reward_models.serve import main
+from training.reward_models.serving import Precision, ServingLimits, load_serving_scorer, resolve_precision
+from training.reward_models.serving_app import ScoreRequestBody, serve_in_background
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TRAJECTORY = {
     "id": "r1",
     "instruction": 'Click on the "ok" button.',

@@ -16,7 +16,7 @@ import pytest
 from envs.miniwob.live import MiniWoBConfig
 from envs.pool import EnvPool, EpisodeJob, PoolConfig
 from envs.task_catalog import load_catalog
-from tests.training.test_guidance import _free_port, train_tiny_prm
+from tests.training.guidance.test_guidance import _free_port, train_tiny_prm
 from training.guidance.agent import GuidedPolicy, step_summary
 from training.guidance.judge import JudgeSettings
 from training.guidance.proposals import LearnedProposer, LLMProposer
@@ -29,7 +29,7 @@ from training.policy.learned import PolicyModel
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CATALOG = load_catalog("miniwob")
 LOGIN = CATALOG["login-user"]
 SEEDS = [3_000_101, 3_000_202]

@@ -14,7 +14,7 @@ from annotation.labelstudio.human_labels import (
     cli_site,
     push_from_cli,
 )
-from tests.labelstudio.conftest import build_small_warehouse
+from tests.annotation.labelstudio.conftest import build_small_warehouse
 
 pytestmark = pytest.mark.e2e
 

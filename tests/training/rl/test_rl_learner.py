@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from envs.protocol import EpisodeContext
-from tests.training.test_policy import INSTRUCTION, LOGIN, SLOTS, _login_screen
+from tests.training.policy.test_policy import INSTRUCTION, LOGIN, SLOTS, _login_screen
 from training.policy.learned import LearnedPolicy, PolicyModel
 from training.reward_models.models import RewardScorer
 from training.reward_models.states import StepState

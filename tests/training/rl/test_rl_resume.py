@@ -18,7 +18,7 @@ from training.rl.runs import PolicySettings, RLSettings, run_policy_sft, run_rl
 from warehouse.catalog import Warehouse
 
 pytestmark = pytest.mark.e2e
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ITERATIONS = 4
 
 
@@ -28,7 +28,7 @@ def pool_factory(workers: int) -> EnvPool:
 
 RUN = textwrap.dedent(
     """
-    from tests.training.test_rl_resume import pool_factory, settings
+    from tests.training.rl.test_rl_resume import pool_factory, settings
     from training.rl.runs import run_rl
     from warehouse.catalog import Warehouse
     import sys

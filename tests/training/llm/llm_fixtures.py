@@ -14,7 +14,7 @@ from pathlib import Path
 from training.llm.prompts import HistoryEntry, action_to_call, build_messages, format_response
 from warehouse.model import Action, ActionType, Screen, UIElement
 
-DEMOS = Path(__file__).resolve().parents[3] / "shared" / "data" / "miniwob-demos"
+DEMOS = Path(__file__).resolve().parents[4] / "shared" / "data" / "miniwob-demos"
 DEMO_TASKS = (
     "login-user",
     "click-button",

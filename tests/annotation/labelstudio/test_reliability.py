@@ -19,7 +19,7 @@ from annotation.labelstudio.interfaces import correctness_prediction
 from annotation.labelstudio.sync import SyncState, human_labels_dataset
 from assets.human_labels import build_label_studio_sensor
 from assets.resources import LabelStudioResource
-from tests.labelstudio.helpers import labels, push, queued_tasks, tick
+from tests.annotation.labelstudio.helpers import labels, push, queued_tasks, tick
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ from annotation.labelstudio.banner import annotate_banner
 from annotation.labelstudio.secrets import LocalSecrets, write_local_secrets
 from annotation.labelstudio.server import labelstudio_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 PASSWORD = "pw-Zq8vX2kLmN4r"
 
 

@@ -17,7 +17,7 @@ from annotation.labelstudio.human_labels import (
     select_candidates,
 )
 from annotation.labelstudio.reads import read_step_candidates
-from tests.labelstudio.conftest import build_small_warehouse
+from tests.annotation.labelstudio.conftest import build_small_warehouse
 from warehouse.catalog import Warehouse
 
 SOURCES = ("human_demo", "rollout", "synthetic:random_walk", "synthetic:mismatched_instruction")

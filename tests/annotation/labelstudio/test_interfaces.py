@@ -125,7 +125,7 @@ def test_history_numbers_earlier_actions():
 
 def test_screenshot_urls_local_route_or_inline(tmp_path):
     from annotation.labelstudio.queue import screenshot_url
-    from tests.labelstudio.conftest import PNG
+    from tests.annotation.labelstudio.conftest import PNG
 
     shot = tmp_path / "home" / "shots" / "a.png"
     shot.parent.mkdir(parents=True)

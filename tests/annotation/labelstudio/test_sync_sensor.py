@@ -16,7 +16,7 @@ from assets.human_labels import (
     label_source_comparison,
 )
 from assets.resources import WarehouseResource
-from tests.labelstudio.helpers import labels, push, queued_tasks, tick
+from tests.annotation.labelstudio.helpers import labels, push, queued_tasks, tick
 
 pytestmark = pytest.mark.e2e
 

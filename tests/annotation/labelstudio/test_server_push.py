@@ -11,7 +11,7 @@ from dagster import DagsterInstance
 from annotation.labelstudio.interfaces import INTERFACES
 from annotation.labelstudio.push import ProjectHandle, ensure_project
 from annotation.labelstudio.server import LOG_FILE
-from tests.labelstudio.helpers import push, queued_tasks
+from tests.annotation.labelstudio.helpers import push, queued_tasks
 
 pytestmark = pytest.mark.e2e
 
@@ -171,7 +171,7 @@ def test_config_changes_keep_the_project_of_the_same_version(ls_resource):
 
 
 def test_screenshots_are_served_to_the_projects_annotators(ls_server, ls_home, ls_resource):
-    from tests.labelstudio.conftest import PNG, build_small_warehouse
+    from tests.annotation.labelstudio.conftest import PNG, build_small_warehouse
 
     warehouse = build_small_warehouse(ls_home / "with-screenshots", episodes_per_stratum=1, screenshots=True)
     push(warehouse, ls_resource, budget=2, interfaces=("step_correctness",))

@@ -20,11 +20,11 @@ from dagster import DagsterInstance
 
 from annotation.labelstudio.secrets import read_local_secrets
 from assets.human_labels import build_label_studio_sensor
-from tests.labelstudio.helpers import labels, push, queued_tasks, tick
+from tests.annotation.labelstudio.helpers import labels, push, queued_tasks, tick
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts"
 T = TypeVar("T")
 
 

@@ -28,8 +28,8 @@ from annotation.labelstudio.sync import (
     merge_labels,
     parse_timestamp,
 )
+from tests.annotation.labelstudio.test_sync_merge import annotation, export
 from tests.envs.fuzzing import fuzz_settings
-from tests.labelstudio.test_sync_merge import annotation, export
 from warehouse.catalog import Warehouse
 from warehouse.tables_annotation import HUMAN_LABELS
 

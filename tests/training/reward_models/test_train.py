@@ -26,7 +26,7 @@ from training.reward_models.train import (
     parse_args,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_llm_profile_is_progrm_table5(tmp_path):

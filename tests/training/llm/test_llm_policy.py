@@ -25,7 +25,7 @@ import torch
 
 from envs.protocol import EpisodeContext, StepResult, run_episode
 from envs.task_catalog import load_catalog
-from tests.training.llm_fixtures import MINIWOB_ACTIONS, login_screen
+from tests.training.llm.llm_fixtures import MINIWOB_ACTIONS, login_screen
 from training.llm import prompts
 from training.llm.chat_client import ChatClient, ChatEndpoint
 from training.llm.policy import (
@@ -63,7 +63,7 @@ from training.rl.llm_learner import (
 from training.rl.rewards.prm import format_rewards
 from warehouse.model import Action, ActionType
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LOGIN = load_catalog("miniwob")["login-user"]
 INSTRUCTION = 'Enter the username "ada" and the password "xy" into the text fields and press login.'
 
@@ -448,8 +448,8 @@ import json, sys
 import numpy as np
 from training.llm.policy import HFPolicy
 from training.rl.llm_learner import LLMLearner, LLMLearnerSettings, frozen_reference, sft_examples
-from tests.training.llm_fixtures import login_screen
-from tests.training.test_llm_policy import _context
+from tests.training.llm.llm_fixtures import login_screen
+from tests.training.llm.test_llm_policy import _context
 import deepspeed
 
 policy = HFPolicy.from_pretrained(sys.argv[1], record=True, max_new_tokens=12)

@@ -18,7 +18,7 @@ import pytest
 
 from envs.protocol import EpisodeContext, EpisodeRecord, StepRecord, StepResult
 from envs.task_catalog import load_catalog
-from tests.training.llm_fixtures import MINIWOB_ACTIONS, login_screen
+from tests.training.llm.llm_fixtures import MINIWOB_ACTIONS, login_screen
 from training.guidance.agent import GuidedPolicy, select, with_prior
 from training.guidance.judge import (
     GLOBAL_PARSE,

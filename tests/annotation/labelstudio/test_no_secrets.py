@@ -18,8 +18,8 @@ from annotation.labelstudio.interfaces import correctness_prediction
 from annotation.labelstudio.secrets import read_local_secrets
 from assets.human_labels import HUMAN_LABEL_ASSETS, HUMAN_LABEL_CHECKS, build_label_studio_sensor
 from assets.resources import WarehouseResource
-from tests.labelstudio.conftest import build_small_warehouse
-from tests.labelstudio.helpers import push, queued_tasks, tick
+from tests.annotation.labelstudio.conftest import build_small_warehouse
+from tests.annotation.labelstudio.helpers import push, queued_tasks, tick
 
 pytestmark = pytest.mark.e2e
 JWT_SHAPE = re.compile(rb"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from tests.training.conftest import build_tiny_warehouse
 from training.reward_models.dataset import build_reward_model_dataset
 from training.reward_models.examples import DatasetOptions, build_examples, fallback_sources
 from training.reward_models.labels import (
@@ -19,8 +20,6 @@ from training.reward_models.readers import read_progress_labels, read_splits, re
 from training.reward_models.states import StepState, TextStep, TextTrajectory, action_state, progress_state
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.model import Screen, UIElement
-
-from .conftest import build_tiny_warehouse
 
 
 def _traj(n=3, final=None):

@@ -15,7 +15,7 @@ from annotation.progress.labels import check_progress_labels, default_specs_dir
 from annotation.progress.text_similarity import HashingTextEmbedder
 from envs.tasks import load_task_specs
 from tests.annotation.helpers import publish_tiny_episodes
-from tests.annotation.test_labeling import LOGIN_SPEC, login_trajectory
+from tests.annotation.progress.test_labeling import LOGIN_SPEC, login_trajectory
 from warehouse.catalog import Warehouse
 from warehouse.checks import check_unique_key
 from warehouse.trajectories import load_trajectories, task_batches

@@ -22,8 +22,8 @@ from dagster import (
 from assets.resources import WarehouseResource
 from warehouse.catalog import Warehouse
 from warehouse.checks import CheckOutcome, check_unique_key
-from warehouse.figures import Markdown
 from warehouse.keys import table_key
+from warehouse.plotting import Markdown
 from warehouse.schema import TABLE_SCHEMAS
 
 

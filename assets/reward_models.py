@@ -109,7 +109,7 @@ class RewardModelTrainingConfig(Config):
     )
     num_gpus: int = Field(default=1, description="GPUs for the deepspeed launcher")
     num_train_epochs: float | None = None
-    max_steps: int = -1
+    train_steps: int = Field(default=-1, description="optimizer steps (-1: the profile's, stopping early)")
     learning_rate: float | None = None
     per_device_train_batch_size: int | None = None
     save_steps: int | None = None

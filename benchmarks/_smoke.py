@@ -165,7 +165,7 @@ def _build_trained_home(
             f"reward model {kind} ({rm_steps} steps)",
             [reward_model_datasets, reward_model],
             partition_key=kind,
-            run_config=quiet | {"ops": {"reward_model": {"config": {"max_steps": rm_steps, "threads": 1}}}},
+            run_config=quiet | {"ops": {"reward_model": {"config": {"train_steps": rm_steps, "threads": 1}}}},
         )
     if sft_tasks:
         run(

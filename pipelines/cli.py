@@ -214,7 +214,7 @@ def _print_report(report) -> None:
 #: What `stepwise demo` runs after the labels, reduced so that the whole graph runs in minutes.
 DEMO_REWARD_MODELS = ("orm", "progrm_lcs", "progrm_env")
 DEMO = {
-    "reward_model": {"max_steps": 150, "max_train_examples": 6000},
+    "reward_model": {"train_steps": 150, "max_train_examples": 6000},
     "reward_model_report": {"latency_calls": 20, "max_trajectories": 400},
     "policy_sft": {"selection_seeds": 4, "held_out_seeds": 8, "max_tasks": 2, "epochs": 6, "max_episodes_per_task": 60},
     "runs": ("outcome", "progrm_env"),
@@ -390,7 +390,7 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
         )
         return 2
     quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
-    training = {"max_steps": args.max_steps} | ({"threads": args.threads} if args.threads else {})
+    training = {"train_steps": args.train_steps} | ({"threads": args.threads} if args.threads else {})
     started = time.perf_counter()
     outcomes: list[tuple[str, bool]] = []
     with DagsterInstance.get() as instance:
@@ -491,12 +491,12 @@ def cmd_rl(args: argparse.Namespace) -> int:
             needed = sorted(set(needed) | {"prm"})
         have = {m.kind for m in latest_models(warehouse, needed)}
         for kind in [k for k in needed if k not in have]:
-            print(f"   reward model {kind}: none trained yet; training one with {args.rm_max_steps} steps")
+            print(f"   reward model {kind}: none trained yet; training one with {args.rm_train_steps} steps")
             run = defs.resolve_job_def("reward_models").execute_in_process(
                 instance=instance,
                 partition_key=kind,
                 raise_on_error=False,
-                run_config=quiet | {"ops": {"reward_model": {"config": {"max_steps": args.rm_max_steps}}}},
+                run_config=quiet | {"ops": {"reward_model": {"config": {"train_steps": args.rm_train_steps}}}},
             )
             outcomes.append((f"reward_models[{kind}]", run.success))
             if not run.success:
@@ -736,7 +736,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated: orm, progrm_lcs, progrm_env, prm, guidnav",
     )
     p.add_argument(
-        "--max-steps",
+        "--train-steps",
+        "--max-steps",  # the name before one meaning per name; kept for scripts that use it
+        dest="train_steps",
         type=int,
         default=-1,
         help="optimizer steps per model (-1: the profile's; on CPU up to ~3,000, stopping early when the "
@@ -758,7 +760,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", default="", help="comma-separated candidate tasks (default: every catalog task)")
     p.add_argument("--reduced", action="store_true", help="a small experiment (what CI runs end to end)")
     p.add_argument("--reuse-sft", action="store_true", help="keep the newest SFT policy instead of training one")
-    p.add_argument("--rm-max-steps", type=int, default=400, help="steps of a missing reward model trained first")
+    p.add_argument(
+        "--rm-train-steps",
+        "--rm-max-steps",  # the name before one meaning per name
+        dest="rm_train_steps",
+        type=int,
+        default=400,
+        help="optimizer steps of a missing reward model trained first",
+    )
     p.set_defaults(func=cmd_rl)
     p = sub.add_parser("rl-export", help="RL episodes with their step rewards as OpenRLHF / verl datasets")
     p.add_argument("out", help="folder for steps.parquet and trajectories.jsonl")

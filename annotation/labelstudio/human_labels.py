@@ -81,7 +81,7 @@ from annotation.labelstudio.sensor import SensorSettings, TickOutcome, sync_proj
 from annotation.labelstudio.sync import SYNC_CODE_VERSION
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.checks import CheckOutcome
-from warehouse.figures import Markdown
+from warehouse.plotting import Markdown
 from warehouse.schema import PROGRESS_LABELS
 from warehouse.storage import git_revision
 from warehouse.tables_annotation import (

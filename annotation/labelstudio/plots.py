@@ -1,7 +1,7 @@
 """The human-label stage's figures: what was selected, how annotators work and agree, how label sources compare.
 
 Each function draws one figure from plain rows, saves it as a PNG at ``path`` and returns it as
-inline markdown (:mod:`warehouse.figures`).
+inline markdown (:mod:`warehouse.plotting`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from warehouse.figures import Markdown, figure_markdown, pyplot
+from warehouse.plotting import Markdown, figure_markdown, pyplot
 
 
 def selection_plot(rows: Sequence[Mapping], path: Path) -> Markdown:

@@ -23,7 +23,7 @@ from annotation.labelstudio.interfaces import INTERFACES
 from annotation.labelstudio.selection import SourceAllocation, StepCandidate
 from annotation.labelstudio.sync import ProjectSyncResult
 from warehouse.checks import CheckOutcome
-from warehouse.figures import Markdown
+from warehouse.plotting import Markdown
 
 ANNOTATOR_STATS_COLUMNS = (
     "annotator_id",

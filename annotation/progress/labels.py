@@ -36,7 +36,7 @@ from annotation.progress.synthesis import synthesize
 from envs.tasks import load_task_specs
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.checks import CheckOutcome
-from warehouse.figures import Markdown
+from warehouse.plotting import Markdown
 from warehouse.schema import LABEL_QUALITY, PROGRESS_SPLIT
 from warehouse.storage import git_revision
 from warehouse.trajectories import load_trajectories, trajectories_to_tables

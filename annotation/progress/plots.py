@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from warehouse.figures import Markdown, figure_markdown, integer_ticks, pyplot
+from warehouse.plotting import Markdown, figure_markdown, integer_ticks, pyplot
 
 STYLE = {"lcs/paper": ("#999", "--"), "lcs/improved": ("#1f77b4", "-"), "env": ("#2ca02c", ":")}
 

@@ -3,7 +3,7 @@
 Failed trajectories: (1) an instruction of task a with the execution of task b (mismatched
 instruction), (2) a random walk. Successful trajectories: a successful "prototype" with empty or
 effectless action tuples added (NOTHING; scroll down then up) or removed (the garbage steps of
-:func:`annotation.progress.instruction_relative.garbage_mask`). Every synthetic trajectory records its kind
+:func:`annotation.progress.instruction_relative.garbage_mask`). Every synthetic trajectory records its generator
 and its parent. All functions are pure and deterministic given the ``random.Random``.
 """
 
@@ -21,11 +21,11 @@ from warehouse.trajectories import Trajectory
 SYNTHETIC_KINDS = ("mismatched_instruction", "random_walk", "noop_inserted", "noop_removed")
 
 
-def _synthetic(parent: Trajectory, kind: str, index: int, **changes) -> Trajectory:
+def _synthetic(parent: Trajectory, generator: str, index: int, **changes) -> Trajectory:
     return replace(
         parent,
-        episode_id=f"syn:{kind}:{parent.episode_id}:{index}",
-        source=f"synthetic:{kind}",
+        episode_id=f"syn:{generator}:{parent.episode_id}:{index}",
+        source=f"synthetic:{generator}",
         parent_episode_id=parent.episode_id,
         milestones_hit=None,
         **changes,
@@ -45,13 +45,13 @@ def mismatched_instruction(execution: Trajectory, instructed: Trajectory, index:
     )
 
 
-def random_walk(parent: Trajectory, rng: random.Random, index: int = 0, max_steps: int = 8) -> Trajectory:
+def random_walk(parent: Trajectory, rng: random.Random, index: int = 0, max_length: int = 8) -> Trajectory:
     """Random clicks and scrolls over the parent's recorded screens: a failure (App. B, way 2).
 
     Offline there is no environment to advance, so the walk wanders over the screens the parent saw
     (the screen before step t of the walk is the parent's screen before step min(t, n - 1)); live
     random walks come from the rollout policies."""
-    n = rng.randint(1, max(1, min(max_steps, 2 * parent.n_steps)))
+    n = rng.randint(1, max(1, min(max_length, 2 * parent.n_steps)))
     screens: list[Screen] = []
     actions: list[Action] = []
     for t in range(n):

@@ -52,7 +52,7 @@ def test_every_method_materializes_and_the_report_reads_them_back(small_demos, t
         partition_key="prm",
         resources=resources,
         instance=instance,
-        run_config={"ops": {"reward_model": {"config": {"max_steps": 20, "threads": 1}}}},
+        run_config={"ops": {"reward_model": {"config": {"train_steps": 20, "threads": 1}}}},
     )
     assert prm.success
     sft = materialize(

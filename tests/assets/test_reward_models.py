@@ -20,7 +20,7 @@ from tests.training.conftest import build_tiny_warehouse
 from warehouse.catalog import Warehouse
 
 TRAIN = {
-    "max_steps": 30,
+    "train_steps": 30,
     "per_device_train_batch_size": 16,
     "learning_rate": 3e-3,
     "threads": 1,

@@ -43,7 +43,7 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path):
         partition_key="progrm_env",
         resources=resources,
         instance=instance,
-        run_config={"ops": {"reward_model": {"config": {"max_steps": 20, "threads": 1}}}},
+        run_config={"ops": {"reward_model": {"config": {"train_steps": 20, "threads": 1}}}},
     )
     assert progrm.success
 

@@ -54,7 +54,7 @@ from training.policy.learned import PolicyModel
 from training.policy.store import HELD_OUT_SEED_BASE, PolicyNotFoundError, latest_policy
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
-from warehouse.figures import Markdown, figure_markdown, pyplot
+from warehouse.plotting import Markdown, figure_markdown, pyplot
 from warehouse.storage import git_revision
 from warehouse.tables_guidance import GUIDANCE_EPISODES, GUIDANCE_EVAL, GUIDANCE_STEPS
 

@@ -18,12 +18,13 @@ class PolicyNotFoundError(RuntimeError):
     """No policy of the kind (or id) asked for is in the warehouse."""
 
 
-def latest_policy(warehouse: Warehouse, kind: str = "sft", policy_id: str | None = None) -> dict:
-    """The newest ``policies`` row of a kind (or the one named), with its checkpoint resolved."""
-    where, params = ("policy_id = ?", [policy_id]) if policy_id else ("kind = ?", [kind])
+def latest_policy(warehouse: Warehouse, policy_kind: str = "sft", policy_id: str | None = None) -> dict:
+    """The newest ``policies`` row of a kind (``sft`` | ``rl``: the ``policies.kind`` column), or the one
+    named, with its checkpoint resolved."""
+    where, params = ("policy_id = ?", [policy_id]) if policy_id else ("kind = ?", [policy_kind])
     rows = warehouse.query(f"SELECT * FROM policies WHERE {where} ORDER BY created_at DESC LIMIT 1", params).to_pylist()
     if not rows:
-        wanted = f"policy {policy_id}" if policy_id else f"{kind} policy"
+        wanted = f"policy {policy_id}" if policy_id else f"{policy_kind} policy"
         raise PolicyNotFoundError(f"no {wanted} in the warehouse: materialize policy_sft first (stepwise rl)")
     row = rows[0]
     row["checkpoint"] = warehouse.resolve(row["checkpoint_path"])

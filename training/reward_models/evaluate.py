@@ -34,7 +34,7 @@ from training.reward_models.examples import EpisodeLabels
 from training.reward_models.kinds import Verdict, kind_spec
 from training.reward_models.labels import progress_gains
 from training.reward_models.states import StepState, TextTrajectory, state_for
-from warehouse.figures import integer_ticks
+from warehouse.plotting import integer_ticks
 
 if TYPE_CHECKING:
     import pyarrow as pa

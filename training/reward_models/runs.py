@@ -46,7 +46,7 @@ from training.reward_models.readers import view_exists
 from training.reward_models.states import StepState
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.checks import CheckOutcome
-from warehouse.figures import Markdown, image_markdown
+from warehouse.plotting import Markdown, image_markdown
 from warehouse.storage import REPO_ROOT, git_revision
 from warehouse.tables_training import MODELS
 
@@ -212,7 +212,7 @@ class TrainingSettings:
     launcher: str = "python"  # python (one process) | deepspeed (the deepspeed launcher, GPUs)
     num_gpus: int = 1
     num_train_epochs: float | None = None
-    max_steps: int = -1
+    train_steps: int = -1  # optimizer steps (Trainer's max_steps); -1: the profile's, early stopping
     learning_rate: float | None = None
     per_device_train_batch_size: int | None = None
     save_steps: int | None = None
@@ -266,7 +266,7 @@ def training_command(
         "--disable_tqdm",
         "true",
         "--max_steps",
-        str(settings.max_steps),
+        str(settings.train_steps),
     ]
     if settings.backbone:
         argv += ["--backbone", settings.backbone]

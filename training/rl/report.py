@@ -16,7 +16,7 @@ import numpy as np
 
 from training.policy.evaluation import FAILURE_MODES, bootstrap_interval, mean_interval, paired_comparison
 from warehouse.checks import CheckOutcome
-from warehouse.figures import Markdown, figure_markdown, pyplot
+from warehouse.plotting import Markdown, figure_markdown, pyplot
 
 
 def learning_curves_plot(rows: Sequence[dict], path: Path) -> Markdown:

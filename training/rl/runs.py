@@ -69,7 +69,7 @@ from training.rl.rewards.admire import LLMMilestones, MilestoneStore, TaskMilest
 from training.rl.rewards.base import text_trajectory
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
-from warehouse.figures import Markdown, figure_markdown, pyplot
+from warehouse.plotting import Markdown, figure_markdown, pyplot
 from warehouse.storage import git_revision
 from warehouse.tables_rl import AGENT_EVAL, AGENT_EVAL_EPISODES, POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
 from warehouse.trajectories import load_trajectories

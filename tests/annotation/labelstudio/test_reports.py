@@ -25,7 +25,7 @@ from annotation.labelstudio.reports import (
 )
 from annotation.labelstudio.selection import StepCandidate
 from annotation.labelstudio.sync import LabelDiff, ProjectSyncResult
-from warehouse.figures import Markdown
+from warehouse.plotting import Markdown
 from warehouse.schema import PROGRESS_LABELS
 from warehouse.tables_annotation import HUMAN_STEP_LABELS, LABEL_SOURCE_AGREEMENT
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import matplotlib.image
 
 from annotation.progress.plots import label_distribution_plot, progress_curves_plot, quality_plot
-from warehouse.figures import Markdown
+from warehouse.plotting import Markdown
 
 
 @dataclass

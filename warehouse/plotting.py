@@ -1,4 +1,4 @@
-"""Figures attached to assets: saved as PNG under the home's ``plots/`` and inlined as markdown.
+"""Plots attached to assets: saved as PNG under the home's ``plots/`` and inlined as markdown.
 
 Dagster renders markdown metadata, so a plot travels as a data-URI image; the PNG on disk is
 the full-resolution copy a person can open or share.

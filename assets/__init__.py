@@ -1,0 +1,1 @@
+"""Dagster declarations only: assets, checks, sensors, jobs, their configs and resources."""

@@ -35,7 +35,7 @@ from envs.task_catalog import CatalogTask, load_catalog, tasks_of_family
 from envs.task_catalog import families as families
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
-from warehouse.figures import Markdown
+from warehouse.plotting import Markdown
 from warehouse.schema import same_type
 from warehouse.storage import git_revision
 

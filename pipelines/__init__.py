@@ -1,0 +1,1 @@
+"""The Dagster code location (``definitions``), the main job and the ``stepwise`` command line."""

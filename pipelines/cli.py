@@ -641,6 +641,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     )
 
 
+# long: one declarative block per subcommand (flags, help, handler); splitting it would scatter the
+# command line over functions that each add one parser.
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stepwise", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)

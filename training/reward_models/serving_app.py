@@ -500,6 +500,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+# long: the routes are closures over one scorer, batcher and limits; FastAPI declares them inside
+# the factory, and each route is a few lines.
 def create_app(
     scorer: RewardScorer,
     limits: ServingLimits | None = None,

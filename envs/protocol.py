@@ -258,6 +258,100 @@ class EpisodeRecord:
         return sum(s.problem is not None for s in self.steps)
 
 
+@dataclass(frozen=True, slots=True)
+class _EpisodeStart:
+    """What starting an episode gave: the first observation, its slots, the actor, and the clocks."""
+
+    observation: Observation
+    slots: dict[str, str]
+    actor: Actor
+    created_at: datetime
+    reset_ms: float
+    t0: float  # perf_counter() right after reset: step times and the duration count from here
+
+
+def _start_episode(
+    env: Environment, policy: Policy, task: TaskSpec, seed: int, *, episode_id: str, max_steps: int
+) -> _EpisodeStart:
+    """Reset ``env`` on ``task`` with ``seed`` (timed) and start the policy's actor on it."""
+    created_at = datetime.now(UTC)
+    t_reset = time.perf_counter()
+    observation = env.reset(task, seed)
+    t0 = time.perf_counter()
+    reset_ms = (t0 - t_reset) * 1000.0
+    slots = episode_slots(task, observation.instruction, observation.fields)
+    actor = policy.start(
+        EpisodeContext(
+            task=task,
+            instruction=observation.instruction,
+            slots=slots,
+            seed=seed,
+            backend=env.backend,
+            supported_actions=env.supported_actions,
+            max_steps=max_steps,
+            episode_id=episode_id,
+        )
+    )
+    return _EpisodeStart(observation, slots, actor, created_at, reset_ms, t0)
+
+
+def _take_step(
+    env: Environment, actor: Actor, screen: Screen, idx: int, *, max_steps: int, t0: float
+) -> tuple[StepRecord, StepResult]:
+    """Let the actor act on ``screen``, carry the action out (timed), record it, and show the actor the result."""
+    action = actor.act(screen)
+    issued = time.perf_counter()
+    result = env.step(action)
+    latency_ms = (time.perf_counter() - issued) * 1000.0
+    # The last step is done either way: the environment ended the episode or the budget ran out.
+    ends = result.done or idx == max_steps - 1
+    step = StepRecord(
+        step_idx=idx,
+        screen=screen,
+        action=action,
+        env_reward=float(result.env_reward),
+        milestones_hit=tuple(result.milestones_hit),
+        done=ends,
+        time_ms=int((issued - t0) * 1000),
+        latency_ms=latency_ms,
+        problem=result.problem,
+        milestone_ms=result.info.get("milestone_ms"),
+    )
+    actor.observe(action, result)
+    return step, result
+
+
+def _run_steps(
+    env: Environment, start: _EpisodeStart, *, max_steps: int, before_step: Callable[[int], None] | None
+) -> tuple[list[StepRecord], StepResult, int]:
+    """Step until the episode ends or ``max_steps`` actions were taken: (steps, last result, milestones reached)."""
+    screen = start.observation.screen
+    steps: list[StepRecord] = []
+    result: StepResult | None = None
+    reached = 0
+    for idx in range(max_steps):
+        if before_step is not None:
+            before_step(idx)
+        step, result = _take_step(env, start.actor, screen, idx, max_steps=max_steps, t0=start.t0)
+        reached += len(result.milestones_hit)
+        steps.append(step)
+        screen = result.screen
+        if result.done:
+            break
+    assert result is not None  # max_steps >= 1: at least one step was taken
+    return steps, result, reached
+
+
+def _episode_end(steps: Sequence[StepRecord], last: StepResult) -> tuple[str, float, float | None]:
+    """(end reason, outcome reward, decayed reward) of an episode whose last step gave ``last``."""
+    if last.done:
+        end_reason = END_SUCCESS if last.success else END_FAILURE
+        decayed = last.info.get("decayed_reward")
+        return end_reason, float(sum(s.env_reward for s in steps)), None if decayed is None else float(decayed)
+    # Truncated by our step budget: the episode failed, and earns no outcome reward.
+    return END_MAX_STEPS, 0.0, None
+
+
 def run_episode(
     env: Environment,
     policy: Policy,
@@ -283,83 +377,30 @@ def run_episode(
 
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-    created_at = datetime.now(UTC)
-    t_reset = time.perf_counter()
-    observation = env.reset(task, seed)
-    t0 = time.perf_counter()
-    reset_ms = (t0 - t_reset) * 1000.0
-    slots = episode_slots(task, observation.instruction, observation.fields)
-    actor = policy.start(
-        EpisodeContext(
-            task=task,
-            instruction=observation.instruction,
-            slots=slots,
-            seed=seed,
-            backend=env.backend,
-            supported_actions=env.supported_actions,
-            max_steps=max_steps,
-            episode_id=episode_id,
-        )
-    )
-    screen = observation.screen
-    steps: list[StepRecord] = []
-    result: StepResult | None = None
-    reached = 0
-    for idx in range(max_steps):
-        if before_step is not None:
-            before_step(idx)
-        action = actor.act(screen)
-        issued = time.perf_counter()
-        result = env.step(action)
-        latency_ms = (time.perf_counter() - issued) * 1000.0
-        reached += len(result.milestones_hit)
-        ends = result.done or idx == max_steps - 1
-        steps.append(
-            StepRecord(
-                step_idx=idx,
-                screen=screen,
-                action=action,
-                env_reward=float(result.env_reward),
-                milestones_hit=tuple(result.milestones_hit),
-                done=ends,
-                time_ms=int((issued - t0) * 1000),
-                latency_ms=latency_ms,
-                problem=result.problem,
-                milestone_ms=result.info.get("milestone_ms"),
-            )
-        )
-        actor.observe(action, result)
-        screen = result.screen
-        if result.done:
-            break
-    assert result is not None
-    if result.done:
-        end_reason = END_SUCCESS if result.success else END_FAILURE
-        outcome = float(sum(s.env_reward for s in steps))
-        decayed = result.info.get("decayed_reward")
-    else:
-        end_reason, outcome, decayed = END_MAX_STEPS, 0.0, None
+    start = _start_episode(env, policy, task, seed, episode_id=episode_id, max_steps=max_steps)
+    steps, result, reached = _run_steps(env, start, max_steps=max_steps, before_step=before_step)
+    end_reason, outcome, decayed = _episode_end(steps, result)
     return EpisodeRecord(
         episode_id=episode_id,
         task_id=task.task_id,
         family=family or task.family,
-        instruction=observation.instruction,
+        instruction=start.observation.instruction,
         seed=seed,
         policy_id=policy.policy_id,
         backend=env.backend,
         steps=tuple(steps),
         final_screen=result.screen,
-        fields=dict(observation.fields),
-        slots=dict(slots),
+        fields=dict(start.observation.fields),
+        slots=dict(start.slots),
         success=bool(result.done and result.success),
         outcome_reward=outcome,
-        decayed_reward=None if decayed is None else float(decayed),
+        decayed_reward=decayed,
         end_reason=end_reason,
         milestones_reached=reached,
         n_milestones=len(task.milestones),
-        reset_ms=reset_ms,
-        duration_ms=int((time.perf_counter() - t0) * 1000),
-        created_at=created_at,
+        reset_ms=start.reset_ms,
+        duration_ms=int((time.perf_counter() - start.t0) * 1000),
+        created_at=start.created_at,
         attempt=attempt,
         worker_id=worker_id,
     )

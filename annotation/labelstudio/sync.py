@@ -49,10 +49,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from annotation.labelstudio.client import (
+    ExportSnapshot,
     LabelStudioClient,
     LabelStudioError,
     LabelStudioTimeout,
     LabelStudioUnavailable,
+    ProjectCounts,
 )
 from annotation.labelstudio.interfaces import INTERFACES, Interface, ParsedAnswer, parse_result
 from warehouse.catalog import LineageInput, Materialization, Warehouse
@@ -593,18 +595,65 @@ class ProjectSyncer:
         result = ProjectSyncResult(interface.name, project_id, "unchanged")
         state.last_checked_at = now
 
+        # 1. change check
         counts = self.client.project_counts(project_id)
         fingerprint = counts.fingerprint()
         self.on_stage("counted", {"project_id": project_id, "fingerprint": fingerprint})
-        has_previous = self.warehouse.current_version("human_labels", dataset) is not None
-        due_full = state.last_full_sync_at is None or now - state.last_full_sync_at >= self.full_resync_every_s
-        nothing_yet = counts.total_annotations + counts.skipped_annotations == 0 and not has_previous
-        if state.pending_export_title is None and (
-            nothing_yet or (fingerprint == state.fingerprint and has_previous and not due_full)
-        ):
+        if self._up_to_date(dataset, state, counts, fingerprint, now):
             result.seconds = time.perf_counter() - started
             return result
 
+        # 2. snapshot export
+        export = self._ready_export(project_id, state, dataset, fingerprint, now, result)
+        if export is None:
+            result.seconds = time.perf_counter() - started
+            return result
+        result.export_id = export.export_id
+        self.on_stage("export_ready", {"project_id": project_id, "export_id": export.export_id})
+
+        # 3. diff by annotation id
+        rows, errors = self._snapshot_rows(interface, project_id, export, state)
+        result.errors = errors
+        previous, previous_materialization = self._previous_rows(dataset)
+        self._refuse_emptied_snapshot(project_id, export, state, counts, rows, previous)
+        merged, diff = merge_labels(previous, rows, datetime.fromtimestamp(now, UTC), retract_missing=not errors)
+        result.diff = diff
+        result.total = len(merged)
+        result.active = sum(1 for r in merged if r["status"] == "active")
+        result.usable = sum(1 for r in merged if r["usable_for_training"])
+
+        # 4. publish
+        if diff.changed or previous_materialization is None:
+            self._publish(
+                interface, project_id, export, merged, errors, previous_materialization, queue_version, result
+            )
+        else:
+            result.status = "no_changes"
+        self.on_stage("published", {"project_id": project_id, "status": result.status})
+        self._close_applied(project_id, export, state, fingerprint, now)
+        result.seconds = time.perf_counter() - started
+        self.log(
+            f"{interface.name} (project {project_id}): {result.status}; +{diff.created} new, {diff.updated} updated, "
+            f"{diff.retracted} retracted; {result.active} active labels ({result.seconds:.1f} s)"
+        )
+        return result
+
+    # -- the steps of one sync -----------------------------------------------------------------------
+    def _up_to_date(
+        self, dataset: str, state: ProjectSyncState, counts: ProjectCounts, fingerprint: str, now: float
+    ) -> bool:
+        """Whether the change check says there is nothing to sync (no pending export, no full resync due)."""
+        has_previous = self.warehouse.current_version("human_labels", dataset) is not None
+        due_full = state.last_full_sync_at is None or now - state.last_full_sync_at >= self.full_resync_every_s
+        nothing_yet = counts.total_annotations + counts.skipped_annotations == 0 and not has_previous
+        return state.pending_export_title is None and (
+            nothing_yet or (fingerprint == state.fingerprint and has_previous and not due_full)
+        )
+
+    def _fresh_pending_export(
+        self, project_id: int, state: ProjectSyncState, dataset: str, now: float
+    ) -> ExportSnapshot | None:
+        """The pending export, unless there is none usable or a newer snapshot was published since it was asked for."""
         export = self._pending_export(project_id, state, now) if state.pending_export_title else None
         if export is not None:
             last_publish = self._last_publish_at(dataset)
@@ -617,6 +666,19 @@ class ProjectSyncer:
                 self.client.delete_export(project_id, export.export_id)
                 state.clear_pending()
                 export = None
+        return export
+
+    def _ready_export(
+        self,
+        project_id: int,
+        state: ProjectSyncState,
+        dataset: str,
+        fingerprint: str,
+        now: float,
+        result: ProjectSyncResult,
+    ) -> ExportSnapshot | None:
+        """A completed export to apply (resumed or asked for), or None with ``result`` marked as waiting for one."""
+        export = self._fresh_pending_export(project_id, state, dataset, now)
         if export is None and state.pending_export_title is None:
             try:
                 export = self._request_export(project_id, state, fingerprint, now)
@@ -626,27 +688,27 @@ class ProjectSyncer:
                 # a large export outlived the request; Label Studio goes on building it: find it by title next time
                 self.log(f"export of project {project_id} is still being built; resuming it on the next attempt")
                 result.status = "waiting_for_export"
-                result.seconds = time.perf_counter() - started
-                return result
+                return None
         if export is None:
             result.status = "waiting_for_export"
-            result.seconds = time.perf_counter() - started
-            return result
+            return None
         if export.status != "completed":
             if not self.blocking:
                 result.status = "waiting_for_export"
                 result.export_id = export.export_id
-                result.seconds = time.perf_counter() - started
-                return result
+                return None
             export = self.client.wait_for_export(project_id, export, timeout_s=self.export_wait_s)
             if export.status != "completed":
                 state.clear_pending()
                 raise LabelStudioUnavailable(
                     f"Label Studio could not build export {export.export_id} of project {project_id}"
                 )
-        result.export_id = export.export_id
-        self.on_stage("export_ready", {"project_id": project_id, "export_id": export.export_id})
+        return export
 
+    def _snapshot_rows(
+        self, interface: Interface, project_id: int, export: ExportSnapshot, state: ProjectSyncState
+    ) -> tuple[list[dict], list[str]]:
+        """Download the export and read it into ``human_labels`` rows, with its malformed items listed."""
         try:
             tasks = self.client.download_export(project_id, export.export_id)
         except LabelStudioUnavailable:
@@ -660,15 +722,25 @@ class ProjectSyncer:
             tasks,
             interface=interface,
             project_id=project_id,
-            server_key=server_key,
+            server_key=self.client.server_key,
             salt=self.salt,
             task_url=self.client.task_url,
             errors=errors,
         )
-        result.errors = errors
         if errors:
             self.log(f"export {export.export_id} of project {project_id}: {len(errors)} malformed items: {errors[0]}")
-        previous, previous_materialization = self._previous_rows(dataset)
+        return rows, errors
+
+    def _refuse_emptied_snapshot(
+        self,
+        project_id: int,
+        export: ExportSnapshot,
+        state: ProjectSyncState,
+        counts: ProjectCounts,
+        rows: list[dict],
+        previous: list[dict],
+    ) -> None:
+        """Raise (dropping the export) when an empty snapshot would retract all labels of a project with annotations."""
         active_before = sum(1 for r in previous if r.get("status") == "active")
         if not rows and active_before and (counts.total_annotations + counts.skipped_annotations) > 0:
             self.client.delete_export(project_id, export.export_id)
@@ -677,68 +749,73 @@ class ProjectSyncer:
                 f"export {export.export_id} of project {project_id} is empty while the project has annotations; "
                 "retrying later"
             )
-        stamp = datetime.fromtimestamp(now, UTC)
-        merged, diff = merge_labels(previous, rows, stamp, retract_missing=not errors)
-        result.diff = diff
-        result.total = len(merged)
-        result.active = sum(1 for r in merged if r["status"] == "active")
-        result.usable = sum(1 for r in merged if r["usable_for_training"])
-        if diff.changed or previous_materialization is None:
-            materialization = Materialization(
-                asset="human_labels",
-                run_id=self.run_id,
-                code_version=SYNC_CODE_VERSION,
-                parameters={
-                    "ls_server": server_key,
-                    "ls_project_id": project_id,
-                    "interface_version": interface.version_key,
-                    "export_id": export.export_id,
-                    "export_md5": export.md5,
-                    "created": diff.created,
-                    "updated": diff.updated,
-                    "retracted": diff.retracted,
-                    "restored": diff.restored,
-                    "malformed_items": len(errors),
-                },
-                inputs=[
-                    LineageInput(
-                        kind="file",
-                        path=f"labelstudio://{server_key}/projects/{project_id}/exports/{export.export_id}",
-                        version=export.md5 or str(export.export_id),
-                    )
-                ],
+
+    def _publish(
+        self,
+        interface: Interface,
+        project_id: int,
+        export: ExportSnapshot,
+        merged: list[dict],
+        errors: list[str],
+        previous_materialization: str | None,
+        queue_version: tuple[str, str] | None,
+        result: ProjectSyncResult,
+    ) -> None:
+        """Publish the merged rows as the project's new table version, with lineage; ``result`` says where."""
+        server_key = self.client.server_key
+        diff = result.diff
+        materialization = Materialization(
+            asset="human_labels",
+            run_id=self.run_id,
+            code_version=SYNC_CODE_VERSION,
+            parameters={
+                "ls_server": server_key,
+                "ls_project_id": project_id,
+                "interface_version": interface.version_key,
+                "export_id": export.export_id,
+                "export_md5": export.md5,
+                "created": diff.created,
+                "updated": diff.updated,
+                "retracted": diff.retracted,
+                "restored": diff.restored,
+                "malformed_items": len(errors),
+            },
+            inputs=[
+                LineageInput(
+                    kind="file",
+                    path=f"labelstudio://{server_key}/projects/{project_id}/exports/{export.export_id}",
+                    version=export.md5 or str(export.export_id),
+                )
+            ],
+        )
+        if previous_materialization:
+            materialization.inputs.append(
+                LineageInput(
+                    kind="asset", input_asset="human_labels", input_materialization_id=previous_materialization
+                )
             )
-            if previous_materialization:
-                materialization.inputs.append(
-                    LineageInput(
-                        kind="asset", input_asset="human_labels", input_materialization_id=previous_materialization
-                    )
+        if queue_version:
+            materialization.inputs.append(
+                LineageInput(
+                    kind="asset",
+                    input_asset="annotation_queue",
+                    input_materialization_id=queue_version[0],
+                    path=queue_version[1],
                 )
-            if queue_version:
-                materialization.inputs.append(
-                    LineageInput(
-                        kind="asset",
-                        input_asset="annotation_queue",
-                        input_materialization_id=queue_version[0],
-                        path=queue_version[1],
-                    )
-                )
-            table = pa.Table.from_pylist(merged, schema=HUMAN_LABELS)
-            output = self.warehouse.stage_table("human_labels", dataset, table, materialization)
-            self.warehouse.publish(materialization, [output])
-            result.status = "applied"
-            result.materialization_id = materialization.materialization_id
-            result.output_path = str(output.path)
-        else:
-            result.status = "no_changes"
-        self.on_stage("published", {"project_id": project_id, "status": result.status})
+            )
+        table = pa.Table.from_pylist(merged, schema=HUMAN_LABELS)
+        dataset = human_labels_dataset(server_key, project_id)
+        output = self.warehouse.stage_table("human_labels", dataset, table, materialization)
+        self.warehouse.publish(materialization, [output])
+        result.status = "applied"
+        result.materialization_id = materialization.materialization_id
+        result.output_path = str(output.path)
+
+    def _close_applied(
+        self, project_id: int, export: ExportSnapshot, state: ProjectSyncState, fingerprint: str, now: float
+    ) -> None:
+        """Record the applied snapshot in ``state`` and delete its export from Label Studio."""
         state.fingerprint = state.pending_fingerprint or fingerprint
         state.last_full_sync_at = now
         state.clear_pending()
         self.client.delete_export(project_id, export.export_id)
-        result.seconds = time.perf_counter() - started
-        self.log(
-            f"{interface.name} (project {project_id}): {result.status}; +{diff.created} new, {diff.updated} updated, "
-            f"{diff.retracted} retracted; {result.active} active labels ({result.seconds:.1f} s)"
-        )
-        return result

@@ -237,31 +237,72 @@ def assign_progress_labels(
     episode is aligned with it (a second batched DP) to find its key steps. Episodes of tasks
     without recipes get no labels and the task's reason.
     """
-
-    def codes_of(task: str, episode: Episode) -> np.ndarray:
-        if codes_by_episode is not None and episode.episode_id in codes_by_episode:
-            return codes_by_episode[episode.episode_id]
-        return tables[task].encode(episode.actions)
-
-    labels: dict[str, TrajectoryLabels] = {}
     labelled_tasks = [t for t in episodes_by_task if recipes_by_task[t].has_recipes]
+    labels = _labels_without_recipe(episodes_by_task, recipes_by_task, labelled_tasks)
+    score_tables = TableSet.of([tables[t].scores for t in labelled_tasks])
+    jobs = _label_jobs(episodes_by_task, recipes_by_task, tables, labelled_tasks, codes_by_episode)
+    # Stage 2a: CR (Eq. 4) of every (episode, recipe of its task) pair, or of those that can win.
+    pair_job, pair_rank, scores, ratios = _completion_ratios(jobs, score_tables, [tables[t] for t in labelled_tasks])
+    best_rank, best_ratio = _best_recipes(jobs, pair_job, pair_rank, scores, ratios, tie_break)
+    # Stage 2b and 3: key steps from the alignment with the chosen recipe, then their labels.
+    distinct = _key_step_labels(jobs, best_rank, best_ratio, recipes_by_task, score_tables, kappa_rule)
+    for (_, episode), j in zip(jobs.all_jobs, jobs.job_of.tolist(), strict=True):
+        shared = distinct[j]
+        labels[episode.episode_id] = (
+            shared if shared.episode_id == episode.episode_id else replace(shared, episode_id=episode.episode_id)
+        )
+    return {e.episode_id: labels[e.episode_id] for episodes in episodes_by_task.values() for e in episodes}
+
+
+def _labels_without_recipe(
+    episodes_by_task: Mapping[str, Sequence[Episode]],
+    recipes_by_task: Mapping[str, TaskRecipes],
+    labelled_tasks: Sequence[str],
+) -> dict[str, TrajectoryLabels]:
+    """The (empty) labels of the episodes of tasks without a recipe, with the task's reason."""
+    labels: dict[str, TrajectoryLabels] = {}
     for task in episodes_by_task:
         if task not in labelled_tasks:
             reason = f"task {task} has no recipe: {recipes_by_task[task].reason}"
             for episode in episodes_by_task[task]:
                 labels[episode.episode_id] = TrajectoryLabels(episode.episode_id, "lcs", (), None, None, reason)
+    return labels
 
+
+@dataclass(frozen=True)
+class _LabelJobs:
+    """The episodes to label as distinct (task, symbols) sequences, and one store of them and their recipes."""
+
+    all_jobs: list[tuple[str, Episode]]  # every episode of a task with recipes
+    job_of: np.ndarray  # all_jobs[k] gets the labels of jobs[job_of[k]]
+    jobs: list[tuple[str, Episode]]  # one episode per distinct sequence of a task
+    store: SequenceStore  # every job's symbols (index = job), then every recipe's
+    first_recipe_id: np.ndarray  # per labelled task, the store index of its first recipe
+    job_task: np.ndarray  # per job, its task's position among the labelled tasks
+    n_recipes: np.ndarray  # per job, how many recipes its task has
+
+
+def _label_jobs(
+    episodes_by_task: Mapping[str, Sequence[Episode]],
+    recipes_by_task: Mapping[str, TaskRecipes],
+    tables: Mapping[str, MatchTable],
+    labelled_tasks: Sequence[str],
+    codes_by_episode: Mapping[str, np.ndarray] | None,
+) -> _LabelJobs:
+    """Encode the episodes of the labelled tasks, keep one per distinct sequence, and store them with the recipes."""
     table_position = {task: k for k, task in enumerate(labelled_tasks)}
-    score_tables = TableSet.of([tables[t].scores for t in labelled_tasks])
     all_jobs: list[tuple[str, Episode]] = [(task, e) for task in labelled_tasks for e in episodes_by_task[task]]
     # Episodes of a task with the same symbols get the same labels: each distinct sequence is
-    # scored and aligned once (the rest of this function runs on the distinct ones, ``jobs``).
+    # scored and aligned once (the rest of the labelling runs on the distinct ones, ``jobs``).
     job_codes: list[np.ndarray] = []
     representative: dict[tuple[str, bytes], int] = {}
     job_of = np.empty(len(all_jobs), dtype=np.int64)
     jobs: list[tuple[str, Episode]] = []
     for k, (task, e) in enumerate(all_jobs):
-        codes = np.asarray(codes_of(task, e), dtype=np.int64)
+        if codes_by_episode is not None and e.episode_id in codes_by_episode:
+            codes = np.asarray(codes_by_episode[e.episode_id], dtype=np.int64)
+        else:
+            codes = np.asarray(tables[task].encode(e.actions), dtype=np.int64)
         key = (task, codes.tobytes())
         j = representative.get(key)
         if j is None:
@@ -277,14 +318,19 @@ def assign_progress_labels(
     first_recipe_id = len(jobs) + np.cumsum([0] + [len(recipes) for recipes in libraries])[:-1]
     job_task = np.array([table_position[task] for task, _ in jobs], dtype=np.int64)
     n_recipes = np.array([len(recipes) for recipes in libraries], dtype=np.int64)[job_task]
+    return _LabelJobs(all_jobs, job_of, jobs, store, first_recipe_id, job_task, n_recipes)
 
-    # Stage 2a: CR (Eq. 4) of every (episode, recipe of its task) pair, or of those that can win.
-    pair_job = np.repeat(np.arange(len(jobs)), n_recipes)
-    pair_rank = np.arange(pair_job.size) - np.repeat(np.cumsum(n_recipes) - n_recipes, n_recipes)
-    pair_recipe = first_recipe_id[job_task[pair_job]] + pair_rank
-    recipe_len = store.lengths[pair_recipe].astype(np.float64)
+
+def _completion_ratios(
+    jobs: _LabelJobs, score_tables: TableSet, match_tables: Sequence[MatchTable]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Score the (job, recipe) pairs that can win; returns their jobs, recipe ranks, SoftLCS and CR (Eq. 4)."""
+    pair_job = np.repeat(np.arange(len(jobs.jobs)), jobs.n_recipes)
+    pair_rank = np.arange(pair_job.size) - np.repeat(np.cumsum(jobs.n_recipes) - jobs.n_recipes, jobs.n_recipes)
+    pair_recipe = jobs.first_recipe_id[jobs.job_task[pair_job]] + pair_rank
+    recipe_len = jobs.store.lengths[pair_recipe].astype(np.float64)
     evaluated = _pairs_that_can_win(
-        store, jobs, job_task, pair_job, pair_recipe, recipe_len, score_tables, [tables[t] for t in labelled_tasks]
+        jobs.store, jobs.jobs, jobs.job_task, pair_job, pair_recipe, recipe_len, score_tables, match_tables
     )
     pair_job, pair_rank, pair_recipe, recipe_len = (
         pair_job[evaluated],
@@ -292,15 +338,27 @@ def assign_progress_labels(
         pair_recipe[evaluated],
         recipe_len[evaluated],
     )
-    scores = soft_lcs_scores_indexed(store, pair_job, pair_recipe, score_tables, job_task[pair_job])
+    scores = soft_lcs_scores_indexed(jobs.store, pair_job, pair_recipe, score_tables, jobs.job_task[pair_job])
     # Eq. (4) (soft_lcs.completion_ratio), vectorised; an empty recipe has CR 0.
     ratios = np.divide(scores, recipe_len, out=np.zeros_like(scores), where=recipe_len > 0)
-    # Best recipe per episode: the highest CR, the earliest recipe on ties (pairs in rank order).
-    best_rank = np.zeros(len(jobs), dtype=np.int64)
-    best_ratio = np.full(len(jobs), -1.0)
-    best_score = np.full(len(jobs), -1.0)
+    return pair_job, pair_rank, scores, ratios
+
+
+def _best_recipes(
+    jobs: _LabelJobs,
+    pair_job: np.ndarray,
+    pair_rank: np.ndarray,
+    scores: np.ndarray,
+    ratios: np.ndarray,
+    tie_break: TieBreak,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each job's chosen recipe (its rank in the task's library) and CR: the highest CR, ties by ``tie_break``."""
+    # Ties go to the earliest recipe: ranks are visited in order and only a strictly better CR replaces.
+    best_rank = np.zeros(len(jobs.jobs), dtype=np.int64)
+    best_ratio = np.full(len(jobs.jobs), -1.0)
+    best_score = np.full(len(jobs.jobs), -1.0)
     by_rank = np.argsort(pair_rank, kind="stable")
-    bounds = np.searchsorted(pair_rank[by_rank], np.arange(int(n_recipes.max(initial=0)) + 1))
+    bounds = np.searchsorted(pair_rank[by_rank], np.arange(int(jobs.n_recipes.max(initial=0)) + 1))
     for k in range(bounds.size - 1):
         at_k = by_rank[bounds[k] : bounds[k + 1]]
         jobs_k, ratios_k, scores_k = pair_job[at_k], ratios[at_k], scores[at_k]
@@ -311,12 +369,25 @@ def assign_progress_labels(
         best_rank[jobs_k[better]] = k
         best_ratio[jobs_k[better]] = ratios_k[better]
         best_score[jobs_k[better]] = scores_k[better]
+    return best_rank, best_ratio
 
-    # Stage 2b: align each episode with its chosen recipe; the matched steps are its key steps.
-    chosen = first_recipe_id[job_task] + best_rank
-    _, alignments = soft_lcs_alignment_arrays_indexed(store, np.arange(len(jobs)), chosen, score_tables, job_task)
+
+def _key_step_labels(
+    jobs: _LabelJobs,
+    best_rank: np.ndarray,
+    best_ratio: np.ndarray,
+    recipes_by_task: Mapping[str, TaskRecipes],
+    score_tables: TableSet,
+    kappa_rule: KappaRule,
+) -> list[TrajectoryLabels]:
+    """Align each job with its chosen recipe (one batched DP); the matched steps are its key steps, labelled."""
+    chosen = jobs.first_recipe_id[jobs.job_task] + best_rank
+    store = jobs.store
+    _, alignments = soft_lcs_alignment_arrays_indexed(
+        store, np.arange(len(jobs.jobs)), chosen, score_tables, jobs.job_task
+    )
     distinct: list[TrajectoryLabels] = []
-    for k, ((task, episode), (step_idx, recipe_idx)) in enumerate(zip(jobs, alignments, strict=True)):
+    for k, ((task, episode), (step_idx, recipe_idx)) in enumerate(zip(jobs.jobs, alignments, strict=True)):
         recipe = recipes_by_task[task].recipes[int(best_rank[k])]
         progress, is_key = progress_from_alignment(
             int(store.lengths[k]), step_idx, recipe_idx, len(recipe), kappa_rule=kappa_rule
@@ -324,12 +395,7 @@ def assign_progress_labels(
         distinct.append(
             _trajectory_labels(episode.episode_id, "lcs", progress, is_key, recipe.recipe_id, float(best_ratio[k]))
         )
-    for (_, episode), j in zip(all_jobs, job_of.tolist(), strict=True):
-        shared = distinct[j]
-        labels[episode.episode_id] = (
-            shared if shared.episode_id == episode.episode_id else replace(shared, episode_id=episode.episode_id)
-        )
-    return {e.episode_id: labels[e.episode_id] for episodes in episodes_by_task.values() for e in episodes}
+    return distinct
 
 
 def label_episodes(

@@ -446,6 +446,69 @@ def run_family_labels(
         )
     specs = load_task_specs(specs_dir or default_specs_dir())
     states = {(r["task_id"], r["method"]): LibraryState.from_row(r) for r in states_table.to_pylist()}
+    update = _plan_family_update(warehouse, family, states, rebuild_share, rebuild_at_least)
+    m = _family_update_materialization(warehouse, family, update, states, specs, asset, run_id, theta, embedder)
+    log(update.describe(family))
+    out = _Outputs(warehouse, m, [family], suffix=".new" if update.compact else f"/+{update.free[0]}")
+    embed = make_embedder(embedder)
+    try:
+        if update.incremental_ids:
+            _label_against_stored_libraries(warehouse, out, family, update.incremental_ids, states, specs, embed)
+        if update.rebuild:
+            _relabel_rebuilt_tasks(warehouse, out, family, update.rebuild, update.version_of, specs, embed, theta)
+        outputs = out.close()
+    except BaseException:
+        out.abort()
+        raise
+    if update.compact:
+        outputs = _compact(warehouse, family, m, outputs, update.rebuild, sorted(update.removed))
+    warehouse.publish(m, outputs, guard=guard)
+    out.summary.materialization_id = m.materialization_id
+    out.summary.incremental = update.report()
+    out.summary.outputs = {table: str(warehouse.data_dir / table) for table in LABEL_TABLES}
+    return out.summary
+
+
+@dataclass(frozen=True)
+class _FamilyUpdate:
+    """What an incremental run of one family does: the episodes new and gone, the tasks rebuilt, where rows go."""
+
+    new_rows: list[dict]  # episodes not in the family's ledger yet
+    removed: set[str]  # ledger episodes no longer in ``episodes``
+    rebuild: list[str]  # tasks whose recipe libraries are rebuilt (relabelled whole)
+    incremental_ids: list[str]  # new episodes labelled against their task's stored library
+    free: list[int]  # delta slots without rows
+    compact: bool  # whether the family is compacted into a new base (else written to delta slot free[0])
+    version_of: dict[str, int]  # the new library version of each rebuilt task
+
+    def report(self) -> dict:
+        """The run's counts, as recorded in the materialization and the summary."""
+        return {
+            "new_episodes": len(self.new_rows),
+            "labelled_against_library": len(self.incremental_ids),
+            "rebuilt_tasks": {task: self.version_of[task] for task in self.rebuild},
+            "removed_episodes": len(self.removed),
+            "compacted": self.compact,
+        }
+
+    def describe(self, family: str) -> str:
+        """One log line saying what the run does."""
+        rebuild = self.rebuild
+        return (
+            f"{family}: {len(self.new_rows)} new episodes ({len(self.incremental_ids)} against the stored recipes), "
+            f"{len(rebuild)} tasks rebuilt {rebuild[:5]}{'...' if len(rebuild) > 5 else ''}, "
+            f"{len(self.removed)} removed; {'compacting' if self.compact else f'delta slot +{self.free[0]}'}"
+        )
+
+
+def _plan_family_update(
+    warehouse: Warehouse,
+    family: str,
+    states: Mapping[tuple[str, str], LibraryState],
+    rebuild_share: float,
+    rebuild_at_least: int,
+) -> _FamilyUpdate:
+    """Compare the family's episodes with its ledger and decide what to label, rebuild and compact."""
     fam_where, fam_params = family_where([family])
     ledger_paths = list(_family_paths(warehouse, "label_ledger", family).values())
     known = _read(ledger_paths, "SELECT episode_id FROM {files}", LABEL_LEDGER).column("episode_id").to_pylist()
@@ -475,7 +538,22 @@ def run_family_labels(
         task: max((states[(task, m)].version for m in LCS_METHODS if (task, m) in states), default=0) + 1
         for task in rebuild
     }
-    m = Materialization(
+    return _FamilyUpdate(new_rows, removed, rebuild, incremental_ids, free, compact, version_of)
+
+
+def _family_update_materialization(
+    warehouse: Warehouse,
+    family: str,
+    update: _FamilyUpdate,
+    states: Mapping[tuple[str, str], LibraryState],
+    specs: dict[str, TaskSpec],
+    asset: str,
+    run_id: str | None,
+    theta: float,
+    embedder: str,
+) -> Materialization:
+    """The materialization of an incremental run, with its parameters and lineage."""
+    return Materialization(
         asset=asset,
         run_id=run_id,
         partition_key=family,
@@ -486,61 +564,53 @@ def run_family_labels(
             "label_version": LABEL_VERSION,
             "families": [family],
             "mode": "incremental",
-            "new_episodes": len(new_rows),
-            "labelled_against_library": len(incremental_ids),
-            "rebuilt_tasks": {task: version_of[task] for task in rebuild},
-            "removed_episodes": len(removed),
-            "compacted": compact,
+            **update.report(),
             "library_versions": {task: s.version for (task, method), s in states.items() if method == "improved"},
         },
         inputs=warehouse.current_inputs(["episodes", "steps"])
         + warehouse.current_inputs(list(LABEL_TABLES))
         + spec_inputs(specs),
     )
-    log(
-        f"{family}: {len(new_rows)} new episodes ({len(incremental_ids)} against the stored recipes), "
-        f"{len(rebuild)} tasks rebuilt {rebuild[:5]}{'...' if len(rebuild) > 5 else ''}, "
-        f"{len(removed)} removed; {'compacting' if compact else f'delta slot +{free[0]}'}"
-    )
-    suffix = "" if compact else f"/+{free[0]}"
-    out = _Outputs(warehouse, m, [family], suffix=".new" if compact else suffix)
-    embed = make_embedder(embedder)
-    try:
-        # New episodes of tasks whose library stays: labelled against it (cost: the batch).
-        if incremental_ids:
-            batch = list(load_trajectories(warehouse, "list_contains(?, e.episode_id)", [incremental_ids]))
-            out.summary.episodes += len(batch)
-            out.env(family, env_labels(batch, specs))
-            for method in LCS_METHODS:
-                task_states = {t.task_id: states[(t.task_id, method)] for t in batch}
-                out.lcs(family, method, label_against_library(batch, task_states, embed, method))
-            versions = {t.task_id: {mm: states[(t.task_id, mm)].version for mm in LCS_METHODS} for t in batch}
-            out.rows("label_ledger", family, _ledger_rows(batch, versions, m.materialization_id))
-        # Tasks rebuilt: relabelled whole, their library's next version.
-        if rebuild:
-            rebuilt_batches = iter_task_batches(warehouse, "list_contains(?, e.task_id)", [rebuild])
-            for result, batch_trajectories in _with_batches(rebuilt_batches, embed, specs, theta, version_of):
-                out.summary.episodes += result.episodes
-                _write_batch(out, family, result, m.materialization_id, version_of)
-                versions = {task: dict.fromkeys(LCS_METHODS, version_of[task]) for task in result.task_ids}
-                out.rows("label_ledger", family, _ledger_rows(batch_trajectories, versions, m.materialization_id))
-        outputs = out.close()
-    except BaseException:
-        out.abort()
-        raise
-    if compact:
-        outputs = _compact(warehouse, family, m, outputs, rebuild, sorted(removed))
-    warehouse.publish(m, outputs, guard=guard)
-    out.summary.materialization_id = m.materialization_id
-    out.summary.incremental = {
-        "new_episodes": len(new_rows),
-        "labelled_against_library": len(incremental_ids),
-        "rebuilt_tasks": {task: version_of[task] for task in rebuild},
-        "removed_episodes": len(removed),
-        "compacted": compact,
-    }
-    out.summary.outputs = {table: str(warehouse.data_dir / table) for table in LABEL_TABLES}
-    return out.summary
+
+
+def _label_against_stored_libraries(
+    warehouse: Warehouse,
+    out: _Outputs,
+    family: str,
+    episode_ids: list[str],
+    states: Mapping[tuple[str, str], LibraryState],
+    specs: Mapping[str, TaskSpec],
+    embed: TextEmbedder | HashingTextEmbedder,
+) -> None:
+    """Label new episodes of tasks whose library stays against that library (cost: the batch), and ledger them."""
+    batch = list(load_trajectories(warehouse, "list_contains(?, e.episode_id)", [episode_ids]))
+    out.summary.episodes += len(batch)
+    out.env(family, env_labels(batch, specs))
+    for method in LCS_METHODS:
+        task_states = {t.task_id: states[(t.task_id, method)] for t in batch}
+        out.lcs(family, method, label_against_library(batch, task_states, embed, method))
+    versions = {t.task_id: {mm: states[(t.task_id, mm)].version for mm in LCS_METHODS} for t in batch}
+    out.rows("label_ledger", family, _ledger_rows(batch, versions, out.m.materialization_id))
+
+
+def _relabel_rebuilt_tasks(
+    warehouse: Warehouse,
+    out: _Outputs,
+    family: str,
+    rebuild: list[str],
+    version_of: Mapping[str, int],
+    specs: Mapping[str, TaskSpec],
+    embed: TextEmbedder | HashingTextEmbedder,
+    theta: float,
+) -> None:
+    """Relabel the rebuilt tasks whole, batch by batch, with their libraries' next versions, and ledger them."""
+    mid = out.m.materialization_id
+    rebuilt_batches = iter_task_batches(warehouse, "list_contains(?, e.task_id)", [rebuild])
+    for result, batch_trajectories in _with_batches(rebuilt_batches, embed, specs, theta, version_of):
+        out.summary.episodes += result.episodes
+        _write_batch(out, family, result, mid, version_of)
+        versions = {task: dict.fromkeys(LCS_METHODS, version_of[task]) for task in result.task_ids}
+        out.rows("label_ledger", family, _ledger_rows(batch_trajectories, versions, mid))
 
 
 def _with_batches(

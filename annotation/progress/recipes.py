@@ -296,22 +296,41 @@ def build_recipe_libraries(
         raise ValueError("min_group_size must be at least 2: a recipe is what two or more trajectories share")
     task_ids = list(episodes_by_task)
     successes = {task: [e for e in episodes_by_task[task] if e.success] for task in task_ids}
-
-    def codes_of(task: str, episode: Episode) -> np.ndarray:
-        if codes_by_episode is not None and episode.episode_id in codes_by_episode:
-            return codes_by_episode[episode.episode_id]
-        return tables[task].encode(episode.actions)
-
-    results: dict[str, TaskRecipes] = {}
+    results = _libraries_without_pairs(successes)
     comparable = [task for task in task_ids if len(successes[task]) >= 2]
-    for task in task_ids:
-        n = len(successes[task])
+    task_codes = {
+        task: [_episode_codes(task, e, tables, codes_by_episode) for e in successes[task]] for task in comparable
+    }
+    grouped = _group_tasks(comparable, task_codes, tables, theta, similarity_norm, grouping)
+    # Group every task, then fold all kept groups of all tasks together.
+    groups_of, folded_of = _fold_kept_groups(
+        comparable, task_codes, tables, grouped, min_group_size, recipe_rule, support
+    )
+    for task in comparable:
+        results[task] = _task_library(task, successes[task], groups_of[task], folded_of, grouped, theta, min_group_size)
+    return {task: results[task] for task in task_ids}
+
+
+def _episode_codes(
+    task: str, episode: Episode, tables: Mapping[str, MatchTable], codes_by_episode: Mapping[str, np.ndarray] | None
+) -> np.ndarray:
+    """The episode's symbols in its task's match table: the caller's if given, else encoded here."""
+    if codes_by_episode is not None and episode.episode_id in codes_by_episode:
+        return codes_by_episode[episode.episode_id]
+    return tables[task].encode(episode.actions)
+
+
+def _libraries_without_pairs(successes: Mapping[str, Sequence[Episode]]) -> dict[str, TaskRecipes]:
+    """The empty libraries of tasks with fewer than two successes, each with its reason."""
+    results: dict[str, TaskRecipes] = {}
+    for task, episodes in successes.items():
+        n = len(episodes)
         if n == 0:
             results[task] = TaskRecipes(
                 task, (), (), 0, reason="no successful trajectory (a recipe needs at least two)"
             )
         elif n == 1:
-            only = successes[task][0].episode_id
+            only = episodes[0].episode_id
             results[task] = TaskRecipes(
                 task,
                 (),
@@ -319,41 +338,87 @@ def build_recipe_libraries(
                 1,
                 reason=f"only one successful trajectory ({only}); a recipe is the common part of at least two",
             )
+    return results
 
-    task_codes = {task: [codes_of(task, e) for e in successes[task]] for task in comparable}
-    graphs: dict[str, SimilarityGraph] = {}
-    matrix_of: dict[str, np.ndarray] = {}
-    groups_of: dict[str, list[list[int]]] = {}
+
+@dataclass
+class _TaskGroups:
+    """The Eq. (3) groups of each comparable task, and the similarities they were formed from."""
+
+    groups_of: dict[str, list[list[int]]]
+    similarity_norm: SimilarityNorm
+    matrix_of: dict[str, np.ndarray] = field(default_factory=dict)  # grouping == "all_pairs"
+    graphs: dict[str, SimilarityGraph] = field(default_factory=dict)  # the other groupings
+    sequences: dict[str, TaskSequences] = field(default_factory=dict)  # the other groupings
+
+    def group_matrix(self, task: str, group: Sequence[int]) -> np.ndarray:
+        """Sim (Eq. 3) between the members of one group."""
+        if task in self.graphs:
+            return self.graphs[task].submatrix(group)
+        return self.matrix_of[task][np.ix_(group, group)]
+
+    def highest_sim(self, task: str) -> float:
+        """The highest Sim (Eq. 3) between two successes of the task."""
+        if task in self.graphs:
+            return highest_similarity(self.sequences[task], self.graphs[task], self.similarity_norm)
+        sim = self.matrix_of[task]
+        return float(sim[~np.eye(sim.shape[0], dtype=bool)].max())
+
+    def pairs(self, task: str, n_successful: int) -> tuple[int, int]:
+        """Pairs of the task the grouping had to decide, and of those the pairs the soft DP ran on."""
+        if task in self.graphs:
+            return self.graphs[task].pairs_total, self.graphs[task].pairs_scored
+        return n_successful * (n_successful - 1) // 2, n_successful * (n_successful - 1) // 2
+
+
+def _group_tasks(
+    comparable: Sequence[str],
+    task_codes: Mapping[str, list[np.ndarray]],
+    tables: Mapping[str, MatchTable],
+    theta: float,
+    similarity_norm: SimilarityNorm,
+    grouping: Grouping,
+) -> _TaskGroups:
+    """Group the successes of every comparable task by Eq. (3), all tasks' DPs in one batch."""
+    grouped = _TaskGroups({}, similarity_norm)
     if grouping == "all_pairs":
         matrices = _similarity_matrices(
             [task_codes[t] for t in comparable], [tables[t].scores for t in comparable], similarity_norm
         )
-        matrix_of = dict(zip(comparable, matrices, strict=True))
+        grouped.matrix_of = dict(zip(comparable, matrices, strict=True))
         for task in comparable:
-            groups_of[task] = group_by_similarity(matrix_of[task], theta)
+            grouped.groups_of[task] = group_by_similarity(grouped.matrix_of[task], theta)
     else:
-        sequences = {task: _task_sequences(task_codes[task], tables[task]) for task in comparable}
-        batch = [sequences[t] for t in comparable]
+        grouped.sequences = {task: _task_sequences(task_codes[task], tables[task]) for task in comparable}
+        batch = [grouped.sequences[t] for t in comparable]
         for task, graph in zip(
             comparable,
             similarity_graphs(batch, theta, similarity_norm, prefilter=grouping == "prefiltered"),
             strict=True,
         ):
-            graphs[task] = graph
-            groups_of[task] = greedy_groups(graph)
+            grouped.graphs[task] = graph
+            grouped.groups_of[task] = greedy_groups(graph)
+    return grouped
 
-    def group_matrix(task: str, group: Sequence[int]) -> np.ndarray:
-        if task in graphs:
-            return graphs[task].submatrix(group)
-        return matrix_of[task][np.ix_(group, group)]
 
-    def highest_sim(task: str) -> float:
-        if task in graphs:
-            return highest_similarity(sequences[task], graphs[task], similarity_norm)
-        sim = matrix_of[task]
-        return float(sim[~np.eye(sim.shape[0], dtype=bool)].max())
+#: (recipe symbols, their indices in the group's first member) by (task, group).
+_FoldedGroups = dict[tuple[str, tuple[int, ...]], tuple[np.ndarray, np.ndarray]]
 
-    # Group every task, then fold all kept groups of all tasks together.
+
+def _fold_kept_groups(
+    comparable: Sequence[str],
+    task_codes: Mapping[str, list[np.ndarray]],
+    tables: Mapping[str, MatchTable],
+    grouped: _TaskGroups,
+    min_group_size: int,
+    recipe_rule: RecipeRule,
+    support: float,
+) -> tuple[dict[str, list[list[int]]], _FoldedGroups]:
+    """Recipe symbols and anchors of every group of at least ``min_group_size``, all tasks in one batch.
+
+    Returns each task's groups (with ``"consensus"``, a kept group lists its medoid first and comes
+    after the small groups) and, by (task, group), the kept groups' (symbols, anchors)."""
+    groups_of = grouped.groups_of
     kept: list[tuple[str, list[int]]] = []
     for task in comparable:
         kept.extend((task, g) for g in groups_of[task] if len(g) >= min_group_size)
@@ -361,7 +426,7 @@ def build_recipe_libraries(
     if recipe_rule == "consensus":
         folded, medoids = _consensus_groups(
             [[task_codes[task][m] for m in group] for task, group in kept],
-            [group_matrix(task, group) for task, group in kept],
+            [grouped.group_matrix(task, group) for task, group in kept],
             [tables[t].scores for t in comparable],
             [table_position[task] for task, _ in kept],
             support,
@@ -382,51 +447,59 @@ def build_recipe_libraries(
             [table_position[task] for task, _ in kept],
         )
     folded_of = {(task, tuple(group)): result for (task, group), result in zip(kept, folded, strict=True)}
+    return groups_of, folded_of
 
-    for task in comparable:
-        episodes = successes[task]
-        recipes: list[Recipe] = []
-        notes: list[str] = []
-        for group in groups_of[task]:
-            members = tuple(episodes[m].episode_id for m in group)
-            if len(group) < min_group_size:
-                notes.append(
-                    f"group {list(members)} has {len(group)} member(s), fewer than {min_group_size}: no recipe"
-                )
-                continue
-            symbols, anchors = folded_of[(task, tuple(group))]
-            if symbols.size == 0:
-                notes.append(f"group {list(members)} has an empty common subsequence: no recipe")
-                continue
-            recipes.append(
-                Recipe(
-                    recipe_id=f"{task}/recipe-{len(recipes)}",
-                    task_id=task,
-                    actions=tuple(episodes[group[0]].actions[i] for i in anchors.tolist()),
-                    symbols=tuple(symbols.tolist()),
-                    member_episode_ids=members,
-                    anchor_step_indices=tuple(anchors.tolist()),
-                )
+
+def _task_library(
+    task: str,
+    episodes: Sequence[Episode],
+    groups: Sequence[list[int]],
+    folded_of: _FoldedGroups,
+    grouped: _TaskGroups,
+    theta: float,
+    min_group_size: int,
+) -> TaskRecipes:
+    """One comparable task's library: a recipe per kept group with a non-empty common part, notes for the rest."""
+    recipes: list[Recipe] = []
+    notes: list[str] = []
+    for group in groups:
+        members = tuple(episodes[m].episode_id for m in group)
+        if len(group) < min_group_size:
+            notes.append(f"group {list(members)} has {len(group)} member(s), fewer than {min_group_size}: no recipe")
+            continue
+        symbols, anchors = folded_of[(task, tuple(group))]
+        if symbols.size == 0:
+            notes.append(f"group {list(members)} has an empty common subsequence: no recipe")
+            continue
+        recipes.append(
+            Recipe(
+                recipe_id=f"{task}/recipe-{len(recipes)}",
+                task_id=task,
+                actions=tuple(episodes[group[0]].actions[i] for i in anchors.tolist()),
+                symbols=tuple(symbols.tolist()),
+                member_episode_ids=members,
+                anchor_step_indices=tuple(anchors.tolist()),
             )
-        reason = None
-        if not recipes:
-            reason = (
-                f"no group of {min_group_size} or more among the {len(episodes)} successful trajectories "
-                f"with every Sim >= {theta:g} (highest Sim {highest_sim(task):.3f})"
-                if all(len(g) < min_group_size for g in groups_of[task])
-                else "every group's common subsequence is empty"
-            )
-        results[task] = TaskRecipes(
-            task_id=task,
-            recipes=tuple(recipes),
-            groups=tuple(tuple(episodes[m].episode_id for m in g) for g in groups_of[task]),
-            n_successful=len(episodes),
-            reason=reason,
-            notes=tuple(notes),
-            pairs_total=graphs[task].pairs_total if task in graphs else len(episodes) * (len(episodes) - 1) // 2,
-            pairs_scored=graphs[task].pairs_scored if task in graphs else len(episodes) * (len(episodes) - 1) // 2,
         )
-    return {task: results[task] for task in task_ids}
+    reason = None
+    if not recipes:
+        reason = (
+            f"no group of {min_group_size} or more among the {len(episodes)} successful trajectories "
+            f"with every Sim >= {theta:g} (highest Sim {grouped.highest_sim(task):.3f})"
+            if all(len(g) < min_group_size for g in groups)
+            else "every group's common subsequence is empty"
+        )
+    pairs_total, pairs_scored = grouped.pairs(task, len(episodes))
+    return TaskRecipes(
+        task_id=task,
+        recipes=tuple(recipes),
+        groups=tuple(tuple(episodes[m].episode_id for m in g) for g in groups),
+        n_successful=len(episodes),
+        reason=reason,
+        notes=tuple(notes),
+        pairs_total=pairs_total,
+        pairs_scored=pairs_scored,
+    )
 
 
 def build_recipe_library(

@@ -68,8 +68,8 @@ from envs.process import die_with_parent
 from envs.tasks import TASK_VARIANT_FIELD
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
-from warehouse.figures import Markdown, figure_markdown, pyplot
 from warehouse.model import KNOWN_ACTION_TYPES
+from warehouse.plotting import Markdown, figure_markdown, pyplot
 from warehouse.schema import EPISODES, QUARANTINE, SOURCE_FILES, STEPS, append_step, same_type
 from warehouse.storage import REPO_ROOT, git_revision
 
@@ -482,40 +482,103 @@ def import_demonstrations(
     created_at = datetime.now(UTC)
     report = ImportReport(import_root=root_key, files=len(rel_paths))
     earlier, first_imported = _recordings_in_warehouse(warehouse, root_key)
-    already = frozenset(earlier)
 
+    chunks = _convert_all(
+        root,
+        rel_paths,
+        created_at=created_at,
+        run_id=run_id,
+        task=task,
+        workers=workers,
+        chunk_size=chunk_size,
+        already=frozenset(earlier),
+        progress=progress,
+    )
+    converted = _merge_chunks(chunks)
+    keep = _keep_imported_rows(converted, earlier)
+    converted.episodes = _keep_first_import_times(converted.episodes, first_imported, created_at)
+
+    materialization, outputs = _publish_import(
+        warehouse, converted, root_key=root_key, run_id=run_id, workers=workers, task=task
+    )
+    _fill_report(report, converted, keep=keep, earlier=earlier, materialization=materialization, outputs=outputs)
+    report.seconds = time.perf_counter() - started
+    if log:
+        log(json.dumps({k: v for k, v in report.__dict__.items() if k != "outputs"}, default=str))
+    return report
+
+
+@dataclass
+class _Converted:
+    """What the workers made of the files, put together: episode and step tables, file and quarantine rows."""
+
+    episodes: pa.Table
+    steps: pa.Table
+    files: list[dict]
+    quarantine: list[dict]
+
+
+def _convert_all(
+    root: Path,
+    rel_paths: list[str],
+    *,
+    created_at: datetime,
+    run_id: str | None,
+    task: str | None,
+    workers: int,
+    chunk_size: int,
+    already: frozenset[str],
+    progress: Callable[[int, int], None] | None,
+) -> list[_Chunk]:
+    """Convert the files chunk by chunk, in this process (``workers <= 1``) or in worker processes."""
     batches = list(_chunks(rel_paths, chunk_size))
     args = ([str(root)] * len(batches), batches, [created_at] * len(batches), [run_id] * len(batches))
     if workers <= 1:
         _init_worker(None, already)
         try:
             results: Iterator[_Chunk] = (_convert_chunk(*a, task) for a in zip(*args, strict=True))
-            chunks = _collect(results, batches, progress, len(rel_paths))
+            return _collect(results, batches, progress, len(rel_paths))
         finally:
-            _init_worker(None, frozenset())
-    else:
-        pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(os.getpid(), already))
-        with pool:
-            results = pool.map(_convert_chunk, *args, [task] * len(batches))
-            chunks = _collect(results, batches, progress, len(rel_paths))
+            _init_worker(None, frozenset())  # a later import in this process must not skip these recordings
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(os.getpid(), already))
+    with pool:
+        results = pool.map(_convert_chunk, *args, [task] * len(batches))
+        return _collect(results, batches, progress, len(rel_paths))
 
-    episodes = pa.Table.from_batches([b for c in chunks for b in c.episodes], schema=EPISODES)
-    steps = pa.Table.from_batches([b for c in chunks for b in c.steps], schema=STEPS)
-    files = [row for c in chunks for row in c.files]
-    quarantine = [row for c in chunks for row in c.quarantine]
 
-    keep = _resolve_duplicates(files, quarantine, earlier)
+def _merge_chunks(chunks: list[_Chunk]) -> _Converted:
+    """Concatenate the chunks' batches into tables and their file and quarantine rows into lists."""
+    return _Converted(
+        episodes=pa.Table.from_batches([b for c in chunks for b in c.episodes], schema=EPISODES),
+        steps=pa.Table.from_batches([b for c in chunks for b in c.steps], schema=STEPS),
+        files=[row for c in chunks for row in c.files],
+        quarantine=[row for c in chunks for row in c.quarantine],
+    )
+
+
+def _keep_imported_rows(converted: _Converted, earlier: dict[str, _Earlier]) -> list[dict]:
+    """Settle duplicates and drop the episode and step rows of files that are duplicates; returns the imported."""
+    files = converted.files
+    keep = _resolve_duplicates(files, converted.quarantine, earlier)
     # Episode and step rows follow the order of the files the workers converted.
-    converted = [row for row in files if row.get("_was_converted")]
-    mask = [row["status"] == "imported" for row in converted]
-    episodes = episodes.filter(pa.array(mask, type=pa.bool_()))
-    steps = steps.filter(
-        pa.array([ok for row, ok in zip(converted, mask, strict=True) for _ in range(row["n_steps"])], type=pa.bool_())
+    was_converted = [row for row in files if row.get("_was_converted")]
+    mask = [row["status"] == "imported" for row in was_converted]
+    converted.episodes = converted.episodes.filter(pa.array(mask, type=pa.bool_()))
+    converted.steps = converted.steps.filter(
+        pa.array(
+            [ok for row, ok in zip(was_converted, mask, strict=True) for _ in range(row["n_steps"])], type=pa.bool_()
+        )
     )
     for row in files:
         row.pop("_was_converted", None)
-    episodes = _keep_first_import_times(episodes, first_imported, created_at)
+    return keep
 
+
+def _publish_import(
+    warehouse: Warehouse, converted: _Converted, *, root_key: str, run_id: str | None, workers: int, task: str | None
+) -> tuple[Materialization, list[TableOutput]]:
+    """Stage the four tables as one new version of the root's dataset and publish them together."""
+    files = converted.files
     materialization = Materialization(
         asset=ASSET_NAME,
         run_id=run_id,
@@ -527,17 +590,30 @@ def import_demonstrations(
     )
     dataset = root_key
     outputs: list[TableOutput] = [
-        warehouse.stage_table("episodes", dataset, episodes, materialization),
-        warehouse.stage_table("steps", dataset, steps, materialization),
+        warehouse.stage_table("episodes", dataset, converted.episodes, materialization),
+        warehouse.stage_table("steps", dataset, converted.steps, materialization),
         warehouse.stage_table(
             "source_files", dataset, pa.Table.from_pylist(files, schema=SOURCE_FILES), materialization
         ),
         warehouse.stage_table(
-            "quarantine", dataset, pa.Table.from_pylist(quarantine, schema=QUARANTINE), materialization
+            "quarantine", dataset, pa.Table.from_pylist(converted.quarantine, schema=QUARANTINE), materialization
         ),
     ]
     warehouse.publish(materialization, outputs)
+    return materialization, outputs
 
+
+def _fill_report(
+    report: ImportReport,
+    converted: _Converted,
+    *,
+    keep: list[dict],
+    earlier: dict[str, _Earlier],
+    materialization: Materialization,
+    outputs: list[TableOutput],
+) -> None:
+    """Record in ``report`` what the import published: counts of files, episodes, steps and problems."""
+    episodes, steps, files, quarantine = converted.episodes, converted.steps, converted.files, converted.quarantine
     report.materialization_id = materialization.materialization_id
     report.outputs = {o.table_name: str(o.path) for o in outputs}
     report.episodes = episodes.num_rows
@@ -558,16 +634,17 @@ def import_demonstrations(
     report.variants = sum(
         TASK_VARIANT_FIELD in json.loads(f) for f in episodes["task_fields"].to_pylist() if f is not None
     )
+    report.quarantine_reasons = _quarantine_reasons(quarantine)
+
+
+def _quarantine_reasons(quarantine: list[dict]) -> dict[str, int]:
+    """How many files were quarantined for each kind of reason (the text before its first colon, digits as N)."""
     reasons: dict[str, int] = {}
     for q in quarantine:
         if q["severity"] == "file":
             key = re.sub(r"\d+", "N", q["reason"].split(":")[0])
             reasons[key] = reasons.get(key, 0) + 1
-    report.quarantine_reasons = reasons
-    report.seconds = time.perf_counter() - started
-    if log:
-        log(json.dumps({k: v for k, v in report.__dict__.items() if k != "outputs"}, default=str))
-    return report
+    return reasons
 
 
 def _resolve_duplicates(files: list[dict], quarantine: list[dict], earlier: dict[str, _Earlier]) -> list[dict]:

@@ -94,3 +94,47 @@ def test_no_module_imports_itself_through_others():
     graph = grimp.build_graph(*PROJECT_PACKAGES, cache_dir=None)
     edges = {m: set(graph.find_modules_directly_imported_by(m)) & graph.modules for m in graph.modules}
     assert import_cycles(edges) == []
+
+
+MAX_STAGE_FUNCTION_LINES = 100
+STAGE_PACKAGES = ("annotation", "training", "envs", "warehouse", "pipelines")
+
+
+def long_functions_without_a_reason(source: str, limit: int = MAX_STAGE_FUNCTION_LINES) -> list[str]:
+    """Functions of ``source`` longer than ``limit`` lines with no ``# long: <why>`` comment in the
+    comment block directly above them (or above their decorators)."""
+    import ast
+
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        if node.end_lineno is None or node.end_lineno - node.lineno + 1 <= limit:
+            continue
+        above = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 2
+        reasons = []
+        while above >= 0 and lines[above].lstrip().startswith("#"):
+            reasons.append(lines[above].lstrip().startswith("# long:"))
+            above -= 1
+        if not any(reasons):
+            found.append(f"{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    return found
+
+
+def test_the_length_rule_sees_long_functions_and_reasons():
+    body = "\n".join(f"    x{i} = {i}" for i in range(120))
+    assert long_functions_without_a_reason(f"def f():\n{body}\n") == ["f (121 lines)"]
+    assert long_functions_without_a_reason(f"# long: a table of cases\ndef f():\n{body}\n") == []
+    assert long_functions_without_a_reason(f"def f():\n{body}\n", limit=200) == []
+
+
+def test_stage_functions_are_short_or_say_why():
+    """A stage function over ~100 lines is split into named steps, or says next to it why not."""
+    found = {
+        str(path.relative_to(REPO_ROOT)): names
+        for package in STAGE_PACKAGES
+        for path in sorted((REPO_ROOT / package).rglob("*.py"))
+        if (names := long_functions_without_a_reason(path.read_text()))
+    }
+    assert not found, found

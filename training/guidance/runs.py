@@ -475,6 +475,30 @@ def _base_outcomes(warehouse: Warehouse, policy_id: str) -> dict[tuple[str, int]
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Evaluation:
+    """What one method's evaluation runs with, every model loaded and every setting checked."""
+
+    plan: list[Setting]
+    proposer: Proposer
+    policy_id: str
+    tasks: list[CatalogTask]
+    verifiers: dict[str, Verifier | None]
+    lineage: list[LineageInput]
+    reflection_client: ChatClient | None
+    seeds: list[int]
+
+
+@dataclass
+class _EvaluationRows:
+    """The rows of the three guidance tables over every setting, and each setting's summary."""
+
+    eval_rows: list[dict] = field(default_factory=list)
+    episode_rows: list[dict] = field(default_factory=list)
+    step_rows: list[dict] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
 def run_guidance_evaluation(
     warehouse: Warehouse,
     method: str,
@@ -487,6 +511,39 @@ def run_guidance_evaluation(
     """Evaluate one method on the held-out seeds (see the module docstring); returns the asset's
     metadata. Every model is loaded and every setting checked before the first rollout."""
     torch.set_num_threads(1)
+    evaluation = _prepare_evaluation(warehouse, method, settings, log)
+    results = _run_plan(evaluation, pool_factory, settings.workers, log)
+    policy_id = evaluation.policy_id
+    base = _base_outcomes(warehouse, policy_id)
+    m = Materialization(
+        asset="guidance_evaluation",
+        run_id=run_id,
+        partition_key=method,
+        code_version=f"{GUIDANCE_CODE_VERSION}+{git_revision()}",
+        parameters={
+            "method": method,
+            "settings": asdict(settings),
+            "policy_id": policy_id,
+            "held_out_seeds": evaluation.seeds,
+        },
+        inputs=evaluation.lineage,
+    )
+    dataset = f"guidance/{policy_id}/{method}"
+    rows = _evaluation_rows(results, method, settings, policy_id, base)
+    records = _publish_evaluation(warehouse, m, dataset, results, rows, run_id)
+    return {
+        "policy_id": policy_id,
+        "method": method,
+        "tasks": [t.task_id for t in evaluation.tasks],
+        "held_out_seeds": len(evaluation.seeds),
+        "episodes": len(records),
+        "settings": rows.summary,
+        "judge_mode": ("endpoint" if settings.endpoint else "local") if method == "judge" else None,
+    }
+
+
+def _prepare_evaluation(warehouse: Warehouse, method: str, settings: GuidanceSettings, log: Log) -> _Evaluation:
+    """Plan the method's settings, load the policy and every verifier, and draw the held-out seeds."""
     plan = plan_settings(method, settings)
     proposer, policy_id, tasks, lineage = load_proposer(warehouse, settings)
     verifiers = build_verifiers(warehouse, settings, plan)
@@ -505,58 +562,78 @@ def run_guidance_evaluation(
         f"guidance {method}: {len(plan)} settings x {len(tasks)} tasks x {len(seeds)} held-out seeds "
         f"with {policy_id}: {', '.join(s.label for s in plan)}"
     )
+    return _Evaluation(plan, proposer, policy_id, tasks, verifiers, lineage, reflection_client, seeds)
+
+
+def _run_plan(evaluation: _Evaluation, pool_factory: PoolFactory, workers: int, log: Log) -> list[SettingResult]:
+    """Run every setting of the plan, in order, through one worker pool."""
     results: list[SettingResult] = []
-    with pool_factory(settings.workers) as pool:
-        for setting in plan:
+    with pool_factory(workers) as pool:
+        for setting in evaluation.plan:
             results.append(
                 run_setting(
                     pool,
                     setting,
-                    proposer,
-                    verifiers[setting.label],
-                    tasks,
-                    seeds,
-                    policy_id=policy_id,
-                    reflection_client=reflection_client,
+                    evaluation.proposer,
+                    evaluation.verifiers[setting.label],
+                    evaluation.tasks,
+                    evaluation.seeds,
+                    policy_id=evaluation.policy_id,
+                    reflection_client=evaluation.reflection_client,
                     log=log,
                 )
             )
-    base = _base_outcomes(warehouse, policy_id)
-    m = Materialization(
-        asset="guidance_evaluation",
-        run_id=run_id,
-        partition_key=method,
-        code_version=f"{GUIDANCE_CODE_VERSION}+{git_revision()}",
-        parameters={"method": method, "settings": asdict(settings), "policy_id": policy_id, "held_out_seeds": seeds},
-        inputs=lineage,
-    )
-    dataset = f"guidance/{policy_id}/{method}"
-    eval_rows: list[dict] = []
-    episode_rows: list[dict] = []
-    step_rows: list[dict] = []
-    summary: dict[str, Any] = {}
+    return results
+
+
+def _evaluation_rows(
+    results: Sequence[SettingResult],
+    method: str,
+    settings: GuidanceSettings,
+    policy_id: str,
+    base: dict[tuple[str, int], bool] | None,
+) -> _EvaluationRows:
+    """Every setting's ``guidance_eval``, ``guidance_episodes`` and ``guidance_steps`` rows, and its summary."""
+    out = _EvaluationRows()
     for result in results:
         episodes, steps = _episode_rows(result, policy_id), _step_rows(result)
         judge_mode = None
         if result.setting.verifier == "judge":
             judge_mode = "endpoint" if settings.endpoint else "local"
+        # The base method is its own baseline; every other method is compared with base's outcomes.
         mine = {(e["task_id"], int(e["seed"])): bool(e["success"]) for e in episodes} if method == "base" else base
         rows = setting_rows(
             _meta(result.setting, policy_id, judge_mode), episodes, steps, mine, max_attempts=result.setting.retries + 1
         )
-        eval_rows += rows
-        episode_rows += episodes
-        step_rows += steps
-        overall = rows[-1]
-        summary[result.setting.label] = {
-            "success_rate": overall["success_rate"],
-            "interval": [overall["success_low"], overall["success_high"]],
-            "delta_vs_base": overall["delta_vs_base"],
-            "ms_per_step": 1000 * overall["seconds_per_step"],
-            "verifier_calls_per_step": overall["verifier_calls_per_step"],
-            "lost": result.lost,
-            **({"pass_at": json.loads(overall["pass_at"])} if overall["pass_at"] else {}),
-        }
+        out.eval_rows += rows
+        out.episode_rows += episodes
+        out.step_rows += steps
+        out.summary[result.setting.label] = _setting_summary(result, rows[-1])
+    return out
+
+
+def _setting_summary(result: SettingResult, overall: Mapping[str, Any]) -> dict[str, Any]:
+    """One setting's entry in the asset's metadata, from its ``all``-tasks ``guidance_eval`` row."""
+    return {
+        "success_rate": overall["success_rate"],
+        "interval": [overall["success_low"], overall["success_high"]],
+        "delta_vs_base": overall["delta_vs_base"],
+        "ms_per_step": 1000 * overall["seconds_per_step"],
+        "verifier_calls_per_step": overall["verifier_calls_per_step"],
+        "lost": result.lost,
+        **({"pass_at": json.loads(overall["pass_at"])} if overall["pass_at"] else {}),
+    }
+
+
+def _publish_evaluation(
+    warehouse: Warehouse,
+    m: Materialization,
+    dataset: str,
+    results: Sequence[SettingResult],
+    rows: _EvaluationRows,
+    run_id: str | None,
+) -> list[EpisodeRecord]:
+    """Publish every setting's episodes, attempts and guidance rows as one version; returns the episodes."""
     records = [r for result in results for r, _ in result.records]
     merged = BatchResult(
         episodes=records,
@@ -571,22 +648,16 @@ def run_guidance_evaluation(
         warehouse.stage_table("episodes", dataset, episodes_table, m),
         warehouse.stage_table("steps", dataset, steps_table, m),
         warehouse.stage_table(ATTEMPTS_TABLE, dataset, merged.attempts_table(run_id), m),
-        warehouse.stage_table("guidance_eval", dataset, pa.Table.from_pylist(eval_rows, schema=GUIDANCE_EVAL), m),
+        warehouse.stage_table("guidance_eval", dataset, pa.Table.from_pylist(rows.eval_rows, schema=GUIDANCE_EVAL), m),
         warehouse.stage_table(
-            "guidance_episodes", dataset, pa.Table.from_pylist(episode_rows, schema=GUIDANCE_EPISODES), m
+            "guidance_episodes", dataset, pa.Table.from_pylist(rows.episode_rows, schema=GUIDANCE_EPISODES), m
         ),
-        warehouse.stage_table("guidance_steps", dataset, pa.Table.from_pylist(step_rows, schema=GUIDANCE_STEPS), m),
+        warehouse.stage_table(
+            "guidance_steps", dataset, pa.Table.from_pylist(rows.step_rows, schema=GUIDANCE_STEPS), m
+        ),
     ]
     warehouse.publish(m, outputs)
-    return {
-        "policy_id": policy_id,
-        "method": method,
-        "tasks": [t.task_id for t in tasks],
-        "held_out_seeds": len(seeds),
-        "episodes": len(records),
-        "settings": summary,
-        "judge_mode": ("endpoint" if settings.endpoint else "local") if method == "judge" else None,
-    }
+    return records
 
 
 # ---------------------------------------------------------------------------------------------

@@ -741,6 +741,16 @@ def prediction_rows(
     return pa.Table.from_pydict(cols, schema=RM_PREDICTIONS)
 
 
+@dataclass
+class _ModelScores:
+    """One model's scores on the held-out and threshold splits, with its latency and batch time."""
+
+    latency: dict[str, float]
+    test: dict[str, np.ndarray]  # the held-out split
+    tune: dict[str, np.ndarray]  # the threshold split (the same dict when it is the held-out one)
+    batch_seconds: float  # scoring the held-out split in batches
+
+
 def run_report(
     warehouse,
     models: Sequence[ModelRecord],
@@ -763,12 +773,7 @@ def run_report(
     from warehouse.tables_training import RM_METRICS
 
     say = log or (lambda msg: None)
-    held_out = load_evaluation_set(warehouse, split, max_trajectories=max_trajectories)
-    tuning = (
-        load_evaluation_set(warehouse, threshold_split, max_trajectories=max_trajectories)
-        if threshold_split != split
-        else held_out
-    )
+    held_out, tuning = _load_report_sets(warehouse, split, threshold_split, max_trajectories)
     say(f"report: {len(held_out.trajectories)} {split} and {len(tuning.trajectories)} {threshold_split} trajectories")
     metrics: dict[str, dict[str, dict[str, float]]] = {}
     scores_by_kind: dict[str, dict[str, np.ndarray]] = {}
@@ -778,45 +783,120 @@ def run_report(
         scorer = RewardScorer.from_checkpoint(model.checkpoint_path)
         if cache_home is not None:  # the segments training already encoded (frozen mode)
             scorer.load_home_cache(cache_home)
-        # latency first: one state per call in trajectory order, as an RL loop calls it
-        latency_states = [s for t in held_out.trajectories for s in trajectory_states(model.kind, t)][:latency_calls]
-        latency = measure_latency(scorer, latency_states)
-        t0 = time.perf_counter()
-        test_scores = predict_trajectories(scorer, held_out.trajectories)
-        batch_seconds = time.perf_counter() - t0
-        tune_scores = predict_trajectories(scorer, tuning.trajectories) if tuning is not held_out else test_scores
-        ids, success = tuning.final_success()
-        threshold = choose_threshold([tune_scores[e][-1] for e in ids], success) if ids else 0.5
-        thresholds[model.kind] = threshold
-        n_steps = sum(len(t) for t in held_out.trajectories)
-        metrics[model.kind] = {
-            split: evaluate_scores(model.kind, test_scores, held_out, threshold=threshold)
-            | latency
-            | {"batch_steps_per_second": n_steps / batch_seconds if batch_seconds else float("nan")},
-            threshold_split: evaluate_scores(model.kind, tune_scores, tuning, threshold=threshold),
-        }
-        if threshold_split != split:
-            metrics[model.kind][f"{split}@0.5"] = success_judgement(
-                [test_scores[e][-1] for e in held_out.final_success()[0]], held_out.final_success()[1], 0.5
-            )
-        scores_by_kind[model.kind] = test_scores
-        prediction_tables.append(prediction_rows(model, split, test_scores, held_out, run_id))
-        if tuning is not held_out:
-            prediction_tables.append(prediction_rows(model, threshold_split, tune_scores, tuning, run_id))
-        m = metrics[model.kind][split]
-        say(
-            f"report: {model.kind}: acc {m.get('accuracy', float('nan')):.2f}% key-step err "
-            f"{m.get('key_step_progress_error', float('nan')):.3f} p50 {latency['latency_ms_p50']:.1f} ms"
+        scores = _score_model(scorer, model.kind, held_out, tuning, latency_calls)
+        thresholds[model.kind] = _success_threshold(scores.tune, tuning)
+        metrics[model.kind] = _model_metrics(
+            model.kind, scores, held_out, tuning, thresholds[model.kind], split=split, threshold_split=threshold_split
         )
+        scores_by_kind[model.kind] = scores.test
+        prediction_tables.append(prediction_rows(model, split, scores.test, held_out, run_id))
+        if tuning is not held_out:
+            prediction_tables.append(prediction_rows(model, threshold_split, scores.tune, tuning, run_id))
+        say(_model_progress_line(model.kind, metrics[model.kind][split], scores.latency))
 
     if "orm" in scores_by_kind:  # ProgRM Table 2's comparison, paired: same trajectories, same outcomes
-        ids, success = held_out.final_success()
-        orm_finals = [scores_by_kind["orm"][e][-1] for e in ids]
-        for kind in scores_by_kind.keys() - {"orm"}:
-            paired = paired_success_comparison(
-                [scores_by_kind[kind][e][-1] for e in ids], thresholds[kind], orm_finals, thresholds["orm"], success
-            )
-            metrics[kind][split].update({f"{name}_vs_orm": value for name, value in paired.items()})
+        _add_orm_comparison(metrics, scores_by_kind, thresholds, held_out, split)
+    metric_cols = _metric_columns(metrics, models, run_id)
+    plots = _draw_report_plots(scores_by_kind, held_out, plots_dir)
+    markdown = _report_markdown({k: v[split] for k, v in metrics.items()}, [m.kind for m in models], split)
+    predictions = pa.concat_tables(prediction_tables) if prediction_tables else None
+    return ReportResult(
+        metrics=metrics,
+        predictions=predictions,
+        metric_rows=pa.Table.from_pydict(metric_cols, schema=RM_METRICS),
+        markdown=markdown,
+        plots=plots,
+        thresholds=thresholds,
+        n_trajectories={split: len(held_out.trajectories), threshold_split: len(tuning.trajectories)},
+    )
+
+
+def _load_report_sets(
+    warehouse, split: str, threshold_split: str, max_trajectories: int | None
+) -> tuple[EvaluationSet, EvaluationSet]:
+    """Load the held-out split and the threshold split (the same set when they are one split)."""
+    held_out = load_evaluation_set(warehouse, split, max_trajectories=max_trajectories)
+    tuning = (
+        load_evaluation_set(warehouse, threshold_split, max_trajectories=max_trajectories)
+        if threshold_split != split
+        else held_out
+    )
+    return held_out, tuning
+
+
+def _score_model(scorer, kind: str, held_out: EvaluationSet, tuning: EvaluationSet, latency_calls: int) -> _ModelScores:
+    """Time the scorer one state per call, then score the held-out and threshold splits in batches."""
+    # latency first: one state per call in trajectory order, as an RL loop calls it
+    latency_states = [s for t in held_out.trajectories for s in trajectory_states(kind, t)][:latency_calls]
+    latency = measure_latency(scorer, latency_states)
+    t0 = time.perf_counter()
+    test_scores = predict_trajectories(scorer, held_out.trajectories)
+    batch_seconds = time.perf_counter() - t0
+    tune_scores = predict_trajectories(scorer, tuning.trajectories) if tuning is not held_out else test_scores
+    return _ModelScores(latency, test_scores, tune_scores, batch_seconds)
+
+
+def _success_threshold(tune_scores: Mapping[str, np.ndarray], tuning: EvaluationSet) -> float:
+    """The final-step score threshold chosen on the threshold split (0.5 without outcomes there)."""
+    ids, success = tuning.final_success()
+    return choose_threshold([tune_scores[e][-1] for e in ids], success) if ids else 0.5
+
+
+def _model_metrics(
+    kind: str,
+    scores: _ModelScores,
+    held_out: EvaluationSet,
+    tuning: EvaluationSet,
+    threshold: float,
+    *,
+    split: str,
+    threshold_split: str,
+) -> dict[str, dict[str, float]]:
+    """One model's metrics by split: with latency and throughput on the held-out one, and at 0.5 there too."""
+    n_steps = sum(len(t) for t in held_out.trajectories)
+    metrics = {
+        split: evaluate_scores(kind, scores.test, held_out, threshold=threshold)
+        | scores.latency
+        | {"batch_steps_per_second": n_steps / scores.batch_seconds if scores.batch_seconds else float("nan")},
+        threshold_split: evaluate_scores(kind, scores.tune, tuning, threshold=threshold),
+    }
+    if threshold_split != split:
+        metrics[f"{split}@0.5"] = success_judgement(
+            [scores.test[e][-1] for e in held_out.final_success()[0]], held_out.final_success()[1], 0.5
+        )
+    return metrics
+
+
+def _model_progress_line(kind: str, m: Mapping[str, float], latency: Mapping[str, float]) -> str:
+    """The progress log line of one evaluated model: accuracy, key-step error and median latency."""
+    return (
+        f"report: {kind}: acc {m.get('accuracy', float('nan')):.2f}% key-step err "
+        f"{m.get('key_step_progress_error', float('nan')):.3f} p50 {latency['latency_ms_p50']:.1f} ms"
+    )
+
+
+def _add_orm_comparison(
+    metrics: dict[str, dict[str, dict[str, float]]],
+    scores_by_kind: Mapping[str, Mapping[str, np.ndarray]],
+    thresholds: Mapping[str, float],
+    held_out: EvaluationSet,
+    split: str,
+) -> None:
+    """Add each other model's success judgement paired with the ORM's to its held-out metrics."""
+    ids, success = held_out.final_success()
+    orm_finals = [scores_by_kind["orm"][e][-1] for e in ids]
+    for kind in scores_by_kind.keys() - {"orm"}:
+        paired = paired_success_comparison(
+            [scores_by_kind[kind][e][-1] for e in ids], thresholds[kind], orm_finals, thresholds["orm"], success
+        )
+        metrics[kind][split].update({f"{name}_vs_orm": value for name, value in paired.items()})
+
+
+def _metric_columns(
+    metrics: Mapping[str, Mapping[str, Mapping[str, float]]], models: Sequence[ModelRecord], run_id: str | None
+) -> dict[str, list]:
+    """The ``rm_metrics`` columns: one row per model, split and metric."""
+    from warehouse.tables_training import RM_METRICS
 
     metric_cols: dict[str, list] = {name: [] for name in RM_METRICS.names}
     model_ids = {m.kind: m.model_id for m in models}
@@ -829,18 +909,28 @@ def run_report(
                 metric_cols["metric"].append(metric)
                 metric_cols["value"].append(float(value) if value is not None else None)
                 metric_cols["report_run_id"].append(run_id)
-    plots = {}
+    return metric_cols
+
+
+def _draw_report_plots(
+    scores_by_kind: Mapping[str, Mapping[str, np.ndarray]], held_out: EvaluationSet, plots_dir: Path
+) -> dict[str, Path]:
+    """Draw the sample progress curves and the calibration plot (none without models)."""
+    plots: dict[str, Path] = {}
     if scores_by_kind:
         samples = pick_sample_trajectories(held_out)
         plots["progress_curves"] = plot_progress_curves(
             samples, scores_by_kind, held_out, plots_dir / "progress_curves.png"
         )
         plots["calibration"] = plot_calibration(scores_by_kind, held_out, plots_dir / "calibration.png")
-    kinds = [m.kind for m in models]
-    test_metrics = {k: v[split] for k, v in metrics.items()}
+    return plots
+
+
+def _report_markdown(test_metrics: Mapping[str, Mapping[str, float]], kinds: list[str], split: str) -> str:
+    """The report's Markdown tables of the held-out metrics (ProgRM Tables 2 and 3, paired, step judgement)."""
     outcome_kinds = [k for k in ("orm", "progrm_lcs", "progrm_env") if k in kinds]
     judge_kinds = [k for k in kinds if k not in ("orm", "progrm_lcs", "progrm_env")]
-    markdown = (
+    return (
         f"### Success judgement at the final step ({split}; ProgRM Table 2, % of trajectories)\n\n"
         + markdown_table(test_metrics, TABLE2_COLUMNS + (("threshold", "threshold"),), outcome_kinds + judge_kinds)
         + f"\n\n### Progress estimation and latency ({split}; ProgRM Table 3)\n\n"
@@ -857,14 +947,4 @@ def run_report(
         )
         + f"\n\n### Step judgement against step labels ({split})\n\n"
         + markdown_table(test_metrics, STEP_COLUMNS, kinds)
-    )
-    predictions = pa.concat_tables(prediction_tables) if prediction_tables else None
-    return ReportResult(
-        metrics=metrics,
-        predictions=predictions,
-        metric_rows=pa.Table.from_pydict(metric_cols, schema=RM_METRICS),
-        markdown=markdown,
-        plots=plots,
-        thresholds=thresholds,
-        n_trajectories={split: len(held_out.trajectories), threshold_split: len(tuning.trajectories)},
     )

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from training.reward_models.kinds import KINDS, SPLITS, RewardModelKind, Verdict, kind_spec
+from training.reward_models.kinds import KINDS, SPLITS, KindSpec, RewardModelKind, Verdict, kind_spec
 from training.reward_models.labels import GUIDNAV_REWARD, derive_step_verdicts, outcome_anchored_progress, sampled_steps
 from training.reward_models.prompts import (
     CANDIDATE_BULLET,
@@ -108,6 +108,52 @@ def fallback_sources(kind: str, options: DatasetOptions) -> tuple[str, ...]:
     return ("lcs", "outcome") if kind_spec(kind).label_source == "env" else ("outcome",)
 
 
+@dataclass
+class _ExampleRows:
+    """The ``rm_examples`` columns of one kind being filled, and the stats of what went in."""
+
+    kind: str
+    options: DatasetOptions
+    count_tokens: TokenCounter
+    stats: DatasetStats
+    rows: dict[str, list] = field(default_factory=lambda: {name: [] for name in RM_EXAMPLES.names})
+
+    def add(
+        self,
+        traj: TextTrajectory,
+        info: SplitInfo,
+        t: int,
+        state: StepState,
+        label: float,
+        source: str,
+        version: str | None,
+        key: bool | None,
+    ) -> None:
+        """Append one example, its prompt rendered, and count its label source and version."""
+        rows = self.rows
+        rows["example_id"].append(f"{self.kind}:{traj.episode_id}:{t}")
+        rows["kind"].append(self.kind)
+        rows["split"].append(info.split)
+        rows["episode_id"].append(traj.episode_id)
+        rows["task_id"].append(traj.task_id)
+        rows["goal_key"].append(info.goal_key)
+        rows["step_idx"].append(t)
+        rows["n_steps"].append(len(traj))
+        rows["instruction"].append(state.instruction)
+        rows["history"].append(list(state.history))
+        rows["screen_lines"].append(list(state.screen_lines))
+        rows["action"].append(state.action)
+        rows["prompt"].append(render_prompt(self.kind, state, self.options.prompt_budget, self.count_tokens))
+        rows["label"].append(float(label))
+        rows["label_source"].append(source)
+        rows["label_version"].append(version)
+        rows["is_key_step"].append(key)
+        rows["episode_success"].append(traj.success)
+        self.stats.label_sources[source] += 1
+        if version:
+            self.stats.label_versions.add(version)
+
+
 def build_examples(
     kind: str,
     trajectories: Mapping[str, TextTrajectory],
@@ -126,143 +172,163 @@ def build_examples(
     """
     spec = kind_spec(kind)
     human_verdicts = human_verdicts or {}
-    stats = DatasetStats(kind)
-    rows: dict[str, list] = {name: [] for name in RM_EXAMPLES.names}
-
-    def add(
-        traj: TextTrajectory,
-        info: SplitInfo,
-        t: int,
-        state: StepState,
-        label: float,
-        source: str,
-        version: str | None,
-        key: bool | None,
-    ) -> None:
-        rows["example_id"].append(f"{kind}:{traj.episode_id}:{t}")
-        rows["kind"].append(kind)
-        rows["split"].append(info.split)
-        rows["episode_id"].append(traj.episode_id)
-        rows["task_id"].append(traj.task_id)
-        rows["goal_key"].append(info.goal_key)
-        rows["step_idx"].append(t)
-        rows["n_steps"].append(len(traj))
-        rows["instruction"].append(state.instruction)
-        rows["history"].append(list(state.history))
-        rows["screen_lines"].append(list(state.screen_lines))
-        rows["action"].append(state.action)
-        rows["prompt"].append(render_prompt(kind, state, options.prompt_budget, count_tokens))
-        rows["label"].append(float(label))
-        rows["label_source"].append(source)
-        rows["label_version"].append(version)
-        rows["is_key_step"].append(key)
-        rows["episode_success"].append(traj.success)
-        stats.label_sources[source] += 1
-        if version:
-            stats.label_versions.add(version)
-
+    out = _ExampleRows(kind, options, count_tokens, DatasetStats(kind))
     derived_source = "lcs" if options.derived_from == "lcs" else "env"
     derived_name = f"derived:{derived_source}" + (f":{options.lcs_method}" if derived_source == "lcs" else "")
     for episode_id in sorted(trajectories):
         traj = trajectories[episode_id]
         info = splits.get(episode_id)
         if info is None:
-            stats.dropped["no split"] += 1
-            continue
-        if not traj.steps:
-            stats.dropped["no steps"] += 1
-            continue
-        n = len(traj)
-        if spec.target == "outcome":
-            if traj.success is None:
-                stats.dropped["no outcome"] += 1
-                continue
-            add(traj, info, n - 1, progress_state(traj, n - 1), float(traj.success), "outcome", None, None)
-            continue
-        if spec.target == "progress":
-            source = spec.label_source or "lcs"
-            labels = progress_labels.get(source, {}).get(episode_id)
-            if labels is not None and len(labels.progress) != n:
-                stats.dropped[f"{source} labels length mismatch"] += 1
-                continue
-            if labels is None and traj.success is not None:
-                for fallback in fallback_sources(kind, options):
-                    if fallback == "outcome":  # the one milestone every task has
-                        progress = outcome_anchored_progress(np.zeros(n), bool(traj.success))
-                        labels = EpisodeLabels(
-                            tuple(float(v) for v in progress), tuple(bool(v > 0) for v in progress), None
-                        )
-                    else:
-                        labels = progress_labels.get(fallback, {}).get(episode_id)
-                        labels = labels if labels is not None and len(labels.progress) == n else None
-                    if labels is not None:
-                        source = fallback
-                        break
-            if labels is None:
-                stats.dropped[f"no {spec.label_source or 'lcs'} labels"] += 1
-                continue
-            name = {"lcs": f"lcs:{options.lcs_method}", "outcome": "outcome"}.get(source, source)
-            if source != "outcome" and options.anchor_outcome and traj.success is not None:
-                labels = EpisodeLabels(
-                    tuple(float(v) for v in outcome_anchored_progress(labels.progress, traj.success)),
-                    labels.is_key_step,
-                    labels.label_version,
-                )
-                name += "+outcome"
-            keep: Sequence[int]
-            if not options.sample_failed_steps:
-                keep = range(n)
-            elif info.sampled is not None:  # the split's own choice of steps (App. C balancing)
-                keep = sorted(t for t in set(info.sampled) if 0 <= t < n)
-            elif traj.success is False:
-                keep = sampled_steps(episode_id, n, info.n_steps_sampled)
-            else:
-                keep = range(n)
-            stats.dropped["failed steps not sampled (App. C)"] += n - len(keep)
-            for t in keep:
-                add(
-                    traj,
-                    info,
-                    t,
-                    progress_state(traj, t),
-                    labels.progress[t],
-                    name,
-                    labels.label_version,
-                    labels.is_key_step[t],
-                )
-            continue
-        # step judges: human verdicts where present, derived verdicts otherwise
-        derived_labels = progress_labels.get(derived_source, {}).get(episode_id)
-        derived: list[Verdict] | None = None
-        if derived_labels is not None and len(derived_labels.progress) == n and traj.success is not None:
-            derived = derive_step_verdicts(derived_labels.progress, traj.success)
-        for t in range(n):
-            human = human_verdicts.get((episode_id, t))
-            version: str | None
-            if human is not None:  # a person looked at the step; if they were unsure, so are we
-                verdict, source, version = human[0], "human", "human_labels"
-            elif derived is not None and derived_labels is not None:
-                verdict, source, version = derived[t], derived_name, derived_labels.label_version
-            else:
-                stats.dropped["no step label"] += 1
-                continue
-            if spec.target == "step_correctness":
-                if verdict == "unsure":
-                    stats.dropped[f"unsure ({source.split(':')[0]})"] += 1
-                    continue
-                label = 1.0 if verdict == "positive" else 0.0
-            else:
-                label = GUIDNAV_REWARD[verdict]
-            key = derived_labels.is_key_step[t] if derived is not None and derived_labels is not None else None
-            add(traj, info, t, action_state(traj, t), label, source, version, key)
+            out.stats.dropped["no split"] += 1
+        elif not traj.steps:
+            out.stats.dropped["no steps"] += 1
+        elif spec.target == "outcome":
+            _add_outcome_example(out, traj, info)
+        elif spec.target == "progress":
+            _add_progress_examples(out, spec, episode_id, traj, info, progress_labels)
+        else:  # step judges: human verdicts where present, derived verdicts otherwise
+            derived_labels = progress_labels.get(derived_source, {}).get(episode_id)
+            _add_step_judge_examples(
+                out, spec.target, episode_id, traj, info, derived_labels, derived_name, human_verdicts
+            )
 
-    table = pa.Table.from_pydict(rows, schema=RM_EXAMPLES)
+    table = pa.Table.from_pydict(out.rows, schema=RM_EXAMPLES)
+    _count_examples_by_split(out.stats, out.rows)
+    return table, out.stats
+
+
+def _add_outcome_example(out: _ExampleRows, traj: TextTrajectory, info: SplitInfo) -> None:
+    """An outcome kind's one example per episode: the final state, labelled with the outcome."""
+    if traj.success is None:
+        out.stats.dropped["no outcome"] += 1
+        return
+    n = len(traj)
+    out.add(traj, info, n - 1, progress_state(traj, n - 1), float(traj.success), "outcome", None, None)
+
+
+def _add_progress_examples(
+    out: _ExampleRows,
+    spec: KindSpec,
+    episode_id: str,
+    traj: TextTrajectory,
+    info: SplitInfo,
+    progress_labels: Mapping[str, Mapping[str, EpisodeLabels]],
+) -> None:
+    """A progress kind's examples: the kept steps of an episode, labelled with its progress."""
+    n = len(traj)
+    found = _episode_progress_labels(out, spec, episode_id, traj, progress_labels)
+    if found is None:
+        return
+    labels, source = found
+    name = {"lcs": f"lcs:{out.options.lcs_method}", "outcome": "outcome"}.get(source, source)
+    if source != "outcome" and out.options.anchor_outcome and traj.success is not None:
+        labels = EpisodeLabels(
+            tuple(float(v) for v in outcome_anchored_progress(labels.progress, traj.success)),
+            labels.is_key_step,
+            labels.label_version,
+        )
+        name += "+outcome"
+    keep = _kept_steps(episode_id, traj, info, out.options)
+    out.stats.dropped["failed steps not sampled (App. C)"] += n - len(keep)
+    for t in keep:
+        out.add(
+            traj,
+            info,
+            t,
+            progress_state(traj, t),
+            labels.progress[t],
+            name,
+            labels.label_version,
+            labels.is_key_step[t],
+        )
+
+
+def _episode_progress_labels(
+    out: _ExampleRows,
+    spec: KindSpec,
+    episode_id: str,
+    traj: TextTrajectory,
+    progress_labels: Mapping[str, Mapping[str, EpisodeLabels]],
+) -> tuple[EpisodeLabels, str] | None:
+    """An episode's progress labels and their source (the kind's own, else a fallback); None if dropped."""
+    n = len(traj)
+    source = spec.label_source or "lcs"
+    labels = progress_labels.get(source, {}).get(episode_id)
+    if labels is not None and len(labels.progress) != n:
+        out.stats.dropped[f"{source} labels length mismatch"] += 1
+        return None
+    if labels is None and traj.success is not None:
+        for fallback in fallback_sources(out.kind, out.options):
+            if fallback == "outcome":  # the one milestone every task has
+                progress = outcome_anchored_progress(np.zeros(n), bool(traj.success))
+                labels = EpisodeLabels(tuple(float(v) for v in progress), tuple(bool(v > 0) for v in progress), None)
+            else:
+                labels = progress_labels.get(fallback, {}).get(episode_id)
+                labels = labels if labels is not None and len(labels.progress) == n else None
+            if labels is not None:
+                source = fallback
+                break
+    if labels is None:
+        out.stats.dropped[f"no {spec.label_source or 'lcs'} labels"] += 1
+        return None
+    return labels, source
+
+
+def _kept_steps(episode_id: str, traj: TextTrajectory, info: SplitInfo, options: DatasetOptions) -> Sequence[int]:
+    """The steps of an episode that become examples: all, or a failed episode's sample (App. C)."""
+    n = len(traj)
+    if not options.sample_failed_steps:
+        return range(n)
+    if info.sampled is not None:  # the split's own choice of steps (App. C balancing)
+        return sorted(t for t in set(info.sampled) if 0 <= t < n)
+    if traj.success is False:
+        return sampled_steps(episode_id, n, info.n_steps_sampled)
+    return range(n)
+
+
+def _add_step_judge_examples(
+    out: _ExampleRows,
+    target: str,
+    episode_id: str,
+    traj: TextTrajectory,
+    info: SplitInfo,
+    derived_labels: EpisodeLabels | None,
+    derived_name: str,
+    human_verdicts: Mapping[tuple[str, int], tuple[Verdict, int]],
+) -> None:
+    """A step judge's examples: each step with a human verdict, else one derived from progress labels."""
+    n = len(traj)
+    derived: list[Verdict] | None = None
+    if derived_labels is not None and len(derived_labels.progress) == n and traj.success is not None:
+        derived = derive_step_verdicts(derived_labels.progress, traj.success)
+    for t in range(n):
+        human = human_verdicts.get((episode_id, t))
+        version: str | None
+        if human is not None:  # a person looked at the step; if they were unsure, so are we
+            verdict, source, version = human[0], "human", "human_labels"
+        elif derived is not None and derived_labels is not None:
+            verdict, source, version = derived[t], derived_name, derived_labels.label_version
+        else:
+            out.stats.dropped["no step label"] += 1
+            continue
+        if target == "step_correctness":
+            if verdict == "unsure":
+                out.stats.dropped[f"unsure ({source.split(':')[0]})"] += 1
+                continue
+            label = 1.0 if verdict == "positive" else 0.0
+        else:
+            label = GUIDNAV_REWARD[verdict]
+        key = derived_labels.is_key_step[t] if derived is not None and derived_labels is not None else None
+        out.add(traj, info, t, action_state(traj, t), label, source, version, key)
+
+
+def _count_examples_by_split(stats: DatasetStats, rows: Mapping[str, list]) -> None:
+    """Record each split's number of examples and, where it has any, their mean label."""
     for split in SPLITS:
         split_labels = [lab for lab, s in zip(rows["label"], rows["split"], strict=True) if s == split]
         stats.examples_by_split[split] = len(split_labels)
         if split_labels:
             stats.label_mean_by_split[split] = float(np.mean(split_labels))
-    return table, stats
 
 
 def trl_stepwise_rows(

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("training.reward_models.train")
 
-REPO_TRAINING_DIR = Path(__file__).resolve().parent
+REPO_TRAINING_DIR = Path(__file__).resolve().parents[1]  # training/, where the DeepSpeed configs are
 DS_ZERO2 = REPO_TRAINING_DIR / "ds_zero2.json"
 DS_ZERO2_CPU = REPO_TRAINING_DIR / "ds_zero2_cpu.json"
 SUMMARY_FILE = "training_summary.json"
@@ -457,14 +457,97 @@ def default_embedding_cache_dir(encoder_fingerprint: str, home: str | None = Non
     return segment_cache_dir(Path(home) if home else stepwise_home(), encoder_fingerprint)
 
 
+@dataclass
+class _SplitExamples:
+    """The train and validation states and labels of one kind, and the label versions they carry."""
+
+    train_states: list[StepState]
+    train_labels: np.ndarray
+    eval_states: list[StepState]
+    eval_labels: np.ndarray
+    label_versions: list[str]
+
+
+@dataclass
+class _ModelSetup:
+    """The model to train, the collators of both splits, and what building them took."""
+
+    model: RewardModel
+    train_collator: SegmentCollator | PromptCollator
+    eval_collator: SegmentCollator | PromptCollator
+    tokenizer: object | None = None  # full mode only: exported with the model
+    encode_seconds: float = 0.0  # frozen_segments mode: time spent encoding segments
+
+
+#: The TrainingArguments recorded in the training summary.
+_SUMMARY_TRAINING_ARGUMENTS = (
+    "learning_rate",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "max_steps",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "adam_beta1",
+    "adam_beta2",
+    "weight_decay",
+    "bf16",
+    "seed",
+    "save_steps",
+)
+
+
 def train_reward_model(model_config: RewardModelConfig, data: DataArguments, args) -> dict:
     """Train one reward model and export it; returns the summary also written to
     ``<output_dir>/training_summary.json``."""
-    from transformers import Trainer
-
     torch.set_num_threads(max(1, data.threads))
     started = time.time()
     kind = model_config.kind
+    examples = _read_split_examples(data, kind)
+    if model_config.encoder_mode == "frozen_segments":
+        setup = _frozen_segments_setup(model_config, data, examples)
+    else:
+        setup = _full_model_setup(model_config, args, examples)
+    _settle_epochs_and_evaluation(args, data, kind, examples)
+    trainer = _make_trainer(setup, examples, data, args)
+    resume_from, finished = _resume_point(data, args)
+    t0 = time.time()
+    result = trainer.train(resume_from_checkpoint=resume_from)
+    train_seconds = time.time() - t0
+    metrics = _final_eval_metrics(trainer) if len(examples.eval_states) else {}
+    export_dir = Path(data.export_dir or Path(args.output_dir) / "final")
+    summary = _training_summary(
+        model_config,
+        data,
+        args,
+        trainer,
+        result,
+        examples,
+        metrics=metrics,
+        export_dir=export_dir,
+        resume_from=resume_from,
+        finished=finished,
+        started=started,
+        encode_seconds=setup.encode_seconds,
+        train_seconds=train_seconds,
+    )
+    if trainer.is_world_process_zero():
+        _export(trainer, setup, export_dir, summary, args.output_dir)
+    log.info(
+        "trained %s: %d of %d steps in %.0fs (%s); exported step %d, validation %s",
+        kind,
+        summary["global_steps"],
+        summary["max_steps"],
+        train_seconds,
+        "stopped early" if summary["stopped_early"] else "ran to the end",
+        summary["exported_step"],
+        summary["validation_metrics"],
+    )
+    return summary
+
+
+def _read_split_examples(data: DataArguments, kind: str) -> _SplitExamples:
+    """Read the kind's examples and turn its train and validation rows into states and labels."""
     table = read_examples(data, kind)
     train_table = split_table(table, "train", data.max_train_examples)
     eval_table = split_table(table, "validation", data.max_eval_examples)
@@ -475,44 +558,77 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
     label_versions = sorted({v for v in table["label_version"].to_pylist() if v})
     del table, train_table, eval_table  # the states hold what is needed
     log.info("%s: %d train / %d validation examples", kind, len(train_states), len(eval_states))
+    return _SplitExamples(train_states, train_labels, eval_states, eval_labels, label_versions)
 
-    encode_seconds = 0.0
-    train_collator: SegmentCollator | PromptCollator
-    eval_collator: SegmentCollator | PromptCollator
-    if model_config.encoder_mode == "frozen_segments":
-        encoder = SegmentEncoder(model_config)
-        cache = EmbeddingCache(encoder, max_entries=10**8)
-        cache_dir = (
-            Path(data.embedding_cache_dir)
-            if data.embedding_cache_dir
-            else default_embedding_cache_dir(encoder.fingerprint, data.home)
+
+def _frozen_segments_setup(
+    model_config: RewardModelConfig, data: DataArguments, examples: _SplitExamples
+) -> _ModelSetup:
+    """Encode every state's segments through the shared embedding cache and build the model over them."""
+    encoder = SegmentEncoder(model_config)
+    cache = EmbeddingCache(encoder, max_entries=10**8)
+    cache_dir = (
+        Path(data.embedding_cache_dir)
+        if data.embedding_cache_dir
+        else default_embedding_cache_dir(encoder.fingerprint, data.home)
+    )
+    loaded = cache.load(cache_dir)
+    t0 = time.time()
+    train_features = _features_with_progress(examples.train_states, cache, model_config, "train")
+    eval_features = _features_with_progress(examples.eval_states, cache, model_config, "validation")
+    encode_seconds = time.time() - t0
+    log.info("segment cache: %d loaded, %d encoded in %.1fs", loaded, cache.misses, encode_seconds)
+    if cache.misses and int(os.environ.get("RANK", "0")) == 0:
+        cache.save(cache_dir)
+    matrix = torch.from_numpy(cache.matrix.copy())
+    model = build_reward_model(model_config, input_dim=encoder.hidden_size)
+    return _ModelSetup(
+        model,
+        SegmentCollator(train_features, examples.train_labels, matrix),
+        SegmentCollator(eval_features, examples.eval_labels, matrix),
+        encode_seconds=encode_seconds,
+    )
+
+
+def _full_model_setup(model_config: RewardModelConfig, args, examples: _SplitExamples) -> _ModelSetup:
+    """Load the tokenizer and the whole backbone, trained on the kind's tokenized prompts."""
+    tokenizer = load_tokenizer(model_config.backbone)
+    # Under DeepSpeed bf16 the weights may load in bf16 (DeepSpeed keeps fp32 master weights in
+    # its partitioned optimizer); without it, fp32 weights and the Trainer's bf16 autocast.
+    dtype = torch.bfloat16 if (args.bf16 and args.deepspeed) else None
+    model = build_reward_model(model_config, torch_dtype=dtype)
+    return _ModelSetup(
+        model,
+        PromptCollator(examples.train_states, examples.train_labels, tokenizer, model_config),
+        PromptCollator(examples.eval_states, examples.eval_labels, tokenizer, model_config),
+        tokenizer=tokenizer,
+    )
+
+
+def _settle_epochs_and_evaluation(args, data: DataArguments, kind: str, examples: _SplitExamples) -> None:
+    """Raise the epochs to reach ``--min_optimizer_steps``, and turn evaluation off without validation data."""
+    epochs = epochs_for_min_steps(len(examples.train_states), args, data.min_optimizer_steps)
+    if epochs > args.num_train_epochs:
+        log.info(
+            "%s: %g epochs instead of %g, to reach %d optimizer steps",
+            kind,
+            epochs,
+            args.num_train_epochs,
+            data.min_optimizer_steps,
         )
-        loaded = cache.load(cache_dir)
-        t0 = time.time()
-        train_features = _features_with_progress(train_states, cache, model_config, "train")
-        eval_features = _features_with_progress(eval_states, cache, model_config, "validation")
-        encode_seconds = time.time() - t0
-        log.info("segment cache: %d loaded, %d encoded in %.1fs", loaded, cache.misses, encode_seconds)
-        if cache.misses and int(os.environ.get("RANK", "0")) == 0:
-            cache.save(cache_dir)
-        matrix = torch.from_numpy(cache.matrix.copy())
-        model: RewardModel = build_reward_model(model_config, input_dim=encoder.hidden_size)
-        train_collator = SegmentCollator(train_features, train_labels, matrix)
-        eval_collator = SegmentCollator(eval_features, eval_labels, matrix)
-        tokenizer = None
-    else:
-        tokenizer = load_tokenizer(model_config.backbone)
-        # Under DeepSpeed bf16 the weights may load in bf16 (DeepSpeed keeps fp32 master weights in
-        # its partitioned optimizer); without it, fp32 weights and the Trainer's bf16 autocast.
-        dtype = torch.bfloat16 if (args.bf16 and args.deepspeed) else None
-        model = build_reward_model(model_config, torch_dtype=dtype)
-        train_collator = PromptCollator(train_states, train_labels, tokenizer, model_config)
-        eval_collator = PromptCollator(eval_states, eval_labels, tokenizer, model_config)
+        args.num_train_epochs = epochs
+    if not len(examples.eval_states):
+        args.eval_strategy = "no"
+        args.load_best_model_at_end = False
 
-    collator = SplitCollator(train=train_collator, validation=eval_collator)
-    lengths = _example_lengths(train_collator, len(train_states))
 
-    eval_order = np.argsort(_example_lengths(eval_collator, len(eval_states)), kind="stable").tolist()
+def _make_trainer(setup: _ModelSetup, examples: _SplitExamples, data: DataArguments, args):
+    """A Trainer over both splits, batching by length, with early stopping when asked for."""
+    from transformers import Trainer
+
+    n_train, n_eval = len(examples.train_states), len(examples.eval_states)
+    lengths = _example_lengths(setup.train_collator, n_train)
+    eval_order = np.argsort(_example_lengths(setup.eval_collator, n_eval), kind="stable").tolist()
 
     class RewardTrainer(Trainer):
         def _get_train_sampler(self, *args, **kwargs):
@@ -526,34 +642,25 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
                 return eval_order
             return super()._get_eval_sampler(eval_dataset)
 
-    epochs = epochs_for_min_steps(len(train_states), args, data.min_optimizer_steps)
-    if epochs > args.num_train_epochs:
-        log.info(
-            "%s: %g epochs instead of %g, to reach %d optimizer steps",
-            kind,
-            epochs,
-            args.num_train_epochs,
-            data.min_optimizer_steps,
-        )
-        args.num_train_epochs = epochs
-    if not len(eval_states):
-        args.eval_strategy = "no"
-        args.load_best_model_at_end = False
     callbacks: list[TrainerCallback] = []
     if args.load_best_model_at_end and data.early_stopping_patience > 0:
         from transformers import EarlyStoppingCallback
 
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=data.early_stopping_patience))
-    trainer = RewardTrainer(
-        model=model,
+    return RewardTrainer(
+        model=setup.model,
         args=args,
-        train_dataset=IndexDataset(len(train_states), "train"),
-        eval_dataset=IndexDataset(len(eval_states), "validation") if len(eval_states) else None,
-        data_collator=collator,
+        train_dataset=IndexDataset(n_train, "train"),
+        eval_dataset=IndexDataset(n_eval, "validation") if n_eval else None,
+        data_collator=SplitCollator(train=setup.train_collator, validation=setup.eval_collator),
         compute_metrics=compute_metrics,
         callbacks=callbacks,
     )
-    resume_from = None
+
+
+def _resume_point(data: DataArguments, args) -> tuple[str | None, EarlyStop | None]:
+    """The checkpoint to resume from, and whether its run had stopped early (then only export again)."""
+    resume_from: str | None = None
     if data.resume == "auto":
         resume_from = last_complete_checkpoint(args.output_dir)
     elif data.resume != "never":
@@ -565,13 +672,28 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         # finished already: no more steps, only the export of its best checkpoint
         args.max_steps = finished.step
         log.info("%s stopped early at step %d; exporting again without training", resume_from, finished.step)
-    t0 = time.time()
-    result = trainer.train(resume_from_checkpoint=resume_from)
-    train_seconds = time.time() - t0
-    metrics = _final_eval_metrics(trainer) if len(eval_states) else {}
-    export_dir = Path(data.export_dir or Path(args.output_dir) / "final")
-    summary = {
-        "kind": kind,
+    return resume_from, finished
+
+
+def _training_summary(
+    model_config: RewardModelConfig,
+    data: DataArguments,
+    args,
+    trainer,
+    result,
+    examples: _SplitExamples,
+    *,
+    metrics: dict,
+    export_dir: Path,
+    resume_from: str | None,
+    finished: EarlyStop | None,
+    started: float,
+    encode_seconds: float,
+    train_seconds: float,
+) -> dict:
+    """The run's summary: what was trained on what, how far and how fast, with which settings."""
+    return {
+        "kind": model_config.kind,
         "model_config": model_config.to_dict(),
         "export_dir": str(export_dir),
         "output_dir": str(args.output_dir),
@@ -585,10 +707,10 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         "total_seconds": time.time() - started,
         "train_steps_per_second": float(result.metrics.get("train_steps_per_second", 0.0)),
         "train_loss": float(result.metrics.get("train_loss", float("nan"))),
-        "n_train_examples": len(train_states),
-        "n_validation_examples": len(eval_states),
+        "n_train_examples": len(examples.train_states),
+        "n_validation_examples": len(examples.eval_states),
         "validation_metrics": {k.removeprefix("eval_"): v for k, v in metrics.items()},
-        "label_versions": label_versions,
+        "label_versions": examples.label_versions,
         "used_deepspeed": bool(args.deepspeed),
         # asked for, and in effect on the backbone the engine trained (full mode only)
         "activation_checkpointing": {
@@ -604,45 +726,20 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
         else None,
         "resumed_from": resume_from,
         "dataset_materialization_id": data.dataset_materialization_id,
-        "training_arguments": {
-            k: getattr(args, k)
-            for k in (
-                "learning_rate",
-                "per_device_train_batch_size",
-                "gradient_accumulation_steps",
-                "num_train_epochs",
-                "max_steps",
-                "lr_scheduler_type",
-                "warmup_steps",
-                "adam_beta1",
-                "adam_beta2",
-                "weight_decay",
-                "bf16",
-                "seed",
-                "save_steps",
-            )
-        },
+        "training_arguments": {k: getattr(args, k) for k in _SUMMARY_TRAINING_ARGUMENTS},
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
         "peak_rss_mb": _peak_rss_mb(),
         # (step, training loss) and (step, validation loss) for the training-curve plot
         "loss_curve": [(e["step"], e["loss"]) for e in trainer.state.log_history if "loss" in e],
         "validation_loss_curve": [(e["step"], e["eval_loss"]) for e in trainer.state.log_history if "eval_loss" in e],
     }
-    if trainer.is_world_process_zero():
-        unwrapped = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else model
-        save_reward_model(unwrapped, export_dir, tokenizer=tokenizer, metadata=summary)
-        (Path(args.output_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
-    log.info(
-        "trained %s: %d of %d steps in %.0fs (%s); exported step %d, validation %s",
-        kind,
-        summary["global_steps"],
-        summary["max_steps"],
-        train_seconds,
-        "stopped early" if summary["stopped_early"] else "ran to the end",
-        summary["exported_step"],
-        summary["validation_metrics"],
-    )
-    return summary
+
+
+def _export(trainer, setup: _ModelSetup, export_dir: Path, summary: dict, output_dir: str) -> None:
+    """Save the trained model with the summary as its metadata, and the summary file beside the checkpoints."""
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else setup.model
+    save_reward_model(unwrapped, export_dir, tokenizer=setup.tokenizer, metadata=summary)
+    (Path(output_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
 
 
 def best_step(trainer) -> int | None:

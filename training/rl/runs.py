@@ -64,7 +64,7 @@ from training.reward_models.scoring import LocalScorer, load_scorer
 from training.reward_models.states import StepState
 from training.rl.learner import EpisodeExperience, Learner, LearnerSettings, PRMCritic
 from training.rl.report import learning_curves_plot, table_one
-from training.rl.rewards import REWARD_SOURCES, Rollout, make_reward_source
+from training.rl.rewards import REWARD_SOURCES, RewardSource, Rollout, make_reward_source
 from training.rl.rewards.admire import LLMMilestones, MilestoneStore, TaskMilestones
 from training.rl.rewards.base import text_trajectory
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
@@ -467,6 +467,25 @@ def _critic_states(record: EpisodeRecord) -> list[StepState]:
     ]
 
 
+@dataclass
+class _RLRun:
+    """What an RL run keeps across iterations: its SFT policy, the model, reward source, learner, folder."""
+
+    sft: dict
+    tasks: list[CatalogTask]
+    model: PolicyModel
+    source: RewardSource
+    critic: PRMCritic | None
+    learner: Learner
+    run_key: str
+    run_dir: Path
+
+    @property
+    def checkpoint(self) -> Path:
+        """The folder of the run's latest checkpoint."""
+        return self.run_dir / "checkpoint"
+
+
 def run_rl(
     warehouse: Warehouse,
     settings: RLSettings,
@@ -478,6 +497,23 @@ def run_rl(
 ) -> dict[str, Any]:
     """One RL run from the SFT policy (see the module docstring); returns the asset's metadata."""
     torch.set_num_threads(2)
+    run = _prepare_rl_run(warehouse, settings, sft_policy_id)
+    state = _resume_rl_run(run, log)
+    lineage = run.source.lineage() + [
+        LineageInput(
+            kind="asset", input_asset="policy_sft", path=run.sft["checkpoint_path"], version=run.sft["policy_id"]
+        )
+    ]
+    with pool_factory(settings.workers) as pool:
+        for iteration in range(state.iteration, settings.iterations):
+            _run_iteration(
+                warehouse, settings, run, state, pool, iteration=iteration, lineage=lineage, run_id=run_id, log=log
+            )
+    return _register_rl_policy(warehouse, settings, run.sft, run.run_key, run.run_dir, run.model, state, run_id)
+
+
+def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: str | None) -> _RLRun:
+    """Load the SFT policy, its tasks, the reward source and the learner (a missing model fails here)."""
     sft = latest_policy(warehouse, "sft", sft_policy_id)
     tasks = _catalog_tasks(sft["tasks"] or [])
     if not tasks:
@@ -507,86 +543,120 @@ def run_rl(
     learner = Learner(model, reference, settings.learner, critic=critic)
     run_key = settings.run_key(sft["policy_id"])
     run_dir = warehouse.home / "policies" / "rl" / sft["policy_id"] / run_key
-    checkpoint = run_dir / "checkpoint"
-    state = RunState()
-    if (checkpoint / "state.json").exists():
-        resumed = PolicyModel.load(checkpoint, encoder=model.encoder)
-        model.copy_weights_from(resumed)
-        learner.load_state_dict(torch.load(checkpoint / "learner.pt", weights_only=False))
-        state = RunState(**json.loads((checkpoint / "state.json").read_text()))
-        store = getattr(source, "store", None)
-        if isinstance(store, MilestoneStore):
-            _restore_milestones(store, state.milestones)
-        log(f"{run_key}: resuming after iteration {state.iteration} ({state.env_steps} environment steps)")
-    lineage = source.lineage() + [
-        LineageInput(kind="asset", input_asset="policy_sft", path=sft["checkpoint_path"], version=sft["policy_id"])
+    return _RLRun(sft, tasks, model, source, critic, learner, run_key, run_dir)
+
+
+def _resume_rl_run(run: _RLRun, log: Log) -> RunState:
+    """The run's state: from its last checkpoint (weights, learner, milestones restored), else a fresh one."""
+    checkpoint = run.checkpoint
+    if not (checkpoint / "state.json").exists():
+        return RunState()
+    resumed = PolicyModel.load(checkpoint, encoder=run.model.encoder)
+    run.model.copy_weights_from(resumed)
+    run.learner.load_state_dict(torch.load(checkpoint / "learner.pt", weights_only=False))
+    state = RunState(**json.loads((checkpoint / "state.json").read_text()))
+    store = getattr(run.source, "store", None)
+    if isinstance(store, MilestoneStore):
+        _restore_milestones(store, state.milestones)
+    log(f"{run.run_key}: resuming after iteration {state.iteration} ({state.env_steps} environment steps)")
+    return state
+
+
+def _run_iteration(
+    warehouse: Warehouse,
+    settings: RLSettings,
+    run: _RLRun,
+    state: RunState,
+    pool: EnvPool,
+    *,
+    iteration: int,
+    lineage: list[LineageInput],
+    run_id: str,
+    log: Log,
+) -> None:
+    """One iteration: sample episodes, reward them, update the policy, publish, then checkpoint."""
+    run_key = run.run_key
+    acting_id = f"rl:{run_key}:{run.sft['policy_id']}:i{iteration:03d}"
+    policy, result, kept, rollout_s = _sample_episodes(
+        settings, run, pool, iteration=iteration, acting_id=acting_id, log=log
+    )
+    rollouts = [
+        Rollout(r, descriptions=tuple(d.action_texts[d.chosen] for d in policy.decisions[r.episode_id])) for r in kept
     ]
-    seeds_per_iteration = settings.instances_per_task
-    with pool_factory(settings.workers) as pool:
-        for iteration in range(state.iteration, settings.iterations):
-            seeds = sample_seeds(
-                TRAIN_SEED_BASE + 10_000 * settings.rl_seed, seeds_per_iteration, f"{run_key}|{iteration}"
-            )
-            acting_id = f"rl:{run_key}:{sft['policy_id']}:i{iteration:03d}"
-            policy = LearnedPolicy(model, policy_id=acting_id, temperature=settings.temperature, record=True)
-            jobs = _jobs(tasks, seeds, acting_id, settings.group_size)
-            result, rollout_s = _run_pool(pool, jobs, policy, f"{run_key} iteration {iteration + 1}", log)
-            kept = [
-                r for r in result.episodes if len(policy.decisions.get(r.episode_id, [])) == r.n_steps and r.n_steps
-            ]
-            if not kept:
-                raise RLStageError(f"{run_key}: iteration {iteration} produced no usable episode")
-            rollouts = [
-                Rollout(r, descriptions=tuple(d.action_texts[d.chosen] for d in policy.decisions[r.episode_id]))
-                for r in kept
-            ]
-            started = time.perf_counter()
-            batch = source.rewards(rollouts, iteration)
-            reward_s = time.perf_counter() - started
-            started = time.perf_counter()
-            experience = [
-                EpisodeExperience(
-                    decisions=policy.decisions[r.episode_id],
-                    rewards=np.asarray(rewards, dtype=np.float64),
-                    group=f"{r.task_id}:{r.seed}",
-                    states=_critic_states(r) if critic is not None else [],
-                )
-                for r, rewards in zip(kept, batch.rewards, strict=True)
-            ]
-            stats = learner.update(experience)
-            update_s = time.perf_counter() - started
-            state.iteration = iteration + 1
-            state.env_steps += result.steps
-            store = getattr(source, "store", None)
-            if isinstance(store, MilestoneStore):
-                state.milestones = {t: asdict(m) for t, m in store.tasks.items()}
-            _publish_iteration(
-                warehouse,
-                settings,
-                run_key=run_key,
-                acting_id=acting_id,
-                iteration=iteration,
-                result=result,
-                kept=kept,
-                decisions=[policy.decisions[r.episode_id] for r in kept],
-                rewards=batch.rewards,
-                advantages=stats.advantages,
-                stats={k: v for k, v in asdict(stats).items() if k != "advantages"},
-                details=batch.details,
-                seconds=(rollout_s, reward_s, update_s),
-                env_steps=state.env_steps,
-                lineage=lineage,
-                run_id=run_id,
-            )
-            _save_checkpoint(checkpoint, model, learner, state)
-            success = float(np.mean([r.success for r in kept]))
-            log(
-                f"{run_key} iteration {iteration + 1}/{settings.iterations}: success {success:.2f}, "
-                f"reward {np.mean([float(np.sum(x)) for x in batch.rewards]):.3f}, KL {stats.kl_to_reference:.4f}, "
-                f"entropy {stats.entropy:.3f}; rollout {rollout_s:.1f} s, reward {reward_s:.1f} s, "
-                f"update {update_s:.1f} s"
-            )
-    return _register_rl_policy(warehouse, settings, sft, run_key, run_dir, model, state, run_id)
+    started = time.perf_counter()
+    batch = run.source.rewards(rollouts, iteration)
+    reward_s = time.perf_counter() - started
+    started = time.perf_counter()
+    stats = run.learner.update(_experience(run, policy, kept, batch.rewards))
+    update_s = time.perf_counter() - started
+    _advance_state(state, run.source, iteration=iteration, env_steps=result.steps)
+    _publish_iteration(
+        warehouse,
+        settings,
+        run_key=run_key,
+        acting_id=acting_id,
+        iteration=iteration,
+        result=result,
+        kept=kept,
+        decisions=[policy.decisions[r.episode_id] for r in kept],
+        rewards=batch.rewards,
+        advantages=stats.advantages,
+        stats={k: v for k, v in asdict(stats).items() if k != "advantages"},
+        details=batch.details,
+        seconds=(rollout_s, reward_s, update_s),
+        env_steps=state.env_steps,
+        lineage=lineage,
+        run_id=run_id,
+    )
+    _save_checkpoint(run.checkpoint, run.model, run.learner, state)
+    success = float(np.mean([r.success for r in kept]))
+    log(
+        f"{run_key} iteration {iteration + 1}/{settings.iterations}: success {success:.2f}, "
+        f"reward {np.mean([float(np.sum(x)) for x in batch.rewards]):.3f}, KL {stats.kl_to_reference:.4f}, "
+        f"entropy {stats.entropy:.3f}; rollout {rollout_s:.1f} s, reward {reward_s:.1f} s, "
+        f"update {update_s:.1f} s"
+    )
+
+
+def _sample_episodes(
+    settings: RLSettings, run: _RLRun, pool: EnvPool, *, iteration: int, acting_id: str, log: Log
+) -> tuple[LearnedPolicy, BatchResult, list[EpisodeRecord], float]:
+    """Sample an iteration's episodes on training seeds: (acting policy, batch, usable episodes, seconds)."""
+    seeds = sample_seeds(
+        TRAIN_SEED_BASE + 10_000 * settings.rl_seed, settings.instances_per_task, f"{run.run_key}|{iteration}"
+    )
+    policy = LearnedPolicy(run.model, policy_id=acting_id, temperature=settings.temperature, record=True)
+    jobs = _jobs(run.tasks, seeds, acting_id, settings.group_size)
+    result, rollout_s = _run_pool(pool, jobs, policy, f"{run.run_key} iteration {iteration + 1}", log)
+    # Only episodes with a recorded decision for every step can be learned from.
+    kept = [r for r in result.episodes if len(policy.decisions.get(r.episode_id, [])) == r.n_steps and r.n_steps]
+    if not kept:
+        raise RLStageError(f"{run.run_key}: iteration {iteration} produced no usable episode")
+    return policy, result, kept, rollout_s
+
+
+def _experience(
+    run: _RLRun, policy: LearnedPolicy, kept: Sequence[EpisodeRecord], rewards: Sequence[np.ndarray]
+) -> list[EpisodeExperience]:
+    """The learner's input: each episode's decisions and per-step rewards, grouped by task instance."""
+    return [
+        EpisodeExperience(
+            decisions=policy.decisions[r.episode_id],
+            rewards=np.asarray(step_rewards, dtype=np.float64),
+            group=f"{r.task_id}:{r.seed}",
+            states=_critic_states(r) if run.critic is not None else [],
+        )
+        for r, step_rewards in zip(kept, rewards, strict=True)
+    ]
+
+
+def _advance_state(state: RunState, source: RewardSource, *, iteration: int, env_steps: int) -> None:
+    """Count the iteration as done in ``state``, with the milestones ADMIRE's source has learned so far."""
+    state.iteration = iteration + 1
+    state.env_steps += env_steps
+    store = getattr(source, "store", None)
+    if isinstance(store, MilestoneStore):
+        state.milestones = {t: asdict(m) for t, m in store.tasks.items()}
 
 
 def _publish_iteration(

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from training.reward_models.kinds import SUCCESS_JUDGE_KINDS
 from warehouse.storage import REPO_ROOT, stepwise_home
 
 
@@ -212,7 +213,7 @@ def _print_report(report) -> None:
 
 
 #: What `stepwise demo` runs after the labels, reduced so that the whole graph runs in minutes.
-DEMO_REWARD_MODELS = ("orm", "progrm_lcs", "progrm_env")
+DEMO_REWARD_MODELS: tuple[str, ...] = SUCCESS_JUDGE_KINDS
 DEMO = {
     "reward_model": {"train_steps": 150, "max_train_examples": 6000},
     "reward_model_report": {"latency_calls": 20, "max_trajectories": 400},

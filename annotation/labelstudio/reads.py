@@ -25,10 +25,9 @@ from annotation.labelstudio.queue import (
 )
 from annotation.labelstudio.render import StepView
 from annotation.labelstudio.selection import STEP_JUDGE_KINDS, StepCandidate, step_candidates
+from annotation.progress.label_io import default_specs_dir
 from warehouse.catalog import LineageInput, Warehouse
 from warehouse.tables_annotation import ANNOTATION_QUEUE, HUMAN_LABELS
-
-DEFAULT_SPECS_DIR = Path(__file__).resolve().parents[2] / "envs" / "task_specs"
 
 
 def _query(warehouse: Warehouse, sql: str, params: list | None = None) -> pa.Table | None:
@@ -217,7 +216,8 @@ def read_milestone_sets(warehouse: Warehouse, specs_dir: str | None = None) -> l
                 f"{order or 'NULL'} AS ord FROM milestones",
             )
             return milestone_sets_from_rows(table.to_pylist() if table is not None else [])
-    return milestone_sets_from_specs(Path(specs_dir) if specs_dir else DEFAULT_SPECS_DIR)
+    # the labels stage's folder, so $STEPWISE_TASK_SPECS reaches the annotation reports too
+    return milestone_sets_from_specs(Path(specs_dir or default_specs_dir()))
 
 
 def queue_version(warehouse: Warehouse, server_key: str, interface: Interface) -> tuple[str, str] | None:

@@ -52,8 +52,9 @@ import numpy as np
 
 from envs.protocol import EpisodeContext, StepResult
 from training.guidance.proposals import GuidanceError, Proposal
-from training.guidance.verifiers import STEP_JUDGE_KINDS, EpisodeVerifier, StepView, Verdict, load_local_scorer
+from training.guidance.verifiers import EpisodeVerifier, StepView, Verdict, load_local_scorer
 from training.llm.chat_client import ChatClient, ChatEndpoint, ChatEndpointError
+from training.reward_models.kinds import STEP_JUDGE_KINDS
 from training.reward_models.scoring import LocalScorer
 from training.reward_models.states import StepState
 from warehouse.catalog import LineageInput, Warehouse

@@ -9,8 +9,6 @@ from typing import Any
 from training.guidance.judge import JudgeSettings, make_judge
 from training.guidance.proposals import GuidanceError
 from training.guidance.verifiers import (
-    PROGRESS_KINDS,
-    STEP_JUDGE_KINDS,
     VERIFIERS,
     OracleVerifier,
     ProgressGainVerifier,
@@ -18,6 +16,7 @@ from training.guidance.verifiers import (
     Verifier,
     load_local_scorer,
 )
+from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS
 from warehouse.catalog import Warehouse
 
 

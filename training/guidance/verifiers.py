@@ -30,14 +30,13 @@ from typing import Any, Protocol
 from envs.policies import PlanStep, SolutionError, condition_holds, expand_solution, find_target, plan_action
 from envs.protocol import EpisodeContext, StepResult
 from training.guidance.proposals import GuidanceError, Proposal
+from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS
 from training.reward_models.scoring import LocalScorer, RewardModelError, load_scorer
 from training.reward_models.states import StepState
 from warehouse.catalog import LineageInput, Warehouse
 from warehouse.model import Action, ActionType, Screen, UIElement
 
 #: Verifiers by name: step judges, progress models, the oracle, the GUI-PRA judge.
-STEP_JUDGE_KINDS = ("prm", "guidnav")
-PROGRESS_KINDS = ("progrm_lcs", "progrm_env")
 VERIFIERS: tuple[str, ...] = (*STEP_JUDGE_KINDS, *PROGRESS_KINDS, "oracle", "judge")
 
 

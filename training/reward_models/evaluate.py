@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from training.reward_models.examples import EpisodeLabels
-from training.reward_models.kinds import Verdict, kind_spec
+from training.reward_models.kinds import DISPLAY_NAMES, SUCCESS_JUDGE_KINDS, RewardModelKind, Verdict, kind_spec
 from training.reward_models.labels import progress_gains
 from training.reward_models.states import StepState, TextTrajectory, state_for
 from warehouse.plotting import integer_ticks
@@ -354,14 +354,14 @@ def evaluate_scores(
 # Plots
 # ---------------------------------------------------------------------------------------------
 
-MODEL_COLOURS = {
-    "orm": "#d62728",
-    "progrm_lcs": "#1f77b4",
-    "progrm_env": "#2ca02c",
-    "prm": "#9467bd",
-    "guidnav": "#8c564b",
+MODEL_COLOURS: dict[str, str] = {
+    RewardModelKind.ORM: "#d62728",
+    RewardModelKind.PROGRM_LCS: "#1f77b4",
+    RewardModelKind.PROGRM_ENV: "#2ca02c",
+    RewardModelKind.PRM: "#9467bd",
+    RewardModelKind.GUIDNAV: "#8c564b",
 }
-MODEL_NAMES = {"orm": "ORM", "progrm_lcs": "ProgRM-LCS", "progrm_env": "ProgRM-Env", "prm": "PRM", "guidnav": "GuidNav"}
+MODEL_NAMES: dict[str, str] = {str(kind): name for kind, name in DISPLAY_NAMES.items()}
 
 
 def pick_sample_trajectories(
@@ -928,8 +928,8 @@ def _draw_report_plots(
 
 def _report_markdown(test_metrics: Mapping[str, Mapping[str, float]], kinds: list[str], split: str) -> str:
     """The report's Markdown tables of the held-out metrics (ProgRM Tables 2 and 3, paired, step judgement)."""
-    outcome_kinds = [k for k in ("orm", "progrm_lcs", "progrm_env") if k in kinds]
-    judge_kinds = [k for k in kinds if k not in ("orm", "progrm_lcs", "progrm_env")]
+    outcome_kinds = [k for k in SUCCESS_JUDGE_KINDS if k in kinds]
+    judge_kinds = [k for k in kinds if k not in SUCCESS_JUDGE_KINDS]
     return (
         f"### Success judgement at the final step ({split}; ProgRM Table 2, % of trajectories)\n\n"
         + markdown_table(test_metrics, TABLE2_COLUMNS + (("threshold", "threshold"),), outcome_kinds + judge_kinds)

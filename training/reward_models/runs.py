@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from envs.process import set_parent_death_signal
 from training.reward_models.dataset import build_reward_model_dataset
 from training.reward_models.examples import DatasetOptions
-from training.reward_models.kinds import REWARD_MODEL_KINDS, SPLITS, kind_spec
+from training.reward_models.kinds import PROGRESS_KINDS, REWARD_MODEL_KINDS, SPLITS, SUCCESS_JUDGE_KINDS, kind_spec
 from training.reward_models.prompts import TruncationBudget
 from training.reward_models.readers import view_exists
 from training.reward_models.states import StepState
@@ -59,7 +59,7 @@ REPORT_CODE_VERSION = "rm-report-1"
 
 #: Upstream assets of the label stage (annotation/progress/labels.py).
 UPSTREAM_LABEL_ASSETS = ("progress_labels", "progress_split")
-REPORT_REQUIRED_KINDS = ("orm", "progrm_lcs", "progrm_env")
+REPORT_REQUIRED_KINDS: tuple[str, ...] = SUCCESS_JUDGE_KINDS
 REPORT_REQUIRED_METRICS = (
     "accuracy",
     "precision",
@@ -596,7 +596,7 @@ def check_progrm_beats_orm(warehouse: Warehouse, split: str = "test") -> CheckOu
     values = {(r["kind"], r["metric"]): r["value"] for r in rows if r["split"] == split}
     comparisons: dict[str, Any] = {}
     passed = True
-    for kind in ("progrm_lcs", "progrm_env"):
+    for kind in PROGRESS_KINDS:
         acc, orm_acc = values.get((kind, "accuracy")), values.get(("orm", "accuracy"))
         err, orm_err = values.get((kind, "key_step_progress_error")), values.get(("orm", "key_step_progress_error"))
         if acc is None or orm_acc is None or err is None or orm_err is None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from training.policy.evaluation import FAILURE_MODES, bootstrap_interval, mean_interval, paired_comparison
+from training.reward_models.kinds import PROGRESS_KINDS
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
 
@@ -161,7 +162,7 @@ def check_table_one(report: dict[str, Any]) -> dict[str, CheckOutcome]:
     rates = {r["actor"]: r["success_rate"] for r in report["rows"]}
     sft = rates.get("SFT", float("nan"))
     outcome = rates.get("outcome")
-    progrm = {k: v for k, v in rates.items() if k in ("progrm_lcs", "progrm_env")}
+    progrm = {k: v for k, v in rates.items() if k in PROGRESS_KINDS}
     rl = {k: v for k, v in rates.items() if k != "SFT"}
     return {
         "rl_improves_on_sft": CheckOutcome(bool(rl) and all(v > sft for v in rl.values()), {"sft": sft, "rl": rl}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from training.policy.rollouts import Rollout
+from training.reward_models.kinds import PROGRESS_KINDS
 from training.reward_models.models import EmbeddingCache
 from training.reward_models.scoring import RewardModelError, load_scorer, report_threshold
 from training.rl.rewards.admire import AdmireReward, AdmireSettings, LLMMilestones, MilestoneStore
@@ -57,6 +58,6 @@ def make_reward_source(
         # the threshold the evaluation report chose on the validation split, unless one is given
         threshold = orm_threshold if orm_threshold is not None else report_threshold(warehouse, scorer.model_id)
         return ORMReward(scorer, threshold=threshold)
-    if name in ("progrm_lcs", "progrm_env"):
+    if name in PROGRESS_KINDS:
         return ProgressReward(scorer, k=progress_k, name=name)
     return StepJudgeReward(scorer, kind=name)

@@ -21,6 +21,7 @@ Metric functions are pure; :func:`predict_trajectories` and :func:`measure_laten
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -35,6 +36,8 @@ from training.reward_models.kinds import DISPLAY_NAMES, SUCCESS_JUDGE_KINDS, Rew
 from training.reward_models.labels import progress_gains
 from training.reward_models.states import StepState, TextTrajectory, state_for
 from warehouse.plotting import integer_ticks
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -355,13 +358,13 @@ def evaluate_scores(
 # ---------------------------------------------------------------------------------------------
 
 MODEL_COLOURS: dict[str, str] = {
-    RewardModelKind.ORM: "#d62728",
-    RewardModelKind.PROGRM_LCS: "#1f77b4",
-    RewardModelKind.PROGRM_ENV: "#2ca02c",
-    RewardModelKind.PRM: "#9467bd",
-    RewardModelKind.GUIDNAV: "#8c564b",
+    RewardModelKind.ORM.value: "#d62728",
+    RewardModelKind.PROGRM_LCS.value: "#1f77b4",
+    RewardModelKind.PROGRM_ENV.value: "#2ca02c",
+    RewardModelKind.PRM.value: "#9467bd",
+    RewardModelKind.GUIDNAV.value: "#8c564b",
 }
-MODEL_NAMES: dict[str, str] = {str(kind): name for kind, name in DISPLAY_NAMES.items()}
+MODEL_NAMES: dict[str, str] = DISPLAY_NAMES
 
 
 def pick_sample_trajectories(
@@ -648,7 +651,13 @@ class ReportResult:
 
 
 def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
-    """The most recent model of each kind in the ``models`` table (skips kinds without one)."""
+    """The most recent usable model of each kind in the ``models`` table (skips kinds without one).
+
+    A model trained on another encoder's embeddings (``models.stale_encoder_reason``: before the
+    batch-invariant encoder, or under another torch) cannot be loaded by this code; the newest
+    model that can stands in, and a kind with none counts as untrained, so that the stages that
+    need it train one instead of failing on load."""
+    from training.reward_models.models import stale_encoder_reason  # (loads torch: only when asked)
     from training.reward_models.readers import view_exists
 
     if not view_exists(warehouse, "models"):
@@ -656,17 +665,20 @@ def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
     rows = warehouse.query(
         """
         SELECT v.model_id, v.kind, v.checkpoint_path, t.materialization_id
-        FROM (SELECT *, row_number() OVER (PARTITION BY kind ORDER BY created_at DESC) AS r FROM models) v
+        FROM models v
         LEFT JOIN table_versions t ON t.table_name = 'models' AND t.dataset = v.model_id AND t.is_current
-        WHERE v.r = 1
+        ORDER BY v.created_at DESC
         """
     ).to_pylist()
-    by_kind = {
-        r["kind"]: ModelRecord(
-            r["model_id"], r["kind"], str(warehouse.resolve(r["checkpoint_path"])), r["materialization_id"]
-        )
-        for r in rows
-    }
+    by_kind: dict[str, ModelRecord] = {}
+    for r in rows:
+        if r["kind"] in by_kind or r["kind"] not in kinds:
+            continue
+        checkpoint = warehouse.resolve(r["checkpoint_path"])
+        if stale := stale_encoder_reason(checkpoint):
+            log.warning("skipping %s: %s", r["model_id"], stale)
+            continue
+        by_kind[r["kind"]] = ModelRecord(r["model_id"], r["kind"], str(checkpoint), r["materialization_id"])
     return [by_kind[k] for k in kinds if k in by_kind]
 
 

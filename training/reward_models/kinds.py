@@ -99,20 +99,22 @@ KINDS: dict[RewardModelKind, KindSpec] = {
         "GuidNav process reward model (§3.1): scalar step reward regressed with MSE (Eq. 3).",
     ),
 }
-REWARD_MODEL_KINDS: tuple[str, ...] = tuple(KINDS)
+# The groups below are plain strings: they become Dagster partition keys, config values and JSON,
+# which take no enum (Dagster refuses to serialize one).
+REWARD_MODEL_KINDS: tuple[str, ...] = tuple(k.value for k in KINDS)
 #: The kinds whose score is the progress p_t (ProgRM), so that gains p_t - p_{t-k} are rewards.
-PROGRESS_KINDS: tuple[RewardModelKind, ...] = tuple(k for k, s in KINDS.items() if s.target == "progress")
+PROGRESS_KINDS: tuple[str, ...] = tuple(k.value for k, s in KINDS.items() if s.target == "progress")
 #: The kinds that judge a candidate step (the state before the action plus the action).
-STEP_JUDGE_KINDS: tuple[RewardModelKind, ...] = tuple(k for k, s in KINDS.items() if s.state == "before_action")
+STEP_JUDGE_KINDS: tuple[str, ...] = tuple(k.value for k, s in KINDS.items() if s.state == "before_action")
 #: The kinds that judge a trajectory's success from its final state: the ORM and ProgRM (Table 2).
-SUCCESS_JUDGE_KINDS: tuple[RewardModelKind, ...] = tuple(k for k, s in KINDS.items() if s.state == "after_action")
+SUCCESS_JUDGE_KINDS: tuple[str, ...] = tuple(k.value for k, s in KINDS.items() if s.state == "after_action")
 #: How reports and plots name each kind.
-DISPLAY_NAMES: dict[RewardModelKind, str] = {
-    RewardModelKind.ORM: "ORM",
-    RewardModelKind.PROGRM_LCS: "ProgRM-LCS",
-    RewardModelKind.PROGRM_ENV: "ProgRM-Env",
-    RewardModelKind.PRM: "PRM",
-    RewardModelKind.GUIDNAV: "GuidNav",
+DISPLAY_NAMES: dict[str, str] = {
+    RewardModelKind.ORM.value: "ORM",
+    RewardModelKind.PROGRM_LCS.value: "ProgRM-LCS",
+    RewardModelKind.PROGRM_ENV.value: "ProgRM-Env",
+    RewardModelKind.PRM.value: "PRM",
+    RewardModelKind.GUIDNAV.value: "GuidNav",
 }
 
 

@@ -908,6 +908,25 @@ def read_model_config(directory: Path | str) -> tuple[RewardModelConfig, int | N
     return config, data.get("input_dim")
 
 
+def stale_encoder_reason(directory: Path | str) -> str | None:
+    """Why this code cannot use a frozen-encoder checkpoint on CPU (it was trained on the embeddings
+    of another encoder: padding, quantisation or torch), or None when it can. Models saved before
+    fingerprints were recorded were trained on the old, batch-dependent encoder: stale too."""
+    directory = Path(directory)
+    config, _ = read_model_config(directory)
+    if config.encoder_mode == "full":
+        return None
+    trained_with = json.loads((directory / CONFIG_FILE).read_text()).get("encoder_fingerprint")
+    current = encoder_fingerprint(config, config.quantize_encoder)
+    if trained_with == current:
+        return None
+    return (
+        f"reward model {directory} was trained on the embeddings of encoder {trained_with or 'unrecorded'}; "
+        f"this code's encoder is {current} (another padding, quantisation or torch): retrain it "
+        "(stepwise reward-models)"
+    )
+
+
 def _sigmoid(logits: np.ndarray) -> np.ndarray:
     """The logistic function in float64, element by element: the same bits for a logit however
     many share its array (torch's float32 kernel takes another path for an array's tail)."""
@@ -965,15 +984,8 @@ class RewardScorer:
                 raise ValueError(f"checkpoint {directory} does not match its config: {unexpected or missing}")
             return cls(model, tokenizer=load_tokenizer(config.backbone), device=device, metadata=metadata)
         encoder = SegmentEncoder(config, device=device)
-        trained_with = json.loads((directory / CONFIG_FILE).read_text()).get("encoder_fingerprint")
-        if encoder.device.type == "cpu" and trained_with != encoder.fingerprint:
-            # (models saved before fingerprints were recorded were trained on the old, batch-dependent
-            # encoder's embeddings: refused too)
-            raise ValueError(
-                f"reward model {directory} was trained on the embeddings of encoder {trained_with or 'unrecorded'}; "
-                f"this code's encoder is {encoder.fingerprint} (another padding, quantisation or torch): retrain "
-                "it (stepwise reward-models)"
-            )
+        if encoder.device.type == "cpu" and (stale := stale_encoder_reason(directory)):
+            raise ValueError(stale)
         model = RewardModel(config, input_dim=input_dim or encoder.hidden_size)
         model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
         scorer = cls(model, encoder=encoder, device=device, metadata=metadata)

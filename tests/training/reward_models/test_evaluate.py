@@ -140,3 +140,46 @@ def test_paired_success_comparison_counts_discordant_trajectories():
     assert "| ProgRM-Env | -5.120 | – | – | <0.001 |" in table
     better = paired_success_comparison([0.9, 0.9, 0.1, 0.1, 0.9], 0.5, orm, 0.5, success)
     assert (better["wins"], better["losses"]) == (3, 0) and better["accuracy_gain"] == pytest.approx(60.0)
+
+
+def test_latest_models_passes_over_models_this_encoder_cannot_load(trained_progrm, tmp_path):
+    """A model trained on another encoder's embeddings (before the batch-invariant encoder, or
+    another torch) is skipped for the newest one that loads; with none left, its kind is untrained."""
+    import json
+    import shutil
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+
+    from training.reward_models.evaluate import latest_models
+    from training.reward_models.models import RewardScorer, stale_encoder_reason
+    from warehouse.catalog import Materialization, Warehouse
+    from warehouse.tables_training import MODELS
+
+    stale = tmp_path / "stale"
+    shutil.copytree(trained_progrm, stale)
+    config_file = stale / "reward_model_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({k: v for k, v in config.items() if k != "encoder_fingerprint"}))
+    assert stale_encoder_reason(trained_progrm) is None
+    assert "encoder unrecorded" in (stale_encoder_reason(stale) or "")
+
+    warehouse = Warehouse(tmp_path / "home")
+
+    def publish(model_id: str, checkpoint, day: int) -> None:
+        row = {
+            "model_id": model_id,
+            "kind": "progrm_env",
+            "checkpoint_path": str(checkpoint),
+            "created_at": datetime(2026, 1, day, tzinfo=UTC),
+        }
+        m = Materialization(asset="test_models")
+        warehouse.publish(m, [warehouse.stage_table("models", model_id, pa.Table.from_pylist([row], schema=MODELS), m)])
+
+    publish("stale-only", stale, 1)
+    assert latest_models(warehouse, ["progrm_env"]) == []  # nothing this code can load: untrained
+    publish("usable", trained_progrm, 2)
+    publish("stale-newer", stale, 3)
+    [found] = latest_models(warehouse, ["progrm_env", "orm"])
+    assert found.model_id == "usable"
+    RewardScorer.from_checkpoint(found.checkpoint_path)  # and it loads

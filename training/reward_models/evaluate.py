@@ -657,7 +657,7 @@ def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
     batch-invariant encoder, or under another torch) cannot be loaded by this code; the newest
     model that can stands in, and a kind with none counts as untrained, so that the stages that
     need it train one instead of failing on load."""
-    from training.reward_models.models import stale_encoder_reason  # (loads torch: only when asked)
+    from training.reward_models.models import CONFIG_FILE, stale_encoder_reason  # (loads torch: when asked)
     from training.reward_models.readers import view_exists
 
     if not view_exists(warehouse, "models"):
@@ -675,7 +675,8 @@ def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
         if r["kind"] in by_kind or r["kind"] not in kinds:
             continue
         checkpoint = warehouse.resolve(r["checkpoint_path"])
-        if stale := stale_encoder_reason(checkpoint):
+        # (a checkpoint that cannot be read stays a candidate: loading it reports what is wrong)
+        if (Path(checkpoint) / CONFIG_FILE).is_file() and (stale := stale_encoder_reason(checkpoint)):
             log.warning("skipping %s: %s", r["model_id"], stale)
             continue
         by_kind[r["kind"]] = ModelRecord(r["model_id"], r["kind"], str(checkpoint), r["materialization_id"])

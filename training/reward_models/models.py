@@ -913,10 +913,11 @@ def stale_encoder_reason(directory: Path | str) -> str | None:
     of another encoder: padding, quantisation or torch), or None when it can. Models saved before
     fingerprints were recorded were trained on the old, batch-dependent encoder: stale too."""
     directory = Path(directory)
-    config, _ = read_model_config(directory)
+    saved = json.loads((directory / CONFIG_FILE).read_text())
+    config = RewardModelConfig.from_dict(saved)
     if config.encoder_mode == "full":
         return None
-    trained_with = json.loads((directory / CONFIG_FILE).read_text()).get("encoder_fingerprint")
+    trained_with = saved.get("encoder_fingerprint")
     current = encoder_fingerprint(config, config.quantize_encoder)
     if trained_with == current:
         return None

@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from envs.tasks import TaskSpec, TaskSpecError, evaluate
 from warehouse.model import Action, ActionType, Screen, UIElement
+from warehouse.purposes import EpisodePurpose
 from warehouse.schema import EPISODES, STEPS, append_step
 
 SOURCE_ROLLOUT = "rollout"
@@ -409,8 +410,13 @@ def run_episode(
 # -- warehouse rows --------------------------------------------------------------------------
 
 
-def episode_tables(records: Sequence[EpisodeRecord], *, run_id: str | None = None) -> tuple[pa.Table, pa.Table]:
+def episode_tables(
+    records: Sequence[EpisodeRecord], *, run_id: str | None = None, purpose: EpisodePurpose
+) -> tuple[pa.Table, pa.Table]:
     """Rollout episodes -> (episodes, steps) Arrow tables in the warehouse's schemas.
+
+    ``purpose`` says what the episodes may be used for (``warehouse.purposes``): the caller that
+    made them knows, and must say (an evaluation episode written as training data would leak).
 
     ``steps.env_reward`` is the environment's reward at the step, ``steps.milestones_hit`` the
     task-spec milestones first reached there (an empty list when none: never null for rollouts),
@@ -426,6 +432,7 @@ def episode_tables(records: Sequence[EpisodeRecord], *, run_id: str | None = Non
             "task_family": record.family,
             "instruction": record.instruction,
             "source": SOURCE_ROLLOUT,
+            "purpose": EpisodePurpose(purpose).value,
             "parent_episode_id": None,
             "policy_id": record.policy_id,
             "env_backend": record.backend,

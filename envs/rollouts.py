@@ -36,6 +36,7 @@ from envs.task_catalog import families as families
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown
+from warehouse.purposes import EpisodePurpose
 from warehouse.schema import same_type
 from warehouse.storage import git_revision
 
@@ -257,6 +258,7 @@ def publish_rollouts(
     parameters: dict,
     spec_paths: Iterable[str | None],
     extra_inputs: Iterable[LineageInput] = (),
+    purpose: EpisodePurpose = EpisodePurpose.EXPLORATION,
 ) -> tuple[Materialization, list[TableOutput]]:
     """Write a batch's episodes, steps and attempts as one new version of ``dataset``, atomically."""
     materialization = Materialization(
@@ -268,7 +270,7 @@ def publish_rollouts(
         inputs=[LineageInput(kind="file", path=p, version=_sha256(p)) for p in dict.fromkeys(spec_paths) if p]
         + list(extra_inputs),
     )
-    episodes, steps = episode_tables(result.episodes, run_id=run_id)
+    episodes, steps = episode_tables(result.episodes, run_id=run_id, purpose=purpose)
     outputs = [
         warehouse.stage_table("episodes", dataset, episodes, materialization),
         warehouse.stage_table("steps", dataset, steps, materialization),

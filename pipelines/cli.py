@@ -326,10 +326,10 @@ def _demo_tables(warehouse, stages: tuple[str, ...]) -> None:
     """The summary tables `stepwise demo` prints (also what docs/numbers come from)."""
     _print_table(
         warehouse.query(
-            "SELECT source, count(*) AS episodes, count(*) FILTER (WHERE success) AS successes, "
+            "SELECT source, purpose, count(*) AS episodes, count(*) FILTER (WHERE success) AS successes, "
             "count(*) FILTER (WHERE NOT success) AS failures, sum(n_steps) AS steps, "
             "count(DISTINCT task_id) AS tasks "
-            "FROM episodes GROUP BY source ORDER BY source"
+            "FROM episodes GROUP BY source, purpose ORDER BY source, purpose"
         )
     )
     _print_table(warehouse.query("SELECT status, count(*) AS files FROM source_files GROUP BY status ORDER BY status"))

@@ -33,9 +33,17 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from warehouse.purposes import LEGACY_PURPOSE_SQL
 from warehouse.schema import TABLE_SCHEMAS
 from warehouse.storage import slug, stepwise_home, write_parquet_atomic
+
+#: Bumped when the views change shape (a column added to a schema, a derived column): a catalog
+#: whose views were built by another version rebuilds them on opening.
+VIEWS_VERSION = "2"  # 2: every schema column present (old files read as nulls); episodes.purpose inferred
+#: Columns a view derives for rows written before the column existed (``coalesce(stored, derived)``).
+_DERIVED_COLUMNS: dict[str, dict[str, str]] = {"episodes": {"purpose": LEGACY_PURPOSE_SQL}}
 
 _CATALOG_DDL = """
 CREATE TABLE IF NOT EXISTS table_versions (
@@ -202,7 +210,12 @@ class Warehouse:
         except duckdb.CatalogException:
             rows = []
         views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
-        if rows and rows[0][0] == str(self.home) and set(TABLE_SCHEMAS) <= views:
+        try:
+            version = con.execute("SELECT value FROM catalog_meta WHERE key = 'views_version'").fetchall()
+        except duckdb.CatalogException:
+            version = []
+        current = bool(rows) and rows[0][0] == str(self.home) and version == [(VIEWS_VERSION,)]
+        if current and set(TABLE_SCHEMAS) <= views:
             self._views_checked = True
             return con
         if read_only:
@@ -433,10 +446,15 @@ class Warehouse:
         ).fetchall()
         paths_by_table = {name: [str(self.resolve(p)) for p in paths] for name, paths in current}
         for table_name, schema in TABLE_SCHEMAS.items():
-            paths = paths_by_table.pop(table_name, None) or [str(self._empty_file(table_name, schema))]
+            # The schema's empty file comes first: every column exists (files older than a column
+            # read it as null) and the columns keep the schema's order.
+            paths = [str(self._empty_file(table_name, schema)), *paths_by_table.pop(table_name, [])]
+            derived = _DERIVED_COLUMNS.get(table_name, {})
+            replace = ", ".join(f"coalesce({c}, {sql}) AS {c}" for c, sql in derived.items())
             con.execute(
                 f"CREATE OR REPLACE VIEW {table_name} AS "
-                f"SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)"
+                f"SELECT *{f' REPLACE ({replace})' if replace else ''} "
+                f"FROM read_parquet({_sql_list(paths)}, union_by_name = true)"
             )
         for table_name, paths in paths_by_table.items():  # tables registered by later stages
             con.execute(
@@ -445,10 +463,12 @@ class Warehouse:
             )
         con.execute(_LINEAGE_VIEW)
         con.execute("INSERT OR REPLACE INTO catalog_meta VALUES ('views_home', ?)", [str(self.home)])
+        con.execute("INSERT OR REPLACE INTO catalog_meta VALUES ('views_version', ?)", [VIEWS_VERSION])
 
     def _empty_file(self, table_name: str, schema: pa.Schema) -> Path:
+        """A zero-row file of the table's schema (rewritten when the schema has changed since)."""
         path = self.data_dir / "_empty" / f"{table_name}.parquet"
-        if not path.exists():
+        if not path.exists() or not pq.read_schema(path).equals(schema, check_metadata=False):
             write_parquet_atomic(schema.empty_table(), path)
         return path
 

@@ -42,6 +42,7 @@ EPISODES = with_key(
             ("instruction", pa.string()),
             ("task_fields", pa.string()),  # JSON of the instruction's slots when the source records them
             pa.field("source", pa.string(), nullable=False),  # human_demo | rollout | synthetic:<kind>
+            ("purpose", pa.string()),  # what it may be used for: warehouse.purposes.EpisodePurpose
             ("parent_episode_id", pa.string()),
             ("policy_id", pa.string()),
             ("env_backend", pa.string()),

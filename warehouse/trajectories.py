@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from warehouse.catalog import Warehouse
 from warehouse.model import Action, ActionType, Screen, UIElement
+from warehouse.purposes import EpisodePurpose
 from warehouse.schema import EPISODES, STEPS, append_step
 
 
@@ -227,9 +228,14 @@ def task_batches(trajectories: Iterable[Trajectory], max_episodes: int = 4000) -
 
 
 def trajectories_to_tables(
-    trajectories: Iterable[Trajectory], *, created_at, run_id: str | None, env_backend: str | None = None
+    trajectories: Iterable[Trajectory],
+    *,
+    created_at,
+    run_id: str | None,
+    purpose: EpisodePurpose,
+    env_backend: str | None = None,
 ) -> tuple[pa.Table, pa.Table]:
-    """Trajectories -> (episodes, steps) Arrow tables in the warehouse schemas."""
+    """Trajectories -> (episodes, steps) Arrow tables in the warehouse schemas, all of ``purpose``."""
     episodes: list[dict] = []
     steps: dict[str, list] = {name: [] for name in STEPS.names}
     for t in trajectories:
@@ -241,6 +247,7 @@ def trajectories_to_tables(
                 "instruction": t.instruction,
                 "task_fields": json.dumps(t.fields, sort_keys=True) if t.fields else None,
                 "source": t.source,
+                "purpose": EpisodePurpose(purpose).value,
                 "parent_episode_id": t.parent_episode_id,
                 "policy_id": None,
                 "env_backend": env_backend,

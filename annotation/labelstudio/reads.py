@@ -27,6 +27,7 @@ from annotation.labelstudio.render import StepView
 from annotation.labelstudio.selection import STEP_JUDGE_KINDS, StepCandidate, step_candidates
 from annotation.progress.label_io import default_specs_dir
 from warehouse.catalog import LineageInput, Warehouse
+from warehouse.purposes import purpose_filter
 from warehouse.tables_annotation import ANNOTATION_QUEUE, HUMAN_LABELS
 
 
@@ -92,12 +93,14 @@ def read_prediction_model(warehouse: Warehouse, model: str | None = None) -> str
 def read_step_candidates(
     warehouse: Warehouse, *, model: str | None = None, episode_source: str | None = None
 ) -> list[StepCandidate]:
-    """Every step with its LCS and environment labels and the model's prediction (see ``step_candidates``)."""
+    """Every step with its LCS and environment labels and the model's prediction (see ``step_candidates``).
+
+    Steps of evaluation episodes are never candidates: a human label becomes PRM training data."""
     source, params = (" AND e.source = ?", [episode_source]) if episode_source else ("", [])
     steps = _query(
         warehouse,
         "SELECT s.episode_id, s.step_idx, e.task_id, e.success, e.source "
-        f"FROM steps s JOIN episodes e USING (episode_id) WHERE true{source}",
+        f"FROM steps s JOIN episodes e USING (episode_id) WHERE {purpose_filter()}{source}",
         params,
     )
     if steps is None or not steps.num_rows:
@@ -183,11 +186,12 @@ def read_episode_actions(warehouse: Warehouse, episode_ids: Sequence[str], *, wi
 
 
 def read_task_episodes(warehouse: Warehouse, tasks: Sequence[str]) -> dict[str, list[dict]]:
-    """The episodes of these tasks (id, task, outcome, instruction, length), per task."""
+    """The episodes of these tasks (id, task, outcome, instruction, length), per task; evaluation
+    episodes excluded (what annotators label becomes training data)."""
     table = _query(
         warehouse,
-        "SELECT episode_id, task_id, success, instruction, n_steps FROM episodes "
-        "WHERE task_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY episode_id",
+        "SELECT episode_id, task_id, success, instruction, n_steps FROM episodes e "
+        f"WHERE task_id IN (SELECT unnest(?::VARCHAR[])) AND {purpose_filter()} ORDER BY episode_id",
         [list(tasks)],
     )
     by_task: dict[str, list[dict]] = defaultdict(list)

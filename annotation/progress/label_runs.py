@@ -51,6 +51,7 @@ from annotation.progress.text_similarity import HashingTextEmbedder, TextEmbedde
 from envs.task_catalog import MINIWOB_FAMILIES
 from envs.tasks import TaskSpec, load_task_specs
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
+from warehouse.purposes import purpose_filter
 from warehouse.schema import LABEL_LEDGER, LABEL_NOTES, LIBRARY_STATE, PROGRESS_LABELS, RECIPES
 from warehouse.storage import git_revision
 from warehouse.trajectories import Trajectory, iter_task_batches, load_trajectories
@@ -93,14 +94,21 @@ def spec_inputs(specs: dict[str, TaskSpec]) -> list[LineageInput]:
 
 
 def family_where(family_names: Sequence[str]) -> tuple[str, list]:
-    """SQL (over ``episodes e``) selecting the episodes of these label families, and its parameters."""
+    """SQL (over ``episodes e``) selecting the episodes of these label families, and its parameters.
+
+    Only episodes that may be trained on (``warehouse.purposes.TRAINING_PURPOSES``): evaluation
+    episodes get no recipe, label or ledger row, so nothing downstream can learn from them."""
     catalog_tasks = {task: fam for fam, tasks in MINIWOB_FAMILIES.items() for task in tasks}
 
     catalog_tasks.update(android_families())
     wanted = [task for task, fam in catalog_tasks.items() if fam in family_names]
+    trainable = purpose_filter("e.purpose")
     if OTHER_FAMILY in family_names:
-        return "(list_contains(?, e.task_id) OR NOT list_contains(?, e.task_id))", [wanted, sorted(catalog_tasks)]
-    return "list_contains(?, e.task_id)", [wanted]
+        return (
+            f"(list_contains(?, e.task_id) OR NOT list_contains(?, e.task_id)) AND {trainable}",
+            [wanted, sorted(catalog_tasks)],
+        )
+    return f"list_contains(?, e.task_id) AND {trainable}", [wanted]
 
 
 @dataclass
@@ -605,7 +613,7 @@ def _relabel_rebuilt_tasks(
 ) -> None:
     """Relabel the rebuilt tasks whole, batch by batch, with their libraries' next versions, and ledger them."""
     mid = out.m.materialization_id
-    rebuilt_batches = iter_task_batches(warehouse, "list_contains(?, e.task_id)", [rebuild])
+    rebuilt_batches = iter_task_batches(warehouse, f"list_contains(?, e.task_id) AND {purpose_filter()}", [rebuild])
     for result, batch_trajectories in _with_batches(rebuilt_batches, embed, specs, theta, version_of):
         out.summary.episodes += result.episodes
         _write_batch(out, family, result, mid, version_of)
@@ -705,9 +713,11 @@ def unlabelled_episodes(warehouse: Warehouse, family: str) -> int:
 def families_with_new_episodes(warehouse: Warehouse) -> dict[str, int]:
     """Label families with episodes not labelled yet (in ``episodes``, not in ``label_ledger``),
     and how many: what the ``new_episodes_to_label`` sensor asks. One anti-join in DuckDB; only the
-    distinct task ids of what is new come back to Python."""
+    distinct task ids of what is new come back to Python. Evaluation episodes never count: the
+    labels stage does not take them."""
     rows = warehouse.query(
-        "SELECT e.task_id, count(*) AS n FROM episodes e ANTI JOIN label_ledger l USING (episode_id) GROUP BY 1"
+        "SELECT e.task_id, count(*) AS n FROM episodes e ANTI JOIN label_ledger l USING (episode_id) "
+        f"WHERE {purpose_filter()} GROUP BY 1"
     ).to_pylist()
     counts: Counter[str] = Counter()
     for row in rows:

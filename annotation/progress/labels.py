@@ -37,6 +37,7 @@ from envs.tasks import load_task_specs
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown
+from warehouse.purposes import EpisodePurpose, purpose_filter
 from warehouse.schema import LABEL_QUALITY, PROGRESS_SPLIT
 from warehouse.storage import git_revision
 from warehouse.trajectories import load_trajectories, trajectories_to_tables
@@ -50,9 +51,11 @@ Log = Callable[[str], None]
 
 def run_synthesis(warehouse: Warehouse, *, seed: int = 0, run_id: str | None = None, log: Log = print) -> dict:
     """ProgRM App. B over the real trajectories in the warehouse; replaces the synthetic dataset."""
-    real = list(load_trajectories(warehouse, "e.source NOT LIKE 'synthetic:%'"))
+    real = list(load_trajectories(warehouse, f"e.source NOT LIKE 'synthetic:%' AND {purpose_filter()}"))
     synthetic = synthesize(real, seed=seed)
-    episodes, steps = trajectories_to_tables(synthetic, created_at=datetime.now(UTC), run_id=run_id)
+    episodes, steps = trajectories_to_tables(
+        synthetic, created_at=datetime.now(UTC), run_id=run_id, purpose=EpisodePurpose.SYNTHETIC
+    )
     m = Materialization(
         asset="synthetic_trajectories",
         run_id=run_id,
@@ -87,7 +90,7 @@ def run_split(
     warehouse: Warehouse, *, by: str = "goal", seed: int = 0, run_id: str | None = None, log: Log = print
 ) -> dict:
     """ProgRM App. C: split by task goal, failed steps sampled to ~1:1 with successful ones."""
-    trajectories = list(load_trajectories(warehouse, with_screens=False))
+    trajectories = list(load_trajectories(warehouse, purpose_filter(), with_screens=False))
     rows = training_split(trajectories, by=by, seed=seed)
     table = pa.Table.from_pylist(
         [
@@ -142,7 +145,11 @@ def run_label_report(
     # Real trajectories only: a synthetic one (another task's instruction, a random walk over
     # recorded screens) has no environment behind it to define ground truth.
     trajectories = list(
-        load_trajectories(warehouse, "list_contains(?, e.task_id) AND e.source NOT LIKE 'synthetic:%'", [tasks])
+        load_trajectories(
+            warehouse,
+            f"list_contains(?, e.task_id) AND e.source NOT LIKE 'synthetic:%' AND {purpose_filter()}",
+            [tasks],
+        )
     )
     if not trajectories:
         log(f"no episodes of the tasks with specs in {specs_dir} ({', '.join(tasks)})")

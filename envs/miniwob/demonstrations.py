@@ -70,6 +70,7 @@ from warehouse.catalog import LineageInput, Materialization, TableOutput, Wareho
 from warehouse.checks import CheckOutcome
 from warehouse.model import KNOWN_ACTION_TYPES
 from warehouse.plotting import Markdown, figure_markdown, pyplot
+from warehouse.purposes import EpisodePurpose
 from warehouse.schema import EPISODES, QUARANTINE, SOURCE_FILES, STEPS, append_step, same_type
 from warehouse.storage import REPO_ROOT, git_revision
 
@@ -331,6 +332,7 @@ def _convert_file(
         "instruction": episode.instruction,
         "task_fields": json.dumps(fields, sort_keys=True) if fields else None,
         "source": "human_demo",
+        "purpose": EpisodePurpose.DEMONSTRATION.value,
         "parent_episode_id": None,
         "policy_id": "human",
         "env_backend": "miniwob",

@@ -27,6 +27,7 @@ from envs.protocol import (
 from envs.task_catalog import MINIWOB_FAMILIES, load_catalog, tasks_of_family
 from envs.tasks import TaskSpecError, task_spec_from_mapping, track_milestones
 from warehouse.model import Action, ActionType, Screen, UIElement
+from warehouse.purposes import EpisodePurpose
 from warehouse.schema import EPISODES, STEPS
 
 
@@ -285,7 +286,7 @@ def test_episode_tables_fit_the_warehouse_schema():
         12,
         datetime.now(UTC),
     )
-    episodes, step_table = episode_tables([record], run_id="r1")
+    episodes, step_table = episode_tables([record], run_id="r1", purpose=EpisodePurpose.EXPLORATION)
     assert episodes.schema.equals(EPISODES) and step_table.schema.equals(STEPS)
     row = episodes.to_pylist()[0]
     assert row["source"] == "rollout" and row["n_steps"] == 3 and row["task_fields"] == '{"user": "ada"}'

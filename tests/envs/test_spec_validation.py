@@ -18,6 +18,7 @@ from envs.spec_validation import (
 from envs.tasks import TaskSpecError, task_spec_from_mapping
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.model import Action, ActionType, Screen, UIElement
+from warehouse.purposes import EpisodePurpose
 from warehouse.trajectories import Trajectory, trajectories_to_tables
 
 LINKS = """\
@@ -183,7 +184,9 @@ def test_episodes_from_a_warehouse_by_task_or_variant(home, tmp_path):
         episode("roll:1", 'Click the link "a"', ["a"], True, source="rollout"),
     ]
     warehouse = Warehouse()
-    episodes, steps = trajectories_to_tables(demos, created_at=datetime.now(UTC), run_id=None)
+    episodes, steps = trajectories_to_tables(
+        demos, created_at=datetime.now(UTC), run_id=None, purpose=EpisodePurpose.DEMONSTRATION
+    )
     m = Materialization(asset="test")
     warehouse.publish(
         m, [warehouse.stage_table("episodes", "t", episodes, m), warehouse.stage_table("steps", "t", steps, m)]

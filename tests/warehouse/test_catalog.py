@@ -134,3 +134,56 @@ def test_adopting_versions_refuses_when_the_home_published_meanwhile(tmp_path):
         .column("materialization_id")
         .to_pylist()
     )
+
+
+def test_a_home_from_before_a_column_existed_reads_it_as_null_or_inferred(tmp_path):
+    """Files written before ``episodes.purpose`` lack the column; an older catalog's views lack it
+    too. Opened by this version, the views are rebuilt: every schema column is there, in schema
+    order, and the purpose is inferred from the source and the id prefix."""
+    import pyarrow.parquet as pq
+
+    from warehouse.schema import EPISODES
+
+    wh = Warehouse(tmp_path / "home")
+    rows = [
+        {"episode_id": "demo:a:1", "task_id": "a", "source": "human_demo", "success": True, "n_steps": 1},
+        {
+            "episode_id": "eval:p:held_out:a:3000000",
+            "task_id": "a",
+            "source": "rollout",
+            "success": False,
+            "n_steps": 1,
+        },
+        {
+            "episode_id": "guide:p:prm:N=3:a:3000000:a0",
+            "task_id": "a",
+            "source": "rollout",
+            "success": True,
+            "n_steps": 1,
+        },
+        {"episode_id": "rl:k:p:i000:a:1000000", "task_id": "a", "source": "rollout", "success": True, "n_steps": 1},
+        {"episode_id": "rollout:a:b:5", "task_id": "a", "source": "rollout", "success": True, "n_steps": 1},
+        {"episode_id": "syn:x", "task_id": "a", "source": "synthetic:shuffle", "success": False, "n_steps": 1},
+    ]
+    m = Materialization(asset="t")
+    out = wh.stage_table("episodes", "d", pa.Table.from_pylist(rows, schema=EPISODES), m)
+    wh.publish(m, [out])
+    old_file = pq.read_table(out.path).drop_columns(["purpose"])  # what an older version wrote
+    pq.write_table(old_file, out.path)
+    with duckdb.connect(str(wh.db_path)) as con:  # and its views: without the column, no version mark
+        con.execute(f"CREATE OR REPLACE VIEW episodes AS SELECT * FROM read_parquet('{out.path}')")
+        con.execute("DELETE FROM catalog_meta WHERE key = 'views_version'")
+    reopened = Warehouse(tmp_path / "home")
+    purposes = {
+        r["episode_id"].split(":")[0]: r["purpose"]
+        for r in reopened.query("SELECT episode_id, purpose FROM episodes").to_pylist()
+    }
+    assert purposes == {
+        "demo": "demonstration",
+        "eval": "evaluation",
+        "guide": "guidance_evaluation",
+        "rl": "rl_training",
+        "rollout": "exploration",
+        "syn": "synthetic",
+    }
+    assert [c for c, _ in reopened.columns("episodes")] == EPISODES.names

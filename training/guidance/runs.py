@@ -55,6 +55,7 @@ from training.policy.store import HELD_OUT_SEED_BASE, PolicyNotFoundError, lates
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
+from warehouse.purposes import EpisodePurpose
 from warehouse.storage import git_revision
 from warehouse.tables_guidance import GUIDANCE_EPISODES, GUIDANCE_EVAL, GUIDANCE_STEPS
 
@@ -643,7 +644,7 @@ def _publish_evaluation(
         workers_started=0,
         workers_replaced=0,
     )
-    episodes_table, steps_table = episode_tables(records, run_id=run_id)
+    episodes_table, steps_table = episode_tables(records, run_id=run_id, purpose=EpisodePurpose.GUIDANCE_EVALUATION)
     outputs: list[TableOutput] = [
         warehouse.stage_table("episodes", dataset, episodes_table, m),
         warehouse.stage_table("steps", dataset, steps_table, m),

@@ -7,7 +7,11 @@ held-out evaluation (RL and guidance) from ``HELD_OUT_SEED_BASE``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from warehouse.catalog import Warehouse
+from warehouse.purposes import IMITATION_PURPOSES, purpose_filter
+from warehouse.trajectories import Trajectory, load_trajectories
 
 TRAIN_SEED_BASE = 1_000_000
 SELECTION_SEED_BASE = 2_000_000
@@ -29,3 +33,15 @@ def latest_policy(warehouse: Warehouse, policy_kind: str = "sft", policy_id: str
     row = rows[0]
     row["checkpoint"] = warehouse.resolve(row["checkpoint_path"])
     return row
+
+
+def imitation_trajectories(warehouse: Warehouse, task_id: str, limit: int) -> Iterator[Trajectory]:
+    """What SFT imitates for a task: up to ``limit`` successful episodes of an expert purpose
+    (human demonstrations, the rollouts asset's scripted and noisy experts), never an evaluation
+    episode or a policy's own. ``episode_id`` order: a fixed sample (demonstration ids are hashes)."""
+    return load_trajectories(
+        warehouse,
+        "e.episode_id IN (SELECT episode_id FROM episodes WHERE task_id = ? AND success "
+        f"AND {purpose_filter('purpose', IMITATION_PURPOSES)} ORDER BY episode_id LIMIT ?)",
+        [task_id, limit],
+    )

@@ -58,6 +58,7 @@ from training.policy.store import (
     HELD_OUT_SEED_BASE,
     SELECTION_SEED_BASE,
     TRAIN_SEED_BASE,
+    imitation_trajectories,
     latest_policy,
 )
 from training.reward_models.scoring import LocalScorer, load_scorer
@@ -70,13 +71,12 @@ from training.rl.rewards.base import text_trajectory
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
+from warehouse.purposes import EpisodePurpose
 from warehouse.storage import git_revision
 from warehouse.tables_rl import AGENT_EVAL, AGENT_EVAL_EPISODES, POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
-from warehouse.trajectories import load_trajectories
 
 # 2: the ORM reward judges with its report's threshold; 3: the PRM pays 2 P(correct) - 1
 RL_CODE_VERSION = "rl-3"
-DEMONSTRATION_SOURCES = ("human_demo", "rollout")
 
 #: The runs of the experiment by partition key: a reward source with ProgRM's REINFORCE++, and
 #: each paper's own estimator for its source (ADMIRE: step-level GRPO; GUI-Shepherd: PPO).
@@ -214,9 +214,14 @@ def _run_pool(
 
 
 def _episode_outputs(
-    warehouse: Warehouse, result: BatchResult, dataset: str, m: Materialization, run_id: str | None
+    warehouse: Warehouse,
+    result: BatchResult,
+    dataset: str,
+    m: Materialization,
+    run_id: str | None,
+    purpose: EpisodePurpose,
 ) -> list[TableOutput]:
-    episodes, steps = episode_tables(result.episodes, run_id=run_id)
+    episodes, steps = episode_tables(result.episodes, run_id=run_id, purpose=purpose)
     return [
         warehouse.stage_table("episodes", dataset, episodes, m),
         warehouse.stage_table("steps", dataset, steps, m),
@@ -295,14 +300,7 @@ def run_policy_sft(
     candidates = list(settings.tasks) or list(catalog)
     tasks = _catalog_tasks(candidates)
     trajectories = [
-        t
-        for task in tasks
-        for t in load_trajectories(
-            warehouse,
-            "e.episode_id IN (SELECT episode_id FROM episodes WHERE task_id = ? AND success "
-            "AND list_contains(?, source) ORDER BY episode_id LIMIT ?)",
-            [task.task_id, list(DEMONSTRATION_SOURCES), settings.max_episodes_per_task],
-        )
+        t for task in tasks for t in imitation_trajectories(warehouse, task.task_id, settings.max_episodes_per_task)
     ]
     with_demos = sorted({t.task_id for t in trajectories})
     if not with_demos:
@@ -362,7 +360,7 @@ def run_policy_sft(
     outputs = [warehouse.stage_table("policies", policy_id, pa.Table.from_pylist([policy_row], schema=POLICIES), m)]
     for evaluation, batch, episodes in (("selection", selection_result, selection), ("held_out", held_result, held)):
         dataset = f"eval/{policy_id}/{evaluation}"
-        outputs += _episode_outputs(warehouse, batch, dataset, m, run_id)
+        outputs += _episode_outputs(warehouse, batch, dataset, m, run_id, EpisodePurpose.EVALUATION)
         outputs += _eval_outputs(
             warehouse, episodes, evaluation, reward_source="sft", rl_seed=None, dataset=dataset, m=m
         )
@@ -726,7 +724,7 @@ def _publish_iteration(
         for r, ds, reward, adv in zip(kept, decisions, rewards, advantages, strict=True)
         for t, d in enumerate(ds)
     ]
-    outputs = _episode_outputs(warehouse, result, dataset, m, run_id) + [
+    outputs = _episode_outputs(warehouse, result, dataset, m, run_id, EpisodePurpose.RL_TRAINING) + [
         warehouse.stage_table("rl_iterations", dataset, pa.Table.from_pylist([row], schema=RL_ITERATIONS), m),
         warehouse.stage_table("rl_step_rewards", dataset, pa.Table.from_pylist(step_rows, schema=RL_STEP_REWARDS), m),
     ]
@@ -814,7 +812,7 @@ def run_agent_evaluation(
         inputs=[LineageInput(kind="asset", input_asset="rl_run", path=policy["checkpoint_path"], version=policy_id)],
     )
     dataset = f"eval/{policy_id}/held_out"
-    outputs = _episode_outputs(warehouse, result, dataset, m, run_id) + _eval_outputs(
+    outputs = _episode_outputs(warehouse, result, dataset, m, run_id, EpisodePurpose.EVALUATION) + _eval_outputs(
         warehouse,
         episodes,
         "held_out",

@@ -258,7 +258,8 @@ def _count(warehouse: Warehouse, sql: str) -> int:
 
 def check_progress_labels(warehouse: Warehouse) -> dict[str, CheckOutcome]:
     """The checks of ``progress_labels``: labels in [0, 1], non-decreasing along an episode
-    (per source and method), and every episode labelled or its reason recorded in label_notes."""
+    (per source and method), and every episode that may be trained on labelled or its reason
+    recorded in label_notes (evaluation episodes are never labelled: ``warehouse.purposes``)."""
     bad_range = _count(
         warehouse, "SELECT count(*) AS n FROM progress_labels WHERE progress < 0 OR progress > 1 OR isnan(progress)"
     )
@@ -270,7 +271,7 @@ def check_progress_labels(warehouse: Warehouse) -> dict[str, CheckOutcome]:
     )
     unexplained = _count(
         warehouse,
-        "SELECT count(*) AS n FROM episodes e WHERE NOT EXISTS "
+        f"SELECT count(*) AS n FROM episodes e WHERE {purpose_filter()} AND NOT EXISTS "
         "(SELECT 1 FROM progress_labels l WHERE l.episode_id = e.episode_id AND l.source = 'lcs') "
         "AND NOT EXISTS (SELECT 1 FROM label_notes n "
         "WHERE (n.scope = 'episode' AND n.key = e.episode_id) OR (n.scope = 'task' AND n.key = e.task_id))",

@@ -20,7 +20,7 @@ from dagster import DagsterInstance, materialize
 from annotation.labelstudio.reads import read_step_candidates, read_task_episodes
 from annotation.progress.label_io import label_families
 from annotation.progress.label_runs import families_with_new_episodes, run_label_partitions
-from annotation.progress.labels import run_split, run_synthesis
+from annotation.progress.labels import check_progress_labels, run_split, run_synthesis
 from assets.demonstrations import DEMONSTRATION_ASSETS
 from assets.resources import WarehouseResource
 from training.policy.store import HELD_OUT_SEED_BASE, imitation_trajectories
@@ -96,6 +96,7 @@ def test_no_evaluation_episode_reaches_a_training_table(mixed_home):
     assert not held_out & ids("SELECT DISTINCT episode_id FROM label_ledger")
     assert not held_out & ids("SELECT DISTINCT unnest(member_episode_ids) FROM recipes")
     assert not held_out & ids("SELECT DISTINCT parent_episode_id FROM episodes WHERE source LIKE 'synthetic:%'")
+    assert check_progress_labels(wh)["every_episode_labelled_or_explained"].passed
     assert families_with_new_episodes(wh) == {}  # evaluation episodes are not "new work" for the labels stage
     for kind in ("orm", "progrm_lcs", "prm"):
         examples = build_reward_model_dataset(wh, kind).examples

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dagster import AssetSelection, Definitions, define_asset_job
 
 from assets.demonstrations import DEMONSTRATION_ASSETS, DEMONSTRATION_CHECKS
+from assets.flywheel import FLYWHEEL_ASSETS, FLYWHEEL_CHECKS, FLYWHEEL_JOBS
 from assets.guidance import GUIDANCE_ASSETS, GUIDANCE_CHECKS, GUIDANCE_JOBS
 from assets.human_labels import HUMAN_LABEL_ASSETS, HUMAN_LABEL_CHECKS, HUMAN_LABEL_JOBS, HUMAN_LABEL_SENSORS
 from assets.labels import LABEL_ASSETS, LABEL_CHECKS, LABEL_JOBS, LABEL_SENSORS
@@ -25,7 +26,8 @@ main_job = define_asset_job(
     - AssetSelection.groups("human_labels")
     - AssetSelection.groups(REWARD_MODEL_GROUP)
     - AssetSelection.groups("rl")
-    - AssetSelection.groups("guidance"),
+    - AssetSelection.groups("guidance")
+    - AssetSelection.groups("flywheel"),
     description="Import, synthesis, recipes and progress labels, split and label report on embedded defaults "
     "(no Label Studio); launch it over every label family (or a backfill of them) to relabel everything.",
 )
@@ -39,6 +41,7 @@ defs = Definitions(
         *REWARD_MODEL_ASSETS,
         *RL_ASSETS,
         *GUIDANCE_ASSETS,
+        *FLYWHEEL_ASSETS,
     ],
     asset_checks=[
         *DEMONSTRATION_CHECKS,
@@ -48,8 +51,18 @@ defs = Definitions(
         *REWARD_MODEL_CHECKS,
         *RL_CHECKS,
         *GUIDANCE_CHECKS,
+        *FLYWHEEL_CHECKS,
     ],
-    jobs=[main_job, *LABEL_JOBS, *HUMAN_LABEL_JOBS, *REWARD_MODEL_JOBS, *ROLLOUT_JOBS, *RL_JOBS, *GUIDANCE_JOBS],
+    jobs=[
+        main_job,
+        *LABEL_JOBS,
+        *HUMAN_LABEL_JOBS,
+        *REWARD_MODEL_JOBS,
+        *ROLLOUT_JOBS,
+        *RL_JOBS,
+        *GUIDANCE_JOBS,
+        *FLYWHEEL_JOBS,
+    ],
     sensors=[*LABEL_SENSORS, *HUMAN_LABEL_SENSORS],
     resources=RESOURCES,
 )

@@ -1,8 +1,9 @@
 """Where trained policies are found, and the seed ranges their episodes are drawn from.
 
 The ranges are disjoint so that no instance a policy trained on can reach its evaluation: RL
-training draws from ``TRAIN_SEED_BASE``, the choice of tasks from ``SELECTION_SEED_BASE`` and every
-held-out evaluation (RL and guidance) from ``HELD_OUT_SEED_BASE``.
+training draws from ``TRAIN_SEED_BASE``, the choice of tasks from ``SELECTION_SEED_BASE``, every
+held-out evaluation (RL and guidance) from ``HELD_OUT_SEED_BASE`` and the policy rollouts collected
+as training data (``training.flywheel.collection``) from ``POLICY_ROLLOUT_SEED_BASE``.
 """
 
 from __future__ import annotations
@@ -16,19 +17,31 @@ from warehouse.trajectories import Trajectory, load_trajectories
 TRAIN_SEED_BASE = 1_000_000
 SELECTION_SEED_BASE = 2_000_000
 HELD_OUT_SEED_BASE = 3_000_000
+POLICY_ROLLOUT_SEED_BASE = 4_000_000
 
 
 class PolicyNotFoundError(RuntimeError):
     """No policy of the kind (or id) asked for is in the warehouse."""
 
 
-def latest_policy(warehouse: Warehouse, policy_kind: str = "sft", policy_id: str | None = None) -> dict:
-    """The newest ``policies`` row of a kind (``sft`` | ``rl``: the ``policies.kind`` column), or the one
-    named, with its checkpoint resolved."""
-    where, params = ("policy_id = ?", [policy_id]) if policy_id else ("kind = ?", [policy_kind])
+def latest_policy(
+    warehouse: Warehouse, policy_kind: str = "sft", policy_id: str | None = None, *, reward_source: str | None = None
+) -> dict:
+    """The newest ``policies`` row of a kind (``sft`` | ``rl``: the ``policies.kind`` column; for
+    ``rl``, of one reward source when given), or the one named, with its checkpoint resolved."""
+    if policy_id:
+        where, params = "policy_id = ?", [policy_id]
+    elif reward_source:
+        where, params = "kind = ? AND reward_source = ?", [policy_kind, reward_source]
+    else:
+        where, params = "kind = ?", [policy_kind]
     rows = warehouse.query(f"SELECT * FROM policies WHERE {where} ORDER BY created_at DESC LIMIT 1", params).to_pylist()
     if not rows:
-        wanted = f"policy {policy_id}" if policy_id else f"{policy_kind} policy"
+        wanted = (
+            f"policy {policy_id}"
+            if policy_id
+            else f"{policy_kind} policy" + (f" trained with reward {reward_source}" if reward_source else "")
+        )
         raise PolicyNotFoundError(f"no {wanted} in the warehouse: materialize policy_sft first (stepwise rl)")
     row = rows[0]
     row["checkpoint"] = warehouse.resolve(row["checkpoint_path"])

@@ -1,0 +1,110 @@
+"""The reward flywheel (group ``flywheel``): the agent's own episodes as reward-model data.
+
+``policy_rollouts`` samples episodes from a policy checkpoint (the SFT policy or the newest RL
+checkpoint of a reward source) at temperature, partitioned by policy x task family; a round
+(config) fixes the seeds. Its episodes are ``purpose = policy_rollout``: the labels stage (its
+sensor sees new episodes of a family) labels them, the split and the reward-model datasets take
+them like any other training episode.
+
+Stage logic: :mod:`training.flywheel`.
+"""
+
+from dagster import (
+    AssetExecutionContext,
+    Config,
+    Failure,
+    MaterializeResult,
+    MultiPartitionsDefinition,
+    StaticPartitionsDefinition,
+    asset,
+    define_asset_job,
+)
+from pydantic import Field
+
+from assets.metadata import table_metadata, to_metadata, unique_key_checks
+from assets.resources import EnvPoolResource, WarehouseResource
+from envs.rollouts import ATTEMPTS_TABLE, ROLLOUT_ATTEMPTS, families
+from training.flywheel.collection import (
+    ASSET_NAME,
+    COLLECTION_VERSION,
+    CollectionError,
+    CollectionRequest,
+    policy_keys,
+    run_collection,
+)
+from training.rl.rewards import REWARD_SOURCES
+
+GROUP = "flywheel"
+POLICY_ROLLOUT_PARTITIONS = MultiPartitionsDefinition(
+    {
+        "family": StaticPartitionsDefinition(families("miniwob")),
+        "policy": StaticPartitionsDefinition(policy_keys(REWARD_SOURCES)),
+    }
+)
+
+
+class PolicyRolloutConfig(Config):
+    round: int = Field(default=0, description="fixes the seeds (the same for every policy); a new round adds episodes")
+    episodes_per_task: int = Field(default=16, description="episodes per task")
+    temperature: float = Field(default=1.0, description="sampling temperature (1: the policy's own distribution)")
+    tasks: list[str] = Field(default=[], description="task ids in the family; empty: the policy's own tasks there")
+    all_tasks: bool = Field(default=False, description="every task of the family instead of the policy's own")
+    workers: int = Field(default=2, description="episodes run at once (2 suits a 2-core machine)")
+
+
+@asset(
+    name=ASSET_NAME,
+    group_name=GROUP,
+    partitions_def=POLICY_ROLLOUT_PARTITIONS,
+    code_version=COLLECTION_VERSION,
+    deps=["policy_sft"],
+    kinds={"chromium", "pytorch", "parquet"},
+    description=(
+        "Episodes sampled at temperature from a policy checkpoint (SFT, or the newest RL checkpoint of a "
+        "reward source) on live MiniWoB++, on seeds of their own (never an evaluation seed): reward-model "
+        "training data from the agent itself (ProgRM §3). `episodes.purpose = 'policy_rollout'`, "
+        "`episodes.policy_id` names the checkpoint."
+    ),
+)
+def policy_rollouts(
+    context: AssetExecutionContext,
+    config: PolicyRolloutConfig,
+    warehouse: WarehouseResource,
+    env_pool: EnvPoolResource,
+) -> MaterializeResult:
+    keys = context.partition_key.keys_by_dimension
+    wh = warehouse.get()
+    try:
+        request = CollectionRequest(
+            policy=keys["policy"],
+            family=keys["family"],
+            round=config.round,
+            episodes_per_task=config.episodes_per_task,
+            temperature=config.temperature,
+            tasks=tuple(config.tasks),
+            all_tasks=config.all_tasks,
+            workers=config.workers,
+        )
+        summary = run_collection(
+            wh,
+            request,
+            lambda workers: env_pool.pool("miniwob", workers, log=context.log.warning),
+            run_id=context.run_id,
+            partition_key=context.partition_key,
+            log=context.log.info,
+        )
+    except CollectionError as exc:
+        raise Failure(str(exc)) from None
+    return MaterializeResult(metadata=to_metadata(summary) | table_metadata(wh, "episodes", also=("steps",)))
+
+
+FLYWHEEL_ASSETS = [policy_rollouts]
+FLYWHEEL_CHECKS = [unique_key_checks(ASSET_NAME, {"episodes": None, "steps": None, ATTEMPTS_TABLE: ROLLOUT_ATTEMPTS})]
+FLYWHEEL_JOBS = [
+    define_asset_job(
+        "policy_rollouts_job",
+        selection=[ASSET_NAME],
+        partitions_def=POLICY_ROLLOUT_PARTITIONS,
+        description="policy rollouts, one family x policy partition per run",
+    )
+]

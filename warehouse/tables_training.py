@@ -90,6 +90,7 @@ MODELS = with_key(
             ("resumed_from", pa.string()),  # the checkpoint a run resumed from, if any
             ("parameters", pa.string()),  # JSON: model config and training arguments
             ("validation_metrics", pa.string()),  # JSON
+            ("training_mix", pa.string()),  # JSON {episode purpose: training examples}: the data mix
             ("code_version", pa.string()),
             ("run_id", pa.string()),
             ("created_at", pa.timestamp("us", tz="UTC")),
@@ -139,10 +140,36 @@ RM_METRICS = with_key(
     "metric",
 )
 
+# Each reward model on held-out agent episodes (training.reward_models.agent_episodes): the AUC
+# of its episode score against success, per task family and over all ("all"), with a 95% bootstrap interval.
+RM_AGENT_AUC = with_key(
+    pa.schema(
+        [
+            pa.field("model_id", pa.string(), nullable=False),
+            pa.field("kind", pa.string(), nullable=False),
+            pa.field("episode_set", pa.string(), nullable=False),  # agent_evaluation
+            pa.field("family", pa.string(), nullable=False),  # a task family, or "all"
+            ("episodes", pa.int64()),
+            ("successes", pa.int64()),
+            ("policies", pa.int64()),  # distinct policies whose episodes were scored
+            ("auc", pa.float64()),
+            ("auc_low", pa.float64()),
+            ("auc_high", pa.float64()),
+            ("score_rule", pa.string()),  # how step scores become an episode score
+            ("report_run_id", pa.string()),
+            ("created_at", pa.timestamp("us", tz="UTC")),
+        ]
+    ),
+    "model_id",
+    "episode_set",
+    "family",
+)
+
 TRAINING_TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "rm_examples": RM_EXAMPLES,
     "rm_trl_stepwise": RM_TRL_STEPWISE,
     "models": MODELS,
     "rm_predictions": RM_PREDICTIONS,
     "rm_metrics": RM_METRICS,
+    "rm_agent_auc": RM_AGENT_AUC,
 }

@@ -99,8 +99,12 @@ def test_no_evaluation_episode_reaches_a_training_table(mixed_home):
     assert check_progress_labels(wh)["every_episode_labelled_or_explained"].passed
     assert families_with_new_episodes(wh) == {}  # evaluation episodes are not "new work" for the labels stage
     for kind in ("orm", "progrm_lcs", "prm"):
-        examples = build_reward_model_dataset(wh, kind).examples
+        dataset = build_reward_model_dataset(wh, kind)
+        examples = dataset.examples
         assert examples.num_rows > 0, kind
+        mix = dataset.stats.examples_by_purpose  # the data mix, by split and episode purpose
+        assert sum(n for split in mix.values() for n in split.values()) == examples.num_rows, kind
+        assert {p for split in mix.values() for p in split} <= set(TRAINING_PURPOSES), kind
         assert not held_out & set(pc.unique(examples.column("episode_id")).to_pylist()), kind
     imitated = {t.episode_id for task in ("login-user", "search-engine") for t in imitation_trajectories(wh, task, 400)}
     assert imitated and not held_out & imitated

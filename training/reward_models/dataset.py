@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from training.reward_models.examples import (
     DatasetOptions,
@@ -74,6 +76,7 @@ def build_reward_model_dataset(
     examples, stats = build_examples(
         kind, trajectories, splits, progress_labels=labels, human_verdicts=human, options=options
     )
+    stats.examples_by_purpose = examples_by_purpose(warehouse, examples)
     tables = ["episodes", "steps", "progress_split"] + (["progress_labels"] if needed else []) + human_tables
     trl = None
     if kind == "prm":
@@ -82,3 +85,27 @@ def build_reward_model_dataset(
         verdicts = step_verdicts_for_export(trajectories, labels.get(source, {}), human, derived_name)
         trl = trl_stepwise_rows(trajectories, splits, verdicts)
     return RewardModelDataset(kind, examples, stats, warehouse.current_inputs(tables), trl, bool(human))
+
+
+def examples_by_purpose(warehouse: Warehouse, examples: pa.Table) -> dict[str, dict[str, int]]:
+    """How many examples of each split come from episodes of each purpose (demonstration,
+    synthetic, exploration, policy_rollout, ...): the data mix, recorded with the dataset and the model."""
+    if not examples.num_rows:
+        return {}
+    ids = pc.unique(examples.column("episode_id")).to_pylist()  # type: ignore[attr-defined]
+    purpose_of = dict(
+        warehouse.query("SELECT episode_id, purpose FROM episodes WHERE list_contains(?, episode_id)", [ids])
+        .to_pandas()
+        .itertuples(index=False, name=None)
+    )
+    counts = Counter(
+        zip(
+            examples.column("split").to_pylist(),
+            map(purpose_of.get, examples.column("episode_id").to_pylist()),
+            strict=True,
+        )
+    )
+    out: dict[str, dict[str, int]] = {}
+    for (split, purpose), n in sorted(counts.items(), key=str):
+        out.setdefault(split, {})[purpose or "unknown"] = n
+    return out

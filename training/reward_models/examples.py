@@ -56,9 +56,12 @@ class DatasetStats:
     dropped: Counter = field(default_factory=Counter)
     label_sources: Counter = field(default_factory=Counter)
     label_versions: set[str] = field(default_factory=set)
+    # split -> episode purpose (warehouse.purposes) -> examples: the mix a model learns from
+    examples_by_purpose: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
+            "examples_by_purpose": self.examples_by_purpose,
             "kind": self.kind,
             "examples_by_split": self.examples_by_split,
             "label_mean_by_split": {k: round(v, 4) for k, v in self.label_mean_by_split.items()},

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,11 +38,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from envs.process import set_parent_death_signal
+from training.reward_models.agent_episodes import AgentEpisodeReport, agent_episode_report, read_agent_episodes
 from training.reward_models.dataset import build_reward_model_dataset
+from training.reward_models.evaluate import ModelRecord
 from training.reward_models.examples import DatasetOptions
 from training.reward_models.kinds import PROGRESS_KINDS, REWARD_MODEL_KINDS, SPLITS, SUCCESS_JUDGE_KINDS, kind_spec
 from training.reward_models.prompts import TruncationBudget
-from training.reward_models.readers import view_exists
+from training.reward_models.readers import read_trajectories, view_exists
 from training.reward_models.states import StepState
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.checks import CheckOutcome
@@ -149,6 +151,7 @@ def build_dataset(
         "dropped": summary["dropped"],
         "label_sources": summary["label_sources"],
         "label_versions": summary["label_versions"],
+        "examples_by_purpose": summary["examples_by_purpose"],
         "human_labels_present": summary["human_labels_present"],
         "inputs": [f"{i.input_asset}@{i.input_materialization_id}" for i in dataset.inputs],
         "seconds": float(time.time() - started),
@@ -345,6 +348,16 @@ class ModelResult:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+def training_mix(warehouse: Warehouse, kind: str) -> dict[str, int]:
+    """Training examples of the kind's current dataset by episode purpose (the model row's ``training_mix``)."""
+    rows = warehouse.query(
+        "SELECT e.purpose, count(*) AS n FROM rm_examples x JOIN episodes e USING (episode_id) "
+        "WHERE x.kind = ? AND x.split = 'train' GROUP BY 1 ORDER BY 1",
+        [kind],
+    ).to_pylist()
+    return {r["purpose"]: int(r["n"]) for r in rows}
+
+
 def train_model(
     warehouse: Warehouse, kind: str, settings: TrainingSettings, *, run_id: str | None = None, log: Log = print
 ) -> ModelResult:
@@ -412,6 +425,7 @@ def train_model(
         "resumed_from": summary["resumed_from"],
         "parameters": json.dumps({"model": model_config, "training": summary["training_arguments"]}, sort_keys=True),
         "validation_metrics": json.dumps(summary["validation_metrics"], sort_keys=True, default=str),
+        "training_mix": json.dumps(training_mix(warehouse, kind), sort_keys=True),
         "code_version": git_revision(),
         "run_id": run_id,
         "created_at": datetime.now(UTC),
@@ -533,6 +547,7 @@ def run_evaluation_report(
         ]
         + current_label_inputs(warehouse),
     )
+    agents = _agent_episode_section(warehouse, models, plots_dir, run_id, log)
     outputs = []
     for model in models:
         # pyarrow.compute generates its kernels (equal, ...) at import time: its typing does not list them.
@@ -540,10 +555,18 @@ def run_evaluation_report(
         outputs.append(warehouse.stage_table("rm_predictions", model.model_id, preds, m))
         rows = result.metric_rows.filter(pc.equal(result.metric_rows["model_id"], model.model_id))  # type: ignore[attr-defined]
         outputs.append(warehouse.stage_table("rm_metrics", model.model_id, rows, m))
+        aucs = agents.rows.filter(pc.equal(agents.rows["model_id"], model.model_id))  # type: ignore[attr-defined]
+        outputs.append(warehouse.stage_table("rm_agent_auc", model.model_id, aucs, m))
     warehouse.publish(m, outputs)
-    (plots_dir / "report.md").write_text(result.markdown)
+    markdown = (
+        f"{result.markdown}\n\n## On held-out agent episodes\n\nAUC of each model's episode score against "
+        f"success on the greedy evaluation episodes of trained policies (never trained on), 95% "
+        f"bootstrap intervals:\n\n{agents.markdown}\n"
+    )
+    (plots_dir / "report.md").write_text(markdown)
     metadata: dict[str, Any] = {
-        "report": Markdown(result.markdown),
+        "report": Markdown(markdown),
+        "agent_episode_auc": Markdown(agents.markdown),
         "metrics": result.metrics,
         "thresholds": result.thresholds,
         "trajectories": result.n_trajectories,
@@ -554,7 +577,28 @@ def run_evaluation_report(
     for name, path in result.plots.items():
         metadata[f"{name}_plot"] = image_markdown(Path(path), name)
         metadata[f"{name}_path"] = Path(path)
+    if agents.plot is not None:
+        metadata["agent_episode_auc_plot"] = agents.plot
     return metadata
+
+
+def _agent_episode_section(
+    warehouse: Warehouse, models: Sequence[ModelRecord], plots_dir: Path, run_id: str, log: Log
+) -> AgentEpisodeReport:
+    """Every model on the held-out agent episodes (``training.reward_models.agent_episodes``)."""
+    from training.reward_models.models import RewardScorer
+
+    episodes = read_agent_episodes(warehouse)
+    log(f"report: {len(episodes)} held-out agent episodes ({sum(e.success for e in episodes)} successes)")
+    trajectories = read_trajectories(warehouse, [e.episode_id for e in episodes]) if episodes else {}
+    scorers: dict[str, tuple[str, object]] = {}
+    for model in models:
+        scorer = RewardScorer.from_checkpoint(model.checkpoint_path)
+        scorer.load_home_cache(warehouse.home)
+        scorers[model.kind] = (model.model_id, scorer)
+    return agent_episode_report(
+        warehouse, scorers, trajectories, episodes, plot_path=plots_dir / "agent_episode_auc.png", run_id=run_id
+    )
 
 
 def current_label_inputs(warehouse: Warehouse) -> list[LineageInput]:

@@ -1,0 +1,70 @@
+"""Reward models on held-out agent episodes: episode scores, AUC with bootstrap intervals, rows."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from training.reward_models.agent_episodes import (
+    ALL_FAMILIES,
+    AgentEpisode,
+    auc_markdown,
+    auc_plot,
+    auc_rows,
+    bootstrap_auc,
+    episode_score,
+)
+from warehouse.tables_training import RM_AGENT_AUC
+
+
+def test_episode_scores_follow_the_kind():
+    steps = np.array([0.9, 0.2, 0.6])
+    assert episode_score("prm", steps) == pytest.approx(0.2)  # the weakest step
+    assert episode_score("guidnav", steps) == pytest.approx(0.2)
+    for kind in ("orm", "progrm_lcs", "progrm_env"):
+        assert episode_score(kind, steps) == pytest.approx(0.6)  # where the outcome is decided
+    with pytest.raises(ValueError, match="without steps"):
+        episode_score("orm", [])
+
+
+def test_bootstrap_auc_is_seeded_and_brackets_the_estimate():
+    rng = np.random.default_rng(3)
+    success = rng.random(80) < 0.4
+    scores = success * 0.3 + rng.random(80)  # informative but noisy
+    auc, low, high = bootstrap_auc(scores, success)
+    assert low < auc < high and 0.5 < auc < 1.0
+    assert bootstrap_auc(scores, success) == (auc, low, high)  # same input, same interval
+    assert bootstrap_auc(scores, success, seed=1) != (auc, low, high)
+    assert bootstrap_auc([0.1, 0.2, 0.8, 0.9], [False, False, True, True]) == (1.0, 1.0, 1.0)
+    assert bootstrap_auc([0.9, 0.8, 0.2, 0.1], [False, False, True, True])[0] == 0.0
+    one_class = bootstrap_auc([0.1, 0.2], [True, True])
+    assert all(math.isnan(x) for x in one_class)
+
+
+def test_rows_per_family_and_overall(tmp_path):
+    episodes = [
+        AgentEpisode(f"eval:p:{i}", "t", "fam-a" if i < 6 else "fam-b", f"p{i % 2}", i % 3 == 0) for i in range(12)
+    ]
+    # fam-a perfectly ranked by the last step, fam-b inverted
+    scores = {
+        e.episode_id: np.array(
+            [0.5, (0.9 if e.success else 0.1) if e.family == "fam-a" else (0.1 if e.success else 0.9)]
+        )
+        for e in episodes
+    }
+    scores.pop("eval:p:11")  # an episode the model did not score is left out, not counted
+    rows = auc_rows("m1", "orm", episodes, scores, run_id="r")
+    by_family = {r["family"]: r for r in rows}
+    assert list(by_family) == ["fam-a", "fam-b", ALL_FAMILIES]
+    assert by_family["fam-a"]["auc"] == 1.0 and by_family["fam-b"]["auc"] == 0.0
+    assert by_family[ALL_FAMILIES]["episodes"] == 11 and by_family[ALL_FAMILIES]["policies"] == 2
+    assert by_family[ALL_FAMILIES]["successes"] == sum(e.success for e in episodes[:11])
+    table = pa.Table.from_pylist(rows, schema=RM_AGENT_AUC)  # the rows fit the table
+    assert table.num_rows == 3
+    markdown = auc_markdown(rows)
+    assert "| orm | last step | 1.00 [1.00, 1.00] | 0.00 [0.00, 0.00] |" in markdown
+    assert auc_plot(rows, tmp_path / "auc.png").startswith("![") and (tmp_path / "auc.png").stat().st_size > 0
+    assert "No held-out agent episodes" in auc_markdown([])

@@ -1,0 +1,203 @@
+"""Reward models judged on the agent's own episodes: the metric every learned reward lives by.
+
+A reward model is only as useful to RL and to best-of-N as its ranking of the *policy's* episodes:
+a model that scores a policy's successes above its failures gives a usable signal, one at AUC 0.5
+gives noise however well it does on held-out demonstrations. This module measures exactly that
+on **held-out agent episodes**: the greedy episodes that evaluate SFT and RL checkpoints
+(``episodes.purpose = 'evaluation'``, held-out and selection seeds). No training table holds them
+(``warehouse.purposes``), so no model has seen these episodes or their task instances.
+
+Each model gives an episode one score (:func:`episode_score`), and the AUC of those scores against
+the environment's success (Mann-Whitney, :func:`training.reward_models.evaluate.roc_auc`) is
+reported per task family and overall, with a stratified bootstrap interval
+(:func:`bootstrap_auc`), seeded, so the same episodes and models give the same figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from training.reward_models.evaluate import predict_trajectories, roc_auc
+from training.reward_models.kinds import STEP_JUDGE_KINDS
+from training.reward_models.states import TextTrajectory
+from warehouse.catalog import Warehouse
+from warehouse.plotting import Markdown, figure_markdown, pyplot
+from warehouse.purposes import EpisodePurpose, purpose_filter
+from warehouse.tables_training import RM_AGENT_AUC
+
+#: The episodes judged: greedy evaluation episodes of trained policies (never trained on).
+AGENT_EPISODE_SET = "agent_evaluation"
+ALL_FAMILIES = "all"
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
+
+
+def episode_score(kind: str, step_scores: Sequence[float] | np.ndarray) -> float:
+    """One score per episode from a model's per-step scores.
+
+    Step judges (``prm``, ``guidnav``: P(step correct), GUI-Shepherd Eq. 5) score an episode by its
+    weakest step, the aggregate Math-Shepherd uses for a solution; the ORM (P(success) of a state,
+    ProgRM §3's baseline) and the ProgRM models (predicted progress, ProgRM Eq. 1) by the last
+    step, where the episode's outcome is decided."""
+    scores = np.asarray(step_scores, dtype=np.float64)
+    if scores.size == 0:
+        raise ValueError("an episode without steps has no score")
+    return float(scores.min() if kind in STEP_JUDGE_KINDS else scores[-1])
+
+
+def bootstrap_auc(
+    scores: Sequence[float] | np.ndarray,
+    success: Sequence[bool] | np.ndarray,
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    level: float = 0.95,
+) -> tuple[float, float, float]:
+    """(AUC, low, high): the AUC and a percentile bootstrap interval, resampling successes and
+    failures separately (each resample keeps both classes). nan where one class is absent."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(success, dtype=bool)
+    auc = roc_auc(s, y)
+    if np.isnan(auc):
+        return auc, float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    pos, neg = s[y], s[~y]
+    labels = np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]
+    draws = [roc_auc(np.r_[rng.choice(pos, len(pos)), rng.choice(neg, len(neg))], labels) for _ in range(resamples)]
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(draws, [tail, 100 - tail])
+    return auc, float(low), float(high)
+
+
+@dataclass(frozen=True)
+class AgentEpisode:
+    episode_id: str
+    task_id: str
+    family: str
+    policy_id: str
+    success: bool
+
+
+def read_agent_episodes(warehouse: Warehouse) -> list[AgentEpisode]:
+    """The held-out agent episodes (see the module docstring), in episode order."""
+    rows = warehouse.query(
+        "SELECT episode_id, task_id, coalesce(task_family, 'unknown') AS family, policy_id, success "
+        f"FROM episodes e WHERE {purpose_filter('e.purpose', (EpisodePurpose.EVALUATION.value,))} "
+        "AND n_steps > 0 ORDER BY episode_id"
+    ).to_pylist()
+    return [AgentEpisode(r["episode_id"], r["task_id"], r["family"], r["policy_id"] or "", r["success"]) for r in rows]
+
+
+def auc_rows(
+    model_id: str, kind: str, episodes: Sequence[AgentEpisode], scores: Mapping[str, np.ndarray], run_id: str | None
+) -> list[dict]:
+    """``rm_agent_auc`` rows of one model: per family of the scored episodes, then over all of them."""
+    scored = [e for e in episodes if e.episode_id in scores and len(scores[e.episode_id])]
+    groups: dict[str, list[AgentEpisode]] = {}
+    for e in scored:
+        groups.setdefault(e.family, []).append(e)
+    groups[ALL_FAMILIES] = scored
+    created = datetime.now(UTC)
+    rows = []
+    for family, members in sorted(groups.items(), key=lambda kv: (kv[0] == ALL_FAMILIES, kv[0])):
+        if not members:
+            continue
+        values = [episode_score(kind, scores[e.episode_id]) for e in members]
+        success = [e.success for e in members]
+        auc, low, high = bootstrap_auc(values, success)
+        rows.append(
+            {
+                "model_id": model_id,
+                "kind": kind,
+                "episode_set": AGENT_EPISODE_SET,
+                "family": family,
+                "episodes": len(members),
+                "successes": int(sum(success)),
+                "policies": len({e.policy_id for e in members}),
+                "auc": auc,
+                "auc_low": low,
+                "auc_high": high,
+                "score_rule": "min over steps" if kind in STEP_JUDGE_KINDS else "last step",
+                "report_run_id": run_id,
+                "created_at": created,
+            }
+        )
+    return rows
+
+
+@dataclass
+class AgentEpisodeReport:
+    rows: pa.Table
+    markdown: str
+    plot: Markdown | None
+
+
+def agent_episode_report(
+    warehouse: Warehouse,
+    scorers: Mapping[str, tuple[str, object]],
+    trajectories: Mapping[str, TextTrajectory],
+    episodes: Sequence[AgentEpisode],
+    *,
+    plot_path: Path,
+    run_id: str | None,
+) -> AgentEpisodeReport:
+    """Score ``episodes`` with each model (``scorers``: kind -> (model id, scorer)) and build the
+    ``rm_agent_auc`` rows, a markdown table and a plot of AUC with intervals per model and family."""
+    ordered = [trajectories[e.episode_id] for e in episodes if e.episode_id in trajectories]
+    rows: list[dict] = []
+    for kind, (model_id, scorer) in scorers.items():
+        rows += auc_rows(model_id, kind, episodes, predict_trajectories(scorer, ordered), run_id)
+    table = pa.Table.from_pylist(rows, schema=RM_AGENT_AUC)
+    return AgentEpisodeReport(table, auc_markdown(rows), auc_plot(rows, plot_path) if rows else None)
+
+
+def _fmt(row: Mapping) -> str:
+    if row["auc"] is None or np.isnan(row["auc"]):
+        return "n/a (one class)"
+    return f"{row['auc']:.2f} [{row['auc_low']:.2f}, {row['auc_high']:.2f}]"
+
+
+def auc_markdown(rows: Sequence[Mapping]) -> str:
+    """One line per model, one column per family (AUC [95% interval]), episodes counted."""
+    if not rows:
+        return "No held-out agent episodes (materialize `policy_sft` / `agent_evaluation` first)."
+    families = sorted({r["family"] for r in rows} - {ALL_FAMILIES}) + [ALL_FAMILIES]
+    counts = {r["family"]: f"{r['episodes']} ({r['successes']} ok)" for r in rows}
+    lines = [
+        "| model | score | " + " | ".join(families) + " |",
+        "|---|---|" + "---:|" * len(families),
+        "| episodes | | " + " | ".join(counts.get(f, "") for f in families) + " |",
+    ]
+    by_kind: dict[str, dict[str, Mapping]] = {}
+    for r in rows:
+        by_kind.setdefault(r["kind"], {})[r["family"]] = r
+    for kind, fams in by_kind.items():
+        rule = next(iter(fams.values()))["score_rule"]
+        lines.append(f"| {kind} | {rule} | " + " | ".join(_fmt(fams[f]) if f in fams else "" for f in families) + " |")
+    return "\n".join(lines)
+
+
+def auc_plot(rows: Sequence[Mapping], path: Path) -> Markdown:
+    """AUC against success per model (overall, with its interval), chance marked."""
+    plt = pyplot()
+    overall = [r for r in rows if r["family"] == ALL_FAMILIES and r["auc"] is not None and not np.isnan(r["auc"])]
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    x = np.arange(len(overall))
+    auc = np.array([r["auc"] for r in overall])
+    err = np.array([[r["auc"] - r["auc_low"] for r in overall], [r["auc_high"] - r["auc"] for r in overall]])
+    ax.bar(x, auc, yerr=err if len(overall) else None, capsize=4, color="#4c72b0")
+    ax.axhline(0.5, color="grey", linestyle="--", linewidth=1, label="chance")
+    ax.set_xticks(x, [r["kind"] for r in overall])
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("AUC, episode score vs success")
+    n = overall[0]["episodes"] if overall else 0
+    ax.set_title(f"Reward models on {n} held-out agent episodes (95% bootstrap)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    return figure_markdown(fig, path, "reward models on held-out agent episodes")

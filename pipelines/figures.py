@@ -37,8 +37,8 @@ def demonstrations(warehouse: Warehouse) -> str:
         "GROUP BY 1 ORDER BY 1"
     ).to_pylist()
     episodes = warehouse.query(
-        "SELECT source, count(*) AS episodes, count(*) FILTER (WHERE success) AS successes, sum(n_steps) AS steps, "
-        "count(DISTINCT task_id) AS tasks FROM episodes GROUP BY 1 ORDER BY 1"
+        "SELECT source, purpose, count(*) AS episodes, count(*) FILTER (WHERE success) AS successes, "
+        "sum(n_steps) AS steps, count(DISTINCT task_id) AS tasks FROM episodes GROUP BY 1, 2 ORDER BY 1, 2"
     ).to_pylist()
     return _markdown(files) + "\n\n" + _markdown(episodes)
 
@@ -65,6 +65,17 @@ def reward_models(warehouse: Warehouse) -> str:
     return _markdown(rows)
 
 
+def reward_models_on_agents(warehouse: Warehouse) -> str:
+    """Each model of the latest report on held-out agent episodes (``rm_agent_auc``), by family."""
+    rows = warehouse.query(
+        "SELECT kind, family, episodes, successes, policies, auc, auc_low, auc_high, score_rule FROM rm_agent_auc "
+        "WHERE report_run_id = (SELECT run_id FROM lineage_materializations "
+        "WHERE asset = 'reward_model_report' ORDER BY created_at DESC LIMIT 1) "
+        "ORDER BY kind, family = 'all', family"
+    ).to_pylist()
+    return _markdown(rows)
+
+
 def rl(warehouse: Warehouse) -> str:
     from training.rl.report import report_markdown
     from training.rl.runs import run_rl_report
@@ -76,6 +87,7 @@ SECTIONS: dict[str, Callable[[Warehouse], str]] = {
     "demonstrations": demonstrations,
     "label quality": label_quality,
     "reward models": reward_models,
+    "reward models on agent episodes": reward_models_on_agents,
     "RL (ProgRM Table 1)": rl,
 }
 

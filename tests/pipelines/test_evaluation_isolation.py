@@ -118,3 +118,15 @@ def test_no_evaluation_episode_reaches_a_training_table(mixed_home):
         [HELD_OUT_SEED_BASE],
     )
     assert trained_seeds.num_rows == 0
+
+
+def test_figures_print_the_sections_whose_stages_ran(mixed_home, capsys):
+    from pipelines.figures import print_figures
+
+    wh, _ = mixed_home
+    assert print_figures(wh, "demonstrations") == 1
+    out = capsys.readouterr().out
+    assert "| human_demo | demonstration |" in out and "| rollout | evaluation |" in out
+    assert "| rollout | guidance_evaluation |" in out
+    print_figures(wh, "reward models on agent episodes")  # no report yet: said, not raised
+    assert "_(nothing yet)_" in capsys.readouterr().out

@@ -11,6 +11,7 @@ Stage logic: :mod:`training.flywheel`.
 
 from dagster import (
     AssetExecutionContext,
+    AssetKey,
     Config,
     Failure,
     MaterializeResult,
@@ -32,7 +33,10 @@ from training.flywheel.collection import (
     policy_keys,
     run_collection,
 )
+from training.flywheel.rounds import ASSET_NAME as ROUND_ASSET
+from training.flywheel.rounds import ROUNDS_VERSION, FlywheelError, record_round
 from training.rl.rewards import REWARD_SOURCES
+from warehouse.plotting import Markdown
 
 GROUP = "flywheel"
 POLICY_ROLLOUT_PARTITIONS = MultiPartitionsDefinition(
@@ -98,7 +102,39 @@ def policy_rollouts(
     return MaterializeResult(metadata=to_metadata(summary) | table_metadata(wh, "episodes", also=("steps",)))
 
 
-FLYWHEEL_ASSETS = [policy_rollouts]
+class FlywheelRoundConfig(Config):
+    round: int = Field(description="the round recorded (0: the baseline, before any policy rollout)")
+
+
+@asset(
+    name=ROUND_ASSET,
+    group_name=GROUP,
+    code_version=ROUNDS_VERSION,
+    deps=[AssetKey("reward_model_report")],
+    kinds={"duckdb", "matplotlib"},
+    description=(
+        "One flywheel round recorded from the reward-model report that just ran: each kind's model, its "
+        "training mix and its AUC on held-out agent episodes; table `flywheel_rounds`, a plot of AUC by round."
+    ),
+)
+def flywheel_round(
+    context: AssetExecutionContext, config: FlywheelRoundConfig, warehouse: WarehouseResource
+) -> MaterializeResult:
+    wh = warehouse.get()
+    try:
+        result = record_round(
+            wh, config.round, run_id=context.run_id, plot_path=wh.home / "plots" / "flywheel" / "auc_by_round.png"
+        )
+    except FlywheelError as exc:
+        raise Failure(str(exc)) from None
+    return MaterializeResult(
+        metadata=to_metadata(
+            {"round": result["round"], "rounds": Markdown(result["markdown"]), "auc_by_round": result["plot"]}
+        )
+    )
+
+
+FLYWHEEL_ASSETS = [policy_rollouts, flywheel_round]
 FLYWHEEL_CHECKS = [unique_key_checks(ASSET_NAME, {"episodes": None, "steps": None, ATTEMPTS_TABLE: ROLLOUT_ATTEMPTS})]
 FLYWHEEL_JOBS = [
     define_asset_job(
@@ -106,5 +142,11 @@ FLYWHEEL_JOBS = [
         selection=[ASSET_NAME],
         partitions_def=POLICY_ROLLOUT_PARTITIONS,
         description="policy rollouts, one family x policy partition per run",
-    )
+    ),
+    define_asset_job(
+        "progress_split_job",
+        selection=["progress_split"],
+        description="the reward-model split again, after new episodes were labelled",
+    ),
+    define_asset_job("flywheel_round_job", selection=[ROUND_ASSET], description="record a flywheel round"),
 ]

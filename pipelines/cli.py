@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from training.reward_models.kinds import SUCCESS_JUDGE_KINDS
 from warehouse.storage import REPO_ROOT, stepwise_home
@@ -214,7 +215,7 @@ def _print_report(report) -> None:
 
 #: What `stepwise demo` runs after the labels, reduced so that the whole graph runs in minutes.
 DEMO_REWARD_MODELS: tuple[str, ...] = SUCCESS_JUDGE_KINDS
-DEMO = {
+DEMO: dict[str, Any] = {
     "reward_model": {"train_steps": 150, "max_train_examples": 6000},
     "reward_model_report": {"latency_calls": 20, "max_trajectories": 400},
     "policy_sft": {"selection_seeds": 4, "held_out_seeds": 8, "max_tasks": 2, "epochs": 6, "max_episodes_per_task": 60},
@@ -222,7 +223,10 @@ DEMO = {
     "rl_run": {"iterations": 3, "instances_per_task": 2, "group_size": 2},
     "agent_evaluation": {"held_out_seeds": 8},
 }
-DEMO_STAGES = ("rollouts", "labels", "reward_models", "rl")
+DEMO_STAGES = ("rollouts", "labels", "reward_models", "rl", "flywheel")
+#: One short flywheel round on the demo's policies (~100 policy episodes), brief retraining.
+DEMO_FLYWHEEL_POLICIES = ("sft", "rl-outcome", "rl-progrm_env")
+DEMO_FLYWHEEL_EPISODES_PER_TASK = 16
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -233,12 +237,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from assets.labels import all_label_families_tags
     from envs.task_catalog import families
-    from pipelines.definitions import defs
     from warehouse.catalog import Warehouse
 
     stages = DEMO_STAGES[: DEMO_STAGES.index(args.until) + 1]
     started = time.perf_counter()
-    quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
     outcomes: list[tuple[str, bool]] = []
     checks: list = []  # asset-check evaluations of every run
 
@@ -247,19 +249,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"\n== [{number}/{len(stages)}] {name}: {detail} ({time.perf_counter() - started:.0f} s so far)", flush=True
         )
 
-    def run(job: str, label: str, partition=None, config: dict | None = None, tags: dict | None = None) -> bool:
-        result = defs.resolve_job_def(job).execute_in_process(
-            instance=instance,
-            partition_key=partition,
-            raise_on_error=False,
-            run_config=quiet | {"ops": config or {}},
-            tags=tags,
-        )
-        outcomes.append((label, result.success))
-        checks.extend(result.get_asset_check_evaluations())
-        return result.success
-
     with DagsterInstance.get() as instance:
+        run = _job_runner(instance, outcomes, checks)
         # A batch of live rollouts (Chromium) per MiniWoB++ family, so the labels stage below sees
         # human demonstrations and rollouts alike.
         stage(1, "rollouts", f"{args.episodes_per_task} live episodes per catalog task in Chromium")
@@ -304,6 +295,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     )
                 stage(4, "RL", "ProgRM Table 1")
                 run("rl_report_job", "rl_report")
+        if "flywheel" in stages and all(ok for _, ok in outcomes):
+            from pipelines.flywheel import FlywheelSettings, run_flywheel
+
+            stage(5, "flywheel", "the policies' own episodes, labelled; reward models retrained and judged on agents")
+            settings = FlywheelSettings(
+                policies=DEMO_FLYWHEEL_POLICIES,
+                episodes_per_task=DEMO_FLYWHEEL_EPISODES_PER_TASK,
+                kinds=DEMO_REWARD_MODELS,
+                reward_model=DEMO["reward_model"],
+                report=DEMO["reward_model_report"],
+            )
+            run_flywheel(Warehouse(), 1, settings, run, print)
     all_ok = all(ok for _, ok in outcomes)
     warehouse = Warehouse()
     print()
@@ -539,6 +542,70 @@ def cmd_rl(args: argparse.Namespace) -> int:
     return _summary("rl", started, outcomes)
 
 
+def _job_runner(instance, outcomes: list[tuple[str, bool]], checks: list | None = None):
+    """A function that runs one Dagster job in-process and records its outcome (and checks)."""
+    from pipelines.definitions import defs
+
+    quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
+    def run(job: str, label: str, partition=None, config: dict | None = None, tags: dict | None = None) -> bool:
+        result = defs.resolve_job_def(job).execute_in_process(
+            instance=instance,
+            partition_key=partition,
+            raise_on_error=False,
+            run_config=quiet | {"ops": config or {}},
+            tags=tags,
+        )
+        outcomes.append((label, result.success))
+        if checks is not None:
+            checks.extend(result.get_asset_check_evaluations())
+        return result.success
+
+    return run
+
+
+def cmd_flywheel(args: argparse.Namespace) -> int:
+    """Collect policy rollouts, label them, retrain the reward models, report: ``--rounds`` times."""
+    prepare_dagster_home()
+    from dagster import DagsterInstance
+
+    from pipelines.flywheel import FlywheelSettings, run_flywheel
+    from training.reward_models.kinds import REWARD_MODEL_KINDS
+    from warehouse.catalog import Warehouse
+
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    unknown = sorted(set(kinds) - set(REWARD_MODEL_KINDS))
+    if unknown or not kinds or args.rounds < 0 or args.episodes_per_task < 1:
+        print(
+            f"stepwise flywheel: kinds from {list(REWARD_MODEL_KINDS)} (unknown: {unknown}), --rounds >= 0, "
+            "--episodes-per-task >= 1",
+            file=sys.stderr,
+        )
+        return 2
+    settings = FlywheelSettings(
+        policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
+        episodes_per_task=args.episodes_per_task,
+        temperature=args.temperature,
+        kinds=kinds,
+        reward_model={"train_steps": args.train_steps}
+        | ({"max_train_examples": args.max_train_examples} if args.max_train_examples else {}),
+        report={"max_trajectories": args.report_trajectories} if args.report_trajectories else {},
+    )
+    warehouse = Warehouse()
+    started = time.perf_counter()
+    outcomes: list[tuple[str, bool]] = []
+    with DagsterInstance.get() as instance:
+        run_flywheel(warehouse, args.rounds, settings, _job_runner(instance, outcomes), print)
+    rows = warehouse.query("SELECT * FROM flywheel_rounds ORDER BY round, kind").to_pylist()
+    if rows:
+        from training.flywheel.rounds import rounds_markdown
+
+        print("\n" + rounds_markdown(rows))
+        plot = warehouse.home / "plots" / "flywheel" / "auc_by_round.png"
+        print(f"\n   plot: {plot}; SQL: SELECT * FROM flywheel_rounds")
+    return _summary("flywheel", started, outcomes)
+
+
 def cmd_rl_export(args: argparse.Namespace) -> int:
     """RL episodes and step rewards as OpenRLHF / verl datasets (training/rl/export.py)."""
     from training.rl.export import export_rl_data
@@ -649,7 +716,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="materialize the whole asset graph on embedded defaults and print a summary")
     p.add_argument("--episodes-per-task", type=int, default=2, help="live rollouts per catalog task (batch b00)")
-    p.add_argument("--until", choices=DEMO_STAGES, default="rl", help="the last stage to run (default: every stage)")
+    p.add_argument(
+        "--until", choices=DEMO_STAGES, default=DEMO_STAGES[-1], help="the last stage to run (default: every stage)"
+    )
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("import-demos", help="import a folder of MiniWoB++-format demonstrations (*.json, *.json.gz)")
     p.add_argument("folder")
@@ -772,6 +841,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="optimizer steps of a missing reward model trained first",
     )
     p.set_defaults(func=cmd_rl)
+    p = sub.add_parser(
+        "flywheel", help="reward models retrained on the agent's own episodes: collect, label, retrain, report"
+    )
+    p.add_argument("--rounds", type=int, default=1, help="rounds after the last recorded one (0: the baseline only)")
+    p.add_argument(
+        "--policies",
+        default="sft,rl-outcome,rl-orm,rl-progrm_lcs,rl-progrm_env",
+        help="checkpoints to collect from: sft, rl-<reward source> (the newest of each), or policy ids",
+    )
+    p.add_argument("--episodes-per-task", type=int, default=16, help="episodes per task, policy and round")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the policies")
+    p.add_argument("--kinds", default="orm,progrm_lcs,progrm_env", help="reward-model kinds retrained each round")
+    p.add_argument("--train-steps", type=int, default=-1, help="optimizer steps per model (-1: the profile's)")
+    p.add_argument("--max-train-examples", type=int, default=0, help="a fixed sample of the training examples")
+    p.add_argument("--report-trajectories", type=int, default=0, help="a sample of the report's demonstration split")
+    p.set_defaults(func=cmd_flywheel)
     p = sub.add_parser("rl-export", help="RL episodes with their step rewards as OpenRLHF / verl datasets")
     p.add_argument("out", help="folder for steps.parquet and trajectories.jsonl")
     p.add_argument("--run", default=None, help="one run key (rl_iterations.run_key); default: every run")

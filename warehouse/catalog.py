@@ -210,12 +210,7 @@ class Warehouse:
         except duckdb.CatalogException:
             rows = []
         views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
-        try:
-            version = con.execute("SELECT value FROM catalog_meta WHERE key = 'views_version'").fetchall()
-        except duckdb.CatalogException:
-            version = []
-        current = bool(rows) and rows[0][0] == str(self.home) and version == [(VIEWS_VERSION,)]
-        if current and set(TABLE_SCHEMAS) <= views:
+        if rows and rows[0][0] == self._views_stamp() and set(TABLE_SCHEMAS) <= views:
             self._views_checked = True
             return con
         if read_only:
@@ -462,8 +457,13 @@ class Warehouse:
                 f"SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)"
             )
         con.execute(_LINEAGE_VIEW)
-        con.execute("INSERT OR REPLACE INTO catalog_meta VALUES ('views_home', ?)", [str(self.home)])
-        con.execute("INSERT OR REPLACE INTO catalog_meta VALUES ('views_version', ?)", [VIEWS_VERSION])
+        con.execute("INSERT OR REPLACE INTO catalog_meta VALUES ('views_home', ?)", [self._views_stamp()])
+
+    def _views_stamp(self) -> str:
+        """Who built the views: this home's location and the views' version, in one value that every
+        version of Stepwise rewrites when it rebuilds them (so an older process sharing the home, one
+        that builds views without a newer column, makes the next newer process rebuild them again)."""
+        return f"{self.home}#views-{VIEWS_VERSION}"
 
     def _empty_file(self, table_name: str, schema: pa.Schema) -> Path:
         """A zero-row file of the table's schema (rewritten when the schema has changed since)."""

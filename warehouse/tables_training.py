@@ -165,6 +165,30 @@ RM_AGENT_AUC = with_key(
     "family",
 )
 
+# One row per flywheel round and reward-model kind (training.flywheel.rounds): the model the
+# round trained, what it was trained on, and its AUC on held-out agent episodes. Round 0 is the
+# baseline (the models before any policy rollout was collected).
+FLYWHEEL_ROUNDS = with_key(
+    pa.schema(
+        [
+            pa.field("round", pa.int32(), nullable=False),
+            pa.field("kind", pa.string(), nullable=False),
+            ("model_id", pa.string()),
+            ("report_run_id", pa.string()),
+            ("auc", pa.float64()),  # over all held-out agent episodes (rm_agent_auc, family 'all')
+            ("auc_low", pa.float64()),
+            ("auc_high", pa.float64()),
+            ("agent_episodes", pa.int64()),  # the held-out agent episodes it was judged on
+            ("training_examples", pa.int64()),
+            ("agent_examples", pa.int64()),  # of which from the agent's own episodes (policy_rollout, rl_training)
+            ("policy_rollout_episodes", pa.int64()),  # policy-rollout episodes in the warehouse at the time
+            ("created_at", pa.timestamp("us", tz="UTC")),
+        ]
+    ),
+    "round",
+    "kind",
+)
+
 TRAINING_TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "rm_examples": RM_EXAMPLES,
     "rm_trl_stepwise": RM_TRL_STEPWISE,
@@ -172,4 +196,5 @@ TRAINING_TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "rm_predictions": RM_PREDICTIONS,
     "rm_metrics": RM_METRICS,
     "rm_agent_auc": RM_AGENT_AUC,
+    "flywheel_rounds": FLYWHEEL_ROUNDS,
 }

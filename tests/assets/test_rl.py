@@ -9,10 +9,15 @@ import pytest
 from dagster import DagsterInstance, MultiPartitionKey, materialize
 
 from assets.demonstrations import DEMONSTRATION_ASSETS
+from assets.flywheel import policy_rollouts
 from assets.labels import LABEL_ASSETS, all_label_families_tags
 from assets.resources import EnvPoolResource, WarehouseResource
-from assets.reward_models import reward_model, reward_model_datasets
+from assets.reward_models import reward_model, reward_model_datasets, reward_model_report
 from assets.rl import RL_CHECKS, agent_evaluation, policy_sft, rl_report, rl_run
+from pipelines.cli import _job_runner
+from pipelines.figures import reward_models_on_agents
+from pipelines.flywheel import FlywheelSettings, run_flywheel
+from training.policy.store import POLICY_ROLLOUT_SEED_BASE
 from training.rl.export import export_rl_data
 from warehouse.catalog import Warehouse
 
@@ -21,7 +26,7 @@ pytestmark = pytest.mark.e2e
 RUNS = ("outcome", "progrm_env", "admire")
 
 
-def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path):
+def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
     home = tmp_path / "home"
     resources = {"warehouse": WarehouseResource(home=str(home)), "env_pool": EnvPoolResource(spares=0)}
     instance = DagsterInstance.ephemeral()
@@ -120,3 +125,102 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path):
     assert sum(s["response"] is None for s in steps) == summary.steps_without_response < len(steps)
     first = json.loads(summary.trajectories_path.read_text().splitlines()[0])
     assert len(first["step_rewards"]) == sum(m["role"] == "assistant" for m in first["messages"])
+
+    # The flywheel's first step: the SFT policy and the outcome-RL checkpoint sampled as data on
+    # their own seeds, labelled by the labels stage like any training episode.
+    def collect(policy: str) -> list[dict]:
+        result = materialize(
+            [policy_rollouts],
+            partition_key=MultiPartitionKey({"family": "miniwob-forms", "policy": policy}),
+            resources=resources,
+            instance=instance,
+            run_config={"ops": {"policy_rollouts": {"config": {"episodes_per_task": 3}}}},
+        )
+        assert result.success, policy
+        return warehouse.query(
+            "SELECT e.episode_id, e.policy_id, e.seed, e.purpose, e.success, "
+            "list(s.action_text ORDER BY s.step_idx) AS actions "
+            "FROM episodes e JOIN steps s USING (episode_id) WHERE e.purpose = 'policy_rollout' "
+            "AND e.episode_id LIKE ? GROUP BY ALL ORDER BY e.episode_id",
+            [f"policy:{'sft' if policy == 'sft' else 'rl'}%"],
+        ).to_pylist()
+
+    from_sft, from_rl = collect("sft"), collect("rl-outcome")
+    assert len(from_sft) == len(from_rl) == 3  # login-user is the policies' only task in the family
+    assert {r["policy_id"] for r in from_sft} == {
+        warehouse.query("SELECT policy_id FROM policies WHERE kind = 'sft'")[0][0].as_py()
+    }
+    assert {r["policy_id"] for r in from_rl} == set(
+        warehouse.query("SELECT policy_id FROM policies WHERE reward_source = 'outcome'").column(0).to_pylist()
+    )
+    assert [r["seed"] for r in from_sft] == [r["seed"] for r in from_rl]  # the same instances
+    assert all(r["seed"] >= POLICY_ROLLOUT_SEED_BASE for r in from_sft)
+    assert collect("sft") == from_sft  # seeded sampling: the same partition again gives the same episodes
+    inputs = {
+        r["input_asset"]
+        for r in warehouse.query("SELECT input_asset FROM lineage WHERE asset = 'policy_rollouts'").to_pylist()
+    }
+    assert {"policy_sft", "rl_run"} <= inputs
+    relabel = materialize(
+        LABEL_ASSETS,
+        tags=all_label_families_tags(),  # incremental: only the new episodes are labelled
+        resources=resources,
+        instance=instance,
+        run_config={"ops": {"recipes_and_progress_labels": {"config": {"embedder": "hashing"}}}},
+    )
+    assert relabel.success
+    collected = {r["episode_id"] for r in from_sft + from_rl}
+    labelled = set(
+        warehouse.query(
+            "SELECT DISTINCT episode_id FROM progress_labels WHERE source = 'env' AND list_contains(?, episode_id)",
+            [sorted(collected)],
+        )
+        .column(0)
+        .to_pylist()
+    )
+    assert labelled == collected
+    split = warehouse.query(
+        "SELECT count(*) FROM progress_split WHERE list_contains(?, episode_id)", [sorted(collected)]
+    )
+    assert split[0][0].as_py() == len(collected)
+
+    # The reward-model report judges the model on the agents' held-out evaluation episodes.
+    report = materialize(
+        [reward_model_report],
+        resources=resources,
+        instance=instance,
+        run_config={"ops": {"reward_model_report": {"config": {"kinds": ["progrm_env"], "latency_calls": 3}}}},
+    )
+    assert report.success
+    evaluation = warehouse.query("SELECT count(*) FROM episodes WHERE purpose = 'evaluation' AND n_steps > 0")[0][0]
+    aucs = {r["family"]: r for r in warehouse.query("SELECT * FROM rm_agent_auc WHERE kind = 'progrm_env'").to_pylist()}
+    assert {"all", "miniwob-forms", "miniwob-apps"} <= set(aucs)
+    assert aucs["all"]["episodes"] == evaluation.as_py() and aucs["all"]["policies"] == 1 + len(RUNS)
+    assert (
+        "On held-out agent episodes"
+        in report.asset_materializations_for_node("reward_model_report")[0].metadata["report"].value
+    )
+    figure = reward_models_on_agents(warehouse)  # what `stepwise figures` prints
+    assert "| progrm_env | all |" in figure and "last step" in figure
+
+    # One flywheel round as `stepwise flywheel` runs it: the baseline (round 0) and round 1 (collect,
+    # label, retrain, report), recorded in flywheel_rounds.
+    monkeypatch.setenv("STEPWISE_HOME", str(home))
+    outcomes: list[tuple[str, bool]] = []
+    settings = FlywheelSettings(
+        policies=("sft", "rl-outcome", "rl-prm"),  # no prm run: skipped with a note
+        episodes_per_task=2,
+        kinds=("progrm_env",),
+        reward_model={"train_steps": 10, "threads": 1},
+        report={"latency_calls": 3},
+    )
+    notes: list[str] = []
+    assert run_flywheel(warehouse, 1, settings, _job_runner(instance, outcomes), notes.append), outcomes
+    assert any("rl-prm: skipped" in n for n in notes)
+    rounds = warehouse.query("SELECT round, kind, model_id, agent_examples FROM flywheel_rounds").to_pylist()
+    assert [(r["round"], r["kind"]) for r in rounds] == [(0, "progrm_env"), (1, "progrm_env")]
+    assert rounds[0]["model_id"] != rounds[1]["model_id"]  # round 1 retrained on the new mix
+    assert rounds[1]["agent_examples"] > 0
+    assert (home / "plots" / "flywheel" / "auc_by_round.png").stat().st_size > 0
+    collected_r1 = warehouse.query("SELECT count(*) FROM episodes WHERE episode_id LIKE 'policy:%:r01:%'")[0][0]
+    assert collected_r1.as_py() == 2 * 2 * 2  # sft and rl-outcome, 2 tasks, 2 episodes each

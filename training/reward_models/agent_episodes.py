@@ -34,6 +34,8 @@ from warehouse.tables_training import RM_AGENT_AUC
 #: The episodes judged: greedy evaluation episodes of trained policies (never trained on).
 AGENT_EPISODE_SET = "agent_evaluation"
 ALL_FAMILIES = "all"
+#: The episodes of checkpoints that gave no training data either (no policy rollout of theirs).
+UNSEEN_CHECKPOINTS = "all:unseen_checkpoints"
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 
@@ -82,16 +84,24 @@ class AgentEpisode:
     family: str
     policy_id: str
     success: bool
+    checkpoint_seen: bool = False  # the checkpoint's own rollouts are training data (the flywheel's)
 
 
 def read_agent_episodes(warehouse: Warehouse) -> list[AgentEpisode]:
-    """The held-out agent episodes (see the module docstring), in episode order."""
+    """The held-out agent episodes (see the module docstring), in episode order. An evaluation
+    episode's ``policy_id`` is ``eval:<checkpoint>``; ``checkpoint_seen`` says whether that
+    checkpoint also made policy rollouts (same policy, other seeds)."""
     rows = warehouse.query(
-        "SELECT episode_id, task_id, coalesce(task_family, 'unknown') AS family, policy_id, success "
+        "SELECT episode_id, task_id, coalesce(task_family, 'unknown') AS family, policy_id, success, "
+        "EXISTS (SELECT 1 FROM episodes r WHERE r.purpose = 'policy_rollout' "
+        "AND 'eval:' || r.policy_id = e.policy_id) AS seen "
         f"FROM episodes e WHERE {purpose_filter('e.purpose', (EpisodePurpose.EVALUATION.value,))} "
         "AND n_steps > 0 ORDER BY episode_id"
     ).to_pylist()
-    return [AgentEpisode(r["episode_id"], r["task_id"], r["family"], r["policy_id"] or "", r["success"]) for r in rows]
+    return [
+        AgentEpisode(r["episode_id"], r["task_id"], r["family"], r["policy_id"] or "", r["success"], bool(r["seen"]))
+        for r in rows
+    ]
 
 
 def auc_rows(
@@ -103,9 +113,11 @@ def auc_rows(
     for e in scored:
         groups.setdefault(e.family, []).append(e)
     groups[ALL_FAMILIES] = scored
+    if any(e.checkpoint_seen for e in scored):  # only then does the subset differ from "all"
+        groups[UNSEEN_CHECKPOINTS] = [e for e in scored if not e.checkpoint_seen]
     created = datetime.now(UTC)
     rows = []
-    for family, members in sorted(groups.items(), key=lambda kv: (kv[0] == ALL_FAMILIES, kv[0])):
+    for family, members in sorted(groups.items(), key=lambda kv: (kv[0].startswith(ALL_FAMILIES), kv[0])):
         if not members:
             continue
         values = [episode_score(kind, scores[e.episode_id]) for e in members]
@@ -167,7 +179,8 @@ def auc_markdown(rows: Sequence[Mapping]) -> str:
     """One line per model, one column per family (AUC [95% interval]), episodes counted."""
     if not rows:
         return "No held-out agent episodes (materialize `policy_sft` / `agent_evaluation` first)."
-    families = sorted({r["family"] for r in rows} - {ALL_FAMILIES}) + [ALL_FAMILIES]
+    overall = [f for f in (ALL_FAMILIES, UNSEEN_CHECKPOINTS) if any(r["family"] == f for r in rows)]
+    families = sorted({r["family"] for r in rows} - set(overall)) + overall
     counts = {r["family"]: f"{r['episodes']} ({r['successes']} ok)" for r in rows}
     lines = [
         "| model | score | " + " | ".join(families) + " |",

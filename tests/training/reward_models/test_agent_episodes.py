@@ -10,6 +10,7 @@ import pytest
 
 from training.reward_models.agent_episodes import (
     ALL_FAMILIES,
+    UNSEEN_CHECKPOINTS,
     AgentEpisode,
     auc_markdown,
     auc_plot,
@@ -68,3 +69,15 @@ def test_rows_per_family_and_overall(tmp_path):
     assert "| orm | last step | 1.00 [1.00, 1.00] | 0.00 [0.00, 0.00] |" in markdown
     assert auc_plot(rows, tmp_path / "auc.png").startswith("![") and (tmp_path / "auc.png").stat().st_size > 0
     assert "No held-out agent episodes" in auc_markdown([])
+
+
+def test_unseen_checkpoints_get_their_own_row():
+    episodes = [AgentEpisode(f"eval:p:{i}", "t", "fam", f"eval:p{i % 2}", i % 2 == 0, i % 2 == 1) for i in range(8)]
+    scores = {e.episode_id: np.array([0.9 if e.success else 0.1]) for e in episodes}
+    rows = {r["family"]: r for r in auc_rows("m", "orm", episodes, scores, run_id=None)}
+    assert list(rows) == ["fam", ALL_FAMILIES, UNSEEN_CHECKPOINTS]
+    assert rows[UNSEEN_CHECKPOINTS]["episodes"] == 4 and rows[UNSEEN_CHECKPOINTS]["policies"] == 1
+    assert math.isnan(rows[UNSEEN_CHECKPOINTS]["auc"])  # only p0's episodes, all successes: one class
+    assert "n/a (one class)" in auc_markdown(list(rows.values()))
+    no_collection = [AgentEpisode(e.episode_id, "t", "fam", e.policy_id, e.success) for e in episodes]
+    assert UNSEEN_CHECKPOINTS not in {r["family"] for r in auc_rows("m", "orm", no_collection, scores, run_id=None)}

@@ -1,0 +1,127 @@
+"""``stepwise flywheel``: the reward flywheel as one command, each step a Dagster job run in-process.
+
+A round: policy rollouts of every available checkpoint on its own tasks (``policy_rollouts``, one
+family x policy partition each) -> incremental recipes and progress labels of the families that got
+episodes (``label_families``) -> the reward-model split -> each reward-model kind's dataset and
+model on the new mix (``reward_models``) -> the reward-model report (AUC on held-out agent episodes)
+-> the round recorded (``flywheel_round``: table ``flywheel_rounds``, a plot of AUC by round).
+
+Before the first round, round 0 records the baseline: the current models (trained when missing)
+judged by the same report. Every step publishes atomically, so a round killed part-way is simply
+run again: the same round number, the same seeds, identical episodes replacing the ones already
+collected, labels picking up where they stopped, a killed training resuming.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from envs.task_catalog import load_catalog
+from training.flywheel.collection import CollectionError, resolve_policy
+from training.flywheel.rounds import next_round
+from warehouse.catalog import Warehouse
+
+#: Runs one job: (job name, label, partition key, op config, tags) -> success.
+JobRunner = Callable[..., bool]
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class FlywheelSettings:
+    policies: tuple[str, ...] = ("sft", "rl-outcome", "rl-orm", "rl-progrm_lcs", "rl-progrm_env")
+    episodes_per_task: int = 16
+    temperature: float = 1.0
+    kinds: tuple[str, ...] = ("orm", "progrm_lcs", "progrm_env")
+    reward_model: Mapping[str, Any] = field(default_factory=dict)  # reward_model op config (train_steps, ...)
+    report: Mapping[str, Any] = field(default_factory=dict)  # reward_model_report op config
+    workers: int = 2
+
+
+def collection_plan(warehouse: Warehouse, policies: Sequence[str], log: Log) -> list[tuple[str, str]]:
+    """(family, policy) partitions to collect: every policy that exists, on the families of its tasks."""
+    catalog = load_catalog("miniwob")
+    plan: list[tuple[str, str]] = []
+    for policy in policies:
+        try:
+            row = resolve_policy(warehouse, policy)
+        except CollectionError as exc:
+            log(f"   {policy}: skipped ({exc})")
+            continue
+        families = sorted({catalog[t].family for t in row["tasks"] or [] if t in catalog})
+        plan += [(family, policy) for family in families]
+    return plan
+
+
+def run_round(
+    warehouse: Warehouse, round_: int, settings: FlywheelSettings, run: JobRunner, log: Log, *, collect: bool = True
+) -> bool:
+    """One round (see the module docstring); ``collect=False``: the baseline (round 0). Stops at the
+    first failed step and returns False."""
+    from dagster import MultiPartitionKey
+
+    if collect:
+        plan = collection_plan(warehouse, settings.policies, log)
+        if not plan:
+            log("   no policy to collect from: run `stepwise rl` first (an SFT policy at least)")
+            return False
+        config = {
+            "round": round_,
+            "episodes_per_task": settings.episodes_per_task,
+            "temperature": settings.temperature,
+            "workers": settings.workers,
+        }
+        for family, policy in plan:
+            log(f"   round {round_}: collecting {family} | {policy}")
+            key = MultiPartitionKey({"family": family, "policy": policy})
+            if not run(
+                "policy_rollouts_job",
+                f"policy_rollouts[{family}|{policy}] r{round_}",
+                key,
+                {"policy_rollouts": {"config": config}},
+            ):
+                return False
+        for family in sorted({family for family, _ in plan}):
+            if not run("label_families", f"labels[{family}] r{round_}", family):
+                return False
+        if not run("progress_split_job", f"progress_split r{round_}"):
+            return False
+    for kind in settings.kinds:
+        if collect or not _has_model(warehouse, kind):
+            log(f"   round {round_}: training {kind} on the current mix")
+            if not run(
+                "reward_models",
+                f"reward_models[{kind}] r{round_}",
+                kind,
+                {"reward_model": {"config": dict(settings.reward_model)}},
+            ):
+                return False
+    report = {"kinds": list(settings.kinds)} | dict(settings.report)
+    if not run(
+        "reward_model_evaluation", f"reward_model_report r{round_}", None, {"reward_model_report": {"config": report}}
+    ):
+        return False
+    return run(
+        "flywheel_round_job", f"flywheel_round r{round_}", None, {"flywheel_round": {"config": {"round": round_}}}
+    )
+
+
+def _has_model(warehouse: Warehouse, kind: str) -> bool:
+    from training.reward_models.evaluate import latest_models
+
+    return bool(latest_models(warehouse, [kind]))
+
+
+def run_flywheel(warehouse: Warehouse, rounds: int, settings: FlywheelSettings, run: JobRunner, log: Log) -> bool:
+    """The baseline when none is recorded, then ``rounds`` rounds after the last recorded one."""
+    if next_round(warehouse) == 0:
+        log("== flywheel round 0 (baseline): the current reward models on held-out agent episodes")
+        if not run_round(warehouse, 0, settings, run, log, collect=False):
+            return False
+    for _ in range(rounds):
+        round_ = next_round(warehouse)
+        log(f"== flywheel round {round_}: collect, label, retrain {', '.join(settings.kinds)}, report")
+        if not run_round(warehouse, round_, settings, run, log):
+            return False
+    return True

@@ -1,0 +1,157 @@
+"""Flywheel rounds: what each round's reward models learned from, and how they judge the agent.
+
+A round collects policy rollouts, labels them, retrains the reward models on the mix and runs the
+reward-model report (``stepwise flywheel``; ``pipelines/flywheel.py`` runs the Dagster jobs). This
+module records the round's outcome, one ``flywheel_rounds`` row per model kind, from the report
+that just ran (``rm_agent_auc``, family ``all``) and the model rows (``models.training_mix``), and
+plots each kind's AUC by round. Round 0 is the baseline: the models as they were before any policy
+rollout was collected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from warehouse.catalog import Materialization, Warehouse
+from warehouse.plotting import Markdown, figure_markdown, pyplot
+from warehouse.purposes import EpisodePurpose
+from warehouse.storage import git_revision
+from warehouse.tables_training import FLYWHEEL_ROUNDS
+
+ROUNDS_VERSION = "flywheel-rounds-1"
+#: Training examples from the agent's own episodes: the flywheel's collections and RL's sampled episodes.
+AGENT_PURPOSES = (EpisodePurpose.POLICY_ROLLOUT.value, EpisodePurpose.RL_TRAINING.value)
+ASSET_NAME = "flywheel_round"
+
+
+class FlywheelError(RuntimeError):
+    """A round that cannot be recorded (no report has run, or it judged no agent episode)."""
+
+
+def recorded_rounds(warehouse: Warehouse) -> list[int]:
+    """The rounds recorded so far, in order."""
+    return sorted(warehouse.query("SELECT DISTINCT round FROM flywheel_rounds").column(0).to_pylist())
+
+
+def next_round(warehouse: Warehouse) -> int:
+    """The round a new collection belongs to: 1 after the baseline (0), then one more each time."""
+    done = recorded_rounds(warehouse)
+    return (done[-1] + 1) if done else 0
+
+
+def round_rows(warehouse: Warehouse, round_: int) -> list[dict[str, Any]]:
+    """``flywheel_rounds`` rows of ``round_`` from the latest reward-model report."""
+    report = warehouse.query(
+        "SELECT run_id FROM lineage_materializations WHERE asset = 'reward_model_report' "
+        "ORDER BY created_at DESC LIMIT 1"
+    ).to_pylist()
+    if not report:
+        raise FlywheelError("no reward-model report has run: materialize reward_model_report first")
+    run_id = report[0]["run_id"]
+    rows = warehouse.query(
+        "SELECT a.kind, a.model_id, a.auc, a.auc_low, a.auc_high, a.episodes, m.n_train_examples, m.training_mix "
+        "FROM rm_agent_auc a LEFT JOIN models m USING (model_id) "
+        "WHERE a.report_run_id = ? AND a.family = 'all' ORDER BY a.kind",
+        [run_id],
+    ).to_pylist()
+    if not rows:
+        raise FlywheelError(
+            "the latest reward-model report judged no held-out agent episode: an SFT policy and its "
+            "evaluation (stepwise rl) must exist before the flywheel can measure anything"
+        )
+    collected = warehouse.query("SELECT count(*) FROM episodes WHERE purpose = 'policy_rollout'")[0][0].as_py()
+    created = datetime.now(UTC)
+    return [
+        {
+            "round": round_,
+            "kind": r["kind"],
+            "model_id": r["model_id"],
+            "report_run_id": run_id,
+            "auc": r["auc"],
+            "auc_low": r["auc_low"],
+            "auc_high": r["auc_high"],
+            "agent_episodes": r["episodes"],
+            "training_examples": r["n_train_examples"],
+            "agent_examples": sum(json.loads(r["training_mix"] or "{}").get(p, 0) for p in AGENT_PURPOSES),
+            "policy_rollout_episodes": collected,
+            "created_at": created,
+        }
+        for r in rows
+    ]
+
+
+def record_round(warehouse: Warehouse, round_: int, *, run_id: str | None, plot_path: Path) -> dict[str, Any]:
+    """Publish round ``round_`` (replacing an earlier record of it) and plot every round so far."""
+    if round_ < 0:
+        raise FlywheelError(f"round must be 0 or more, got {round_}")
+    rows = round_rows(warehouse, round_)
+    m = Materialization(
+        asset=ASSET_NAME,
+        run_id=run_id,
+        code_version=f"{ROUNDS_VERSION}+{git_revision()}",
+        parameters={"round": round_},
+        inputs=warehouse.current_inputs(["rm_agent_auc", "models"]),
+    )
+    table = pa.Table.from_pylist(rows, schema=FLYWHEEL_ROUNDS)
+    warehouse.publish(m, [warehouse.stage_table("flywheel_rounds", f"round-{round_:02d}", table, m)])
+    history = warehouse.query("SELECT * FROM flywheel_rounds ORDER BY round, kind").to_pylist()
+    return {
+        "round": round_,
+        "rows": rows,
+        "markdown": rounds_markdown(history),
+        "plot": rounds_plot(history, plot_path),
+        "materialization_id": m.materialization_id,
+    }
+
+
+def rounds_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| round | kind | AUC on agent episodes [95%] | training examples | from agent episodes | collected |",
+        "|---:|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        auc = (
+            "n/a"
+            if r["auc"] is None or np.isnan(r["auc"])
+            else f"{r['auc']:.2f} [{r['auc_low']:.2f}, {r['auc_high']:.2f}]"
+        )
+        lines.append(
+            f"| {r['round']} | {r['kind']} | {auc} | {r['training_examples'] or 0:,} | "
+            f"{r['agent_examples'] or 0:,} | {r['policy_rollout_episodes'] or 0:,} |"
+        )
+    return "\n".join(lines)
+
+
+def rounds_plot(rows: Sequence[dict[str, Any]], path: Path) -> Markdown:
+    """Each kind's AUC on held-out agent episodes by round, with its interval; chance marked."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for kind in sorted({r["kind"] for r in rows}):
+        mine = [r for r in rows if r["kind"] == kind and r["auc"] is not None and not np.isnan(r["auc"])]
+        if not mine:
+            continue
+        x = [r["round"] for r in mine]
+        ax.errorbar(
+            x,
+            [r["auc"] for r in mine],
+            yerr=[[r["auc"] - r["auc_low"] for r in mine], [r["auc_high"] - r["auc"] for r in mine]],
+            marker="o",
+            capsize=3,
+            label=kind,
+        )
+    ax.axhline(0.5, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("flywheel round (0: before any policy rollout)")
+    ax.set_ylabel("AUC vs success")
+    ax.set_ylim(0, 1)
+    ax.set_xticks(sorted({r["round"] for r in rows}))
+    ax.set_title("Reward models on held-out agent episodes, by round")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return figure_markdown(fig, path, "reward-model AUC by flywheel round")

@@ -15,6 +15,7 @@ with identical ones (the sampling is seeded by the episode id).
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -126,8 +127,14 @@ def run_collection(
     checkpoint. Everything is checked before the first browser starts."""
     policy_row = resolve_policy(warehouse, request.policy)
     tasks = collection_tasks(request, policy_row)
-    model = PolicyModel.load(policy_row["checkpoint"])
     policy_id = policy_row["policy_id"]
+    try:
+        model = PolicyModel.load(policy_row["checkpoint"])
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as exc:
+        # missing, truncated, or a file of another kind (another encoder's policy, a reward model)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        where = policy_row["checkpoint"]
+        raise CollectionError(f"policy {policy_id}: its checkpoint {where} cannot be loaded: {first}") from None
     acting = LearnedPolicy(model, policy_id=policy_id, temperature=request.temperature)
     jobs = [
         replace(job, episode_id=episode_id(policy_id, job.task.task_id, request.round, job.seed))

@@ -109,3 +109,19 @@ def test_a_missing_policy_fails_before_any_environment(tmp_path):
 
     with pytest.raises(CollectionError, match="no sft policy"):
         run_collection(wh, CollectionRequest("sft", "miniwob-forms"), no_pool, run_id=None, partition_key=None)
+
+
+def test_a_checkpoint_that_does_not_load_fails_before_any_environment(tmp_path):
+    wh = Warehouse(tmp_path / "home")
+    _policies(wh, [_row("sft-broken", "sft", 1)])
+    folder = wh.resolve("policies/sft-broken")
+    folder.mkdir(parents=True)
+    (folder / "policy_config.json").write_text('{"scorer": {}}')
+    (folder / "policy.pt").write_bytes(b"not a checkpoint")  # truncated, or another program's file
+
+    def no_pool(workers):
+        raise AssertionError("no environment may start")
+
+    request = CollectionRequest("sft", "miniwob-forms")
+    with pytest.raises(CollectionError, match="sft-broken: its checkpoint .* cannot be loaded"):
+        run_collection(wh, request, no_pool, run_id=None, partition_key=None)

@@ -155,6 +155,8 @@ RM_AGENT_AUC = with_key(
             ("auc", pa.float64()),
             ("auc_low", pa.float64()),
             ("auc_high", pa.float64()),
+            ("key_step_error", pa.float64()),  # progress kinds: ProgRM Table 3 on the episodes that reached milestones
+            ("key_steps", pa.int64()),
             ("score_rule", pa.string()),  # how step scores become an episode score
             ("report_run_id", pa.string()),
             ("created_at", pa.timestamp("us", tz="UTC")),

@@ -23,8 +23,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from training.reward_models.evaluate import predict_trajectories, roc_auc
-from training.reward_models.kinds import STEP_JUDGE_KINDS
+from annotation.progress.key_steps import milestone_progress
+from envs.task_catalog import load_catalog
+from training.reward_models.evaluate import key_step_progress_error, predict_trajectories, roc_auc
+from training.reward_models.examples import EpisodeLabels
+from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS
 from training.reward_models.states import TextTrajectory
 from warehouse.catalog import Warehouse
 from warehouse.plotting import Markdown, figure_markdown, pyplot
@@ -85,6 +88,22 @@ class AgentEpisode:
     policy_id: str
     success: bool
     checkpoint_seen: bool = False  # the checkpoint's own rollouts are training data (the flywheel's)
+    milestones: EpisodeLabels | None = None  # environment-milestone progress, where it reached one
+
+
+def milestone_labels(task_id: str, milestones_hit: Sequence[Sequence[str] | None]) -> EpisodeLabels | None:
+    """ProgRM_Env's labels of an agent episode from the milestones recorded online (§2.2: a key step
+    reaches a new milestone, progress rises evenly), computed here because evaluation episodes are
+    never labelled by the labels stage; None when the task has no spec or no milestone was reached."""
+    task = load_catalog("miniwob").get(task_id)
+    if task is None or not task.spec.milestones:
+        return None
+    progress, is_key = milestone_progress(
+        [hits or () for hits in milestones_hit], [m.name for m in task.spec.milestones]
+    )
+    if not is_key.any():
+        return None
+    return EpisodeLabels(tuple(progress.tolist()), tuple(is_key.tolist()), "env-online")
 
 
 def read_agent_episodes(warehouse: Warehouse) -> list[AgentEpisode]:
@@ -94,12 +113,21 @@ def read_agent_episodes(warehouse: Warehouse) -> list[AgentEpisode]:
     rows = warehouse.query(
         "SELECT episode_id, task_id, coalesce(task_family, 'unknown') AS family, policy_id, success, "
         "EXISTS (SELECT 1 FROM episodes r WHERE r.purpose = 'policy_rollout' "
-        "AND 'eval:' || r.policy_id = e.policy_id) AS seen "
+        "AND 'eval:' || r.policy_id = e.policy_id) AS seen, "
+        "(SELECT list(s.milestones_hit ORDER BY s.step_idx) FROM steps s WHERE s.episode_id = e.episode_id) AS hits "
         f"FROM episodes e WHERE {purpose_filter('e.purpose', (EpisodePurpose.EVALUATION.value,))} "
         "AND n_steps > 0 ORDER BY episode_id"
     ).to_pylist()
     return [
-        AgentEpisode(r["episode_id"], r["task_id"], r["family"], r["policy_id"] or "", r["success"], bool(r["seen"]))
+        AgentEpisode(
+            r["episode_id"],
+            r["task_id"],
+            r["family"],
+            r["policy_id"] or "",
+            r["success"],
+            bool(r["seen"]),
+            milestone_labels(r["task_id"], r["hits"] or []),
+        )
         for r in rows
     ]
 
@@ -123,6 +151,9 @@ def auc_rows(
         values = [episode_score(kind, scores[e.episode_id]) for e in members]
         success = [e.success for e in members]
         auc, low, high = bootstrap_auc(values, success)
+        # ProgRM Table 3 on agent episodes: progress kinds only, steps that reached a new milestone
+        labelled = {e.episode_id: e.milestones for e in members if e.milestones is not None}
+        key = key_step_progress_error(scores, labelled) if kind in PROGRESS_KINDS else {}
         rows.append(
             {
                 "model_id": model_id,
@@ -135,6 +166,8 @@ def auc_rows(
                 "auc": auc,
                 "auc_low": low,
                 "auc_high": high,
+                "key_step_error": key.get("key_step_progress_error"),
+                "key_steps": key.get("key_steps"),
                 "score_rule": "min over steps" if kind in STEP_JUDGE_KINDS else "last step",
                 "report_run_id": run_id,
                 "created_at": created,
@@ -193,6 +226,13 @@ def auc_markdown(rows: Sequence[Mapping]) -> str:
     for kind, fams in by_kind.items():
         rule = next(iter(fams.values()))["score_rule"]
         lines.append(f"| {kind} | {rule} | " + " | ".join(_fmt(fams[f]) if f in fams else "" for f in families) + " |")
+    errors = [
+        f"{r['kind']} {r['key_step_error']:.3f} ({r['key_steps']} key steps)"
+        for r in rows
+        if r["family"] == ALL_FAMILIES and r.get("key_step_error") is not None and not np.isnan(r["key_step_error"])
+    ]
+    if errors:
+        lines.append("\nKey-step progress error on agent episodes that reached a milestone: " + "; ".join(errors) + ".")
     return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ from training.reward_models.agent_episodes import (
     auc_rows,
     bootstrap_auc,
     episode_score,
+    milestone_labels,
 )
 from warehouse.tables_training import RM_AGENT_AUC
 
@@ -81,3 +82,23 @@ def test_unseen_checkpoints_get_their_own_row():
     assert "n/a (one class)" in auc_markdown(list(rows.values()))
     no_collection = [AgentEpisode(e.episode_id, "t", "fam", e.policy_id, e.success) for e in episodes]
     assert UNSEEN_CHECKPOINTS not in {r["family"] for r in auc_rows("m", "orm", no_collection, scores, run_id=None)}
+
+
+def test_key_step_error_on_agent_episodes_from_online_milestones():
+    hits = [["username typed"], [], ["password typed"], ["login clicked"]]
+    labels = milestone_labels("login-user", hits)
+    assert labels is not None
+    assert labels.progress == pytest.approx((1 / 3, 1 / 3, 2 / 3, 1.0))
+    assert labels.is_key_step == (True, False, True, True)
+    assert milestone_labels("login-user", [[], None]) is None  # reached nothing: no key step to score
+    assert milestone_labels("not-a-catalog-task", hits) is None
+    episode = AgentEpisode("eval:p:1", "login-user", "miniwob-forms", "eval:p", True, milestones=labels)
+    scores = {"eval:p:1": np.array([0.5, 0.5, 0.5, 0.9])}
+    rows = {
+        r["kind"]: r
+        for r in auc_rows("m", "progrm_env", [episode], scores, None) + auc_rows("o", "orm", [episode], scores, None)
+    }
+    # |0.5 - 1/3|, |0.5 - 2/3|, |0.9 - 1| over the three key steps
+    assert rows["progrm_env"]["key_step_error"] == pytest.approx((1 / 6 + 1 / 6 + 0.1) / 3)
+    assert rows["progrm_env"]["key_steps"] == 3
+    assert rows["orm"]["key_step_error"] is None  # not a progress model

@@ -224,9 +224,9 @@ DEMO: dict[str, Any] = {
     "agent_evaluation": {"held_out_seeds": 8},
 }
 DEMO_STAGES = ("rollouts", "labels", "reward_models", "rl", "flywheel")
-#: One short flywheel round on the demo's policies (~100 policy episodes), brief retraining.
+#: One short flywheel round on the demo's policies (3 policies x 2 tasks x 8 = 48 episodes), brief retraining.
 DEMO_FLYWHEEL_POLICIES = ("sft", "rl-outcome", "rl-progrm_env")
-DEMO_FLYWHEEL_EPISODES_PER_TASK = 16
+DEMO_FLYWHEEL_EPISODES_PER_TASK = 8
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

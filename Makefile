@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 VENV := .venv
 PORT ?= 3000
 
-.PHONY: setup demo test test-fast lint ui annotate reward-models rl bench clean
+.PHONY: setup demo test test-fast lint ui annotate reward-models rl flywheel bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -46,6 +46,10 @@ reward-models: setup
 
 rl: setup
 	@$(VENV)/bin/stepwise rl
+
+# After `make rl`: policy rollouts -> labels -> reward models retrained on the mix -> judged on agents.
+flywheel: setup
+	@$(VENV)/bin/stepwise flywheel --rounds 1
 
 bench: setup
 	@$(VENV)/bin/python benchmarks/bench_import.py

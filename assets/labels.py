@@ -52,13 +52,14 @@ from assets.metadata import check_result, table_metadata, to_metadata, unique_ke
 from assets.resources import WarehouseResource
 
 GROUP = "labels"
-TRAJECTORY_ASSETS = ["human_demonstrations", "rollouts"]
+TRAJECTORY_ASSETS = ["human_demonstrations", "rollouts", "policy_rollouts"]
 # Every label family reads every rollout partition (batch x family): a label family is not one of
 # the rollouts' dimensions (it also holds Android and off-catalog tasks), and Dagster's default
 # between the two partitionings would name upstream partitions that do not exist.
 LABEL_INPUTS = [
     AssetDep("human_demonstrations"),
     AssetDep("rollouts", partition_mapping=AllPartitionMapping()),
+    AssetDep("policy_rollouts", partition_mapping=AllPartitionMapping()),  # the flywheel's (family x policy)
     AssetDep("synthetic_trajectories"),
 ]
 

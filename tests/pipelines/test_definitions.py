@@ -20,12 +20,13 @@ GROUPS = {
     "reward_models": {"reward_model_datasets", "reward_model", "reward_model_report"},
     "rl": {"policy_sft", "rl_run", "agent_evaluation", "rl_report"},
     "guidance": {"guidance_evaluation", "guidance_report"},
+    "flywheel": {"policy_rollouts", "flywheel_round"},
 }
 
 DEPENDENCIES = {
-    "synthetic_trajectories": {"human_demonstrations", "rollouts"},
-    "recipe_library": {"human_demonstrations", "rollouts", "synthetic_trajectories"},
-    "progress_labels": {"human_demonstrations", "rollouts", "synthetic_trajectories"},
+    "synthetic_trajectories": {"human_demonstrations", "rollouts", "policy_rollouts"},
+    "recipe_library": {"human_demonstrations", "rollouts", "policy_rollouts", "synthetic_trajectories"},
+    "progress_labels": {"human_demonstrations", "rollouts", "policy_rollouts", "synthetic_trajectories"},
     "progress_split": {"progress_labels"},
     "label_quality_report": {"progress_labels"},
     "reward_model_datasets": {"progress_labels", "progress_split"},
@@ -37,6 +38,8 @@ DEPENDENCIES = {
     "rl_report": {"policy_sft", "agent_evaluation"},
     "guidance_evaluation": {"policy_sft", "reward_model"},
     "guidance_report": {"guidance_evaluation"},
+    "policy_rollouts": {"policy_sft"},
+    "flywheel_round": {"reward_model_report"},
     "annotation_queue": {"annotation_candidates"},
     "human_labels": {"annotation_queue"},
     "human_step_labels": {"human_labels"},

@@ -570,10 +570,17 @@ def cmd_flywheel(args: argparse.Namespace) -> int:
     from dagster import DagsterInstance
 
     from pipelines.flywheel import FlywheelSettings, run_flywheel
+    from training.flywheel.collection import policy_keys
     from training.reward_models.kinds import REWARD_MODEL_KINDS
+    from training.rl.rewards import REWARD_SOURCES
     from warehouse.catalog import Warehouse
 
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    known_policies = policy_keys(REWARD_SOURCES)
+    if not policies or set(policies) - set(known_policies):
+        print(f"stepwise flywheel: --policies from {known_policies}", file=sys.stderr)
+        return 2
     unknown = sorted(set(kinds) - set(REWARD_MODEL_KINDS))
     if unknown or not kinds or args.rounds < 0 or args.episodes_per_task < 1:
         print(
@@ -583,7 +590,7 @@ def cmd_flywheel(args: argparse.Namespace) -> int:
         )
         return 2
     settings = FlywheelSettings(
-        policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
+        policies=policies,
         episodes_per_task=args.episodes_per_task,
         temperature=args.temperature,
         kinds=kinds,
@@ -595,7 +602,10 @@ def cmd_flywheel(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     outcomes: list[tuple[str, bool]] = []
     with DagsterInstance.get() as instance:
-        run_flywheel(warehouse, args.rounds, settings, _job_runner(instance, outcomes), print)
+        if not run_flywheel(warehouse, args.rounds, settings, _job_runner(instance, outcomes), print) and all(
+            ok for _, ok in outcomes
+        ):
+            outcomes.append(("flywheel (nothing to collect from)", False))
     rows = warehouse.query("SELECT * FROM flywheel_rounds ORDER BY round, kind").to_pylist()
     if rows:
         from training.flywheel.rounds import rounds_markdown
@@ -848,7 +858,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policies",
         default="sft,rl-outcome,rl-orm,rl-progrm_lcs,rl-progrm_env",
-        help="checkpoints to collect from: sft, rl-<reward source> (the newest of each), or policy ids",
+        help="checkpoints to collect from: sft, rl-<reward source> (the newest of each; the asset's partitions)",
     )
     p.add_argument("--episodes-per-task", type=int, default=16, help="episodes per task, policy and round")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the policies")

@@ -114,7 +114,11 @@ def _has_model(warehouse: Warehouse, kind: str) -> bool:
 
 
 def run_flywheel(warehouse: Warehouse, rounds: int, settings: FlywheelSettings, run: JobRunner, log: Log) -> bool:
-    """The baseline when none is recorded, then ``rounds`` rounds after the last recorded one."""
+    """The baseline when none is recorded, then ``rounds`` rounds after the last recorded one.
+    Without a policy to collect from, nothing runs (the baseline would judge no agent episode)."""
+    if not collection_plan(warehouse, settings.policies, log):
+        log("   no policy to collect from: run `stepwise rl` first (an SFT policy and its evaluation at least)")
+        return False
     if next_round(warehouse) == 0:
         log("== flywheel round 0 (baseline): the current reward models on held-out agent episodes")
         if not run_round(warehouse, 0, settings, run, log, collect=False):

@@ -76,3 +76,19 @@ def test_cli_labels_one_family_incrementally(small_demos, home):
     assert "miniwob-forms: 0 new episodes" in again.stdout
     bad = stepwise("label", "--embedder", "hashing", "--families", "miniwob-nope")
     assert bad.returncode == 2 and "unknown label families ['miniwob-nope']" in bad.stderr
+
+
+def test_flywheel_refuses_bad_settings_and_an_empty_home(home):
+    env = {"STEPWISE_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "HF_HUB_OFFLINE": "1"}
+    env["PATH"] = "/usr/bin:/bin"
+    for args, message in (
+        (["--policies", "sft,my-policy"], "--policies from"),
+        (["--kinds", "orm,nope"], "unknown: ['nope']"),
+        (["--rounds", "-1"], "--rounds >= 0"),
+    ):
+        out = subprocess.run([STEPWISE, "flywheel", *args], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+    # No policy yet: nothing is trained, collected or recorded; the user is told what to run first.
+    out = subprocess.run([STEPWISE, "flywheel"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 1 and "run `stepwise rl` first" in out.stdout, out.stdout + out.stderr
+    assert Warehouse(home).query("SELECT count(*) FROM flywheel_rounds")[0][0].as_py() == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -89,10 +90,13 @@ def test_datasets_models_and_report_materialize_with_checks(tmp_path):
 
     warehouse = Warehouse(home)
     models = warehouse.query(
-        "SELECT kind, checkpoint_path, dataset_materialization_id, label_versions FROM models ORDER BY kind"
+        "SELECT kind, checkpoint_path, dataset_materialization_id, label_versions, training_mix "
+        "FROM models ORDER BY kind"
     ).to_pylist()
     assert [m["kind"] for m in models] == ["orm", "progrm_env", "progrm_lcs"]
     assert models[1]["label_versions"] == ["env-test-v1"]
+    # the data mix a model learned from, by episode purpose, recorded with it
+    assert json.loads(models[1]["training_mix"]).get("demonstration", 0) > 0
     from training.reward_models.models import RewardScorer
 
     assert not Path(models[1]["checkpoint_path"]).is_absolute()  # stored relative to the home

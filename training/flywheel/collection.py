@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from envs.pool import BatchResult, EnvPool, plan_jobs
-from envs.rollouts import ProgressLog, publish_rollouts
+from envs.rollouts import ProgressLog, RolloutSummary, publish_rollouts
 from envs.task_catalog import CatalogTask, load_catalog, tasks_of_family
 from training.policy.learned import LearnedPolicy, PolicyModel
 from training.policy.store import POLICY_ROLLOUT_SEED_BASE, PolicyNotFoundError, latest_policy
@@ -174,26 +174,9 @@ def run_collection(
         ],
         purpose=EpisodePurpose.POLICY_ROLLOUT,
     )
-    n = len(result.episodes)
-    return {
-        "policy_id": policy_id,
-        "episodes": n,
-        "successes": result.successes,
-        "success_rate": result.successes / n,
-        "steps": result.steps,
-        "lost_episodes": len(result.lost),
-        "steps_per_s": result.steps / max(1e-9, result.seconds),
-        "materialization_id": materialization.materialization_id,
-        "episodes_path": next(str(o.path) for o in outputs if o.table_name == "episodes"),
-        "by_task": _by_task(result),
-    }
-
-
-def _by_task(result: BatchResult) -> dict[str, str]:
-    out: dict[str, list[bool]] = {}
-    for record in result.episodes:
-        out.setdefault(record.task_id, []).append(record.success)
-    return {task: f"{sum(s)}/{len(s)}" for task, s in sorted(out.items())}
+    # The rollout stage's own summary (episodes, success, steps/s, milestones, a table by task).
+    summary = RolloutSummary(materialization.materialization_id, result, outputs).metadata()
+    return {"policy_id": policy_id, **summary}
 
 
 def policy_keys(reward_sources: Sequence[str]) -> list[str]:

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from envs.process import set_parent_death_signal
 from training.reward_models.agent_episodes import AgentEpisodeReport, agent_episode_report, read_agent_episodes
-from training.reward_models.dataset import build_reward_model_dataset
+from training.reward_models.dataset import build_reward_model_dataset, examples_by_purpose
 from training.reward_models.evaluate import ModelRecord
 from training.reward_models.examples import DatasetOptions
 from training.reward_models.kinds import PROGRESS_KINDS, REWARD_MODEL_KINDS, SPLITS, SUCCESS_JUDGE_KINDS, kind_spec
@@ -348,14 +348,11 @@ class ModelResult:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def training_mix(warehouse: Warehouse, kind: str) -> dict[str, int]:
-    """Training examples of the kind's current dataset by episode purpose (the model row's ``training_mix``)."""
-    rows = warehouse.query(
-        "SELECT e.purpose, count(*) AS n FROM rm_examples x JOIN episodes e USING (episode_id) "
-        "WHERE x.kind = ? AND x.split = 'train' GROUP BY 1 ORDER BY 1",
-        [kind],
-    ).to_pylist()
-    return {r["purpose"]: int(r["n"]) for r in rows}
+def training_mix(warehouse: Warehouse, examples_path: str | Path) -> dict[str, int]:
+    """Training examples of a dataset by episode purpose (the model row's ``training_mix``): the
+    dataset's own count (``examples_by_purpose``), over the file the model was trained on."""
+    examples = pq.read_table(warehouse.resolve(examples_path), columns=["episode_id", "split"])
+    return examples_by_purpose(warehouse, examples).get("train", {})
 
 
 def train_model(
@@ -425,7 +422,7 @@ def train_model(
         "resumed_from": summary["resumed_from"],
         "parameters": json.dumps({"model": model_config, "training": summary["training_arguments"]}, sort_keys=True),
         "validation_metrics": json.dumps(summary["validation_metrics"], sort_keys=True, default=str),
-        "training_mix": json.dumps(training_mix(warehouse, kind), sort_keys=True),
+        "training_mix": json.dumps(training_mix(warehouse, examples_path), sort_keys=True),
         "code_version": git_revision(),
         "run_id": run_id,
         "created_at": datetime.now(UTC),

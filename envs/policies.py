@@ -405,6 +405,74 @@ class _Expert:
         pass
 
 
+# -- where an episode is in the plan ---------------------------------------------------------
+
+
+def same_action(a: Action, b: Action) -> bool:
+    """Whether two actions do the same thing: type, target element, text, direction. A click on an
+    element or on the element that directly wraps it is the same click (a checkbox and its
+    ``<label>``: the task specs' ``labelled`` selector treats them alike)."""
+    if a.type is not b.type:
+        return False
+    if (a.target is None) != (b.target is None):
+        return False
+    if a.target is not None and b.target is not None and a.target.ref != b.target.ref:
+        wrapped = a.target.parent_ref == b.target.ref or b.target.parent_ref == a.target.ref
+        if a.type is not ActionType.CLICK or not wrapped:
+            return False
+    if a.type in (ActionType.INPUT, ActionType.PRESS_KEY, ActionType.ANSWER):
+        return (a.text or "").strip() == (b.text or "").strip()
+    if a.type is ActionType.SCROLL:
+        return (a.direction or "").upper() == (b.direction or "").upper()
+    return True
+
+
+def _ticked(screen: Screen, target: UIElement) -> bool:
+    """Whether a click target is a ticked checkbox, or a label wrapping one."""
+    if target.role == "checkbox":
+        return target.checked is True
+    return any(e.parent_ref == target.ref and e.role == "checkbox" and e.checked is True for e in screen.elements)
+
+
+class PlanTracker:
+    """The spec's plan for one episode and where the episode is in it (the expert's pointer,
+    without its noise or patience): which action the plan wants next on a screen. A planned click
+    on a box that is already ticked is passed over (the plan ticks boxes; the policy may have
+    ticked them in another order)."""
+
+    def __init__(self, plan: Sequence[PlanStep]) -> None:
+        self.plan = list(plan)
+        self.pointer = 0
+
+    def expected(self, screen: Screen) -> tuple[Action | None, int]:
+        """(the planned action on ``screen``, its index in the plan); None when the plan is done or
+        its next target is not on the screen. Steps whose condition fails here, and optional
+        steps whose target is absent, are passed over."""
+        i = self.pointer
+        while i < len(self.plan):
+            step = self.plan[i]
+            if step.when is not None and not condition_holds(step.when, step.slots, screen):
+                i += 1
+                continue
+            target = find_target(screen, step) if step.target is not None else None
+            if step.action is ActionType.CLICK and target is not None and _ticked(screen, target):
+                i += 1  # a box the plan would tick is ticked already (clicking it would untick it)
+                continue
+            if step.target is not None and target is None:
+                if step.optional:
+                    i += 1
+                    continue
+                return None, i
+            return plan_action(step, target), i
+        return None, i
+
+    def advance(self, executed: Action, screen: Screen, ok: bool) -> None:
+        """After ``executed`` was carried out on ``screen``: past the planned step it did."""
+        action, index = self.expected(screen)
+        if ok and action is not None and same_action(executed, action):
+            self.pointer = index + 1
+
+
 # -- registry --------------------------------------------------------------------------------
 
 PolicyFactory = Callable[..., Policy]

@@ -29,7 +29,7 @@ from envs.protocol import EpisodeContext, StepResult
 from training.llm.policy import EndpointPolicy, HFPolicy
 from training.llm.prompts import HistoryEntry, ParsedAction, ParseFailure
 from training.policy.learned import PolicyModel, StepDecision
-from training.reward_models.states import action_in_context, target_context
+from training.reward_models.states import describe_action
 from warehouse.model import Action, ActionType, Screen
 
 
@@ -79,13 +79,6 @@ class Proposer(Protocol):
     def policy_id(self) -> str: ...
 
     def start(self, context: EpisodeContext, reflection: str | None = None) -> EpisodeProposer: ...
-
-
-def describe_action(action: Action, screen: Screen) -> str:
-    """An action as the reward models read it on ``screen`` (``action_in_context``)."""
-    ref = action.target.ref if action.target is not None else None
-    context = target_context([e.to_dict() for e in screen.elements], ref) if ref is not None else None
-    return action_in_context(action.canonical_text(), context)
 
 
 def rank_candidates(

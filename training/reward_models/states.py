@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from training.reward_models.kinds import kind_spec
-from warehouse.model import Screen, UIElement
+from warehouse.model import Action, Screen, UIElement
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,13 @@ def action_in_context(action_text: str, context: str | None) -> str:
     """An action as reward models read it: its canonical text, plus ``within <texts>`` when its
     target's own description cannot tell it apart (see :func:`target_context`)."""
     return f"{action_text} within {context}" if context else action_text
+
+
+def describe_action(action: Action, screen: Screen) -> str:
+    """An action as the reward models read it on ``screen`` (``action_in_context``)."""
+    ref = action.target.ref if action.target is not None else None
+    context = target_context([e.to_dict() for e in screen.elements], ref) if ref is not None else None
+    return action_in_context(action.canonical_text(), context)
 
 
 def progress_state(trajectory: TextTrajectory, t: int) -> StepState:

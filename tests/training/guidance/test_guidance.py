@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
+from envs.policies import PlanTracker, same_action
 from envs.protocol import EpisodeContext, EpisodeRecord, StepRecord, StepResult
 from envs.task_catalog import load_catalog
 from tests.training.llm.llm_fixtures import MINIWOB_ACTIONS, login_screen
@@ -39,13 +40,13 @@ from training.guidance.judge import (
     split_history,
     tier_of,
 )
-from training.guidance.proposals import GuidanceError, LearnedProposer, Proposal, describe_action, rank_candidates
+from training.guidance.proposals import GuidanceError, LearnedProposer, Proposal, rank_candidates
 from training.guidance.reflection import AttemptGuidance, Ban, blame_step, next_guidance, pass_at, reflect
 from training.guidance.registry import make_verifier
 from training.guidance.runs import GuidanceSettings, paired_delta, plan_settings, setting_rows
-from training.guidance.verifiers import PlanTracker, StepView, same_action
+from training.guidance.verifiers import StepView
 from training.llm.chat_client import ChatClient, ChatEndpoint
-from training.reward_models.states import StepState, screen_lines
+from training.reward_models.states import StepState, describe_action, screen_lines
 from warehouse.model import Action, ActionType, Screen
 
 LOGIN = load_catalog("miniwob")["login-user"]

@@ -63,6 +63,7 @@ bench: setup
 	@$(VENV)/bin/python benchmarks/bench_partitions.py
 	@$(VENV)/bin/python benchmarks/bench_encoder.py
 	@$(VENV)/bin/python benchmarks/bench_determinism.py
+	@$(VENV)/bin/python benchmarks/bench_alternatives.py
 
 clean:
 	rm -rf $(STEPWISE_HOME)

@@ -9,7 +9,12 @@ them like any other training episode.
 Stage logic: :mod:`training.flywheel`.
 """
 
+from collections.abc import Iterator
+
 from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
     Config,
@@ -19,12 +24,21 @@ from dagster import (
     StaticPartitionsDefinition,
     asset,
     define_asset_job,
+    multi_asset_check,
 )
 from pydantic import Field
 
-from assets.metadata import table_metadata, to_metadata, unique_key_checks
+from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import EnvPoolResource, WarehouseResource
 from envs.rollouts import ATTEMPTS_TABLE, ROLLOUT_ATTEMPTS, families
+from training.flywheel.alternatives import (
+    ALTERNATIVES_VERSION,
+    SOURCE_PURPOSES,
+    AlternativesRequest,
+    check_alternatives_run,
+    run_alternatives,
+)
+from training.flywheel.alternatives import ASSET_NAME as ALTERNATIVES_ASSET
 from training.flywheel.collection import (
     ASSET_NAME,
     COLLECTION_VERSION,
@@ -102,6 +116,99 @@ def policy_rollouts(
     return MaterializeResult(metadata=to_metadata(summary) | table_metadata(wh, "episodes", also=("steps",)))
 
 
+class AlternativesConfig(Config):
+    round: int = Field(
+        default=0, description="the round (its policy rollouts give states; the held-out states ignore it)"
+    )
+    states_per_task: int = Field(default=8, description="states sampled per task and source")
+    top_k: int = Field(default=4, description="the policy's most probable candidates replayed at each state")
+    continuations: int = Field(default=4, description="m: continuations by the policy after each candidate")
+    horizon: int = Field(default=0, description="steps of a continuation (0: the rest of the task's budget)")
+    temperature: float = Field(default=1.0, description="sampling temperature of the continuations")
+    sources: list[str] = Field(
+        default=list(SOURCE_PURPOSES), description="where states come from: policy_rollout, exploration, evaluation"
+    )
+    tasks: list[str] = Field(default=[], description="task ids in the family; empty: the policy's own tasks there")
+    all_tasks: bool = Field(default=False, description="every task of the family instead of the policy's own")
+    workers: int = Field(default=2, description="replays run at once")
+
+
+@asset(
+    name=ALTERNATIVES_ASSET,
+    group_name=GROUP,
+    partitions_def=POLICY_ROLLOUT_PARTITIONS,
+    code_version=ALTERNATIVES_VERSION,
+    deps=[ASSET_NAME],
+    kinds={"chromium", "pytorch", "parquet"},
+    description=(
+        "Alternatives at one state (GuidNav self-play, Math-Shepherd Monte-Carlo labels): at states sampled from "
+        "the policy's rollouts, expert rollouts and (held out) its evaluation episodes, the policy's top-k "
+        "candidates, each carried out by deterministic replay and labelled by the plan's next step, the milestones "
+        "it reaches and the success of m continuations. Replays that do not reproduce the state are dropped."
+    ),
+)
+def step_alternatives(
+    context: AssetExecutionContext,
+    config: AlternativesConfig,
+    warehouse: WarehouseResource,
+    env_pool: EnvPoolResource,
+) -> MaterializeResult:
+    keys = context.partition_key.keys_by_dimension
+    wh = warehouse.get()
+    try:
+        request = AlternativesRequest(
+            policy=keys["policy"],
+            family=keys["family"],
+            round=config.round,
+            states_per_task=config.states_per_task,
+            top_k=config.top_k,
+            continuations=config.continuations,
+            horizon=config.horizon,
+            temperature=config.temperature,
+            sources=tuple(config.sources),
+            tasks=tuple(config.tasks),
+            all_tasks=config.all_tasks,
+            workers=config.workers,
+        )
+        summary = run_alternatives(
+            wh,
+            request,
+            lambda workers: env_pool.pool("miniwob", workers, log=context.log.warning),
+            run_id=context.run_id,
+            partition_key=context.partition_key,
+            log=context.log.info,
+        )
+    except CollectionError as exc:
+        raise Failure(str(exc)) from None
+    return MaterializeResult(metadata=to_metadata(summary) | table_metadata(wh, "step_alternatives"))
+
+
+ALTERNATIVES_CHECKS = {
+    "labels_in_range": "Monte-Carlo values in [0, 1], successes within continuations, rows written",
+    "replays_reproduce_states": "at most 10% of the replays did not reproduce their recorded state (warn)",
+}
+
+
+@multi_asset_check(
+    specs=[
+        AssetCheckSpec(f"{ALTERNATIVES_ASSET}_{name}", asset=ALTERNATIVES_ASSET, description=text)
+        for name, text in ALTERNATIVES_CHECKS.items()
+    ],
+    name=f"{ALTERNATIVES_ASSET}_checks",
+    description="data checks of step_alternatives",
+)
+def alternatives_checks(
+    context: AssetCheckExecutionContext, warehouse: WarehouseResource
+) -> Iterator[AssetCheckResult]:
+    for name, outcome in check_alternatives_run(warehouse.get(), context.run.run_id).items():
+        yield check_result(
+            outcome,
+            check_name=f"{ALTERNATIVES_ASSET}_{name}",
+            asset_key=ALTERNATIVES_ASSET,
+            warn_only=name == "replays_reproduce_states",
+        )
+
+
 class FlywheelRoundConfig(Config):
     round: int = Field(description="the round recorded (0: the baseline, before any policy rollout)")
 
@@ -134,14 +241,24 @@ def flywheel_round(
     )
 
 
-FLYWHEEL_ASSETS = [policy_rollouts, flywheel_round]
-FLYWHEEL_CHECKS = [unique_key_checks(ASSET_NAME, {"episodes": None, "steps": None, ATTEMPTS_TABLE: ROLLOUT_ATTEMPTS})]
+FLYWHEEL_ASSETS = [policy_rollouts, step_alternatives, flywheel_round]
+FLYWHEEL_CHECKS = [
+    unique_key_checks(ASSET_NAME, {"episodes": None, "steps": None, ATTEMPTS_TABLE: ROLLOUT_ATTEMPTS}),
+    unique_key_checks(ALTERNATIVES_ASSET, {"step_alternatives": None}),
+    alternatives_checks,
+]
 FLYWHEEL_JOBS = [
     define_asset_job(
         "policy_rollouts_job",
         selection=[ASSET_NAME],
         partitions_def=POLICY_ROLLOUT_PARTITIONS,
         description="policy rollouts, one family x policy partition per run",
+    ),
+    define_asset_job(
+        "step_alternatives_job",
+        selection=[ALTERNATIVES_ASSET],
+        partitions_def=POLICY_ROLLOUT_PARTITIONS,
+        description="alternatives at one state, one family x policy partition per run",
     ),
     define_asset_job(
         "progress_split_job",

@@ -41,7 +41,9 @@ from warehouse.storage import slug, stepwise_home, write_parquet_atomic
 
 #: Bumped when the views change shape (a column added to a schema, a derived column): a catalog
 #: whose views were built by another version rebuilds them on opening.
-VIEWS_VERSION = "2"  # 2: every schema column present (old files read as nulls); episodes.purpose inferred
+# 2: every schema column present (old files read as nulls); episodes.purpose inferred.
+# 3: alternatives at one state (step_alternatives, rm_alternative_top1; new columns of rm_examples, flywheel_rounds).
+VIEWS_VERSION = "3"
 #: Columns a view derives for rows written before the column existed (``coalesce(stored, derived)``).
 _DERIVED_COLUMNS: dict[str, dict[str, str]] = {"episodes": {"purpose": LEGACY_PURPOSE_SQL}}
 

@@ -25,7 +25,7 @@ from warehouse.keys import with_key
 RM_EXAMPLES = with_key(
     pa.schema(
         [
-            pa.field("example_id", pa.string(), nullable=False),  # <kind>:<episode_id>:<step_idx>
+            pa.field("example_id", pa.string(), nullable=False),  # <kind>:<episode_id>:<step_idx> | <kind>:alt:<alt id>
             pa.field("kind", pa.string(), nullable=False),  # orm | progrm_lcs | progrm_env | prm | guidnav
             pa.field("split", pa.string(), nullable=False),  # train | validation | test
             pa.field("episode_id", pa.string(), nullable=False),
@@ -43,6 +43,10 @@ RM_EXAMPLES = with_key(
             ("label_version", pa.string()),  # the version of the labels the example was built from
             ("is_key_step", pa.bool_()),
             ("episode_success", pa.bool_()),
+            # alternatives at one state (step judges): the examples of one state's candidates share
+            # group_id, and rank_value (their Monte-Carlo value) orders them for the pairwise loss
+            ("group_id", pa.string()),
+            ("rank_value", pa.float64()),
         ]
     ),
     "example_id",
@@ -167,6 +171,37 @@ RM_AGENT_AUC = with_key(
     "family",
 )
 
+# Each reward model choosing among alternatives at held-out states (training.reward_models.alternatives_metric):
+# how often the candidate it scores highest has the best Monte-Carlo value, against the policy's own argmax.
+RM_ALTERNATIVE_TOP1 = with_key(
+    pa.schema(
+        [
+            pa.field("model_id", pa.string(), nullable=False),
+            pa.field("kind", pa.string(), nullable=False),
+            pa.field("family", pa.string(), nullable=False),  # a task family, or "all"
+            ("states", pa.int64()),  # informative held-out states (candidates of different values)
+            ("top1", pa.float64()),  # share of states where the model's pick is a best candidate
+            ("top1_low", pa.float64()),
+            ("top1_high", pa.float64()),
+            ("policy_top1", pa.float64()),  # the same for the policy's argmax (candidate 0)
+            ("random_top1", pa.float64()),  # expected for a uniformly random pick
+            ("gain", pa.float64()),  # top1 - policy_top1, with a paired bootstrap interval
+            ("gain_low", pa.float64()),
+            ("gain_high", pa.float64()),
+            ("wins", pa.int64()),  # states only the model gets right
+            ("losses", pa.int64()),  # states only the policy gets right
+            ("mcnemar_p", pa.float64()),
+            ("plan_states", pa.int64()),  # states whose candidates include the task plan's next step
+            ("plan_top1", pa.float64()),  # how often the model picks it there
+            ("policy_plan_top1", pa.float64()),
+            ("report_run_id", pa.string()),
+            ("created_at", pa.timestamp("us", tz="UTC")),
+        ]
+    ),
+    "model_id",
+    "family",
+)
+
 # One row per flywheel round and reward-model kind (training.flywheel.rounds): the model the
 # round trained, what it was trained on, and its AUC on held-out agent episodes. Round 0 is the
 # baseline (the models before any policy rollout was collected).
@@ -185,10 +220,62 @@ FLYWHEEL_ROUNDS = with_key(
             ("agent_examples", pa.int64()),  # of which from the agent's own episodes (policy_rollout, rl_training)
             ("policy_rollout_episodes", pa.int64()),  # policy-rollout episodes in the warehouse at the time
             ("created_at", pa.timestamp("us", tz="UTC")),
+            # choosing among alternatives at held-out states (rm_alternative_top1, family 'all'; step
+            # judges and progress models): how often the model's pick is a best candidate, and the policy's
+            ("top1", pa.float64()),
+            ("top1_low", pa.float64()),
+            ("top1_high", pa.float64()),
+            ("policy_top1", pa.float64()),
+            ("top1_states", pa.int64()),
+            ("alternative_states", pa.int64()),  # training states with alternatives in the warehouse at the time
         ]
     ),
     "round",
     "kind",
+)
+
+# Alternatives at one state (training.flywheel.alternatives): at a state of a recorded episode,
+# the proposing policy's top-k candidates (plus the episode's own action), each carried out by
+# deterministic replay (same seed, same recorded prefix) and labelled by (a) the task plan's next
+# step, (b) what the candidate itself reached and (c) the success of m continuations by the policy
+# (Math-Shepherd's Monte-Carlo estimate). Replays that did not reproduce the state are dropped.
+STEP_ALTERNATIVES = with_key(
+    pa.schema(
+        [
+            pa.field("alternative_id", pa.string(), nullable=False),  # <state_id>:<candidate>
+            pa.field("state_id", pa.string(), nullable=False),  # <proposer>|<episode_id>|<step_idx>
+            pa.field("episode_id", pa.string(), nullable=False),  # the recorded episode of the state
+            pa.field("step_idx", pa.int32(), nullable=False),  # t: the candidate replaces action a_t
+            ("task_id", pa.string()),
+            ("task_family", pa.string()),
+            ("seed", pa.int64()),
+            ("purpose", pa.string()),  # the recorded episode's: training data, or evaluation (never trained on)
+            ("source_policy_id", pa.string()),  # who acted in the recorded episode
+            ("proposer_policy_id", pa.string()),  # whose top-k candidates these are (and who continued)
+            ("round", pa.int32()),
+            pa.field("candidate", pa.int32(), nullable=False),  # index in the state's list; 0 = the policy's argmax
+            ("policy_rank", pa.int32()),  # rank in the proposer's distribution over the screen's candidates
+            ("policy_logp", pa.float64()),  # log pi(candidate | state)
+            ("action_type", pa.string()),
+            ("action_text", pa.string()),  # canonical text
+            ("action_description", pa.string()),  # as reward models read it (with the target's context)
+            ("is_recorded", pa.bool_()),  # the recorded episode's own action at this state
+            ("planned_action", pa.string()),  # (a) the task plan's next step here, where the spec has one
+            ("matches_plan", pa.bool_()),
+            ("milestones_hit", pa.list_(pa.string())),  # (b) milestones the candidate's own step reached
+            ("ended", pa.bool_()),  # the environment ended the episode at the candidate's step
+            ("ended_success", pa.bool_()),
+            ("step_problem", pa.string()),  # why the candidate could not be carried out, if it could not
+            ("continuations", pa.int32()),  # (c) replays that reproduced the state and ran
+            ("continuation_successes", pa.int32()),
+            ("mc_value", pa.float64()),  # successes / continuations; the outcome itself where the step ended it
+            ("repeatable", pa.bool_()),  # every replay of the candidate's step gave the same result
+            ("replay_ms", pa.float64()),  # mean time to reach the state and carry the candidate out
+            ("run_id", pa.string()),
+            ("created_at", pa.timestamp("us", tz="UTC")),
+        ]
+    ),
+    "alternative_id",
 )
 
 TRAINING_TABLE_SCHEMAS: dict[str, pa.Schema] = {
@@ -199,4 +286,6 @@ TRAINING_TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "rm_metrics": RM_METRICS,
     "rm_agent_auc": RM_AGENT_AUC,
     "flywheel_rounds": FLYWHEEL_ROUNDS,
+    "step_alternatives": STEP_ALTERNATIVES,
+    "rm_alternative_top1": RM_ALTERNATIVE_TOP1,
 }

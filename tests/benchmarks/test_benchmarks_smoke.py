@@ -113,6 +113,15 @@ SMOKE: dict[str, Smoke] = {
         ),
         e2e=True,
     ),
+    "bench_alternatives": Smoke(
+        (
+            "| baseline: one live step (policy + environment) |",
+            "| one alternative at t = 0 (reset + 0 replayed + candidate) |",
+            "| one alternative, every state of the episodes |",
+            "goal: one alternative <= 2x one live step",
+        ),
+        e2e=True,
+    ),
     "bench_partitions": Smoke(
         ("sequential s  parallel s  same labels", "all families (wall)", "every family in one run", "same labels: yes"),
         e2e=True,

@@ -20,7 +20,7 @@ GROUPS = {
     "reward_models": {"reward_model_datasets", "reward_model", "reward_model_report"},
     "rl": {"policy_sft", "rl_run", "agent_evaluation", "rl_report"},
     "guidance": {"guidance_evaluation", "guidance_report"},
-    "flywheel": {"policy_rollouts", "flywheel_round"},
+    "flywheel": {"policy_rollouts", "step_alternatives", "flywheel_round"},
 }
 
 DEPENDENCIES = {
@@ -29,7 +29,7 @@ DEPENDENCIES = {
     "progress_labels": {"human_demonstrations", "rollouts", "policy_rollouts", "synthetic_trajectories"},
     "progress_split": {"progress_labels"},
     "label_quality_report": {"progress_labels"},
-    "reward_model_datasets": {"progress_labels", "progress_split"},
+    "reward_model_datasets": {"progress_labels", "progress_split", "step_alternatives"},
     "reward_model": {"reward_model_datasets"},
     "reward_model_report": {"reward_model"},
     "policy_sft": {"human_demonstrations", "rollouts"},
@@ -39,6 +39,7 @@ DEPENDENCIES = {
     "guidance_evaluation": {"policy_sft", "reward_model"},
     "guidance_report": {"guidance_evaluation"},
     "policy_rollouts": {"policy_sft"},
+    "step_alternatives": {"policy_rollouts"},
     "flywheel_round": {"reward_model_report"},
     "annotation_queue": {"annotation_candidates"},
     "human_labels": {"annotation_queue"},
@@ -70,6 +71,11 @@ CHECKS = {
         )
     },
     "guidance_report": {"prm_best_of_n_beats_base"},
+    "step_alternatives": {
+        "step_alternatives_key_unique",
+        "step_alternatives_labels_in_range",
+        "step_alternatives_replays_reproduce_states",
+    },
 }
 
 
@@ -118,6 +124,8 @@ def test_jobs_sensors_and_resources():
         "rl_report_job",
         "guidance_evaluations",
         "guidance_report_job",
+        "policy_rollouts_job",
+        "step_alternatives_job",
     } <= jobs
     assert {sensor.name for sensor in defs.sensors or []} == {"label_studio_sync", "new_episodes_to_label"}
     assert set(defs.resources or {}) == {"warehouse", "env_pool", "label_studio"}

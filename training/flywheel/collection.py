@@ -109,6 +109,20 @@ def collection_tasks(request: CollectionRequest, policy_row: dict[str, Any]) -> 
     return chosen
 
 
+def load_policy_model(policy_row: dict[str, Any]) -> PolicyModel:
+    """The checkpoint of a ``policies`` row, or a one-line :class:`CollectionError` naming the policy
+    and the file (missing, truncated, or a file of another kind: another encoder's policy, a reward
+    model), before any browser starts."""
+    try:
+        return PolicyModel.load(policy_row["checkpoint"])
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        where = policy_row["checkpoint"]
+        raise CollectionError(
+            f"policy {policy_row['policy_id']}: its checkpoint {where} cannot be loaded: {first}"
+        ) from None
+
+
 def episode_id(policy_id: str, task_id: str, round_: int, seed: int) -> str:
     return f"policy:{policy_id}:{task_id}:r{round_:02d}:{seed}"
 
@@ -128,13 +142,7 @@ def run_collection(
     policy_row = resolve_policy(warehouse, request.policy)
     tasks = collection_tasks(request, policy_row)
     policy_id = policy_row["policy_id"]
-    try:
-        model = PolicyModel.load(policy_row["checkpoint"])
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as exc:
-        # missing, truncated, or a file of another kind (another encoder's policy, a reward model)
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        where = policy_row["checkpoint"]
-        raise CollectionError(f"policy {policy_id}: its checkpoint {where} cannot be loaded: {first}") from None
+    model = load_policy_model(policy_row)
     acting = LearnedPolicy(model, policy_id=policy_id, temperature=request.temperature)
     jobs = [
         replace(job, episode_id=episode_id(policy_id, job.task.task_id, request.round, job.seed))

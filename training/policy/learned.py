@@ -201,6 +201,17 @@ class LearnedPolicy:
     decisions: dict[str, list[StepDecision]] = field(default_factory=dict)
 
     def start(self, context: EpisodeContext) -> Actor:
+        return self._actor(context)
+
+    def start_after(self, context: EpisodeContext, history: Sequence[Action]) -> Actor:
+        """An actor that takes an episode over after ``history`` was carried out (a continuation
+        from a replayed state): it reads ``history`` as its own past actions. Its randomness is
+        keyed by the episode id, as :meth:`start`'s is."""
+        actor = self._actor(context)
+        actor.history.extend(history)
+        return actor
+
+    def _actor(self, context: EpisodeContext) -> _LearnedActor:
         key = context.episode_id or f"{context.task.task_id}:{context.seed}"
         rng = random.Random(f"{self.policy_id}|{key}")
         recorded: list[StepDecision] | None = [] if self.record else None

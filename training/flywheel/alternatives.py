@@ -1,0 +1,696 @@
+"""Alternatives at one state: what else the policy could have done there, and how each would have gone.
+
+A reward model that guides a policy (best-of-N, GUI-Shepherd Alg. 2; GuidNav Eqs. 4-6) must rank the
+candidates the policy proposes *at one state*; trained on the steps trajectories took, it never saw
+two of them side by side. GuidNav refines its verifier on self-play: at each state the policy's
+top-k candidates, each labelled by whether it is right (§4, App. A.1). Here each candidate is
+carried out live by deterministic replay (:mod:`training.flywheel.replay`: the recorded episode's
+seed and first t actions, every screen checked) and labelled three ways:
+
+(a) whether it is the task plan's next step at that state (the scripted expert's plan,
+    ``envs.policies.PlanTracker``: the demonstrated action, where the task's spec has a solution);
+(b) what its own step reached: milestones of the task spec, the episode's end and how;
+(c) the success rate of m continuations by the policy after it (Math-Shepherd's Monte-Carlo
+    estimate of a step's value: completions sampled from the policy, here at ``temperature``).
+
+States are sampled (seeded) from three sources: the proposing policy's own rollouts of the round
+(``policy_rollout``), the rollouts asset's expert episodes (``exploration``), both training data, and
+the policy's greedy evaluation episodes (``evaluation``: a fixed held-out set, sampled once, never
+trained on, on which the reward-model report measures how often a model picks the best candidate).
+Human demonstrations have no seed and cannot be replayed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from envs.miniwob.live import SUPPORTED_ACTIONS
+from envs.policies import PlanTracker, SolutionError, expand_solution, same_action
+from envs.pool import EnvPool, EpisodeJob
+from envs.protocol import EpisodeContext
+from envs.rollouts import ProgressLog
+from envs.task_catalog import CatalogTask
+from training.flywheel.collection import (
+    CollectionError,
+    CollectionRequest,
+    collection_tasks,
+    load_policy_model,
+    resolve_policy,
+)
+from training.flywheel.replay import (
+    DIVERGED,
+    ReplayDiverged,
+    ReplayOutcome,
+    ReplayPlan,
+    ReplayPolicy,
+    replay_outcome,
+    screen_signature,
+)
+from training.policy.learned import LearnedPolicy, PolicyModel, StepDecision
+from training.reward_models.states import describe_action
+from warehouse.catalog import LineageInput, Materialization, Warehouse
+from warehouse.checks import CheckOutcome
+from warehouse.model import Action, Screen
+from warehouse.purposes import EpisodePurpose
+from warehouse.storage import git_revision
+from warehouse.tables_training import STEP_ALTERNATIVES
+from warehouse.trajectories import Trajectory, load_trajectories
+
+ALTERNATIVES_VERSION = "step-alternatives-1"
+ASSET_NAME = "step_alternatives"
+TABLE = "step_alternatives"
+#: Where states come from: the proposer's own rollouts and the expert rollouts (training data), and
+#: the proposer's greedy evaluation episodes (held out: measured on, never trained on).
+SOURCE_PURPOSES: tuple[str, ...] = (
+    EpisodePurpose.POLICY_ROLLOUT.value,
+    EpisodePurpose.EXPLORATION.value,
+    EpisodePurpose.EVALUATION.value,
+)
+
+Log = Callable[[str], None]
+PoolFactory = Callable[[int], AbstractContextManager[EnvPool]]
+
+
+class AlternativesError(CollectionError):
+    """Alternatives that cannot be made: no such policy, no replayable episode, bad settings."""
+
+
+@dataclass(frozen=True)
+class AlternativesRequest:
+    """One (proposing policy, family, round) of alternatives.
+
+    ``policy`` names the proposer as a collection does (``sft``, ``rl-<source>``, a policy id);
+    ``states_per_task`` states are sampled per task and source purpose; at each, the proposer's
+    ``top_k`` candidates (and the recorded action, when it is not among them) are replayed, each
+    followed by ``continuations`` continuations of at most ``horizon`` steps (0: the rest of the
+    task's step budget) sampled at ``temperature``."""
+
+    policy: str
+    family: str
+    round: int = 0
+    states_per_task: int = 8
+    top_k: int = 4
+    continuations: int = 4
+    horizon: int = 0
+    temperature: float = 1.0
+    sources: tuple[str, ...] = SOURCE_PURPOSES
+    tasks: tuple[str, ...] = ()
+    all_tasks: bool = False
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.round < 0:
+            problems.append(f"round must be 0 or more, got {self.round}")
+        if self.states_per_task < 1:
+            problems.append(f"states_per_task must be at least 1, got {self.states_per_task}")
+        if self.top_k < 2:
+            problems.append(f"top_k must be at least 2 (alternatives compare candidates), got {self.top_k}")
+        if self.continuations < 0 or self.horizon < 0:
+            problems.append("continuations and horizon must be 0 or more")
+        if self.temperature <= 0:
+            problems.append(f"temperature must be positive, got {self.temperature}")
+        if self.workers < 1:
+            problems.append(f"workers must be at least 1, got {self.workers}")
+        unknown = sorted(set(self.sources) - set(SOURCE_PURPOSES))
+        if unknown or not self.sources:
+            problems.append(f"sources must be among {list(SOURCE_PURPOSES)}, got {list(self.sources)}")
+        if problems:
+            raise AlternativesError("; ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------
+# Which states
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceEpisode:
+    """A recorded episode that can be replayed: live MiniWoB++, its seed known."""
+
+    episode_id: str
+    task_id: str
+    seed: int
+    purpose: str
+    policy_id: str
+    n_steps: int
+
+
+def state_id(proposer_id: str, episode_id: str, step_idx: int) -> str:
+    return f"{proposer_id}|{episode_id}|{step_idx}"
+
+
+def replayable_episodes(
+    warehouse: Warehouse, proposer_id: str, task_ids: Sequence[str], request: AlternativesRequest
+) -> list[SourceEpisode]:
+    """The episodes states may come from (see the module docstring), in episode order: the
+    proposer's rollouts of ``request.round``, every expert rollout of the tasks, the proposer's
+    evaluation episodes; only live MiniWoB++ episodes with a seed."""
+    rollout_ids = f"policy:{proposer_id}:%:r{request.round:02d}:%"
+    rows = warehouse.query(
+        "SELECT episode_id, task_id, seed, purpose, coalesce(policy_id, '') AS policy_id, n_steps FROM episodes "
+        "WHERE env_backend = 'miniwob' AND seed IS NOT NULL AND n_steps > 0 AND list_contains(?, task_id) "
+        "AND list_contains(?, purpose) AND ("
+        "  (purpose = 'policy_rollout' AND policy_id = ? AND episode_id LIKE ?)"
+        "  OR purpose = 'exploration'"
+        "  OR (purpose = 'evaluation' AND policy_id = ?)) "
+        "ORDER BY episode_id",
+        [list(task_ids), list(request.sources), proposer_id, rollout_ids, f"eval:{proposer_id}"],
+    ).to_pylist()
+    return [SourceEpisode(**r) for r in rows]
+
+
+def taken_states(warehouse: Warehouse, proposer_id: str, round_: int) -> tuple[set[str], bool]:
+    """States of this proposer already labelled in other rounds (not sampled again), and whether
+    its held-out (evaluation) states exist already: they are a fixed set, sampled once."""
+    rows = warehouse.query(
+        "SELECT state_id, round, purpose FROM step_alternatives WHERE proposer_policy_id = ?", [proposer_id]
+    ).to_pylist()
+    taken = {r["state_id"] for r in rows if r["round"] != round_}
+    held_out = any(r["purpose"] == EpisodePurpose.EVALUATION.value and r["round"] != round_ for r in rows)
+    return taken, held_out
+
+
+def sample_states(
+    episodes: Sequence[SourceEpisode],
+    per_task: int,
+    *,
+    proposer_id: str,
+    round_: int,
+    taken: Collection[str] = (),
+) -> list[tuple[SourceEpisode, int]]:
+    """Up to ``per_task`` states (episode, step) per task and source purpose, uniformly over the
+    steps of the episodes, seeded by (proposer, task, purpose, round); the evaluation purpose's
+    sample ignores the round (one fixed held-out set). States in ``taken`` are left out."""
+    groups: dict[tuple[str, str], list[tuple[SourceEpisode, int]]] = defaultdict(list)
+    for e in episodes:
+        for t in range(e.n_steps):
+            if state_id(proposer_id, e.episode_id, t) not in taken:
+                groups[(e.task_id, e.purpose)].append((e, t))
+    chosen: list[tuple[SourceEpisode, int]] = []
+    for (task_id, purpose), members in sorted(groups.items()):
+        salt = "held-out" if purpose == EpisodePurpose.EVALUATION.value else f"r{round_}"
+        rng = random.Random(f"{ASSET_NAME}|{proposer_id}|{task_id}|{purpose}|{salt}")
+        picked = rng.sample(members, min(per_task, len(members)))
+        chosen += sorted(picked, key=lambda s: (s[0].episode_id, s[1]))
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------------
+# Which candidates, and the plan's step
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CandidateAction:
+    """One alternative: the action, its place in the state's list (0: the policy's argmax), its
+    rank and log-probability under the proposer (None for a recorded action it never proposed)."""
+
+    index: int
+    action: Action
+    policy_rank: int | None
+    policy_logp: float | None
+    is_recorded: bool
+
+
+def propose(
+    model: PolicyModel,
+    context: EpisodeContext,
+    screen: Screen,
+    history: Sequence[Action],
+    recorded: Action,
+    top_k: int,
+) -> list[CandidateAction]:
+    """The proposer's ``top_k`` most probable candidates at the state (GuidNav's top-k), then the
+    recorded action if it is not among them (so every state compares what happened with what the
+    policy would rather do). Ties keep the policy's enumeration order."""
+    with torch.inference_mode():
+        candidates, instruction, past, rows = model.state_rows(screen, context, history, len(history))
+        if not candidates:
+            return [CandidateAction(0, recorded, None, None, True)]
+        features = np.array([c.features for c in candidates], dtype=np.float32)
+        logp = model.log_probs(model.batch([StepDecision(instruction, past, rows, features, 0, 0.0)])).numpy()
+    order = np.argsort(-logp.astype(np.float64), kind="stable")
+    rank_of = {int(i): r for r, i in enumerate(order)}
+    out = [
+        CandidateAction(r, candidates[int(i)].action, r, float(logp[int(i)]), candidates[int(i)].action == recorded)
+        for r, i in enumerate(order[:top_k])
+    ]
+    if not any(c.is_recorded for c in out):
+        where = next((i for i, c in enumerate(candidates) if c.action == recorded), None)
+        rank = rank_of.get(where) if where is not None else None
+        logp_of = float(logp[where]) if where is not None else None
+        out.append(CandidateAction(len(out), recorded, rank, logp_of, True))
+    return out
+
+
+def planned_action(
+    context: EpisodeContext,
+    screens: Sequence[Screen],
+    actions: Sequence[Action],
+    problems: Sequence[str | None],
+    t: int,
+) -> Action | None:
+    """The task plan's next step at state t (the demonstrated action): the spec's solution,
+    followed over the recorded prefix as the oracle follows it; None without a plan, or where the
+    plan has nothing to do on this screen."""
+    if not context.task.solution:
+        return None
+    try:
+        tracker = PlanTracker(expand_solution(context.task, context.slots))
+    except SolutionError:
+        return None
+    for j in range(t):
+        tracker.advance(actions[j], screens[j], problems[j] is None)
+    wanted, _ = tracker.expected(screens[t])
+    return wanted
+
+
+@dataclass(frozen=True)
+class StateToLabel:
+    """A sampled state with its candidates, ready to be replayed."""
+
+    state_id: str
+    episode: SourceEpisode
+    step_idx: int
+    family: str
+    instruction: str
+    prefix: tuple[Action, ...]
+    signatures: tuple[str, ...]  # o_0..o_t as recorded
+    candidates: tuple[CandidateAction, ...]
+    descriptions: tuple[str, ...]  # each candidate as reward models read it
+    planned: Action | None
+    max_steps: int  # the task's step budget
+
+
+def states_to_label(
+    model: PolicyModel,
+    sampled: Sequence[tuple[SourceEpisode, int]],
+    trajectories: Mapping[str, Trajectory],
+    problems: Mapping[str, Sequence[str | None]],
+    tasks: Mapping[str, CatalogTask],
+    *,
+    proposer_id: str,
+    top_k: int,
+) -> list[StateToLabel]:
+    """Candidates and the plan's step at every sampled state (pure but for the policy's forward pass)."""
+    out = []
+    for episode, t in sampled:
+        traj = trajectories[episode.episode_id]
+        task = tasks[episode.task_id]
+        context = EpisodeContext(
+            task=task.spec,
+            instruction=traj.instruction,
+            slots=dict(traj.fields),
+            seed=episode.seed,
+            backend="miniwob",
+            supported_actions=SUPPORTED_ACTIONS,
+            max_steps=task.max_steps,
+            episode_id=episode.episode_id,
+        )
+        screen = traj.screens[t]
+        candidates = propose(model, context, screen, traj.actions[:t], traj.actions[t], top_k)
+        episode_problems = problems.get(episode.episode_id) or [None] * traj.n_steps
+        out.append(
+            StateToLabel(
+                state_id=state_id(proposer_id, episode.episode_id, t),
+                episode=episode,
+                step_idx=t,
+                family=task.family,
+                instruction=traj.instruction,
+                prefix=tuple(traj.actions[:t]),
+                signatures=tuple(screen_signature(s) for s in traj.screens[: t + 1]),
+                candidates=tuple(candidates),
+                descriptions=tuple(describe_action(c.action, screen) for c in candidates),
+                planned=planned_action(context, traj.screens, traj.actions, episode_problems, t),
+                max_steps=task.max_steps,
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Replays and their labels (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def replay_jobs(
+    states: Sequence[StateToLabel], tasks: Mapping[str, CatalogTask], *, continuations: int, horizon: int
+) -> tuple[list[EpisodeJob], dict[str, ReplayPlan], dict[str, tuple[str, int]]]:
+    """The pool's jobs: per candidate, ``continuations`` replays that continue after it (one that
+    stops at it when there is nothing to continue: m = 0, or no step budget left); the plans by
+    job id, and which (state, candidate) each job serves. Jobs are grouped by task."""
+    jobs: list[EpisodeJob] = []
+    plans: dict[str, ReplayPlan] = {}
+    serves: dict[str, tuple[str, int]] = {}
+    for state in sorted(states, key=lambda s: (s.episode.task_id, s.state_id)):
+        left = state.max_steps - state.step_idx - 1
+        steps = min(horizon or left, left) if continuations else 0
+        repeats = continuations if steps > 0 else 1
+        task = tasks[state.episode.task_id]
+        for c in state.candidates:
+            plan = ReplayPlan(state.prefix, state.signatures, c.action, steps, state.instruction)
+            for j in range(repeats):
+                job_id = f"alt:{state.state_id}:{c.index}:{j}"
+                jobs.append(EpisodeJob(job_id, task.spec, state.episode.seed, plan.max_steps, task.family))
+                plans[job_id] = plan
+                serves[job_id] = (state.state_id, c.index)
+    return jobs, plans, serves
+
+
+@dataclass
+class AlternativesSummary:
+    """What a run labelled and what it dropped, and what replays cost."""
+
+    states_sampled: int = 0
+    states_labelled: int = 0
+    states_dropped: int = 0  # no replay of any candidate reproduced the state
+    candidates_labelled: int = 0
+    candidates_dropped: int = 0
+    replays: int = 0
+    replays_diverged: int = 0  # the state was not reproduced: counted, dropped
+    replays_lost: int = 0  # the environment failed past its retries
+    not_repeatable: int = 0  # candidates whose step gave different results across replays
+    diverged_by_task: Counter = field(default_factory=Counter)
+    replay_ms: list[float] = field(default_factory=list)
+    live_step_ms: list[float] = field(default_factory=list)
+    by_purpose: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        def median(values: list[float]) -> float | None:
+            return float(np.median(values)) if values else None
+
+        return {
+            "states_sampled": self.states_sampled,
+            "states_labelled": self.states_labelled,
+            "states_dropped": self.states_dropped,
+            "candidates_labelled": self.candidates_labelled,
+            "candidates_dropped": self.candidates_dropped,
+            "replays": self.replays,
+            "replays_diverged": self.replays_diverged,
+            "replays_lost": self.replays_lost,
+            "not_repeatable": self.not_repeatable,
+            "diverged_by_task": dict(sorted(self.diverged_by_task.items())),
+            "states_by_purpose": dict(sorted(self.by_purpose.items())),
+            "replay_ms_median": median(self.replay_ms),
+            "live_step_ms_median": median(self.live_step_ms),
+            "replay_cost_in_live_steps": (
+                median(self.replay_ms) / median(self.live_step_ms)  # type: ignore[operator]
+                if self.replay_ms and self.live_step_ms
+                else None
+            ),
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def monte_carlo_value(outcomes: Sequence[ReplayOutcome]) -> float | None:
+    """A candidate's value (Math-Shepherd's soft estimate): 1 or 0 where its own step ended the
+    episode (the outcome is known), else the share of its continuations that succeeded; None when
+    nothing continued after it (m = 0)."""
+    if not outcomes:
+        return None
+    first = outcomes[0]
+    if first.ended:
+        return 1.0 if first.ended_success else 0.0
+    continued = [o for o in outcomes if o.continued]
+    if not continued:
+        return None
+    return sum(o.success for o in continued) / len(continued)
+
+
+def _repeatable(outcomes: Sequence[ReplayOutcome]) -> bool:
+    facts = {(o.milestones_hit, o.ended, o.ended_success, o.problem) for o in outcomes}
+    return len(facts) <= 1
+
+
+def alternative_rows(
+    states: Sequence[StateToLabel],
+    outcomes: Mapping[tuple[str, int], Sequence[ReplayOutcome]],
+    *,
+    proposer_id: str,
+    round_: int,
+    run_id: str | None,
+    summary: AlternativesSummary,
+) -> list[dict[str, Any]]:
+    """``step_alternatives`` rows of the candidates that at least one replay labelled; states and
+    candidates without one are counted in ``summary`` and left out."""
+    created = datetime.now(UTC)
+    rows: list[dict[str, Any]] = []
+    for state in states:
+        kept = 0
+        for c, description in zip(state.candidates, state.descriptions, strict=True):
+            got = outcomes.get((state.state_id, c.index), ())
+            if not got:
+                summary.candidates_dropped += 1
+                continue
+            kept += 1
+            first = got[0]
+            continued = [o for o in got if o.continued]
+            repeatable = _repeatable(got)
+            summary.not_repeatable += not repeatable
+            rows.append(
+                {
+                    "alternative_id": f"{state.state_id}:{c.index}",
+                    "state_id": state.state_id,
+                    "episode_id": state.episode.episode_id,
+                    "step_idx": state.step_idx,
+                    "task_id": state.episode.task_id,
+                    "task_family": state.family,
+                    "seed": state.episode.seed,
+                    "purpose": state.episode.purpose,
+                    "source_policy_id": state.episode.policy_id,
+                    "proposer_policy_id": proposer_id,
+                    "round": round_,
+                    "candidate": c.index,
+                    "policy_rank": c.policy_rank,
+                    "policy_logp": c.policy_logp,
+                    "action_type": c.action.type.value,
+                    "action_text": c.action.canonical_text(),
+                    "action_description": description,
+                    "is_recorded": c.is_recorded,
+                    "planned_action": state.planned.canonical_text() if state.planned is not None else None,
+                    "matches_plan": same_action(c.action, state.planned) if state.planned is not None else None,
+                    "milestones_hit": list(first.milestones_hit),
+                    "ended": first.ended,
+                    "ended_success": first.ended_success,
+                    "step_problem": first.problem,
+                    "continuations": len(continued),
+                    "continuation_successes": sum(o.success for o in continued),
+                    "mc_value": monte_carlo_value(got),
+                    "repeatable": repeatable,
+                    "replay_ms": float(np.mean([o.replay_ms for o in got])),
+                    "run_id": run_id,
+                    "created_at": created,
+                }
+            )
+        summary.candidates_labelled += kept
+        if kept:
+            summary.states_labelled += 1
+            summary.by_purpose[state.episode.purpose] += 1
+        else:
+            summary.states_dropped += 1
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage
+# ---------------------------------------------------------------------------------------------
+
+
+def run_alternatives(
+    warehouse: Warehouse,
+    request: AlternativesRequest,
+    pool_factory: PoolFactory,
+    *,
+    run_id: str | None,
+    partition_key: str | None,
+    log: Log = print,
+) -> dict[str, Any]:
+    """Sample states, propose, replay, label and publish ``step_alternatives`` as dataset
+    ``step_alternatives/<policy>/<family>/r<round>``. Everything is checked before any browser
+    starts; a run with no labelled state publishes nothing."""
+    started = time.perf_counter()
+    policy_row = resolve_policy(warehouse, request.policy)
+    proposer_id = policy_row["policy_id"]
+    tasks = collection_tasks(
+        CollectionRequest(request.policy, request.family, tasks=request.tasks, all_tasks=request.all_tasks),
+        policy_row,
+    )
+    by_id = {t.task_id: t for t in tasks}
+    model = load_policy_model(policy_row)
+    model.scorer.eval()
+    taken, held_out_done = taken_states(warehouse, proposer_id, request.round)
+    sources = tuple(s for s in request.sources if not (s == EpisodePurpose.EVALUATION.value and held_out_done))
+    if not sources:
+        raise AlternativesError(f"the held-out states of {proposer_id} exist already (they are sampled once)")
+    episodes = [e for e in replayable_episodes(warehouse, proposer_id, list(by_id), request) if e.purpose in sources]
+    sampled = sample_states(
+        episodes, request.states_per_task, proposer_id=proposer_id, round_=request.round, taken=taken
+    )
+    if not sampled:
+        raise AlternativesError(
+            f"no replayable episode of {proposer_id} on {', '.join(by_id)} ({', '.join(sources) or 'no source'}): "
+            "collect policy_rollouts (and evaluate the policy) first"
+        )
+    ids = sorted({e.episode_id for e, _ in sampled})
+    trajectories = {t.episode_id: t for t in load_trajectories(warehouse, "list_contains(?, e.episode_id)", [ids])}
+    states = states_to_label(
+        model,
+        sampled,
+        trajectories,
+        _step_problems(warehouse, ids),
+        by_id,
+        proposer_id=proposer_id,
+        top_k=request.top_k,
+    )
+    jobs, plans, serves = replay_jobs(states, by_id, continuations=request.continuations, horizon=request.horizon)
+    log(
+        f"{len(states)} states of {len(ids)} episodes ({dict(Counter(e.purpose for e, _ in sampled))}), "
+        f"{sum(len(s.candidates) for s in states)} candidates, {len(jobs)} replays; proposer {proposer_id}"
+    )
+    continuation = LearnedPolicy(model, policy_id=f"continue:{proposer_id}", temperature=request.temperature)
+    with pool_factory(request.workers) as pool:
+        result = pool.run(jobs, ReplayPolicy(plans, continuation), on_episode=ProgressLog(log, ASSET_NAME))
+    summary = AlternativesSummary(states_sampled=len(states), replays=len(jobs))
+    outcomes: dict[tuple[str, int], list[ReplayOutcome]] = defaultdict(list)
+    task_of = {job.episode_id: job.task.task_id for job in jobs}
+    for record in result.episodes:
+        try:
+            outcome = replay_outcome(record, plans[record.episode_id])
+        except ReplayDiverged:
+            summary.replays_diverged += 1
+            summary.diverged_by_task[record.task_id] += 1
+            continue
+        outcomes[serves[record.episode_id]].append(outcome)
+        summary.replay_ms.append(outcome.replay_ms)
+        summary.live_step_ms += outcome.live_step_ms
+    for job, reason in result.lost:
+        if reason.startswith(DIVERGED):
+            summary.replays_diverged += 1
+            summary.diverged_by_task[task_of[job.episode_id]] += 1
+        else:
+            summary.replays_lost += 1
+    rows = alternative_rows(
+        states, outcomes, proposer_id=proposer_id, round_=request.round, run_id=run_id, summary=summary
+    )
+    summary.seconds = time.perf_counter() - started
+    if not rows:
+        raise AlternativesError(
+            f"no replay reproduced any of the {len(states)} states ({summary.replays_diverged} diverged, "
+            f"{summary.replays_lost} lost): nothing published"
+        )
+    materialization = _publish(warehouse, request, policy_row, rows, summary, run_id, partition_key, tasks)
+    log(
+        f"{summary.states_labelled} states labelled ({summary.states_dropped} dropped), "
+        f"{summary.replays_diverged} of {summary.replays} replays diverged"
+    )
+    return {"policy_id": proposer_id, "materialization_id": materialization, **summary.to_json()}
+
+
+def _step_problems(warehouse: Warehouse, episode_ids: Sequence[str]) -> dict[str, list[str | None]]:
+    """Each episode's failed-step reasons by step (None: carried out)."""
+    rows = warehouse.query(
+        "SELECT episode_id, list(problem ORDER BY step_idx) AS problems FROM steps "
+        "WHERE list_contains(?, episode_id) GROUP BY episode_id",
+        [list(episode_ids)],
+    ).to_pylist()
+    return {r["episode_id"]: list(r["problems"]) for r in rows}
+
+
+def _publish(
+    warehouse: Warehouse,
+    request: AlternativesRequest,
+    policy_row: dict[str, Any],
+    rows: list[dict[str, Any]],
+    summary: AlternativesSummary,
+    run_id: str | None,
+    partition_key: str | None,
+    tasks: Sequence[CatalogTask],
+) -> str:
+    proposer_id = policy_row["policy_id"]
+    m = Materialization(
+        asset=ASSET_NAME,
+        run_id=run_id,
+        partition_key=partition_key,
+        code_version=f"{ALTERNATIVES_VERSION}+{git_revision()}",
+        parameters={
+            "policy": request.policy,
+            "policy_id": proposer_id,
+            "family": request.family,
+            "round": request.round,
+            "tasks": [t.task_id for t in tasks],
+            "states_per_task": request.states_per_task,
+            "top_k": request.top_k,
+            "continuations": request.continuations,
+            "horizon": request.horizon,
+            "temperature": request.temperature,
+            "sources": list(request.sources),
+            "summary": summary.to_json(),
+        },
+        inputs=[
+            *warehouse.current_inputs(["episodes", "steps"]),
+            LineageInput(
+                kind="asset",
+                input_asset="policy_sft" if policy_row["kind"] == "sft" else "rl_run",
+                path=policy_row["checkpoint_path"],
+                version=proposer_id,
+            ),
+        ],
+    )
+    table = pa.Table.from_pylist(rows, schema=STEP_ALTERNATIVES)
+    dataset = f"{ASSET_NAME}/{request.policy}/{request.family}/r{request.round:02d}"
+    warehouse.publish(m, [warehouse.stage_table(TABLE, dataset, table, m)])
+    return m.materialization_id
+
+
+#: A run whose replays diverge more often than this is flagged (warn): its tasks may not repeat.
+MAX_DIVERGED_SHARE = 0.1
+
+
+def check_alternatives_run(warehouse: Warehouse, run_id: str) -> dict[str, CheckOutcome]:
+    """Checks of the rows a run wrote: labels in range (Monte-Carlo values in [0, 1], successes
+    within continuations); the replays reproduced their states (warn above
+    :data:`MAX_DIVERGED_SHARE` diverged: the figures say which tasks)."""
+    rows = warehouse.query(
+        "SELECT count(*) AS n, count(*) FILTER (WHERE mc_value < 0 OR mc_value > 1 "
+        "OR continuation_successes > continuations OR continuations < 0) AS bad, "
+        "count(DISTINCT state_id) AS states FROM step_alternatives WHERE run_id = ?",
+        [run_id],
+    ).to_pylist()[0]
+    summaries = warehouse.query(
+        "SELECT parameters->'summary' AS s FROM lineage_materializations WHERE asset = ? AND run_id = ?",
+        [ASSET_NAME, run_id],
+    ).to_pylist()
+    summary = json.loads(summaries[0]["s"]) if summaries and summaries[0]["s"] else {}
+    replays = int(summary.get("replays") or 0)
+    diverged = int(summary.get("replays_diverged") or 0)
+    share = diverged / replays if replays else 0.0
+    return {
+        "labels_in_range": CheckOutcome(
+            rows["n"] > 0 and rows["bad"] == 0,
+            {"alternatives": rows["n"], "states": rows["states"], "out_of_range": rows["bad"]},
+        ),
+        "replays_reproduce_states": CheckOutcome(
+            share <= MAX_DIVERGED_SHARE,
+            {
+                "replays": replays,
+                "diverged": diverged,
+                "diverged_share": round(share, 4),
+                "diverged_by_task": summary.get("diverged_by_task", {}),
+                "states_dropped": summary.get("states_dropped"),
+            },
+        ),
+    }

@@ -72,7 +72,11 @@ class RewardModelDatasetConfig(Config):
     code_version=DATASET_CODE_VERSION,
     kinds={"parquet", "duckdb"},
     # Every kind reads the labels of every label family (their partitions): not kind -> same-named family.
-    deps=[AssetDep(name, partition_mapping=AllPartitionMapping()) for name in UPSTREAM_LABEL_ASSETS],
+    # The step judges also read every alternatives partition (family x proposing policy).
+    deps=[
+        AssetDep(name, partition_mapping=AllPartitionMapping())
+        for name in (*UPSTREAM_LABEL_ASSETS, "step_alternatives")
+    ],
     check_specs=[
         AssetCheckSpec(
             "dataset_is_valid",

@@ -20,7 +20,13 @@ from training.reward_models.examples import (
     trl_stepwise_rows,
 )
 from training.reward_models.kinds import kind_spec
-from training.reward_models.readers import read_human_verdicts, read_progress_labels, read_splits, read_trajectories
+from training.reward_models.readers import (
+    read_alternatives,
+    read_human_verdicts,
+    read_progress_labels,
+    read_splits,
+    read_trajectories,
+)
 from training.reward_models.states import TextTrajectory
 from warehouse.catalog import LineageInput, Warehouse
 
@@ -71,13 +77,21 @@ def build_reward_model_dataset(
     human, human_tables = (
         read_human_verdicts(warehouse) if spec.target in ("step_correctness", "step_reward") else ({}, [])
     )
+    alternatives = read_alternatives(warehouse) if spec.state == "before_action" else []
     if trajectories is None:
         trajectories = read_trajectories(warehouse, splits.keys(), progress=progress)
     examples, stats = build_examples(
-        kind, trajectories, splits, progress_labels=labels, human_verdicts=human, options=options
+        kind,
+        trajectories,
+        splits,
+        progress_labels=labels,
+        human_verdicts=human,
+        alternatives=alternatives,
+        options=options,
     )
     stats.examples_by_purpose = examples_by_purpose(warehouse, examples)
     tables = ["episodes", "steps", "progress_split"] + (["progress_labels"] if needed else []) + human_tables
+    tables += ["step_alternatives"] if alternatives else []
     trl = None
     if kind == "prm":
         source = options.derived_from

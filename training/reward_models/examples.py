@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
 from training.reward_models.kinds import KINDS, SPLITS, KindSpec, RewardModelKind, Verdict, kind_spec
-from training.reward_models.labels import GUIDNAV_REWARD, derive_step_verdicts, outcome_anchored_progress, sampled_steps
+from training.reward_models.labels import (
+    GUIDNAV_REWARD,
+    alternative_reward,
+    alternative_verdict,
+    derive_step_verdicts,
+    outcome_anchored_progress,
+    sampled_steps,
+)
 from training.reward_models.prompts import (
     CANDIDATE_BULLET,
     SYSTEM_PROMPT,
@@ -44,6 +51,22 @@ class SplitInfo:
     goal_key: str | None = None
     n_steps_sampled: int | None = None
     sampled: tuple[int, ...] | None = None  # which steps the balancing kept, when the split says
+
+
+@dataclass(frozen=True)
+class AlternativeLabel:
+    """A replayed alternative at a recorded state (a ``step_alternatives`` row), as the step judges
+    learn from it: the candidate as reward models read it, and what its replays showed."""
+
+    alternative_id: str
+    state_id: str
+    episode_id: str
+    step_idx: int
+    description: str
+    mc_value: float | None
+    ended: bool = False
+    ended_success: bool = False
+    milestones_hit: tuple[str, ...] = ()
 
 
 @dataclass
@@ -131,10 +154,16 @@ class _ExampleRows:
         source: str,
         version: str | None,
         key: bool | None,
+        *,
+        example_id: str | None = None,
+        group_id: str | None = None,
+        rank_value: float | None = None,
     ) -> None:
         """Append one example, its prompt rendered, and count its label source and version."""
         rows = self.rows
-        rows["example_id"].append(f"{self.kind}:{traj.episode_id}:{t}")
+        rows["example_id"].append(example_id or f"{self.kind}:{traj.episode_id}:{t}")
+        rows["group_id"].append(group_id)
+        rows["rank_value"].append(rank_value)
         rows["kind"].append(self.kind)
         rows["split"].append(info.split)
         rows["episode_id"].append(traj.episode_id)
@@ -164,6 +193,7 @@ def build_examples(
     *,
     progress_labels: Mapping[str, Mapping[str, EpisodeLabels]],
     human_verdicts: Mapping[tuple[str, int], tuple[Verdict, int]] | None = None,
+    alternatives: Sequence[AlternativeLabel] = (),
     options: DatasetOptions = DatasetOptions(),
     count_tokens: TokenCounter = approx_token_count,
 ) -> tuple[pa.Table, DatasetStats]:
@@ -172,10 +202,16 @@ def build_examples(
     ``progress_labels[source][episode_id]`` holds the labels of a source: ``"lcs"`` (already
     restricted to ``options.lcs_method``) and ``"env"``. Episodes without a split are skipped;
     episodes without the labels a kind needs are skipped and counted in ``stats.dropped``.
+    ``alternatives`` (step judges only) add every replayed candidate of a state as an example of
+    its own, grouped by state (:func:`_add_alternative_examples`).
     """
     spec = kind_spec(kind)
     human_verdicts = human_verdicts or {}
     out = _ExampleRows(kind, options, count_tokens, DatasetStats(kind))
+    by_episode: dict[str, list[AlternativeLabel]] = {}
+    if spec.state == "before_action":
+        for alternative in alternatives:
+            by_episode.setdefault(alternative.episode_id, []).append(alternative)
     derived_source = "lcs" if options.derived_from == "lcs" else "env"
     derived_name = f"derived:{derived_source}" + (f":{options.lcs_method}" if derived_source == "lcs" else "")
     for episode_id in sorted(trajectories):
@@ -191,9 +227,22 @@ def build_examples(
             _add_progress_examples(out, spec, episode_id, traj, info, progress_labels)
         else:  # step judges: human verdicts where present, derived verdicts otherwise
             derived_labels = progress_labels.get(derived_source, {}).get(episode_id)
+            replayed = by_episode.get(episode_id, [])
             _add_step_judge_examples(
-                out, spec.target, episode_id, traj, info, derived_labels, derived_name, human_verdicts
+                out,
+                spec.target,
+                episode_id,
+                traj,
+                info,
+                derived_labels,
+                derived_name,
+                human_verdicts,
+                replaced={a.step_idx for a in replayed},
             )
+            _add_alternative_examples(out, spec.target, traj, info, replayed)
+    outside = sum(len(v) for k, v in by_episode.items() if k not in splits or k not in trajectories)
+    if outside:
+        out.stats.dropped["alternatives of episodes outside the split"] += outside
 
     table = pa.Table.from_pydict(out.rows, schema=RM_EXAMPLES)
     _count_examples_by_split(out.stats, out.rows)
@@ -298,8 +347,11 @@ def _add_step_judge_examples(
     derived_labels: EpisodeLabels | None,
     derived_name: str,
     human_verdicts: Mapping[tuple[str, int], tuple[Verdict, int]],
+    replaced: Collection[int] = (),
 ) -> None:
-    """A step judge's examples: each step with a human verdict, else one derived from progress labels."""
+    """A step judge's examples: each step with a human verdict, else one derived from progress labels.
+    Steps in ``replaced`` have replayed alternatives, whose Monte-Carlo labels stand in for a derived
+    verdict there (a human verdict is kept)."""
     n = len(traj)
     derived: list[Verdict] | None = None
     if derived_labels is not None and len(derived_labels.progress) == n and traj.success is not None:
@@ -309,6 +361,9 @@ def _add_step_judge_examples(
         version: str | None
         if human is not None:  # a person looked at the step; if they were unsure, so are we
             verdict, source, version = human[0], "human", "human_labels"
+        elif t in replaced:
+            out.stats.dropped["derived verdict replaced by alternatives' labels"] += 1
+            continue
         elif derived is not None and derived_labels is not None:
             verdict, source, version = derived[t], derived_name, derived_labels.label_version
         else:
@@ -323,6 +378,54 @@ def _add_step_judge_examples(
             label = GUIDNAV_REWARD[verdict]
         key = derived_labels.is_key_step[t] if derived is not None and derived_labels is not None else None
         out.add(traj, info, t, action_state(traj, t), label, source, version, key)
+
+
+def _add_alternative_examples(
+    out: _ExampleRows, target: str, traj: TextTrajectory, info: SplitInfo, alternatives: Sequence[AlternativeLabel]
+) -> None:
+    """Every replayed candidate of a state as an example of its own: the state before the action
+    with the candidate as the action (GUI-Shepherd Eq. 1's input), labelled by its replays: the PRM
+    by :func:`alternative_verdict` (Math-Shepherd's hard estimate), GuidNav by
+    :func:`alternative_reward` (the soft one). The examples of one state share ``group_id``, and
+    ``rank_value`` (the Monte-Carlo value) orders them for the pairwise loss."""
+    n = len(traj)
+    for a in sorted(alternatives, key=lambda a: a.alternative_id):
+        if not 0 <= a.step_idx < n:
+            out.stats.dropped["alternative at a step the episode does not have"] += 1
+            continue
+        if target == "step_correctness":
+            verdict = alternative_verdict(
+                a.mc_value, ended=a.ended, ended_success=a.ended_success, milestones_hit=a.milestones_hit
+            )
+            if verdict == "unsure":
+                out.stats.dropped["unsure (alternatives)"] += 1
+                continue
+            label = 1.0 if verdict == "positive" else 0.0
+        else:
+            reward = alternative_reward(
+                a.mc_value, ended=a.ended, ended_success=a.ended_success, milestones_hit=a.milestones_hit
+            )
+            if reward is None:
+                out.stats.dropped["no estimate (alternatives)"] += 1
+                continue
+            label = reward
+        before = action_state(traj, a.step_idx)
+        state = StepState(before.instruction, before.history, before.screen_lines, a.description)
+        source = "alternatives:monte_carlo" if a.mc_value is not None and not a.ended else "alternatives:step"
+        value = a.mc_value if a.mc_value is not None else label
+        out.add(
+            traj,
+            info,
+            a.step_idx,
+            state,
+            label,
+            source,
+            None,
+            None,
+            example_id=f"{out.kind}:alt:{a.alternative_id}",
+            group_id=a.state_id,
+            rank_value=float(value),
+        )
 
 
 def _count_examples_by_split(stats: DatasetStats, rows: Mapping[str, list]) -> None:

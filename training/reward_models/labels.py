@@ -106,6 +106,34 @@ def human_step_verdicts(rows: Iterable[Mapping]) -> dict[tuple[str, int], tuple[
 GUIDNAV_REWARD: dict[str, float] = {"positive": 1.0, "negative": 0.0, "unsure": 0.5}
 
 
+def alternative_verdict(
+    mc_value: float | None, *, ended: bool, ended_success: bool, milestones_hit: Sequence[str] = ()
+) -> Verdict:
+    """Step correctness of a replayed alternative (``step_alternatives``), Math-Shepherd's hard
+    estimate: a candidate is a correct step when the task can still be completed after it, i.e.
+    at least one of the policy's continuations after it succeeded (``mc_value > 0``). Where its own
+    step ended the episode, the outcome decides. Without continuations (m = 0) a step that reached a
+    milestone is positive and anything else ``unsure`` (filtered, as GUI-Shepherd's unsure)."""
+    if ended:
+        return "positive" if ended_success else "negative"
+    if mc_value is not None:
+        return "positive" if mc_value > 0 else "negative"
+    return "positive" if milestones_hit else "unsure"
+
+
+def alternative_reward(
+    mc_value: float | None, *, ended: bool, ended_success: bool, milestones_hit: Sequence[str] = ()
+) -> float | None:
+    """GuidNav's scalar step reward (Eq. 3's regression target) of a replayed alternative: the
+    Monte-Carlo value itself (Math-Shepherd's soft estimate: the share of continuations that
+    succeeded; the outcome where the step ended the episode); None where nothing estimates it."""
+    if ended:
+        return 1.0 if ended_success else 0.0
+    if mc_value is not None:
+        return float(mc_value)
+    return 1.0 if milestones_hit else None
+
+
 def sampled_steps(episode_id: str, n_steps: int, n_sampled: int | None) -> list[int]:
     """Which steps of a trajectory to keep when ``n_sampled`` of ``n_steps`` are kept (ProgRM
     App. C samples failed trajectories' steps to balance success:failure ~1:1).

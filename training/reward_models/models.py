@@ -102,6 +102,11 @@ class RewardModelConfig:
     # head
     head_hidden: int = 128
     dropout: float = 0.1
+    # loss
+    pair_weight: float = field(
+        default=1.0,
+        metadata={"help": "weight of the pairwise loss over alternatives at one state (examples sharing a group_id)"},
+    )
 
     def __post_init__(self) -> None:
         kind_spec(self.kind)
@@ -702,6 +707,23 @@ def reward_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str) -> torch.
     raise ValueError(f"unknown loss {loss!r}")
 
 
+def pairwise_loss(logits: torch.Tensor, groups: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The ranking loss over alternatives at one state (RankNet / Bradley-Terry): for every pair of
+    examples of the batch in the same group (``groups`` >= 0: the same state) whose values differ,
+    ``-log sigmoid(z_better - z_worse)``, weighted by how much the values differ (a Monte-Carlo
+    difference of one continuation in four counts a quarter of a sure one). A weighted mean over
+    the pairs; 0 when the batch has no such pair. In float32."""
+    z, v = logits.float().reshape(-1), values.float().reshape(-1)
+    g = groups.reshape(-1)
+    same = (g[:, None] == g[None, :]) & (g[:, None] >= 0)
+    gap = v[:, None] - v[None, :]
+    weight = torch.where(same & (gap > 0), gap, torch.zeros_like(gap))
+    total = weight.sum()
+    if total <= 0:
+        return z.sum() * 0.0  # keeps the graph (and DeepSpeed's gradient hooks) intact
+    return (weight * F.softplus(-(z[:, None] - z[None, :]))).sum() / total
+
+
 class RewardModel(nn.Module):
     """Backbone (full mode) or segment fusion (frozen_segments mode), then the MLP head.
 
@@ -750,6 +772,8 @@ class RewardModel(nn.Module):
         segment_mask: torch.Tensor | None = None,
         history_lengths: torch.Tensor | None = None,
         segment_match: torch.Tensor | None = None,
+        groups: torch.Tensor | None = None,
+        rank_values: torch.Tensor | None = None,
         **unused: object,  # e.g. the Trainer's num_items_in_batch
     ) -> dict[str, torch.Tensor]:
         if self.backbone is not None:
@@ -774,7 +798,10 @@ class RewardModel(nn.Module):
             )
         result = {"logits": logits}
         if labels is not None:
-            result = {"loss": reward_loss(logits, labels, self.rm_config.loss), "logits": logits}
+            loss = reward_loss(logits, labels, self.rm_config.loss)
+            if groups is not None and rank_values is not None and self.rm_config.pair_weight > 0:
+                loss = loss + self.rm_config.pair_weight * pairwise_loss(logits, groups, rank_values)
+            result = {"loss": loss, "logits": logits}
         return result
 
     def activation_checkpointing_enable(

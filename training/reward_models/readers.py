@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 
-from training.reward_models.examples import EpisodeLabels, SplitInfo
+from training.reward_models.examples import AlternativeLabel, EpisodeLabels, SplitInfo
 from training.reward_models.kinds import Verdict
 from training.reward_models.labels import human_step_verdicts
 from training.reward_models.states import TextStep, TextTrajectory, action_in_context, screen_lines, target_context
 from warehouse.catalog import Warehouse
+from warehouse.purposes import purpose_filter
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,31 @@ def read_human_verdicts(warehouse: Warehouse) -> tuple[dict[tuple[str, int], tup
         and not r.get("was_cancelled")
     ]
     return human_step_verdicts(rows), ["human_labels"]
+
+
+def read_alternatives(warehouse: Warehouse) -> list[AlternativeLabel]:
+    """The replayed alternatives (``step_alternatives``) at states of training episodes only: those
+    at states of evaluation episodes are the held-out set the report measures on, never trained on."""
+    if not view_exists(warehouse, "step_alternatives"):
+        return []
+    rows = warehouse.query(
+        "SELECT alternative_id, state_id, episode_id, step_idx, action_description, mc_value, ended, ended_success, "
+        f"milestones_hit FROM step_alternatives WHERE {purpose_filter('purpose')} ORDER BY alternative_id"
+    ).to_pylist()
+    return [
+        AlternativeLabel(
+            alternative_id=r["alternative_id"],
+            state_id=r["state_id"],
+            episode_id=r["episode_id"],
+            step_idx=int(r["step_idx"]),
+            description=r["action_description"] or "",
+            mc_value=r["mc_value"],
+            ended=bool(r["ended"]),
+            ended_success=bool(r["ended_success"]),
+            milestones_hit=tuple(r["milestones_hit"] or ()),
+        )
+        for r in rows
+    ]
 
 
 def read_trajectories(

@@ -35,6 +35,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -176,14 +177,41 @@ def read_examples(data: DataArguments, kind: str) -> pa.Table:
         "label_version",
     ]
     if data.examples:
-        table = pa.concat_tables([pq.read_table(p, columns=columns) for p in data.examples])
+        # files written before alternatives existed have no group columns: they read as null
+        table = pa.concat_tables([_read_parquet(p, columns + list(GROUP_COLUMNS)) for p in data.examples])
         # pyarrow.compute generates its kernels (equal, ...) at import time: its typing does not list them.
         mask = pc.equal(table["kind"], kind)  # type: ignore[attr-defined]
         return table.filter(mask)
     from warehouse.catalog import Warehouse
 
-    cols = ", ".join(columns)
+    cols = ", ".join(columns + list(GROUP_COLUMNS))
     return Warehouse(data.home).query(f"SELECT {cols} FROM rm_examples WHERE kind = ? ORDER BY example_id", [kind])
+
+
+#: rm_examples columns of alternatives at one state: which state an example's candidate belongs to,
+#: and its Monte-Carlo value (the pairwise loss ranks the candidates of a state by it).
+GROUP_COLUMNS = ("group_id", "rank_value")
+
+
+def _read_parquet(path: str, columns: list[str]) -> pa.Table:
+    """The columns of a Parquet file, those it lacks as nulls (strings for ids, floats for values)."""
+    present = set(pq.read_schema(path).names)
+    table = pq.read_table(path, columns=[c for c in columns if c in present])
+    for name in columns:
+        if name not in present:
+            kind = pa.float64() if name == "rank_value" else pa.string()
+            table = table.append_column(name, pa.nulls(table.num_rows, type=kind))
+    return table.select(columns)
+
+
+def groups_and_values(table: pa.Table, index: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per example: its group as an int (-1: in no group), numbered through ``index`` (shared by the
+    splits), and its rank value (0 where there is none)."""
+    ids = table["group_id"].to_pylist() if "group_id" in table.column_names else [None] * table.num_rows
+    raw = table["rank_value"].to_pylist() if "rank_value" in table.column_names else [None] * table.num_rows
+    groups = np.array([-1 if g is None else index.setdefault(g, len(index)) for g in ids], dtype=np.int64)
+    values = np.array([0.0 if v is None else v for v in raw], dtype=np.float32)
+    return groups, values
 
 
 def states_and_labels(table: pa.Table) -> tuple[list[StepState], np.ndarray]:
@@ -226,6 +254,52 @@ class SplitCollator:
         return self.by_split[batch[0]["split"]](batch)
 
 
+class GroupedLengthSampler(torch.utils.data.Sampler):
+    """Length-grouped batches that keep the alternatives of one state together (the pairwise loss
+    compares them within a batch): the units shuffled are whole groups (an example outside any group
+    is a unit of one), ordered by length within mega-batches of 50 batches as ``transformers``'
+    sampler does, reseeded per epoch with ``seed + epoch`` (a resumed run replays the order). A
+    group is split only where it straddles a batch boundary."""
+
+    def __init__(self, batch_size: int, lengths: list[int], groups: np.ndarray, seed: int) -> None:
+        self.batch_size, self.lengths, self.seed, self.epoch = batch_size, lengths, seed, 0
+        members: dict[int, list[int]] = {}
+        units: list[list[int]] = []
+        for i, g in enumerate(groups.tolist()):
+            if g < 0:
+                units.append([i])
+            else:
+                members.setdefault(g, []).append(i)
+        self.units = units + list(members.values())
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.units), generator=generator).tolist()
+        mega = 50 * self.batch_size
+        out: list[int] = []
+        chunk: list[list[int]] = []
+        size = 0
+        for u in order:
+            chunk.append(self.units[u])
+            size += len(self.units[u])
+            if size >= mega:
+                out += _longest_first(chunk, self.lengths)
+                chunk, size = [], 0
+        out += _longest_first(chunk, self.lengths)
+        return iter(out)
+
+
+def _longest_first(units: list[list[int]], lengths: list[int]) -> list[int]:
+    ranked = sorted(units, key=lambda unit: -max(lengths[i] for i in unit))
+    return [i for unit in ranked for i in unit]
+
+
 class EpochLengthGroupedSampler(torch.utils.data.Sampler):
     """Length-grouped batches (``transformers``' LengthGroupedSampler), reseeded per epoch with
     ``seed + epoch`` so that a resumed run replays exactly the order the killed run would have used."""
@@ -246,30 +320,61 @@ class EpochLengthGroupedSampler(torch.utils.data.Sampler):
         return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=generator))
 
 
+@dataclass(frozen=True)
+class Groups:
+    """Which alternatives group each example of a split is in (-1: none), and its rank value."""
+
+    ids: np.ndarray
+    values: np.ndarray
+
+    @property
+    def any(self) -> bool:
+        return bool((self.ids >= 0).any())
+
+    def add_to(self, out: dict[str, torch.Tensor], items: Sequence[int] | np.ndarray) -> None:
+        """The batch's groups and rank values, for the pairwise loss (only where the split has groups)."""
+        if self.any:
+            index = np.asarray(items, dtype=np.int64)
+            out["groups"] = torch.from_numpy(self.ids[index])
+            out["rank_values"] = torch.from_numpy(self.values[index])
+
+
+NO_GROUPS = Groups(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+
+
 class SegmentCollator:
     """Batches for frozen_segments mode: cached segment embeddings gathered per state."""
 
-    def __init__(self, features, labels: np.ndarray, matrix: torch.Tensor) -> None:
-        self.features, self.labels, self.matrix = features, labels, matrix
+    def __init__(self, features, labels: np.ndarray, matrix: torch.Tensor, groups: Groups = NO_GROUPS) -> None:
+        self.features, self.labels, self.matrix, self.groups = features, labels, matrix, groups
 
     def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
         items = np.array([b["item"] for b in batch], dtype=np.int64)
         out = collate_segments(self.features, items, self.matrix)
         out["labels"] = torch.from_numpy(self.labels[items])
+        self.groups.add_to(out, items)
         return out
 
 
 class PromptCollator:
     """Batches for full mode: the kind's prompt rendered, truncated and tokenized."""
 
-    def __init__(self, states: list[StepState], labels: np.ndarray, tokenizer, config: RewardModelConfig) -> None:
-        self.states, self.labels, self.tokenizer, self.config = states, labels, tokenizer, config
+    def __init__(
+        self,
+        states: list[StepState],
+        labels: np.ndarray,
+        tokenizer,
+        config: RewardModelConfig,
+        groups: Groups = NO_GROUPS,
+    ) -> None:
+        self.states, self.labels, self.tokenizer, self.config, self.groups = states, labels, tokenizer, config, groups
 
     def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
         items = [b["item"] for b in batch]
         texts = prompt_texts([self.states[i] for i in items], self.config.kind, self.tokenizer, self.config)
         out = tokenize_prompts(texts, self.tokenizer, self.config.max_length)
         out["labels"] = torch.from_numpy(self.labels[items])
+        self.groups.add_to(out, items)
         return out
 
 
@@ -466,6 +571,8 @@ class _SplitExamples:
     eval_states: list[StepState]
     eval_labels: np.ndarray
     label_versions: list[str]
+    train_groups: Groups = NO_GROUPS
+    eval_groups: Groups = NO_GROUPS
 
 
 @dataclass
@@ -556,9 +663,20 @@ def _read_split_examples(data: DataArguments, kind: str) -> _SplitExamples:
     train_states, train_labels = states_and_labels(train_table)
     eval_states, eval_labels = states_and_labels(eval_table)
     label_versions = sorted({v for v in table["label_version"].to_pylist() if v})
+    index: dict[str, int] = {}
+    train_groups = Groups(*groups_and_values(train_table, index))
+    eval_groups = Groups(*groups_and_values(eval_table, index))
     del table, train_table, eval_table  # the states hold what is needed
-    log.info("%s: %d train / %d validation examples", kind, len(train_states), len(eval_states))
-    return _SplitExamples(train_states, train_labels, eval_states, eval_labels, label_versions)
+    log.info(
+        "%s: %d train / %d validation examples (%d groups of alternatives)",
+        kind,
+        len(train_states),
+        len(eval_states),
+        len(index),
+    )
+    return _SplitExamples(
+        train_states, train_labels, eval_states, eval_labels, label_versions, train_groups, eval_groups
+    )
 
 
 def _frozen_segments_setup(
@@ -584,8 +702,8 @@ def _frozen_segments_setup(
     model = build_reward_model(model_config, input_dim=encoder.hidden_size)
     return _ModelSetup(
         model,
-        SegmentCollator(train_features, examples.train_labels, matrix),
-        SegmentCollator(eval_features, examples.eval_labels, matrix),
+        SegmentCollator(train_features, examples.train_labels, matrix, examples.train_groups),
+        SegmentCollator(eval_features, examples.eval_labels, matrix, examples.eval_groups),
         encode_seconds=encode_seconds,
     )
 
@@ -599,8 +717,8 @@ def _full_model_setup(model_config: RewardModelConfig, args, examples: _SplitExa
     model = build_reward_model(model_config, torch_dtype=dtype)
     return _ModelSetup(
         model,
-        PromptCollator(examples.train_states, examples.train_labels, tokenizer, model_config),
-        PromptCollator(examples.eval_states, examples.eval_labels, tokenizer, model_config),
+        PromptCollator(examples.train_states, examples.train_labels, tokenizer, model_config, examples.train_groups),
+        PromptCollator(examples.eval_states, examples.eval_labels, tokenizer, model_config, examples.eval_groups),
         tokenizer=tokenizer,
     )
 
@@ -628,13 +746,20 @@ def _make_trainer(setup: _ModelSetup, examples: _SplitExamples, data: DataArgume
 
     n_train, n_eval = len(examples.train_states), len(examples.eval_states)
     lengths = _example_lengths(setup.train_collator, n_train)
-    eval_order = np.argsort(_example_lengths(setup.eval_collator, n_eval), kind="stable").tolist()
+    eval_lengths = _example_lengths(setup.eval_collator, n_eval)
+    # in order of length, a state's alternatives next to each other (the pairwise loss sees them together)
+    eval_groups = examples.eval_groups.ids if examples.eval_groups.any else np.full(n_eval, -1)
+    eval_order = np.lexsort((np.arange(n_eval), eval_groups, np.asarray(eval_lengths))).tolist()
+    grouped = examples.train_groups.any
 
     class RewardTrainer(Trainer):
         def _get_train_sampler(self, *args, **kwargs):
             # Batches of similar length (little padding): the cost of the fusion transformer grows
             # with the longest state in a batch, and screens range from 5 to 100+ elements.
-            return EpochLengthGroupedSampler(self.args.per_device_train_batch_size, lengths, seed=self.args.seed)
+            size = self.args.per_device_train_batch_size
+            if grouped:
+                return GroupedLengthSampler(size, lengths, examples.train_groups.ids, seed=self.args.seed)
+            return EpochLengthGroupedSampler(size, lengths, seed=self.args.seed)
 
         def _get_eval_sampler(self, eval_dataset):
             # the same reason: validation in order of length (predictions and labels stay paired)

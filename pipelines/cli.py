@@ -222,6 +222,8 @@ DEMO: dict[str, Any] = {
     "runs": ("outcome", "progrm_env"),
     "rl_run": {"iterations": 3, "instances_per_task": 2, "group_size": 2},
     "agent_evaluation": {"held_out_seeds": 8},
+    # alternatives proposed by the SFT policy: a few states per task, 3 candidates, 2 continuations each
+    "step_alternatives": {"states_per_task": 3, "top_k": 3, "continuations": 2},
 }
 DEMO_STAGES = ("rollouts", "labels", "reward_models", "rl", "flywheel")
 #: One short flywheel round on the demo's policies (3 policies x 2 tasks x 8 = 48 episodes), brief retraining.
@@ -302,9 +304,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
             settings = FlywheelSettings(
                 policies=DEMO_FLYWHEEL_POLICIES,
                 episodes_per_task=DEMO_FLYWHEEL_EPISODES_PER_TASK,
-                kinds=DEMO_REWARD_MODELS,
+                kinds=(*DEMO_REWARD_MODELS, "prm"),
                 reward_model=DEMO["reward_model"],
                 report=DEMO["reward_model_report"],
+                alternatives=DEMO["step_alternatives"],
             )
             run_flywheel(Warehouse(), 1, settings, run, print)
     all_ok = all(ok for _, ok in outcomes)
@@ -570,6 +573,7 @@ def cmd_flywheel(args: argparse.Namespace) -> int:
     from dagster import DagsterInstance
 
     from pipelines.flywheel import FlywheelSettings, run_flywheel
+    from training.flywheel.alternatives import AlternativesError, AlternativesRequest
     from training.flywheel.collection import policy_keys
     from training.reward_models.kinds import REWARD_MODEL_KINDS
     from training.rl.rewards import REWARD_SOURCES
@@ -577,9 +581,21 @@ def cmd_flywheel(args: argparse.Namespace) -> int:
 
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    proposers = tuple(p.strip() for p in args.alternative_policies.split(",") if p.strip())
     known_policies = policy_keys(REWARD_SOURCES)
-    if not policies or set(policies) - set(known_policies):
-        print(f"stepwise flywheel: --policies from {known_policies}", file=sys.stderr)
+    if not policies or set(policies) - set(known_policies) or set(proposers) - set(known_policies):
+        print(f"stepwise flywheel: --policies and --alternative-policies from {known_policies}", file=sys.stderr)
+        return 2
+    try:
+        alternatives = {
+            "states_per_task": args.alternative_states,
+            "top_k": args.top_k,
+            "continuations": args.continuations,
+            "horizon": args.horizon,
+        }
+        AlternativesRequest("sft", "f", **alternatives)  # bad values: one line, before any run
+    except AlternativesError as exc:
+        print(f"stepwise flywheel: {exc}", file=sys.stderr)
         return 2
     unknown = sorted(set(kinds) - set(REWARD_MODEL_KINDS))
     if unknown or not kinds or args.rounds < 0 or args.episodes_per_task < 1:
@@ -597,6 +613,8 @@ def cmd_flywheel(args: argparse.Namespace) -> int:
         reward_model={"train_steps": args.train_steps}
         | ({"max_train_examples": args.max_train_examples} if args.max_train_examples else {}),
         report={"max_trajectories": args.report_trajectories} if args.report_trajectories else {},
+        alternative_policies=proposers,
+        alternatives=alternatives,
     )
     warehouse = Warehouse()
     started = time.perf_counter()
@@ -862,7 +880,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--episodes-per-task", type=int, default=16, help="episodes per task, policy and round")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the policies")
-    p.add_argument("--kinds", default="orm,progrm_lcs,progrm_env", help="reward-model kinds retrained each round")
+    p.add_argument("--kinds", default="orm,progrm_lcs,progrm_env,prm", help="reward-model kinds retrained each round")
+    p.add_argument(
+        "--alternative-policies",
+        default="sft",
+        help="policies whose top-k candidates are replayed at sampled states (step_alternatives); empty: none",
+    )
+    p.add_argument("--alternative-states", type=int, default=8, help="states per task and source (alternatives)")
+    p.add_argument("--top-k", type=int, default=4, help="the policy's candidates replayed at each state")
+    p.add_argument("--continuations", type=int, default=4, help="m: the policy's continuations after each candidate")
+    p.add_argument("--horizon", type=int, default=0, help="steps of a continuation (0: the rest of the step budget)")
     p.add_argument("--train-steps", type=int, default=-1, help="optimizer steps per model (-1: the profile's)")
     p.add_argument("--max-train-examples", type=int, default=0, help="a fixed sample of the training examples")
     p.add_argument("--report-trajectories", type=int, default=0, help="a sample of the report's demonstration split")

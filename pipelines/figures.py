@@ -76,6 +76,29 @@ def reward_models_on_agents(warehouse: Warehouse) -> str:
     return _markdown(rows)
 
 
+def reward_models_choosing(warehouse: Warehouse) -> str:
+    """Each model of the latest report choosing among alternatives at held-out states
+    (``rm_alternative_top1``): its top-1 against the policy's own argmax, by family."""
+    rows = warehouse.query(
+        "SELECT kind, family, states, round(100 * top1, 1) AS top1, round(100 * top1_low, 1) AS low, "
+        "round(100 * top1_high, 1) AS high, round(100 * policy_top1, 1) AS policy_argmax, "
+        "round(100 * random_top1, 1) AS random_pick, round(100 * gain, 1) AS gain, round(100 * gain_low, 1) AS "
+        "gain_low, round(100 * gain_high, 1) AS gain_high, wins, losses, round(mcnemar_p, 4) AS p, plan_states, "
+        "round(100 * plan_top1, 1) AS plan_top1 FROM rm_alternative_top1 "
+        "WHERE report_run_id = (SELECT run_id FROM lineage_materializations "
+        "WHERE asset = 'reward_model_report' ORDER BY created_at DESC LIMIT 1) "
+        "ORDER BY kind, family = 'all', family"
+    ).to_pylist()
+    return _markdown(rows)
+
+
+def flywheel(warehouse: Warehouse) -> str:
+    """Every recorded flywheel round (``flywheel_rounds``)."""
+    from training.flywheel.rounds import rounds_markdown
+
+    return rounds_markdown(warehouse.query("SELECT * FROM flywheel_rounds ORDER BY round, kind").to_pylist())
+
+
 def rl(warehouse: Warehouse) -> str:
     from training.rl.report import report_markdown
     from training.rl.runs import run_rl_report
@@ -88,6 +111,8 @@ SECTIONS: dict[str, Callable[[Warehouse], str]] = {
     "label quality": label_quality,
     "reward models": reward_models,
     "reward models on agent episodes": reward_models_on_agents,
+    "reward models choosing among alternatives": reward_models_choosing,
+    "flywheel rounds": flywheel,
     "RL (ProgRM Table 1)": rl,
 }
 

@@ -1,13 +1,17 @@
 """``stepwise flywheel``: the reward flywheel as one command, each step a Dagster job run in-process.
 
 A round: policy rollouts of every available checkpoint on its own tasks (``policy_rollouts``, one
-family x policy partition each) -> incremental recipes and progress labels of the families that got
-episodes (``label_families``) -> the reward-model split -> each reward-model kind's dataset and
-model on the new mix (``reward_models``) -> the reward-model report (AUC on held-out agent episodes)
--> the round recorded (``flywheel_round``: table ``flywheel_rounds``, a plot of AUC by round).
+family x policy partition each) -> alternatives at one state proposed by the SFT policy
+(``step_alternatives``: its top-k candidates replayed and labelled by Monte-Carlo continuations) ->
+incremental recipes and progress labels of the families that got episodes (``label_families``) ->
+the reward-model split -> each reward-model kind's dataset and model on the new mix
+(``reward_models``; the PRM with its pairwise loss over alternatives) -> the reward-model report
+(AUC on held-out agent episodes; top-1 among candidates at held-out states) -> the round recorded
+(``flywheel_round``: table ``flywheel_rounds``, a plot of AUC by round).
 
 Before the first round, round 0 records the baseline: the current models (trained when missing)
-judged by the same report. Every step publishes atomically, so a round killed part-way is simply
+judged by the same report, after the held-out alternatives are made (once, so that every round
+is judged on the same states). Every step publishes atomically, so a round killed part-way is simply
 run again: the same round number, the same seeds, identical episodes replacing the ones already
 collected, labels picking up where they stopped, a killed training resuming.
 """
@@ -33,10 +37,15 @@ class FlywheelSettings:
     policies: tuple[str, ...] = ("sft", "rl-outcome", "rl-orm", "rl-progrm_lcs", "rl-progrm_env")
     episodes_per_task: int = 16
     temperature: float = 1.0
-    kinds: tuple[str, ...] = ("orm", "progrm_lcs", "progrm_env")
+    kinds: tuple[str, ...] = ("orm", "progrm_lcs", "progrm_env", "prm")
     reward_model: Mapping[str, Any] = field(default_factory=dict)  # reward_model op config (train_steps, ...)
     report: Mapping[str, Any] = field(default_factory=dict)  # reward_model_report op config
     workers: int = 2
+    # Alternatives at one state (step_alternatives op config: states_per_task, top_k, continuations,
+    # ...), proposed by these policies; empty policies: none. Best-of-N guidance proposes with the
+    # SFT policy, so its alternatives are what a verifier is judged on.
+    alternative_policies: tuple[str, ...] = ("sft",)
+    alternatives: Mapping[str, Any] = field(default_factory=dict)
 
 
 def collection_plan(warehouse: Warehouse, policies: Sequence[str], log: Log) -> list[tuple[str, str]]:
@@ -54,6 +63,27 @@ def collection_plan(warehouse: Warehouse, policies: Sequence[str], log: Log) -> 
     return plan
 
 
+def run_alternatives(
+    warehouse: Warehouse, round_: int, settings: FlywheelSettings, run: JobRunner, log: Log, *, held_out_only: bool
+) -> bool:
+    """``step_alternatives`` for every (family, proposing policy) partition: the held-out states
+    only (the baseline: they are sampled once, so every round is judged on the same states), or
+    every source (a round: the round's policy rollouts, expert rollouts, and the held-out states if
+    they are still missing)."""
+    from dagster import MultiPartitionKey
+
+    config = {"round": round_, "workers": settings.workers} | dict(settings.alternatives)
+    if held_out_only:
+        config["sources"] = ["evaluation"]
+    for family, policy in collection_plan(warehouse, settings.alternative_policies, log):
+        key = MultiPartitionKey({"family": family, "policy": policy})
+        label = f"step_alternatives[{family}|{policy}] r{round_}"
+        log(f"   round {round_}: alternatives at {'held-out ' if held_out_only else ''}states, {family} | {policy}")
+        if not run("step_alternatives_job", label, key, {"step_alternatives": {"config": config}}):
+            return False
+    return True
+
+
 def run_round(
     warehouse: Warehouse, round_: int, settings: FlywheelSettings, run: JobRunner, log: Log, *, collect: bool = True
 ) -> bool:
@@ -61,6 +91,10 @@ def run_round(
     first failed step and returns False."""
     from dagster import MultiPartitionKey
 
+    alternatives = bool(settings.alternative_policies)
+    if not collect and alternatives and not _has_held_out_alternatives(warehouse):
+        if not run_alternatives(warehouse, round_, settings, run, log, held_out_only=True):
+            return False
     if collect:
         plan = collection_plan(warehouse, settings.policies, log)
         if not plan:
@@ -82,6 +116,8 @@ def run_round(
                 {"policy_rollouts": {"config": config}},
             ):
                 return False
+        if alternatives and not run_alternatives(warehouse, round_, settings, run, log, held_out_only=False):
+            return False
         for family in sorted({family for family, _ in plan}):
             if not run("label_families", f"labels[{family}] r{round_}", family):
                 return False
@@ -105,6 +141,10 @@ def run_round(
     return run(
         "flywheel_round_job", f"flywheel_round r{round_}", None, {"flywheel_round": {"config": {"round": round_}}}
     )
+
+
+def _has_held_out_alternatives(warehouse: Warehouse) -> bool:
+    return bool(warehouse.query("SELECT count(*) FROM step_alternatives WHERE purpose = 'evaluation'")[0][0].as_py())
 
 
 def _has_model(warehouse: Warehouse, kind: str) -> bool:

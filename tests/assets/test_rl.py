@@ -210,17 +210,52 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
     settings = FlywheelSettings(
         policies=("sft", "rl-outcome", "rl-prm"),  # no prm run: skipped with a note
         episodes_per_task=2,
-        kinds=("progrm_env",),
+        kinds=("progrm_env", "prm"),
         reward_model={"train_steps": 10, "threads": 1},
         report={"latency_calls": 3},
+        alternatives={"states_per_task": 4, "top_k": 2, "continuations": 1},
     )
     notes: list[str] = []
     assert run_flywheel(warehouse, 1, settings, _job_runner(instance, outcomes), notes.append), outcomes
     assert any("rl-prm: skipped" in n for n in notes)
-    rounds = warehouse.query("SELECT round, kind, model_id, agent_examples FROM flywheel_rounds").to_pylist()
-    assert [(r["round"], r["kind"]) for r in rounds] == [(0, "progrm_env"), (1, "progrm_env")]
-    assert rounds[0]["model_id"] != rounds[1]["model_id"]  # round 1 retrained on the new mix
-    assert rounds[1]["agent_examples"] > 0
+    rounds = warehouse.query(
+        "SELECT round, kind, model_id, agent_examples, top1, policy_top1, top1_states, alternative_states "
+        "FROM flywheel_rounds ORDER BY round, kind"
+    ).to_pylist()
+    assert [(r["round"], r["kind"]) for r in rounds] == [(0, "prm"), (0, "progrm_env"), (1, "prm"), (1, "progrm_env")]
+    assert rounds[0]["model_id"] != rounds[2]["model_id"]  # round 1 retrained on the new mix
+    assert rounds[3]["agent_examples"] > 0
+    # Alternatives at one state: the SFT policy's candidates replayed at held-out states in round 0
+    # (sampled once: the same states judge every round), at training states in round 1.
+    alternatives = warehouse.query(
+        "SELECT round, purpose, count(DISTINCT state_id) AS states, count(*) AS candidates, "
+        "count(*) FILTER (WHERE candidate = 0 AND policy_rank = 0) AS argmax, "
+        "count(*) FILTER (WHERE mc_value BETWEEN 0 AND 1) AS valued FROM step_alternatives GROUP BY ALL ORDER BY ALL"
+    ).to_pylist()
+    purposes = {(r["round"], r["purpose"]) for r in alternatives}
+    assert (0, "evaluation") in purposes and any(r == 1 and p != "evaluation" for r, p in purposes), alternatives
+    assert not any(r == 1 and p == "evaluation" for r, p in purposes)
+    for r in alternatives:
+        assert r["candidates"] >= 2 * r["states"] and r["argmax"] == r["states"] and r["valued"] == r["candidates"]
+    prm_examples = warehouse.query(
+        "SELECT count(*) FILTER (WHERE group_id IS NOT NULL) AS grouped, "
+        "count(*) FILTER (WHERE group_id IN (SELECT state_id FROM step_alternatives WHERE purpose = 'evaluation')) "
+        "AS leaked FROM rm_examples WHERE kind = 'prm'"
+    ).to_pylist()[0]
+    assert prm_examples["grouped"] > 0 and prm_examples["leaked"] == 0
+    informative = warehouse.query(
+        "SELECT count(*) FROM (SELECT state_id FROM step_alternatives WHERE purpose = 'evaluation' "
+        "AND mc_value IS NOT NULL GROUP BY state_id "
+        "HAVING count(DISTINCT mc_value) > 1 AND bool_or(candidate = 0))"
+    )[0][0].as_py()
+    choosing = warehouse.query(
+        "SELECT kind, states FROM rm_alternative_top1 WHERE family = 'all' AND report_run_id = "
+        "(SELECT run_id FROM lineage_materializations WHERE asset = 'reward_model_report' ORDER BY created_at DESC "
+        "LIMIT 1)"
+    ).to_pylist()
+    assert {r["kind"] for r in choosing} == ({"prm", "progrm_env"} if informative else set())
+    assert all(r["states"] == informative for r in choosing)
+    assert rounds[0]["top1_states"] == rounds[2]["top1_states"]  # the same held-out states, before and after
     assert (home / "plots" / "flywheel" / "auc_by_round.png").stat().st_size > 0
     collected_r1 = warehouse.query("SELECT count(*) FROM episodes WHERE episode_id LIKE 'policy:%:r01:%'")[0][0]
     assert collected_r1.as_py() == 2 * 2 * 2  # sft and rl-outcome, 2 tasks, 2 episodes each

@@ -56,10 +56,12 @@ def round_rows(warehouse: Warehouse, round_: int) -> list[dict[str, Any]]:
         raise FlywheelError("no reward-model report has run: materialize reward_model_report first")
     run_id = report[0]["run_id"]
     rows = warehouse.query(
-        "SELECT a.kind, a.model_id, a.auc, a.auc_low, a.auc_high, a.episodes, m.n_train_examples, m.training_mix "
+        "SELECT a.kind, a.model_id, a.auc, a.auc_low, a.auc_high, a.episodes, m.n_train_examples, m.training_mix, "
+        "t.top1, t.top1_low, t.top1_high, t.policy_top1, t.states AS top1_states "
         "FROM rm_agent_auc a LEFT JOIN models m USING (model_id) "
+        "LEFT JOIN rm_alternative_top1 t ON t.model_id = a.model_id AND t.family = 'all' AND t.report_run_id = ? "
         "WHERE a.report_run_id = ? AND a.family = 'all' ORDER BY a.kind",
-        [run_id],
+        [run_id, run_id],
     ).to_pylist()
     if not rows:
         raise FlywheelError(
@@ -67,6 +69,9 @@ def round_rows(warehouse: Warehouse, round_: int) -> list[dict[str, Any]]:
             "evaluation (stepwise rl) must exist before the flywheel can measure anything"
         )
     collected = warehouse.query("SELECT count(*) FROM episodes WHERE purpose = 'policy_rollout'")[0][0].as_py()
+    alternative_states = warehouse.query(
+        "SELECT count(DISTINCT state_id) FROM step_alternatives WHERE purpose <> 'evaluation'"
+    )[0][0].as_py()
     created = datetime.now(UTC)
     return [
         {
@@ -82,6 +87,12 @@ def round_rows(warehouse: Warehouse, round_: int) -> list[dict[str, Any]]:
             "agent_examples": sum(json.loads(r["training_mix"] or "{}").get(p, 0) for p in AGENT_PURPOSES),
             "policy_rollout_episodes": collected,
             "created_at": created,
+            "top1": r["top1"],
+            "top1_low": r["top1_low"],
+            "top1_high": r["top1_high"],
+            "policy_top1": r["policy_top1"],
+            "top1_states": r["top1_states"],
+            "alternative_states": alternative_states,
         }
         for r in rows
     ]
@@ -97,7 +108,7 @@ def record_round(warehouse: Warehouse, round_: int, *, run_id: str | None, plot_
         run_id=run_id,
         code_version=f"{ROUNDS_VERSION}+{git_revision()}",
         parameters={"round": round_},
-        inputs=warehouse.current_inputs(["rm_agent_auc", "models"]),
+        inputs=warehouse.current_inputs(["rm_agent_auc", "rm_alternative_top1", "models"]),
     )
     table = pa.Table.from_pylist(rows, schema=FLYWHEEL_ROUNDS)
     warehouse.publish(m, [warehouse.stage_table("flywheel_rounds", f"round-{round_:02d}", table, m)])
@@ -113,8 +124,9 @@ def record_round(warehouse: Warehouse, round_: int, *, run_id: str | None, plot_
 
 def rounds_markdown(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "| round | kind | AUC on agent episodes [95%] | training examples | from agent episodes | collected |",
-        "|---:|---|---|---:|---:|---:|",
+        "| round | kind | AUC on agent episodes [95%] | top-1 among candidates [95%] (policy's argmax) "
+        "| training examples | from agent episodes | collected | states with alternatives |",
+        "|---:|---|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         auc = (
@@ -122,9 +134,20 @@ def rounds_markdown(rows: Sequence[dict[str, Any]]) -> str:
             if r["auc"] is None or np.isnan(r["auc"])
             else f"{r['auc']:.2f} [{r['auc_low']:.2f}, {r['auc_high']:.2f}]"
         )
+        top1 = ""
+        if r.get("top1") is not None:
+            top1 = (
+                f"{100 * r['top1']:.1f} [{100 * r['top1_low']:.1f}, {100 * r['top1_high']:.1f}] "
+                f"({100 * r['policy_top1']:.1f}; {r['top1_states']} states)"
+            )
+        counts = (
+            r["training_examples"],
+            r["agent_examples"],
+            r["policy_rollout_episodes"],
+            r.get("alternative_states"),
+        )
         lines.append(
-            f"| {r['round']} | {r['kind']} | {auc} | {r['training_examples'] or 0:,} | "
-            f"{r['agent_examples'] or 0:,} | {r['policy_rollout_episodes'] or 0:,} |"
+            f"| {r['round']} | {r['kind']} | {auc} | {top1} | " + " | ".join(f"{c or 0:,}" for c in counts) + " |"
         )
     return "\n".join(lines)
 

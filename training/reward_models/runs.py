@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 
 from envs.process import set_parent_death_signal
 from training.reward_models.agent_episodes import AgentEpisodeReport, agent_episode_report, read_agent_episodes
+from training.reward_models.alternatives_metric import AlternativesReport, alternatives_report, read_held_out_states
 from training.reward_models.dataset import build_reward_model_dataset, examples_by_purpose
 from training.reward_models.evaluate import ModelRecord
 from training.reward_models.examples import DatasetOptions
@@ -544,7 +545,9 @@ def run_evaluation_report(
         ]
         + current_label_inputs(warehouse),
     )
-    agents = _agent_episode_section(warehouse, models, plots_dir, run_id, log)
+    scorers = _loaded_scorers(warehouse, models)
+    agents = _agent_episode_section(warehouse, scorers, plots_dir, run_id, log)
+    choices = _alternatives_section(warehouse, scorers, run_id, log)
     outputs = []
     for model in models:
         # pyarrow.compute generates its kernels (equal, ...) at import time: its typing does not list them.
@@ -554,16 +557,21 @@ def run_evaluation_report(
         outputs.append(warehouse.stage_table("rm_metrics", model.model_id, rows, m))
         aucs = agents.rows.filter(pc.equal(agents.rows["model_id"], model.model_id))  # type: ignore[attr-defined]
         outputs.append(warehouse.stage_table("rm_agent_auc", model.model_id, aucs, m))
+        top1 = choices.rows.filter(pc.equal(choices.rows["model_id"], model.model_id))  # type: ignore[attr-defined]
+        if top1.num_rows:
+            outputs.append(warehouse.stage_table("rm_alternative_top1", model.model_id, top1, m))
     warehouse.publish(m, outputs)
     markdown = (
         f"{result.markdown}\n\n## On held-out agent episodes\n\nAUC of each model's episode score against "
         f"success on the greedy evaluation episodes of trained policies (never trained on), 95% "
         f"bootstrap intervals:\n\n{agents.markdown}\n"
+        f"\n## Choosing among alternatives at held-out states\n\n{choices.markdown}\n"
     )
     (plots_dir / "report.md").write_text(markdown)
     metadata: dict[str, Any] = {
         "report": Markdown(markdown),
         "agent_episode_auc": Markdown(agents.markdown),
+        "alternatives_top1": Markdown(choices.markdown),
         "metrics": result.metrics,
         "thresholds": result.thresholds,
         "trajectories": result.n_trajectories,
@@ -579,23 +587,38 @@ def run_evaluation_report(
     return metadata
 
 
-def _agent_episode_section(
-    warehouse: Warehouse, models: Sequence[ModelRecord], plots_dir: Path, run_id: str, log: Log
-) -> AgentEpisodeReport:
-    """Every model on the held-out agent episodes (``training.reward_models.agent_episodes``)."""
+def _loaded_scorers(warehouse: Warehouse, models: Sequence[ModelRecord]) -> dict[str, tuple[str, object]]:
+    """kind -> (model id, scorer) of each model, its segment cache warmed from the home's."""
     from training.reward_models.models import RewardScorer
 
-    episodes = read_agent_episodes(warehouse)
-    log(f"report: {len(episodes)} held-out agent episodes ({sum(e.success for e in episodes)} successes)")
-    trajectories = read_trajectories(warehouse, [e.episode_id for e in episodes]) if episodes else {}
     scorers: dict[str, tuple[str, object]] = {}
     for model in models:
         scorer = RewardScorer.from_checkpoint(model.checkpoint_path)
         scorer.load_home_cache(warehouse.home)
         scorers[model.kind] = (model.model_id, scorer)
+    return scorers
+
+
+def _agent_episode_section(
+    warehouse: Warehouse, scorers: dict[str, tuple[str, object]], plots_dir: Path, run_id: str, log: Log
+) -> AgentEpisodeReport:
+    """Every model on the held-out agent episodes (``training.reward_models.agent_episodes``)."""
+    episodes = read_agent_episodes(warehouse)
+    log(f"report: {len(episodes)} held-out agent episodes ({sum(e.success for e in episodes)} successes)")
+    trajectories = read_trajectories(warehouse, [e.episode_id for e in episodes]) if episodes else {}
     return agent_episode_report(
         warehouse, scorers, trajectories, episodes, plot_path=plots_dir / "agent_episode_auc.png", run_id=run_id
     )
+
+
+def _alternatives_section(
+    warehouse: Warehouse, scorers: dict[str, tuple[str, object]], run_id: str, log: Log
+) -> AlternativesReport:
+    """Every model choosing among the candidates of held-out states (``alternatives_metric``)."""
+    states = read_held_out_states(warehouse)
+    log(f"report: {len(states)} held-out states with alternatives of different values")
+    trajectories = read_trajectories(warehouse, sorted({s.episode_id for s in states})) if states else {}
+    return alternatives_report(scorers, states, trajectories, run_id=run_id)
 
 
 def current_label_inputs(warehouse: Warehouse) -> list[LineageInput]:

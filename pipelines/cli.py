@@ -583,9 +583,10 @@ def cmd_flywheel(args: argparse.Namespace) -> int:
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     proposers = tuple(p.strip() for p in args.alternative_policies.split(",") if p.strip())
     known_policies = policy_keys(REWARD_SOURCES)
-    if not policies or set(policies) - set(known_policies) or set(proposers) - set(known_policies):
-        print(f"stepwise flywheel: --policies and --alternative-policies from {known_policies}", file=sys.stderr)
-        return 2
+    for flag, named in (("--policies", policies), ("--alternative-policies", proposers)):
+        if (flag == "--policies" and not named) or set(named) - set(known_policies):
+            print(f"stepwise flywheel: {flag} from {known_policies}", file=sys.stderr)
+            return 2
     try:
         alternatives = {
             "states_per_task": args.alternative_states,

@@ -92,7 +92,7 @@ def run_round(
     from dagster import MultiPartitionKey
 
     alternatives = bool(settings.alternative_policies)
-    if not collect and alternatives and not _has_held_out_alternatives(warehouse):
+    if not collect and alternatives and proposers_without_held_out_states(warehouse, settings):
         if not run_alternatives(warehouse, round_, settings, run, log, held_out_only=True):
             return False
     if collect:
@@ -143,8 +143,20 @@ def run_round(
     )
 
 
-def _has_held_out_alternatives(warehouse: Warehouse) -> bool:
-    return bool(warehouse.query("SELECT count(*) FROM step_alternatives WHERE purpose = 'evaluation'")[0][0].as_py())
+def proposers_without_held_out_states(warehouse: Warehouse, settings: FlywheelSettings) -> list[str]:
+    """The proposing policies (their ids) that have no held-out alternatives yet."""
+    ids = set()
+    for policy in settings.alternative_policies:
+        try:
+            ids.add(resolve_policy(warehouse, policy)["policy_id"])
+        except CollectionError:
+            continue  # no such checkpoint: nothing to propose with
+    have = set(
+        warehouse.query("SELECT DISTINCT proposer_policy_id FROM step_alternatives WHERE purpose = 'evaluation'")
+        .column(0)
+        .to_pylist()
+    )
+    return sorted(ids - have)
 
 
 def _has_model(warehouse: Warehouse, kind: str) -> bool:
@@ -162,6 +174,14 @@ def run_flywheel(warehouse: Warehouse, rounds: int, settings: FlywheelSettings, 
     if next_round(warehouse) == 0:
         log("== flywheel round 0 (baseline): the current reward models on held-out agent episodes")
         if not run_round(warehouse, 0, settings, run, log, collect=False):
+            return False
+    elif missing := proposers_without_held_out_states(warehouse, settings):
+        # A proposer new since the last round (a new SFT policy): its held-out states are made
+        # first, and the last round's models are judged on them again, so that the next round's
+        # top-1 has a "before" on the same states.
+        last = next_round(warehouse) - 1
+        log(f"== held-out alternatives of {', '.join(missing)}: the models of round {last} judged on them again")
+        if not run_round(warehouse, last, settings, run, log, collect=False):
             return False
     for _ in range(rounds):
         round_ = next_round(warehouse)

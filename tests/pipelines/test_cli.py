@@ -85,6 +85,9 @@ def test_flywheel_refuses_bad_settings_and_an_empty_home(home):
         (["--policies", "sft,my-policy"], "--policies from"),
         (["--kinds", "orm,nope"], "unknown: ['nope']"),
         (["--rounds", "-1"], "--rounds >= 0"),
+        (["--alternative-policies", "sft,mine"], "--alternative-policies from"),
+        (["--top-k", "1"], "top_k must be at least 2"),
+        (["--continuations", "-2"], "continuations and horizon must be 0 or more"),
     ):
         out = subprocess.run([STEPWISE, "flywheel", *args], capture_output=True, text=True, env=env, timeout=120)
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)

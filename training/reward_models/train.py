@@ -131,8 +131,8 @@ class DataArguments:
     home: str | None = field(default=None, metadata={"help": "read rm_examples from this STEPWISE_HOME's warehouse"})
     profile: str = field(default="cpu", metadata={"help": "defaults: cpu | llm (ProgRM Table 5)"})
     global_batch_size: int | None = field(default=None, metadata={"help": "per_device x accumulation x world size"})
-    max_train_examples: int | None = None
-    max_eval_examples: int | None = None
+    max_train_examples: int | None = field(default=None, metadata={"help": "a seeded sample of the training examples"})
+    max_eval_examples: int | None = field(default=None, metadata={"help": "a seeded sample of the validation examples"})
     embedding_cache_dir: str | None = field(
         default=None, metadata={"help": "shared cache of frozen segment embeddings"}
     )
@@ -226,9 +226,32 @@ def states_and_labels(table: pa.Table) -> tuple[list[StepState], np.ndarray]:
     return states, np.asarray(table["label"].to_pylist(), dtype=np.float32)
 
 
+#: Seed of the sample ``--max_train_examples`` / ``--max_eval_examples`` take (fixed: a rerun trains
+#: on the same examples).
+SAMPLE_SEED = 0
+
+
 def split_table(table: pa.Table, split: str, limit: int | None) -> pa.Table:
+    """The rows of one split; with ``limit``, a seeded uniform sample of them (whole groups of
+    alternatives, in the table's order). Not the first rows: the table is ordered by episode, so a
+    prefix would hold the demonstrations and none of the agent's own episodes."""
     part = table.filter(pc.equal(table["split"], split))  # type: ignore[attr-defined]  # see read_examples
-    return part.slice(0, limit) if limit is not None else part
+    if limit is None or part.num_rows <= limit:
+        return part
+    groups = part["group_id"].to_pylist() if "group_id" in part.column_names else [None] * part.num_rows
+    units: dict[object, list[int]] = {}
+    for i, g in enumerate(groups):
+        units.setdefault(("row", i) if g is None else ("group", g), []).append(i)
+    order = np.random.default_rng(SAMPLE_SEED).permutation(len(units))
+    members = list(units.values())
+    chosen: list[int] = []
+    for u in order:
+        if len(chosen) + len(members[u]) > limit:
+            continue
+        chosen += members[u]
+        if len(chosen) == limit:
+            break
+    return part.take(pa.array(sorted(chosen), type=pa.int64()))
 
 
 class IndexDataset(torch.utils.data.Dataset):

@@ -201,3 +201,20 @@ def test_a_step_judge_trained_with_the_pairwise_loss_ranks_the_alternatives(home
     assert right / len(groups) >= 0.8, (right, len(groups))
     plain = train_reward_model(*parse_args(["--examples", str(old), *argv[:3], str(tmp_path / "t2"), *argv[4:]]))
     assert plain["global_steps"] == 40
+
+
+def test_a_limit_on_examples_takes_a_seeded_sample_with_whole_groups_not_the_first_rows():
+    from training.reward_models.train import split_table
+
+    n = 400
+    groups = [None if i % 5 else f"g{i}" for i in range(n)]
+    groups = [g if g is not None or i % 5 != 1 else f"g{i - 1}" for i, g in enumerate(groups)]  # groups of 2
+    table = pa.table({"split": ["train"] * n, "episode": list(range(n)), "group_id": groups})
+    sample = split_table(table, "train", 100)
+    picked = sample["episode"].to_pylist()
+    assert len(picked) == 100 and picked == sorted(picked)
+    assert max(picked) > 300  # spread over the table, not its first rows
+    for g in {g for g in sample["group_id"].to_pylist() if g}:
+        assert sample["group_id"].to_pylist().count(g) == groups.count(g)  # whole
+    assert split_table(table, "train", 100)["episode"].to_pylist() == picked  # seeded
+    assert split_table(table, "train", None).num_rows == n == split_table(table, "train", 10**6).num_rows

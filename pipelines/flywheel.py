@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.task_catalog import load_catalog
+from training.flywheel.alternatives import held_out_dataset
 from training.flywheel.collection import CollectionError, resolve_policy
 from training.flywheel.rounds import next_round
 from warehouse.catalog import Warehouse
@@ -76,6 +77,9 @@ def run_alternatives(
     if held_out_only:
         config["sources"] = ["evaluation"]
     for family, policy in collection_plan(warehouse, settings.alternative_policies, log):
+        proposer = resolve_policy(warehouse, policy)["policy_id"]
+        if held_out_only and warehouse.current_version("step_alternatives", held_out_dataset(proposer, family)):
+            continue  # sampled once: they judge every round
         key = MultiPartitionKey({"family": family, "policy": policy})
         label = f"step_alternatives[{family}|{policy}] r{round_}"
         log(f"   round {round_}: alternatives at {'held-out ' if held_out_only else ''}states, {family} | {policy}")
@@ -144,19 +148,13 @@ def run_round(
 
 
 def proposers_without_held_out_states(warehouse: Warehouse, settings: FlywheelSettings) -> list[str]:
-    """The proposing policies (their ids) that have no held-out alternatives yet."""
-    ids = set()
-    for policy in settings.alternative_policies:
-        try:
-            ids.add(resolve_policy(warehouse, policy)["policy_id"])
-        except CollectionError:
-            continue  # no such checkpoint: nothing to propose with
-    have = set(
-        warehouse.query("SELECT DISTINCT proposer_policy_id FROM step_alternatives WHERE purpose = 'evaluation'")
-        .column(0)
-        .to_pylist()
-    )
-    return sorted(ids - have)
+    """The (family | proposer id) partitions whose held-out alternatives do not exist yet."""
+    missing = []
+    for family, policy in collection_plan(warehouse, settings.alternative_policies, lambda _: None):
+        proposer = resolve_policy(warehouse, policy)["policy_id"]
+        if warehouse.current_version("step_alternatives", held_out_dataset(proposer, family)) is None:
+            missing.append(f"{family} | {proposer}")
+    return missing
 
 
 def _has_model(warehouse: Warehouse, kind: str) -> bool:

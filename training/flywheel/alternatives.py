@@ -172,15 +172,24 @@ def replayable_episodes(
     return [SourceEpisode(**r) for r in rows]
 
 
-def taken_states(warehouse: Warehouse, proposer_id: str, round_: int) -> tuple[set[str], bool]:
-    """States of this proposer already labelled in other rounds (not sampled again), and whether
-    its held-out (evaluation) states exist already: they are a fixed set, sampled once."""
+def held_out_dataset(proposer_id: str, family: str) -> str:
+    """The dataset of a proposer's held-out states in a family: written once, never replaced."""
+    return f"{ASSET_NAME}/{proposer_id}/{family}/held-out"
+
+
+def round_dataset(proposer_id: str, family: str, round_: int) -> str:
+    """The dataset of a proposer's training states of a round in a family (a rerun replaces it)."""
+    return f"{ASSET_NAME}/{proposer_id}/{family}/r{round_:02d}"
+
+
+def taken_states(warehouse: Warehouse, proposer_id: str, round_: int) -> set[str]:
+    """This proposer's training states labelled in other rounds: not sampled again."""
     rows = warehouse.query(
-        "SELECT state_id, round, purpose FROM step_alternatives WHERE proposer_policy_id = ?", [proposer_id]
-    ).to_pylist()
-    taken = {r["state_id"] for r in rows if r["round"] != round_}
-    held_out = any(r["purpose"] == EpisodePurpose.EVALUATION.value and r["round"] != round_ for r in rows)
-    return taken, held_out
+        "SELECT DISTINCT state_id FROM step_alternatives WHERE proposer_policy_id = ? AND round <> ? "
+        "AND purpose <> 'evaluation'",
+        [proposer_id, round_],
+    )
+    return set(rows.column(0).to_pylist())
 
 
 def sample_states(
@@ -532,10 +541,13 @@ def run_alternatives(
     by_id = {t.task_id: t for t in tasks}
     model = load_policy_model(policy_row)
     model.scorer.eval()
-    taken, held_out_done = taken_states(warehouse, proposer_id, request.round)
+    taken = taken_states(warehouse, proposer_id, request.round)
+    held_out_done = warehouse.current_version(TABLE, held_out_dataset(proposer_id, request.family)) is not None
     sources = tuple(s for s in request.sources if not (s == EpisodePurpose.EVALUATION.value and held_out_done))
     if not sources:
-        raise AlternativesError(f"the held-out states of {proposer_id} exist already (they are sampled once)")
+        raise AlternativesError(
+            f"the held-out states of {proposer_id} in {request.family} exist already (they are sampled once)"
+        )
     episodes = [e for e in replayable_episodes(warehouse, proposer_id, list(by_id), request) if e.purpose in sources]
     sampled = sample_states(
         episodes, request.states_per_task, proposer_id=proposer_id, round_=request.round, taken=taken
@@ -592,7 +604,7 @@ def run_alternatives(
             f"no replay reproduced any of the {len(states)} states ({summary.replays_diverged} diverged, "
             f"{summary.replays_lost} lost): nothing published"
         )
-    materialization = _publish(warehouse, request, policy_row, rows, summary, run_id, partition_key, tasks)
+    materialization = _publish(warehouse, request, sources, policy_row, rows, summary, run_id, partition_key, tasks)
     log(
         f"{summary.states_labelled} states labelled ({summary.states_dropped} dropped), "
         f"{summary.replays_diverged} of {summary.replays} replays diverged"
@@ -613,6 +625,7 @@ def _step_problems(warehouse: Warehouse, episode_ids: Sequence[str]) -> dict[str
 def _publish(
     warehouse: Warehouse,
     request: AlternativesRequest,
+    sources: Sequence[str],
     policy_row: dict[str, Any],
     rows: list[dict[str, Any]],
     summary: AlternativesSummary,
@@ -650,9 +663,20 @@ def _publish(
             ),
         ],
     )
-    table = pa.Table.from_pylist(rows, schema=STEP_ALTERNATIVES)
-    dataset = f"{ASSET_NAME}/{request.policy}/{request.family}/r{request.round:02d}"
-    warehouse.publish(m, [warehouse.stage_table(TABLE, dataset, table, m)])
+    # Held-out states in a dataset of their own, written once; training states in the round's
+    # (replaced by a rerun of the round, even by an empty one).
+    held_out = [r for r in rows if r["purpose"] == EpisodePurpose.EVALUATION.value]
+    training = [r for r in rows if r["purpose"] != EpisodePurpose.EVALUATION.value]
+    outputs = []
+    if held_out:
+        table = pa.Table.from_pylist(held_out, schema=STEP_ALTERNATIVES)
+        outputs.append(warehouse.stage_table(TABLE, held_out_dataset(proposer_id, request.family), table, m))
+    if any(s != EpisodePurpose.EVALUATION.value for s in sources):
+        table = pa.Table.from_pylist(training, schema=STEP_ALTERNATIVES)
+        outputs.append(
+            warehouse.stage_table(TABLE, round_dataset(proposer_id, request.family, request.round), table, m)
+        )
+    warehouse.publish(m, outputs)
     return m.materialization_id
 
 

@@ -40,7 +40,17 @@ import pyarrow as pa
 
 from envs.policies import SolutionError
 from envs.process import die_with_parent
-from envs.protocol import Environment, EpisodeRecord, Observation, Policy, StepResult, run_episode
+from envs.protocol import (
+    Environment,
+    EpisodeRecord,
+    Observation,
+    Policy,
+    StartState,
+    StateNotReproduced,
+    StepResult,
+    restore,
+    run_episode,
+)
 from envs.task_catalog import CatalogTask
 from envs.tasks import TaskSpec, TaskSpecError
 from warehouse.keys import with_key
@@ -105,6 +115,7 @@ class EpisodeJob:
     seed: int
     max_steps: int
     family: str | None = None
+    start: StartState | None = None  # begin at this recorded state (a replay) instead of the reset one
 
 
 @dataclass(frozen=True)
@@ -224,13 +235,14 @@ def plan_jobs(
 # -- the worker process ----------------------------------------------------------------------
 
 
-def _first_line(exc: BaseException, limit: int = 300) -> str:
-    """A short, one-line reason: WebDriver errors carry stack traces and help links; drop them."""
+def _first_line(exc: BaseException, limit: int = 300, *, bare: bool = False) -> str:
+    """A short, one-line reason: WebDriver errors carry stack traces and help links; drop them.
+    ``bare``: the message alone, without the exception's type (messages that say what they are)."""
     text = str(getattr(exc, "msg", None) or exc)
     for cut in ("\nStacktrace", "Stacktrace:", "; For documentation", "\n  (Session info"):
         text = text.split(cut, 1)[0]
     text = " ".join(text.split()) or type(exc).__name__
-    return f"{type(exc).__name__}: {text[:limit]}"
+    return text[:limit] if bare else f"{type(exc).__name__}: {text[:limit]}"
 
 
 def _worker_main(conn: Any, env_config: EnvConfig, worker_id: str, parent_pid: int | None = None) -> None:
@@ -277,6 +289,8 @@ def _worker_main(conn: Any, env_config: EnvConfig, worker_id: str, parent_pid: i
             try:
                 if op == "reset":
                     reply: Any = env.reset(*args)
+                elif op == "restore":  # in the worker: one round trip for the whole prefix
+                    reply = restore(env, *args)
                 elif op == "step":
                     reply = env.step(*args)
                 elif op == "healthy":
@@ -284,8 +298,8 @@ def _worker_main(conn: Any, env_config: EnvConfig, worker_id: str, parent_pid: i
                 else:
                     raise ValueError(f"unknown operation {op!r}")
                 conn.send(("ok", reply))
-            except (TaskSpecError, SolutionError) as exc:
-                conn.send(("error", "task", _first_line(exc)))
+            except (TaskSpecError, SolutionError, StateNotReproduced) as exc:
+                conn.send(("error", "task", _first_line(exc, bare=isinstance(exc, StateNotReproduced))))
             except Exception as exc:  # noqa: BLE001 - the environment broke; the parent replaces us
                 conn.send(("error", "env", _first_line(exc)))
     finally:
@@ -398,6 +412,12 @@ class RemoteEnv:
 
     def reset(self, task: TaskSpec, seed: int) -> Observation:
         return self.worker.call("reset", task, seed, timeout=self.config.reset_timeout_s)
+
+    def restore(self, task: TaskSpec, seed: int, start: StartState) -> Observation:
+        """The worker reaches the recorded state itself (``envs.protocol.restore``): one round trip,
+        with a reset's timeout plus a step's per replayed action."""
+        timeout = self.config.reset_timeout_s + self.config.step_timeout_s * start.step
+        return self.worker.call("restore", task, seed, start, timeout=timeout)
 
     def step(self, action: Action) -> StepResult:
         return self.worker.call("step", action, timeout=self.config.step_timeout_s)
@@ -741,6 +761,7 @@ class EnvPool:
                 before_step=hook,
                 attempt=attempt,
                 worker_id=worker.id,
+                start=job.start,
             )
         except WorkerFailure as exc:
             final = attempt + 1 >= self.config.max_attempts

@@ -26,6 +26,7 @@ which the worker pool (``envs.pool``) answers by replacing the worker and retryi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -206,6 +207,74 @@ class MilestoneTracker:
         return tuple(hit)
 
 
+# -- starting from a recorded state ------------------------------------------------------------
+
+
+def screen_signature(screen: Screen) -> str:
+    """A screen's identity for replays: every element's ref with its text line (role, id, text,
+    value, flags: ``Screen.to_text``). Refs matter: recorded actions name their targets by ref;
+    bounds do not (the warehouse keeps them as float32)."""
+    lines = screen.to_text().split("\n") if screen.elements else []
+    body = "\n".join(f"{e.ref}\t{line}" for e, line in zip(screen.elements, lines, strict=True))
+    return hashlib.sha256(body.encode()).hexdigest()[:20]
+
+
+#: How every message of a state that was not reproduced starts.
+NOT_REPRODUCED = "replay diverged"
+
+
+class StateNotReproduced(RuntimeError):
+    """Replaying a recorded prefix did not give the recorded state (another screen, an early end):
+    the episode cannot start there. Not a broken environment: retrying would give the same."""
+
+
+@dataclass(frozen=True)
+class StartState:
+    """The state before action t of a recorded episode, to be reached again: the recorded actions
+    a_0..a_{t-1}, the screens o_0..o_t they were taken on (o_t: the state itself), and how many of
+    the task spec's milestones the prefix reached (the tracker resumes there)."""
+
+    actions: tuple[Action, ...]
+    screens: tuple[Screen, ...]
+    milestones_reached: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.screens) != len(self.actions) + 1:
+            raise ValueError(f"a start after {len(self.actions)} actions needs {len(self.actions) + 1} screens")
+
+    @property
+    def step(self) -> int:
+        return len(self.actions)
+
+
+def restore_by_steps(env: Environment, task: TaskSpec, seed: int, start: StartState) -> Observation:
+    """Reach ``start`` with the protocol alone: reset with the recorded seed, then carry the
+    recorded actions out one step at a time, every screen checked against the recorded one.
+    Raises :class:`StateNotReproduced` at the first difference."""
+    observation = env.reset(task, seed)
+    screen = observation.screen
+    for j, action in enumerate(start.actions):
+        if screen_signature(screen) != screen_signature(start.screens[j]):
+            raise StateNotReproduced(
+                f"{NOT_REPRODUCED}: screen {j} is not the recorded one (state at step {start.step})"
+            )
+        result = env.step(action)
+        if result.done:
+            raise StateNotReproduced(f"{NOT_REPRODUCED}: the episode ended at step {j}, before step {start.step}")
+        screen = result.screen
+    if screen_signature(screen) != screen_signature(start.screens[-1]):
+        raise StateNotReproduced(f"{NOT_REPRODUCED}: screen {start.step} is not the recorded one (the state itself)")
+    return Observation(screen, observation.instruction, observation.task_id, observation.fields, observation.info)
+
+
+def restore(env: Environment, task: TaskSpec, seed: int, start: StartState) -> Observation:
+    """Reach ``start`` in ``env``: its own faster ``restore`` where it has one (MiniWoB++), else
+    :func:`restore_by_steps`. Either way the state reached is the recorded one, or
+    :class:`StateNotReproduced`."""
+    own = getattr(env, "restore", None)
+    return own(task, seed, start) if callable(own) else restore_by_steps(env, task, seed, start)
+
+
 # -- episodes --------------------------------------------------------------------------------
 
 
@@ -272,12 +341,20 @@ class _EpisodeStart:
 
 
 def _start_episode(
-    env: Environment, policy: Policy, task: TaskSpec, seed: int, *, episode_id: str, max_steps: int
+    env: Environment,
+    policy: Policy,
+    task: TaskSpec,
+    seed: int,
+    *,
+    episode_id: str,
+    max_steps: int,
+    start: StartState | None = None,
 ) -> _EpisodeStart:
-    """Reset ``env`` on ``task`` with ``seed`` (timed) and start the policy's actor on it."""
+    """Reset ``env`` on ``task`` with ``seed`` (or restore the recorded ``start``; timed) and start
+    the policy's actor on it."""
     created_at = datetime.now(UTC)
     t_reset = time.perf_counter()
-    observation = env.reset(task, seed)
+    observation = env.reset(task, seed) if start is None else restore(env, task, seed, start)
     t0 = time.perf_counter()
     reset_ms = (t0 - t_reset) * 1000.0
     slots = episode_slots(task, observation.instruction, observation.fields)
@@ -365,6 +442,7 @@ def run_episode(
     before_step: Callable[[int], None] | None = None,
     attempt: int = 0,
     worker_id: str | None = None,
+    start: StartState | None = None,
 ) -> EpisodeRecord:
     """Reset ``env`` on ``task`` with ``seed``, let ``policy`` act until the episode ends or
     ``max_steps`` actions were taken, and return the whole trajectory.
@@ -374,34 +452,37 @@ def run_episode(
     either way, as in the recorded demonstrations. ``before_step(i)`` runs before action ``i``
     (progress, fault injection). Exceptions from the environment propagate: the caller (the pool)
     decides whether to retry; nothing partial is returned.
+
+    With ``start`` the episode begins at a recorded state (:class:`StartState`, reached by
+    :func:`restore`; ``reset_ms`` then counts reaching it) and its steps are those after it.
     """
 
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-    start = _start_episode(env, policy, task, seed, episode_id=episode_id, max_steps=max_steps)
-    steps, result, reached = _run_steps(env, start, max_steps=max_steps, before_step=before_step)
+    begun = _start_episode(env, policy, task, seed, episode_id=episode_id, max_steps=max_steps, start=start)
+    steps, result, reached = _run_steps(env, begun, max_steps=max_steps, before_step=before_step)
     end_reason, outcome, decayed = _episode_end(steps, result)
     return EpisodeRecord(
         episode_id=episode_id,
         task_id=task.task_id,
         family=family or task.family,
-        instruction=start.observation.instruction,
+        instruction=begun.observation.instruction,
         seed=seed,
         policy_id=policy.policy_id,
         backend=env.backend,
         steps=tuple(steps),
         final_screen=result.screen,
-        fields=dict(start.observation.fields),
-        slots=dict(start.slots),
+        fields=dict(begun.observation.fields),
+        slots=dict(begun.slots),
         success=bool(result.done and result.success),
         outcome_reward=outcome,
         decayed_reward=decayed,
         end_reason=end_reason,
         milestones_reached=reached,
         n_milestones=len(task.milestones),
-        reset_ms=start.reset_ms,
-        duration_ms=int((time.perf_counter() - start.t0) * 1000),
-        created_at=start.created_at,
+        reset_ms=begun.reset_ms,
+        duration_ms=int((time.perf_counter() - begun.t0) * 1000),
+        created_at=begun.created_at,
         attempt=attempt,
         worker_id=worker_id,
     )

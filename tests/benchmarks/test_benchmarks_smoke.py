@@ -115,9 +115,10 @@ SMOKE: dict[str, Smoke] = {
     ),
     "bench_alternatives": Smoke(
         (
-            "| baseline: one live step (policy + environment) |",
-            "| one alternative at t = 0 (reset + 0 replayed + candidate) |",
-            "| one alternative, every state of the episodes |",
+            "| one live step of the policy (its choice + the environment) |",
+            "| baseline: prefix played from the parent, every state |",
+            "| restore in the worker, every state |",
+            "| restore in the worker, t = 0 |",
             "goal: one alternative <= 2x one live step",
         ),
         e2e=True,

@@ -49,15 +49,7 @@ from training.flywheel.collection import (
     load_policy_model,
     resolve_policy,
 )
-from training.flywheel.replay import (
-    DIVERGED,
-    ReplayDiverged,
-    ReplayOutcome,
-    ReplayPlan,
-    ReplayPolicy,
-    replay_outcome,
-    screen_signature,
-)
+from training.flywheel.replay import DIVERGED, ReplayDiverged, ReplayOutcome, ReplayPlan, ReplayPolicy, replay_outcome
 from training.policy.learned import LearnedPolicy, PolicyModel, StepDecision
 from training.reward_models.states import describe_action
 from warehouse.catalog import LineageInput, Materialization, Warehouse
@@ -297,7 +289,8 @@ class StateToLabel:
     family: str
     instruction: str
     prefix: tuple[Action, ...]
-    signatures: tuple[str, ...]  # o_0..o_t as recorded
+    screens: tuple[Screen, ...]  # o_0..o_t as recorded
+    milestones_reached: int  # milestones the recorded prefix reached
     candidates: tuple[CandidateAction, ...]
     descriptions: tuple[str, ...]  # each candidate as reward models read it
     planned: Action | None
@@ -340,7 +333,8 @@ def states_to_label(
                 family=task.family,
                 instruction=traj.instruction,
                 prefix=tuple(traj.actions[:t]),
-                signatures=tuple(screen_signature(s) for s in traj.screens[: t + 1]),
+                screens=tuple(traj.screens[: t + 1]),
+                milestones_reached=sum(len(hits) for hits in (traj.milestones_hit or ())[:t]),
                 candidates=tuple(candidates),
                 descriptions=tuple(describe_action(c.action, screen) for c in candidates),
                 planned=planned_action(context, traj.screens, traj.actions, episode_problems, t),
@@ -370,10 +364,10 @@ def replay_jobs(
         repeats = continuations if steps > 0 else 1
         task = tasks[state.episode.task_id]
         for c in state.candidates:
-            plan = ReplayPlan(state.prefix, state.signatures, c.action, steps, state.instruction)
+            plan = ReplayPlan(state.prefix, state.screens, c.action, steps, state.instruction, state.milestones_reached)
             for j in range(repeats):
                 job_id = f"alt:{state.state_id}:{c.index}:{j}"
-                jobs.append(EpisodeJob(job_id, task.spec, state.episode.seed, plan.max_steps, task.family))
+                jobs.append(plan.job(job_id, task.spec, state.episode.seed, task.family))
                 plans[job_id] = plan
                 serves[job_id] = (state.state_id, c.index)
     return jobs, plans, serves
@@ -581,7 +575,7 @@ def run_alternatives(
     task_of = {job.episode_id: job.task.task_id for job in jobs}
     for record in result.episodes:
         try:
-            outcome = replay_outcome(record, plans[record.episode_id])
+            outcome = replay_outcome(record)
         except ReplayDiverged:
             summary.replays_diverged += 1
             summary.diverged_by_task[record.task_id] += 1

@@ -3,57 +3,58 @@ policy continuing from it (GuidNav §4's self-play candidates; Math-Shepherd's c
 
 A MiniWoB++ instance is fixed by its seed (``Math.seedrandom``) and its pages are deterministic,
 apart from the few timing-dependent tasks docs/reproducibility.md lists: resetting with an episode's
-seed and carrying out its first t actions gives back the state before action t. A replay *checks*
-that it did, screen by screen: every screen it meets up to step t must be the recorded one
-(:func:`screen_signature`), else :class:`ReplayDiverged` ends the attempt. The worker pool records
-such an attempt as aborted and does not retry it (``EpisodeError``), and the caller counts and
-drops it: a state that was not reproduced is never labelled.
+seed and carrying out its first t actions gives back the state before action t. The environment
+reaches it (``envs.protocol.restore``: MiniWoB++ in a few WebDriver commands in the worker, other
+environments step by step) and *checks* that it did: the screen reached must be the recorded one
+(``envs.protocol.screen_signature``: every element's ref and text line), else
+``StateNotReproduced``, which the worker pool records as an aborted attempt and does not retry; the
+caller counts and drops it. A state that was not reproduced is never labelled.
 
 A replay is an ordinary episode of the pool (its workers, timeouts and retries for broken
-browsers): :class:`ReplayPolicy` is a policy whose actor plays the recorded prefix, then the
-candidate, then hands over to the learned policy for the continuation.
+browsers) that starts at the recorded state (``EpisodeJob.start``): :class:`ReplayPolicy` carries
+the candidate out, then hands over to the learned policy for the continuation.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from envs.pool import EpisodeError
-from envs.protocol import END_MAX_STEPS, Actor, EpisodeContext, EpisodeRecord, StepResult
+from envs.pool import EpisodeError, EpisodeJob
+from envs.protocol import (
+    END_MAX_STEPS,
+    NOT_REPRODUCED,
+    Actor,
+    EpisodeContext,
+    EpisodeRecord,
+    StartState,
+    StepResult,
+    screen_signature,
+)
+from envs.tasks import TaskSpec
 from training.policy.learned import LearnedPolicy
 from warehouse.model import Action, ActionType, Screen
 
-
-def screen_signature(screen: Screen) -> str:
-    """A screen's identity for replays: every element's ref with its text line (role, id, text,
-    value, flags: ``Screen.to_text``). Refs matter: the recorded actions name their targets by ref."""
-    lines = screen.to_text().split("\n") if screen.elements else []
-    body = "\n".join(f"{e.ref}\t{line}" for e, line in zip(screen.elements, lines, strict=True))
-    return hashlib.sha256(body.encode()).hexdigest()[:20]
-
-
 #: How every divergence message starts (the pool keeps an aborted attempt's message as its reason).
-DIVERGED = "replay diverged"
+DIVERGED = NOT_REPRODUCED
 
 
 class ReplayDiverged(EpisodeError):
-    """The replayed episode is not the recorded one: another instruction, another screen at some
-    step of the prefix, or an end before the state."""
+    """The replayed episode is not the recorded one: another instruction or another state."""
 
 
 @dataclass(frozen=True)
 class ReplayPlan:
-    """One replay: the recorded actions a_0..a_{t-1}, the signatures of the screens o_0..o_t they
-    pass through as recorded, the candidate carried out at step t, how many steps the policy may
-    continue after it (0: the replay ends with the candidate), and the recorded instruction."""
+    """One replay: the recorded actions a_0..a_{t-1}, the screens o_0..o_t they were taken on, the
+    candidate carried out at step t, how many steps the policy may continue after it (0: the replay
+    ends with the candidate), the recorded instruction and how many milestones the prefix reached."""
 
     prefix: tuple[Action, ...]
-    screens: tuple[str, ...]
+    screens: tuple[Screen, ...]
     candidate: Action
     continuation_steps: int = 0
     instruction: str | None = None  # the recorded instruction (checked when given)
+    milestones_reached: int = 0
 
     def __post_init__(self) -> None:
         if len(self.screens) != len(self.prefix) + 1:
@@ -68,8 +69,15 @@ class ReplayPlan:
 
     @property
     def max_steps(self) -> int:
-        """The episode length of the replay: the prefix, the candidate, the continuation."""
-        return self.step + 1 + self.continuation_steps
+        """The replay's own steps: the candidate and the continuation."""
+        return 1 + self.continuation_steps
+
+    def start(self) -> StartState:
+        return StartState(self.prefix, self.screens, self.milestones_reached)
+
+    def job(self, episode_id: str, task: TaskSpec, seed: int, family: str | None = None) -> EpisodeJob:
+        """The pool's job: an episode of ``task`` with ``seed`` that begins at the recorded state."""
+        return EpisodeJob(episode_id, task, seed, self.max_steps, family, start=self.start())
 
 
 @dataclass
@@ -105,14 +113,12 @@ class _ReplayActor:
         self.continuing: Actor | None = None
 
     def act(self, screen: Screen) -> Action:
-        i, plan = self.index, self.plan
-        if i <= plan.step and screen_signature(screen) != plan.screens[i]:
-            raise ReplayDiverged(f"{DIVERGED}: screen {i} is not the recorded one (state at step {plan.step})")
+        first = self.index == 0
         self.index += 1
-        if i < plan.step:
-            return plan.prefix[i]
-        if i == plan.step:
-            return plan.candidate
+        if first:  # the environment reached the state and checked it; so does the replay
+            if screen_signature(screen) != screen_signature(self.plan.screens[-1]):
+                raise ReplayDiverged(f"{DIVERGED}: the replay does not start at the recorded state")
+            return self.plan.candidate
         if self.continuing is None:
             if self.take_over is None:  # the episode budget outlasts the plan: wait it out
                 return Action(ActionType.NOTHING)
@@ -136,27 +142,25 @@ class ReplayOutcome:
     problem: str | None
     success: bool  # the replay's episode succeeded (at the candidate or in the continuation)
     continued: bool  # the policy took at least one step after the candidate
-    replay_ms: float  # reset + prefix + candidate
+    replay_ms: float  # reaching the state (reset + prefix) + the candidate
     live_step_ms: tuple[float, ...]  # each continuation step: the policy's choice plus the environment
 
 
-def replay_outcome(record: EpisodeRecord, plan: ReplayPlan) -> ReplayOutcome:
-    """Read a completed replay. Raises :class:`ReplayDiverged` when the episode ended before the
-    candidate's step (the recorded episode went on there: not the same episode)."""
-    t = plan.step
-    if record.n_steps <= t:
-        raise ReplayDiverged(f"{DIVERGED}: the episode ended after {record.n_steps} steps, before step {t}")
-    step = record.steps[t]
-    ended = record.n_steps == t + 1 and record.end_reason != END_MAX_STEPS
+def replay_outcome(record: EpisodeRecord) -> ReplayOutcome:
+    """Read a completed replay (its first step is the candidate's)."""
+    if not record.n_steps:
+        raise ReplayDiverged(f"{DIVERGED}: the replay took no step")
+    step = record.steps[0]
+    ended = record.n_steps == 1 and record.end_reason != END_MAX_STEPS
     issued = [s.time_ms for s in record.steps]
-    live = tuple(float(issued[i + 1] - issued[i]) for i in range(t + 1, record.n_steps - 1))
+    live = tuple(float(issued[i + 1] - issued[i]) for i in range(1, record.n_steps - 1))
     return ReplayOutcome(
         milestones_hit=tuple(step.milestones_hit),
         ended=ended,
         ended_success=ended and record.success,
         problem=step.problem,
         success=record.success,
-        continued=record.n_steps > t + 1,
+        continued=record.n_steps > 1,
         replay_ms=float(record.reset_ms + step.time_ms + step.latency_ms),
         live_step_ms=live,
     )

@@ -10,7 +10,18 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from envs.protocol import END_FAILURE, END_MAX_STEPS, END_SUCCESS, EpisodeContext, EpisodeRecord, StepRecord
+from envs.protocol import (
+    END_FAILURE,
+    END_MAX_STEPS,
+    END_SUCCESS,
+    EpisodeContext,
+    EpisodeRecord,
+    StartState,
+    StateNotReproduced,
+    StepRecord,
+    restore,
+    screen_signature,
+)
 from envs.task_catalog import load_catalog
 from training.flywheel.alternatives import (
     AlternativesError,
@@ -33,7 +44,6 @@ from training.flywheel.replay import (
     ReplayPlan,
     ReplayPolicy,
     replay_outcome,
-    screen_signature,
 )
 from warehouse.model import Action, ActionType, Screen, UIElement
 from warehouse.schema import STEPS, append_step
@@ -135,42 +145,90 @@ class _Continuation:
 
 
 def _plan(screens: list[Screen], prefix: list[Action], candidate: Action, steps: int = 0) -> ReplayPlan:
-    return ReplayPlan(tuple(prefix), tuple(screen_signature(s) for s in screens), candidate, steps, INSTRUCTION)
+    return ReplayPlan(tuple(prefix), tuple(screens), candidate, steps, INSTRUCTION)
 
 
-def test_a_replay_plays_the_prefix_checking_each_screen_then_the_candidate_then_the_policy():
+def test_a_replay_starts_at_the_recorded_state_carries_the_candidate_out_then_the_policy_goes_on():
     s0, s1 = login_screen(), login_screen(focused="username")
     click_user = Action(ActionType.CLICK, el(s0, "username"))
     typed = Action(ActionType.INPUT, el(s1, "username"), text="ada")
     plan = _plan([s0, s1], [click_user], typed, steps=2)
-    assert (plan.step, plan.max_steps) == (1, 4)
+    assert (plan.step, plan.max_steps) == (1, 3)
+    job = plan.job("job", LOGIN.spec, 7, "miniwob-forms")
+    assert job.start == StartState((click_user,), (s0, s1), 0) and job.max_steps == 3 and job.seed == 7
     continuation = _Continuation()
     actor = ReplayPolicy({"job": plan}, continuation).start(context("job"))  # type: ignore[arg-type]
-    assert actor.act(s0) == click_user
     assert actor.act(s1) == typed
     after = login_screen("ada", None, "username")
     assert actor.act(after).type is ActionType.CLICK  # the continuation's first action
     assert continuation.histories == [(click_user, typed)]  # it reads the prefix and the candidate as its past
     # without a continuation policy, a budget left over is waited out
     lone = ReplayPolicy({"job": plan}).start(context("job"))
-    lone.act(s0), lone.act(s1)
+    lone.act(s1)
     assert lone.act(after).type is ActionType.NOTHING
 
 
-def test_a_replay_that_meets_another_screen_or_another_instance_diverges():
+def test_a_replay_that_starts_elsewhere_or_on_another_instance_diverges():
     s0, s1 = login_screen(), login_screen(focused="username")
     plan = _plan([s0, s1], [Action(ActionType.CLICK, el(s0, "username"))], Action(ActionType.NOTHING))
     actor = ReplayPolicy({"job": plan}).start(context("job"))
-    actor.act(s0)
-    with pytest.raises(ReplayDiverged, match="replay diverged: screen 1 is not the recorded one"):
-        actor.act(login_screen(focused="password"))
+    with pytest.raises(ReplayDiverged, match="replay diverged: the replay does not start at the recorded state"):
+        actor.act(s0)
     other = replace(context("job"), instruction="Enter the username other")
     with pytest.raises(ReplayDiverged, match="instruction is not the recorded one"):
         ReplayPolicy({"job": plan}).start(other)
     with pytest.raises(Exception, match="no replay plan"):
         ReplayPolicy({}).start(context("job"))
     with pytest.raises(ValueError, match="checks 2 screens"):
-        ReplayPlan((Action(ActionType.NOTHING),), ("a",), Action(ActionType.NOTHING))
+        ReplayPlan((Action(ActionType.NOTHING),), (s0,), Action(ActionType.NOTHING))
+
+
+class _Screens:
+    """An environment that walks through fixed screens, one per step, whatever the action."""
+
+    backend = "test"
+    supported_actions = frozenset(ActionType)
+
+    def __init__(self, screens: list[Screen], end_at: int | None = None) -> None:
+        self.screens, self.end_at, self.at = screens, end_at, 0
+
+    def reset(self, task, seed):
+        from envs.protocol import Observation
+
+        self.at = 0
+        return Observation(self.screens[0], INSTRUCTION, task.task_id)
+
+    def step(self, action):
+        from envs.protocol import StepResult
+
+        self.at += 1
+        return StepResult(self.screens[self.at], done=self.at == self.end_at)
+
+    def close(self):
+        pass
+
+    def healthy(self):
+        return True
+
+
+def test_an_environment_without_its_own_restore_is_replayed_step_by_step_and_checked():
+    s0, s1, s2 = login_screen(), login_screen(focused="username"), login_screen("ada", None, "username")
+    nothing = Action(ActionType.NOTHING)
+    start = StartState((nothing, nothing), (s0, s1, s2))
+    reached = restore(_Screens([s0, s1, s2]), LOGIN.spec, 7, start)
+    assert reached.screen == s2 and reached.instruction == INSTRUCTION
+    with pytest.raises(StateNotReproduced, match="screen 1 is not the recorded one"):
+        restore(_Screens([s0, s2, s2]), LOGIN.spec, 7, start)
+    with pytest.raises(StateNotReproduced, match="screen 2 is not the recorded one"):
+        restore(_Screens([s0, s1, s1]), LOGIN.spec, 7, start)
+    with pytest.raises(StateNotReproduced, match="ended at step 0"):
+        restore(_Screens([s0, s1, s2], end_at=1), LOGIN.spec, 7, start)
+
+    class OwnRestore(_Screens):
+        def restore(self, task, seed, start):
+            return "its own"
+
+    assert restore(OwnRestore([s0]), LOGIN.spec, 7, start) == "its own"
 
 
 def _record(n_steps: int, end: str, success: bool, hits: dict[int, tuple[str, ...]] | None = None) -> EpisodeRecord:
@@ -213,18 +271,16 @@ def _record(n_steps: int, end: str, success: bool, hits: dict[int, tuple[str, ..
 
 
 def test_an_outcome_reads_the_candidate_step_the_episode_and_what_the_replay_cost():
-    nothing = Action(ActionType.NOTHING)
-    plan = ReplayPlan((nothing, nothing), ("a", "b", "c"), nothing, 3)
-    out = replay_outcome(_record(5, END_SUCCESS, True, {2: ("username typed",)}), plan)
+    out = replay_outcome(_record(3, END_SUCCESS, True, {0: ("username typed",)}))
     assert out.milestones_hit == ("username typed",) and not out.ended and out.continued and out.success
-    assert out.replay_ms == 50.0 + 200 + 20.0  # reset, the prefix, the candidate carried out
-    assert out.live_step_ms == (100.0,)  # from issuing step 3 to issuing step 4
-    ended = replay_outcome(_record(3, END_FAILURE, False), plan)
+    assert out.replay_ms == 50.0 + 0 + 20.0  # reaching the state, then the candidate carried out
+    assert out.live_step_ms == (100.0,)  # from issuing step 1 to issuing step 2
+    ended = replay_outcome(_record(1, END_FAILURE, False))
     assert ended.ended and not ended.ended_success and not ended.continued
-    budget = replay_outcome(_record(3, END_MAX_STEPS, False), plan)
+    budget = replay_outcome(_record(1, END_MAX_STEPS, False))
     assert not budget.ended  # our step budget, not the environment, stopped it
-    with pytest.raises(ReplayDiverged, match="ended after 2 steps, before step 2"):
-        replay_outcome(_record(2, END_FAILURE, False), plan)
+    with pytest.raises(ReplayDiverged, match="took no step"):
+        replay_outcome(_record(0, END_FAILURE, False))
 
 
 # -- states, candidates, the plan's step ------------------------------------------------------------
@@ -322,7 +378,8 @@ def _state(t: int, n_candidates: int = 2, max_steps: int = 6) -> StateToLabel:
         family="miniwob-forms",
         instruction=INSTRUCTION,
         prefix=(nothing,) * t,
-        signatures=tuple(screen_signature(s) for s in screens),
+        screens=tuple(screens),
+        milestones_reached=0,
         candidates=candidates,
         descriptions=tuple(c.action.canonical_text() for c in candidates),
         planned=candidates[1].action,

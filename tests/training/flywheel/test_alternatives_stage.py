@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from envs.pool import BatchResult, EpisodeError
-from envs.protocol import Observation, StepResult, episode_tables, run_episode
+from envs.protocol import Observation, StateNotReproduced, StepResult, episode_tables, run_episode
 from envs.task_catalog import load_catalog
 from tests.training.flywheel.test_alternatives import INSTRUCTION, SLOTS, el, login_screen
 from tests.training.flywheel.test_collection import _policies, _row
@@ -95,13 +95,13 @@ class ScriptedPool:
         self.runs.append(len(jobs))
         episodes, lost = [], []
         for job in jobs:
+            env = ScriptedLogin()
             try:
-                episodes.append(
-                    run_episode(
-                        ScriptedLogin(), policy, job.task, job.seed, episode_id=job.episode_id, max_steps=job.max_steps
-                    )
+                record = run_episode(
+                    env, policy, job.task, job.seed, episode_id=job.episode_id, max_steps=job.max_steps, start=job.start
                 )
-            except EpisodeError as exc:
+                episodes.append(record)
+            except (EpisodeError, StateNotReproduced) as exc:
                 lost.append((job, str(exc)))
         return BatchResult(episodes, [], lost, 0.1, 0, 0)
 

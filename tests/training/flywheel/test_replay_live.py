@@ -11,11 +11,12 @@ import pytest
 from envs.miniwob.live import MiniWoBConfig
 from envs.policies import NoisyExpertPolicy
 from envs.pool import EnvPool, EpisodeJob, PoolConfig, plan_jobs
-from envs.protocol import episode_tables
+from envs.protocol import episode_tables, restore_by_steps, screen_signature
 from envs.task_catalog import load_catalog
-from training.flywheel.replay import DIVERGED, ReplayPlan, ReplayPolicy, replay_outcome, screen_signature
+from training.flywheel.replay import DIVERGED, ReplayPlan, ReplayPolicy, replay_outcome
 from training.policy.learned import LearnedPolicy, PolicyModel
 from warehouse.catalog import Materialization, Warehouse
+from warehouse.model import Screen
 from warehouse.purposes import EpisodePurpose
 from warehouse.trajectories import load_trajectories
 
@@ -46,18 +47,20 @@ def test_recorded_episodes_replay_step_by_step_and_another_state_is_refused(tmp_
             record = live[episode_id]
             spec = catalog[record.task_id]
             for t in range(traj.n_steps):
-                signatures = tuple(screen_signature(s) for s in traj.screens[: t + 1])
-                plan = ReplayPlan(traj.actions[:t], signatures, traj.actions[t], 0, traj.instruction)
+                reached = sum(len(h) for h in (traj.milestones_hit or ())[:t])
+                plan = ReplayPlan(
+                    traj.actions[:t], traj.screens[: t + 1], traj.actions[t], 0, traj.instruction, reached
+                )
                 job_id = f"replay:{episode_id}:{t}"
                 plans[job_id] = plan
-                jobs.append(EpisodeJob(job_id, spec.spec, record.seed, plan.max_steps, spec.family))
+                jobs.append(plan.job(job_id, spec.spec, record.seed, spec.family))
         replays = pool.run(jobs, ReplayPolicy(plans))
         assert not replays.lost, replays.lost
         for replay in replays.episodes:
             episode_id, step = replay.episode_id.removeprefix("replay:").rsplit(":", 1)
             t = int(step)
             original = live[episode_id]
-            outcome = replay_outcome(replay, plans[replay.episode_id])
+            outcome = replay_outcome(replay)
             assert outcome.milestones_hit == original.steps[t].milestones_hit  # the same step, the same effect
             last = t == original.n_steps - 1
             assert outcome.ended == (last and original.end_reason != "max_steps")
@@ -65,21 +68,34 @@ def test_recorded_episodes_replay_step_by_step_and_another_state_is_refused(tmp_
             assert screen_signature(replay.final_screen) == screen_signature(after)
             assert outcome.replay_ms > 0
 
+        # the same states reached step by step (every screen read and compared): the same screens
+        slow = MiniWoBConfig().create()
+        try:
+            for job in jobs[:: max(1, len(jobs) // 6)]:
+                assert job.start is not None
+                by_steps = restore_by_steps(slow, job.task, job.seed, job.start)
+                assert screen_signature(by_steps.screen) == screen_signature(job.start.screens[-1])
+        finally:
+            slow.close()
+
         # a state that is not the recorded one: refused, counted as lost by the pool, never labelled
         job = next(j for j in jobs if plans[j.episode_id].step >= 1)
-        wrong = replace(plans[job.episode_id], screens=("0" * 20, *plans[job.episode_id].screens[1:]))
-        refused = pool.run([job], ReplayPolicy({job.episode_id: wrong}))
-        assert not refused.episodes and refused.lost[0][1].startswith(DIVERGED)
+        plan = plans[job.episode_id]
+        state = plan.screens[-1]
+        other = Screen(tuple(replace(e, ref=f"9{e.ref}") for e in state.elements))  # the same page, other refs
+        wrong = replace(plan, screens=(*plan.screens[:-1], other))
+        refused = pool.run([wrong.job(job.episode_id, job.task, job.seed)], ReplayPolicy({job.episode_id: wrong}))
+        assert not refused.episodes and refused.lost[0][1].startswith(DIVERGED), refused.lost
         assert [a.status for a in refused.attempts] == ["aborted"]  # not retried: it would diverge again
 
         # the policy continues after the candidate, with the prefix and the candidate as its past
         first = next(j for j in jobs if plans[j.episode_id].step == 0 and j.task.task_id == "login-user")
         go_on = replace(plans[first.episode_id], continuation_steps=3)
         continuing = LearnedPolicy(PolicyModel(), policy_id="continue:test", temperature=1.0)
-        again = [replace(first, episode_id=f"{first.episode_id}:c{j}", max_steps=go_on.max_steps) for j in range(2)]
+        again = [go_on.job(f"{first.episode_id}:c{j}", first.task, first.seed) for j in range(2)]
         result = pool.run(again, ReplayPolicy({j.episode_id: go_on for j in again}, continuing))
         assert len(result.episodes) == 2
         for record in result.episodes:
-            outcome = replay_outcome(record, go_on)
+            outcome = replay_outcome(record)
             assert outcome.continued or outcome.ended
             assert record.steps[0].action == go_on.candidate

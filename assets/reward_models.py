@@ -63,6 +63,11 @@ class RewardModelDatasetConfig(Config):
         "at 1, a failure below 1); episodes without milestone labels fall back to LCS labels, then "
         "to outcome-only labels; false: §2.2 as published (such episodes dropped)",
     )
+    alternatives: bool = Field(
+        default=True,
+        description="step judges (prm, guidnav): also learn from the replayed alternatives at training states "
+        "(step_alternatives); false: the executed steps only",
+    )
 
 
 @asset(

@@ -522,9 +522,9 @@ def run_alternatives(
     partition_key: str | None,
     log: Log = print,
 ) -> dict[str, Any]:
-    """Sample states, propose, replay, label and publish ``step_alternatives`` as dataset
-    ``step_alternatives/<policy>/<family>/r<round>``. Everything is checked before any browser
-    starts; a run with no labelled state publishes nothing."""
+    """Sample states, propose, replay, label and publish ``step_alternatives``: the held-out states
+    as :func:`held_out_dataset` (once), the training states as :func:`round_dataset`. Everything is
+    checked before any browser starts; a run with no labelled state publishes nothing."""
     started = time.perf_counter()
     policy_row = resolve_policy(warehouse, request.policy)
     proposer_id = policy_row["policy_id"]

@@ -77,7 +77,7 @@ def build_reward_model_dataset(
     human, human_tables = (
         read_human_verdicts(warehouse) if spec.target in ("step_correctness", "step_reward") else ({}, [])
     )
-    alternatives = read_alternatives(warehouse) if spec.state == "before_action" else []
+    alternatives = read_alternatives(warehouse) if spec.state == "before_action" and options.alternatives else []
     if trajectories is None:
         trajectories = read_trajectories(warehouse, splits.keys(), progress=progress)
     examples, stats = build_examples(

@@ -108,9 +108,12 @@ class DatasetOptions:
     # episode without labels of its kind's source then falls back (see :func:`fallback_sources`)
     # instead of being dropped
     anchor_outcome: bool = True
+    # step judges: also the replayed alternatives at training states (step_alternatives)
+    alternatives: bool = True
 
     def to_json(self) -> dict:
         return {
+            "alternatives": self.alternatives,
             "anchor_outcome": self.anchor_outcome,
             "lcs_method": self.lcs_method,
             "derived_from": self.derived_from,

@@ -97,6 +97,7 @@ def dataset_options(
     keep_recent_actions: int = 3,
     sample_failed_steps: bool = True,
     anchor_outcome: bool = True,
+    alternatives: bool = True,
 ) -> DatasetOptions:
     """Dataset options from plain values (see :class:`training.reward_models.examples.DatasetOptions`)."""
     return DatasetOptions(
@@ -105,6 +106,7 @@ def dataset_options(
         prompt_budget=TruncationBudget(max_tokens=prompt_max_tokens, keep_recent_actions=keep_recent_actions),
         sample_failed_steps=sample_failed_steps,
         anchor_outcome=anchor_outcome,
+        alternatives=alternatives,
     )
 
 

@@ -14,6 +14,7 @@ import torch
 
 from tests.training.conftest import build_tiny_warehouse
 from training.reward_models.dataset import build_reward_model_dataset
+from training.reward_models.examples import DatasetOptions
 from training.reward_models.labels import alternative_reward, alternative_verdict
 from training.reward_models.models import pairwise_loss
 from training.reward_models.readers import read_trajectories
@@ -150,6 +151,11 @@ def test_alternatives_become_grouped_examples_of_the_step_judges(home_with_alter
     assert sorted({r["label"] for r in guidnav if r["group_id"]}) == [0.0, 0.5]  # the soft estimate
     progress = build_reward_model_dataset(warehouse, "progrm_env").examples
     assert progress["group_id"].null_count == progress.num_rows  # progress models read no alternatives
+    without = build_reward_model_dataset(warehouse, "prm", DatasetOptions(alternatives=False))
+    assert without.examples["group_id"].null_count == without.examples.num_rows  # the ablation: executed steps only
+    assert without.examples.num_rows == len(plain) and "step_alternatives" not in {
+        i.input_asset for i in without.inputs
+    }
 
 
 def test_a_step_judge_trained_with_the_pairwise_loss_ranks_the_alternatives(home_with_alternatives, tmp_path):

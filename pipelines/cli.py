@@ -229,6 +229,9 @@ DEMO_STAGES = ("rollouts", "labels", "reward_models", "rl", "flywheel")
 #: One short flywheel round on the demo's policies (3 policies x 2 tasks x 8 = 48 episodes), brief retraining.
 DEMO_FLYWHEEL_POLICIES = ("sft", "rl-outcome", "rl-progrm_env")
 DEMO_FLYWHEEL_EPISODES_PER_TASK = 8
+#: The kinds the demo's round retrains: one progress model (AUC on agent episodes) and the PRM (top-1
+#: among candidates); the others stay as stage 3 trained them (each retraining costs minutes here).
+DEMO_FLYWHEEL_KINDS = ("progrm_env", "prm")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -304,7 +307,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             settings = FlywheelSettings(
                 policies=DEMO_FLYWHEEL_POLICIES,
                 episodes_per_task=DEMO_FLYWHEEL_EPISODES_PER_TASK,
-                kinds=(*DEMO_REWARD_MODELS, "prm"),
+                kinds=DEMO_FLYWHEEL_KINDS,
                 reward_model=DEMO["reward_model"],
                 report=DEMO["reward_model_report"],
                 alternatives=DEMO["step_alternatives"],

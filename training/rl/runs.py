@@ -75,8 +75,9 @@ from warehouse.purposes import EpisodePurpose
 from warehouse.storage import git_revision
 from warehouse.tables_rl import AGENT_EVAL, AGENT_EVAL_EPISODES, POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
 
-# 2: the ORM reward judges with its report's threshold; 3: the PRM pays 2 P(correct) - 1
-RL_CODE_VERSION = "rl-3"
+# 2: the ORM reward judges with its report's threshold; 3: the PRM pays 2 P(correct) - 1;
+# 4: common random numbers (an iteration's instances do not depend on the reward source)
+RL_CODE_VERSION = "rl-4"
 
 #: The runs of the experiment by partition key: a reward source with ProgRM's REINFORCE++, and
 #: each paper's own estimator for its source (ADMIRE: step-level GRPO; GUI-Shepherd: PPO).
@@ -616,13 +617,20 @@ def _run_iteration(
     )
 
 
+def training_seeds(settings: RLSettings, sft_policy_id: str, iteration: int) -> list[int]:
+    """The task instances of an iteration: fixed by the RL seed, the SFT policy the run starts from
+    and the iteration, **not by the reward source or the estimator**, so that within an RL seed
+    every source trains on the same instances in the same iteration (common random numbers: two
+    sources are compared on the same draws, which narrows the paired comparison's variance)."""
+    base = TRAIN_SEED_BASE + 10_000 * settings.rl_seed
+    return sample_seeds(base, settings.instances_per_task, f"s{settings.rl_seed}|{sft_policy_id}|{iteration}")
+
+
 def _sample_episodes(
     settings: RLSettings, run: _RLRun, pool: EnvPool, *, iteration: int, acting_id: str, log: Log
 ) -> tuple[LearnedPolicy, BatchResult, list[EpisodeRecord], float]:
     """Sample an iteration's episodes on training seeds: (acting policy, batch, usable episodes, seconds)."""
-    seeds = sample_seeds(
-        TRAIN_SEED_BASE + 10_000 * settings.rl_seed, settings.instances_per_task, f"{run.run_key}|{iteration}"
-    )
+    seeds = training_seeds(settings, run.sft["policy_id"], iteration)
     policy = LearnedPolicy(run.model, policy_id=acting_id, temperature=settings.temperature, record=True)
     jobs = _jobs(run.tasks, seeds, acting_id, settings.group_size)
     result, rollout_s = _run_pool(pool, jobs, policy, f"{run.run_key} iteration {iteration + 1}", log)

@@ -104,3 +104,25 @@ def test_ppo_clip_by_hand():
 
 def test_value_loss_by_hand():
     assert math.isclose(float(value_loss(torch.tensor([1.0, 3.0]), torch.tensor([0.0, 3.0]))), 0.25)
+
+
+def test_every_reward_source_trains_on_the_same_instances_within_an_rl_seed():
+    """Common random numbers (Table-1 issue): the instances of an iteration depend on the RL seed,
+    the SFT start and the iteration, never on the reward source or the estimator."""
+    from training.policy.store import HELD_OUT_SEED_BASE, TRAIN_SEED_BASE
+    from training.rl.runs import RLSettings, training_seeds
+
+    runs = [
+        RLSettings("outcome"),
+        RLSettings("orm"),
+        RLSettings("progrm_env"),
+        RLSettings("admire", estimator="grpo"),
+        RLSettings("prm", estimator="ppo"),
+    ]
+    per_run = [[training_seeds(r, "sft-a", i) for i in range(3)] for r in runs]
+    assert all(seeds == per_run[0] for seeds in per_run)
+    assert per_run[0][0] != per_run[0][1]  # another iteration, other instances
+    assert training_seeds(RLSettings("outcome", rl_seed=1), "sft-a", 0) != per_run[0][0]  # another RL seed
+    assert training_seeds(RLSettings("outcome"), "sft-b", 0) != per_run[0][0]  # another SFT start
+    assert all(TRAIN_SEED_BASE <= s < HELD_OUT_SEED_BASE for seeds in per_run[0] for s in seeds)
+    assert RLSettings("outcome").run_key("sft-a") != RLSettings("orm").run_key("sft-a")  # runs stay apart

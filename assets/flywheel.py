@@ -9,7 +9,8 @@ them like any other training episode.
 Stage logic: :mod:`training.flywheel`.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from dagster import (
     AssetCheckExecutionContext,
@@ -50,6 +51,7 @@ from training.flywheel.collection import (
 from training.flywheel.rounds import ASSET_NAME as ROUND_ASSET
 from training.flywheel.rounds import ROUNDS_VERSION, FlywheelError, record_round
 from training.rl.rewards import REWARD_SOURCES
+from warehouse.catalog import Warehouse
 from warehouse.plotting import Markdown
 
 GROUP = "flywheel"
@@ -92,8 +94,9 @@ def policy_rollouts(
 ) -> MaterializeResult:
     keys = context.partition_key.keys_by_dimension
     wh = warehouse.get()
-    try:
-        request = CollectionRequest(
+
+    def request() -> CollectionRequest:
+        return CollectionRequest(
             policy=keys["policy"],
             family=keys["family"],
             round=config.round,
@@ -103,9 +106,24 @@ def policy_rollouts(
             all_tasks=config.all_tasks,
             workers=config.workers,
         )
-        summary = run_collection(
+
+    summary = _run_partition(context, wh, env_pool, run_collection, request)
+    return MaterializeResult(metadata=to_metadata(summary) | table_metadata(wh, "episodes", also=("steps",)))
+
+
+def _run_partition(
+    context: AssetExecutionContext,
+    wh: Warehouse,
+    env_pool: EnvPoolResource,
+    stage: Callable[..., dict[str, Any]],
+    request: Callable[[], Any],
+) -> dict[str, Any]:
+    """Run a flywheel stage on a partition with live MiniWoB++ workers; a request that cannot run
+    (bad settings, no checkpoint, nothing to replay) fails with its one line, before any browser."""
+    try:
+        return stage(
             wh,
-            request,
+            request(),
             lambda workers: env_pool.pool("miniwob", workers, log=context.log.warning),
             run_id=context.run_id,
             partition_key=context.partition_key,
@@ -113,7 +131,6 @@ def policy_rollouts(
         )
     except CollectionError as exc:
         raise Failure(str(exc)) from None
-    return MaterializeResult(metadata=to_metadata(summary) | table_metadata(wh, "episodes", also=("steps",)))
 
 
 class AlternativesConfig(Config):
@@ -155,8 +172,9 @@ def step_alternatives(
 ) -> MaterializeResult:
     keys = context.partition_key.keys_by_dimension
     wh = warehouse.get()
-    try:
-        request = AlternativesRequest(
+
+    def request() -> AlternativesRequest:
+        return AlternativesRequest(
             policy=keys["policy"],
             family=keys["family"],
             round=config.round,
@@ -170,16 +188,8 @@ def step_alternatives(
             all_tasks=config.all_tasks,
             workers=config.workers,
         )
-        summary = run_alternatives(
-            wh,
-            request,
-            lambda workers: env_pool.pool("miniwob", workers, log=context.log.warning),
-            run_id=context.run_id,
-            partition_key=context.partition_key,
-            log=context.log.info,
-        )
-    except CollectionError as exc:
-        raise Failure(str(exc)) from None
+
+    summary = _run_partition(context, wh, env_pool, run_alternatives, request)
     return MaterializeResult(metadata=to_metadata(summary) | table_metadata(wh, "step_alternatives"))
 
 

@@ -277,7 +277,27 @@ class SplitCollator:
         return self.by_split[batch[0]["split"]](batch)
 
 
-class GroupedLengthSampler(torch.utils.data.Sampler):
+class EpochLengthGroupedSampler(torch.utils.data.Sampler):
+    """Length-grouped batches (``transformers``' LengthGroupedSampler), reseeded per epoch with
+    ``seed + epoch`` so that a resumed run replays exactly the order the killed run would have used."""
+
+    def __init__(self, batch_size: int, lengths: list[int], seed: int) -> None:
+        self.batch_size, self.lengths, self.seed, self.epoch = batch_size, lengths, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        from transformers.trainer_pt_utils import get_length_grouped_indices
+
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=generator))
+
+
+class GroupedLengthSampler(EpochLengthGroupedSampler):
     """Length-grouped batches that keep the alternatives of one state together (the pairwise loss
     compares them within a batch): the units shuffled are whole groups (an example outside any group
     is a unit of one), ordered by length within mega-batches of 50 batches as ``transformers``'
@@ -285,7 +305,7 @@ class GroupedLengthSampler(torch.utils.data.Sampler):
     group is split only where it straddles a batch boundary."""
 
     def __init__(self, batch_size: int, lengths: list[int], groups: np.ndarray, seed: int) -> None:
-        self.batch_size, self.lengths, self.seed, self.epoch = batch_size, lengths, seed, 0
+        super().__init__(batch_size, lengths, seed)
         members: dict[int, list[int]] = {}
         units: list[list[int]] = []
         for i, g in enumerate(groups.tolist()):
@@ -294,12 +314,6 @@ class GroupedLengthSampler(torch.utils.data.Sampler):
             else:
                 members.setdefault(g, []).append(i)
         self.units = units + list(members.values())
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self.lengths)
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
@@ -321,26 +335,6 @@ class GroupedLengthSampler(torch.utils.data.Sampler):
 def _longest_first(units: list[list[int]], lengths: list[int]) -> list[int]:
     ranked = sorted(units, key=lambda unit: -max(lengths[i] for i in unit))
     return [i for unit in ranked for i in unit]
-
-
-class EpochLengthGroupedSampler(torch.utils.data.Sampler):
-    """Length-grouped batches (``transformers``' LengthGroupedSampler), reseeded per epoch with
-    ``seed + epoch`` so that a resumed run replays exactly the order the killed run would have used."""
-
-    def __init__(self, batch_size: int, lengths: list[int], seed: int) -> None:
-        self.batch_size, self.lengths, self.seed, self.epoch = batch_size, lengths, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __iter__(self):
-        from transformers.trainer_pt_utils import get_length_grouped_indices
-
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=generator))
 
 
 @dataclass(frozen=True)

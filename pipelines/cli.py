@@ -229,9 +229,10 @@ DEMO_STAGES = ("rollouts", "labels", "reward_models", "rl", "flywheel")
 #: One short flywheel round on the demo's policies (3 policies x 2 tasks x 8 = 48 episodes), brief retraining.
 DEMO_FLYWHEEL_POLICIES = ("sft", "rl-outcome", "rl-progrm_env")
 DEMO_FLYWHEEL_EPISODES_PER_TASK = 8
-#: The kinds the demo's round retrains: one progress model (AUC on agent episodes) and the PRM (top-1
-#: among candidates); the others stay as stage 3 trained them (each retraining costs minutes here).
-DEMO_FLYWHEEL_KINDS = ("progrm_env", "prm")
+#: The kind the demo's round retrains: the PRM, on the alternatives the round makes (top-1 among
+#: candidates); the others stay as stage 3 trained them (each retraining costs minutes here) and
+#: are judged by the same report (AUC on agent episodes).
+DEMO_FLYWHEEL_KINDS = ("prm",)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

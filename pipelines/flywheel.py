@@ -26,6 +26,7 @@ from envs.task_catalog import load_catalog
 from training.flywheel.alternatives import held_out_dataset
 from training.flywheel.collection import CollectionError, resolve_policy
 from training.flywheel.rounds import next_round
+from training.reward_models.kinds import SUCCESS_JUDGE_KINDS
 from warehouse.catalog import Warehouse
 
 #: Runs one job: (job name, label, partition key, op config, tags) -> success.
@@ -137,7 +138,9 @@ def run_round(
                 {"reward_model": {"config": dict(settings.reward_model)}},
             ):
                 return False
-    report = {"kinds": list(settings.kinds)} | dict(settings.report)
+    # the report judges every kind that has a model, retrained this round or not (the report's
+    # checks compare the success judges, and the round records each kind's model as it stands)
+    report = {"kinds": sorted(set(settings.kinds) | set(SUCCESS_JUDGE_KINDS))} | dict(settings.report)
     if not run(
         "reward_model_evaluation", f"reward_model_report r{round_}", None, {"reward_model_report": {"config": report}}
     ):

@@ -127,21 +127,6 @@ def per_task_rows(episodes: Sequence[EvalEpisode]) -> list[dict]:
     return rows
 
 
-def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): a t-interval over ``values`` (e.g. the success rates of RL seeds); with one
-    value the interval is the value itself."""
-    x = np.asarray(values, dtype=np.float64)
-    if x.size == 0:
-        return math.nan, math.nan, math.nan
-    mean = float(x.mean())
-    if x.size == 1:
-        return mean, mean, mean
-    from scipy import stats
-
-    half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
-    return mean, mean - half, mean + half
-
-
 def bootstrap_interval(
     successes: Sequence[bool], *, samples: int = 2000, confidence: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:

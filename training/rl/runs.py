@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -114,6 +114,9 @@ class PolicySettings:
     low: float = 0.1  # a task is chosen when SFT success is above low ...
     high: float = 0.9  # ... and below high
     max_tasks: int = 4
+    # the sparse block (Table-1 issue), chosen by its own rule and recorded beside the dense one:
+    sparse_high: float = 0.15  # SFT success on selection seeds in (0, sparse_high] ...
+    sparse_min_solution_steps: float = 5.0  # ... and the demonstrations' median solution at least this long
     held_out_seeds: int = 25  # greedy evaluation episodes per chosen task
     workers: int = 2
     max_episodes_per_task: int = 400  # demonstrations per task used for SFT (the large crowd tasks dominate otherwise)
@@ -344,7 +347,14 @@ def run_policy_sft(
         )
         rates = {row["task_id"]: row["success_rate"] for row in per_task_rows(selection)}
         chosen = choose_tasks(rates, settings.low, settings.high, settings.max_tasks)
-        log(f"SFT success on selection seeds: {rates}; experiment tasks: {chosen}")
+        sparse = choose_sparse_tasks(
+            rates,
+            demonstration_solution_steps(warehouse),
+            high=settings.sparse_high,
+            min_steps=settings.sparse_min_solution_steps,
+            max_tasks=settings.max_tasks,
+        )
+        log(f"SFT success on selection seeds: {rates}; experiment tasks: {chosen}; sparse block: {sparse}")
         held_result, held = evaluate_policy(
             model, policy_id, [t for t in tasks if t.task_id in chosen], held_out, pool, evaluation="held_out", log=log
         )
@@ -354,7 +364,15 @@ def run_policy_sft(
         "checkpoint_path": warehouse.relative(checkpoint),
         "tasks": chosen,
         "env_steps": 0,
-        "parameters": json.dumps({"settings": asdict(settings), "selection_success": rates}, default=str),
+        "parameters": json.dumps(
+            {
+                "settings": asdict(settings),
+                "selection_success": rates,
+                # pre-registered before any RL run: the blocks' rules and what they chose
+                "task_blocks": {"dense": chosen, "sparse": sparse},
+            },
+            default=str,
+        ),
         "created_at": _now(),
         "run_id": run_id,
     }
@@ -395,6 +413,32 @@ def choose_tasks(rates: dict[str, float], low: float, high: float, max_tasks: in
     if not inside:
         raise RLStageError(f"SFT solves every task always or never ({rates}): no task leaves room for RL")
     return sorted(sorted(inside), key=lambda t: abs(rates[t] - 0.5))[:max_tasks]
+
+
+def choose_sparse_tasks(
+    rates: Mapping[str, float],
+    solution_steps: Mapping[str, float],
+    *,
+    high: float = 0.15,
+    min_steps: float = 5.0,
+    max_tasks: int = 4,
+) -> list[str]:
+    """The sparse block of the Table-1 issue: tasks where SFT succeeds on the selection seeds
+    sometimes but rarely (success in (0, ``high``]: an outcome signal that RL rarely sees, and still
+    some) and whose demonstrations' median solution takes at least ``min_steps`` steps (long
+    horizons, ProgRM's argument), hardest first, at most ``max_tasks``; may be empty (then the
+    report says no sparse block ran)."""
+    eligible = [t for t, r in rates.items() if 0.0 < r <= high and solution_steps.get(t, 0.0) >= min_steps]
+    return sorted(sorted(eligible), key=lambda t: rates[t])[:max_tasks]
+
+
+def demonstration_solution_steps(warehouse: Warehouse) -> dict[str, float]:
+    """The median length of each task's successful human demonstrations (its solution's steps)."""
+    rows = warehouse.query(
+        "SELECT task_id, median(n_steps) AS steps FROM episodes WHERE purpose = 'demonstration' AND success "
+        "GROUP BY task_id"
+    ).to_pylist()
+    return {r["task_id"]: float(r["steps"]) for r in rows}
 
 
 def _sft_plot(result: Any, path: Path) -> Markdown:

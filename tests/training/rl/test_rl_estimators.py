@@ -126,3 +126,16 @@ def test_every_reward_source_trains_on_the_same_instances_within_an_rl_seed():
     assert training_seeds(RLSettings("outcome"), "sft-b", 0) != per_run[0][0]  # another SFT start
     assert all(TRAIN_SEED_BASE <= s < HELD_OUT_SEED_BASE for seeds in per_run[0] for s in seeds)
     assert RLSettings("outcome").run_key("sft-a") != RLSettings("orm").run_key("sft-a")  # runs stay apart
+
+
+def test_the_sparse_block_is_chosen_by_its_own_rule_and_may_be_empty():
+    """Table-1 issue: SFT success in (0, 15%] on selection seeds and a median demonstration of >= 5 steps."""
+    from training.rl.runs import choose_sparse_tasks, choose_tasks
+
+    rates = {"long-rare": 0.1, "long-never": 0.0, "short-rare": 0.1, "long-often": 0.5, "long-edge": 0.15}
+    steps = {"long-rare": 13.0, "long-never": 9.0, "short-rare": 2.0, "long-often": 6.0, "long-edge": 5.0}
+    assert choose_sparse_tasks(rates, steps) == ["long-rare", "long-edge"]  # hardest first
+    assert choose_sparse_tasks(rates, steps, max_tasks=1) == ["long-rare"]
+    assert choose_sparse_tasks(rates, {}) == []  # no demonstration: no evidence of a long solution
+    assert choose_sparse_tasks({"a": 0.0, "b": 1.0}, {"a": 9.0, "b": 9.0}) == []
+    assert choose_tasks(rates, 0.1, 0.9, 4) == ["long-often", "long-edge"]  # the dense block, as before

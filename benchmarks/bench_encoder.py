@@ -9,7 +9,7 @@ the same shapes. Side by side, in the same run:
 
 * **baseline**: the encoder before issue 21 (PyTorch dynamic int8 quantisation, one activation
   scale per batch tensor; batches sorted by length and padded to their longest text);
-* **int8 per-row** (the default): batches padded to a multiple of 8 tokens, int8
+* **int8 per-row** (the default): batches padded to a multiple of 16 tokens, int8
   linears with per-row activation scales (``training.reward_models.models.RowScaledInt8Linear``);
 * **fp32**: the same padding rule, MiniLM's own float32 weights.
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from training.reward_models.models import (
+    LENGTH_STEP,
     EmbeddingCache,
     RewardModelConfig,
     RewardScorer,
@@ -41,8 +42,8 @@ def encoder(request) -> SegmentEncoder:
     return SegmentEncoder(RewardModelConfig(kind="prm", quantize_encoder=request.param))
 
 
-def test_padded_length_is_the_next_multiple_of_eight_above_the_longest_row():
-    assert [padded_length(n) for n in (1, 7, 8, 9, 15, 16, 127, 128)] == [8, 8, 16, 16, 16, 24, 128, 136]
+def test_padded_length_is_the_next_multiple_of_sixteen_above_the_longest_row():
+    assert [padded_length(n) for n in (1, 15, 16, 17, 31, 32, 127, 128)] == [16, 16, 32, 32, 32, 48, 128, 144]
 
 
 def test_a_text_encoded_alone_equals_it_inside_random_batches(encoder):
@@ -63,12 +64,12 @@ def test_a_text_encoded_alone_equals_it_inside_random_batches(encoder):
 
 
 def test_a_text_that_fills_a_whole_lane_is_encoded_alone_as_in_a_padded_batch(encoder):
-    """A text of exactly 8 or 16 tokens, alone, would have no padding: its attention mask all ones,
+    """A text of exactly 16 or 32 tokens, alone, would have no padding: its attention mask all ones,
     which Transformers drops (another kernel, other last bits) unless a padded position is kept."""
     rng = random.Random(11)
     candidates = _texts(rng, 400)
     lengths = [len(ids) for ids in encoder.tokenizer(candidates, truncation=True, max_length=128)["input_ids"]]
-    full = [t for t, n in zip(candidates, lengths, strict=True) if n % 8 == 0][:6]
+    full = [t for t, n in zip(candidates, lengths, strict=True) if n % LENGTH_STEP == 0][:6]
     assert full
     for text in full:
         alone = encoder.encode([text])

@@ -54,3 +54,10 @@ def integer_ticks(*axes: Any, axis: str = "x") -> None:
 
     for ax in axes:
         getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True))
+
+
+def legend_if_labelled(ax: Any, **kwargs: Any) -> None:
+    """``ax.legend(**kwargs)`` when something on ``ax`` has a label (an empty family or round draws
+    nothing labelled, and matplotlib warns on a legend of nothing)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)

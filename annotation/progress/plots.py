@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from warehouse.plotting import Markdown, figure_markdown, integer_ticks, pyplot
+from warehouse.plotting import Markdown, figure_markdown, integer_ticks, legend_if_labelled, pyplot
 
 STYLE = {"lcs/paper": ("#999", "--"), "lcs/improved": ("#1f77b4", "-"), "env": ("#2ca02c", ":")}
 
@@ -93,7 +93,7 @@ def label_distribution_plot_from_counts(counts: Mapping[str, tuple[np.ndarray, i
     ax.set_xlabel("progress label")
     ax.set_ylabel("steps")
     ax.set_yscale("log")
-    ax.legend(fontsize=7)
+    legend_if_labelled(ax, fontsize=7)
     fig.tight_layout()
     return figure_markdown(fig, path, "label distribution")
 
@@ -115,6 +115,6 @@ def quality_plot(rows: Sequence[Mapping], path: Path) -> Markdown:
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_xlabel("key-step progress error (lower is better)")
     ax.invert_yaxis()
-    ax.legend(fontsize=7)
+    legend_if_labelled(ax, fontsize=7)
     fig.tight_layout()
     return figure_markdown(fig, path, "label quality")

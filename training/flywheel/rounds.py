@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from warehouse.catalog import Materialization, Warehouse
-from warehouse.plotting import Markdown, figure_markdown, pyplot
+from warehouse.plotting import Markdown, figure_markdown, legend_if_labelled, pyplot
 from warehouse.purposes import EpisodePurpose
 from warehouse.storage import git_revision
 from warehouse.tables_training import FLYWHEEL_ROUNDS
@@ -175,6 +175,6 @@ def rounds_plot(rows: Sequence[dict[str, Any]], path: Path) -> Markdown:
     ax.set_ylim(0, 1)
     ax.set_xticks(sorted({r["round"] for r in rows}))
     ax.set_title("Reward models on held-out agent episodes, by round")
-    ax.legend(fontsize=8, loc="lower right")
+    legend_if_labelled(ax, fontsize=8, loc="lower right")
     fig.tight_layout()
     return figure_markdown(fig, path, "reward-model AUC by flywheel round")

@@ -74,6 +74,7 @@ from warehouse.plotting import Markdown, figure_markdown, pyplot
 from warehouse.purposes import EpisodePurpose
 from warehouse.storage import git_revision
 from warehouse.tables_rl import AGENT_EVAL, AGENT_EVAL_EPISODES, POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
+from warehouse.trajectories import Trajectory
 
 # 2: the ORM reward judges with its report's threshold; 3: the PRM pays 2 P(correct) - 1;
 # 4: common random numbers (an iteration's instances do not depend on the reward source)
@@ -300,19 +301,7 @@ def run_policy_sft(
     """Train the SFT policy, choose the experiment's tasks on selection seeds, evaluate it on
     held-out seeds, and publish the policy, its evaluations and their episodes."""
     torch.set_num_threads(settings.sft.threads)
-    catalog = load_catalog("miniwob")
-    candidates = list(settings.tasks) or list(catalog)
-    tasks = _catalog_tasks(candidates)
-    trajectories = [
-        t for task in tasks for t in imitation_trajectories(warehouse, task.task_id, settings.max_episodes_per_task)
-    ]
-    with_demos = sorted({t.task_id for t in trajectories})
-    if not with_demos:
-        raise RLStageError(
-            f"no successful demonstrations or rollouts of {candidates} in the warehouse: "
-            "materialize human_demonstrations (and rollouts) first"
-        )
-    tasks = [t for t in tasks if t.task_id in with_demos]
+    tasks, trajectories = _imitation_data(warehouse, settings)
     log(f"SFT on {len(trajectories)} successful trajectories of {len(tasks)} tasks")
     model = PolicyModel()
     data = demonstration_decisions(
@@ -401,6 +390,22 @@ def run_policy_sft(
             rates, chosen, settings, warehouse.home / "plots" / "rl" / f"{policy_id}_tasks.png"
         ),
     }
+
+
+def _imitation_data(warehouse: Warehouse, settings: PolicySettings) -> tuple[list[CatalogTask], list[Trajectory]]:
+    """The candidate tasks that have successful trajectories to imitate, and those trajectories."""
+    candidates = list(settings.tasks) or list(load_catalog("miniwob"))
+    tasks = _catalog_tasks(candidates)
+    trajectories = [
+        t for task in tasks for t in imitation_trajectories(warehouse, task.task_id, settings.max_episodes_per_task)
+    ]
+    with_demos = {t.task_id for t in trajectories}
+    if not with_demos:
+        raise RLStageError(
+            f"no successful demonstrations or rollouts of {candidates} in the warehouse: "
+            "materialize human_demonstrations (and rollouts) first"
+        )
+    return [t for t in tasks if t.task_id in with_demos], trajectories
 
 
 def choose_tasks(rates: dict[str, float], low: float, high: float, max_tasks: int) -> list[str]:

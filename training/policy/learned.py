@@ -54,6 +54,7 @@ class StepDecision:
     chosen: int
     logp: float
     action_texts: tuple[str, ...] = ()  # the candidates' instruction-relative texts (for inspection)
+    actions: tuple[Action, ...] = ()  # the candidates' actions (a PPO critic judges them on the screen)
 
     @property
     def n_candidates(self) -> int:
@@ -244,7 +245,10 @@ class _LearnedActor:
             chosen = self.rng.choices(range(len(candidates)), weights=probs.tolist())[0]
         if self.recorded is not None:
             texts = tuple(c.text for c in candidates)
-            self.recorded.append(StepDecision(instruction, history, rows, features, chosen, float(logp[chosen]), texts))
+            actions = tuple(c.action for c in candidates)
+            self.recorded.append(
+                StepDecision(instruction, history, rows, features, chosen, float(logp[chosen]), texts, actions)
+            )
         action = candidates[chosen].action
         self.history.append(action)
         return action

@@ -13,7 +13,7 @@ import copy
 import random
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -40,6 +40,7 @@ class LearnerSettings:
     kl_coef: float = estimators.KL_COEF
     gae_lambda: float = 0.95  # GUI-Shepherd states none; a common value
     critic_learning_rate: float = 1e-4
+    critic_top_k: int = 8  # the policy's most likely actions the critic's V(s) averages over
     entropy_coef: float = 0.0
     max_grad_norm: float = 1.0
     seed: int = 0
@@ -57,7 +58,17 @@ class EpisodeExperience:
     decisions: list[StepDecision]
     rewards: np.ndarray
     group: str
-    states: list[StepState] = field(default_factory=list)
+    states: list[CriticState] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CriticState:
+    """A state as the PPO critic reads it: the PRM's input without an action, and the policy's
+    candidate actions there as the PRM reads actions (``describe_action``), in the order of the
+    step's :class:`StepDecision` candidates."""
+
+    state: StepState
+    actions: tuple[str, ...]
 
 
 @dataclass
@@ -75,36 +86,75 @@ class UpdateStats:
 
 
 class PRMCritic:
-    """V(s) for PPO, initialised from the trained PRM (GUI-Shepherd §4.1): a copy of the PRM's
-    network reading the state without a candidate action; its logit is the value. Trained by
-    regression on the GAE value targets."""
+    """V(s) for PPO, initialised from the trained PRM (GUI-Shepherd §4.1, App. B.2).
 
-    def __init__(self, prm: RewardScorer, learning_rate: float = 1e-4) -> None:
+    The PRM judges a state *with* a candidate action, P(correct | s, a); it never saw a state
+    without one. So the critic reads only inputs of that kind: a copy of the PRM's network scores
+    (s, a) for the policy's ``top_k`` most likely actions at s, and V(s) is their average weighted
+    by the acting policy's probabilities (renormalised over the k), sum_a pi(a|s) f(s, a): a state
+    value built from action judgements, as V(s) = E_pi[Q(s, a)]. Trained by regression of that
+    average on the GAE value targets (GUI-Shepherd Eq. 5)."""
+
+    def __init__(self, prm: RewardScorer, learning_rate: float = 1e-4, top_k: int = 8) -> None:
         if prm.cache is None:
             raise ValueError("the PPO critic needs a frozen-segments PRM (the CPU reward models)")
+        if top_k < 1:
+            raise ValueError(f"critic top_k must be at least 1, not {top_k}")
         self.model = copy.deepcopy(prm.model).train()
         self.cache = prm.cache
         self.config = prm.config
+        self.top_k = top_k
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=learning_rate)
 
-    def _forward(self, states: Sequence[StepState]) -> torch.Tensor:
-        features = segment_features(states, self.cache, self.config)
-        batch = collate_segments(features, np.arange(len(states)), torch.from_numpy(self.cache.matrix))
-        return self.model(**batch)["logits"].float()
+    def judged_pairs(
+        self, states: Sequence[CriticState], policy_probs: Sequence[np.ndarray]
+    ) -> tuple[list[StepState], np.ndarray, np.ndarray]:
+        """The (state, action) inputs V(s) is built from, each pair's weight, and its state's index."""
+        pairs: list[StepState] = []
+        weights: list[float] = []
+        owner: list[int] = []
+        for i, (critic_state, probs) in enumerate(zip(states, policy_probs, strict=True)):
+            if not critic_state.actions or len(critic_state.actions) != len(probs):
+                raise ValueError(
+                    f"critic state {i}: {len(critic_state.actions)} candidate actions but "
+                    f"{len(probs)} policy probabilities"
+                )
+            top = np.argsort(-np.asarray(probs, dtype=np.float64), kind="stable")[: self.top_k]
+            mass = float(np.sum(probs[top]))
+            for j in top:
+                pairs.append(replace(critic_state.state, action=critic_state.actions[j]))
+                weights.append(float(probs[j]) / mass if mass > 0 else 1.0 / len(top))
+                owner.append(i)
+        return pairs, np.asarray(weights, dtype=np.float32), np.asarray(owner, dtype=np.int64)
 
-    def values(self, states: Sequence[StepState]) -> np.ndarray:
+    def _forward(self, states: Sequence[CriticState], policy_probs: Sequence[np.ndarray]) -> torch.Tensor:
+        pairs, weights, owner = self.judged_pairs(states, policy_probs)
+        features = segment_features(pairs, self.cache, self.config)
+        batch = collate_segments(features, np.arange(len(pairs)), torch.from_numpy(self.cache.matrix))
+        judged = self.model(**batch)["logits"].float()
+        values = torch.zeros(len(states), dtype=judged.dtype)
+        return values.index_add(0, torch.from_numpy(owner), judged * torch.from_numpy(weights))
+
+    def values(self, states: Sequence[CriticState], policy_probs: Sequence[np.ndarray]) -> np.ndarray:
         if not states:
             return np.zeros(0)
         self.model.eval()
         with torch.inference_mode():
             out = np.concatenate(
-                [self._forward(states[i : i + 256]).numpy() for i in range(0, len(states), 256)]
+                [self._forward(states[i : i + 64], policy_probs[i : i + 64]).numpy() for i in range(0, len(states), 64)]
             ).astype(np.float64)
         self.model.train()
         return out
 
     def fit(
-        self, states: Sequence[StepState], targets: np.ndarray, *, epochs: int, batch: int, rng: random.Random
+        self,
+        states: Sequence[CriticState],
+        policy_probs: Sequence[np.ndarray],
+        targets: np.ndarray,
+        *,
+        epochs: int,
+        batch: int,
+        rng: random.Random,
     ) -> float:
         losses = []
         for _ in range(epochs):
@@ -112,7 +162,7 @@ class PRMCritic:
             rng.shuffle(order)
             for start in range(0, len(order), batch):
                 idx = order[start : start + batch]
-                predicted = self._forward([states[i] for i in idx])
+                predicted = self._forward([states[i] for i in idx], [policy_probs[i] for i in idx])
                 loss = estimators.value_loss(predicted, torch.tensor(targets[idx], dtype=torch.float32))
                 self.optimizer.zero_grad()
                 loss.backward()
@@ -140,9 +190,14 @@ class Learner:
         self.rng = random.Random(settings.seed)
 
     def advantages(
-        self, episodes: Sequence[EpisodeExperience], logp_old: list[np.ndarray], logp_ref: list[np.ndarray]
+        self,
+        episodes: Sequence[EpisodeExperience],
+        logp_old: list[np.ndarray],
+        logp_ref: list[np.ndarray],
+        policy_probs: list[list[np.ndarray]] | None = None,
     ) -> tuple[list[np.ndarray], np.ndarray | None]:
-        """Per-step advantages by the configured estimator (and PPO's value targets)."""
+        """Per-step advantages by the configured estimator (and PPO's value targets; PPO needs
+        ``policy_probs``, the acting policy's distribution over each step's candidates)."""
         s = self.settings
         rewards = [e.rewards for e in episodes]
         if s.estimator == "reinforce_pp":
@@ -165,10 +220,12 @@ class Learner:
                 for i, adv in zip(members, estimators.rloo_advantages(returns), strict=True):
                     out[i] = np.full(len(rewards[i]), adv)
             return out, None
-        assert self.critic is not None
+        assert self.critic is not None and policy_probs is not None
         out, targets = [], []
-        for e in episodes:
-            values = self.critic.values(e.states)
+        for e, probs in zip(episodes, policy_probs, strict=True):
+            if len(e.states) != len(e.decisions):
+                raise ValueError(f"{len(e.decisions)} decisions but {len(e.states)} critic states in one episode")
+            values = self.critic.values(e.states, probs)
             adv, target = estimators.gae(e.rewards, values, gamma=s.gamma, lam=s.gae_lambda)
             out.append(adv)
             targets.append(target)
@@ -196,7 +253,8 @@ class Learner:
             logp_old.append(old[start : start + len(e.decisions)])
             logp_ref.append(ref[start : start + len(e.decisions)])
             start += len(e.decisions)
-        per_episode, value_targets = self.advantages(episodes, logp_old, logp_ref)
+        policy_probs = self.policy_probs(episodes) if self.critic is not None else None
+        per_episode, value_targets = self.advantages(episodes, logp_old, logp_ref, policy_probs)
         advantages = np.concatenate(per_episode)
         stats = UpdateStats(
             advantages=per_episode,
@@ -228,12 +286,28 @@ class Learner:
         self.model.scorer.eval()
         stats.loss, stats.entropy = float(np.mean(losses)), float(np.mean(entropies))
         stats.clip_fraction = float(np.mean(clipped))
-        if self.critic is not None and value_targets is not None:
+        if self.critic is not None and value_targets is not None and policy_probs is not None:
             states = [s for e in episodes for s in e.states]
+            probs = [p for episode_probs in policy_probs for p in episode_probs]
             stats.value_loss = self.critic.fit(
-                states, value_targets, epochs=self.settings.epochs, batch=self.settings.minibatch_steps, rng=self.rng
+                states,
+                probs,
+                value_targets,
+                epochs=self.settings.epochs,
+                batch=self.settings.minibatch_steps,
+                rng=self.rng,
             )
         return stats
+
+    def policy_probs(self, episodes: Sequence[EpisodeExperience]) -> list[list[np.ndarray]]:
+        """pi(. | s_t) over each step's candidates under the acting policy (before the update)."""
+        out = []
+        with torch.inference_mode():
+            for e in episodes:
+                logp = self.model.log_probs(self.model.batch(e.decisions)).numpy().astype(np.float64)
+                bounds = np.cumsum([0, *(d.n_candidates for d in e.decisions)])
+                out.append([np.exp(logp[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+        return out
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps besides the weights: the optimizer and the shuffling RNG."""

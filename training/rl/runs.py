@@ -62,8 +62,8 @@ from training.policy.store import (
     latest_policy,
 )
 from training.reward_models.scoring import LocalScorer, load_scorer
-from training.reward_models.states import StepState
-from training.rl.learner import EpisodeExperience, Learner, LearnerSettings, PRMCritic
+from training.reward_models.states import StepState, describe_action
+from training.rl.learner import CriticState, EpisodeExperience, Learner, LearnerSettings, PRMCritic
 from training.rl.report import learning_curves_plot, table_one
 from training.rl.rewards import REWARD_SOURCES, RewardSource, Rollout, make_reward_source
 from training.rl.rewards.admire import LLMMilestones, MilestoneStore, TaskMilestones
@@ -77,8 +77,9 @@ from warehouse.tables_rl import AGENT_EVAL, AGENT_EVAL_EPISODES, POLICIES, RL_IT
 from warehouse.trajectories import Trajectory
 
 # 2: the ORM reward judges with its report's threshold; 3: the PRM pays 2 P(correct) - 1;
-# 4: common random numbers (an iteration's instances do not depend on the reward source)
-RL_CODE_VERSION = "rl-4"
+# 4: common random numbers (an iteration's instances do not depend on the reward source);
+# 5: the PPO critic judges (state, candidate action) pairs, as the PRM it starts from was trained
+RL_CODE_VERSION = "rl-5"
 
 #: The runs of the experiment by partition key: a reward source with ProgRM's REINFORCE++, and
 #: each paper's own estimator for its source (ADMIRE: step-level GRPO; GUI-Shepherd: PPO).
@@ -507,11 +508,16 @@ def _restore_milestones(store: MilestoneStore, saved: dict) -> None:
         store.tasks[task] = TaskMilestones(m["milestones"], m["exemplar"], m["exemplar_steps"], m["version"])
 
 
-def _critic_states(record: EpisodeRecord) -> list[StepState]:
+def _critic_states(record: EpisodeRecord, decisions: Sequence[StepDecision]) -> list[CriticState]:
+    """Each step's state as the PRM reads it, with the policy's candidates there as the PRM reads
+    actions (the critic judges those pairs, never a state without an action)."""
     trajectory = text_trajectory(record)
     return [
-        StepState(trajectory.instruction, tuple(s.action for s in trajectory.steps[:t]), step.screen_lines)
-        for t, step in enumerate(trajectory.steps)
+        CriticState(
+            StepState(trajectory.instruction, tuple(s.action for s in trajectory.steps[:t]), step.screen_lines),
+            tuple(describe_action(action, recorded.screen) for action in decision.actions),
+        )
+        for t, (step, recorded, decision) in enumerate(zip(trajectory.steps, record.steps, decisions, strict=True))
     ]
 
 
@@ -587,7 +593,7 @@ def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: s
         prm = load_scorer(warehouse, "prm")
         if not isinstance(prm, LocalScorer):
             raise RLStageError("PPO's critic is initialised from a local PRM checkpoint, not a service")
-        critic = PRMCritic(prm.scorer, settings.learner.critic_learning_rate)
+        critic = PRMCritic(prm.scorer, settings.learner.critic_learning_rate, settings.learner.critic_top_k)
     learner = Learner(model, reference, settings.learner, critic=critic)
     run_key = settings.run_key(sft["policy_id"])
     run_dir = warehouse.home / "policies" / "rl" / sft["policy_id"] / run_key
@@ -699,7 +705,7 @@ def _experience(
             decisions=policy.decisions[r.episode_id],
             rewards=np.asarray(step_rewards, dtype=np.float64),
             group=f"{r.task_id}:{r.seed}",
-            states=_critic_states(r) if run.critic is not None else [],
+            states=_critic_states(r, policy.decisions[r.episode_id]) if run.critic is not None else [],
         )
         for r, step_rewards in zip(kept, rewards, strict=True)
     ]

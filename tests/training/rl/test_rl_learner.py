@@ -1,5 +1,7 @@
 """The RL update: each estimator moves probability toward rewarded actions, with real gradients."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -8,8 +10,8 @@ from envs.protocol import EpisodeContext
 from tests.training.policy.test_policy import INSTRUCTION, LOGIN, SLOTS, _login_screen
 from training.policy.learned import LearnedPolicy, PolicyModel
 from training.reward_models.models import RewardScorer
-from training.reward_models.states import StepState
-from training.rl.learner import EpisodeExperience, Learner, LearnerSettings, PRMCritic
+from training.reward_models.states import StepState, describe_action
+from training.rl.learner import CriticState, EpisodeExperience, Learner, LearnerSettings, PRMCritic
 from warehouse.model import ActionType
 
 GOOD = 'INPUT(textbox#username, "<username>")'
@@ -71,14 +73,24 @@ def test_update_refuses_misaligned_rewards(base):
 
 def test_ppo_with_a_critic_initialised_from_a_reward_model(base, trained_progrm):
     """The critic starts as a copy of a trained frozen-segments reward model (GUI-Shepherd
-    initialises it from the PRM; any such model has the same shape) and regresses the returns."""
+    initialises it from the PRM; any such model has the same shape), reads only (state, action)
+    pairs as the PRM does, and regresses the returns."""
     scorer = RewardScorer.from_checkpoint(trained_progrm)
-    critic = PRMCritic(scorer, learning_rate=1e-3)
-    screen_lines = tuple(_login_screen(None, None, None).to_text().split("\n"))
-    state = StepState(INSTRUCTION, (), screen_lines)
-    assert np.isclose(
-        critic.values([state])[0], float(scorer.model(**_batch(scorer, [state]))["logits"][0].detach()), atol=1e-4
-    )
+    critic = PRMCritic(scorer, learning_rate=1e-3, top_k=2)
+    episodes = _sample(base, 1, 0)
+    state = _critic_state(episodes[0].decisions[0])
+    probs = np.array([0.1] * (len(state.actions) - 2) + [0.3, 0.5])
+    probs = probs / probs.sum()
+    # V(s) is the policy-weighted judgement of its two most likely actions, renormalised
+    top = [len(state.actions) - 1, len(state.actions) - 2]
+    pairs = [replace(state.state, action=state.actions[j]) for j in top]
+    judged = scorer.model(**_batch(scorer, pairs))["logits"].detach().numpy()
+    expected = (probs[top] / probs[top].sum() * judged).sum()
+    assert np.isclose(critic.values([state], [probs])[0], expected, atol=1e-4)
+    assert all(p.action is not None for p in critic.judged_pairs([state], [probs])[0])
+    with pytest.raises(ValueError, match="candidate actions but"):
+        critic.values([state], [probs[:-1]])
+
     model = base.frozen_copy()
     for p in model.scorer.parameters():
         p.requires_grad_(True)
@@ -87,9 +99,20 @@ def test_ppo_with_a_critic_initialised_from_a_reward_model(base, trained_progrm)
     for round_ in range(4):
         episodes = _sample(model, 16, 10 + round_)
         for e in episodes:
-            e.states = [state]
+            e.states = [_critic_state(d) for d in e.decisions]
         losses.append(learner.update(episodes).value_loss)
     assert losses[-1] < losses[0]
+    e.states = []
+    with pytest.raises(ValueError, match="critic states"):
+        learner.update([e])
+
+
+def _critic_state(decision) -> CriticState:
+    screen = _login_screen(None, None, None)
+    return CriticState(
+        StepState(INSTRUCTION, (), tuple(screen.to_text().split("\n"))),
+        tuple(describe_action(a, screen) for a in decision.actions),
+    )
 
 
 def _batch(scorer, states):
@@ -97,3 +120,29 @@ def _batch(scorer, states):
 
     features = segment_features(states, scorer.cache, scorer.config)
     return collate_segments(features, np.arange(len(states)), torch.from_numpy(scorer.cache.matrix))
+
+
+def test_the_run_gives_the_critic_each_steps_candidates_as_the_prm_reads_actions(base):
+    """runs._critic_states pairs every step's state with the candidates the policy chose among, in
+    the decision's order, written as the PRM's training data writes the executed action."""
+    from datetime import UTC, datetime
+
+    from envs.protocol import EpisodeRecord, StepRecord
+    from training.rl.rewards.base import text_trajectory
+    from training.rl.runs import _critic_states
+
+    policy = LearnedPolicy(base, policy_id="critic-states", record=True)
+    context = EpisodeContext(LOGIN.spec, INSTRUCTION, SLOTS, 0, "miniwob", frozenset(ActionType), 10, "e0")
+    actor = policy.start(context)
+    screen = _login_screen(None, None, None)
+    steps = tuple(StepRecord(t, screen, actor.act(screen), 0.0, (), t == 1, 0, 0.0) for t in range(2))
+    record = EpisodeRecord(
+        "e0", "login-user", "miniwob-forms", INSTRUCTION, 0, "critic-states", "miniwob", steps, screen, {}, SLOTS,
+        False, 0.0, None, "max_steps", 0, 3, 0.0, 0, datetime.now(UTC),
+    )  # fmt: skip
+    decisions = policy.decisions["e0"]
+    states = _critic_states(record, decisions)
+    executed = text_trajectory(record).steps
+    assert [len(s.actions) for s in states] == [d.n_candidates for d in decisions]
+    assert [s.actions[d.chosen] for s, d in zip(states, decisions, strict=True)] == [s.action for s in executed]
+    assert states[1].state.history == (executed[0].action,) and states[0].state.action is None

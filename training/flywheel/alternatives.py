@@ -419,15 +419,18 @@ class AlternativesSummary:
         }
 
 
-def monte_carlo_value(outcomes: Sequence[ReplayOutcome]) -> float | None:
+def monte_carlo_value(outcomes: Sequence[ReplayOutcome], *, last_step: bool = False) -> float | None:
     """A candidate's value (Math-Shepherd's soft estimate): 1 or 0 where its own step ended the
-    episode (the outcome is known), else the share of its continuations that succeeded; None when
-    nothing continued after it (m = 0)."""
+    episode (the outcome is known), 0 where it took the task's last step (``last_step``) without
+    ending it (the episode failed there, out of steps), else the share of its continuations that
+    succeeded; None when nothing continued after it (m = 0)."""
     if not outcomes:
         return None
     first = outcomes[0]
     if first.ended:
         return 1.0 if first.ended_success else 0.0
+    if last_step:
+        return 0.0
     continued = [o for o in outcomes if o.continued]
     if not continued:
         return None
@@ -492,7 +495,7 @@ def alternative_rows(
                     "step_problem": first.problem,
                     "continuations": len(continued),
                     "continuation_successes": sum(o.success for o in continued),
-                    "mc_value": monte_carlo_value(got),
+                    "mc_value": monte_carlo_value(got, last_step=state.step_idx + 1 >= state.max_steps),
                     "repeatable": repeatable,
                     "replay_ms": float(np.mean([o.replay_ms for o in got])),
                     "run_id": run_id,

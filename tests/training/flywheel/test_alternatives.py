@@ -415,6 +415,9 @@ def test_monte_carlo_values_follow_math_shepherd_and_the_known_outcome():
     assert monte_carlo_value([_outcome(ended=True, ended_success=True, success=True, continued=False)]) == 1.0
     assert monte_carlo_value([_outcome(ended=True, continued=False)]) == 0.0
     assert monte_carlo_value([_outcome(continued=False)]) is None  # m = 0: nothing continued
+    # the candidate took the task's last step and did not end the episode: it failed, out of steps
+    assert monte_carlo_value([_outcome(continued=False)], last_step=True) == 0.0
+    assert monte_carlo_value([_outcome(ended=True, ended_success=True, success=True)], last_step=True) == 1.0
 
 
 def test_rows_keep_what_a_replay_labelled_and_count_what_none_did():
@@ -435,6 +438,11 @@ def test_rows_keep_what_a_replay_labelled_and_count_what_none_did():
     assert (summary.states_labelled, summary.states_dropped) == (1, 1)
     assert (summary.candidates_labelled, summary.candidates_dropped, summary.not_repeatable) == (2, 3, 2)
     pa.Table.from_pylist(rows, schema=STEP_ALTERNATIVES)  # the rows fit the table
+    # a state at the task's last step: a candidate that does not end the episode there is worth 0
+    last = _state(5, max_steps=6)
+    at_budget = {(last.state_id, i): [_outcome(continued=False)] for i in range(2)}
+    rows = alternative_rows([last], at_budget, proposer_id="p", round_=1, run_id="r", summary=AlternativesSummary())
+    assert [r["mc_value"] for r in rows] == [0.0, 0.0]
 
 
 @pytest.mark.parametrize(

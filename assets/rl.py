@@ -77,6 +77,10 @@ class RLRunConfig(Config):
     reward_endpoint: str | None = Field(default=None, description="reward-model HTTP service instead of the checkpoint")
     milestone_endpoint: str | None = Field(default=None, description="OpenAI-compatible base URL for ADMIRE milestones")
     milestone_model: str = "default"
+    block: str = Field(
+        default="dense",
+        description="the SFT policy's pre-registered task block to train on: dense or sparse (Table-1 issue)",
+    )
     workers: int = 2
 
 

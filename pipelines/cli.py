@@ -491,7 +491,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
         return 2
     reduced = RL_REDUCED if args.reduced else {"sft": {}, "run": {}, "evaluation": {}}
     sft_config = reduced["sft"] | ({"tasks": args.tasks.split(",")} if args.tasks else {})
-    run_config = reduced["run"] | ({"iterations": args.iterations} if args.iterations else {})
+    run_config = reduced["run"] | ({"iterations": args.iterations} if args.iterations else {}) | {"block": args.block}
     quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
     warehouse = Warehouse()
     started = time.perf_counter()
@@ -863,6 +863,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=3, help="RL seeds per run (1-3)")
     p.add_argument("--iterations", type=int, default=0, help="RL iterations per run (0: the asset's default)")
     p.add_argument("--tasks", default="", help="comma-separated candidate tasks (default: every catalog task)")
+    p.add_argument(
+        "--block",
+        choices=("dense", "sparse"),
+        default="dense",
+        help="the task block the runs train on, as the SFT policy pre-registered it (dense: SFT success in "
+        "(low, high); sparse: SFT success in (0, 15%%] and demonstrations of >= 5 steps)",
+    )
     p.add_argument("--reduced", action="store_true", help="a small experiment (what CI runs end to end)")
     p.add_argument("--reuse-sft", action="store_true", help="keep the newest SFT policy instead of training one")
     p.add_argument(

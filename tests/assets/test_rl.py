@@ -19,6 +19,7 @@ from pipelines.figures import reward_models_on_agents
 from pipelines.flywheel import FlywheelSettings, run_flywheel
 from training.policy.store import POLICY_ROLLOUT_SEED_BASE
 from training.rl.export import export_rl_data
+from training.rl.runs import run_rl_report
 from warehouse.catalog import Warehouse
 
 pytestmark = pytest.mark.e2e
@@ -96,6 +97,13 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
     table = report.asset_materializations_for_node("rl_report")[0].metadata["table_one"].value
     for actor in ("SFT", *RUNS):
         assert f"| {actor} |" in table
+    # each run's reward judged on its own training episodes (AUC vs success), by code
+    judged = {r["actor"]: r for r in run_rl_report(Warehouse(home))["training_reward_auc"]}
+    rl_episodes = (
+        Warehouse(home).query("SELECT count(DISTINCT episode_id) AS n FROM rl_step_rewards").to_pylist()[0]["n"]
+    )
+    assert set(judged) == set(RUNS) and sum(r["episodes"] for r in judged.values()) == rl_episodes
+    assert "reward AUC vs success" in table
 
     warehouse = Warehouse(home)
     iterations = warehouse.query(

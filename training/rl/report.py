@@ -8,13 +8,14 @@ its markdown and plots, and the checks of the paper's two claims (ProgRM §4.2, 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from training.policy.evaluation import FAILURE_MODES, paired_comparison, seed_bootstrap_interval
+from training.reward_models.agent_episodes import bootstrap_auc
 from training.reward_models.kinds import PROGRESS_KINDS
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
@@ -47,7 +48,7 @@ SPARSE_BLOCK = "sparse"
 DENSE_SOURCES: tuple[str, ...] = (*PROGRESS_KINDS, "prm", "guidnav", "admire")
 
 
-def run_label(run: dict) -> str:
+def run_label(run: Mapping[str, Any]) -> str:
     """A row's actor: the reward source, its estimator when not REINFORCE++, its block when not dense."""
     source, estimator = run["reward_source"], run["estimator"]
     label = source if estimator == "reinforce_pp" else f"{source} ({estimator})"
@@ -55,27 +56,46 @@ def run_label(run: dict) -> str:
     return label if block == DENSE_BLOCK else f"{label} [{block}]"
 
 
-def table_one(sft_id: str, runs: Sequence[dict], by_policy: dict[str, list[dict]]) -> dict[str, Any]:
+def sft_label(block: str) -> str:
+    """The SFT row of a block: ``SFT`` on the dense block, ``SFT [sparse]`` on the sparse one."""
+    return "SFT" if block == DENSE_BLOCK else f"SFT [{block}]"
+
+
+def table_one(
+    sft_id: str,
+    runs: Sequence[dict],
+    by_policy: dict[str, list[dict]],
+    blocks: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, Any]:
     """The report's figures (pure): one row per reward source (and estimator, and block) over its RL
-    seeds; success and environment reward with 95% intervals by a two-level bootstrap over seeds and
-    their episodes (:func:`seed_bootstrap_interval`); paired McNemar tests of every source against
-    SFT, against the ORM (ProgRM's claim) and against the outcome reward (ADMIRE's and
-    GUI-Shepherd's), each pairing episodes on the same task, seed and RL seed."""
+    seeds, and one SFT row per block of ``blocks`` that has tasks (all of SFT's episodes in one row
+    without ``blocks``); success and environment reward with 95% intervals by a two-level bootstrap
+    over seeds and their episodes (:func:`seed_bootstrap_interval`); paired McNemar tests of every
+    source against SFT, against the ORM (ProgRM's claim) and against the outcome reward (ADMIRE's
+    and GUI-Shepherd's), each pairing episodes on the same task, seed and RL seed."""
     families = sorted({e["task_family"] for items in by_policy.values() for e in items if e["task_family"]})
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
         groups[run_label(r)].append(r)
 
-    def summarise(label: str, policy_ids: Sequence[str], env_steps: Sequence[int], run: dict | None = None) -> dict:
-        items = [e for p in policy_ids for e in by_policy.get(p, [])]
-        seeds = [by_policy[p] for p in policy_ids if by_policy.get(p)]
+    def summarise(
+        label: str,
+        policy_ids: Sequence[str],
+        env_steps: Sequence[int],
+        run: dict | None = None,
+        tasks: Collection[str] | None = None,
+        block: str | None = None,
+    ) -> dict:
+        kept = {p: [e for e in by_policy.get(p, []) if tasks is None or e["task_id"] in tasks] for p in policy_ids}
+        items = [e for p in policy_ids for e in kept[p]]
+        seeds = [kept[p] for p in policy_ids if kept[p]]
         mean, low, high = seed_bootstrap_interval([[float(e["success"]) for e in g] for g in seeds])
         reward, reward_low, reward_high = seed_bootstrap_interval([[e["env_return"] for e in g] for g in seeds])
         row: dict[str, Any] = {
             "actor": label,
             "reward_source": run["reward_source"] if run else None,
             "estimator": run["estimator"] if run else None,
-            "block": (run.get("block") or DENSE_BLOCK) if run else None,
+            "block": (run.get("block") or DENSE_BLOCK) if run else block,
             "seeds": len(seeds),
             "episodes": len(items),
             "success_rate": mean,
@@ -94,7 +114,10 @@ def table_one(sft_id: str, runs: Sequence[dict], by_policy: dict[str, list[dict]
         row["failure_modes"] = {mode: modes.get(mode, 0) for mode in FAILURE_MODES}
         return row
 
-    rows = [summarise("SFT", [sft_id], [0])]
+    if blocks is None:
+        rows = [summarise("SFT", [sft_id], [0], block=DENSE_BLOCK)]
+    else:
+        rows = [summarise(sft_label(b), [sft_id], [0], tasks=set(t), block=b) for b, t in blocks.items() if t]
     for label, members in sorted(groups.items()):
         ids, steps = [m["policy_id"] for m in members], [m["env_steps"] or 0 for m in members]
         rows.append(summarise(label, ids, steps, members[0]))
@@ -114,14 +137,44 @@ def table_one(sft_id: str, runs: Sequence[dict], by_policy: dict[str, list[dict]
         mine = outcomes(ids, True)
         # versus SFT: every RL seed's episode paired with SFT's episode on the same task and seed
         paired_sft = {(t, s, rl): sft_outcomes[(t, s, 0)] for (t, s, rl) in mine if (t, s, 0) in sft_outcomes}
-        comparisons.append({"actor": label, "versus": "SFT"} | paired_comparison(mine, paired_sft))
         block = members[0].get("block") or DENSE_BLOCK
+        comparisons.append({"actor": label, "versus": sft_label(block)} | paired_comparison(mine, paired_sft))
         for versus in ("orm", "outcome"):  # ProgRM's baseline; ADMIRE's and GUI-Shepherd's
             other = run_label({"reward_source": versus, "estimator": "reinforce_pp", "block": block})
             if other in groups and other != label:
                 theirs = outcomes([m["policy_id"] for m in groups[other]], True)
                 comparisons.append({"actor": label, "versus": other} | paired_comparison(mine, theirs))
     return {"sft_policy_id": sft_id, "families": families, "rows": rows, "comparisons": comparisons}
+
+
+def training_reward_auc(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """How well each run's reward told its own training episodes apart (the Table-1 issue): per
+    actor (:func:`run_label`), the ROC AUC of an episode's summed reward (the reward the policy
+    was trained on, before any shaping) against the episode's success, over every training
+    episode of its RL seeds, with a bootstrap 95% interval (successes and failures resampled
+    apart). An exact outcome reward gives 1; a reward no better than chance, 0.5.
+
+    ``episodes``: one mapping per RL training episode with ``reward_source``, ``estimator``,
+    ``block``, ``reward`` (summed over its steps) and ``success``."""
+    groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for e in episodes:
+        groups[run_label(e)].append(e)
+    rows = []
+    for label, items in sorted(groups.items()):
+        rewards = [float(e["reward"]) for e in items]
+        success = [bool(e["success"]) for e in items]
+        auc, low, high = bootstrap_auc(rewards, success)
+        rows.append(
+            {
+                "actor": label,
+                "episodes": len(items),
+                "successes": sum(success),
+                "auc": auc,
+                "auc_low": low,
+                "auc_high": high,
+            }
+        )
+    return rows
 
 
 def report_markdown(report: dict[str, Any]) -> Markdown:
@@ -150,6 +203,17 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
             f"| {c['actor']} | {c['versus']} | {c['pairs']} | {c['only_a']} | {c['only_b']} | "
             f"{'<0.001' if p < 0.001 else f'{p:.3f}'} |"
         )
+    if report.get("training_reward_auc"):
+        lines += [
+            "",
+            "| actor | training episodes | successes | reward AUC vs success [95%] |",
+            "|---|---:|---:|---|",
+        ]
+        for a in report["training_reward_auc"]:
+            lines.append(
+                f"| {a['actor']} | {a['episodes']} | {a['successes']} | "
+                f"{a['auc']:.2f} [{a['auc_low']:.2f}, {a['auc_high']:.2f}] |"
+            )
     lines += ["", "| actor | " + " | ".join(FAILURE_MODES) + " |", "|---|" + "---:|" * len(FAILURE_MODES)]
     for r in report["rows"]:
         lines.append(f"| {r['actor']} | " + " | ".join(str(r["failure_modes"][m]) for m in FAILURE_MODES) + " |")
@@ -199,13 +263,19 @@ def check_table_one(report: dict[str, Any]) -> dict[str, CheckOutcome]:
     block, every dense reward beats the exact outcome (ADMIRE's and GUI-Shepherd's claim)."""
     rates = {r["actor"]: r["success_rate"] for r in report["rows"]}
     sft = rates.get("SFT", float("nan"))
-    rl = {k: v for k, v in rates.items() if k != "SFT"}
+    rl_rows = [r for r in report["rows"] if r.get("reward_source")]
+    rl = {r["actor"]: r["success_rate"] for r in rl_rows}
+    sft_of = {r["actor"]: rates.get(sft_label(r.get("block") or DENSE_BLOCK), float("nan")) for r in rl_rows}
     sparse_dense = [
         r["actor"] for r in report["rows"] if r.get("block") == SPARSE_BLOCK and r.get("reward_source") in DENSE_SOURCES
     ]
     sparse_outcome = run_label({"reward_source": "outcome", "estimator": "reinforce_pp", "block": SPARSE_BLOCK})
     return {
-        "rl_improves_on_sft": CheckOutcome(bool(rl) and all(v > sft for v in rl.values()), {"sft": sft, "rl": rl}),
+        "rl_improves_on_sft": CheckOutcome(
+            bool(rl) and all(v > sft_of[a] for a, v in rl.items()),
+            {"sft": sft, "rl": rl}
+            | ({"sft_sparse": rates[sft_label(SPARSE_BLOCK)]} if sft_label(SPARSE_BLOCK) in rates else {}),
+        ),
         "progrm_beats_orm": _beats(report, list(PROGRESS_KINDS), "orm"),
         "dense_beats_outcome_on_sparse": _beats(report, sparse_dense, sparse_outcome),
     }

@@ -64,7 +64,7 @@ from training.policy.store import (
 from training.reward_models.scoring import LocalScorer, load_scorer
 from training.reward_models.states import StepState, describe_action
 from training.rl.learner import CriticState, EpisodeExperience, Learner, LearnerSettings, PRMCritic
-from training.rl.report import learning_curves_plot, table_one
+from training.rl.report import DENSE_BLOCK, SPARSE_BLOCK, learning_curves_plot, table_one, training_reward_auc
 from training.rl.rewards import REWARD_SOURCES, RewardSource, Rollout, make_reward_source
 from training.rl.rewards.admire import LLMMilestones, MilestoneStore, TaskMilestones
 from training.rl.rewards.base import text_trajectory
@@ -95,6 +95,9 @@ RL_SEEDS: tuple[str, ...] = ("s0", "s1", "s2")
 
 Log = Callable[[str], None]
 PoolFactory = Callable[[int], AbstractContextManager[EnvPool]]
+
+
+TASK_BLOCKS: tuple[str, ...] = (DENSE_BLOCK, SPARSE_BLOCK)
 
 
 class RLStageError(RuntimeError):
@@ -141,10 +144,13 @@ class RLSettings:
     milestone_endpoint: str | None = None  # an OpenAI-compatible base URL for ADMIRE's milestones
     milestone_model: str = "default"
     learner: LearnerSettings = field(default_factory=LearnerSettings)
+    block: str = DENSE_BLOCK  # the SFT policy's task block the run trains on (dense | sparse)
 
     def __post_init__(self) -> None:
         if self.reward_source not in REWARD_SOURCES:
             raise ValueError(f"unknown reward source {self.reward_source!r}; choose one of {', '.join(REWARD_SOURCES)}")
+        if self.block not in TASK_BLOCKS:
+            raise ValueError(f"unknown task block {self.block!r}; choose one of {', '.join(TASK_BLOCKS)}")
         if self.learner.estimator != self.estimator:
             object.__setattr__(self, "learner", replace(self.learner, estimator=self.estimator))
         if self.iterations < 1 or self.instances_per_task < 1 or self.group_size < 1:
@@ -345,8 +351,14 @@ def run_policy_sft(
             max_tasks=settings.max_tasks,
         )
         log(f"SFT success on selection seeds: {rates}; experiment tasks: {chosen}; sparse block: {sparse}")
-        held_result, held = evaluate_policy(
-            model, policy_id, [t for t in tasks if t.task_id in chosen], held_out, pool, evaluation="held_out", log=log
+        held_result, held = evaluate_policy(  # both blocks: every RL run is paired with SFT on its tasks
+            model,
+            policy_id,
+            [t for t in tasks if t.task_id in {*chosen, *sparse}],
+            held_out,
+            pool,
+            evaluation="held_out",
+            log=log,
         )
     policy_row = {
         "policy_id": policy_id,
@@ -407,6 +419,16 @@ def _imitation_data(warehouse: Warehouse, settings: PolicySettings) -> tuple[lis
             "materialize human_demonstrations (and rollouts) first"
         )
     return [t for t in tasks if t.task_id in with_demos], trajectories
+
+
+def task_blocks(sft: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The task blocks an SFT policy pre-registered (``task_blocks`` in its parameters); a policy
+    made before there were blocks has its chosen tasks as the dense block and no sparse one."""
+    recorded = json.loads(sft.get("parameters") or "{}").get("task_blocks") or {}
+    return {
+        DENSE_BLOCK: list(recorded.get(DENSE_BLOCK) or sft.get("tasks") or []),
+        SPARSE_BLOCK: list(recorded.get(SPARSE_BLOCK) or []),
+    }
 
 
 def choose_tasks(rates: dict[str, float], low: float, high: float, max_tasks: int) -> list[str]:
@@ -563,15 +585,15 @@ def run_rl(
             _run_iteration(
                 warehouse, settings, run, state, pool, iteration=iteration, lineage=lineage, run_id=run_id, log=log
             )
-    return _register_rl_policy(warehouse, settings, run.sft, run.run_key, run.run_dir, run.model, state, run_id)
+    return _register_rl_policy(warehouse, settings, run, state, run_id)
 
 
 def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: str | None) -> _RLRun:
     """Load the SFT policy, its tasks, the reward source and the learner (a missing model fails here)."""
     sft = latest_policy(warehouse, "sft", sft_policy_id)
-    tasks = _catalog_tasks(sft["tasks"] or [])
+    tasks = _catalog_tasks(task_blocks(sft)[settings.block])
     if not tasks:
-        raise RLStageError(f"the SFT policy {sft['policy_id']} chose no tasks for RL")
+        raise RLStageError(f"the SFT policy {sft['policy_id']} chose no tasks for RL in the {settings.block} block")
     model = PolicyModel.load(sft["checkpoint"])
     reference = model.frozen_copy()
     milestone_generator = None
@@ -795,18 +817,12 @@ def _publish_iteration(
 
 
 def _register_rl_policy(
-    warehouse: Warehouse,
-    settings: RLSettings,
-    sft: dict,
-    run_key: str,
-    run_dir: Path,
-    model: PolicyModel,
-    state: RunState,
-    run_id: str,
+    warehouse: Warehouse, settings: RLSettings, run: _RLRun, state: RunState, run_id: str
 ) -> dict[str, Any]:
+    sft, run_key = run.sft, run.run_key
     policy_id = f"rl-{run_key}-{sft['policy_id']}"
-    final = run_dir / "final"
-    _atomic_dir(final, model.save)
+    final = run.run_dir / "final"
+    _atomic_dir(final, run.model.save)
     m = Materialization(
         asset="rl_run",
         run_id=run_id,
@@ -823,7 +839,7 @@ def _register_rl_policy(
         "rl_seed": settings.rl_seed,
         "parent_policy_id": sft["policy_id"],
         "checkpoint_path": warehouse.relative(final),
-        "tasks": sft["tasks"],
+        "tasks": [t.task_id for t in run.tasks],  # its block's: what it is evaluated on
         "env_steps": state.env_steps,
         "parameters": json.dumps(asdict(settings), default=str),
         "created_at": _now(),
@@ -899,13 +915,14 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     """ProgRM Table 1 from the held-out evaluations of the SFT policy and the RL runs from it."""
     sft = latest_policy(warehouse, "sft", sft_policy_id)
     runs = warehouse.query(
-        "SELECT policy_id, reward_source, estimator, rl_seed, env_steps FROM policies "
+        "SELECT policy_id, reward_source, estimator, rl_seed, env_steps, "
+        "coalesce(json_extract_string(parameters, '$.block'), ?) AS block FROM policies "
         "WHERE kind = 'rl' AND parent_policy_id = ? ORDER BY created_at",
-        [sft["policy_id"]],
+        [DENSE_BLOCK, sft["policy_id"]],
     ).to_pylist()
-    latest: dict[tuple[str, str, int], dict] = {}
+    latest: dict[tuple[str, str, int, str], dict] = {}
     for r in runs:
-        latest[(r["reward_source"], r["estimator"], r["rl_seed"])] = r  # the newest run of each wins
+        latest[(r["reward_source"], r["estimator"], r["rl_seed"], r["block"])] = r  # the newest run of each wins
     policy_ids = [sft["policy_id"], *(r["policy_id"] for r in latest.values())]
     episodes = warehouse.query(
         "SELECT e.*, a.task_family FROM agent_eval_episodes e JOIN agent_eval a "
@@ -915,7 +932,25 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     by_policy: dict[str, list[dict]] = defaultdict(list)
     for e in episodes:
         by_policy[e["policy_id"]].append(e)
-    return table_one(sft["policy_id"], list(latest.values()), by_policy)
+    report = table_one(sft["policy_id"], list(latest.values()), by_policy, task_blocks(sft))
+    report["training_reward_auc"] = training_reward_auc(_training_episodes(warehouse, sft["policy_id"]))
+    return report
+
+
+def _training_episodes(warehouse: Warehouse, sft_policy_id: str) -> list[dict]:
+    """Every RL training episode of the runs from an SFT policy: its run's source, estimator and
+    block, its reward summed over its steps, and its success."""
+    return warehouse.query(
+        "WITH runs AS (SELECT DISTINCT run_key, reward_source, estimator FROM rl_iterations "
+        "WHERE policy_id LIKE 'rl:%:' || ? || ':i%') "
+        "SELECT r.episode_id, runs.reward_source, runs.estimator, "
+        "coalesce(json_extract_string(any_value(p.parameters), '$.block'), ?) AS block, "
+        "sum(r.reward) AS reward, bool_or(e.success) AS success "
+        "FROM rl_step_rewards r JOIN runs USING (run_key) JOIN episodes e USING (episode_id) "
+        "LEFT JOIN policies p ON p.policy_id = 'rl-' || r.run_key || '-' || ? "
+        "GROUP BY r.episode_id, runs.reward_source, runs.estimator",
+        [sft_policy_id, DENSE_BLOCK, sft_policy_id],
+    ).to_pylist()
 
 
 # ---------------------------------------------------------------------------------------------

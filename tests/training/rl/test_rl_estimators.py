@@ -139,3 +139,18 @@ def test_the_sparse_block_is_chosen_by_its_own_rule_and_may_be_empty():
     assert choose_sparse_tasks(rates, {}) == []  # no demonstration: no evidence of a long solution
     assert choose_sparse_tasks({"a": 0.0, "b": 1.0}, {"a": 9.0, "b": 9.0}) == []
     assert choose_tasks(rates, 0.1, 0.9, 4) == ["long-often", "long-edge"]  # the dense block, as before
+
+
+def test_a_run_trains_on_its_block_of_the_sft_policys_pre_registered_tasks():
+    import json
+
+    from training.rl.runs import RLSettings, task_blocks
+
+    blocks = {"dense": ["click-tab-2"], "sparse": ["book-flight-nodelay"]}
+    sft = {"tasks": ["click-tab-2"], "parameters": json.dumps({"task_blocks": blocks})}
+    assert task_blocks(sft) == blocks
+    # a policy made before the blocks: its chosen tasks are the dense block, and there is no sparse one
+    assert task_blocks({"tasks": ["click-tab-2"], "parameters": "{}"}) == {"dense": ["click-tab-2"], "sparse": []}
+    assert RLSettings("outcome", block="sparse").run_key("sft-a") != RLSettings("outcome").run_key("sft-a")
+    with pytest.raises(ValueError, match="unknown task block 'long'"):
+        RLSettings("outcome", block="long")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from training.rl.report import check_table_one, report_markdown, table_one
+from training.rl.report import check_table_one, report_markdown, table_one, training_reward_auc
 
 TASKS = [("click-tab-2", "click"), ("enter-text", "type")]
 SEEDS = range(10)
@@ -161,3 +161,62 @@ def test_no_episodes_gives_nan_not_an_error() -> None:
     report = table_one("sft", [], {})
     assert len(report["rows"]) == 1 and math.isnan(report["rows"][0]["success_rate"])
     assert not check_table_one(report)["rl_improves_on_sft"].passed
+
+
+def test_each_block_has_its_own_sft_row_and_is_compared_with_it():
+    """SFT is evaluated on both blocks' tasks; its rows and every run's comparison with it keep to
+    the run's block (enter-text plays the sparse block here)."""
+    solved = {("click-tab-2", s) for s in range(6)} | {("enter-text", 0)}
+    sft_episodes = _episodes("sft", solved)
+    sparse_run = [e for e in _episodes("senv0", {("enter-text", s) for s in range(3)}) if e["task_id"] == "enter-text"]
+    dense_run = [e for e in _episodes("out0", _solved(5)) if e["task_id"] == "click-tab-2"]
+    runs = [
+        {"policy_id": "out0", "reward_source": "outcome", "estimator": "reinforce_pp", "rl_seed": 0, "env_steps": 1},
+        {
+            "policy_id": "senv0",
+            "reward_source": "progrm_env",
+            "estimator": "reinforce_pp",
+            "rl_seed": 0,
+            "env_steps": 1,
+            "block": "sparse",
+        },
+    ]
+    blocks = {"dense": ["click-tab-2"], "sparse": ["enter-text"]}
+    report = table_one("sft", runs, {"sft": sft_episodes, "out0": dense_run, "senv0": sparse_run}, blocks)
+    rows = {r["actor"]: r for r in report["rows"]}
+    assert rows["SFT"]["success_rate"] == 0.6 and rows["SFT"]["episodes"] == 10
+    assert rows["SFT [sparse]"]["success_rate"] == 0.1 and rows["SFT [sparse]"]["block"] == "sparse"
+    by = {(c["actor"], c["versus"]): c for c in report["comparisons"]}
+    assert by[("progrm_env [sparse]", "SFT [sparse]")]["pairs"] == 10
+    assert by[("progrm_env [sparse]", "SFT [sparse]")]["only_a"] == 2
+    assert by[("outcome", "SFT")]["only_b"] == 1
+    improves = check_table_one(report)["rl_improves_on_sft"]
+    assert not improves.passed  # outcome 50% < SFT 60% on the dense block, though 30% > 10% on the sparse one
+    assert improves.metadata["sft_sparse"] == 0.1
+    empty_sparse = table_one("sft", runs[:1], {"sft": sft_episodes}, {"dense": ["click-tab-2"], "sparse": []})
+    assert [r["actor"] for r in empty_sparse["rows"]] == ["SFT", "outcome"]
+
+
+def test_each_runs_reward_is_judged_on_its_own_training_episodes():
+    def episode(source: str, reward: float, success: bool, **extra) -> dict:
+        return {"reward_source": source, "estimator": "reinforce_pp", "reward": reward, "success": success} | extra
+
+    episodes = [
+        *(episode("outcome", float(ok), ok) for ok in (True, False, False, True)),  # exact: AUC 1
+        episode("orm", 0.9, False),  # a confident wrong judgement ranks a failure first
+        episode("orm", 0.8, True),
+        episode("orm", 0.1, False),
+        episode("prm", 2.0, True, block="sparse"),
+        episode("prm", 1.0, False, block="sparse"),
+    ]
+    rows = {r["actor"]: r for r in training_reward_auc(episodes)}
+    assert set(rows) == {"outcome", "orm", "prm [sparse]"}
+    assert rows["outcome"]["auc"] == 1.0 and rows["outcome"]["episodes"] == 4 and rows["outcome"]["successes"] == 2
+    assert rows["orm"]["auc"] == 0.5  # above one failure, below the other
+    assert rows["orm"]["auc_low"] <= 0.5 <= rows["orm"]["auc_high"]
+    only_failures = training_reward_auc([episode("orm", 0.3, False)])[0]
+    assert math.isnan(only_failures["auc"])  # no success to rank: no AUC, not an error
+    text = str(
+        report_markdown({"families": [], "rows": [], "comparisons": [], "training_reward_auc": list(rows.values())})
+    )
+    assert "| outcome | 4 | 2 | 1.00 [1.00, 1.00] |" in text

@@ -342,14 +342,7 @@ def run_policy_sft(
             model, policy_id, tasks, selection_seeds, pool, evaluation="selection", log=log
         )
         rates = {row["task_id"]: row["success_rate"] for row in per_task_rows(selection)}
-        chosen = choose_tasks(rates, settings.low, settings.high, settings.max_tasks)
-        sparse = choose_sparse_tasks(
-            rates,
-            demonstration_solution_steps(warehouse),
-            high=settings.sparse_high,
-            min_steps=settings.sparse_min_solution_steps,
-            max_tasks=settings.max_tasks,
-        )
+        chosen, sparse = _task_blocks_by_rule(warehouse, settings, rates)
         log(f"SFT success on selection seeds: {rates}; experiment tasks: {chosen}; sparse block: {sparse}")
         held_result, held = evaluate_policy(  # both blocks: every RL run is paired with SFT on its tasks
             model,
@@ -419,6 +412,21 @@ def _imitation_data(warehouse: Warehouse, settings: PolicySettings) -> tuple[lis
             "materialize human_demonstrations (and rollouts) first"
         )
     return [t for t in tasks if t.task_id in with_demos], trajectories
+
+
+def _task_blocks_by_rule(
+    warehouse: Warehouse, settings: PolicySettings, rates: dict[str, float]
+) -> tuple[list[str], list[str]]:
+    """The dense and the sparse block, each by its rule, from SFT's success on the selection seeds."""
+    dense = choose_tasks(rates, settings.low, settings.high, settings.max_tasks)
+    sparse = choose_sparse_tasks(
+        rates,
+        demonstration_solution_steps(warehouse),
+        high=settings.sparse_high,
+        min_steps=settings.sparse_min_solution_steps,
+        max_tasks=settings.max_tasks,
+    )
+    return dense, sparse
 
 
 def task_blocks(sft: Mapping[str, Any]) -> dict[str, list[str]]:

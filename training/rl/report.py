@@ -7,9 +7,11 @@ its markdown and plots, and the checks of the paper's two claims (ProgRM §4.2, 
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -97,6 +99,7 @@ def table_one(
             "estimator": run["estimator"] if run else None,
             "block": (run.get("block") or DENSE_BLOCK) if run else block,
             "seeds": len(seeds),
+            "seed_success": [float(np.mean([e["success"] for e in g])) for g in seeds],
             "episodes": len(items),
             "success_rate": mean,
             "success_low": low,
@@ -144,7 +147,78 @@ def table_one(
             if other in groups and other != label:
                 theirs = outcomes([m["policy_id"] for m in groups[other]], True)
                 comparisons.append({"actor": label, "versus": other} | paired_comparison(mine, theirs))
-    return {"sft_policy_id": sft_id, "families": families, "rows": rows, "comparisons": comparisons}
+    return {
+        "sft_policy_id": sft_id,
+        "families": families,
+        "rows": rows,
+        "comparisons": comparisons,
+        "design": experiment_design(rows),
+    }
+
+
+#: The spread of held-out success between RL seeds of one source in the first Table-1 run
+#: (2026-11-23, README: three seeds per source, six sources, 100 episodes per seed): the pooled
+#: standard deviation of the per-seed success rates, recovered from its t-intervals over three seeds
+#: (half-width = t(0.975, 2) * sd / sqrt(3)). The power calculation's prior where a block has no
+#: source with two seeds yet.
+FIRST_TABLE_SEED_SD = 0.069
+
+
+def minimum_detectable_difference(seed_sd: float, seeds: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest difference in success rate between two sources of ``seeds`` RL seeds each that a
+    two-sided test at level ``alpha`` finds with probability ``power``, when a seed's success rate
+    varies with standard deviation ``seed_sd`` (normal approximation over seeds,
+    ``(z_{1-alpha/2} + z_power) * sd * sqrt(2 / seeds)``). Conservative for common random numbers,
+    which pair the seeds and can only shrink the variance of the difference."""
+    if seeds < 1:
+        raise ValueError("seeds must be at least 1")
+    z = NormalDist()
+    return (z.inv_cdf(1 - alpha / 2) + z.inv_cdf(power)) * seed_sd * math.sqrt(2.0 / seeds)
+
+
+def seeds_needed(seed_sd: float, difference: float, *, alpha: float = 0.05, power: float = 0.8) -> int:
+    """How many RL seeds per source detect ``difference`` (the inverse of
+    :func:`minimum_detectable_difference`), at least 2."""
+    if difference <= 0:
+        raise ValueError("difference must be positive")
+    z = NormalDist()
+    return max(2, math.ceil(2 * ((z.inv_cdf(1 - alpha / 2) + z.inv_cdf(power)) * seed_sd / difference) ** 2))
+
+
+def pooled_seed_sd(per_seed_rates: Sequence[Sequence[float]]) -> float | None:
+    """The pooled within-source standard deviation of per-seed success rates over the sources with
+    at least two seeds (None when none has)."""
+    groups = [np.asarray(g, dtype=np.float64) for g in per_seed_rates if len(g) >= 2]
+    if not groups:
+        return None
+    dof = sum(g.size - 1 for g in groups)
+    return float(math.sqrt(sum(((g - g.mean()) ** 2).sum() for g in groups) / dof))
+
+
+def experiment_design(rows: Sequence[Mapping[str, Any]], *, alpha: float = 0.05, power: float = 0.8) -> list[dict]:
+    """What the runs can detect, per block (the Table-1 issue's power calculation): the spread of
+    success between seeds, measured on the block's sources with two seeds or more (else
+    :data:`FIRST_TABLE_SEED_SD`), and for each source the smallest difference from another source
+    with as many seeds that the design detects (:func:`minimum_detectable_difference`)."""
+    out = []
+    for block in sorted({r.get("block") or DENSE_BLOCK for r in rows if r.get("reward_source")}):
+        runs = [r for r in rows if r.get("reward_source") and (r.get("block") or DENSE_BLOCK) == block]
+        measured = pooled_seed_sd([r["seed_success"] for r in runs])
+        sd = FIRST_TABLE_SEED_SD if measured is None else measured
+        for r in runs:
+            out.append(
+                {
+                    "block": block,
+                    "actor": r["actor"],
+                    "seeds": r["seeds"],
+                    "seed_sd": sd,
+                    "sd_from": "the first table (2026-11-23)" if measured is None else "this block's seeds",
+                    "detectable": minimum_detectable_difference(sd, r["seeds"], alpha=alpha, power=power)
+                    if r["seeds"]
+                    else math.nan,
+                }
+            )
+    return out
 
 
 def training_reward_auc(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -213,6 +287,18 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
             lines.append(
                 f"| {a['actor']} | {a['episodes']} | {a['successes']} | "
                 f"{a['auc']:.2f} [{a['auc_low']:.2f}, {a['auc_high']:.2f}] |"
+            )
+    if report.get("design"):
+        lines += [
+            "",
+            "| block | actor | seeds | seed-to-seed SD of success (from) "
+            "| smallest difference detected (alpha 0.05, power 0.8) |",
+            "|---|---|---:|---|---:|",
+        ]
+        for d in report["design"]:
+            lines.append(
+                f"| {d['block']} | {d['actor']} | {d['seeds']} | {100 * d['seed_sd']:.1f} ({d['sd_from']}) | "
+                f"{100 * d['detectable']:.1f} points |"
             )
     lines += ["", "| actor | " + " | ".join(FAILURE_MODES) + " |", "|---|" + "---:|" * len(FAILURE_MODES)]
     for r in report["rows"]:

@@ -6,7 +6,17 @@ import math
 
 import pytest
 
-from training.rl.report import check_table_one, report_markdown, table_one, training_reward_auc
+from training.rl.report import (
+    FIRST_TABLE_SEED_SD,
+    check_table_one,
+    experiment_design,
+    minimum_detectable_difference,
+    pooled_seed_sd,
+    report_markdown,
+    seeds_needed,
+    table_one,
+    training_reward_auc,
+)
 
 TASKS = [("click-tab-2", "click"), ("enter-text", "type")]
 SEEDS = range(10)
@@ -220,3 +230,32 @@ def test_each_runs_reward_is_judged_on_its_own_training_episodes():
         report_markdown({"families": [], "rows": [], "comparisons": [], "training_reward_auc": list(rows.values())})
     )
     assert "| outcome | 4 | 2 | 1.00 [1.00, 1.00] |" in text
+
+
+def test_the_power_calculation_matches_the_normal_formula_and_inverts() -> None:
+    # (1.960 + 0.842) * 0.10 * sqrt(2 / 5) = 0.1772: two arms of 5 seeds, seeds spread by 10 points
+    assert minimum_detectable_difference(0.10, 5) == pytest.approx(0.1772, abs=1e-4)
+    # more seeds detect less; a stricter level or more power needs more
+    assert minimum_detectable_difference(0.10, 10) < minimum_detectable_difference(0.10, 5)
+    assert minimum_detectable_difference(0.10, 5, alpha=0.01) > minimum_detectable_difference(0.10, 5)
+    n = seeds_needed(0.10, 0.15)
+    assert minimum_detectable_difference(0.10, n) <= 0.15 < minimum_detectable_difference(0.10, n - 1)
+    with pytest.raises(ValueError):
+        minimum_detectable_difference(0.1, 0)
+
+
+def test_the_seed_spread_is_pooled_over_sources_with_two_seeds_or_more() -> None:
+    assert pooled_seed_sd([[0.5]]) is None
+    # deviations 0.1, 0.1 (1 dof) and 0, 0, 0 (2 dof): sqrt(0.02 / 3)
+    assert pooled_seed_sd([[0.4, 0.6], [0.7, 0.7, 0.7], [0.9]]) == pytest.approx(math.sqrt(0.02 / 3))
+
+
+def test_the_design_says_what_each_block_can_detect(report: dict) -> None:
+    design = {d["actor"]: d for d in report["design"]}
+    assert set(design) == {"outcome", "progrm_lcs", "progrm_lcs (grpo)"}  # RL rows only
+    # outcome's two seeds both solve 50%; progrm_lcs has one seed: measured spread is 0 here
+    assert design["outcome"]["seed_sd"] == pytest.approx(0.0) and design["outcome"]["sd_from"] == "this block's seeds"
+    one_seed = experiment_design([{"actor": "orm", "reward_source": "orm", "seeds": 1, "seed_success": [0.4]}])
+    assert one_seed[0]["seed_sd"] == FIRST_TABLE_SEED_SD and "first table" in one_seed[0]["sd_from"]
+    assert one_seed[0]["detectable"] == pytest.approx(minimum_detectable_difference(FIRST_TABLE_SEED_SD, 1))
+    assert "smallest difference detected" in report_markdown(report)

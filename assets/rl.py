@@ -55,11 +55,17 @@ RUN_PARTITIONS = MultiPartitionsDefinition(
 class PolicySFTConfig(Config):
     tasks: list[str] = Field(default=[], description="candidate tasks; empty: every catalog task with demonstrations")
     epochs: int = Field(default=12, description="SFT epochs (early stopping on validation loss)")
-    selection_seeds: int = Field(default=10, description="greedy episodes per task to choose the RL tasks")
+    selection_seeds: int = Field(
+        default=40, description="greedy episodes per task to choose the RL tasks (the sparse rule's 15%: 6 of 40)"
+    )
     held_out_seeds: int = Field(default=25, description="greedy held-out evaluation episodes per chosen task")
     max_tasks: int = Field(default=4, description="tasks of the experiment")
     low: float = Field(default=0.1, description="a task is chosen when SFT success is above this ...")
     high: float = Field(default=0.9, description="... and below this")
+    sparse_fallback_unsolved: bool = Field(
+        default=True,
+        description="when no long task has SFT success in (0, 15%], the sparse block is the long tasks at 0 instead",
+    )
     max_episodes_per_task: int = Field(default=400, description="successful trajectories per task used for SFT")
     workers: int = 2
 
@@ -121,6 +127,7 @@ def policy_sft(
         max_tasks=config.max_tasks,
         low=config.low,
         high=config.high,
+        sparse_fallback_unsolved=config.sparse_fallback_unsolved,
         max_episodes_per_task=config.max_episodes_per_task,
         workers=config.workers,
     )

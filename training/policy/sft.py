@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from envs.protocol import EpisodeContext
 from envs.tasks import TaskSpec, spec_for
@@ -118,7 +119,8 @@ def demonstration_decisions(
     """The decisions of successful ``trajectories`` of tasks with a spec (instruction slots come
     from the spec's template), split into train and validation by episode."""
     data = SFTData()
-    for t in trajectories:
+    # minutes on a cold encoder cache (every screen's candidates are encoded): show it
+    for t in tqdm(trajectories, desc="SFT decisions", unit="episode", disable=None):
         spec = spec_for(specs, t.task_id, t.fields)
         if spec is None or not t.success:
             continue

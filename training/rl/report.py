@@ -255,7 +255,14 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
     """The report as markdown tables (Table 1's layout, then the paired tests)."""
     families = report["families"]
     head = ["actor", "seeds", "SR (95% CI)", "Rwd (95% CI)"] + [f"{f} SR / Rwd" for f in families] + ["env steps"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
+    if report.get("sparse_rule") and any(r.get("block") == SPARSE_BLOCK for r in report["rows"]):
+        rule = {
+            "strict": "SFT success in (0, 15%] on the selection seeds and a median solution of >= 5 steps",
+            "unsolved": "none was in (0, 15%]: the long tasks (median solution >= 5 steps) greedy SFT never solved",
+        }.get(report["sparse_rule"], report["sparse_rule"])
+        lines += [f"Sparse block chosen by the {report['sparse_rule']} rule: {rule}.", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in report["rows"]:
         cells = [
             r["actor"],

@@ -141,6 +141,23 @@ def test_the_sparse_block_is_chosen_by_its_own_rule_and_may_be_empty():
     assert choose_tasks(rates, 0.1, 0.9, 4) == ["long-often", "long-edge"]  # the dense block, as before
 
 
+def test_an_empty_sparse_block_falls_back_to_the_long_tasks_sft_never_solved():
+    from training.rl.runs import SPARSE_RULE_STRICT, SPARSE_RULE_UNSOLVED, sparse_block, sparse_block_rule
+
+    steps = {"long-never": 9.0, "long-never-2": 6.0, "short-never": 2.0, "long-often": 6.0, "long-rare": 7.0}
+    rates = {"long-never": 0.0, "long-never-2": 0.0, "short-never": 0.0, "long-often": 0.5}
+    assert sparse_block(rates, steps) == (["long-never", "long-never-2"], SPARSE_RULE_UNSOLVED)
+    assert sparse_block(rates, steps, fallback=False) == ([], SPARSE_RULE_STRICT)
+    # a task in (0, 15%] keeps the rule: the unsolved ones do not join it
+    assert sparse_block(rates | {"long-rare": 0.05}, steps) == (["long-rare"], SPARSE_RULE_STRICT)
+    assert sparse_block({"short-never": 0.0}, steps) == ([], SPARSE_RULE_UNSOLVED)  # short tasks never qualify
+    import json
+
+    recorded = {"task_blocks": {"dense": [], "sparse": ["long-never"], "sparse_rule": SPARSE_RULE_UNSOLVED}}
+    assert sparse_block_rule({"parameters": json.dumps(recorded)}) == SPARSE_RULE_UNSOLVED
+    assert sparse_block_rule({"parameters": "{}"}) == SPARSE_RULE_STRICT  # policies before the fallback
+
+
 def test_a_run_trains_on_its_block_of_the_sft_policys_pre_registered_tasks():
     import json
 

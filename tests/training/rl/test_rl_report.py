@@ -205,6 +205,9 @@ def test_each_block_has_its_own_sft_row_and_is_compared_with_it():
     assert improves.metadata["sft_sparse"] == 0.1
     empty_sparse = table_one("sft", runs[:1], {"sft": sft_episodes}, {"dense": ["click-tab-2"], "sparse": []})
     assert [r["actor"] for r in empty_sparse["rows"]] == ["SFT", "outcome"]
+    # the rule that chose the sparse block is said above the table, where a sparse row is in it
+    assert "Sparse block chosen by the unsolved rule" in report_markdown(report | {"sparse_rule": "unsolved"})
+    assert "Sparse block" not in report_markdown(empty_sparse | {"sparse_rule": "unsolved"})
 
 
 def test_each_runs_reward_is_judged_on_its_own_training_episodes():

@@ -162,7 +162,8 @@ def main() -> int:
     finally:
         server.shutdown()
     goal = GOAL_STEPS_PER_S["dense" if args.tasks else args.block]
-    print(f"\ngoal ({'named tasks' if args.tasks else args.block + ' block'}): >= {goal:.0f} environment steps/s with 2 workers while RL samples")
+    where = "named tasks" if args.tasks else f"{args.block} block"
+    print(f"\ngoal ({where}): >= {goal:.0f} environment steps/s with 2 workers while RL samples")
     return 0
 
 

@@ -860,7 +860,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="outcome,orm,progrm_lcs,progrm_env,prm,admire",
         help="comma-separated runs: a reward source (REINFORCE++) or a variant such as admire_grpo, prm_ppo",
     )
-    p.add_argument("--seeds", type=int, default=3, help="RL seeds per run (1-5; the Table-1 issue asks 5 on the sparse block)")
+    p.add_argument("--seeds", type=int, default=3, help="RL seeds per run (1-5)")
     p.add_argument("--iterations", type=int, default=0, help="RL iterations per run (0: the asset's default)")
     p.add_argument("--tasks", default="", help="comma-separated candidate tasks (default: every catalog task)")
     p.add_argument(

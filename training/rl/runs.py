@@ -315,7 +315,7 @@ def run_policy_sft(
     torch.set_num_threads(settings.sft.threads)
     tasks, trajectories = _imitation_data(warehouse, settings)
     log(f"SFT on {len(trajectories)} successful trajectories of {len(tasks)} tasks")
-    model = PolicyModel()
+    model = PolicyModel(seed=settings.sft.seed)
     data = demonstration_decisions(
         model,
         trajectories,

@@ -230,3 +230,29 @@ def record_of(trajectory: Trajectory, *, success: bool | None = None, slots=None
         duration_ms=0,
         created_at=datetime.now(UTC),
     )
+
+
+def test_a_new_policy_is_a_function_of_its_seed_not_of_the_process_history():
+    """SFT from the same data gave another policy in each run: the scorer's first weights were drawn
+    from torch's global generator after whatever the process had drawn before."""
+    first = PolicyModel(seed=0)
+    torch.rand(1000)  # the process draws something else in between (loading, another model)
+    again, other = PolicyModel(seed=0), PolicyModel(seed=1)
+    state = first.scorer.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in again.scorer.state_dict().items())
+    assert not all(torch.equal(state[k], v) for k, v in other.scorer.state_dict().items())
+
+
+def test_sft_from_the_same_data_gives_the_same_policy_twice():
+    def train() -> tuple[list[float], dict]:
+        torch.rand(int(torch.randint(1, 100, (1,))))  # unseeded draws before, as in a long-lived process
+        model = PolicyModel(seed=0)
+        data = demonstration_decisions(
+            model, _login_trajectories(12), {"login-user": LOGIN.spec}, {"login-user": 10}, validation_share=0.25
+        )
+        result = train_sft(model, data, SFTSettings(epochs=2, patience=2, batch_size=8))
+        return result.train_loss, model.scorer.state_dict()
+
+    (loss_a, state_a), (loss_b, state_b) = train(), train()
+    assert loss_a == loss_b
+    assert all(torch.equal(state_a[k], v) for k, v in state_b.items())

@@ -9,6 +9,8 @@ as training data (``training.flywheel.collection``) from ``POLICY_ROLLOUT_SEED_B
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from warehouse.catalog import Warehouse
 from warehouse.purposes import IMITATION_PURPOSES, purpose_filter
@@ -22,6 +24,27 @@ POLICY_ROLLOUT_SEED_BASE = 4_000_000
 
 class PolicyNotFoundError(RuntimeError):
     """No policy of the kind (or id) asked for is in the warehouse."""
+
+
+if TYPE_CHECKING:
+    from training.policy.learned import PolicyModel
+
+
+def policy_cache_dir(home: Path | str, fingerprint: str) -> Path:
+    """``<home>/cache/policy_embeddings/<encoder fingerprint>``: the encodings of the texts policies
+    have read (instructions, histories, candidates), kept between runs. The encoder is batch
+    invariant, so a stored encoding is the one a fresh encoding would give (docs/reproducibility.md)."""
+    return Path(home) / "cache" / "policy_embeddings" / fingerprint
+
+
+def warm_policy_cache(model: PolicyModel, home: Path | str) -> int:
+    """Load the stored encodings into ``model``'s cache; how many (0 when none are stored)."""
+    return model.cache.load(policy_cache_dir(home, model.encoder.fingerprint))
+
+
+def keep_policy_cache(model: PolicyModel, home: Path | str) -> Path:
+    """Store ``model``'s cache for the next run (SFT encodes some 60,000 texts: minutes here)."""
+    return model.cache.save(policy_cache_dir(home, model.encoder.fingerprint))
 
 
 def latest_policy(

@@ -409,12 +409,21 @@ class EmbeddingCache:
         texts: list[str | None] = [None] * self._size
         for text, i in self._index.items():
             texts[i] = text
-        tmp = directory / "embeddings.tmp.npy"
-        np.save(tmp, self.matrix)  # float32, as computed: a reloaded cache gives the same results
+        # Two processes may save the same cache at once (parallel runs): temporary names of their
+        # own, and the texts name a digest of their matrix, so a pair from two writers is refused.
+        matrix = np.ascontiguousarray(self.matrix)  # float32, as computed: reloaded, the same results
+        unique = f"{os.getpid()}-{threading.get_ident()}"
+        tmp = directory / f"embeddings.{unique}.tmp.npy"
+        np.save(tmp, matrix)
         os.replace(tmp, directory / "embeddings.npy")
-        meta = {"fingerprint": self.encoder.fingerprint, "texts": texts}
-        (directory / "texts.tmp.json").write_text(json.dumps(meta))
-        os.replace(directory / "texts.tmp.json", directory / "texts.json")
+        meta = {
+            "fingerprint": self.encoder.fingerprint,
+            "sha256": hashlib.sha256(matrix.tobytes()).hexdigest(),
+            "texts": texts,
+        }
+        tmp_meta = directory / f"texts.{unique}.tmp.json"
+        tmp_meta.write_text(json.dumps(meta))
+        os.replace(tmp_meta, directory / "texts.json")
         return directory
 
     def load(self, directory: Path | str) -> int:
@@ -432,6 +441,9 @@ class EmbeddingCache:
             or matrix.dtype != np.float32
         ):
             log.warning("embedding cache %s was made by another encoder; not used", directory)
+            return 0
+        if meta.get("sha256") not in (None, hashlib.sha256(np.ascontiguousarray(matrix).tobytes()).hexdigest()):
+            log.warning("embedding cache %s: its texts and matrix come from two saves at once; not used", directory)
             return 0
         with self._lock:
             new = [(t, i) for i, t in enumerate(meta["texts"]) if t is not None and t not in self._index]

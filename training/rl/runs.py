@@ -59,7 +59,9 @@ from training.policy.store import (
     SELECTION_SEED_BASE,
     TRAIN_SEED_BASE,
     imitation_trajectories,
+    keep_policy_cache,
     latest_policy,
+    warm_policy_cache,
 )
 from training.reward_models.scoring import LocalScorer, load_scorer
 from training.reward_models.states import StepState, describe_action
@@ -316,6 +318,7 @@ def run_policy_sft(
     tasks, trajectories = _imitation_data(warehouse, settings)
     log(f"SFT on {len(trajectories)} successful trajectories of {len(tasks)} tasks")
     model = PolicyModel(seed=settings.sft.seed)
+    warm_policy_cache(model, warehouse.home)
     data = demonstration_decisions(
         model,
         trajectories,
@@ -361,6 +364,7 @@ def run_policy_sft(
             evaluation="held_out",
             log=log,
         )
+    keep_policy_cache(model, warehouse.home)
     policy_row = {
         "policy_id": policy_id,
         "kind": "sft",
@@ -643,6 +647,7 @@ def run_rl(
             _run_iteration(
                 warehouse, settings, run, state, pool, iteration=iteration, lineage=lineage, run_id=run_id, log=log
             )
+    keep_policy_cache(run.model, warehouse.home)
     return _register_rl_policy(warehouse, settings, run, state, run_id)
 
 
@@ -653,6 +658,7 @@ def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: s
     if not tasks:
         raise RLStageError(f"the SFT policy {sft['policy_id']} chose no tasks for RL in the {settings.block} block")
     model = PolicyModel.load(sft["checkpoint"])
+    warm_policy_cache(model, warehouse.home)
     reference = model.frozen_copy()
     milestone_generator = None
     if settings.milestone_endpoint:
@@ -937,9 +943,11 @@ def run_agent_evaluation(
     policy = latest_policy(warehouse, policy_id=policy_id)
     tasks = _catalog_tasks(policy["tasks"] or [])
     model = PolicyModel.load(policy["checkpoint"])
+    warm_policy_cache(model, warehouse.home)
     seeds = sample_seeds(HELD_OUT_SEED_BASE, held_out_seeds, "held_out")
     with pool_factory(workers) as pool:
         result, episodes = evaluate_policy(model, policy_id, tasks, seeds, pool, evaluation="held_out", log=log)
+    keep_policy_cache(model, warehouse.home)
     m = Materialization(
         asset="agent_evaluation",
         run_id=run_id,

@@ -256,3 +256,22 @@ def test_sft_from_the_same_data_gives_the_same_policy_twice():
     (loss_a, state_a), (loss_b, state_b) = train(), train()
     assert loss_a == loss_b
     assert all(torch.equal(state_a[k], v) for k, v in state_b.items())
+
+
+def test_a_policy_cache_kept_between_runs_gives_the_same_decisions(tmp_path):
+    from training.policy.store import keep_policy_cache, policy_cache_dir, warm_policy_cache
+
+    trajectories = _login_trajectories(6)
+    specs, steps = {"login-user": LOGIN.spec}, {"login-user": 10}
+    first = PolicyModel(seed=0)
+    data = demonstration_decisions(first, trajectories, specs, steps, validation_share=0.0)
+    kept = keep_policy_cache(first, tmp_path)
+    assert kept == policy_cache_dir(tmp_path, first.encoder.fingerprint)
+    second = PolicyModel(seed=0)
+    assert warm_policy_cache(second, tmp_path) == len(first.cache) > 0
+    again = demonstration_decisions(second, trajectories, specs, steps, validation_share=0.0)
+    assert second.cache.misses == 0  # nothing encoded twice
+    torch.testing.assert_close(
+        first.log_probs(first.batch(data.train)), second.log_probs(second.batch(again.train)), rtol=0, atol=0
+    )
+    assert warm_policy_cache(PolicyModel(seed=0), tmp_path / "elsewhere") == 0  # none kept: a cold start

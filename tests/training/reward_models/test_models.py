@@ -83,6 +83,26 @@ def test_embedding_cache_hits_save_load_and_eviction(tmp_path):
     assert other.load(tmp_path / "c") == 0  # another encoder's cache is not used
 
 
+
+def test_a_cache_saved_by_two_writers_at_once_is_refused_not_misread(tmp_path):
+    """Parallel runs save the same cache folder: the texts of one save beside the matrix of another
+    would map texts to the wrong vectors; the texts name their matrix's digest, and a mismatch is
+    refused (the cache is only a speed-up: refusing costs encodings, not results)."""
+    encoder = SegmentEncoder(RewardModelConfig())
+    first, second = EmbeddingCache(encoder), EmbeddingCache(encoder)
+    first.indices(["a", "b"])
+    second.indices(["b", "a"])  # the same texts in another order: same length, other rows
+    first.save(tmp_path / "one")
+    second.save(tmp_path / "two")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "texts.json").write_bytes((tmp_path / "one" / "texts.json").read_bytes())
+    (mixed / "embeddings.npy").write_bytes((tmp_path / "two" / "embeddings.npy").read_bytes())
+    assert EmbeddingCache(encoder).load(mixed) == 0
+    assert EmbeddingCache(encoder).load(tmp_path / "one") == 2
+    assert not list((tmp_path / "one").glob("*.tmp*"))  # no temporary file left behind
+
+
 def test_state_segments_types_positions_and_element_budget():
     config = RewardModelConfig(max_elements=3, max_history=2)
     state = StepState(

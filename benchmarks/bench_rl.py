@@ -37,7 +37,7 @@ from envs.pool import EnvPool, EpisodeJob, PoolConfig  # noqa: E402
 from envs.task_catalog import load_catalog  # noqa: E402
 from training.policy.learned import LearnedPolicy, PolicyModel  # noqa: E402
 from training.policy.rollouts import Rollout  # noqa: E402
-from training.policy.store import latest_policy  # noqa: E402
+from training.policy.store import keep_policy_cache, latest_policy, warm_policy_cache  # noqa: E402
 from training.reward_models.scoring import HTTPScorer, LocalScorer, load_scorer  # noqa: E402
 from training.reward_models.serving_app import serve_in_background  # noqa: E402
 from training.rl.learner import EpisodeExperience, Learner, LearnerSettings  # noqa: E402
@@ -82,8 +82,10 @@ def main() -> int:
         return 2
     tasks = [catalog[t] for t in names]
     model = PolicyModel.load(sft["checkpoint"])
+    warm = warm_policy_cache(model, warehouse.home)  # as RL runs do: the encodings earlier runs stored
     load = os.getloadavg()[0]
     print(f"SFT policy {sft['policy_id']} on {names}; load average {load:.1f} on {os.cpu_count()} cores")
+    print(f"policy encodings stored by earlier runs: {warm:,} (0: every text is encoded as it is met)")
 
     print("\n| policy | workers | episodes | steps | steps/s |")
     print("|---|---:|---:|---:|---:|")
@@ -103,6 +105,7 @@ def main() -> int:
                 )
                 if isinstance(policy, LearnedPolicy):
                     batches[workers] = (result, policy, seconds)
+    keep_policy_cache(model, warehouse.home)
 
     result, policy, rollout_s = batches[max(batches)]
     kept = [r for r in result.episodes if len(policy.decisions.get(r.episode_id, [])) == r.n_steps]

@@ -197,14 +197,24 @@ def pooled_seed_sd(per_seed_rates: Sequence[Sequence[float]]) -> float | None:
 
 def experiment_design(rows: Sequence[Mapping[str, Any]], *, alpha: float = 0.05, power: float = 0.8) -> list[dict]:
     """What the runs can detect, per block (the Table-1 issue's power calculation): the spread of
-    success between seeds, measured on the block's sources with two seeds or more (else
-    :data:`FIRST_TABLE_SEED_SD`), and for each source the smallest difference from another source
-    with as many seeds that the design detects (:func:`minimum_detectable_difference`)."""
+    success between seeds, measured on the block's sources with two seeds or more, or
+    :data:`FIRST_TABLE_SEED_SD` where that is larger or nothing is measured yet, and for each
+    source the smallest difference from another source with as many seeds that the design detects
+    (:func:`minimum_detectable_difference`)."""
     out = []
     for block in sorted({r.get("block") or DENSE_BLOCK for r in rows if r.get("reward_source")}):
         runs = [r for r in rows if r.get("reward_source") and (r.get("block") or DENSE_BLOCK) == block]
         measured = pooled_seed_sd([r["seed_success"] for r in runs])
-        sd = FIRST_TABLE_SEED_SD if measured is None else measured
+        # Conservative: never more power than the first table's spread allows. A few seeds at a
+        # floor (every rate near 0) measure a spread of almost nothing, which says nothing of the
+        # spread once a source leaves the floor.
+        sd = FIRST_TABLE_SEED_SD if measured is None else max(measured, FIRST_TABLE_SEED_SD)
+        if measured is None:
+            sd_from = "the first table (2026-11-23)"
+        elif measured >= FIRST_TABLE_SEED_SD:
+            sd_from = "this block's seeds"
+        else:
+            sd_from = f"the first table's, above this block's {100 * measured:.1f}"
         for r in runs:
             out.append(
                 {
@@ -212,7 +222,8 @@ def experiment_design(rows: Sequence[Mapping[str, Any]], *, alpha: float = 0.05,
                     "actor": r["actor"],
                     "seeds": r["seeds"],
                     "seed_sd": sd,
-                    "sd_from": "the first table (2026-11-23)" if measured is None else "this block's seeds",
+                    "measured_sd": measured,
+                    "sd_from": sd_from,
                     "detectable": minimum_detectable_difference(sd, r["seeds"], alpha=alpha, power=power)
                     if r["seeds"]
                     else math.nan,

@@ -83,7 +83,6 @@ def test_embedding_cache_hits_save_load_and_eviction(tmp_path):
     assert other.load(tmp_path / "c") == 0  # another encoder's cache is not used
 
 
-
 def test_a_cache_saved_by_two_writers_at_once_is_refused_not_misread(tmp_path):
     """Parallel runs save the same cache folder: the texts of one save beside the matrix of another
     would map texts to the wrong vectors; the texts name their matrix's digest, and a mismatch is

@@ -256,8 +256,13 @@ def test_the_seed_spread_is_pooled_over_sources_with_two_seeds_or_more() -> None
 def test_the_design_says_what_each_block_can_detect(report: dict) -> None:
     design = {d["actor"]: d for d in report["design"]}
     assert set(design) == {"outcome", "progrm_lcs", "progrm_lcs (grpo)"}  # RL rows only
-    # outcome's two seeds both solve 50%; progrm_lcs has one seed: measured spread is 0 here
-    assert design["outcome"]["seed_sd"] == pytest.approx(0.0) and design["outcome"]["sd_from"] == "this block's seeds"
+    # outcome's two seeds both solve 50%: a measured spread of 0, and the first table's, larger, is used
+    assert design["outcome"]["measured_sd"] == pytest.approx(0.0)
+    assert design["outcome"]["seed_sd"] == FIRST_TABLE_SEED_SD and "above this block's" in design["outcome"]["sd_from"]
+    spread = experiment_design(
+        [{"actor": a, "reward_source": a, "seeds": 2, "seed_success": rates} for a, rates in (("x", [0.2, 0.6]),)]
+    )
+    assert spread[0]["seed_sd"] == pytest.approx(math.sqrt(0.08)) and spread[0]["sd_from"] == "this block's seeds"
     one_seed = experiment_design([{"actor": "orm", "reward_source": "orm", "seeds": 1, "seed_success": [0.4]}])
     assert one_seed[0]["seed_sd"] == FIRST_TABLE_SEED_SD and "first table" in one_seed[0]["sd_from"]
     assert one_seed[0]["detectable"] == pytest.approx(minimum_detectable_difference(FIRST_TABLE_SEED_SD, 1))

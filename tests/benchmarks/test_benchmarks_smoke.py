@@ -98,7 +98,7 @@ SMOKE: dict[str, Smoke] = {
             "| learned policy, sampling (RL) | 1 |",
             "| update |",
             "| HTTP service, after |",
-            "goal: >= 25 environment steps/s",
+            "goal (dense block): >= 25 environment steps/s",
         ),
         e2e=True,
     ),

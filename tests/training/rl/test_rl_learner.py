@@ -94,9 +94,10 @@ def test_ppo_with_a_critic_initialised_from_a_reward_model(base, trained_progrm)
     model = base.frozen_copy()
     for p in model.scorer.parameters():
         p.requires_grad_(True)
-    learner = Learner(model, base.frozen_copy(), LearnerSettings(estimator="ppo", learning_rate=3e-3), critic=critic)
+    learner = Learner(model, base.frozen_copy(), LearnerSettings(estimator="ppo", learning_rate=0.0), critic=critic)
     # the same episodes each round: their returns are fixed targets, so the value loss measures the
-    # regression alone (fresh samples each round moved the targets, and the loss with them)
+    # regression alone (fresh samples each round moved the targets); the policy stays still (its
+    # learning rate 0), since V(s) weighs the PRM by the policy and a moving policy moves V too
     episodes = _sample(model, 16, 10)
     for e in episodes:
         e.states = [_critic_state(d) for d in e.decisions]

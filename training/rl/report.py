@@ -46,6 +46,13 @@ def learning_curves_plot(rows: Sequence[dict], path: Path) -> Markdown:
 #: The block of tasks a run trained on, where the run does not say (the rule of the first table).
 DENSE_BLOCK = "dense"
 SPARSE_BLOCK = "sparse"
+#: The rules that can choose the sparse block (``training.rl.runs.sparse_block``), as the report says them.
+SPARSE_RULE_STRICT = "strict"
+SPARSE_RULE_UNSOLVED = "unsolved"
+SPARSE_RULES: dict[str, str] = {
+    SPARSE_RULE_STRICT: "SFT success in (0, 15%] on the selection seeds and a median solution of >= 5 steps",
+    SPARSE_RULE_UNSOLVED: "none was in (0, 15%]: the long tasks (median solution >= 5 steps) greedy SFT never solved",
+}
 #: The sources whose reward is dense (per step), against the outcome's one signal at the end.
 DENSE_SOURCES: tuple[str, ...] = (*PROGRESS_KINDS, "prm", "guidnav", "admire")
 
@@ -268,10 +275,7 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
     head = ["actor", "seeds", "SR (95% CI)", "Rwd (95% CI)"] + [f"{f} SR / Rwd" for f in families] + ["env steps"]
     lines = []
     if report.get("sparse_rule") and any(r.get("block") == SPARSE_BLOCK for r in report["rows"]):
-        rule = {
-            "strict": "SFT success in (0, 15%] on the selection seeds and a median solution of >= 5 steps",
-            "unsolved": "none was in (0, 15%]: the long tasks (median solution >= 5 steps) greedy SFT never solved",
-        }.get(report["sparse_rule"], report["sparse_rule"])
+        rule = SPARSE_RULES.get(report["sparse_rule"], report["sparse_rule"])
         lines += [f"Sparse block chosen by the {report['sparse_rule']} rule: {rule}.", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in report["rows"]:

@@ -66,7 +66,15 @@ from training.policy.store import (
 from training.reward_models.scoring import LocalScorer, load_scorer
 from training.reward_models.states import StepState, describe_action
 from training.rl.learner import CriticState, EpisodeExperience, Learner, LearnerSettings, PRMCritic
-from training.rl.report import DENSE_BLOCK, SPARSE_BLOCK, learning_curves_plot, table_one, training_reward_auc
+from training.rl.report import (
+    DENSE_BLOCK,
+    SPARSE_BLOCK,
+    SPARSE_RULE_STRICT,
+    SPARSE_RULE_UNSOLVED,
+    learning_curves_plot,
+    table_one,
+    training_reward_auc,
+)
 from training.rl.rewards import REWARD_SOURCES, RewardSource, Rollout, make_reward_source
 from training.rl.rewards.admire import LLMMilestones, MilestoneStore, TaskMilestones
 from training.rl.rewards.base import text_trajectory
@@ -426,10 +434,6 @@ def _imitation_data(warehouse: Warehouse, settings: PolicySettings) -> tuple[lis
     return [t for t in tasks if t.task_id in with_demos], trajectories
 
 
-SPARSE_RULE_STRICT = "strict"
-SPARSE_RULE_UNSOLVED = "unsolved"
-
-
 def sparse_block(
     rates: Mapping[str, float],
     solution_steps: Mapping[str, float],
@@ -470,10 +474,15 @@ def _task_blocks_by_rule(
     return dense, sparse, rule
 
 
+def _recorded_blocks(sft: Mapping[str, Any]) -> dict[str, Any]:
+    """What an SFT policy recorded of its blocks (``task_blocks`` in its parameters; {} before them)."""
+    return json.loads(sft.get("parameters") or "{}").get("task_blocks") or {}
+
+
 def task_blocks(sft: Mapping[str, Any]) -> dict[str, list[str]]:
     """The task blocks an SFT policy pre-registered (``task_blocks`` in its parameters); a policy
     made before there were blocks has its chosen tasks as the dense block and no sparse one."""
-    recorded = json.loads(sft.get("parameters") or "{}").get("task_blocks") or {}
+    recorded = _recorded_blocks(sft)
     return {
         DENSE_BLOCK: list(recorded.get(DENSE_BLOCK) or sft.get("tasks") or []),
         SPARSE_BLOCK: list(recorded.get(SPARSE_BLOCK) or []),
@@ -483,8 +492,7 @@ def task_blocks(sft: Mapping[str, Any]) -> dict[str, list[str]]:
 def sparse_block_rule(sft: Mapping[str, Any]) -> str:
     """The rule that chose an SFT policy's sparse block (:func:`sparse_block`); policies made
     before the fallback existed were chosen by the strict rule."""
-    recorded = json.loads(sft.get("parameters") or "{}").get("task_blocks") or {}
-    return str(recorded.get("sparse_rule") or SPARSE_RULE_STRICT)
+    return str(_recorded_blocks(sft).get("sparse_rule") or SPARSE_RULE_STRICT)
 
 
 def choose_tasks(rates: dict[str, float], low: float, high: float, max_tasks: int) -> list[str]:

@@ -271,6 +271,9 @@ def test_a_policy_cache_kept_between_runs_gives_the_same_decisions(tmp_path):
     assert warm_policy_cache(second, tmp_path) == len(first.cache) > 0
     again = demonstration_decisions(second, trajectories, specs, steps, validation_share=0.0)
     assert second.cache.misses == 0  # nothing encoded twice
+    stored = (kept / "embeddings.npy").stat().st_mtime_ns
+    keep_policy_cache(second, tmp_path)  # nothing new: the stored cache is not rewritten
+    assert (kept / "embeddings.npy").stat().st_mtime_ns == stored
     torch.testing.assert_close(
         first.log_probs(first.batch(data.train)), second.log_probs(second.batch(again.train)), rtol=0, atol=0
     )

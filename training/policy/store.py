@@ -43,7 +43,7 @@ def warm_policy_cache(model: PolicyModel, home: Path | str) -> int:
 
 
 def keep_policy_cache(model: PolicyModel, home: Path | str) -> Path:
-    """Store ``model``'s cache for the next run (SFT encodes some 60,000 texts: minutes here); a
+    """Store ``model``'s cache for the next run (SFT encodes every candidate of every demonstrated step: minutes); a
     cache that encoded nothing since it was warmed has nothing new and is not written again."""
     directory = policy_cache_dir(home, model.encoder.fingerprint)
     return model.cache.save(directory) if model.cache.misses else directory

@@ -80,6 +80,10 @@ def main() -> int:
     if not names:
         print(f"the SFT policy {sft['policy_id']} has no {args.block} block: name tasks with --tasks", file=sys.stderr)
         return 2
+    unknown = [t for t in names if t not in catalog]
+    if unknown:
+        print(f"not MiniWoB++ catalog tasks: {unknown} (envs/task_specs/miniwob)", file=sys.stderr)
+        return 2
     tasks = [catalog[t] for t in names]
     model = PolicyModel.load(sft["checkpoint"])
     warm = warm_policy_cache(model, warehouse.home)  # as RL runs do: the encodings earlier runs stored

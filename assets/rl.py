@@ -87,6 +87,11 @@ class RLRunConfig(Config):
         default="dense",
         description="the SFT policy's pre-registered task block to train on: dense or sparse (Table-1 issue)",
     )
+    reward_model_id: str | None = Field(
+        default=None,
+        description="a registered reward model to train against (e.g. a flywheel round's); default the newest "
+        "of the source's kind (a run keeps the model it started with)",
+    )
     workers: int = 2
 
 

@@ -478,7 +478,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
     from training.reward_models.evaluate import latest_models
     from training.rl.report import report_markdown
     from training.rl.rewards import SOURCE_MODEL_KIND
-    from training.rl.runs import RL_SEEDS, RUN_VARIANTS, run_rl_report
+    from training.rl.runs import RL_SEEDS, RUN_VARIANTS, flywheel_round_models, run_rl_report
     from warehouse.catalog import Warehouse
 
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
@@ -489,6 +489,25 @@ def cmd_rl(args: argparse.Namespace) -> int:
     if not 1 <= args.seeds <= len(RL_SEEDS):
         print(f"stepwise rl: --seeds must be 1..{len(RL_SEEDS)}", file=sys.stderr)
         return 2
+    seed_keys = [k.strip() for k in args.seed_keys.split(",") if k.strip()] or list(RL_SEEDS[: args.seeds])
+    if bad_keys := sorted(set(seed_keys) - set(RL_SEEDS)):
+        print(f"stepwise rl: --seed-keys {bad_keys} unknown; choose from {list(RL_SEEDS)}", file=sys.stderr)
+        return 2
+    pinned: dict[str, str] = {}  # run variant -> the flywheel round's model of its kind
+    if args.flywheel_round is not None:
+        if no_model := [r for r in runs if SOURCE_MODEL_KIND[RUN_VARIANTS[r][0]] is None]:
+            print(f"stepwise rl: --flywheel-round pins reward models; {no_model} use none", file=sys.stderr)
+            return 2
+        round_models = flywheel_round_models(Warehouse(), args.flywheel_round)
+        kinds = {r: str(SOURCE_MODEL_KIND[RUN_VARIANTS[r][0]]) for r in runs}
+        if missing := sorted({k for k in kinds.values() if k not in round_models}):
+            print(
+                f"stepwise rl: flywheel round {args.flywheel_round} trained no {missing} model "
+                f"(it has {sorted(round_models) or 'none'}; stepwise flywheel --kinds ...)",
+                file=sys.stderr,
+            )
+            return 2
+        pinned = {r: round_models[kinds[r]] for r in runs}
     reduced = RL_REDUCED if args.reduced else {"sft": {}, "run": {}, "evaluation": {}}
     sft_config = reduced["sft"] | ({"tasks": args.tasks.split(",")} if args.tasks else {})
     run_config = reduced["run"] | ({"iterations": args.iterations} if args.iterations else {}) | {"block": args.block}
@@ -497,7 +516,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     outcomes: list[tuple[str, bool]] = []
     with DagsterInstance.get() as instance:
-        needed = sorted({k for r in runs if (k := SOURCE_MODEL_KIND[RUN_VARIANTS[r][0]]) is not None})
+        needed = sorted({k for r in runs if (k := SOURCE_MODEL_KIND[RUN_VARIANTS[r][0]]) is not None and not pinned})
         if any(RUN_VARIANTS[r][1] == "ppo" for r in runs):
             needed = sorted(set(needed) | {"prm"})
         have = {m.kind for m in latest_models(warehouse, needed)}
@@ -523,7 +542,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
                 return _summary("rl", started, outcomes)
         job = defs.resolve_job_def("rl_runs")
         for variant in runs:
-            for seed in RL_SEEDS[: args.seeds]:
+            for seed in seed_keys:
                 run = job.execute_in_process(
                     instance=instance,
                     partition_key=MultiPartitionKey({"run": variant, "seed": seed}),
@@ -531,7 +550,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
                     run_config=quiet
                     | {
                         "ops": {
-                            "rl_run": {"config": run_config},
+                            "rl_run": {"config": run_config | ({"reward_model_id": pinned[variant]} if pinned else {})},
                             "agent_evaluation": {"config": reduced["evaluation"]},
                         }
                     },
@@ -860,7 +879,19 @@ def build_parser() -> argparse.ArgumentParser:
         default="outcome,orm,progrm_lcs,progrm_env,prm,admire",
         help="comma-separated runs: a reward source (REINFORCE++) or a variant such as admire_grpo, prm_ppo",
     )
-    p.add_argument("--seeds", type=int, default=3, help="RL seeds per run (1-5)")
+    p.add_argument("--seeds", type=int, default=3, help="RL seeds per run (1-5): the partitions s0 .. s<seeds-1>")
+    p.add_argument(
+        "--seed-keys",
+        default="",
+        help="comma-separated seed partitions instead of --seeds (s3,s4: add seeds, not re-evaluating the others)",
+    )
+    p.add_argument(
+        "--flywheel-round",
+        type=int,
+        default=None,
+        help="train against the reward models this flywheel round trained (runs of their own, compared in the "
+        "report with the same sources on today's models)",
+    )
     p.add_argument("--iterations", type=int, default=0, help="RL iterations per run (0: the asset's default)")
     p.add_argument("--tasks", default="", help="comma-separated candidate tasks (default: every catalog task)")
     p.add_argument(

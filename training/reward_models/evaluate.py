@@ -650,6 +650,31 @@ class ReportResult:
     n_trajectories: dict[str, int]
 
 
+def model_by_id(warehouse, model_id: str) -> ModelRecord:
+    """The registered model ``model_id`` (``models`` table), whichever is newest of its kind; a
+    :class:`LookupError` names it when it is not registered or this code cannot load it."""
+    from training.reward_models.models import CONFIG_FILE, stale_encoder_reason
+    from training.reward_models.readers import view_exists
+
+    rows = (
+        warehouse.query(
+            "SELECT v.model_id, v.kind, v.checkpoint_path, t.materialization_id FROM models v "
+            "LEFT JOIN table_versions t ON t.table_name = 'models' AND t.dataset = v.model_id AND t.is_current "
+            "WHERE v.model_id = ? LIMIT 1",
+            [model_id],
+        ).to_pylist()
+        if view_exists(warehouse, "models")
+        else []
+    )
+    if not rows:
+        raise LookupError(f"no reward model {model_id!r} in the models table")
+    r = rows[0]
+    checkpoint = warehouse.resolve(r["checkpoint_path"])
+    if (Path(checkpoint) / CONFIG_FILE).is_file() and (stale := stale_encoder_reason(checkpoint)):
+        raise LookupError(f"reward model {model_id} cannot be loaded by this code: {stale}")
+    return ModelRecord(r["model_id"], r["kind"], str(checkpoint), r["materialization_id"])
+
+
 def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
     """The most recent usable model of each kind in the ``models`` table (skips kinds without one).
 

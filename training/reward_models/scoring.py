@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from training.reward_models.evaluate import latest_models
+from training.reward_models.evaluate import latest_models, model_by_id
 from training.reward_models.kinds import KINDS
 from training.reward_models.serving import TrajectoryScores, score_trajectories
 from training.reward_models.states import TextTrajectory
@@ -126,19 +126,30 @@ class HTTPScorer:
         return [LineageInput(kind="file", path=self.url, version=self.model_id)]
 
 
-def load_scorer(warehouse: Warehouse, kind: str, *, endpoint: str | None = None) -> TrajectoryScorer:
-    """The latest trained model of ``kind`` (``models`` table), or the service at ``endpoint``."""
+def load_scorer(
+    warehouse: Warehouse, kind: str, *, endpoint: str | None = None, model_id: str | None = None
+) -> TrajectoryScorer:
+    """The latest trained model of ``kind`` (``models`` table), the registered model ``model_id``
+    (which must be of ``kind``), or the service at ``endpoint``."""
     if kind not in KINDS:
         raise RewardModelError(f"unknown reward-model kind {kind!r}; expected one of {', '.join(KINDS)}")
     if endpoint:
         return HTTPScorer(endpoint, expect_kind=kind)
-    found = latest_models(warehouse, [kind])
-    if not found:
-        raise RewardModelError(
-            f"no trained {kind} reward model in the warehouse: materialize reward_model[{kind}] first "
-            f"(stepwise reward-models --kinds {kind})"
-        )
-    model = found[0]
+    if model_id is not None:
+        try:
+            model = model_by_id(warehouse, model_id)
+        except LookupError as exc:
+            raise RewardModelError(str(exc)) from None
+        if model.kind != kind:
+            raise RewardModelError(f"reward model {model_id} is a {model.kind} model, not a {kind} one")
+    else:
+        found = latest_models(warehouse, [kind])
+        if not found:
+            raise RewardModelError(
+                f"no trained {kind} reward model in the warehouse: materialize reward_model[{kind}] first "
+                f"(stepwise reward-models --kinds {kind})"
+            )
+        model = found[0]
     return LocalScorer(model.checkpoint_path, home=warehouse.home, materialization_id=model.materialization_id)
 
 

@@ -58,9 +58,13 @@ DENSE_SOURCES: tuple[str, ...] = (*PROGRESS_KINDS, "prm", "guidnav", "admire")
 
 
 def run_label(run: Mapping[str, Any]) -> str:
-    """A row's actor: the reward source, its estimator when not REINFORCE++, its block when not dense."""
+    """A row's actor: the reward source, its estimator when not REINFORCE++, where its reward model
+    came from when that is a flywheel round (``reward_model_tag``: ``flywheel r3``), its block when
+    not dense."""
     source, estimator = run["reward_source"], run["estimator"]
     label = source if estimator == "reinforce_pp" else f"{source} ({estimator})"
+    if tag := run.get("reward_model_tag"):
+        label = f"{label} · {tag}"
     block = run.get("block") or DENSE_BLOCK
     return label if block == DENSE_BLOCK else f"{label} [{block}]"
 
@@ -80,8 +84,11 @@ def table_one(
     seeds, and one SFT row per block of ``blocks`` that has tasks (all of SFT's episodes in one row
     without ``blocks``); success and environment reward with 95% intervals by a two-level bootstrap
     over seeds and their episodes (:func:`seed_bootstrap_interval`); paired McNemar tests of every
-    source against SFT, against the ORM (ProgRM's claim) and against the outcome reward (ADMIRE's
-    and GUI-Shepherd's), each pairing episodes on the same task, seed and RL seed."""
+    source against SFT, against the ORM (ProgRM's claim: the ORM whose model came from the same
+    place) and against the outcome reward (ADMIRE's and GUI-Shepherd's), and of every run whose
+    reward model came from a flywheel round against the same source and estimator with today's
+    models (the effect of the agent's own episodes, on its own), each pairing episodes on the same
+    task, seed and RL seed."""
     families = sorted({e["task_family"] for items in by_policy.values() for e in items if e["task_family"]})
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
@@ -149,8 +156,14 @@ def table_one(
         paired_sft = {(t, s, rl): sft_outcomes[(t, s, 0)] for (t, s, rl) in mine if (t, s, 0) in sft_outcomes}
         block = members[0].get("block") or DENSE_BLOCK
         comparisons.append({"actor": label, "versus": sft_label(block)} | paired_comparison(mine, paired_sft))
-        for versus in ("orm", "outcome"):  # ProgRM's baseline; ADMIRE's and GUI-Shepherd's
-            other = run_label({"reward_source": versus, "estimator": "reinforce_pp", "block": block})
+        tag = members[0].get("reward_model_tag")
+        others = [  # ProgRM's baseline (its model from the same place); ADMIRE's and GUI-Shepherd's
+            {"reward_source": "orm", "estimator": "reinforce_pp", "block": block, "reward_model_tag": tag},
+            {"reward_source": "outcome", "estimator": "reinforce_pp", "block": block},
+        ]
+        if tag:  # the same source with today's models
+            others.append({**members[0], "reward_model_tag": None})
+        for other in dict.fromkeys(run_label(o) for o in others):
             if other in groups and other != label:
                 theirs = outcomes([m["policy_id"] for m in groups[other]], True)
                 comparisons.append({"actor": label, "versus": other} | paired_comparison(mine, theirs))
@@ -247,7 +260,7 @@ def training_reward_auc(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str,
     apart). An exact outcome reward gives 1; a reward no better than chance, 0.5.
 
     ``episodes``: one mapping per RL training episode with ``reward_source``, ``estimator``,
-    ``block``, ``reward`` (summed over its steps) and ``success``."""
+    ``block``, ``reward_model_tag`` (optional), ``reward`` (summed over its steps) and ``success``."""
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for e in episodes:
         groups[run_label(e)].append(e)

@@ -63,6 +63,7 @@ from training.policy.store import (
     latest_policy,
     warm_policy_cache,
 )
+from training.reward_models.readers import view_exists
 from training.reward_models.scoring import LocalScorer, load_scorer
 from training.reward_models.states import StepState, describe_action
 from training.rl.learner import CriticState, EpisodeExperience, Learner, LearnerSettings, PRMCritic
@@ -75,7 +76,7 @@ from training.rl.report import (
     table_one,
     training_reward_auc,
 )
-from training.rl.rewards import REWARD_SOURCES, RewardSource, Rollout, make_reward_source
+from training.rl.rewards import REWARD_SOURCES, SOURCE_MODEL_KIND, RewardSource, Rollout, make_reward_source
 from training.rl.rewards.admire import LLMMilestones, MilestoneStore, TaskMilestones
 from training.rl.rewards.base import text_trajectory
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
@@ -160,6 +161,9 @@ class RLSettings:
     milestone_model: str = "default"
     learner: LearnerSettings = field(default_factory=LearnerSettings)
     block: str = DENSE_BLOCK  # the SFT policy's task block the run trains on (dense | sparse)
+    # A registered reward model of the source's kind to train against (e.g. a flywheel round's);
+    # None: the newest of its kind. PPO's critic starts from it when the source is the PRM.
+    reward_model_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.reward_source not in REWARD_SOURCES:
@@ -170,14 +174,20 @@ class RLSettings:
             object.__setattr__(self, "learner", replace(self.learner, estimator=self.estimator))
         if self.iterations < 1 or self.instances_per_task < 1 or self.group_size < 1:
             raise ValueError("iterations, instances_per_task and group_size must be at least 1")
+        if self.reward_model_id is not None and SOURCE_MODEL_KIND[self.reward_source] is None:
+            raise ValueError(f"the {self.reward_source} reward uses no reward model to pin ({self.reward_model_id})")
 
     def run_key(self, sft_policy_id: str) -> str:
         """``<source>-<estimator>-s<seed>-<hash>``: the hash covers the SFT policy the run starts
         from and every other setting that changes what it learns (not the budget of iterations,
-        which a resumed run may extend, nor where rewards are computed)."""
+        which a resumed run may extend, nor where rewards are computed). A pinned reward model is
+        part of the hash; "the newest" is not (so keys made before pinning existed stand): an
+        unpinned run keeps the model it started with (:func:`run_reward_model`)."""
         settings = asdict(self) | {"sft_policy_id": sft_policy_id, "code_version": RL_CODE_VERSION}
         for name in ("reward_source", "estimator", "rl_seed", "workers", "reward_endpoint", "iterations"):
             settings.pop(name)
+        if settings["reward_model_id"] is None:
+            settings.pop("reward_model_id")
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:6]
         return f"{self.reward_source}-{self.estimator}-s{self.rl_seed}-{digest}"
 
@@ -584,6 +594,7 @@ class RunState:
     iteration: int = 0  # iterations completed
     env_steps: int = 0
     milestones: dict = field(default_factory=dict)
+    reward_model_id: str | None = None  # the model the rewards came from (None: no model, or an old checkpoint)
 
 
 def _save_checkpoint(path: Path, model: PolicyModel, learner: Learner, state: RunState) -> None:
@@ -665,6 +676,11 @@ def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: s
     tasks = _catalog_tasks(task_blocks(sft)[settings.block])
     if not tasks:
         raise RLStageError(f"the SFT policy {sft['policy_id']} chose no tasks for RL in the {settings.block} block")
+    run_key = settings.run_key(sft["policy_id"])
+    run_dir = warehouse.home / "policies" / "rl" / sft["policy_id"] / run_key
+    reward_model_id = settings.reward_model_id
+    if reward_model_id is None and SOURCE_MODEL_KIND[settings.reward_source] and not settings.reward_endpoint:
+        reward_model_id = run_reward_model(warehouse, run_key, run_dir / "checkpoint")  # None: a new run, the newest
     model = PolicyModel.load(sft["checkpoint"])
     warm_policy_cache(model, warehouse.home)
     reference = model.frozen_copy()
@@ -681,28 +697,47 @@ def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: s
         progress_k=settings.progress_k,
         outcome_every_step=settings.estimator == "grpo",
         milestone_generator=milestone_generator,
+        model_id=reward_model_id,
     )
     critic = None
     if settings.estimator == "ppo":
-        prm = load_scorer(warehouse, "prm")
+        prm = load_scorer(warehouse, "prm", model_id=reward_model_id if settings.reward_source == "prm" else None)
         if not isinstance(prm, LocalScorer):
             raise RLStageError("PPO's critic is initialised from a local PRM checkpoint, not a service")
         critic = PRMCritic(prm.scorer, settings.learner.critic_learning_rate, settings.learner.critic_top_k)
     learner = Learner(model, reference, settings.learner, critic=critic)
-    run_key = settings.run_key(sft["policy_id"])
-    run_dir = warehouse.home / "policies" / "rl" / sft["policy_id"] / run_key
     return _RLRun(sft, tasks, model, source, critic, learner, run_key, run_dir)
+
+
+def reward_model_of(source: RewardSource) -> str | None:
+    """The registered reward model a source scores with (None: the outcome, ADMIRE, a service)."""
+    return next((i.version for i in source.lineage() if i.input_asset == "reward_model"), None)
+
+
+def run_reward_model(warehouse: Warehouse, run_key: str, checkpoint: Path | None = None) -> str | None:
+    """The reward model a started run has trained against: its checkpoint's record, or (checkpoints
+    written before they kept it) the lineage of its published iterations; None for a new run."""
+    state = checkpoint / "state.json" if checkpoint is not None else None
+    if state is not None and state.exists() and (recorded := json.loads(state.read_text()).get("reward_model_id")):
+        return str(recorded)
+    rows = warehouse.query(
+        "SELECT input_version FROM lineage WHERE asset = 'rl_run' AND input_asset = 'reward_model' "
+        "AND json_extract_string(parameters, '$.run_key') = ? ORDER BY created_at DESC LIMIT 1",
+        [run_key],
+    ).to_pylist()
+    return rows[0]["input_version"] if rows else None
 
 
 def _resume_rl_run(run: _RLRun, log: Log) -> RunState:
     """The run's state: from its last checkpoint (weights, learner, milestones restored), else a fresh one."""
     checkpoint = run.checkpoint
     if not (checkpoint / "state.json").exists():
-        return RunState()
+        return RunState(reward_model_id=reward_model_of(run.source))
     resumed = PolicyModel.load(checkpoint, encoder=run.model.encoder)
     run.model.copy_weights_from(resumed)
     run.learner.load_state_dict(torch.load(checkpoint / "learner.pt", weights_only=False))
     state = RunState(**json.loads((checkpoint / "state.json").read_text()))
+    state.reward_model_id = reward_model_of(run.source)  # the recorded one (see _prepare_rl_run)
     store = getattr(run.source, "store", None)
     if isinstance(store, MilestoneStore):
         _restore_milestones(store, state.milestones)
@@ -913,7 +948,7 @@ def _register_rl_policy(
         "checkpoint_path": warehouse.relative(final),
         "tasks": [t.task_id for t in run.tasks],  # its block's: what it is evaluated on
         "env_steps": state.env_steps,
-        "parameters": json.dumps(asdict(settings), default=str),
+        "parameters": json.dumps(asdict(settings) | {"reward_model": reward_model_of(run.source)}, default=str),
         "created_at": _now(),
         "run_id": run_id,
     }
@@ -990,13 +1025,17 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     sft = latest_policy(warehouse, "sft", sft_policy_id)
     runs = warehouse.query(
         "SELECT policy_id, reward_source, estimator, rl_seed, env_steps, "
+        "json_extract_string(parameters, '$.reward_model') AS reward_model, "
         "coalesce(json_extract_string(parameters, '$.block'), ?) AS block FROM policies "
         "WHERE kind = 'rl' AND parent_policy_id = ? ORDER BY created_at",
         [DENSE_BLOCK, sft["policy_id"]],
     ).to_pylist()
-    latest: dict[tuple[str, str, int, str], dict] = {}
+    tags = reward_model_tags(warehouse)
+    latest: dict[tuple[str, str, int, str, str | None], dict] = {}
     for r in runs:
-        latest[(r["reward_source"], r["estimator"], r["rl_seed"], r["block"])] = r  # the newest run of each wins
+        run_key = r["policy_id"].removeprefix("rl-").removesuffix(f"-{sft['policy_id']}")
+        r["reward_model_tag"] = tags.get(r.pop("reward_model") or run_reward_model(warehouse, run_key) or "")
+        latest[(r["reward_source"], r["estimator"], r["rl_seed"], r["block"], r["reward_model_tag"])] = r
     policy_ids = [sft["policy_id"], *(r["policy_id"] for r in latest.values())]
     episodes = warehouse.query(
         "SELECT e.*, a.task_family FROM agent_eval_episodes e JOIN agent_eval a "
@@ -1007,9 +1046,32 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     for e in episodes:
         by_policy[e["policy_id"]].append(e)
     report = table_one(sft["policy_id"], list(latest.values()), by_policy, task_blocks(sft))
-    report["training_reward_auc"] = training_reward_auc(_training_episodes(warehouse, sft["policy_id"]))
+    training = _training_episodes(warehouse, sft["policy_id"])
+    run_tags = {key: tags.get(run_reward_model(warehouse, key) or "") for key in {e["run_key"] for e in training}}
+    for e in training:
+        e["reward_model_tag"] = run_tags[e.pop("run_key")]
+    report["training_reward_auc"] = training_reward_auc(training)
     report["sparse_rule"] = sparse_block_rule(sft)
     return report
+
+
+def reward_model_tags(warehouse: Warehouse) -> dict[str, str]:
+    """``flywheel r<n>`` for every reward model a flywheel round (n >= 1) trained, by model id:
+    the report's name for runs on the agent's own episodes (round 0 is the models already there)."""
+    if not view_exists(warehouse, "flywheel_rounds"):
+        return {}
+    rows = warehouse.query(  # a model a later round kept is named by the round that trained it
+        "SELECT model_id, round FROM flywheel_rounds WHERE round >= 1 ORDER BY round DESC"
+    ).to_pylist()
+    return {r["model_id"]: f"flywheel r{r['round']}" for r in rows}
+
+
+def flywheel_round_models(warehouse: Warehouse, round_: int) -> dict[str, str]:
+    """The reward model of each kind that flywheel round ``round_`` trained, by kind."""
+    if not view_exists(warehouse, "flywheel_rounds"):
+        return {}
+    rows = warehouse.query("SELECT kind, model_id FROM flywheel_rounds WHERE round = ?", [round_]).to_pylist()
+    return {r["kind"]: r["model_id"] for r in rows}
 
 
 def _training_episodes(warehouse: Warehouse, sft_policy_id: str) -> list[dict]:
@@ -1018,12 +1080,12 @@ def _training_episodes(warehouse: Warehouse, sft_policy_id: str) -> list[dict]:
     return warehouse.query(
         "WITH runs AS (SELECT DISTINCT run_key, reward_source, estimator FROM rl_iterations "
         "WHERE policy_id LIKE 'rl:%:' || ? || ':i%') "
-        "SELECT r.episode_id, runs.reward_source, runs.estimator, "
+        "SELECT r.episode_id, r.run_key, runs.reward_source, runs.estimator, "
         "coalesce(json_extract_string(any_value(p.parameters), '$.block'), ?) AS block, "
         "sum(r.reward) AS reward, bool_or(e.success) AS success "
         "FROM rl_step_rewards r JOIN runs USING (run_key) JOIN episodes e USING (episode_id) "
         "LEFT JOIN policies p ON p.policy_id = 'rl-' || r.run_key || '-' || ? "
-        "GROUP BY r.episode_id, runs.reward_source, runs.estimator",
+        "GROUP BY r.episode_id, r.run_key, runs.reward_source, runs.estimator",
         [sft_policy_id, DENSE_BLOCK, sft_policy_id],
     ).to_pylist()
 

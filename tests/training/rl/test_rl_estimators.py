@@ -171,3 +171,36 @@ def test_a_run_trains_on_its_block_of_the_sft_policys_pre_registered_tasks():
     assert RLSettings("outcome", block="sparse").run_key("sft-a") != RLSettings("outcome").run_key("sft-a")
     with pytest.raises(ValueError, match="unknown task block 'long'"):
         RLSettings("outcome", block="long")
+
+
+def test_a_pinned_reward_model_is_a_run_of_its_own_and_an_unpinned_run_keeps_its_model(tmp_path):
+    """Pinning a reward model (a flywheel round's) gives a run key of its own; without a pin the key
+    is the one runs had before pins existed, and a started run is bound to the model its checkpoint
+    or its published iterations name, so retraining the kind cannot change its rewards mid-run."""
+    import json
+
+    from training.rl.runs import RLSettings, run_reward_model
+    from warehouse.catalog import LineageInput, Materialization, Warehouse
+
+    # the key of the first sparse runs (2026-11-26), made before pins: unchanged, or they would be orphaned
+    assert RLSettings("outcome", block="sparse").run_key("sft-232af32921") == "outcome-reinforce_pp-s0-bd0d62"
+    today, pinned = RLSettings("orm"), RLSettings("orm", reward_model_id="orm-fw3")
+    assert pinned.run_key("sft-a") != today.run_key("sft-a")
+    assert pinned.run_key("sft-a") != RLSettings("orm", reward_model_id="orm-fw4").run_key("sft-a")
+    with pytest.raises(ValueError, match="outcome reward uses no reward model"):
+        RLSettings("outcome", reward_model_id="orm-fw3")
+
+    warehouse = Warehouse(tmp_path / "home")
+    checkpoint = tmp_path / "checkpoint"
+    assert run_reward_model(warehouse, "orm-run", checkpoint) is None  # a new run: the newest model
+    m = Materialization(
+        asset="rl_run",
+        parameters={"run_key": "orm-run"},
+        inputs=[LineageInput(kind="asset", input_asset="reward_model", version="orm-old")],
+    )
+    warehouse.publish(m, [])
+    assert run_reward_model(warehouse, "orm-run", checkpoint) == "orm-old"  # from its iterations' lineage
+    assert run_reward_model(warehouse, "other-run") is None
+    checkpoint.mkdir()
+    (checkpoint / "state.json").write_text(json.dumps({"iteration": 3, "reward_model_id": "orm-recorded"}))
+    assert run_reward_model(warehouse, "orm-run", checkpoint) == "orm-recorded"  # the checkpoint's record first

@@ -267,3 +267,47 @@ def test_the_design_says_what_each_block_can_detect(report: dict) -> None:
     assert one_seed[0]["seed_sd"] == FIRST_TABLE_SEED_SD and "first table" in one_seed[0]["sd_from"]
     assert one_seed[0]["detectable"] == pytest.approx(minimum_detectable_difference(FIRST_TABLE_SEED_SD, 1))
     assert "smallest difference detected" in report_markdown(report)
+
+
+def test_runs_on_flywheel_models_are_their_own_rows_compared_with_todays_models():
+    """A source trained against a flywheel round's reward model is a row of its own (not averaged
+    with the same source on today's model), compared with that source on today's model (the
+    effect of the agent's own episodes, on its own) and with the ORM of the same round."""
+    base = {"estimator": "reinforce_pp", "rl_seed": 0, "env_steps": 1}
+    runs = [
+        base | {"policy_id": "orm0", "reward_source": "orm"},
+        base | {"policy_id": "orm_fw", "reward_source": "orm", "reward_model_tag": "flywheel r3"},
+        base | {"policy_id": "lcs0", "reward_source": "progrm_lcs"},
+        base | {"policy_id": "lcs_fw", "reward_source": "progrm_lcs", "reward_model_tag": "flywheel r3"},
+    ]
+    by_policy = {
+        "sft": _episodes("sft", _solved(2)),
+        "orm0": _episodes("orm0", _solved(2)),
+        "orm_fw": _episodes("orm_fw", _solved(3)),
+        "lcs0": _episodes("lcs0", _solved(2)),
+        "lcs_fw": _episodes("lcs_fw", _solved(8)),
+    }
+    report = table_one("sft", runs, by_policy)
+    rows = {r["actor"]: r for r in report["rows"]}
+    assert set(rows) == {"SFT", "orm", "orm · flywheel r3", "progrm_lcs", "progrm_lcs · flywheel r3"}
+    assert rows["progrm_lcs · flywheel r3"]["success_rate"] == pytest.approx(0.8)
+    assert rows["progrm_lcs"]["success_rate"] == pytest.approx(0.2)
+    by = {(c["actor"], c["versus"]): c for c in report["comparisons"]}
+    today = by[("progrm_lcs · flywheel r3", "progrm_lcs")]
+    assert today["pairs"] == 20 and today["only_a"] == 12 and today["only_b"] == 0
+    assert by[("progrm_lcs · flywheel r3", "orm · flywheel r3")]["only_a"] == 10  # ProgRM's claim, same round
+    assert ("progrm_lcs · flywheel r3", "orm") not in by
+    assert by[("orm · flywheel r3", "orm")]["only_a"] == 2
+    assert ("progrm_lcs", "orm · flywheel r3") not in by  # today's runs keep today's baseline
+    auc = training_reward_auc(
+        [
+            {"reward_source": "orm", "estimator": "reinforce_pp", "reward": r, "success": s, "reward_model_tag": t}
+            for r, s, t in [
+                (1.0, True, "flywheel r3"),
+                (0.0, False, "flywheel r3"),
+                (0.0, True, None),
+                (1.0, False, None),
+            ]
+        ]
+    )
+    assert {a["actor"]: a["auc"] for a in auc} == {"orm": 0.0, "orm · flywheel r3": 1.0}

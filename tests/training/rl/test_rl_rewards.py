@@ -194,3 +194,47 @@ def test_the_prm_pays_its_judgement_as_plus_or_minus_one_with_the_format_penalty
     assert np.all(rewards[[0, 1, 3]] >= -1) and np.all(rewards[[0, 1, 3]] <= 1)
     with pytest.raises(RewardModelError, match="needs a guidnav model"):
         StepJudgeReward(scorer, kind="guidnav")
+
+
+def test_a_reward_model_can_be_pinned_by_id(trained_progrm, tmp_path):
+    """``model_id`` loads that registered model, not the newest of its kind; an unknown id, one of
+    another kind or one this encoder cannot load fails with its name before any rollout."""
+    import json
+    import shutil
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+
+    from warehouse.catalog import Materialization
+    from warehouse.tables_training import MODELS
+
+    warehouse = Warehouse(tmp_path / "home")
+    stale = tmp_path / "stale"
+    shutil.copytree(trained_progrm, stale)
+    config_file = stale / "reward_model_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({k: v for k, v in config.items() if k != "encoder_fingerprint"}))
+    for day, (model_id, checkpoint) in enumerate(
+        [("progrm_env-old", trained_progrm), ("progrm_env-new", shutil.copytree(trained_progrm, tmp_path / "new"))]
+        + [("progrm_env-stale", stale)],
+        start=1,
+    ):
+        row = {"model_id": model_id, "kind": "progrm_env", "checkpoint_path": str(checkpoint)}
+        row["created_at"] = datetime(2026, 1, day, tzinfo=UTC)
+        m = Materialization(asset="test_models")
+        warehouse.publish(m, [warehouse.stage_table("models", model_id, pa.Table.from_pylist([row], schema=MODELS), m)])
+    assert isinstance(newest := load_scorer(warehouse, "progrm_env"), LocalScorer)
+    assert newest.checkpoint == str(tmp_path / "new")  # the stale one is passed over
+    pinned = load_scorer(warehouse, "progrm_env", model_id="progrm_env-old")
+    assert isinstance(pinned, LocalScorer) and pinned.checkpoint == str(trained_progrm)
+    cache = pinned.scorer.cache
+    source = make_reward_source("progrm_env", warehouse, cache=cache, model_id="progrm_env-old")
+    assert [i.path for i in source.lineage()] == [str(trained_progrm)]
+    with pytest.raises(RewardModelError, match="no reward model 'progrm_env-gone'"):
+        load_scorer(warehouse, "progrm_env", model_id="progrm_env-gone")
+    with pytest.raises(RewardModelError, match="progrm_env-old is a progrm_env model, not a orm one"):
+        load_scorer(warehouse, "orm", model_id="progrm_env-old")
+    with pytest.raises(RewardModelError, match="progrm_env-stale cannot be loaded"):
+        load_scorer(warehouse, "progrm_env", model_id="progrm_env-stale")
+    with pytest.raises(ValueError, match="outcome reward uses no reward model"):
+        make_reward_source("outcome", warehouse, cache=cache, model_id="progrm_env-old")

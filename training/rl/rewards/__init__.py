@@ -40,12 +40,16 @@ def make_reward_source(
     outcome_every_step: bool = False,
     milestone_generator: LLMMilestones | None = None,
     admire: AdmireSettings | None = None,
+    model_id: str | None = None,
 ) -> RewardSource:
-    """The reward source ``name``. Model-based sources load the latest trained model of their kind
-    (or use the HTTP service at ``endpoint``) now, so a missing or wrong model fails before any
-    rollout. ``cache`` is the sentence-encoding cache ADMIRE matches milestones with."""
+    """The reward source ``name``. Model-based sources load the latest trained model of their kind,
+    or the registered model ``model_id`` when given (or use the HTTP service at ``endpoint``), now,
+    so a missing or wrong model fails before any rollout. ``cache`` is the sentence-encoding cache
+    ADMIRE matches milestones with."""
     if name not in REWARD_SOURCES:
         raise ValueError(f"unknown reward source {name!r}; choose one of {', '.join(REWARD_SOURCES)}")
+    if model_id is not None and SOURCE_MODEL_KIND[name] is None:
+        raise ValueError(f"the {name} reward uses no reward model; {model_id} cannot be pinned to it")
     if name == "outcome":
         return OutcomeReward()
     if name == "admire":
@@ -53,7 +57,7 @@ def make_reward_source(
         return AdmireReward(cache, settings=admire, store=store, outcome_every_step=outcome_every_step)
     kind = SOURCE_MODEL_KIND[name]
     assert kind is not None
-    scorer = load_scorer(warehouse, kind, endpoint=endpoint)
+    scorer = load_scorer(warehouse, kind, endpoint=endpoint, model_id=model_id)
     if name == "orm":
         # the threshold the evaluation report chose on the validation split, unless one is given
         threshold = orm_threshold if orm_threshold is not None else report_threshold(warehouse, scorer.model_id)

@@ -495,6 +495,9 @@ def cmd_rl(args: argparse.Namespace) -> int:
         return 2
     pinned: dict[str, str] = {}  # run variant -> the flywheel round's model of its kind
     if args.flywheel_round is not None:
+        if args.flywheel_round < 1:
+            print("stepwise rl: --flywheel-round >= 1 (round 0 is today's models: leave the flag out)", file=sys.stderr)
+            return 2
         if no_model := [r for r in runs if SOURCE_MODEL_KIND[RUN_VARIANTS[r][0]] is None]:
             print(f"stepwise rl: --flywheel-round pins reward models; {no_model} use none", file=sys.stderr)
             return 2

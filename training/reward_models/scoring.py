@@ -134,7 +134,10 @@ def load_scorer(
     if kind not in KINDS:
         raise RewardModelError(f"unknown reward-model kind {kind!r}; expected one of {', '.join(KINDS)}")
     if endpoint:
-        return HTTPScorer(endpoint, expect_kind=kind)
+        served = HTTPScorer(endpoint, expect_kind=kind)
+        if model_id is not None and served.model_id != model_id:
+            raise RewardModelError(f"{endpoint} serves {served.model_id}, not the pinned {model_id}")
+        return served
     if model_id is not None:
         try:
             model = model_by_id(warehouse, model_id)

@@ -710,16 +710,23 @@ def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: s
 
 
 def reward_model_of(source: RewardSource) -> str | None:
-    """The registered reward model a source scores with (None: the outcome, ADMIRE, a service)."""
-    return next((i.version for i in source.lineage() if i.input_asset == "reward_model"), None)
+    """The reward model a source scores with, local or served (None: the outcome, ADMIRE)."""
+    scorer = getattr(source, "scorer", None)
+    model_id = getattr(scorer, "model_id", None)
+    return str(model_id) if model_id else None
 
 
 def run_reward_model(warehouse: Warehouse, run_key: str, checkpoint: Path | None = None) -> str | None:
-    """The reward model a started run has trained against: its checkpoint's record, or (checkpoints
-    written before they kept it) the lineage of its published iterations; None for a new run."""
-    state = checkpoint / "state.json" if checkpoint is not None else None
-    if state is not None and state.exists() and (recorded := json.loads(state.read_text()).get("reward_model_id")):
-        return str(recorded)
+    """The reward model a run has trained against. With its ``checkpoint`` folder: the checkpoint's
+    record, or (checkpoints written before they kept it) the lineage of its published iterations;
+    None without a checkpoint (a new run, or one started over: the newest model). Without: the
+    lineage alone (the report's question about a finished run)."""
+    if checkpoint is not None:
+        state = checkpoint / "state.json"
+        if not state.exists():
+            return None
+        if recorded := json.loads(state.read_text()).get("reward_model_id"):
+            return str(recorded)
     rows = warehouse.query(
         "SELECT input_version FROM lineage WHERE asset = 'rl_run' AND input_asset = 'reward_model' "
         "AND json_extract_string(parameters, '$.run_key') = ? ORDER BY created_at DESC LIMIT 1",
@@ -1026,15 +1033,19 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     runs = warehouse.query(
         "SELECT policy_id, reward_source, estimator, rl_seed, env_steps, "
         "json_extract_string(parameters, '$.reward_model') AS reward_model, "
+        "json_extract_string(parameters, '$.reward_model_id') AS pinned, "
         "coalesce(json_extract_string(parameters, '$.block'), ?) AS block FROM policies "
         "WHERE kind = 'rl' AND parent_policy_id = ? ORDER BY created_at",
         [DENSE_BLOCK, sft["policy_id"]],
     ).to_pylist()
     tags = reward_model_tags(warehouse)
     latest: dict[tuple[str, str, int, str, str | None], dict] = {}
+    key_tags: dict[str, str | None] = {}
     for r in runs:
         run_key = r["policy_id"].removeprefix("rl-").removesuffix(f"-{sft['policy_id']}")
-        r["reward_model_tag"] = tags.get(r.pop("reward_model") or run_reward_model(warehouse, run_key) or "")
+        model = r.pop("reward_model") or run_reward_model(warehouse, run_key) or ""
+        pinned = r.pop("pinned")  # a pin to a model no flywheel round trained is still a run of its own
+        r["reward_model_tag"] = key_tags[run_key] = tags.get(model) or (f"model {pinned}" if pinned else None)
         latest[(r["reward_source"], r["estimator"], r["rl_seed"], r["block"], r["reward_model_tag"])] = r
     policy_ids = [sft["policy_id"], *(r["policy_id"] for r in latest.values())]
     episodes = warehouse.query(
@@ -1047,9 +1058,10 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
         by_policy[e["policy_id"]].append(e)
     report = table_one(sft["policy_id"], list(latest.values()), by_policy, task_blocks(sft))
     training = _training_episodes(warehouse, sft["policy_id"])
-    run_tags = {key: tags.get(run_reward_model(warehouse, key) or "") for key in {e["run_key"] for e in training}}
+    for key in {e["run_key"] for e in training} - set(key_tags):  # runs not registered yet
+        key_tags[key] = tags.get(run_reward_model(warehouse, key) or "")
     for e in training:
-        e["reward_model_tag"] = run_tags[e.pop("run_key")]
+        e["reward_model_tag"] = key_tags[e.pop("run_key")]
     report["training_reward_auc"] = training_reward_auc(training)
     report["sparse_rule"] = sparse_block_rule(sft)
     return report
@@ -1060,17 +1072,24 @@ def reward_model_tags(warehouse: Warehouse) -> dict[str, str]:
     the report's name for runs on the agent's own episodes (round 0 is the models already there)."""
     if not view_exists(warehouse, "flywheel_rounds"):
         return {}
-    rows = warehouse.query(  # a model a later round kept is named by the round that trained it
-        "SELECT model_id, round FROM flywheel_rounds WHERE round >= 1 ORDER BY round DESC"
+    # a round records every kind its report judged, retrained or carried over: a model is named
+    # by the first round that lists it, and one round 0 lists is today's, not the flywheel's
+    rows = warehouse.query(
+        "SELECT model_id, min(round) AS round FROM flywheel_rounds GROUP BY model_id HAVING min(round) >= 1"
     ).to_pylist()
     return {r["model_id"]: f"flywheel r{r['round']}" for r in rows}
 
 
 def flywheel_round_models(warehouse: Warehouse, round_: int) -> dict[str, str]:
-    """The reward model of each kind that flywheel round ``round_`` trained, by kind."""
+    """The reward model of each kind that flywheel round ``round_`` trained, by kind (not the
+    models it only carried over from an earlier round)."""
     if not view_exists(warehouse, "flywheel_rounds"):
         return {}
-    rows = warehouse.query("SELECT kind, model_id FROM flywheel_rounds WHERE round = ?", [round_]).to_pylist()
+    rows = warehouse.query(
+        "SELECT kind, model_id FROM flywheel_rounds WHERE round = ? "
+        "AND model_id NOT IN (SELECT model_id FROM flywheel_rounds WHERE round < ?)",
+        [round_, round_],
+    ).to_pylist()
     return {r["kind"]: r["model_id"] for r in rows}
 
 

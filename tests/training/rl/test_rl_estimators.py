@@ -192,15 +192,50 @@ def test_a_pinned_reward_model_is_a_run_of_its_own_and_an_unpinned_run_keeps_its
 
     warehouse = Warehouse(tmp_path / "home")
     checkpoint = tmp_path / "checkpoint"
-    assert run_reward_model(warehouse, "orm-run", checkpoint) is None  # a new run: the newest model
-    m = Materialization(
-        asset="rl_run",
-        parameters={"run_key": "orm-run"},
-        inputs=[LineageInput(kind="asset", input_asset="reward_model", version="orm-old")],
-    )
-    warehouse.publish(m, [])
-    assert run_reward_model(warehouse, "orm-run", checkpoint) == "orm-old"  # from its iterations' lineage
+
+    def publish(model_id: str) -> None:
+        m = Materialization(
+            asset="rl_run",
+            parameters={"run_key": "orm-run"},
+            inputs=[LineageInput(kind="asset", input_asset="reward_model", version=model_id)],
+        )
+        warehouse.publish(m, [])
+
+    publish("orm-first")
+    publish("orm-old")
+    assert run_reward_model(warehouse, "orm-run") == "orm-old"  # the lineage's newest iteration
     assert run_reward_model(warehouse, "other-run") is None
+    # no checkpoint: a new run, or one started over, takes the newest model whatever was published
+    assert run_reward_model(warehouse, "orm-run", checkpoint) is None
     checkpoint.mkdir()
+    (checkpoint / "state.json").write_text(json.dumps({"iteration": 3}))  # written before checkpoints kept it
+    assert run_reward_model(warehouse, "orm-run", checkpoint) == "orm-old"
     (checkpoint / "state.json").write_text(json.dumps({"iteration": 3, "reward_model_id": "orm-recorded"}))
     assert run_reward_model(warehouse, "orm-run", checkpoint) == "orm-recorded"  # the checkpoint's record first
+
+
+def test_a_flywheel_round_names_only_the_models_it_trained(tmp_path):
+    """A round lists every kind its report judged, retrained or carried over: a carried-over model
+    is neither tagged as that round's nor pinned by ``--flywheel-round``, and a model is named by
+    the first round that trained it."""
+    import pyarrow as pa
+
+    from training.rl.runs import flywheel_round_models, reward_model_tags
+    from warehouse.catalog import Materialization, Warehouse
+    from warehouse.tables_training import FLYWHEEL_ROUNDS
+
+    warehouse = Warehouse(tmp_path / "home")
+    assert reward_model_tags(warehouse) == {} and flywheel_round_models(warehouse, 1) == {}
+    rounds = {
+        0: {"orm": "orm-a", "prm": "prm-a"},
+        1: {"orm": "orm-a", "prm": "prm-b"},  # only the PRM retrained
+        2: {"orm": "orm-c", "prm": "prm-b"},  # only the ORM retrained
+    }
+    for round_, models in rounds.items():
+        rows = [{"round": round_, "kind": kind, "model_id": model} for kind, model in models.items()]
+        m = Materialization(asset="flywheel_round")
+        table = pa.Table.from_pylist(rows, schema=FLYWHEEL_ROUNDS)
+        warehouse.publish(m, [warehouse.stage_table("flywheel_rounds", f"round-{round_:02d}", table, m)])
+    assert reward_model_tags(warehouse) == {"prm-b": "flywheel r1", "orm-c": "flywheel r2"}
+    assert flywheel_round_models(warehouse, 1) == {"prm": "prm-b"}
+    assert flywheel_round_models(warehouse, 2) == {"orm": "orm-c"}

@@ -70,7 +70,7 @@ def test_progress_reward_is_the_gain_of_the_models_progress(progrm_scorer):
     assert np.isclose(k2[3], p[3] - p[1])
 
 
-def test_the_http_service_gives_the_same_rewards(progrm_scorer):
+def test_the_http_service_gives_the_same_rewards(progrm_scorer, tmp_path):
     server, _ = serve_in_background(progrm_scorer.scorer)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -82,6 +82,11 @@ def test_the_http_service_gives_the_same_rewards(progrm_scorer):
             assert np.allclose(a, b, atol=1e-6)
         with pytest.raises(RewardModelError, match="serves a progrm_env model, not the orm"):
             HTTPScorer(url, expect_kind="orm")
+        # a pinned model must be the one the service serves: a pin is never silently ignored
+        served = load_scorer(Warehouse(tmp_path / "home"), "progrm_env", endpoint=url, model_id=remote.model_id)
+        assert served.model_id == progrm_scorer.model_id
+        with pytest.raises(RewardModelError, match="not the pinned progrm_env-other"):
+            load_scorer(Warehouse(tmp_path / "home"), "progrm_env", endpoint=url, model_id="progrm_env-other")
     finally:
         server.shutdown()
     with pytest.raises(RewardModelError, match="not reachable"):

@@ -310,12 +310,21 @@ class Learner:
         return out
 
     def state_dict(self) -> dict:
-        """What a checkpoint keeps besides the weights: the optimizer and the shuffling RNG."""
-        return {"optimizer": self.optimizer.state_dict(), "rng": self.rng.getstate()}
+        """What a checkpoint keeps besides the weights: the optimizer, the shuffling RNG, and a
+        PPO critic's weights and optimizer (a resumed run goes on with the critic it had learned,
+        not a fresh copy of the PRM)."""
+        state: dict = {"optimizer": self.optimizer.state_dict(), "rng": self.rng.getstate()}
+        if self.critic is not None:
+            state["critic"] = self.critic.model.state_dict()
+            state["critic_optimizer"] = self.critic.optimizer.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.setstate(state["rng"])
+        if self.critic is not None and "critic" in state:  # (checkpoints before the critic was kept: the PRM's copy)
+            self.critic.model.load_state_dict(state["critic"])
+            self.critic.optimizer.load_state_dict(state["critic_optimizer"])
 
 
 def _groups(episodes: Sequence[EpisodeExperience]) -> dict[str, list[int]]:

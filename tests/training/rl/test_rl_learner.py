@@ -103,6 +103,16 @@ def test_ppo_with_a_critic_initialised_from_a_reward_model(base, trained_progrm)
         e.states = [_critic_state(d) for d in e.decisions]
     losses = [learner.update(episodes).value_loss for _ in range(4)]
     assert losses[-1] < losses[0]
+    # a checkpoint keeps the critic it learned: a learner restored from it judges as this one does
+    fresh = Learner(
+        model,
+        base.frozen_copy(),
+        LearnerSettings(estimator="ppo", learning_rate=0.0),
+        critic=PRMCritic(scorer, learning_rate=1e-3, top_k=2),
+    )
+    assert not np.isclose(fresh.critic.values([state], [probs])[0], critic.values([state], [probs])[0])
+    fresh.load_state_dict(learner.state_dict())
+    assert np.isclose(fresh.critic.values([state], [probs])[0], critic.values([state], [probs])[0], atol=1e-6)
     e.states = []
     with pytest.raises(ValueError, match="critic states"):
         learner.update([e])

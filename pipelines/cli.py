@@ -468,6 +468,33 @@ RL_REDUCED = {
 }
 
 
+def _flywheel_pins(round_: int | None, runs: list[str]) -> dict[str, str] | None:
+    """Each run variant's reward model from flywheel round ``round_`` (empty without one); None
+    after a one-line error (round 0, a source without a model, a kind the round did not train)."""
+    from training.rl.rewards import SOURCE_MODEL_KIND
+    from training.rl.runs import RUN_VARIANTS, flywheel_round_models
+    from warehouse.catalog import Warehouse
+
+    if round_ is None:
+        return {}
+    if round_ < 1:
+        print("stepwise rl: --flywheel-round >= 1 (round 0 is today's models: leave the flag out)", file=sys.stderr)
+        return None
+    if no_model := [r for r in runs if SOURCE_MODEL_KIND[RUN_VARIANTS[r][0]] is None]:
+        print(f"stepwise rl: --flywheel-round pins reward models; {no_model} use none", file=sys.stderr)
+        return None
+    round_models = flywheel_round_models(Warehouse(), round_)
+    kinds = {r: str(SOURCE_MODEL_KIND[RUN_VARIANTS[r][0]]) for r in runs}
+    if missing := sorted({k for k in kinds.values() if k not in round_models}):
+        print(
+            f"stepwise rl: flywheel round {round_} trained no {missing} model "
+            f"(it has {sorted(round_models) or 'none'}; stepwise flywheel --kinds ...)",
+            file=sys.stderr,
+        )
+        return None
+    return {r: round_models[kinds[r]] for r in runs}
+
+
 def cmd_rl(args: argparse.Namespace) -> int:
     """The RL experiment: reward models it needs (trained briefly when missing), the SFT policy,
     one run per reward source and seed with its held-out evaluation, then ProgRM Table 1."""
@@ -478,7 +505,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
     from training.reward_models.evaluate import latest_models
     from training.rl.report import report_markdown
     from training.rl.rewards import SOURCE_MODEL_KIND
-    from training.rl.runs import RL_SEEDS, RUN_VARIANTS, flywheel_round_models, run_rl_report
+    from training.rl.runs import RL_SEEDS, RUN_VARIANTS, run_rl_report
     from warehouse.catalog import Warehouse
 
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
@@ -493,24 +520,9 @@ def cmd_rl(args: argparse.Namespace) -> int:
     if bad_keys := sorted(set(seed_keys) - set(RL_SEEDS)):
         print(f"stepwise rl: --seed-keys {bad_keys} unknown; choose from {list(RL_SEEDS)}", file=sys.stderr)
         return 2
-    pinned: dict[str, str] = {}  # run variant -> the flywheel round's model of its kind
-    if args.flywheel_round is not None:
-        if args.flywheel_round < 1:
-            print("stepwise rl: --flywheel-round >= 1 (round 0 is today's models: leave the flag out)", file=sys.stderr)
-            return 2
-        if no_model := [r for r in runs if SOURCE_MODEL_KIND[RUN_VARIANTS[r][0]] is None]:
-            print(f"stepwise rl: --flywheel-round pins reward models; {no_model} use none", file=sys.stderr)
-            return 2
-        round_models = flywheel_round_models(Warehouse(), args.flywheel_round)
-        kinds = {r: str(SOURCE_MODEL_KIND[RUN_VARIANTS[r][0]]) for r in runs}
-        if missing := sorted({k for k in kinds.values() if k not in round_models}):
-            print(
-                f"stepwise rl: flywheel round {args.flywheel_round} trained no {missing} model "
-                f"(it has {sorted(round_models) or 'none'}; stepwise flywheel --kinds ...)",
-                file=sys.stderr,
-            )
-            return 2
-        pinned = {r: round_models[kinds[r]] for r in runs}
+    pinned = _flywheel_pins(args.flywheel_round, runs)
+    if pinned is None:
+        return 2
     reduced = RL_REDUCED if args.reduced else {"sft": {}, "run": {}, "evaluation": {}}
     sft_config = reduced["sft"] | ({"tasks": args.tasks.split(",")} if args.tasks else {})
     run_config = reduced["run"] | ({"iterations": args.iterations} if args.iterations else {}) | {"block": args.block}

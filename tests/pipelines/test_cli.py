@@ -95,3 +95,18 @@ def test_flywheel_refuses_bad_settings_and_an_empty_home(home):
     out = subprocess.run([STEPWISE, "flywheel"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 1 and "run `stepwise rl` first" in out.stdout, out.stdout + out.stderr
     assert Warehouse(home).query("SELECT count(*) FROM flywheel_rounds")[0][0].as_py() == 0
+
+
+def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home):
+    """Seeds and flywheel pins are checked before anything runs: one line on stderr, exit 2."""
+    env = {"STEPWISE_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "HF_HUB_OFFLINE": "1"}
+    env["PATH"] = "/usr/bin:/bin"
+    for args, message in (
+        (["--seed-keys", "s0,s9"], "--seed-keys ['s9'] unknown"),
+        (["--runs", "orm", "--flywheel-round", "0"], "--flywheel-round >= 1"),
+        (["--runs", "outcome,orm", "--flywheel-round", "1"], "['outcome'] use none"),
+        (["--runs", "orm", "--flywheel-round", "1"], "flywheel round 1 trained no ['orm'] model (it has none"),
+    ):
+        out = subprocess.run([STEPWISE, "rl", *args], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr

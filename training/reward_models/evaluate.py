@@ -650,29 +650,48 @@ class ReportResult:
     n_trajectories: dict[str, int]
 
 
+def _unloadable_reason(model: ModelRecord) -> str | None:
+    """Why this code cannot load ``model`` (``stale_encoder_reason``: another encoder's embeddings),
+    None if it can. A checkpoint that cannot be read counts as loadable: loading it says what is wrong."""
+    from training.reward_models.models import CONFIG_FILE, stale_encoder_reason  # (loads torch: when asked)
+
+    checkpoint = Path(model.checkpoint_path)
+    return stale_encoder_reason(checkpoint) if (checkpoint / CONFIG_FILE).is_file() else None
+
+
+def _registered_models(warehouse, model_id: str | None = None) -> list[ModelRecord]:
+    """Every model of the ``models`` table (or only ``model_id``), newest first."""
+    from training.reward_models.readers import view_exists
+
+    if not view_exists(warehouse, "models"):
+        return []
+    where, params = ("WHERE v.model_id = ?", [model_id]) if model_id is not None else ("", [])
+    rows = warehouse.query(
+        f"""
+        SELECT v.model_id, v.kind, v.checkpoint_path, t.materialization_id
+        FROM models v
+        LEFT JOIN table_versions t ON t.table_name = 'models' AND t.dataset = v.model_id AND t.is_current
+        {where}
+        ORDER BY v.created_at DESC
+        """,
+        params,
+    ).to_pylist()
+    return [
+        ModelRecord(r["model_id"], r["kind"], str(warehouse.resolve(r["checkpoint_path"])), r["materialization_id"])
+        for r in rows
+    ]
+
+
 def model_by_id(warehouse, model_id: str) -> ModelRecord:
     """The registered model ``model_id`` (``models`` table), whichever is newest of its kind; a
     :class:`LookupError` names it when it is not registered or this code cannot load it."""
-    from training.reward_models.models import CONFIG_FILE, stale_encoder_reason
-    from training.reward_models.readers import view_exists
-
-    rows = (
-        warehouse.query(
-            "SELECT v.model_id, v.kind, v.checkpoint_path, t.materialization_id FROM models v "
-            "LEFT JOIN table_versions t ON t.table_name = 'models' AND t.dataset = v.model_id AND t.is_current "
-            "WHERE v.model_id = ? LIMIT 1",
-            [model_id],
-        ).to_pylist()
-        if view_exists(warehouse, "models")
-        else []
-    )
-    if not rows:
+    found = _registered_models(warehouse, model_id)
+    if not found:
         raise LookupError(f"no reward model {model_id!r} in the models table")
-    r = rows[0]
-    checkpoint = warehouse.resolve(r["checkpoint_path"])
-    if (Path(checkpoint) / CONFIG_FILE).is_file() and (stale := stale_encoder_reason(checkpoint)):
+    model = found[0]
+    if stale := _unloadable_reason(model):
         raise LookupError(f"reward model {model_id} cannot be loaded by this code: {stale}")
-    return ModelRecord(r["model_id"], r["kind"], str(checkpoint), r["materialization_id"])
+    return model
 
 
 def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
@@ -682,29 +701,14 @@ def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
     batch-invariant encoder, or under another torch) cannot be loaded by this code; the newest
     model that can stands in, and a kind with none counts as untrained, so that the stages that
     need it train one instead of failing on load."""
-    from training.reward_models.models import CONFIG_FILE, stale_encoder_reason  # (loads torch: when asked)
-    from training.reward_models.readers import view_exists
-
-    if not view_exists(warehouse, "models"):
-        return []
-    rows = warehouse.query(
-        """
-        SELECT v.model_id, v.kind, v.checkpoint_path, t.materialization_id
-        FROM models v
-        LEFT JOIN table_versions t ON t.table_name = 'models' AND t.dataset = v.model_id AND t.is_current
-        ORDER BY v.created_at DESC
-        """
-    ).to_pylist()
     by_kind: dict[str, ModelRecord] = {}
-    for r in rows:
-        if r["kind"] in by_kind or r["kind"] not in kinds:
+    for model in _registered_models(warehouse):
+        if model.kind in by_kind or model.kind not in kinds:
             continue
-        checkpoint = warehouse.resolve(r["checkpoint_path"])
-        # (a checkpoint that cannot be read stays a candidate: loading it reports what is wrong)
-        if (Path(checkpoint) / CONFIG_FILE).is_file() and (stale := stale_encoder_reason(checkpoint)):
-            log.warning("skipping %s: %s", r["model_id"], stale)
+        if stale := _unloadable_reason(model):
+            log.warning("skipping %s: %s", model.model_id, stale)
             continue
-        by_kind[r["kind"]] = ModelRecord(r["model_id"], r["kind"], str(checkpoint), r["materialization_id"])
+        by_kind[model.kind] = model
     return [by_kind[k] for k in kinds if k in by_kind]
 
 

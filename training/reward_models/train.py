@@ -624,7 +624,13 @@ _SUMMARY_TRAINING_ARGUMENTS = (
 def train_reward_model(model_config: RewardModelConfig, data: DataArguments, args) -> dict:
     """Train one reward model and export it; returns the summary also written to
     ``<output_dir>/training_summary.json``."""
+    from transformers import set_seed
+
     torch.set_num_threads(max(1, data.threads))
+    # Seeded before the model is built: the Trainer seeds only in its own constructor, after the
+    # head's weights are drawn, and torch's default generator starts from a random seed, so
+    # without this two runs on the same examples trained two different models.
+    set_seed(args.seed)
     started = time.time()
     kind = model_config.kind
     examples = _read_split_examples(data, kind)

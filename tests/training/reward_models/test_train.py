@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from training.reward_models.models import RewardScorer
 from training.reward_models.states import StepState
@@ -158,6 +159,45 @@ def test_early_stopping_exports_the_checkpoint_with_the_lowest_validation_loss(t
     assert again["stopped_early"] and again["max_steps"] == summary["max_steps"]
     exported = load_file(str(Path(again["export_dir"]) / WEIGHTS_FILE))
     assert all((exported[k] == at_best[k]).all() for k in exported)
+
+
+def test_same_examples_and_seed_train_the_same_model(tiny_examples, tmp_path):
+    """Training is a function of its examples and ``--seed``, not of the process's random state:
+    torch's default generator starts from a random seed, and the head used to be built before
+    anything seeded it (``stepwise reward-models`` run twice gave two different models)."""
+    from safetensors.torch import load_file
+
+    from training.reward_models.models import WEIGHTS_FILE
+    from training.reward_models.train import train_reward_model
+
+    def train(folder: str, generator_state: int) -> dict:
+        torch.manual_seed(generator_state)  # whatever ran before in this process
+        argv = [
+            "--kind",
+            "orm",
+            "--examples",
+            str(tiny_examples["orm"]),
+            "--output_dir",
+            str(tmp_path / folder),
+            "--embedding_cache_dir",
+            str(tmp_path / folder / "cache"),
+            "--max_steps",
+            "6",
+            "--per_device_train_batch_size",
+            "8",
+            "--eval_strategy",
+            "no",
+            "--disable_tqdm",
+            "true",
+            "--threads",
+            "1",
+        ]
+        summary = train_reward_model(*parse_args(argv))
+        return load_file(str(Path(summary["export_dir"]) / WEIGHTS_FILE))
+
+    first, second = train("first", 1), train("second", 2)
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first)
 
 
 def test_trained_model_learns_progress(trained_progrm, tiny_examples):

@@ -51,19 +51,39 @@ class EnvPoolResource(ConfigurableResource):
         default=[], description="adb serials or IP:port of Android emulators/devices, one worker each"
     )
     android_settle_s: float = Field(default=0.6, description="wait after an Android action before reading the screen")
+    backend: str = Field(
+        default="local",
+        description="local: worker processes on this machine | ray: worker actors on the Ray cluster at ray_address",
+    )
+    ray_address: str | None = Field(
+        default=None, description="the Ray head's host:port (its `ray start --head --port`), with backend ray"
+    )
+    ray_cpus_per_worker: float = Field(default=1.0, description="CPUs a worker actor reserves on its Ray node")
 
     def pool_config(self, workers: int) -> PoolConfig:
-        return PoolConfig(
-            workers=workers,
-            spares=self.spares,
-            step_timeout_s=self.step_timeout_s,
-            reset_timeout_s=self.reset_timeout_s,
-            max_attempts=self.max_attempts,
-        )
+        try:
+            return PoolConfig(
+                workers=workers,
+                spares=self.spares,
+                step_timeout_s=self.step_timeout_s,
+                reset_timeout_s=self.reset_timeout_s,
+                max_attempts=self.max_attempts,
+                backend=self.backend,
+                ray_address=self.ray_address,
+                ray_cpus_per_worker=self.ray_cpus_per_worker,
+            )
+        except ValueError as exc:
+            raise Failure(f"resources.env_pool.config: {exc}") from None
 
-    def settings(self) -> dict[str, float | int]:
-        """The pool settings recorded with every batch."""
-        return {"step_timeout_s": self.step_timeout_s, "max_attempts": self.max_attempts}
+    def settings(self) -> dict[str, float | int | str]:
+        """The pool settings recorded with every batch (the backend too: where the episodes ran)."""
+        recorded: dict[str, float | int | str] = {
+            "step_timeout_s": self.step_timeout_s,
+            "max_attempts": self.max_attempts,
+        }
+        if self.backend != "local":
+            recorded |= {"pool_backend": self.backend, "ray_address": self.ray_address or ""}
+        return recorded
 
     def pool(self, backend: str, workers: int, log: Callable[[str], None] | None = None) -> EnvPool:
         """A pool of ``workers`` environments of ``backend`` (miniwob | android)."""

@@ -98,10 +98,17 @@ class PoolConfig:
     health_timeout_s: float = 5.0
     max_attempts: int = 3  # tries per episode, the first included
     start_retries: int = 3  # consecutive worker start failures tolerated before giving up
+    backend: str = "local"  # local: worker processes here | ray: worker actors on a Ray cluster (envs.ray_pool)
+    ray_address: str | None = None  # the Ray head's host:port, with backend "ray"
+    ray_cpus_per_worker: float = 1.0  # CPUs a worker actor reserves on its node (its browser's share)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError("workers must be >= 1")
+        if self.backend not in ("local", "ray"):
+            raise ValueError(f"unknown pool backend {self.backend!r} (local | ray)")
+        if self.backend == "ray" and not self.ray_address:
+            raise ValueError("the ray backend needs ray_address: the head's host:port (ray start --head --port)")
         if self.spares < 0 or self.max_attempts < 1:
             raise ValueError("spares must be >= 0 and max_attempts >= 1")
 
@@ -307,6 +314,38 @@ def _worker_main(conn: Any, env_config: EnvConfig, worker_id: str, parent_pid: i
             env.close()
 
 
+class PoolWorker(Protocol):
+    """What the pool needs of a worker: a local process (``_Worker``) or a Ray actor
+    (``envs.ray_pool.RayWorker``)."""
+
+    id: str
+    config_index: int
+    backend: str
+    supported: frozenset[ActionType]
+    episodes: int
+    alive: bool
+    last_ok: float  # when the worker last answered a call successfully
+    task_id: str | None  # the task page it has open (affinity: fewer page loads)
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def node(self) -> str: ...
+
+    def is_alive(self) -> bool: ...
+
+    def wait_ready(self, timeout: float) -> None: ...
+
+    def call(self, op: str, *args: Any, timeout: float) -> Any: ...
+
+    def descendants(self) -> list[Any]: ...
+
+    def kill(self) -> None: ...
+
+    def close(self, timeout: float = 10.0) -> None: ...
+
+
 class _Worker:
     """The parent's handle on one worker process."""
 
@@ -332,6 +371,13 @@ class _Worker:
     @property
     def pid(self) -> int | None:
         return self.process.pid
+
+    @property
+    def node(self) -> str:
+        return "local"
+
+    def is_alive(self) -> bool:
+        return self.alive and self.process.is_alive()
 
     def wait_ready(self, timeout: float) -> None:
         if not self.conn.poll(timeout):
@@ -405,7 +451,7 @@ class _Worker:
 class RemoteEnv:
     """The ``Environment`` protocol over a worker's pipe, with the pool's timeouts."""
 
-    def __init__(self, worker: _Worker, config: PoolConfig) -> None:
+    def __init__(self, worker: PoolWorker, config: PoolConfig) -> None:
         self.worker, self.config = worker, config
         self.backend = worker.backend
         self.supported_actions = worker.supported
@@ -476,12 +522,12 @@ class EnvPool:
         self._log = log or (lambda message: None)
         self._ctx = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
-        self._ready: deque[_Worker] = deque()
+        self._ready: deque[PoolWorker] = deque()
         self._ready_cv = threading.Condition(self._lock)
         self._starting = 0
         self._held = 0  # workers taken by slots (running episodes or about to)
         self._in_use: set[int] = set()
-        self._all: dict[str, _Worker] = {}
+        self._all: dict[str, PoolWorker] = {}
         self._ids = itertools.count()
         self._config_cursor = itertools.count()
         self._start_failures = 0
@@ -493,6 +539,10 @@ class EnvPool:
     # -- workers ---------------------------------------------------------------------------
     def start(self) -> EnvPool:
         """Start ``workers + spares`` workers; returns once ``workers`` of them are ready."""
+        if self.config.backend == "ray":
+            from envs.ray_pool import connect
+
+            connect(self.config.ray_address or "")  # an unreachable head: one line, before any worker
         self._top_up()
         need = min(self.config.workers, self._target())
         deadline = time.monotonic() + self.config.start_timeout_s + 5
@@ -544,9 +594,9 @@ class EnvPool:
         return None
 
     def _start_worker(self, worker_id: str, index: int) -> None:
-        worker: _Worker | None = None
+        worker: PoolWorker | None = None
         try:
-            worker = _Worker(worker_id, self._configs[index], index, self._ctx)
+            worker = self._new_worker(worker_id, index)
             with self._lock:
                 self._all[worker_id] = worker
             worker.wait_ready(self.config.start_timeout_s)
@@ -574,7 +624,14 @@ class EnvPool:
             self._ready.append(worker)
             self._ready_cv.notify_all()
 
-    def _acquire(self) -> _Worker | None:
+    def _new_worker(self, worker_id: str, index: int) -> PoolWorker:
+        if self.config.backend == "ray":
+            from envs.ray_pool import RayWorker
+
+            return RayWorker(worker_id, self._configs[index], index, self.config)
+        return _Worker(worker_id, self._configs[index], index, self._ctx)
+
+    def _acquire(self) -> PoolWorker | None:
         """A ready, healthy worker (a spare), provisioning its own replacement; None if none can be had."""
         deadline = time.monotonic() + self.config.start_timeout_s + 5
         while True:
@@ -599,15 +656,15 @@ class EnvPool:
                 return worker
             self._retire(worker, "failed its health check")
 
-    def _probe(self, worker: _Worker) -> bool:
-        if not worker.alive or not worker.process.is_alive():
+    def _probe(self, worker: PoolWorker) -> bool:
+        if not worker.is_alive():
             return False
         try:
             return bool(worker.call("healthy", timeout=self.config.health_timeout_s))
         except (WorkerFailure, EpisodeError):
             return False
 
-    def _retire(self, worker: _Worker, reason: str) -> None:
+    def _retire(self, worker: PoolWorker, reason: str) -> None:
         self._log(f"replacing worker {worker.id} (pid {worker.pid}): {reason}")
         worker.kill()
         with self._lock:
@@ -617,7 +674,7 @@ class EnvPool:
             self._all.pop(worker.id, None)
         self._top_up()
 
-    def _release(self, worker: _Worker) -> None:
+    def _release(self, worker: PoolWorker) -> None:
         with self._ready_cv:
             self._held -= 1
             if self._closed:
@@ -637,7 +694,8 @@ class EnvPool:
                 {
                     "worker_id": w.id,
                     "pid": w.pid,
-                    "alive": w.alive and w.process.is_alive(),
+                    "alive": w.is_alive(),
+                    "node": w.node,
                     "episodes": w.episodes,
                     "ready": w in self._ready,
                 }
@@ -684,6 +742,8 @@ class EnvPool:
             state.stop()
             self.close()
             raise
+        if state.lost and self.config.backend == "ray":
+            self._fail_if_head_lost(len(state.lost), len(jobs))
         order = {job.episode_id: i for i, job in enumerate(jobs)}
         state.episodes.sort(key=lambda e: order[e.episode_id])
         state.attempts.sort(key=lambda a: (order[a.episode_id], a.attempt))
@@ -696,6 +756,21 @@ class EnvPool:
             workers_replaced=self.workers_replaced - replaced_before,
         )
 
+    def _fail_if_head_lost(self, lost: int, total: int) -> None:
+        """A batch that lost episodes on a cluster whose head is gone fails as a whole: nothing of it
+        is returned to be published (workers on other nodes may have finished theirs, but the
+        cluster cannot replace a worker without its head, so a rerun is the only way to finish)."""
+        from envs.ray_pool import head_unreachable
+
+        address = self.config.ray_address or ""
+        unreachable = head_unreachable(address)
+        if unreachable:
+            self.close()
+            raise PoolError(
+                f"the Ray cluster's head at {address} is gone ({unreachable}): {lost} of {total} episodes "
+                "could not run and none of the batch is returned; run it again when the cluster is back"
+            )
+
     def _slot(
         self,
         state: _BatchState,
@@ -703,7 +778,7 @@ class EnvPool:
         on_episode: Callable[[EpisodeRecord | None, int, int], None] | None,
         before_step: BeforeStep | None,
     ) -> None:
-        worker: _Worker | None = None
+        worker: PoolWorker | None = None
         try:
             while (item := state.next_job(worker.task_id if worker is not None else None)) is not None:
                 job, attempt = item
@@ -714,7 +789,12 @@ class EnvPool:
                 if worker is None:
                     worker = self._acquire()
                 if worker is None:
-                    reason = f"no worker available: {self._last_start_error or 'the pool is closed'}"
+                    why = self._last_start_error or (
+                        "the pool is closed"
+                        if self._closed
+                        else f"none became ready within {self.config.start_timeout_s + 5:g} s"
+                    )
+                    reason = f"no worker available: {why}"
                     state.abort(job, attempt, None, reason, 0, datetime.now(UTC), 0, final=True)
                     if on_episode is not None:
                         on_episode(None, *state.progress())
@@ -731,7 +811,7 @@ class EnvPool:
     def _attempt(
         self,
         state: _BatchState,
-        worker: _Worker,
+        worker: PoolWorker,
         job: EpisodeJob,
         attempt: int,
         policy: Policy,

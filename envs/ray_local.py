@@ -1,0 +1,138 @@
+"""A real multi-node Ray cluster on this machine, on loopback: for tests, benchmarks and trying the
+Ray backend without a second machine.
+
+Each node is its own ``ray start`` (own raylet, object store and worker processes) bound to its own
+loopback address (127.0.0.2 for the head, 127.0.0.3, ... for the others: Ray rewrites 127.0.0.1 to
+the interface address but keeps the others), under one temporary folder of this cluster's own.
+``stop`` kills this cluster's processes only, never a machine-wide ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _ray_command() -> str:
+    ray = Path(sys.executable).with_name("ray")
+    if not ray.exists():
+        raise RuntimeError(f"Ray is not installed next to {sys.executable} (pip install ray)")
+    return str(ray)
+
+
+@dataclass
+class LocalRayCluster:
+    """``nodes`` Ray nodes on 127.0.0.2, 127.0.0.3, ... with ``cpus[i]`` CPUs each."""
+
+    cpus: tuple[float, ...] = (1, 1)
+    env: dict[str, str] = field(default_factory=dict)
+    temp_dir: Path | None = None
+    address: str = ""
+    node_ips: list[str] = field(default_factory=list)
+
+    def start(self, timeout_s: float = 120.0) -> LocalRayCluster:
+        """Start the head, then each worker node; returns when every node is up."""
+        # a short path: Ray's unix sockets live under it (108-byte limit)
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+        head = "127.0.0.2"
+        port = _free_port(head)
+        self.address = f"{head}:{port}"
+        common = ["--temp-dir", str(self.temp_dir), "--disable-usage-stats"]
+        env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"} | self.env
+        for index, cpus in enumerate(self.cpus):
+            ip = f"127.0.0.{2 + index}"
+            role = (
+                ["--head", "--port", str(port), "--include-dashboard=false"]
+                + ["--ray-client-server-port", str(_free_port(head))]
+                if index == 0
+                else ["--address", self.address]
+            )
+            done = subprocess.run(
+                [_ray_command(), "start", *role, "--node-ip-address", ip, "--num-cpus", str(cpus), *common],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+            if done.returncode != 0:
+                self.stop()
+                tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+                raise RuntimeError(f"ray start of node {ip} failed: {' / '.join(tail)}")
+            self.node_ips.append(ip)
+        return self
+
+    def processes(self) -> list[Any]:
+        """Every process of this cluster (found by its temp folder, plus what they started)."""
+        import psutil
+
+        roots = []
+        for process in psutil.process_iter(["cmdline"]):
+            with_dir = " ".join(process.info["cmdline"] or [])
+            if self.temp_dir is not None and str(self.temp_dir) in with_dir:
+                roots.append(process)
+        found = {p.pid: p for p in roots}
+        for root in roots:
+            try:
+                found.update({c.pid: c for c in root.children(recursive=True)})
+            except psutil.Error:
+                pass
+        return list(found.values())
+
+    def raylet(self, node_ip: str) -> Any:
+        """The raylet process of the node at ``node_ip``."""
+        for process in self.processes():
+            try:
+                if process.name() == "raylet" and f"--node_ip_address={node_ip}" in " ".join(process.cmdline()):
+                    return process
+            except Exception:  # noqa: BLE001, S112 - a process that just ended is not the one
+                continue
+        raise LookupError(f"no raylet for node {node_ip}")
+
+    def kill_node(self, node_ip: str) -> list[int]:
+        """Kill a node as a lost machine would go: its raylet and every process under it, at once."""
+        raylet = self.raylet(node_ip)
+        victims = [raylet, *raylet.children(recursive=True)]
+        for process in victims:
+            try:
+                process.kill()
+            except Exception:  # noqa: BLE001, S110 - already gone
+                pass
+        return [p.pid for p in victims]
+
+    def stop(self) -> None:
+        """Kill this cluster's processes (not other Ray clusters on the machine) and remove its folder."""
+        import psutil
+
+        for _ in range(3):
+            processes = self.processes()
+            if not processes:
+                break
+            for process in processes:
+                try:
+                    process.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(processes, timeout=5)
+            time.sleep(0.2)
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalRayCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

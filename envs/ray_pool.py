@@ -1,0 +1,250 @@
+"""The environment pool's workers as Ray actors: the same pool, its environments on a Ray cluster.
+
+``EnvPool`` with ``PoolConfig(backend="ray", ray_address=...)`` keeps its whole contract (spares,
+health checks, timeouts, retries on fresh workers, whole episodes or none, every attempt recorded);
+only where a worker lives changes. Each worker is an ``EnvHost`` actor that Ray places on some node
+of the cluster; the actor starts the pool's ordinary worker process on that node
+(``envs.pool._Worker``: its own process group, a watchdog that kills it and its browser when the
+actor dies) and relays the pool's calls to it. So a worker lost with its node (a raylet killed, a
+machine gone) ends the same way as a local worker that crashed: its attempt is recorded as
+aborted and the episode is run again from the start on another worker.
+
+The policy stays in the calling process (the Dagster run): one Ray round trip per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import socket
+from typing import Any
+
+from envs.pool import (
+    EnvConfig,
+    EpisodeError,
+    PoolConfig,
+    PoolError,
+    WorkerFailure,
+    WorkerTimeout,
+    _first_line,
+    _Worker,
+)
+from warehouse.model import ActionType
+
+RAY_NAMESPACE = "stepwise"
+# Ray's own messages name the actor, its id and the node; the pool's reasons keep the first line.
+_CALL_GRACE_S = 5.0  # a relayed call's own timeout runs in the actor; the round trip gets this much more
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise PoolError(f"Ray address {address!r} is not host:port (e.g. 127.0.0.2:6379, the head's --port)")
+    return host, int(port)
+
+
+def connect(address: str, *, timeout_s: float = 5.0) -> None:
+    """Join the Ray cluster at ``address`` (the head's ``host:port``) as a driver, once per process.
+
+    A head that does not answer is a one-line ``PoolError`` naming the address, raised before any
+    worker or episode. On a loopback cluster (``127.0.0.2`` and up, as Ray keeps those addresses)
+    the driver announces the head's loopback address, so no traffic leaves the machine.
+    """
+    import ray
+
+    host, _ = _split_address(address)
+    unreachable = head_unreachable(address, timeout_s=timeout_s)
+    if unreachable:
+        raise PoolError(f"no Ray cluster at {address}: {unreachable}")
+    if ray.is_initialized():
+        return
+    if host.startswith("127.") and "RAY_NODE_IP_ADDRESS" not in os.environ:
+        os.environ["RAY_NODE_IP_ADDRESS"] = host
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    try:
+        ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+    except Exception as exc:  # noqa: BLE001 - whatever Ray raises, the user needs the address and the reason
+        raise PoolError(f"could not join the Ray cluster at {address}: {_first_line(exc)}") from None
+
+
+def head_unreachable(address: str, *, timeout_s: float = 5.0) -> str | None:
+    """Why the head's GCS port does not answer (None when it does): a cheap TCP connect."""
+    host, port = _split_address(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return _first_line(exc, bare=True)
+
+
+class EnvHost:
+    """A Ray actor owning one environment worker process on its node (see the module docstring)."""
+
+    def __init__(self, env_config: EnvConfig, worker_id: str, start_timeout_s: float) -> None:
+        self.worker = _Worker(worker_id, env_config, 0, multiprocessing.get_context("spawn"))
+        try:
+            self.worker.wait_ready(start_timeout_s)
+        except BaseException:
+            self.worker.kill()
+            raise
+
+    def ready(self) -> dict[str, Any]:
+        import ray
+
+        return {
+            "pid": self.worker.pid,
+            "backend": self.worker.backend,
+            "supported": sorted(a.value for a in self.worker.supported),
+            "scratch": list(self.worker.scratch),
+            "node_ip": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "host_pid": os.getpid(),
+        }
+
+    def call(self, op: str, args: tuple[Any, ...], timeout: float) -> tuple[Any, ...]:
+        """The worker's answer as data, not as an exception: Ray would wrap an exception in its own."""
+        try:
+            return ("ok", self.worker.call(op, *args, timeout=timeout))
+        except EpisodeError as exc:
+            return ("error", "task", str(exc))
+        except WorkerTimeout as exc:
+            return ("error", "timeout", str(exc))
+        except WorkerFailure as exc:
+            return ("error", "env", str(exc))
+
+    def kill(self) -> None:
+        self.worker.kill()  # its process group (the browser) and its scratch folders, on this node
+
+    def close(self, timeout: float) -> None:
+        self.worker.close(timeout)
+
+
+_REMOTE_HOST: Any = None
+
+
+def _remote_host() -> Any:
+    """``EnvHost`` as a Ray actor class (made once; importing this module does not need Ray)."""
+    global _REMOTE_HOST
+    if _REMOTE_HOST is None:
+        import ray
+
+        # max_restarts=0: a lost worker is replaced by the pool (it knows which episode to retry);
+        # a restarted actor would come back with a fresh environment the pool knows nothing about.
+        _REMOTE_HOST = ray.remote(max_restarts=0, max_task_retries=0)(EnvHost)
+    return _REMOTE_HOST
+
+
+class RayWorker:
+    """The pool's handle on one ``EnvHost`` actor: ``envs.pool._Worker``'s interface over Ray."""
+
+    def __init__(self, worker_id: str, env_config: EnvConfig, config_index: int, config: PoolConfig) -> None:
+        self.id = worker_id
+        self.config_index = config_index
+        self.actor = (
+            _remote_host()
+            .options(num_cpus=config.ray_cpus_per_worker, scheduling_strategy="SPREAD")
+            .remote(env_config, worker_id, config.start_timeout_s)
+        )
+        self.backend = ""
+        self.supported: frozenset[ActionType] = frozenset()
+        self.scratch: tuple[str, ...] = ()
+        self.episodes = 0
+        self.alive = True
+        self.last_ok = 0.0
+        self.task_id: str | None = None
+        self.env_pid: int | None = None
+        self.node_ip: str | None = None
+        self.node_id: str | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The environment worker's process id on its node (not unique across machines)."""
+        return self.env_pid
+
+    @property
+    def node(self) -> str:
+        return self.node_ip or "?"
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def wait_ready(self, timeout: float) -> None:
+        # An actor waits for a free CPU on some node, then starts its environment: both count.
+        info = self._get(self.actor.ready.remote(), timeout + _CALL_GRACE_S, "start")
+        self.backend = info["backend"]
+        self.supported = frozenset(ActionType(a) for a in info["supported"])
+        self.scratch = tuple(info["scratch"])
+        self.env_pid, self.node_ip, self.node_id = info["pid"], info["node_ip"], info["node_id"]
+
+    def call(self, op: str, *args: Any, timeout: float) -> Any:
+        import time
+
+        reply = self._get(self.actor.call.remote(op, args, timeout), timeout + _CALL_GRACE_S, op)
+        if reply[0] == "ok":
+            self.last_ok = time.monotonic()
+            return reply[1]
+        kind, message = reply[1], reply[2]
+        if kind == "task":
+            raise EpisodeError(message)
+        if kind == "timeout":
+            raise WorkerTimeout(f"{message} (node {self.node})")
+        raise WorkerFailure(f"{message} (node {self.node})")
+
+    def _get(self, ref: Any, timeout: float, op: str) -> Any:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            return ray.get(ref, timeout=timeout)
+        except GetTimeoutError:
+            raise WorkerTimeout(f"{op} timed out after {timeout:g} s on worker {self.id} (node {self.node})") from None
+        except RayActorError as exc:
+            raise WorkerFailure(f"worker {self.id} is gone ({op}, node {self.node}): {_actor_death(exc)}") from None
+
+    def descendants(self) -> list[Any]:
+        """The environment worker and what it started, where this machine can see them (a loopback
+        cluster: fault injection in tests); none on another machine."""
+        import psutil
+
+        if self.env_pid is None or not (self.node_ip or "").startswith("127."):
+            return []
+        try:
+            root = psutil.Process(self.env_pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def kill(self) -> None:
+        """End the worker now: its environment's process group first (on its node), then the actor."""
+        import ray
+
+        self.alive = False
+        with contextlib.suppress(Exception):
+            ray.get(self.actor.kill.remote(), timeout=10)
+        with contextlib.suppress(Exception):
+            ray.kill(self.actor, no_restart=True)
+
+    def close(self, timeout: float = 10.0) -> None:
+        import ray
+
+        if self.alive:
+            with contextlib.suppress(Exception):
+                ray.get(self.actor.close.remote(timeout), timeout=timeout + _CALL_GRACE_S)
+        self.alive = False
+        with contextlib.suppress(Exception):
+            ray.kill(self.actor, no_restart=True)
+
+
+def _actor_death(exc: BaseException) -> str:
+    """Ray's reason an actor died, in one line (its message spans the actor's id, namespace, node)."""
+    text = str(exc)
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("The actor died because") or "node has died" in line or "start failed" in line:
+            return line[:300]
+    for line in text.splitlines():
+        if "could not start the environment" in line or "did not start within" in line:
+            return line.strip()[:300]
+    return _first_line(exc)

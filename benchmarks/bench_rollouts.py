@@ -5,8 +5,13 @@ latency percentiles (as the pool's driver sees them: IPC and the browser include
 spent checking task-spec milestones per step (inside the worker, and as a share of the step).
 The scripted noisy expert runs the catalog tasks that have solutions, several seeds each.
 
-Run: `.venv/bin/python benchmarks/bench_rollouts.py [--episodes 80] [--workers 1 2] [--json out.json]`;
-`--smoke` runs 4 episodes per run (the test suite).
+With the Ray backend (``--backends local ray1 ray2``, the default) the same batch with 2 workers also
+runs on a real Ray cluster on loopback: ``ray1`` one node with 2 CPUs, ``ray2`` two nodes with 1 CPU
+each (``envs.ray_local``; a worker per node). Side by side with the local pool: what the actors,
+the extra hop and Ray's own processes cost on the same 2 cores, and each node's share of the steps.
+
+Run: `.venv/bin/python benchmarks/bench_rollouts.py [--episodes 80] [--workers 1 2] [--backends local ray2]
+[--json out.json]`; `--smoke` runs 4 episodes per run (the test suite).
 The machine's load is printed with the figures: on a shared 2-core machine other work competes
 for the same cores as the browsers.
 """
@@ -26,9 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from envs.miniwob.live import MiniWoBConfig  # noqa: E402
 from envs.policies import make_policy  # noqa: E402
 from envs.pool import EnvPool, PoolConfig, plan_jobs  # noqa: E402
+from envs.ray_local import LocalRayCluster  # noqa: E402
 from envs.task_catalog import load_catalog  # noqa: E402
 
 GOAL_STEPS_PER_S = 30.0
+RAY_OVERHEAD_GOAL = 0.10  # the Ray path may cost at most this much throughput against the local pool
+RAY_CLUSTERS = {"ray1": (2,), "ray2": (1, 1)}  # CPUs per node
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -39,11 +47,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def cpu_seconds(pool: EnvPool) -> dict[int, float]:
-    """CPU time so far of this process, the pool's workers and everything they started (browsers)."""
+def cpu_seconds(pool: EnvPool, cluster: LocalRayCluster | None = None) -> dict[int, float]:
+    """CPU time so far of this process, the pool's workers and everything they started (browsers),
+    and a Ray cluster's own processes (raylets, GCS, actors)."""
     import psutil
 
-    processes = [psutil.Process()]
+    processes = [psutil.Process(), *(cluster.processes() if cluster is not None else [])]
     for worker in pool.status():
         try:
             root = psutil.Process(worker["pid"])
@@ -60,25 +69,55 @@ def cpu_seconds(pool: EnvPool) -> dict[int, float]:
     return totals
 
 
-def run(workers: int, episodes: int, tasks: list, noise: float) -> dict:
+def run(workers: int, episodes: int, tasks: list, noise: float, backend: str = "local") -> dict:
+    """One batch on the local pool, or on a fresh loopback Ray cluster (``ray1`` / ``ray2``); the same
+    jobs for every backend with the same number of workers."""
+    if backend == "local":
+        return _run(workers, episodes, tasks, noise, PoolConfig(workers=workers, spares=0), None, backend)
+    with LocalRayCluster(cpus=RAY_CLUSTERS[backend]) as cluster:
+        config = PoolConfig(workers=workers, spares=0, backend="ray", ray_address=cluster.address)
+        try:
+            return _run(workers, episodes, tasks, noise, config, cluster, backend)
+        finally:
+            import ray
+
+            ray.shutdown()
+
+
+def _run(
+    workers: int,
+    episodes: int,
+    tasks: list,
+    noise: float,
+    config: PoolConfig,
+    cluster: LocalRayCluster | None,
+    backend: str,
+) -> dict:
     per_task = max(1, episodes // len(tasks))
     jobs = plan_jobs(tasks, batch="bench", batch_index=workers, episodes_per_task=per_task)[:episodes]
     warmup = plan_jobs(tasks, batch="warmup", batch_index=99, episodes_per_task=1)
     policy = make_policy("noisy_expert", noise=noise)
     started = time.perf_counter()
-    with EnvPool(MiniWoBConfig(), PoolConfig(workers=workers, spares=0)) as pool:
+    with EnvPool(MiniWoBConfig(), config) as pool:
         startup_s = time.perf_counter() - started
         pool.run(warmup[: workers * 2], policy)  # page loads and JIT warm-up, not measured
         load_before = os.getloadavg()[0]
-        cpu_before = cpu_seconds(pool)
+        cpu_before = cpu_seconds(pool, cluster)
         result = pool.run(jobs, policy)
-        cpu_after = cpu_seconds(pool)
+        cpu_after = cpu_seconds(pool, cluster)
+        node_of = {w["worker_id"]: w["node"] for w in pool.status()}
+    steps_by_node: dict[str, int] = {}
+    for episode in result.episodes:
+        node = node_of.get(episode.worker_id or "", "?")
+        steps_by_node[node] = steps_by_node.get(node, 0) + episode.n_steps
     cpu_used = sum(cpu_after[pid] - cpu_before[pid] for pid in cpu_after if pid in cpu_before)
     steps = [s for e in result.episodes for s in e.steps]
     step_ms = [s.latency_ms for s in steps]
     milestone_ms = [s.milestone_ms for s in steps if s.milestone_ms is not None]
     return {
+        "backend": backend,
         "workers": workers,
+        "steps_by_node": steps_by_node,
         "episodes": len(result.episodes),
         "steps": len(steps),
         "seconds": result.seconds,
@@ -105,6 +144,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--noise", type=float, default=0.2)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=["local", "ray1", "ray2"],
+        choices=["local", *RAY_CLUSTERS],
+        help="local pool, and Ray on one node (ray1) or two (ray2): the Ray runs use the most workers asked",
+    )
     parser.add_argument("--smoke", action="store_true", help="4 episodes per run, 1 and 2 workers (under a minute)")
     args = parser.parse_args()
     if args.smoke:
@@ -118,10 +164,12 @@ def main() -> None:
         f"{len(tasks)} catalog tasks, noisy expert (noise {args.noise}), {args.episodes} episodes per run; "
         f"{os.cpu_count()} CPUs; {chromium}"
     )
-    results = [run(w, args.episodes, tasks, args.noise) for w in args.workers]
+    results = [run(w, args.episodes, tasks, args.noise) for w in args.workers if "local" in args.backends]
+    results += [run(max(args.workers), args.episodes, tasks, args.noise, b) for b in args.backends if b != "local"]
 
     header = (
-        f"{'workers':>7} {'steps/s':>8} {'eps/s':>6} {'steps':>6} {'succ':>5} {'reset p50/p90/p99 ms':>22} "
+        f"{'backend':>7} {'workers':>7} {'steps/s':>8} {'eps/s':>6} {'steps':>6} {'succ':>5} "
+        f"{'reset p50/p90/p99 ms':>22} "
         f"{'step p50/p90/p99 ms':>21} {'milestones p50/p99 ms':>22} {'share':>6} {'load':>5} {'cpu ms/step':>11}"
     )
     print(header)
@@ -129,12 +177,13 @@ def main() -> None:
     for r in results:
         reset, step, mile = r["reset_ms"], r["step_ms"], r["milestone_ms"]
         print(
-            f"{r['workers']:>7} {r['steps_per_s']:>8.1f} {r['episodes_per_s']:>6.2f} {r['steps']:>6} "
+            f"{r['backend']:>7} {r['workers']:>7} {r['steps_per_s']:>8.1f} {r['episodes_per_s']:>6.2f} {r['steps']:>6} "
             f"{r['success_rate']:>5.0%} {reset[50]:>8.0f}/{reset[90]:>5.0f}/{reset[99]:>5.0f}  "
             f"{step[50]:>7.1f}/{step[90]:>5.1f}/{step[99]:>5.1f}  {mile[50]:>10.3f}/{mile[99]:>7.3f}  "
             f"{r['milestone_share']:>6.2%} {r['load_average']:>5.1f} {r['cpu_ms_per_step']:>11.1f}"
         )
-    best = max(results, key=lambda r: r["steps_per_s"])
+    local = [r for r in results if r["backend"] == "local"]
+    best = max(local or results, key=lambda r: r["steps_per_s"])
     verdict = "meets" if best["steps_per_s"] >= GOAL_STEPS_PER_S else "misses"
     print(
         f"goal >= {GOAL_STEPS_PER_S:.0f} steps/s with 2 workers: {verdict} it "
@@ -142,14 +191,37 @@ def main() -> None:
         + ", ".join(f"{r['startup_s']:.1f} s ({r['workers']}w)" for r in results)
         + " not counted"
     )
-    two = next((r for r in results if r["workers"] == 2), best)
+    two = next((r for r in local if r["workers"] == 2), best)
     print(
         f"CPU cost: {two['cpu_ms_per_step']:.1f} CPU-ms per step (browser + driver + workers + this process): "
         f"on 2 otherwise idle cores that allows ~{two['projected_steps_per_s_on_2_idle_cores']:.0f} steps/s; "
         f"load average during the run {two['load_average']:.1f} on {os.cpu_count()} CPUs"
     )
+    report_ray(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+
+
+def report_ray(results: list[dict]) -> None:
+    """Ray against the local pool with the same workers, and how the steps split over nodes."""
+    for r in results:
+        if r["backend"] == "local":
+            continue
+        base = next((b for b in results if b["backend"] == "local" and b["workers"] == r["workers"]), None)
+        nodes = ", ".join(
+            f"{node} {n / r['seconds']:.1f} steps/s ({n / max(1, r['steps']):.0%})"
+            for node, n in sorted(r["steps_by_node"].items())
+        )
+        if base is None:
+            print(f"Ray {r['backend']}: {r['steps_per_s']:.1f} steps/s; per node: {nodes}")
+            continue
+        cost = 1 - r["steps_per_s"] / base["steps_per_s"]
+        verdict = "meets" if cost <= RAY_OVERHEAD_GOAL else "misses"
+        print(
+            f"Ray {r['backend']} vs local pool, {r['workers']} workers: {r['steps_per_s']:.1f} vs "
+            f"{base['steps_per_s']:.1f} steps/s, cost {cost:+.0%} (goal <= {RAY_OVERHEAD_GOAL:.0%}: {verdict} it); "
+            f"{r['cpu_ms_per_step']:.1f} vs {base['cpu_ms_per_step']:.1f} CPU-ms per step; per node: {nodes}"
+        )
 
 
 if __name__ == "__main__":

@@ -68,7 +68,17 @@ SMOKE: dict[str, Smoke] = {
         ),
         e2e=True,
     ),
-    "bench_rollouts": Smoke(("workers  steps/s", "goal >= 30 steps/s with 2 workers", "CPU cost:"), e2e=True),
+    "bench_rollouts": Smoke(
+        (
+            "workers  steps/s",
+            "goal >= 30 steps/s with 2 workers",
+            "CPU cost:",
+            "Ray ray1 vs local pool, 2 workers:",
+            "Ray ray2 vs local pool, 2 workers:",
+            "127.0.0.3",
+        ),
+        e2e=True,
+    ),
     "bench_annotation": Smoke(
         ("push_s", "ingest_s", "unchanged_tick_s", "goal (push and ingest each under 60 s)"), e2e=True
     ),

@@ -8,7 +8,9 @@ one) and its tasks:
   scripted expert (the plain rollout benchmark's policy: no model in the loop);
 * the time of one iteration split into rollout / reward / update, for the outcome reward and for
   ProgRM's progress reward (a trained progrm_env model, scored in-process);
-* reward scoring of the same episodes in-process vs over the HTTP service (``training.reward_models.serving_app``).
+* reward scoring of the same episodes in-process vs over the HTTP service (``training.reward_models.serving_app``);
+* the same sampling with the pool's Ray backend on a loopback cluster of one and of two nodes
+  (``--backends local ray1 ray2``, the default): the policy stays here, the browsers are actors.
 
 Run: ``.venv/bin/python benchmarks/bench_rl.py [--home .stepwise] [--episodes 48] [--workers 1 2]
 [--block dense|sparse | --tasks a,b]`` (the SFT policy's pre-registered block, or tasks named);
@@ -21,9 +23,11 @@ block's long tasks (Table-1 issue); the update must not be the bottleneck.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -59,6 +63,26 @@ def _jobs(tasks, n: int, base: int) -> list[EpisodeJob]:
     ]
 
 
+@contextlib.contextmanager
+def _pool(backend: str, workers: int) -> Iterator[EnvPool]:
+    """The local pool, or the pool's Ray backend on a fresh loopback cluster (``envs.ray_local``)."""
+    if backend == "local":
+        with EnvPool(MiniWoBConfig(), PoolConfig(workers=workers, spares=0)) as pool:
+            yield pool
+        return
+    import ray
+
+    from envs.ray_local import LocalRayCluster
+
+    with LocalRayCluster(cpus=(2,) if backend == "ray1" else (1, 1)) as cluster:
+        config = PoolConfig(workers=workers, spares=0, backend="ray", ray_address=cluster.address)
+        try:
+            with EnvPool(MiniWoBConfig(), config) as pool:
+                yield pool
+        finally:
+            ray.shutdown()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", default=os.environ.get("STEPWISE_HOME", ".stepwise"))
@@ -66,13 +90,23 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--block", choices=tuple(GOAL_STEPS_PER_S), default="dense", help="the SFT policy's task block")
     parser.add_argument("--tasks", default="", help="comma-separated tasks instead of a block")
-    parser.add_argument("--smoke", action="store_true", help="a tiny trained home of its own, 2 episodes, 1 worker")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=["local", "ray1", "ray2"],
+        choices=["local", "ray1", "ray2"],
+        help="the local pool, and Ray on a loopback cluster of one node (ray1) or two (ray2), "
+        "with the most workers asked (bench_rollouts.py)",
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny trained home of its own, 2 episodes, 1 worker, local pool"
+    )
     args = parser.parse_args()
     if args.smoke:
         from _smoke import smoke_root, trained_home
 
         args.home = str(trained_home(smoke_root("rl") / "home"))
-        args.episodes, args.workers = min(args.episodes, 2), [1]
+        args.episodes, args.workers, args.backends = min(args.episodes, 2), [1], ["local"]
     warehouse = Warehouse(args.home)
     sft = latest_policy(warehouse, "sft")
     catalog = load_catalog("miniwob")
@@ -91,23 +125,26 @@ def main() -> int:
     print(f"SFT policy {sft['policy_id']} on {names}; load average {load:.1f} on {os.cpu_count()} cores")
     print(f"policy encodings stored by earlier runs: {warm:,} (0: every text is encoded as it is met)")
 
-    print("\n| policy | workers | episodes | steps | steps/s |")
-    print("|---|---:|---:|---:|---:|")
+    print("\n| policy | pool | workers | episodes | steps | steps/s |")
+    print("|---|---|---:|---:|---:|---:|")
     batches = {}
-    for workers in args.workers:
-        with EnvPool(MiniWoBConfig(), PoolConfig(workers=workers, spares=0)) as pool:
+    runs = [("local", w) for w in args.workers if "local" in args.backends]
+    runs += [(b, max(args.workers)) for b in args.backends if b != "local"]
+    for backend, workers in runs:
+        with _pool(backend, workers) as pool:
             for name, policy in (
                 ("scripted expert (baseline)", make_policy("expert")),
                 ("learned policy, sampling (RL)", LearnedPolicy(model, policy_id=f"bench-{workers}", record=True)),
             ):
-                jobs = _jobs(tasks, args.episodes, 7_000_000 + 1000 * workers)
+                jobs = _jobs(tasks, args.episodes, 7_000_000 + 1000 * workers)  # the same jobs on every pool
                 started = time.perf_counter()
                 result = pool.run(jobs, policy)
                 seconds = time.perf_counter() - started
                 print(
-                    f"| {name} | {workers} | {len(result.episodes)} | {result.steps} | {result.steps / seconds:.1f} |"
+                    f"| {name} | {backend} | {workers} | {len(result.episodes)} | {result.steps} "
+                    f"| {result.steps / seconds:.1f} |"
                 )
-                if isinstance(policy, LearnedPolicy):
+                if isinstance(policy, LearnedPolicy) and backend == "local":
                     batches[workers] = (result, policy, seconds)
     keep_policy_cache(model, warehouse.home)
 

@@ -19,6 +19,7 @@ from dagster import (
     Config,
     DagsterRunStatus,
     DefaultSensorStatus,
+    Failure,
     MaterializeResult,
     RunRequest,
     RunsFilter,
@@ -89,6 +90,26 @@ class LabelConfig(Config):
         "rebuilt when its successes grew by max(2, 10%), families without a library labelled from scratch | "
         "full: relabel the selected families from scratch",
     )
+    ray_address: str | None = Field(
+        default=None,
+        description="a Ray head's host:port: a run that brings several families up to date runs each as a Ray "
+        "task (the cluster's nodes must share this home's file system); none: one after another here",
+    )
+
+
+def _on_cluster(address: str | None):
+    """Families as tasks on the Ray cluster at ``address`` (``None``: no cluster, one after another)."""
+    if not address:
+        return None
+    from envs.ray_pool import map_on_cluster
+
+    def run(update_family, families):
+        try:
+            return map_on_cluster(address, update_family, families)
+        except Exception as exc:  # noqa: BLE001 - Ray wraps the family's own error; the user needs both
+            raise Failure(f"label families on the Ray cluster at {address}: {exc}") from None
+
+    return run
 
 
 class SplitConfig(Config):
@@ -160,6 +181,7 @@ def recipes_and_progress_labels(
         theta=config.theta,
         run_id=context.run_id,
         log=context.log.info,
+        map_families=_on_cluster(config.ray_address),
     )
     yield MaterializeResult(
         asset_key="recipe_library",

@@ -19,6 +19,7 @@ import logging
 import multiprocessing
 import os
 import socket
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from envs.pool import (
@@ -248,3 +249,32 @@ def _actor_death(exc: BaseException) -> str:
         if "could not start the environment" in line or "did not start within" in line:
             return line.strip()[:300]
     return _first_line(exc)
+
+
+def _call(function: Callable[[Any], Any], item: Any) -> Any:
+    return function(item)
+
+
+def map_on_cluster(address: str, function: Callable[[Any], Any], items: Sequence[Any], *, cpus: float = 1.0) -> list:
+    """``[function(item) for item in items]``, each call a Ray task on the cluster at ``address``
+    (``function`` must pickle: a module-level function or a ``functools.partial`` of one). Every
+    task runs to its end; the first failure, in the order of ``items``, is raised as one line
+    naming its item (the others' results are lost to the caller, their side effects are not)."""
+    import ray
+    from ray.exceptions import RayError, RayTaskError
+
+    connect(address)
+    remote = ray.remote(num_cpus=cpus, max_retries=0)(_call)
+    refs = [remote.remote(function, item) for item in items]
+    results, failures = [], []
+    for item, ref in zip(items, refs, strict=True):
+        try:
+            results.append(ray.get(ref))
+        except RayTaskError as exc:
+            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+            failures.append(f"{item}: {_first_line(cause)}")
+        except RayError as exc:
+            failures.append(f"{item}: {_first_line(exc)}")
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {len(items)} tasks failed; first {failures[0]}")
+    return results

@@ -17,6 +17,7 @@ append to. SQL readers see the union, one ``progress_labels`` table as before.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import tempfile
@@ -24,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -752,6 +754,7 @@ def run_label_partitions(
     run_id: str | None = None,
     log: Log = print,
     asset: str = "progress_labels",
+    map_families: FamilyMap | None = None,
 ) -> LabelSummary:
     """The labels stage for a set of label families (the Dagster partitions of a run).
 
@@ -759,7 +762,11 @@ def run_label_partitions(
     all-at-once rows). ``"incremental"``: families with no stored recipe library are labelled from
     scratch together in one pass (so a first run over every family is the full run), and each of
     the others is brought up to date by :func:`run_family_labels` (new episodes against the stored
-    libraries, tasks whose successes grew enough rebuilt). Returns the summaries merged."""
+    libraries, tasks whose successes grew enough rebuilt). Returns the summaries merged.
+
+    ``map_families(update_family, families)``: how the families to bring up to date run when there
+    are several (e.g. as tasks on a Ray cluster: the asset's ``ray_cluster`` resource); each calls
+    :func:`update_family` on its own, so the rows are those of running them one after another."""
     if mode not in ("full", "incremental"):
         raise ValueError(f"unknown labels mode {mode!r} (full | incremental)")
     unknown = sorted(set(families) - set(label_families()))
@@ -783,21 +790,43 @@ def run_label_partitions(
                 log=log,
             )
         )
-    for family in wanted:
-        if family not in fresh:
-            summaries.append(
-                run_family_labels(
-                    warehouse,
-                    family,
-                    asset=asset,
-                    specs_dir=specs_dir,
-                    embedder=embedder,
-                    theta=theta,
-                    run_id=run_id,
-                    log=log,
-                )
+    stale = [f for f in wanted if f not in fresh]
+    if map_families is not None and len(stale) > 1:
+        job = functools.partial(
+            update_family,
+            str(warehouse.home),
+            asset=asset,
+            specs_dir=None if specs_dir is None else str(specs_dir),
+            embedder=embedder,
+            theta=theta,
+            run_id=run_id,
+        )
+        log(f"bringing {len(stale)} label families up to date at once: {', '.join(stale)}")
+        summaries += map_families(job, stale)
+        return merge_summaries(summaries)
+    for family in stale:
+        summaries.append(
+            run_family_labels(
+                warehouse,
+                family,
+                asset=asset,
+                specs_dir=specs_dir,
+                embedder=embedder,
+                theta=theta,
+                run_id=run_id,
+                log=log,
             )
+        )
     return merge_summaries(summaries)
+
+
+FamilyMap = Callable[[Callable[[str], LabelSummary], Sequence[str]], list[LabelSummary]]
+
+
+def update_family(home: str, family: str, **options: Any) -> LabelSummary:
+    """:func:`run_family_labels` on the warehouse at ``home``, for a process that has only the path
+    (a Ray task on another node of a cluster whose nodes share the home's file system)."""
+    return run_family_labels(Warehouse(home), family, **options, log=lambda message: print(message, flush=True))
 
 
 def merge_summaries(summaries: Sequence[LabelSummary]) -> LabelSummary:

@@ -101,7 +101,12 @@ def _on_cluster(address: str | None):
     """Families as tasks on the Ray cluster at ``address`` (``None``: no cluster, one after another)."""
     if not address:
         return None
-    from envs.ray_pool import map_on_cluster
+    from envs.ray_pool import connect, map_on_cluster
+
+    try:
+        connect(address)  # before anything is labelled: a family without a library would publish first
+    except Exception as exc:  # noqa: BLE001 - PoolError, one line naming the address
+        raise Failure(f"label families on the Ray cluster at {address}: {exc}") from None
 
     def run(update_family, families):
         try:
@@ -172,6 +177,7 @@ def recipes_and_progress_labels(
     context: AssetExecutionContext, config: LabelConfig, warehouse: WarehouseResource
 ) -> Iterator[MaterializeResult | AssetCheckResult]:
     wh = warehouse.get()
+    on_cluster = _on_cluster(config.ray_address)
     summary = run_label_partitions(
         wh,
         context.partition_keys,
@@ -181,7 +187,7 @@ def recipes_and_progress_labels(
         theta=config.theta,
         run_id=context.run_id,
         log=context.log.info,
-        map_families=_on_cluster(config.ray_address),
+        map_families=on_cluster,
     )
     yield MaterializeResult(
         asset_key="recipe_library",

@@ -535,6 +535,7 @@ class EnvPool:
         self.workers_started = 0
         self.workers_replaced = 0
         self._closed = False
+        self._head_lost: str | None = None  # why the Ray head is unreachable, once a lost worker showed it
 
     # -- workers ---------------------------------------------------------------------------
     def start(self) -> EnvPool:
@@ -742,8 +743,8 @@ class EnvPool:
             state.stop()
             self.close()
             raise
-        if state.lost and self.config.backend == "ray":
-            self._fail_if_head_lost(len(state.lost), len(jobs))
+        if self.config.backend == "ray" and (state.lost or self._head_lost):
+            self._fail_if_head_lost(len(state.lost) + state.unresolved, len(jobs))
         order = {job.episode_id: i for i, job in enumerate(jobs)}
         state.episodes.sort(key=lambda e: order[e.episode_id])
         state.attempts.sort(key=lambda a: (order[a.episode_id], a.attempt))
@@ -756,6 +757,16 @@ class EnvPool:
             workers_replaced=self.workers_replaced - replaced_before,
         )
 
+    def _ray_head_gone(self) -> bool:
+        """Checked after a Ray worker is lost: was it the head? (Ray's client would end this
+        process about a minute after losing the head, so the batch must not wait for spares.)"""
+        from envs.ray_pool import head_unreachable
+
+        unreachable = head_unreachable(self.config.ray_address or "", timeout_s=2.0)
+        if unreachable:
+            self._head_lost = unreachable
+        return unreachable is not None
+
     def _fail_if_head_lost(self, lost: int, total: int) -> None:
         """A batch that lost episodes on a cluster whose head is gone fails as a whole: nothing of it
         is returned to be published (workers on other nodes may have finished theirs, but the
@@ -763,9 +774,12 @@ class EnvPool:
         from envs.ray_pool import head_unreachable
 
         address = self.config.ray_address or ""
-        unreachable = head_unreachable(address)
+        unreachable = self._head_lost or head_unreachable(address)
         if unreachable:
+            from envs.ray_pool import disconnect
+
             self.close()
+            disconnect()
             raise PoolError(
                 f"the Ray cluster's head at {address} is gone ({unreachable}): {lost} of {total} episodes "
                 "could not run and none of the batch is returned; run it again when the cluster is back"
@@ -787,7 +801,10 @@ class EnvPool:
                     self._retire(worker, "failed its health check between episodes")
                     worker = None
                 if worker is None:
-                    worker = self._acquire()
+                    try:
+                        worker = self._acquire()
+                    except Exception as exc:  # noqa: BLE001 - the job was taken: it must be resolved (below)
+                        self._last_start_error = _first_line(exc)
                 if worker is None:
                     why = self._last_start_error or (
                         "the pool is closed"
@@ -846,6 +863,9 @@ class EnvPool:
         except WorkerFailure as exc:
             final = attempt + 1 >= self.config.max_attempts
             state.abort(job, attempt, worker.id, str(exc), progress["steps"], started_at, elapsed(), final=final)
+            if self.config.backend == "ray" and self._ray_head_gone():
+                state.stop()  # no worker can be replaced without the head: the batch fails as a whole
+                return "worker_failed"
             self._retire(worker, str(exc))
             if not final:
                 state.retry(job, attempt + 1)

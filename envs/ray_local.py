@@ -53,6 +53,15 @@ class LocalRayCluster:
         self.address = f"{head}:{port}"
         common = ["--temp-dir", str(self.temp_dir), "--disable-usage-stats"]
         env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"} | self.env
+        try:
+            self._start_nodes(port, common, env, timeout_s)
+        except BaseException:
+            self.stop()  # a head that started must not outlive a failed start
+            raise
+        return self
+
+    def _start_nodes(self, port: int, common: list[str], env: dict[str, str], timeout_s: float) -> None:
+        head = "127.0.0.2"
         for index, cpus in enumerate(self.cpus):
             ip = f"127.0.0.{2 + index}"
             role = (
@@ -69,11 +78,9 @@ class LocalRayCluster:
                 timeout=timeout_s,
             )
             if done.returncode != 0:
-                self.stop()
                 tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
                 raise RuntimeError(f"ray start of node {ip} failed: {' / '.join(tail)}")
             self.node_ips.append(ip)
-        return self
 
     def processes(self) -> list[Any]:
         """Every process of this cluster (found by its temp folder, plus what they started)."""
@@ -102,10 +109,12 @@ class LocalRayCluster:
                 continue
         raise LookupError(f"no raylet for node {node_ip}")
 
-    def kill_node(self, node_ip: str) -> list[int]:
-        """Kill a node as a lost machine would go: its raylet and every process under it, at once."""
+    def kill_node(self, node_ip: str, *, ray_processes_only: bool = False) -> list[int]:
+        """Kill a node as a lost machine would go: its raylet and every process under it, at once.
+        ``ray_processes_only``: the raylet and Ray's worker processes (the actors) only, as when Ray
+        itself fails on a machine that stays up; what the actors started must then end by itself."""
         raylet = self.raylet(node_ip)
-        victims = [raylet, *raylet.children(recursive=True)]
+        victims = [raylet, *raylet.children(recursive=not ray_processes_only)]
         for process in victims:
             try:
                 process.kill()

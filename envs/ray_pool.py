@@ -50,24 +50,45 @@ def connect(address: str, *, timeout_s: float = 5.0) -> None:
     """Join the Ray cluster at ``address`` (the head's ``host:port``) as a driver, once per process.
 
     A head that does not answer is a one-line ``PoolError`` naming the address, raised before any
-    worker or episode. On a loopback cluster (``127.0.0.2`` and up, as Ray keeps those addresses)
-    the driver announces the head's loopback address, so no traffic leaves the machine.
+    worker or episode. The machine the driver runs on must itself be a node of the cluster (Ray
+    connects a driver through a local raylet: ``ray start --address <head> --num-cpus 0`` there).
+    A process joined to another cluster is refused rather than silently sent there. Ray's habit of
+    starting a cluster of its own on the first API call without one is switched off: a worker
+    handle outliving ``ray.shutdown`` must fail, not start a stray local cluster.
     """
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
-    host, _ = _split_address(address)
+    with contextlib.suppress(ImportError, AttributeError):
+        import ray._private.auto_init_hook as auto_init
+
+        auto_init.enable_auto_connect = False
+    _split_address(address)
     unreachable = head_unreachable(address, timeout_s=timeout_s)
     if unreachable:
         raise PoolError(f"no Ray cluster at {address}: {unreachable}")
     if ray.is_initialized():
+        joined = ray.get_runtime_context().gcs_address
+        if joined != address:
+            raise PoolError(
+                f"this process is joined to the Ray cluster at {joined}, not {address}: one cluster per run"
+            )
         return
-    if host.startswith("127.") and "RAY_NODE_IP_ADDRESS" not in os.environ:
-        os.environ["RAY_NODE_IP_ADDRESS"] = host
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
         ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as exc:  # noqa: BLE001 - whatever Ray raises, the user needs the address and the reason
-        raise PoolError(f"could not join the Ray cluster at {address}: {_first_line(exc)}") from None
+        cause = f" ({_first_line(exc.__cause__)})" if exc.__cause__ is not None else ""
+        raise PoolError(f"could not join the Ray cluster at {address}: {_first_line(exc)}{cause}") from None
+
+
+def disconnect() -> None:
+    """Leave the cluster (after a lost head: Ray's client would end the process once it gives up
+    reconnecting, about a minute later)."""
+    import ray
+
+    with contextlib.suppress(Exception):
+        ray.shutdown()
 
 
 def head_unreachable(address: str, *, timeout_s: float = 5.0) -> str | None:
@@ -114,6 +135,8 @@ class EnvHost:
             return ("error", "timeout", str(exc))
         except WorkerFailure as exc:
             return ("error", "env", str(exc))
+        except Exception as exc:  # noqa: BLE001 - e.g. an argument that does not pickle: the worker is suspect
+            return ("error", "env", _first_line(exc))
 
     def kill(self) -> None:
         self.worker.kill()  # its process group (the browser) and its scratch folders, on this node
@@ -195,7 +218,7 @@ class RayWorker:
 
     def _get(self, ref: Any, timeout: float, op: str) -> Any:
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
         try:
             return ray.get(ref, timeout=timeout)
@@ -203,10 +226,13 @@ class RayWorker:
             raise WorkerTimeout(f"{op} timed out after {timeout:g} s on worker {self.id} (node {self.node})") from None
         except RayActorError as exc:
             raise WorkerFailure(f"worker {self.id} is gone ({op}, node {self.node}): {_actor_death(exc)}") from None
+        except RayError as exc:  # the object store, the local raylet, a system error: the worker is lost to us
+            raise WorkerFailure(f"worker {self.id} ({op}, node {self.node}): {_first_line(exc)}") from None
 
     def descendants(self) -> list[Any]:
-        """The environment worker and what it started, where this machine can see them (a loopback
-        cluster: fault injection in tests); none on another machine."""
+        """The environment worker process itself and what it started (unlike a local worker's list,
+        which starts below the worker), where this machine can see them (a loopback cluster:
+        fault injection in tests); none on another machine."""
         import psutil
 
         if self.env_pid is None or not (self.node_ip or "").startswith("127."):
@@ -222,6 +248,8 @@ class RayWorker:
         import ray
 
         self.alive = False
+        if not ray.is_initialized():
+            return  # the driver left the cluster (its actors went with the job)
         with contextlib.suppress(Exception):
             ray.get(self.actor.kill.remote(), timeout=10)
         with contextlib.suppress(Exception):
@@ -230,6 +258,9 @@ class RayWorker:
     def close(self, timeout: float = 10.0) -> None:
         import ray
 
+        if not ray.is_initialized():
+            self.alive = False
+            return
         if self.alive:
             with contextlib.suppress(Exception):
                 ray.get(self.actor.close.remote(timeout), timeout=timeout + _CALL_GRACE_S)
@@ -264,6 +295,9 @@ def map_on_cluster(address: str, function: Callable[[Any], Any], items: Sequence
     from ray.exceptions import RayError, RayTaskError
 
     connect(address)
+    available = ray.cluster_resources().get("CPU", 0.0)
+    if available < cpus:
+        raise PoolError(f"the Ray cluster at {address} has {available:g} CPUs; a task needs {cpus:g}")
     remote = ray.remote(num_cpus=cpus, max_retries=0)(_call)
     refs = [remote.remote(function, item) for item in items]
     results, failures = [], []

@@ -765,7 +765,7 @@ def run_label_partitions(
     libraries, tasks whose successes grew enough rebuilt). Returns the summaries merged.
 
     ``map_families(update_family, families)``: how the families to bring up to date run when there
-    are several (e.g. as tasks on a Ray cluster: the asset's ``ray_cluster`` resource); each calls
+    are several (e.g. as tasks on a Ray cluster: the labels asset's ``ray_address``); each calls
     :func:`update_family` on its own, so the rows are those of running them one after another."""
     if mode not in ("full", "incremental"):
         raise ValueError(f"unknown labels mode {mode!r} (full | incremental)")

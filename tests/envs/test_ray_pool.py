@@ -34,6 +34,17 @@ def jobs():
     return plan_jobs([catalog["login-user-popup"], catalog["click-option"]], batch="ray", episodes_per_task=2)
 
 
+def wait_for_free_cpus(cluster, timeout_s: float = 60.0) -> None:
+    """Until the previous test's actors have given their CPUs back."""
+    from envs.ray_pool import connect
+
+    connect(cluster.address)
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+        assert time.monotonic() < deadline, "the cluster's CPUs were not released"
+        time.sleep(0.5)
+
+
 def ray_config(cluster, **kw) -> PoolConfig:
     return PoolConfig(**({"backend": "ray", "ray_address": cluster.address, "spares": 0, "start_timeout_s": 120} | kw))
 
@@ -103,17 +114,19 @@ def test_the_rollouts_asset_runs_on_the_cluster_when_the_resource_says_so(cluste
 
 
 def test_a_node_lost_mid_batch_loses_no_episode(cluster, jobs):
-    """The second node's raylet and its processes are killed before step 2 of an episode running
-    there: that attempt is recorded as aborted, the episode runs again whole on a worker of the
-    head, and the lost worker's Chromium does not outlive it."""
+    """The second node's raylet and Ray's worker processes there (the actors) are killed before
+    step 2 of an episode running there: that attempt is recorded as aborted, the episode runs again
+    whole on a worker of the head, and the lost worker's environment process and Chromium, which
+    nobody killed, end by themselves (their watchdog sees the actor gone)."""
     lost = {}
+    wait_for_free_cpus(cluster)  # placement spreads the workers over both nodes only if both are free
 
     def kill_second_node(ctx):
         worker = ctx.pool._all[ctx.worker_id]
         if worker.node != "127.0.0.3":
             return []
         lost["browser"] = [p.pid for p in worker.descendants()]
-        lost["node"] = cluster.kill_node("127.0.0.3")
+        lost["node"] = cluster.kill_node("127.0.0.3", ray_processes_only=True)
         return [psutil.Process(pid) for pid in lost["node"] if psutil.pid_exists(pid)]
 
     class OnSecondNode(Injector):
@@ -138,7 +151,7 @@ def test_a_node_lost_mid_batch_loses_no_episode(cluster, jobs):
     while any(psutil.pid_exists(pid) for pid in lost["browser"]) and time.monotonic() < deadline:
         time.sleep(0.5)  # the worker's watchdog sees its actor gone and ends its process group
     alive = [pid for pid in lost["browser"] if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
-    assert lost["browser"] and not alive
+    assert lost["browser"] and not set(lost["browser"]) & set(lost["node"]) and not alive
 
 
 def test_an_unreachable_cluster_is_one_line_naming_the_address_before_any_worker():
@@ -160,27 +173,33 @@ def test_the_ray_backend_needs_an_address():
         PoolConfig(backend="kubernetes")
 
 
-def test_losing_the_head_fails_the_batch_in_one_line_and_returns_nothing(jobs):
+def test_losing_the_head_fails_the_batch_in_one_line_and_returns_nothing(cluster, jobs):
     """The head (its GCS and raylet) killed mid-batch: the second node's worker may finish its
-    episodes, but the lost one cannot be rerun without a head, so the batch fails as a whole with a
-    one-line error naming the address, and nothing of it reaches the caller to be published."""
-    ray.shutdown()  # a driver joins one cluster per process; this test makes its own
-    with LocalRayCluster(cpus=(2, 1)) as cluster:
+    episode, but none can be replaced without a head, so the batch stops at the first lost worker
+    and fails as a whole with a one-line error naming the address; nothing of it reaches the caller
+    to be published, and the driver has left the dead cluster (Ray would end the process later)."""
+    from envs.ray_pool import connect
+
+    connect(cluster.address)  # this process is joined to the module's cluster
+    with LocalRayCluster(cpus=(2, 1)) as other:
+        with pytest.raises(PoolError, match=f"joined to the Ray cluster at {cluster.address}, not {other.address}"):
+            connect(other.address)  # one cluster per process: refused, not silently sent to the first
+        ray.shutdown()
         killed = []
 
         def kill_head(ctx):
             if not killed and ctx.step_idx == 2:
-                killed.extend(cluster.kill_node("127.0.0.2"))
-                for process in cluster.processes():
+                killed.extend(other.kill_node("127.0.0.2"))
+                for process in other.processes():
                     if process.name() == "gcs_server":
                         process.kill()
 
         returned = None
-        pool = EnvPool(MiniWoBConfig(), ray_config(cluster, workers=2, step_timeout_s=10, start_timeout_s=20))
+        pool = EnvPool(MiniWoBConfig(), ray_config(other, workers=2, step_timeout_s=10))
         with pytest.raises(PoolError) as failed:
             with pool:
                 returned = pool.run(jobs, make_policy("expert"), before_step=kill_head)
-        ray.shutdown()
+        assert not ray.is_initialized()
     message = str(failed.value)
     assert killed and returned is None
-    assert message.startswith(f"the Ray cluster's head at {cluster.address} is gone") and "\n" not in message
+    assert message.startswith(f"the Ray cluster's head at {other.address} is gone") and "\n" not in message

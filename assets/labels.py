@@ -19,7 +19,6 @@ from dagster import (
     Config,
     DagsterRunStatus,
     DefaultSensorStatus,
-    Failure,
     MaterializeResult,
     RunRequest,
     RunsFilter,
@@ -50,7 +49,7 @@ from annotation.progress.labels import (
     run_synthesis,
 )
 from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
-from assets.resources import WarehouseResource
+from assets.resources import RAY_FAMILIES_HELP, WarehouseResource, ray_family_map
 
 GROUP = "labels"
 TRAJECTORY_ASSETS = ["human_demonstrations", "rollouts", "policy_rollouts"]
@@ -86,35 +85,10 @@ class LabelConfig(Config):
     theta: float = Field(default=0.6, description="θ_L of ProgRM §2.2: recipe group similarity threshold")
     mode: Literal["incremental", "full"] = Field(
         default="incremental",
-        description="incremental: new episodes labelled against the stored recipe libraries, a task's library "
-        "rebuilt when its successes grew by max(2, 10%), families without a library labelled from scratch | "
-        "full: relabel the selected families from scratch",
+        description="incremental: new episodes against the stored recipe libraries (a task's rebuilt when its "
+        "successes grew by max(2, 10%); families without one from scratch) | full: the families from scratch",
     )
-    ray_address: str | None = Field(
-        default=None,
-        description="a Ray head's host:port: a run that brings several families up to date runs each as a Ray "
-        "task (the cluster's nodes must share this home's file system); none: one after another here",
-    )
-
-
-def _on_cluster(address: str | None):
-    """Families as tasks on the Ray cluster at ``address`` (``None``: no cluster, one after another)."""
-    if not address:
-        return None
-    from envs.ray_pool import connect, map_on_cluster
-
-    try:
-        connect(address)  # before anything is labelled: a family without a library would publish first
-    except Exception as exc:  # noqa: BLE001 - PoolError, one line naming the address
-        raise Failure(f"label families on the Ray cluster at {address}: {exc}") from None
-
-    def run(update_family, families):
-        try:
-            return map_on_cluster(address, update_family, families)
-        except Exception as exc:  # noqa: BLE001 - Ray wraps the family's own error; the user needs both
-            raise Failure(f"label families on the Ray cluster at {address}: {exc}") from None
-
-    return run
+    ray_address: str | None = Field(default=None, description=RAY_FAMILIES_HELP)
 
 
 class SplitConfig(Config):
@@ -177,7 +151,6 @@ def recipes_and_progress_labels(
     context: AssetExecutionContext, config: LabelConfig, warehouse: WarehouseResource
 ) -> Iterator[MaterializeResult | AssetCheckResult]:
     wh = warehouse.get()
-    on_cluster = _on_cluster(config.ray_address)
     summary = run_label_partitions(
         wh,
         context.partition_keys,
@@ -187,7 +160,7 @@ def recipes_and_progress_labels(
         theta=config.theta,
         run_id=context.run_id,
         log=context.log.info,
-        map_families=on_cluster,
+        map_families=ray_family_map(config.ray_address),
     )
     yield MaterializeResult(
         asset_key="recipe_library",

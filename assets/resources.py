@@ -25,6 +25,7 @@ from annotation.labelstudio.server import labelstudio_dir
 from envs.android.env import AndroidConfig
 from envs.miniwob.live import MiniWoBConfig
 from envs.pool import EnvPool, PoolConfig
+from envs.ray_pool import make_pool
 from warehouse.catalog import Warehouse
 from warehouse.storage import stepwise_home
 
@@ -95,7 +96,7 @@ class EnvPoolResource(ConfigurableResource):
 
     def miniwob_pool(self, workers: int, log=None) -> EnvPool:
         config = MiniWoBConfig(chromium_binary=self.chromium_binary, chromedriver=self.chromedriver)
-        return EnvPool(config, self.pool_config(workers), log=log)
+        return make_pool(config, self.pool_config(workers), log=log)
 
     def android_pool(self, workers: int, log=None) -> EnvPool:
         if not self.android_devices:
@@ -104,7 +105,35 @@ class EnvPoolResource(ConfigurableResource):
                 "or IP:port addresses of emulators/devices (one worker per device; extra ones are spares)"
             )
         configs = [AndroidConfig(serial=d, settle_s=self.android_settle_s) for d in self.android_devices]
-        return EnvPool(configs, self.pool_config(min(workers, len(configs))), log=log)
+        return make_pool(configs, self.pool_config(min(workers, len(configs))), log=log)
+
+
+RAY_FAMILIES_HELP = (
+    "a Ray head's host:port: a run that brings several families up to date runs each as a Ray task (the "
+    "cluster's nodes must share this home's file system); none: one after another here"
+)
+
+
+def ray_family_map(address: str | None):
+    """Label families as tasks on the Ray cluster at ``address`` (``None``: one after another here),
+    as ``run_label_partitions`` takes them. The cluster is checked now, before anything is labelled
+    (a family without a stored library would otherwise be labelled and published first)."""
+    if not address:
+        return None
+    from envs.ray_pool import connect, map_on_cluster
+
+    try:
+        connect(address)
+    except Exception as exc:  # noqa: BLE001 - PoolError, one line naming the address
+        raise Failure(f"label families on the Ray cluster at {address}: {exc}") from None
+
+    def run(update_family, families):
+        try:
+            return map_on_cluster(address, update_family, families)
+        except Exception as exc:  # noqa: BLE001 - Ray wraps the family's own error; the user needs both
+            raise Failure(f"label families on the Ray cluster at {address}: {exc}") from None
+
+    return run
 
 
 class LabelStudioResource(ConfigurableResource):

@@ -73,11 +73,12 @@ def _pool(backend: str, workers: int) -> Iterator[EnvPool]:
     import ray
 
     from envs.ray_local import LocalRayCluster
+    from envs.ray_pool import RayEnvPool
 
     with LocalRayCluster(cpus=(2,) if backend == "ray1" else (1, 1)) as cluster:
         config = PoolConfig(workers=workers, spares=0, backend="ray", ray_address=cluster.address)
         try:
-            with EnvPool(MiniWoBConfig(), config) as pool:
+            with RayEnvPool(MiniWoBConfig(), config) as pool:
                 yield pool
         finally:
             ray.shutdown()

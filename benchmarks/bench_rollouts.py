@@ -32,6 +32,7 @@ from envs.miniwob.live import MiniWoBConfig  # noqa: E402
 from envs.policies import make_policy  # noqa: E402
 from envs.pool import EnvPool, PoolConfig, plan_jobs  # noqa: E402
 from envs.ray_local import LocalRayCluster  # noqa: E402
+from envs.ray_pool import make_pool  # noqa: E402
 from envs.task_catalog import load_catalog  # noqa: E402
 
 GOAL_STEPS_PER_S = 30.0
@@ -98,7 +99,7 @@ def _run(
     warmup = plan_jobs(tasks, batch="warmup", batch_index=99, episodes_per_task=1)
     policy = make_policy("noisy_expert", noise=noise)
     started = time.perf_counter()
-    with EnvPool(MiniWoBConfig(), config) as pool:
+    with make_pool(MiniWoBConfig(), config) as pool:
         startup_s = time.perf_counter() - started
         pool.run(warmup[: workers * 2], policy)  # page loads and JIT warm-up, not measured
         load_before = os.getloadavg()[0]

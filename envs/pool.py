@@ -535,15 +535,14 @@ class EnvPool:
         self.workers_started = 0
         self.workers_replaced = 0
         self._closed = False
-        self._head_lost: str | None = None  # why the Ray head is unreachable, once a lost worker showed it
+        self._cluster_lost: str | None = None  # why a cluster backend cannot go on (envs.ray_pool: the head)
+        if self.config.backend != "local" and type(self) is EnvPool:
+            raise ValueError(f"the {self.config.backend!r} backend is envs.ray_pool.RayEnvPool, not EnvPool")
 
     # -- workers ---------------------------------------------------------------------------
     def start(self) -> EnvPool:
         """Start ``workers + spares`` workers; returns once ``workers`` of them are ready."""
-        if self.config.backend == "ray":
-            from envs.ray_pool import connect
-
-            connect(self.config.ray_address or "")  # an unreachable head: one line, before any worker
+        self._connect()
         self._top_up()
         need = min(self.config.workers, self._target())
         deadline = time.monotonic() + self.config.start_timeout_s + 5
@@ -625,12 +624,19 @@ class EnvPool:
             self._ready.append(worker)
             self._ready_cv.notify_all()
 
-    def _new_worker(self, worker_id: str, index: int) -> PoolWorker:
-        if self.config.backend == "ray":
-            from envs.ray_pool import RayWorker
+    # Where workers live: the hooks a cluster backend overrides (envs.ray_pool.RayEnvPool).
+    def _connect(self) -> None:
+        """Reach the workers' hosts before any worker starts (nothing to reach on this machine)."""
 
-            return RayWorker(worker_id, self._configs[index], index, self.config)
+    def _new_worker(self, worker_id: str, index: int) -> PoolWorker:
         return _Worker(worker_id, self._configs[index], index, self._ctx)
+
+    def _lost_cluster(self) -> bool:
+        """After a lost worker: is the whole backend gone, so that no worker can be replaced?"""
+        return False
+
+    def _fail_if_cluster_lost(self, not_run: int, total: int) -> None:
+        """After a batch that lost episodes: raise if the backend is gone (nothing returned)."""
 
     def _acquire(self) -> PoolWorker | None:
         """A ready, healthy worker (a spare), provisioning its own replacement; None if none can be had."""
@@ -743,8 +749,8 @@ class EnvPool:
             state.stop()
             self.close()
             raise
-        if self.config.backend == "ray" and (state.lost or self._head_lost):
-            self._fail_if_head_lost(len(state.lost) + state.unresolved, len(jobs))
+        if state.lost or self._cluster_lost:
+            self._fail_if_cluster_lost(len(state.lost) + state.unresolved, len(jobs))
         order = {job.episode_id: i for i, job in enumerate(jobs)}
         state.episodes.sort(key=lambda e: order[e.episode_id])
         state.attempts.sort(key=lambda a: (order[a.episode_id], a.attempt))
@@ -756,34 +762,6 @@ class EnvPool:
             workers_started=self.workers_started,
             workers_replaced=self.workers_replaced - replaced_before,
         )
-
-    def _ray_head_gone(self) -> bool:
-        """Checked after a Ray worker is lost: was it the head? (Ray's client would end this
-        process about a minute after losing the head, so the batch must not wait for spares.)"""
-        from envs.ray_pool import head_unreachable
-
-        unreachable = head_unreachable(self.config.ray_address or "", timeout_s=2.0)
-        if unreachable:
-            self._head_lost = unreachable
-        return unreachable is not None
-
-    def _fail_if_head_lost(self, lost: int, total: int) -> None:
-        """A batch that lost episodes on a cluster whose head is gone fails as a whole: nothing of it
-        is returned to be published (workers on other nodes may have finished theirs, but the
-        cluster cannot replace a worker without its head, so a rerun is the only way to finish)."""
-        from envs.ray_pool import head_unreachable
-
-        address = self.config.ray_address or ""
-        unreachable = self._head_lost or head_unreachable(address)
-        if unreachable:
-            from envs.ray_pool import disconnect
-
-            self.close()
-            disconnect()
-            raise PoolError(
-                f"the Ray cluster's head at {address} is gone ({unreachable}): {lost} of {total} episodes "
-                "could not run and none of the batch is returned; run it again when the cluster is back"
-            )
 
     def _slot(
         self,
@@ -863,8 +841,8 @@ class EnvPool:
         except WorkerFailure as exc:
             final = attempt + 1 >= self.config.max_attempts
             state.abort(job, attempt, worker.id, str(exc), progress["steps"], started_at, elapsed(), final=final)
-            if self.config.backend == "ray" and self._ray_head_gone():
-                state.stop()  # no worker can be replaced without the head: the batch fails as a whole
+            if self._lost_cluster():
+                state.stop()  # no worker can be replaced: the batch fails as a whole (run() raises)
                 return "worker_failed"
             self._retire(worker, str(exc))
             if not final:

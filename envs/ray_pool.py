@@ -1,6 +1,6 @@
 """The environment pool's workers as Ray actors: the same pool, its environments on a Ray cluster.
 
-``EnvPool`` with ``PoolConfig(backend="ray", ray_address=...)`` keeps its whole contract (spares,
+``RayEnvPool`` with ``PoolConfig(backend="ray", ray_address=...)`` keeps ``EnvPool``'s whole contract (spares,
 health checks, timeouts, retries on fresh workers, whole episodes or none, every attempt recorded);
 only where a worker lives changes. Each worker is an ``EnvHost`` actor that Ray places on some node
 of the cluster; the actor starts the pool's ordinary worker process on that node
@@ -24,9 +24,11 @@ from typing import Any
 
 from envs.pool import (
     EnvConfig,
+    EnvPool,
     EpisodeError,
     PoolConfig,
     PoolError,
+    PoolWorker,
     WorkerFailure,
     WorkerTimeout,
     _first_line,
@@ -267,6 +269,43 @@ class RayWorker:
         self.alive = False
         with contextlib.suppress(Exception):
             ray.kill(self.actor, no_restart=True)
+
+
+class RayEnvPool(EnvPool):
+    """``EnvPool`` whose workers are ``EnvHost`` actors on the Ray cluster at ``config.ray_address``."""
+
+    def _connect(self) -> None:
+        connect(self.config.ray_address or "")  # an unreachable head: one line, before any worker
+
+    def _new_worker(self, worker_id: str, index: int) -> PoolWorker:
+        return RayWorker(worker_id, self._configs[index], index, self.config)
+
+    def _lost_cluster(self) -> bool:
+        """Was the lost worker the head? Ray's client ends this process about a minute after
+        losing the head, so the batch must not wait for replacements that cannot come."""
+        unreachable = head_unreachable(self.config.ray_address or "", timeout_s=2.0)
+        if unreachable:
+            self._cluster_lost = unreachable
+        return unreachable is not None
+
+    def _fail_if_cluster_lost(self, not_run: int, total: int) -> None:
+        """A batch that lost episodes on a cluster whose head is gone fails as a whole: nothing of it
+        is returned to be published (workers on other nodes may have finished theirs, but the
+        cluster cannot replace a worker without its head, so a rerun is the only way to finish)."""
+        address = self.config.ray_address or ""
+        unreachable = self._cluster_lost or head_unreachable(address)
+        if unreachable:
+            self.close()
+            disconnect()
+            raise PoolError(
+                f"the Ray cluster's head at {address} is gone ({unreachable}): {not_run} of {total} episodes "
+                "could not run and none of the batch is returned; run it again when the cluster is back"
+            )
+
+
+def make_pool(env_configs: Any, config: PoolConfig, **kwargs: Any) -> EnvPool:
+    """The pool ``config.backend`` names: ``EnvPool`` (local) or ``RayEnvPool``."""
+    return (RayEnvPool if config.backend == "ray" else EnvPool)(env_configs, config, **kwargs)
 
 
 def _actor_death(exc: BaseException) -> str:

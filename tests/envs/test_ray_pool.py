@@ -14,6 +14,7 @@ from envs.miniwob.live import MiniWoBConfig
 from envs.policies import make_policy
 from envs.pool import EnvPool, PoolConfig, PoolError, plan_jobs
 from envs.ray_local import LocalRayCluster
+from envs.ray_pool import RayEnvPool
 from envs.task_catalog import load_catalog
 from tests.envs.test_pool import Injector, assert_nothing_lost_or_duplicated
 
@@ -52,7 +53,7 @@ def ray_config(cluster, **kw) -> PoolConfig:
 def test_episodes_run_on_both_nodes_and_match_the_local_pool(cluster, jobs):
     """The same jobs and policy on the local pool and on the cluster: the same episodes, and the
     cluster's workers sit on both nodes."""
-    with EnvPool(MiniWoBConfig(), ray_config(cluster, workers=2)) as pool:
+    with RayEnvPool(MiniWoBConfig(), ray_config(cluster, workers=2)) as pool:
         on_ray = pool.run(jobs, make_policy("expert"))
         nodes = {w["node"] for w in pool.status()}
     with EnvPool(MiniWoBConfig(), PoolConfig(workers=2, spares=0)) as pool:
@@ -138,7 +139,7 @@ def test_a_node_lost_mid_batch_loses_no_episode(cluster, jobs):
                     self.episode_id = ctx.job.episode_id
 
     injector = OnSecondNode(None, 2, kill_second_node)
-    with EnvPool(MiniWoBConfig(), ray_config(cluster, workers=2, step_timeout_s=20)) as pool:
+    with RayEnvPool(MiniWoBConfig(), ray_config(cluster, workers=2, step_timeout_s=20)) as pool:
         result = pool.run(jobs, make_policy("noisy_expert"), before_step=injector)
     assert injector.fired, "an episode ran on the second node and the node was killed"
     assert_nothing_lost_or_duplicated(result, jobs)
@@ -158,7 +159,7 @@ def test_an_unreachable_cluster_is_one_line_naming_the_address_before_any_worker
     with socket.socket() as s:
         s.bind(("127.0.0.2", 0))
         port = s.getsockname()[1]  # nothing listens here once the socket is closed
-    pool = EnvPool(MiniWoBConfig(), PoolConfig(backend="ray", ray_address=f"127.0.0.2:{port}", spares=0))
+    pool = RayEnvPool(MiniWoBConfig(), PoolConfig(backend="ray", ray_address=f"127.0.0.2:{port}", spares=0))
     with pytest.raises(PoolError) as refused:
         pool.start()
     message = str(refused.value)
@@ -195,7 +196,7 @@ def test_losing_the_head_fails_the_batch_in_one_line_and_returns_nothing(cluster
                         process.kill()
 
         returned = None
-        pool = EnvPool(MiniWoBConfig(), ray_config(other, workers=2, step_timeout_s=10))
+        pool = RayEnvPool(MiniWoBConfig(), ray_config(other, workers=2, step_timeout_s=10))
         with pytest.raises(PoolError) as failed:
             with pool:
                 returned = pool.run(jobs, make_policy("expert"), before_step=kill_head)

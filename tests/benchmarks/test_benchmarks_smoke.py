@@ -68,6 +68,16 @@ SMOKE: dict[str, Smoke] = {
         ),
         e2e=True,
     ),
+    "bench_llm": Smoke(
+        (
+            "SmolLM2-135M-Instruct loaded in",
+            "| policy | episodes | success | steps | env steps/s | tokens/s |",
+            "| scripted expert (baseline) |",
+            "| SmolLM2 greedy |",
+            "peak resident memory",
+        ),
+        e2e=True,
+    ),
     "bench_rollouts": Smoke(
         (
             "workers  steps/s",

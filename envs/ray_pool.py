@@ -1,8 +1,8 @@
 """The environment pool's workers as Ray actors: the same pool, its environments on a Ray cluster.
 
-``RayEnvPool`` with ``PoolConfig(backend="ray", ray_address=...)`` keeps ``EnvPool``'s whole contract (spares,
-health checks, timeouts, retries on fresh workers, whole episodes or none, every attempt recorded);
-only where a worker lives changes. Each worker is an ``EnvHost`` actor that Ray places on some node
+``RayEnvPool`` with ``PoolConfig(backend="ray", ray_address=...)`` keeps ``EnvPool``'s whole
+contract (spares, health checks, timeouts, retries on fresh workers, whole episodes or none, every
+attempt recorded); only where a worker lives changes. Each worker is an ``EnvHost`` actor that Ray places on some node
 of the cluster; the actor starts the pool's ordinary worker process on that node
 (``envs.pool._Worker``: its own process group, a watchdog that kills it and its browser when the
 actor dies) and relays the pool's calls to it. So a worker lost with its node (a raylet killed, a
@@ -37,7 +37,6 @@ from envs.pool import (
 from warehouse.model import ActionType
 
 RAY_NAMESPACE = "stepwise"
-# Ray's own messages name the actor, its id and the node; the pool's reasons keep the first line.
 _CALL_GRACE_S = 5.0  # a relayed call's own timeout runs in the actor; the round trip gets this much more
 
 

@@ -83,13 +83,18 @@ class LocalRayCluster:
             self.node_ips.append(ip)
 
     def processes(self) -> list[Any]:
-        """Every process of this cluster (found by its temp folder, plus what they started)."""
+        """Every process of this cluster (found by its temp folder or its head's address, plus what
+        they started)."""
         import psutil
 
+        # Most of Ray's processes name the temp folder; its client server names only the head's
+        # address (and outlives `ray start`, which detaches it).
+        marks = [str(self.temp_dir)] if self.temp_dir is not None else []
+        marks += [f"--address={self.address}"] if self.address else []
         roots = []
         for process in psutil.process_iter(["cmdline"]):
-            with_dir = " ".join(process.info["cmdline"] or [])
-            if self.temp_dir is not None and str(self.temp_dir) in with_dir:
+            cmdline = " ".join(process.info["cmdline"] or [])
+            if any(mark in cmdline for mark in marks):
                 roots.append(process)
         found = {p.pid: p for p in roots}
         for root in roots:

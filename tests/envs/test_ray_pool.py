@@ -27,6 +27,7 @@ def cluster():
     with LocalRayCluster(cpus=(2, 1)) as running:
         yield running
         ray.shutdown()
+    assert running.processes() == []  # nothing of the cluster outlives it (Ray's detached client server too)
 
 
 @pytest.fixture(scope="module")

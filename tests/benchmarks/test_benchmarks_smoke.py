@@ -114,8 +114,8 @@ SMOKE: dict[str, Smoke] = {
     ),
     "bench_rl": Smoke(
         (
-            "| scripted expert (baseline) | 1 |",
-            "| learned policy, sampling (RL) | 1 |",
+            "| scripted expert (baseline) | local | 1 |",
+            "| learned policy, sampling (RL) | local | 1 |",
             "| update |",
             "| HTTP service, after |",
             "goal (dense block): >= 25 environment steps/s",

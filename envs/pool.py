@@ -612,6 +612,9 @@ class EnvPool:
                 self._ready_cv.notify_all()
             self._log(f"worker {worker_id} failed to start: {exc}")
             if not self._give_up_starting():
+                # back off before the next try (0.5, 1, 2 s ...): a browser that cannot start often
+                # cannot for a moment (seen in CI: three Chromium starts failed within 3 s)
+                time.sleep(min(4.0, 0.5 * 2 ** (self._start_failures - 1)))
                 self._top_up()
             return
         with self._ready_cv:

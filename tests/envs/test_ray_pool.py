@@ -4,6 +4,7 @@ raylet and worker processes), Chromium workers as actors, and a node killed mid-
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import psutil
@@ -16,7 +17,7 @@ from envs.pool import EnvPool, PoolConfig, PoolError, plan_jobs
 from envs.ray_local import LocalRayCluster
 from envs.ray_pool import RayEnvPool
 from envs.task_catalog import load_catalog
-from tests.envs.test_pool import Injector, assert_nothing_lost_or_duplicated
+from tests.envs.test_pool import assert_nothing_lost_or_duplicated
 
 pytestmark = pytest.mark.e2e
 
@@ -122,32 +123,29 @@ def test_a_node_lost_mid_batch_loses_no_episode(cluster, jobs):
     nobody killed, end by themselves (their watchdog sees the actor gone)."""
     lost = {}
     wait_for_free_cpus(cluster)  # placement spreads the workers over both nodes only if both are free
+    fired: list[tuple[str, str]] = []  # (worker, episode) where the node was killed
+    lock = threading.Lock()  # slots call the hook from their own threads, possibly at once
 
     def kill_second_node(ctx):
-        worker = ctx.pool._all[ctx.worker_id]
-        if worker.node != "127.0.0.3":
-            return []
-        lost["browser"] = [p.pid for p in worker.descendants()]
-        lost["node"] = cluster.kill_node("127.0.0.3", ray_processes_only=True)
-        return [psutil.Process(pid) for pid in lost["node"] if psutil.pid_exists(pid)]
+        if ctx.attempt != 0 or ctx.step_idx != 2:
+            return
+        with lock:
+            worker = ctx.pool._all[ctx.worker_id]
+            if fired or worker.node != "127.0.0.3":
+                return
+            lost["browser"] = [p.pid for p in worker.descendants()]
+            lost["node"] = cluster.kill_node("127.0.0.3", ray_processes_only=True)
+            fired.append((ctx.worker_id, ctx.job.episode_id))
 
-    class OnSecondNode(Injector):
-        def __call__(self, ctx):
-            if not self.fired and ctx.attempt == 0 and ctx.step_idx == 2:
-                victims = self.act(ctx)
-                if lost:
-                    self.fired.append((ctx.worker_id, [p.pid for p in victims]))
-                    self.episode_id = ctx.job.episode_id
-
-    injector = OnSecondNode(None, 2, kill_second_node)
     with RayEnvPool(MiniWoBConfig(), ray_config(cluster, workers=2, step_timeout_s=20)) as pool:
-        result = pool.run(jobs, make_policy("noisy_expert"), before_step=injector)
-    assert injector.fired, "an episode ran on the second node and the node was killed"
+        result = pool.run(jobs, make_policy("noisy_expert"), before_step=kill_second_node)
+    assert fired, "an episode ran on the second node and the node was killed"
+    killed_worker, target = fired[0]
     assert_nothing_lost_or_duplicated(result, jobs)
-    attempts = [a for a in result.attempts if a.episode_id == injector.episode_id]
+    attempts = [a for a in result.attempts if a.episode_id == target]
     assert [(a.attempt, a.status) for a in attempts] == [(0, "aborted"), (1, "completed")]
     aborted, retried = attempts
-    assert aborted.worker_id == injector.fired[0][0] and retried.worker_id != aborted.worker_id
+    assert aborted.worker_id == killed_worker and retried.worker_id != aborted.worker_id
     assert aborted.steps_done == 2 and "127.0.0.3" in aborted.reason and "\n" not in aborted.reason
     deadline = time.monotonic() + 30
     while any(psutil.pid_exists(pid) for pid in lost["browser"]) and time.monotonic() < deadline:

@@ -11,8 +11,10 @@ models are marked ``e2e`` like the suite's other end-to-end tests (``make test-f
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,24 +174,32 @@ def test_benchmark_smoke_run(name, tmp_path, smoke_cache):
     if not script.exists():
         pytest.fail(f"{script} is missing (remove it from SMOKE if it was retired)")
     home = tmp_path / "stepwise-home"
+    # A short TMPDIR of the test's own: Chromium puts its singleton socket in
+    # $TMPDIR/.org.chromium.Chromium.XXXXXX/, and a unix socket path may not exceed 107 bytes; under
+    # pytest's tmp_path ("/tmp/pytest-of-root/pytest-77/test_benchmark_smoke_run_bench10") it did,
+    # and Chromium exited at start ("session not created") for the 11th benchmark onwards.
+    scratch = Path(tempfile.mkdtemp(prefix="smoke-", dir="/tmp"))
     env = os.environ | {
         "STEPWISE_HOME": str(home),
         "DAGSTER_HOME": str(home / "dagster"),
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "STEPWISE_SMOKE_CACHE": str(smoke_cache),
-        "TMPDIR": str(tmp_path),  # whatever the benchmark leaves behind goes with the test's folder
+        "TMPDIR": str(scratch),  # whatever the benchmark leaves behind is removed with it
     }
     started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, str(script), "--smoke"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script), "--smoke"],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.perf_counter() - started
     output = done.stdout + done.stderr
     print(f"{name} --smoke: exit {done.returncode} in {seconds:.1f} s")

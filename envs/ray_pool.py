@@ -2,8 +2,8 @@
 
 ``RayEnvPool`` with ``PoolConfig(backend="ray", ray_address=...)`` keeps ``EnvPool``'s whole
 contract (spares, health checks, timeouts, retries on fresh workers, whole episodes or none, every
-attempt recorded); only where a worker lives changes. Each worker is an ``EnvHost`` actor that Ray places on some node
-of the cluster; the actor starts the pool's ordinary worker process on that node
+attempt recorded); only where a worker lives changes. Each worker is an ``EnvHost`` actor that Ray
+places on some node of the cluster; the actor starts the pool's ordinary worker process on that node
 (``envs.pool._Worker``: its own process group, a watchdog that kills it and its browser when the
 actor dies) and relays the pool's calls to it. So a worker lost with its node (a raylet killed, a
 machine gone) ends the same way as a local worker that crashed: its attempt is recorded as
@@ -19,6 +19,7 @@ import logging
 import multiprocessing
 import os
 import socket
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,7 +66,6 @@ def connect(address: str, *, timeout_s: float = 5.0) -> None:
         import ray._private.auto_init_hook as auto_init
 
         auto_init.enable_auto_connect = False
-    _split_address(address)
     unreachable = head_unreachable(address, timeout_s=timeout_s)
     if unreachable:
         raise PoolError(f"no Ray cluster at {address}: {unreachable}")
@@ -204,8 +204,6 @@ class RayWorker:
         self.env_pid, self.node_ip, self.node_id = info["pid"], info["node_ip"], info["node_id"]
 
     def call(self, op: str, *args: Any, timeout: float) -> Any:
-        import time
-
         reply = self._get(self.actor.call.remote(op, args, timeout), timeout + _CALL_GRACE_S, op)
         if reply[0] == "ok":
             self.last_ok = time.monotonic()

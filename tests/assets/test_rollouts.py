@@ -53,6 +53,20 @@ def test_definitions_and_partitions():
     assert len(ROLLOUT_ASSETS) == 2 and len(ROLLOUT_CHECKS) == 4  # the run checks and the key checks, per asset
 
 
+# Three forms tasks, a noisy expert: a batch with successes and failures (the Ray backend's test runs it too).
+NOISY_FORMS_BATCH = {
+    "ops": {
+        "rollouts": {
+            "config": {
+                "tasks": ["login-user-popup", "enter-date", "use-spinner"],
+                "episodes_per_task": 3,
+                "noise": 0.35,
+            }
+        }
+    }
+}
+
+
 def _checks_for(asset_name):
     return [c for c in ROLLOUT_CHECKS if any(k.asset_key.path[-1] == asset_name for k in c.check_keys)]
 
@@ -61,17 +75,7 @@ def _checks_for(asset_name):
 def test_materialize_a_partition_with_checks_lineage_and_replacement(tmp_path):
     warehouse = WarehouseResource(home=str(tmp_path / "home"))
     partition = MultiPartitionKey({"family": "miniwob-forms", "batch": "b01"})
-    run_config = {
-        "ops": {
-            "rollouts": {
-                "config": {
-                    "tasks": ["login-user-popup", "enter-date", "use-spinner"],
-                    "episodes_per_task": 3,
-                    "noise": 0.35,
-                }
-            }
-        }
-    }
+    run_config = NOISY_FORMS_BATCH
 
     def run():
         return materialize(

@@ -80,28 +80,18 @@ def test_the_rollouts_asset_runs_on_the_cluster_when_the_resource_says_so(cluste
     from dagster import DagsterInstance, MultiPartitionKey, materialize
 
     from assets.resources import EnvPoolResource, WarehouseResource
-    from assets.rollouts import ROLLOUT_CHECKS, rollouts
+    from assets.rollouts import rollouts
+    from tests.assets.test_rollouts import NOISY_FORMS_BATCH, _checks_for
     from warehouse.catalog import Warehouse
 
-    checks = [c for c in ROLLOUT_CHECKS if any(k.asset_key.path[-1] == "rollouts" for k in c.check_keys)]
     result = materialize(
-        [rollouts, *checks],
+        [rollouts, *_checks_for("rollouts")],
         resources={
             "warehouse": WarehouseResource(home=str(tmp_path / "home")),
             "env_pool": EnvPoolResource(backend="ray", ray_address=cluster.address, spares=0),
         },
         partition_key=MultiPartitionKey({"family": "miniwob-forms", "batch": "b01"}),
-        run_config={  # the batch of the local pool's asset test: noisy, so it has successes and failures
-            "ops": {
-                "rollouts": {
-                    "config": {
-                        "tasks": ["login-user-popup", "enter-date", "use-spinner"],
-                        "episodes_per_task": 3,
-                        "noise": 0.35,
-                    }
-                }
-            }
-        },
+        run_config=NOISY_FORMS_BATCH,  # the local pool's asset test's batch: successes and failures
         instance=DagsterInstance.ephemeral(),
     )
     failed = [e.check_name for e in result.get_asset_check_evaluations() if not e.passed]

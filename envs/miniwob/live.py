@@ -389,13 +389,39 @@ class MiniWoBConfig:
         return MiniWoBEnv(self)
 
 
+#: Chromium puts its singleton socket at ``$TMPDIR/.org.chromium.Chromium.XXXXXX/SingletonSocket``;
+#: a unix socket path may not exceed 107 bytes, so a longer TMPDIR stops the browser at its start
+#: ("Chrome instance exited", which says nothing of why).
+SOCKET_PATH_LIMIT = 107
+_SINGLETON_SOCKET_SUFFIX = "/.org.chromium.Chromium.XXXXXX/SingletonSocket"
+
+
+def browser_tmpdir(tmpdir: str | None = None) -> str | None:
+    """A short temporary folder for the browser when ``tmpdir`` (default: the process's temporary
+    folder) is too long for Chromium's singleton socket; None when it is short enough.
+
+    The folder is created under ``/tmp`` and is the caller's to remove. Raises ``OSError`` naming
+    both folders when no short folder can be made."""
+    tmpdir = tmpdir or tempfile.gettempdir()
+    if len(os.fsencode(tmpdir)) + len(_SINGLETON_SOCKET_SUFFIX) <= SOCKET_PATH_LIMIT:
+        return None
+    try:
+        return tempfile.mkdtemp(prefix="sw-", dir="/tmp")
+    except OSError as exc:
+        raise OSError(
+            f"TMPDIR {tmpdir!r} is too long for Chromium's singleton socket (the path may not exceed "
+            f"{SOCKET_PATH_LIMIT} bytes) and no short folder could be made under /tmp: {exc}"
+        ) from exc
+
+
 class _ChromiumInstance(SeleniumInstance):
     """miniwob's SeleniumInstance on Debian's Chromium with our flags; one browser for every task."""
 
-    def __init__(self, config: MiniWoBConfig, profile_dir: str) -> None:
+    def __init__(self, config: MiniWoBConfig, profile_dir: str, tmpdir: str | None = None) -> None:
         super().__init__(index=0, subdomain="click-test", headless=config.headless)
         self.config = config
         self.profile_dir = profile_dir
+        self.tmpdir = tmpdir  # the browser's TMPDIR when the process's is too long (browser_tmpdir)
         self.subdomain: str | None = None
 
     def create_driver(self) -> None:
@@ -411,7 +437,8 @@ class _ChromiumInstance(SeleniumInstance):
         options.add_argument(f"--user-data-dir={self.profile_dir}")
         for flag in self.config.extra_flags:
             options.add_argument(flag)
-        service = ChromeService(executable_path=self.config.chromedriver, log_output=subprocess.DEVNULL)
+        env = None if self.tmpdir is None else {**os.environ, "TMPDIR": self.tmpdir}
+        service = ChromeService(executable_path=self.config.chromedriver, log_output=subprocess.DEVNULL, env=env)
         self.driver = webdriver.Chrome(service=service, options=options)
 
     def open_task(self, subdomain: str) -> None:
@@ -439,8 +466,10 @@ class MiniWoBEnv:
         self.config = config or MiniWoBConfig()
         self._own_profile = self.config.profile_dir is None
         self._profile_dir = self.config.profile_dir or tempfile.mkdtemp(prefix="stepwise-chromium-")
-        self._instance = _ChromiumInstance(self.config, self._profile_dir)
+        self._browser_tmpdir: str | None = None
         try:
+            self._browser_tmpdir = browser_tmpdir()
+            self._instance = _ChromiumInstance(self.config, self._profile_dir, self._browser_tmpdir)
             self._instance.create_driver()
         except BaseException:
             self._remove_profile()
@@ -539,7 +568,8 @@ class MiniWoBEnv:
     def scratch_paths(self) -> tuple[str, ...]:
         """Folders this environment created and removes on close (the pool removes them when it
         has to kill the worker instead)."""
-        return (self._profile_dir,) if self._own_profile else ()
+        own = (self._profile_dir,) if self._own_profile else ()
+        return own + ((self._browser_tmpdir,) if self._browser_tmpdir else ())
 
     def healthy(self) -> bool:
         try:
@@ -575,8 +605,11 @@ class MiniWoBEnv:
         return live_dom_to_screen(state["dom"], path)
 
     def _remove_profile(self) -> None:
+        """Remove the folders this environment made: its browser profile and the browser's TMPDIR."""
         if self._own_profile:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
+        if self._browser_tmpdir:
+            shutil.rmtree(self._browser_tmpdir, ignore_errors=True)
 
     def __enter__(self) -> MiniWoBEnv:
         return self

@@ -1,5 +1,7 @@
 """MiniWoB++ in real Chromium: screens, the action mapping, failed steps, milestones, the catalog."""
 
+from pathlib import Path
+
 import pytest
 
 from envs.miniwob.live import dom_elements_to_screen, miniwob_key, to_miniwob_actions
@@ -176,3 +178,27 @@ def test_random_walk_explores_without_crashing(miniwob_env, catalog):
         assert 1 <= record.n_steps <= 15 and record.steps[-1].done
         assert {s.action.type for s in record.steps} <= miniwob_env.supported_actions
         assert milestone_track_matches(record, task.spec)
+
+
+def test_a_long_tmpdir_does_not_stop_the_browser(tmp_path, monkeypatch, catalog):
+    """Chromium's singleton socket lives under $TMPDIR; past 107 bytes the browser exited at its
+    start. The environment gives it a short TMPDIR of its own then, and removes it on close."""
+    import tempfile
+
+    from envs.miniwob.live import SOCKET_PATH_LIMIT, MiniWoBEnv, browser_tmpdir
+
+    long_dir = tmp_path / ("x" * 80)
+    long_dir.mkdir()
+    assert len(str(long_dir)) + 46 > SOCKET_PATH_LIMIT
+    assert browser_tmpdir("/tmp") is None  # a short TMPDIR is left as it is
+    monkeypatch.setenv("TMPDIR", str(long_dir))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile caches the folder it chose
+    env = MiniWoBEnv()
+    try:
+        short = env._browser_tmpdir
+        assert short is not None and short.startswith("/tmp/") and short in env.scratch_paths
+        observation = env.reset(catalog["click-option"].spec, 3)
+        assert observation.screen.elements
+    finally:
+        env.close()
+    assert not Path(short).exists()

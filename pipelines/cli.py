@@ -497,7 +497,10 @@ def _flywheel_pins(round_: int | None, runs: list[str]) -> dict[str, str] | None
 
 def cmd_rl(args: argparse.Namespace) -> int:
     """The RL experiment: reward models it needs (trained briefly when missing), the SFT policy,
-    one run per reward source and seed with its held-out evaluation, then ProgRM Table 1."""
+    one run per reward source and seed with its held-out evaluation, then ProgRM Table 1. With
+    ``--policy llm``: the LLM agent instead (:func:`cmd_rl_llm`)."""
+    if args.policy == "llm":
+        return cmd_rl_llm(args)
     prepare_dagster_home()
     from dagster import DagsterInstance, MultiPartitionKey
 
@@ -673,6 +676,51 @@ def cmd_flywheel(args: argparse.Namespace) -> int:
     return _summary("flywheel", started, outcomes)
 
 
+def cmd_rl_llm(args: argparse.Namespace) -> int:
+    """``stepwise rl --policy llm``: the ``llm_agent`` asset (pretrained LLM -> SFT -> RL, each greedy
+    on the same held-out seeds; training.rl.llm_runs), then its stages side by side."""
+    prepare_dagster_home()
+    from dagster import DagsterInstance
+
+    from pipelines.definitions import defs
+    from training.rl.rewards import REWARD_SOURCES
+
+    sources = [r.strip() for r in args.runs.split(",") if r.strip()]
+    if args.runs == RL_DEFAULT_RUNS:
+        sources = ["outcome"]  # the CPU experiment's default list is not the LLM's
+    if len(sources) != 1 or sources[0] not in REWARD_SOURCES:
+        print(f"stepwise rl --policy llm: --runs takes one reward source of {list(REWARD_SOURCES)}", file=sys.stderr)
+        return 2
+    config: dict[str, Any] = {"reward_source": sources[0]}
+    if args.tasks:
+        config["tasks"] = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if args.iterations:
+        config["iterations"] = args.iterations
+    for name in ("sft_steps", "held_out_seeds"):
+        if (value := getattr(args, f"llm_{name}")) is not None:
+            config[name] = value
+    if args.reduced:
+        config |= {"sft_steps": 4, "iterations": 1, "instances_per_task": 1, "held_out_seeds": 1}
+        config |= {"tasks": config.get("tasks", ["click-option"])[:1], "sft_examples_per_task": 20}
+    started = time.perf_counter()
+    with DagsterInstance.get() as instance:
+        run = defs.resolve_job_def("llm_agent_job").execute_in_process(
+            instance=instance,
+            raise_on_error=False,
+            run_config={
+                "loggers": {"console": {"config": {"log_level": "INFO"}}},
+                "ops": {"llm_agent": {"config": config}},
+            },
+        )
+    if run.success:
+        for event in run.get_asset_materialization_events():
+            stages = event.materialization.metadata.get("stages")
+            if stages is not None:
+                print()
+                print(stages.value)
+    return _summary("rl --policy llm", started, [("llm_agent", run.success)])
+
+
 def cmd_rl_export(args: argparse.Namespace) -> int:
     """RL episodes and step rewards as OpenRLHF / verl datasets (training/rl/export.py)."""
     from training.rl.export import export_rl_data
@@ -774,6 +822,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return subprocess.call(
         [str(exe), "-h", "127.0.0.1", "-p", str(args.port), "-w", str(REPO_ROOT / "workspace.yaml")], cwd=REPO_ROOT
     )
+
+
+RL_DEFAULT_RUNS = "outcome,orm,progrm_lcs,progrm_env,prm,admire"
 
 
 # long: one declarative block per subcommand (flags, help, handler); splitting it would scatter the
@@ -891,8 +942,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rl", help="the RL experiment: SFT, one run per reward source and seed, ProgRM Table 1")
     p.add_argument(
         "--runs",
-        default="outcome,orm,progrm_lcs,progrm_env,prm,admire",
-        help="comma-separated runs: a reward source (REINFORCE++) or a variant such as admire_grpo, prm_ppo",
+        default=RL_DEFAULT_RUNS,
+        help="comma-separated runs: a reward source (REINFORCE++) or a variant such as admire_grpo, prm_ppo "
+        "(with --policy llm: one reward source, default outcome)",
+    )
+    p.add_argument(
+        "--policy",
+        choices=("learned", "llm"),
+        default="learned",
+        help="learned: the CPU candidate-scoring policy (Table 1); llm: SmolLM2-135M-Instruct, SFT then RL "
+        "(the llm_agent asset)",
+    )
+    p.add_argument("--llm-sft-steps", dest="llm_sft_steps", type=int, default=None, help="--policy llm: SFT steps")
+    p.add_argument(
+        "--llm-held-out-seeds", dest="llm_held_out_seeds", type=int, default=None, help="--policy llm: held-out seeds"
     )
     p.add_argument("--seeds", type=int, default=3, help="RL seeds per run (1-5): the partitions s0 .. s<seeds-1>")
     p.add_argument(

@@ -9,6 +9,7 @@ from assets.flywheel import FLYWHEEL_ASSETS, FLYWHEEL_CHECKS, FLYWHEEL_JOBS
 from assets.guidance import GUIDANCE_ASSETS, GUIDANCE_CHECKS, GUIDANCE_JOBS
 from assets.human_labels import HUMAN_LABEL_ASSETS, HUMAN_LABEL_CHECKS, HUMAN_LABEL_JOBS, HUMAN_LABEL_SENSORS
 from assets.labels import LABEL_ASSETS, LABEL_CHECKS, LABEL_JOBS, LABEL_SENSORS
+from assets.llm import LLM_ASSETS, LLM_JOBS
 from assets.resources import RESOURCES
 from assets.reward_models import GROUP as REWARD_MODEL_GROUP
 from assets.reward_models import REWARD_MODEL_ASSETS, REWARD_MODEL_CHECKS, REWARD_MODEL_JOBS
@@ -26,6 +27,7 @@ main_job = define_asset_job(
     - AssetSelection.groups("human_labels")
     - AssetSelection.groups(REWARD_MODEL_GROUP)
     - AssetSelection.groups("rl")
+    - AssetSelection.groups("llm")
     - AssetSelection.groups("guidance")
     - AssetSelection.groups("flywheel"),
     description="Import, synthesis, recipes and progress labels, split and label report on embedded defaults "
@@ -40,6 +42,7 @@ defs = Definitions(
         *HUMAN_LABEL_ASSETS,
         *REWARD_MODEL_ASSETS,
         *RL_ASSETS,
+        *LLM_ASSETS,
         *GUIDANCE_ASSETS,
         *FLYWHEEL_ASSETS,
     ],
@@ -60,6 +63,7 @@ defs = Definitions(
         *REWARD_MODEL_JOBS,
         *ROLLOUT_JOBS,
         *RL_JOBS,
+        *LLM_JOBS,
         *GUIDANCE_JOBS,
         *FLYWHEEL_JOBS,
     ],

@@ -24,7 +24,7 @@ POLICIES = with_key(
     pa.schema(
         [
             pa.field("policy_id", pa.string(), nullable=False),
-            pa.field("kind", pa.string(), nullable=False),  # sft | rl
+            pa.field("kind", pa.string(), nullable=False),  # sft | rl | llm_base | llm_sft | llm_rl
             ("reward_source", pa.string()),  # outcome | orm | progrm_lcs | progrm_env | prm | guidnav | admire
             ("estimator", pa.string()),  # reinforce_pp | grpo | rloo | ppo
             ("rl_seed", pa.int32()),

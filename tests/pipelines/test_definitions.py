@@ -19,6 +19,7 @@ GROUPS = {
     },
     "reward_models": {"reward_model_datasets", "reward_model", "reward_model_report"},
     "rl": {"policy_sft", "rl_run", "agent_evaluation", "rl_report"},
+    "llm": {"llm_agent"},
     "guidance": {"guidance_evaluation", "guidance_report"},
     "flywheel": {"policy_rollouts", "step_alternatives", "flywheel_round"},
 }
@@ -36,6 +37,7 @@ DEPENDENCIES = {
     "rl_run": {"policy_sft", "reward_model"},
     "agent_evaluation": {"rl_run"},
     "rl_report": {"policy_sft", "agent_evaluation"},
+    "llm_agent": {"human_demonstrations", "rollouts", "reward_model"},
     "guidance_evaluation": {"policy_sft", "reward_model"},
     "guidance_report": {"guidance_evaluation"},
     "policy_rollouts": {"policy_sft"},

@@ -42,7 +42,7 @@ import pyarrow as pa
 import torch
 
 from envs.pool import BatchResult, EnvPool, EpisodeJob
-from envs.protocol import EpisodeRecord, episode_tables
+from envs.protocol import EpisodeRecord, Policy, episode_tables
 from envs.rollouts import ATTEMPTS_TABLE, ProgressLog
 from envs.task_catalog import CatalogTask, load_catalog
 from training.llm.chat_client import ChatClient, ChatEndpoint
@@ -240,9 +240,7 @@ def _catalog_tasks(names: Sequence[str]) -> list[CatalogTask]:
     return [catalog[n] for n in names]
 
 
-def _run_pool(
-    pool: EnvPool, jobs: list[EpisodeJob], policy: LearnedPolicy, label: str, log: Log
-) -> tuple[BatchResult, float]:
+def _run_pool(pool: EnvPool, jobs: list[EpisodeJob], policy: Policy, label: str, log: Log) -> tuple[BatchResult, float]:
     started = time.perf_counter()
     result = pool.run(jobs, policy, on_episode=ProgressLog(log, label))
     if result.lost:

@@ -1,0 +1,578 @@
+"""The LLM actor in the RL stage (issue 25): a pretrained causal LM, SFT on demonstrations, then
+ProgRM's multi-turn REINFORCE++ in live MiniWoB++, with the same tables and lineage as the learned
+CPU policy (:mod:`training.rl.runs`).
+
+Every seed's agent is an LLM; on this CPU the one that can be had is SmolLM2-135M-Instruct
+(:func:`training.llm.pretrained.load_smollm2`); a folder in ``save_pretrained``'s layout takes its
+place (:attr:`LLMRunSettings.model`). :func:`run_llm_agent` does, in order:
+
+1. **Base**: greedy held-out episodes of the pretrained model (``policies.kind = 'llm_base'``).
+2. **SFT** (ProgRM §3: the actor is supervised first; :func:`training.rl.llm_learner.sft_step`):
+   (actor prompt, the recorded action written as ProgRM Table 11's answer) pairs from successful
+   expert episodes of the tasks (:func:`training.policy.store.imitation_trajectories`: human
+   demonstrations and scripted-expert rollouts, never a policy's own or an evaluation episode),
+   minibatches drawn by a seeded generator; then greedy held-out episodes (``llm_sft``).
+3. **RL**: per iteration, episodes sampled at temperature 1 on training seeds (the same seed
+   ranges and common-random-number rule as the CPU runs: an iteration's instances depend on the
+   RL seed and the iteration only), rewards from the run's source (``Rollout.format_ok`` carries
+   the parse flags for GUI-Shepherd Eq. 3), one :meth:`LLMLearner.update` with the SFT model as
+   the KL reference; each iteration is published like a CPU run's (``episodes``, ``steps``,
+   ``rollout_attempts``, ``rl_iterations``, ``rl_step_rewards``), then checkpointed (weights,
+   optimiser, state): a killed run resumes after its last checkpoint. Greedy held-out episodes of
+   the final model close the run (``llm_rl``).
+
+Evaluations land in ``agent_eval`` / ``agent_eval_episodes`` (evaluation ``held_out``;
+``reward_source`` ``llm_base``, ``llm_sft`` or ``llm_rl:<source>``). ProgRM Table 1
+(:func:`training.rl.runs.run_rl_report`) reads the CPU policy's ``rl`` runs only;
+:func:`llm_report` compares the three stages of an LLM agent on the same held-out seeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import resource
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from envs.miniwob.live import SUPPORTED_ACTIONS
+from envs.pool import BatchResult, EnvPool
+from envs.protocol import EpisodeRecord
+from envs.task_catalog import CatalogTask
+from training.llm.policy import HFPolicy, TurnRecord
+from training.policy.evaluation import EvalEpisode, eval_episode, sample_seeds
+from training.policy.store import HELD_OUT_SEED_BASE, TRAIN_SEED_BASE, imitation_trajectories
+from training.rl.llm_learner import (
+    LLMLearner,
+    LLMLearnerSettings,
+    SFTExample,
+    frozen_reference,
+    sft_examples,
+    sft_loss,
+    sft_step,
+    trajectory_sft_pairs,
+)
+from training.rl.rewards import REWARD_SOURCES, make_reward_source
+from training.rl.runs import (
+    Log,
+    PoolFactory,
+    RLStageError,
+    _atomic_dir,
+    _catalog_tasks,
+    _episode_outputs,
+    _eval_outputs,
+    _jobs,
+    _now,
+    _run_pool,
+)
+from warehouse.catalog import LineageInput, Materialization, Warehouse
+from warehouse.plotting import Markdown
+from warehouse.purposes import EpisodePurpose
+from warehouse.storage import git_revision
+from warehouse.tables_rl import POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
+
+LLM_CODE_VERSION = "llm-rl-1"
+#: The pretrained model the package ships (training.llm.pretrained); anything else is a folder.
+SMOLLM2 = "smollm2"
+
+
+@dataclass(frozen=True)
+class LLMRunSettings:
+    """One LLM agent: the model, its tasks, SFT, the RL run and the held-out evaluation.
+
+    Defaults fit this 2-core CPU (SmolLM2 generates ~10-15 tokens/s here): two short catalog tasks,
+    a few hundred SFT examples, a few RL iterations. ``learner`` defaults to ProgRM Table 6 except
+    the learning rate (1e-5 for a 135M model) and the batch (16 turns: an iteration has fewer)."""
+
+    model: str = SMOLLM2  # "smollm2" or a folder in save_pretrained's layout
+    tasks: tuple[str, ...] = ("click-option", "enter-text")
+    sft_steps: int = 60
+    sft_batch: int = 8
+    sft_learning_rate: float = 3e-5
+    sft_examples_per_task: int = 150  # successful expert episodes per task to draw pairs from
+    reward_source: str = "outcome"
+    rl_seed: int = 0
+    iterations: int = 3
+    instances_per_task: int = 2
+    group_size: int = 2
+    temperature: float = 1.0
+    max_new_tokens: int = 48
+    held_out_seeds: int = 8
+    workers: int = 2
+    learner: LLMLearnerSettings = field(
+        default_factory=lambda: LLMLearnerSettings(learning_rate=1e-5, batch_turns=16, micro_batch=2)
+    )
+
+    def __post_init__(self) -> None:
+        if self.reward_source not in REWARD_SOURCES:
+            raise ValueError(f"unknown reward source {self.reward_source!r}; choose one of {', '.join(REWARD_SOURCES)}")
+        if not self.tasks:
+            raise ValueError("an LLM agent needs at least one task")
+        for name in ("sft_steps", "iterations", "held_out_seeds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.sft_batch < 1 or self.instances_per_task < 1 or self.group_size < 1:
+            raise ValueError("sft_batch, instances_per_task and group_size must be at least 1")
+
+    def sft_key(self, base_id: str) -> str:
+        """What the SFT model is a function of: the base model, the tasks and the SFT settings."""
+        part = {k: getattr(self, k) for k in ("tasks", "sft_steps", "sft_batch", "sft_learning_rate")}
+        part |= {"examples": self.sft_examples_per_task, "base": base_id, "code": LLM_CODE_VERSION}
+        return _digest(part)
+
+    def rl_key(self, sft_id: str) -> str:
+        """``<source>-s<seed>-<hash>`` of everything that changes what the run learns (not the
+        number of iterations, which a resumed run may extend, nor the number of workers)."""
+        part = asdict(self) | {"sft": sft_id, "code": LLM_CODE_VERSION}
+        for name in ("iterations", "workers", "held_out_seeds", "reward_source", "rl_seed"):
+            part.pop(name)
+        return f"{self.reward_source}-s{self.rl_seed}-{_digest(part)}"
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure parts
+# ---------------------------------------------------------------------------------------------
+
+
+def draw_minibatches(n_examples: int, steps: int, batch: int, seed: int) -> list[list[int]]:
+    """``steps`` minibatches of example indices: epochs of a seeded shuffle, cut into ``batch``-sized
+    pieces (the last piece of an epoch joins the next epoch's first, so every step has ``batch``
+    examples when there are that many)."""
+    if n_examples < 1:
+        raise ValueError("no SFT examples to draw from")
+    rng = random.Random(seed)
+    order: list[int] = []
+    out: list[list[int]] = []
+    for _ in range(steps):
+        while len(order) < min(batch, n_examples):
+            epoch = list(range(n_examples))
+            rng.shuffle(epoch)
+            order.extend(epoch)
+        out.append(order[: min(batch, n_examples)])
+        del order[: min(batch, n_examples)]
+    return out
+
+
+def llm_training_seeds(settings: LLMRunSettings, iteration: int) -> list[int]:
+    """An iteration's task instances: a function of the RL seed and the iteration only (common random
+    numbers across reward sources), in the CPU runs' training range, salted apart from them."""
+    base = TRAIN_SEED_BASE + 10_000 * settings.rl_seed
+    return sample_seeds(base, settings.instances_per_task, f"llm|s{settings.rl_seed}|{iteration}")
+
+
+def turn_logp(turn: TurnRecord) -> float:
+    """log pi(answer | prompt) of a turn: the sum of its response tokens' log-probabilities."""
+    return float(np.sum(turn.logp))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+
+def load_base_model(settings: LLMRunSettings, home: Path) -> tuple[Any, Any, str]:
+    """(model, tokenizer, base policy id). A missing or corrupt model file fails here, in one line,
+    before any episode (training.llm.pretrained checks the GGUF)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from training.llm.pretrained import load_smollm2, smollm2_gguf
+
+    if settings.model == SMOLLM2:
+        model, tokenizer = load_smollm2(home)
+        source = str(smollm2_gguf())
+    else:
+        folder = Path(settings.model)
+        if not (folder / "config.json").is_file():
+            raise RLStageError(f"LLM model folder {folder}: no config.json (expected save_pretrained's layout)")
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        source = str(folder.resolve())
+    weights = sum(float(p.detach().double().sum()) for p in model.parameters())
+    return model.eval(), tokenizer, f"llm-base-{_digest([source, round(weights, 3)])}"
+
+
+def sft_data(warehouse: Warehouse, tasks: Sequence[CatalogTask], per_task: int, tokenizer: Any, max_tokens: int):
+    """The SFT examples of the tasks and how many steps could not be written (an action on an
+    element the prompt does not number) or were too long for the prompt budget."""
+    examples: list[SFTExample] = []
+    episodes, steps, unwritable, too_long = 0, 0, 0, 0
+    for task in tasks:
+        for trajectory in imitation_trajectories(warehouse, task.task_id, per_task):
+            episodes += 1
+            steps += trajectory.n_steps
+            pairs = trajectory_sft_pairs(
+                trajectory.instruction,
+                list(zip(trajectory.screens, trajectory.actions, strict=True)),
+                max_steps=task.max_steps,
+                supported=SUPPORTED_ACTIONS,
+            )
+            unwritable += trajectory.n_steps - len(pairs)
+            for example in sft_examples(tokenizer, pairs):
+                if example.prompt_ids.size + example.n_tokens > max_tokens:
+                    too_long += 1
+                else:
+                    examples.append(example)
+    counts = {"episodes": episodes, "steps": steps, "examples": len(examples)}
+    return examples, counts | {"unwritable_steps": unwritable, "too_long": too_long}
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Agent:
+    """What the stages of one LLM agent share."""
+
+    settings: LLMRunSettings
+    warehouse: Warehouse
+    tasks: list[CatalogTask]
+    model: Any
+    tokenizer: Any
+    base_id: str
+    run_id: str
+    log: Log
+    held_out: list[int] = field(default_factory=list)
+    stages: list[dict] = field(default_factory=list)
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
+
+    def policy(self, policy_id: str, *, greedy: bool, record: bool = False) -> HFPolicy:
+        return HFPolicy(
+            self.model,
+            self.tokenizer,
+            policy_id=policy_id,
+            greedy=greedy,
+            temperature=self.settings.temperature,
+            max_new_tokens=self.settings.max_new_tokens,
+            record=record,
+            seed=self.settings.rl_seed,
+        )
+
+
+def run_llm_agent(
+    warehouse: Warehouse, settings: LLMRunSettings, pool_factory: PoolFactory, *, run_id: str, log: Log = print
+) -> dict[str, Any]:
+    """Base -> SFT -> RL of an LLM agent, each evaluated greedily on the same held-out seeds (see
+    the module docstring). Returns the asset's metadata: the three stages side by side."""
+    torch.set_num_threads(2)
+    tasks = _catalog_tasks(settings.tasks)
+    model, tokenizer, base_id = load_base_model(settings, warehouse.home)
+    agent = _Agent(settings, warehouse, tasks, model, tokenizer, base_id, run_id, log)
+    agent.held_out = sample_seeds(HELD_OUT_SEED_BASE, settings.held_out_seeds, "held_out")
+    with pool_factory(settings.workers) as pool:
+        _register(agent, base_id, "llm_base", None, warehouse.home / "models" / "llm", {"model": settings.model})
+        _evaluate(agent, pool, base_id, "llm_base")
+        sft_id = _supervise(agent)
+        _evaluate(agent, pool, sft_id, "llm_sft")
+        rl_id = _reinforce(agent, pool, sft_id)
+        _evaluate(agent, pool, rl_id, f"llm_rl:{settings.reward_source}")
+    return {"base": base_id, "sft": sft_id, "rl": rl_id, "stages": agent.stages, "peak_rss_mb": peak_rss_mb()}
+
+
+def _register(agent: _Agent, policy_id: str, kind: str, parent: str | None, checkpoint: Path, extra: dict) -> None:
+    """A ``policies`` row for one stage of the agent (the checkpoint it can be loaded from)."""
+    w, s = agent.warehouse, agent.settings
+    m = Materialization(
+        asset="llm_agent",
+        run_id=agent.run_id,
+        code_version=f"{LLM_CODE_VERSION}+{git_revision()}",
+        parameters={"policy_id": policy_id, "settings": asdict(s)},
+        inputs=[],
+    )
+    row = {
+        "policy_id": policy_id,
+        "kind": kind,
+        "reward_source": s.reward_source if kind == "llm_rl" else None,
+        "estimator": "reinforce_pp" if kind == "llm_rl" else None,
+        "rl_seed": s.rl_seed if kind == "llm_rl" else None,
+        "parent_policy_id": parent,
+        "checkpoint_path": w.relative(checkpoint),
+        "tasks": list(s.tasks),
+        "env_steps": extra.pop("env_steps", None),
+        "parameters": json.dumps(extra | {"settings": asdict(s)}, default=str),
+        "created_at": _now(),
+        "run_id": agent.run_id,
+    }
+    w.publish(m, [w.stage_table("policies", policy_id, pa.Table.from_pylist([row], schema=POLICIES), m)])
+
+
+def _evaluate(agent: _Agent, pool: EnvPool, policy_id: str, label: str) -> list[EvalEpisode]:
+    """Greedy episodes of the current weights on the held-out seeds, published as ``agent_eval``."""
+    if not agent.held_out:
+        return []
+    policy = agent.policy(f"eval:{policy_id}", greedy=True)
+    jobs = _jobs(agent.tasks, agent.held_out, f"eval:{policy_id}:held_out")
+    result, seconds = _run_pool(pool, jobs, policy, f"{label} held-out evaluation", agent.log)
+    episodes = [eval_episode(policy_id, r) for r in result.episodes]
+    w = agent.warehouse
+    m = Materialization(
+        asset="llm_agent",
+        run_id=agent.run_id,
+        code_version=f"{LLM_CODE_VERSION}+{git_revision()}",
+        parameters={"policy_id": policy_id, "evaluation": "held_out", "seeds": agent.held_out},
+        inputs=w.current_inputs(["policies"]),
+    )
+    dataset = f"eval/{policy_id}/held_out"
+    outputs = _episode_outputs(w, result, dataset, m, agent.run_id, EpisodePurpose.EVALUATION)
+    outputs += _eval_outputs(w, episodes, "held_out", reward_source=label, rl_seed=None, dataset=dataset, m=m)
+    w.publish(m, outputs)
+    c = policy.counters
+    stage = {
+        "stage": label,
+        "policy_id": policy_id,
+        "episodes": len(episodes),
+        "success_rate": float(np.mean([e.success for e in episodes])) if episodes else float("nan"),
+        "format_ok_rate": c.format_ok_rate,
+        "env_steps_per_s": result.steps / max(seconds, 1e-9),
+        "tokens_per_s": c.generated_tokens / max(c.seconds, 1e-9),
+        "prompt_tokens_per_step": c.prompt_tokens / max(1, c.steps),
+        "format_failures": dict(c.format_failures),
+        "lost": len(result.lost),
+    }
+    agent.stages.append(stage)
+    agent.log(
+        f"{label}: success {stage['success_rate']:.2f} on {len(episodes)} held-out episodes, well-formed "
+        f"answers {c.format_ok_rate:.2f}, {stage['tokens_per_s']:.1f} tokens/s, "
+        f"{stage['env_steps_per_s']:.2f} env steps/s, peak RSS {peak_rss_mb():.0f} MB"
+    )
+    return episodes
+
+
+def _supervise(agent: _Agent) -> str:
+    """SFT of the base model on the tasks' expert episodes; registered as ``llm_sft``. A model
+    already trained with the same key is loaded instead of trained again."""
+    s, w = agent.settings, agent.warehouse
+    sft_id = f"llm-sft-{s.sft_key(agent.base_id)}"
+    folder = w.home / "policies" / "llm" / sft_id
+    if (folder / "config.json").is_file() and _registered(w, sft_id):
+        agent.log(f"{sft_id}: trained before; loading it")
+        _load_weights(agent.model, folder)
+        return sft_id
+    examples, counts = sft_data(w, agent.tasks, s.sft_examples_per_task, agent.tokenizer, 3072)
+    if not examples:
+        raise RLStageError(f"no SFT example for {list(s.tasks)}: {counts} (import demonstrations first)")
+    held = examples[:: max(2, len(examples) // 32)][:32]  # a fixed probe of the loss, not a validation split
+    before = sft_loss(agent.model, held, pad_id=agent.pad_id)
+    optimizer = torch.optim.AdamW(agent.model.parameters(), lr=s.sft_learning_rate, betas=(0.9, 0.95))
+    started, losses = time.perf_counter(), []
+    torch.manual_seed(s.learner.seed)
+    for step, batch in enumerate(draw_minibatches(len(examples), s.sft_steps, s.sft_batch, s.learner.seed)):
+        losses.append(sft_step(agent.model, optimizer, [examples[i] for i in batch], pad_id=agent.pad_id))
+        if (step + 1) % 10 == 0 or step + 1 == s.sft_steps:
+            agent.log(f"SFT step {step + 1}/{s.sft_steps}: loss {np.mean(losses[-10:]):.3f}")
+    agent.model.eval()
+    after = sft_loss(agent.model, held, pad_id=agent.pad_id)
+    agent.log(
+        f"SFT: {counts}; probe NLL per answer token {before:.3f} -> {after:.3f} ({time.perf_counter() - started:.0f} s)"
+    )
+    _atomic_dir(folder, lambda d: (agent.model.save_pretrained(d), agent.tokenizer.save_pretrained(d)))
+    _register(agent, sft_id, "llm_sft", agent.base_id, folder, counts | {"probe_nll": [before, after]})
+    return sft_id
+
+
+def _milestone_cache(reward_source: str) -> Any:
+    """ADMIRE matches milestones by sentence encodings: it needs an encoding cache (MiniLM); the
+    other sources need none."""
+    if reward_source != "admire":
+        return None
+    from training.reward_models.models import EmbeddingCache, RewardModelConfig, SegmentEncoder
+
+    return EmbeddingCache(SegmentEncoder(RewardModelConfig(kind="prm")))
+
+
+def _registered(warehouse: Warehouse, policy_id: str) -> bool:
+    try:
+        rows = warehouse.query("SELECT 1 FROM policies WHERE policy_id = ?", [policy_id])
+    except Exception:  # noqa: BLE001 - no policies view yet
+        return False
+    return rows.num_rows > 0
+
+
+def _load_weights(model: Any, folder: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.load_state_dict(saved.state_dict())
+    model.eval()
+
+
+def _reinforce(agent: _Agent, pool: EnvPool, sft_id: str) -> str:
+    """RL from the SFT model (see the module docstring); registered as ``llm_rl``."""
+    s, w = agent.settings, agent.warehouse
+    run_key = s.rl_key(sft_id)
+    run_dir = w.home / "policies" / "llm_rl" / run_key
+    reference = frozen_reference(agent.model)
+    source = make_reward_source(s.reward_source, w, cache=_milestone_cache(s.reward_source))
+    total = s.iterations * len(agent.tasks) * s.instances_per_task * s.group_size
+    learner_settings = replace(s.learner, total_steps=max(1, total // s.learner.batch_turns))
+    # no lock: sampling and updates take turns in this loop, so no actor sees half-updated weights
+    learner = LLMLearner(agent.model, reference, learner_settings, pad_id=agent.pad_id)
+    state = {"iteration": 0, "env_steps": 0}
+    if (run_dir / "checkpoint" / "state.json").is_file():
+        state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
+        _load_weights(agent.model, run_dir / "checkpoint")
+        learner.optimizer.load_state_dict(torch.load(run_dir / "checkpoint" / "optimizer.pt", weights_only=False))
+        agent.log(f"{run_key}: resuming after iteration {state['iteration']}")
+    sft_folder = w.home / "policies" / "llm" / sft_id
+    lineage = [LineageInput(kind="asset", input_asset="llm_agent", path=w.relative(sft_folder), version=sft_id)]
+    for iteration in range(state["iteration"], s.iterations):
+        _iteration(agent, pool, learner, source, run_key, sft_id, iteration, state, lineage)
+
+        def save(folder: Path) -> None:
+            agent.model.save_pretrained(folder)
+            torch.save(learner.optimizer.state_dict(), folder / "optimizer.pt")
+            (folder / "state.json").write_text(json.dumps(state))
+
+        _atomic_dir(run_dir / "checkpoint", save)
+    rl_id = f"llm-rl-{run_key}"
+    final = run_dir / "final"
+    _atomic_dir(final, lambda d: (agent.model.save_pretrained(d), agent.tokenizer.save_pretrained(d)))
+    _register(agent, rl_id, "llm_rl", sft_id, final, {"run_key": run_key, "env_steps": state["env_steps"]})
+    return rl_id
+
+
+def _iteration(
+    agent: _Agent,
+    pool: EnvPool,
+    learner: LLMLearner,
+    source: Any,
+    run_key: str,
+    sft_id: str,
+    iteration: int,
+    state: dict,
+    lineage: list[LineageInput],
+) -> None:
+    """Sample, reward, update, publish one iteration; ``state`` counts it."""
+    s = agent.settings
+    acting_id = f"llm-rl:{run_key}:i{iteration:03d}"
+    policy = agent.policy(acting_id, greedy=False, record=True)
+    jobs = _jobs(agent.tasks, llm_training_seeds(s, iteration), acting_id, s.group_size)
+    result, rollout_s = _run_pool(pool, jobs, policy, f"{run_key} iteration {iteration + 1}", agent.log)
+    kept = [r for r in result.episodes if r.n_steps and len(policy.turns.get(r.episode_id, [])) == r.n_steps]
+    if not kept:
+        raise RLStageError(f"{run_key}: iteration {iteration} produced no usable episode")
+    started = time.perf_counter()
+    batch = source.rewards([policy.rollout(r) for r in kept], iteration)
+    reward_s = time.perf_counter() - started
+    stats = learner.update(
+        [(policy.turns[r.episode_id], rewards) for r, rewards in zip(kept, batch.rewards, strict=True)]
+    )
+    state["iteration"], state["env_steps"] = iteration + 1, state["env_steps"] + result.steps
+    _publish_llm_iteration(agent, run_key, acting_id, iteration, result, kept, policy, batch, stats, state, lineage)
+    c = policy.counters
+    tokens_per_s = c.generated_tokens / max(c.seconds, 1e-9)
+    agent.log(
+        f"{run_key} iteration {iteration + 1}/{s.iterations}: success {np.mean([r.success for r in kept]):.2f}, "
+        f"reward {np.mean([float(np.sum(x)) for x in batch.rewards]):.3f}, KL {stats.kl_to_reference:.4f}, "
+        f"well-formed {c.format_ok_rate:.2f}; rollout {rollout_s:.0f} s ({tokens_per_s:.1f} "
+        f"tokens/s), reward {reward_s:.1f} s, update {stats.seconds:.0f} s"
+    )
+
+
+def _publish_llm_iteration(
+    agent: _Agent,
+    run_key: str,
+    acting_id: str,
+    iteration: int,
+    result: BatchResult,
+    kept: Sequence[EpisodeRecord],
+    policy: HFPolicy,
+    batch: Any,
+    stats: Any,
+    state: dict,
+    lineage: list[LineageInput],
+) -> None:
+    """One iteration into the RL tables, as a CPU run's (``rl_step_rewards.logp`` is the answer's
+    summed token log-probability; ``advantage`` the mean of its tokens' advantages)."""
+    s, w = agent.settings, agent.warehouse
+    m = Materialization(
+        asset="llm_agent",
+        run_id=agent.run_id,
+        partition_key=None,
+        code_version=f"{LLM_CODE_VERSION}+{git_revision()}",
+        parameters={"run_key": run_key, "iteration": iteration, "settings": asdict(s)},
+        inputs=lineage,
+    )
+    dataset = f"llm_rl/{run_key}/i{iteration:03d}"
+    success = float(np.mean([r.success for r in kept]))
+    row = {
+        "run_key": run_key,
+        "iteration": iteration,
+        "policy_id": acting_id,
+        "reward_source": s.reward_source,
+        "estimator": "reinforce_pp",
+        "rl_seed": s.rl_seed,
+        "episodes": len(kept),
+        "steps": sum(r.n_steps for r in kept),
+        "env_steps_total": state["env_steps"],
+        "success_rate": success,
+        "mean_env_return": float(np.mean([sum(x.env_reward for x in r.steps) for r in kept])),
+        "mean_reward": float(np.mean([float(np.sum(x)) for x in batch.rewards])),
+        "kl_to_reference": stats.kl_to_reference,
+        "entropy": None,
+        "loss": stats.loss,
+        "clip_fraction": stats.clip_fraction,
+        "value_loss": None,
+        "seconds_rollout": result.seconds,
+        "seconds_reward": None,
+        "seconds_update": stats.seconds,
+        "reward_details": json.dumps(batch.details, sort_keys=True, default=str),
+        "created_at": _now(),
+    }
+    step_rows = [
+        {
+            "episode_id": r.episode_id,
+            "step_idx": t,
+            "run_key": run_key,
+            "iteration": iteration,
+            "reward_source": s.reward_source,
+            "reward": float(rewards[t]),
+            "advantage": None,
+            "logp": turn_logp(turn),
+            "n_candidates": None,
+        }
+        for r, rewards in zip(kept, batch.rewards, strict=True)
+        for t, turn in enumerate(policy.turns[r.episode_id])
+    ]
+    outputs = _episode_outputs(w, result, dataset, m, agent.run_id, EpisodePurpose.RL_TRAINING) + [
+        w.stage_table("rl_iterations", dataset, pa.Table.from_pylist([row], schema=RL_ITERATIONS), m),
+        w.stage_table("rl_step_rewards", dataset, pa.Table.from_pylist(step_rows, schema=RL_STEP_REWARDS), m),
+    ]
+    w.publish(m, outputs)
+
+
+def llm_report(stages: Sequence[dict]) -> Markdown:
+    """The stages of an LLM agent side by side (a markdown table)."""
+    lines = [
+        "| stage | policy | held-out success | well-formed answers | tokens/s | env steps/s | prompt tokens/step |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for st in stages:
+        lines.append(
+            f"| {st['stage']} | {st['policy_id']} | {100 * st['success_rate']:.1f}% ({st['episodes']}) | "
+            f"{100 * st['format_ok_rate']:.1f}% | {st['tokens_per_s']:.1f} | {st['env_steps_per_s']:.2f} | "
+            f"{st['prompt_tokens_per_step']:.0f} |"
+        )
+    return Markdown("\n".join(lines))

@@ -282,6 +282,14 @@ def training_reward_auc(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str,
     return rows
 
 
+def _family_cell(success: float, env_return: float) -> str:
+    """A family's SR / reward, or a dash where the row has no task of that family (a block without
+    it): 'nan / nan' read like a failed measurement."""
+    if math.isnan(success):
+        return "-"
+    return f"{100 * success:.1f} / {env_return:.2f}"
+
+
 def report_markdown(report: dict[str, Any]) -> Markdown:
     """The report as markdown tables (Table 1's layout, then the paired tests)."""
     families = report["families"]
@@ -297,7 +305,7 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
             str(r["seeds"]),
             f"{100 * r['success_rate']:.1f} [{100 * r['success_low']:.1f}, {100 * r['success_high']:.1f}]",
             f"{r['mean_env_return']:.3f} [{r['env_return_low']:.3f}, {r['env_return_high']:.3f}]",
-            *(f"{100 * r[f'{f}_success']:.1f} / {r[f'{f}_return']:.2f}" for f in families),
+            *(_family_cell(r[f"{f}_success"], r[f"{f}_return"]) for f in families),
             f"{r['env_steps']:,}",
         ]
         lines.append("| " + " | ".join(cells) + " |")

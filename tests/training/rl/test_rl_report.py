@@ -208,6 +208,9 @@ def test_each_block_has_its_own_sft_row_and_is_compared_with_it():
     # the rule that chose the sparse block is said above the table, where a sparse row is in it
     assert "Sparse block chosen by the unsolved rule" in report_markdown(report | {"sparse_rule": "unsolved"})
     assert "Sparse block" not in report_markdown(empty_sparse | {"sparse_rule": "unsolved"})
+    # a block without a family's tasks shows a dash in that family's column, not "nan / nan"
+    sparse_line = next(line for line in report_markdown(report).splitlines() if line.startswith("| SFT [sparse]"))
+    assert "| - |" in sparse_line and "nan" not in report_markdown(report)
 
 
 def test_each_runs_reward_is_judged_on_its_own_training_episodes():

@@ -34,6 +34,10 @@ class LLMAgentConfig(Config):
     group_size: int = _DEFAULTS.group_size
     learning_rate: float = Field(default=_DEFAULTS.learner.learning_rate, description="RL learning rate")
     max_new_tokens: int = _DEFAULTS.max_new_tokens
+    episode_max_time_ms: int = Field(
+        default=_DEFAULTS.episode_max_time_ms,
+        description="MiniWoB++'s episode clock (the benchmark's is 10 s: too short for an LLM on a CPU)",
+    )
     held_out_seeds: int = Field(default=_DEFAULTS.held_out_seeds, description="greedy held-out episodes per task")
     workers: int = _DEFAULTS.workers
 
@@ -61,11 +65,14 @@ def llm_agent(
     context: AssetExecutionContext, config: LLMAgentConfig, warehouse: WarehouseResource, env_pool: EnvPoolResource
 ) -> MaterializeResult:
     wh = warehouse.get()
+    settings = llm_settings(config)
     try:
         result = run_llm_agent(
             wh,
-            llm_settings(config),
-            lambda workers: env_pool.pool("miniwob", workers, log=context.log.warning),
+            settings,
+            lambda workers: env_pool.pool(
+                "miniwob", workers, log=context.log.warning, episode_max_time_ms=settings.episode_max_time_ms
+            ),
             run_id=context.run_id,
             log=context.log.info,
         )

@@ -86,16 +86,28 @@ class EnvPoolResource(ConfigurableResource):
             recorded |= {"pool_backend": self.backend, "ray_address": self.ray_address or ""}
         return recorded
 
-    def pool(self, backend: str, workers: int, log: Callable[[str], None] | None = None) -> EnvPool:
-        """A pool of ``workers`` environments of ``backend`` (miniwob | android)."""
+    def pool(
+        self,
+        backend: str,
+        workers: int,
+        log: Callable[[str], None] | None = None,
+        *,
+        episode_max_time_ms: int | None = None,
+    ) -> EnvPool:
+        """A pool of ``workers`` environments of ``backend`` (miniwob | android); MiniWoB++'s episode
+        clock set to ``episode_max_time_ms`` when given (slow policies: an LLM on a CPU)."""
         if backend == "miniwob":
-            return self.miniwob_pool(workers, log=log)
+            return self.miniwob_pool(workers, log=log, episode_max_time_ms=episode_max_time_ms)
         if backend == "android":
             return self.android_pool(workers, log=log)
         raise Failure(f"unknown environment backend {backend!r} (miniwob | android)")
 
-    def miniwob_pool(self, workers: int, log=None) -> EnvPool:
-        config = MiniWoBConfig(chromium_binary=self.chromium_binary, chromedriver=self.chromedriver)
+    def miniwob_pool(self, workers: int, log=None, episode_max_time_ms: int | None = None) -> EnvPool:
+        config = MiniWoBConfig(
+            chromium_binary=self.chromium_binary,
+            chromedriver=self.chromedriver,
+            episode_max_time_ms=episode_max_time_ms,
+        )
         return make_pool(config, self.pool_config(workers), log=log)
 
     def android_pool(self, workers: int, log=None) -> EnvPool:

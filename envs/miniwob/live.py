@@ -137,6 +137,7 @@ if (document.activeElement && document.activeElement !== document.body) { docume
 WOB_EPISODE_ID++;
 Math.seedrandom(arguments[0]);
 core.setDataMode(arguments[1]);
+if (arguments[2]) { core.EPISODE_MAX_TIME = arguments[2]; }
 core.startEpisodeReal();
 if (!WOB_TASK_READY) { return {ready: false}; }
 var u = core.getUtterance();
@@ -384,6 +385,10 @@ class MiniWoBConfig:
     screenshot_dir: str | None = None  # save a PNG per screen there (slow; off by default)
     extra_flags: tuple[str, ...] = ()
     profile_dir: str | None = None  # Chromium's user-data-dir; a fresh temporary one when None
+    # The task page's episode clock (core.EPISODE_MAX_TIME; its reward decays over it and the episode
+    # fails when it runs out). None keeps the benchmark's 10 s; an LLM thinking 5-10 s a step on a
+    # CPU needs longer, or its episodes end before its second action.
+    episode_max_time_ms: int | None = None
 
     def create(self) -> MiniWoBEnv:
         return MiniWoBEnv(self)
@@ -493,7 +498,9 @@ class MiniWoBEnv:
         if instance.subdomain != task.task_id:
             instance.open_task(task.task_id)
         # Math.seedrandom(seed): the same seed, the same task instance (see _RESET_SCRIPT).
-        started = instance.driver.execute_script(_RESET_SCRIPT, int(seed), instance.mode)
+        started = instance.driver.execute_script(
+            _RESET_SCRIPT, int(seed), instance.mode, self.config.episode_max_time_ms or 0
+        )
         for _ in range(READY_ATTEMPTS):
             if started["ready"]:
                 break

@@ -202,3 +202,20 @@ def test_a_long_tmpdir_does_not_stop_the_browser(tmp_path, monkeypatch, catalog)
     finally:
         env.close()
     assert not Path(short).exists()
+
+
+def test_the_episode_clock_can_be_set_for_slow_policies(catalog):
+    """MiniWoB++ ends an episode as failed when its clock (10 s) runs out: an LLM thinking 5-10 s a
+    step on a CPU lost every episode to it. ``episode_max_time_ms`` sets the clock."""
+    import time
+
+    from envs.miniwob.live import MiniWoBConfig, MiniWoBEnv
+
+    nothing = Action(ActionType.NOTHING)
+    with MiniWoBEnv(MiniWoBConfig(episode_max_time_ms=1500)) as short, MiniWoBEnv(MiniWoBConfig()) as benchmark:
+        for env in (short, benchmark):
+            env.reset(catalog["click-option"].spec, 5)
+        time.sleep(2.5)
+        expired = short.step(nothing)
+        assert expired.done and not expired.success and expired.info["raw_reward"] < 0
+        assert not benchmark.step(nothing).done  # the benchmark's 10 s have not run out

@@ -105,6 +105,9 @@ class LLMRunSettings:
     group_size: int = 2
     temperature: float = 1.0
     max_new_tokens: int = 48
+    # MiniWoB++'s episode clock: its 10 s would end an episode of a model thinking 5-10 s a step on
+    # this CPU before its second action (every base episode did); 10 minutes, max_steps still bounds it.
+    episode_max_time_ms: int = 600_000
     held_out_seeds: int = 8
     workers: int = 2
     learner: LLMLearnerSettings = field(
@@ -132,7 +135,7 @@ class LLMRunSettings:
         """``<source>-s<seed>-<hash>`` of everything that changes what the run learns (not the
         number of iterations, which a resumed run may extend, nor the number of workers)."""
         part = asdict(self) | {"sft": sft_id, "code": LLM_CODE_VERSION}
-        for name in ("iterations", "workers", "held_out_seeds", "reward_source", "rl_seed"):
+        for name in ("iterations", "workers", "held_out_seeds", "reward_source", "rl_seed", "episode_max_time_ms"):
             part.pop(name)
         return f"{self.reward_source}-s{self.rl_seed}-{_digest(part)}"
 

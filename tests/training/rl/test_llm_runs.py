@@ -104,7 +104,9 @@ def test_base_sft_and_rl_of_an_llm_agent_on_live_miniwob(small_demos, tmp_path, 
     logs: list[str] = []
 
     def pool_factory(workers: int) -> EnvPool:
-        return EnvPool(MiniWoBConfig(), PoolConfig(workers=workers, spares=0))
+        return EnvPool(
+            MiniWoBConfig(episode_max_time_ms=settings.episode_max_time_ms), PoolConfig(workers=workers, spares=0)
+        )
 
     result = run_llm_agent(warehouse, settings, pool_factory, run_id="llm-test", log=logs.append)
     policies = {

@@ -8,6 +8,12 @@
   and the response tokens' log-probabilities under the acting model, computed by a separate
   forward pass (:func:`response_logprobs`), the very function the learner calls, so the PPO
   ratio starts at 1 rather than at whatever ``generate``'s processed scores were.
+  With ``constrained`` (the default) the answer is decoded under the action grammar
+  (:mod:`training.llm.action_grammar`, :mod:`training.llm.decoding`): it always parses, its fixed
+  parts are forced (log-prob 0), and the turn records the allowed token set of every response
+  position (``TurnRecord.masks``), with which the learner renormalises the same way, so the
+  behaviour policy it corrects for is the masked one. The prompt's keys and values are reused
+  across steps (:class:`~training.llm.decoding.PrefixCache`).
 * :class:`EndpointPolicy`: the same prompt and parser over any OpenAI-compatible chat endpoint
   (vLLM, ``transformers serve``, a hosted model), for evaluation and data collection; nothing is
   learned through it.
@@ -38,13 +44,16 @@ import numpy as np
 import torch
 
 from envs.protocol import Actor, EpisodeContext, EpisodeRecord, StepResult
+from training.llm.action_grammar import ActionGrammar, TokenIndex, TokenSet, masks_matrix
 from training.llm.chat_client import ChatClient, ChatEndpointError
+from training.llm.decoding import PrefixCache, constrained_generate
 from training.llm.prompts import (
     MAX_ELEMENTS,
     HistoryEntry,
     ParsedAction,
     ParseFailure,
     build_messages,
+    offered_functions,
     parse_response,
     plain_chat_text,
 )
@@ -55,6 +64,12 @@ from warehouse.model import Action, ActionType, Screen, UIElement
 ENDPOINT_ERROR = "endpoint_error"
 #: The answer format's closing tag: generation stops once it is written.
 STOP_STRING = "</action>"
+#: Positions a constrained answer may take besides its free text (prefix, call, closing, EOS).
+_STRUCTURE_TOKENS = 64
+#: Screen structures whose grammar (and its allowed sets) a policy keeps.
+_KEPT_GRAMMARS = 8
+#: A context that leaves fewer prompt tokens than this cannot hold the actor's prompt at all.
+_MIN_PROMPT_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -62,7 +77,10 @@ class TurnRecord:
     """One step of an LLM policy as the learner needs it.
 
     ``logp[j]`` is log pi(response_ids[j] | prompt, response_ids[:j]) under the model that acted
-    (at temperature 1: the policy's own distribution), from :func:`response_logprobs`."""
+    (at temperature 1: the policy's own distribution), from :func:`response_logprobs`. A
+    constrained turn also has ``masks``: per response position the allowed token set, over which
+    ``logp`` is renormalised (:func:`response_logprobs` with ``masks``); a one-token set is a
+    forced position, with ``logp`` 0. ``masks`` is None for an unconstrained turn."""
 
     prompt_ids: np.ndarray  # (P,) int64
     response_ids: np.ndarray  # (R,) int64, R >= 1; ends with EOS when the model stopped by itself
@@ -72,10 +90,16 @@ class TurnRecord:
     response_text: str
     failure: str | None = None  # ParseFailure.describe() when format_ok is False
     generate_s: float = 0.0
+    masks: tuple[TokenSet, ...] | None = None  # (R,) allowed sets of a constrained turn
 
     @property
     def n_tokens(self) -> int:
         return int(self.response_ids.shape[0])
+
+    @property
+    def n_forced(self) -> int:
+        """Response tokens that the constraint forced (probability 1; no gradient)."""
+        return 0 if self.masks is None else sum(m.forced for m in self.masks)
 
 
 @dataclass
@@ -88,6 +112,9 @@ class PolicyCounters:
     prompt_tokens: int = 0
     truncated_prompts: int = 0
     seconds: float = 0.0
+    forced_tokens: int = 0  # of generated_tokens: forced by the action grammar (constrained mode)
+    sampled_tokens: int = 0  # of generated_tokens: chosen by the model (all of them when unconstrained)
+    reused_prompt_tokens: int = 0  # of prompt_tokens: keys and values taken from the prefix cache
 
     @property
     def format_ok_rate(self) -> float:
@@ -113,8 +140,14 @@ def response_logprobs(
     *,
     pad_id: int = 0,
     micro_batch: int = 4,
+    masks: Sequence[Sequence[TokenSet] | None] | None = None,
 ) -> list[torch.Tensor]:
     """log pi(w_j | prompt, w_<j) of every response token, one (R_i,) float32 tensor per sequence.
+
+    With ``masks`` (per sequence: None, or one :class:`~training.llm.action_grammar.TokenSet` per
+    response token, as a constrained :class:`TurnRecord` holds them) the distribution at each
+    position is renormalised over its allowed set, as the constrained policy sampled it; a forced
+    position (one allowed token) is exactly 0 and carries no gradient.
 
     Sequences are right-padded (a causal LM's real tokens never see the padding after them), and
     only the positions that predict response tokens go through the LM head and the softmax
@@ -144,9 +177,21 @@ def response_logprobs(
         offset = width - logits.shape[1]  # logits[:, k] belongs to position offset + k
         for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
             positions = torch.arange(len(p) - 1, len(p) + len(r) - 1, device=logits.device) - offset
-            rows = torch.log_softmax(logits[i, positions].float(), dim=-1)
+            scores = logits[i, positions].float()
+            sequence_masks = masks[start + i] if masks is not None else None
             targets = torch.from_numpy(r).to(logits.device)
-            out.append(rows.gather(1, targets[:, None]).squeeze(1))
+            if sequence_masks is None:
+                out.append(torch.log_softmax(scores, dim=-1).gather(1, targets[:, None]).squeeze(1))
+                continue
+            if len(sequence_masks) != len(r):
+                raise ValueError(f"sequence {start + i}: {len(sequence_masks)} masks for {len(r)} response tokens")
+            allowed = torch.from_numpy(masks_matrix(sequence_masks, scores.shape[-1])).to(logits.device)
+            if not bool(allowed.gather(1, targets[:, None]).all()):
+                raise ValueError(f"sequence {start + i}: a response token is outside its allowed set")
+            rows = torch.log_softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+            value = rows.gather(1, targets[:, None]).squeeze(1)
+            forced = torch.tensor([m.forced for m in sequence_masks], device=logits.device)
+            out.append(torch.where(forced, torch.zeros_like(value), value))
     return out
 
 
@@ -180,7 +225,18 @@ class HFPolicy:
     model's distribution at ``temperature`` (1: on-policy for RL; other values make the recorded
     log-probabilities, which are always at temperature 1, those of a different policy). With
     ``record`` every episode's turns are kept in ``turns[episode_id]`` (the last attempt of an
-    episode wins, as the pool keeps only a completed attempt)."""
+    episode wins, as the pool keeps only a completed attempt).
+
+    ``constrained`` (default) decodes under the action grammar: every answer parses, the format's
+    fixed parts cost no sampling, and ``TurnRecord.masks`` says what was allowed where. ``think``
+    lets the model write a thought of at most ``max_thought_tokens`` tokens first (default: the
+    empty thought is forced, as in SFT targets); string arguments hold at most
+    ``max_text_tokens`` tokens. ``prefix_cache_size`` prompts keep their keys and values for the
+    next step (0: none); after the weights change call :meth:`weights_changed`. ``rescore``
+    records log-probs from a separate forward pass (the learner's own function) instead of the
+    decoding loop's logits (equal up to float rounding; one more forward pass per step).
+    ``constrained=False`` is the free-text path of ``model.generate`` (answers may not parse;
+    each such step is a counted format failure)."""
 
     model: Any  # a transformers PreTrainedModel with a language-modelling head
     tokenizer: Any
@@ -195,6 +251,47 @@ class HFPolicy:
     turns: dict[str, list[TurnRecord]] = field(default_factory=dict)
     counters: PolicyCounters = field(default_factory=PolicyCounters)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    constrained: bool = True
+    think: bool = False
+    max_text_tokens: int = 24
+    max_thought_tokens: int = 48
+    prefix_cache_size: int = 4
+    rescore: bool = False
+    _token_index: TokenIndex | None = field(default=None, init=False, repr=False)
+    _grammars: dict[tuple[Any, ...], ActionGrammar] = field(default_factory=dict, init=False, repr=False)
+    _prefix_cache: PrefixCache = field(default_factory=PrefixCache, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._prefix_cache = PrefixCache(capacity=self.prefix_cache_size)
+        if self.prompt_limit < _MIN_PROMPT_TOKENS:
+            raise ValueError(
+                f"the model's context of {self.context_tokens} positions leaves {self.prompt_limit} tokens for "
+                f"the prompt after {self.response_budget} for the answer: lower max_new_tokens"
+            )
+
+    @property
+    def context_tokens(self) -> int | None:
+        """The model's context length (its position embeddings), None when it does not say."""
+        value = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return int(value) if isinstance(value, int) else None
+
+    @property
+    def response_budget(self) -> int:
+        """Positions to leave for the answer: the free text plus, constrained, its structure."""
+        return self.max_new_tokens + (_STRUCTURE_TOKENS if self.constrained else 0)
+
+    @property
+    def prompt_limit(self) -> int:
+        """The longest prompt: ``max_prompt_tokens``, and no more than the context leaves after the answer."""
+        context = self.context_tokens
+        if context is None:
+            return self.max_prompt_tokens
+        return min(self.max_prompt_tokens, context - self.response_budget)
+
+    def weights_changed(self) -> None:
+        """Drop the kept prompt caches: they hold keys and values of the old weights."""
+        with self.lock:
+            self._prefix_cache.clear()
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> HFPolicy:
@@ -227,8 +324,10 @@ class HFPolicy:
         self, context: EpisodeContext, screen: Screen, history: Sequence[HistoryEntry]
     ) -> tuple[np.ndarray, list[UIElement], bool]:
         """(prompt ids, the numbered elements shown, whether the prompt had to be shortened).
-        Too long a prompt shows fewer elements first (the parser sees the same list); if even a
-        handful are too many, the prompt keeps its last ``max_prompt_tokens`` tokens."""
+        The limit is :attr:`prompt_limit` (``max_prompt_tokens``, within the model's context after
+        room for the answer). Too long a prompt shows fewer elements first (the parser sees the
+        same list); if even a handful are too many, the prompt keeps its last tokens."""
+        limit = self.prompt_limit
         max_elements = self.max_elements
         while True:
             messages, elements = build_messages(
@@ -241,10 +340,10 @@ class HFPolicy:
                 max_elements=max_elements,
             )
             ids = encode_prompt(self.tokenizer, messages)
-            if len(ids) <= self.max_prompt_tokens:
+            if len(ids) <= limit:
                 return ids, elements, max_elements < self.max_elements
             if len(elements) <= 8:
-                return ids[-self.max_prompt_tokens :], elements, True
+                return ids[-limit:], elements, True
             max_elements = len(elements) // 2
 
     def _generate(self, prompt_ids: np.ndarray, seed: int) -> np.ndarray:
@@ -276,43 +375,89 @@ class HFPolicy:
             )
         return out[0, len(prompt_ids) :].cpu().numpy().astype(np.int64)
 
+    def _grammar(self, elements: Sequence[UIElement], context: EpisodeContext) -> ActionGrammar:
+        """The action grammar of a screen; kept for screens of the same structure (element count,
+        editable ones, offered functions), so the allowed sets of its states are computed once."""
+        if self._token_index is None:
+            vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
+            self._token_index = TokenIndex.build(self.tokenizer, vocab if isinstance(vocab, int) else None)
+        functions = tuple(offered_functions(context.supported_actions))
+        key = (len(elements), tuple(i for i, e in enumerate(elements) if e.editable), functions)
+        grammar = self._grammars.pop(key, None)
+        if grammar is None:
+            grammar = ActionGrammar.for_screen(
+                self._token_index,
+                elements,
+                functions,
+                think=self.think,
+                max_text_tokens=self.max_text_tokens,
+                max_thought_tokens=self.max_thought_tokens,
+            )
+        self._grammars[key] = grammar  # most recent last
+        while len(self._grammars) > _KEPT_GRAMMARS:
+            del self._grammars[next(iter(self._grammars))]
+        return grammar
+
     def decide(
         self, context: EpisodeContext, key: str, screen: Screen, history: Sequence[HistoryEntry]
     ) -> tuple[TurnRecord, ParsedAction | ParseFailure]:
-        """One step: prompt, generate, score the response by a forward pass, parse. The sampling
-        seed is fixed by (seed, policy, episode, step), so a retried episode replays its answers."""
+        """One step: prompt, generate (constrained or not), log-probs, parse. The sampling seed is
+        fixed by (seed, policy, episode, step), so a retried episode replays its answers."""
         started = time.perf_counter()
         seed = int.from_bytes(
             hashlib.sha256(f"{self.seed}|{self.policy_id}|{key}|{len(history)}".encode()).digest()[:4], "big"
         )
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        masks: tuple[TokenSet, ...] | None = None
+        forced = reused = 0
         # the tokenizer too: a Rust tokenizer shared by threads can refuse ("Already borrowed")
         with self.lock, torch.inference_mode():
             prompt_ids, elements, truncated = self._prompt(context, screen, history)
-            response_ids = self._generate(prompt_ids, seed)
-            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-            logp = response_logprobs(self.model, [prompt_ids], [response_ids], pad_id=pad)[0]
-            text = self.tokenizer.decode(response_ids.tolist(), skip_special_tokens=True)
+            if self.constrained:
+                generation = constrained_generate(
+                    self.model,
+                    prompt_ids,
+                    self._grammar(elements, context),
+                    greedy=self.greedy,
+                    temperature=self.temperature,
+                    seed=seed,
+                    max_new_tokens=self.max_new_tokens,
+                    prefix_cache=self._prefix_cache if self.prefix_cache_size > 0 else None,
+                )
+                response_ids, masks, text = generation.response_ids, generation.masks, generation.text
+                forced, reused = generation.n_forced, generation.reused_prompt_tokens
+                logp = torch.from_numpy(generation.logp)
+                if self.rescore:
+                    logp = response_logprobs(self.model, [prompt_ids], [response_ids], pad_id=pad, masks=[masks])[0]
+            else:
+                response_ids = self._generate(prompt_ids, seed)
+                logp = response_logprobs(self.model, [prompt_ids], [response_ids], pad_id=pad)[0]
+                text = self.tokenizer.decode(response_ids.tolist(), skip_special_tokens=True)
         parsed = parse_response(text, elements, context.supported_actions)
         elapsed = time.perf_counter() - started
-        failed = isinstance(parsed, ParseFailure)
         turn = TurnRecord(
             prompt_ids=prompt_ids,
             response_ids=response_ids,
             logp=logp.cpu().numpy().astype(np.float32),
-            format_ok=not failed,
+            format_ok=not isinstance(parsed, ParseFailure),
             action_text="" if isinstance(parsed, ParseFailure) else parsed.call,
             response_text=text,
             failure=parsed.describe() if isinstance(parsed, ParseFailure) else None,
             generate_s=elapsed,
+            masks=masks,
         )
         with self.lock:
             c = self.counters
             c.steps += 1
             c.generated_tokens += int(response_ids.size)
+            c.forced_tokens += forced
+            c.sampled_tokens += int(response_ids.size) - forced
             c.prompt_tokens += int(prompt_ids.size)
+            c.reused_prompt_tokens += reused
             c.truncated_prompts += int(truncated)
             c.seconds += elapsed
             if isinstance(parsed, ParseFailure):
+                # constrained answers parse by construction: a failure here would be a bug, counted all the same
                 c.format_failures[parsed.reason] += 1
         return turn, parsed
 

@@ -21,6 +21,16 @@ discount "gamma" is; we read it as the inter-turn one and keep gamma_token = 1 (
 POAD does, as far as our notes recall). "Batch size 64" is read as 64 turns per optimiser step.
 What the paper leaves open is flagged in ``training.rl.estimators``.
 
+Constrained decoding (``HFPolicy(constrained=True)``): the behaviour policy is the model's
+distribution renormalised over the tokens the action grammar allowed at each position. A turn
+records those sets (``TurnRecord.masks``) and every log-probability here (the reference's, the
+policy's in the ratio) is renormalised over the same sets (``response_logprobs(masks=...)``), so
+the ratio starts at 1 and the KL term compares the two models on the same support; forced
+tokens (one allowed token) have log-prob 0 under both and carry no gradient. Unconstrained turns
+(``masks`` None) use the whole vocabulary, as before. With ``recompute_logp_old`` the learner
+does not trust the recorded log-probs and recomputes them with its own model before the update
+(for an actor that acts with other weights or another precision, e.g. an int8 copy).
+
 SFT (:func:`sft_step`): the negative log-likelihood of target answers (``<think>..</think>
 <action>CALL</action>`` then EOS) given the actor prompt, prompt tokens masked out; pairs come
 from successful trajectories (:func:`trajectory_sft_pairs`), so the LLM policy can start from a
@@ -86,6 +96,7 @@ class LLMLearnerSettings:
     use_deepspeed: bool = False
     deepspeed_config: str | None = None  # None: ds_zero3.json with a GPU, ds_zero3_cpu.json without
     seed: int = 0
+    recompute_logp_old: bool = False  # recompute pi_old with the learner's model instead of the recorded logp
 
     def __post_init__(self) -> None:
         if self.batch_turns < 1 or self.micro_batch < 1 or self.epochs < 1:
@@ -112,11 +123,20 @@ class PreparedBatch:
     logp_ref: list[np.ndarray]
     kl: list[np.ndarray]
     returns: list[list[np.ndarray]]  # [episode][turn] -> (R,) token returns
-    advantages: list[np.ndarray]  # [turn] -> (R,)
+    advantages: list[np.ndarray]  # [turn] -> (R,); 0 at forced tokens
+    chosen: list[np.ndarray] = field(default_factory=list)  # [turn] -> (R,) bool: not forced by a constraint
 
     @property
     def n_tokens(self) -> int:
         return int(sum(a.size for a in self.advantages))
+
+
+def chosen_tokens(turn: TurnRecord) -> np.ndarray:
+    """(R,) booleans: the response tokens the policy chose (all of an unconstrained turn), as
+    opposed to those a constraint forced (probability 1: no choice, no gradient)."""
+    if turn.masks is None:
+        return np.ones(turn.n_tokens, dtype=bool)
+    return np.asarray([not m.forced for m in turn.masks], dtype=bool)
 
 
 @dataclass
@@ -124,13 +144,14 @@ class LLMUpdateStats:
     """Figures of one update (to log per iteration)."""
 
     loss: float = 0.0
-    kl_to_reference: float = 0.0  # mean token k1 KL of the acting policy to the reference
+    kl_to_reference: float = 0.0  # mean token k1 KL of the acting policy to the reference (chosen tokens)
     clip_fraction: float = 0.0
     ratio_mean: float = 1.0
     mean_return: float = 0.0
     mean_advantage_abs: float = 0.0
     turns: int = 0
     tokens: int = 0
+    chosen_tokens: int = 0  # of tokens: those in the loss (not forced by the action grammar)
     optimizer_steps: int = 0
     learning_rate: float = 0.0
     seconds: float = 0.0
@@ -310,14 +331,27 @@ class LLMLearner:
             if not np.all(np.isfinite(np.asarray(rewards, dtype=np.float64))):
                 raise ValueError(f"episode {k}: rewards must be finite")
             turns.extend(episode_turns)
-        logp_old = [np.asarray(t.logp, dtype=np.float64) for t in turns]
+        masks = [t.masks for t in turns]
         with torch.inference_mode():
+            if s.recompute_logp_old:
+                old = response_logprobs(
+                    self.trained,
+                    [t.prompt_ids for t in turns],
+                    [t.response_ids for t in turns],
+                    pad_id=self.pad_id,
+                    micro_batch=s.micro_batch,
+                    masks=masks,
+                )
+                logp_old = [o.double().cpu().numpy() for o in old]
+            else:
+                logp_old = [np.asarray(t.logp, dtype=np.float64) for t in turns]
             ref = response_logprobs(
                 self.reference,
                 [t.prompt_ids for t in turns],
                 [t.response_ids for t in turns],
                 pad_id=self.pad_id,
                 micro_batch=s.micro_batch,
+                masks=masks,
             )
         logp_ref = [r.double().cpu().numpy() for r in ref]
         kl = [estimators.kl_penalty(o, r) for o, r in zip(logp_old, logp_ref, strict=True)]
@@ -336,12 +370,18 @@ class LLMLearner:
             )
             start += n
         flat_returns = [g for episode in returns for g in episode]
-        normalised = estimators.normalise(np.concatenate(flat_returns)) if flat_returns else np.zeros(0)
+        chosen = [chosen_tokens(t) for t in turns]
+        # REINFORCE++'s batch normalisation over the tokens that are actions of the policy: forced
+        # tokens (return still carried through them) would shift the mean and shrink the spread
+        picked = [g[c] for g, c in zip(flat_returns, chosen, strict=True)]
+        normalised = estimators.normalise(np.concatenate(picked)) if picked else np.zeros(0)
         advantages, offset = [], 0
-        for g in flat_returns:
-            advantages.append(normalised[offset : offset + g.size])
-            offset += g.size
-        return PreparedBatch(turns, logp_old, logp_ref, kl, returns, advantages)
+        for g, c in zip(flat_returns, chosen, strict=True):
+            advantage = np.zeros(g.size)
+            advantage[c] = normalised[offset : offset + int(c.sum())]
+            advantages.append(advantage)
+            offset += int(c.sum())
+        return PreparedBatch(turns, logp_old, logp_ref, kl, returns, advantages, chosen)
 
     # -- optimisation ----------------------------------------------------------------------------
 
@@ -371,12 +411,18 @@ class LLMLearner:
     def update(self, episodes: Sequence[Episode]) -> LLMUpdateStats:
         """One REINFORCE++ update on a batch of episodes (ProgRM §2.4): ``epochs`` passes of
         minibatches of ``batch_turns`` turns, PPO-clip loss (GUI-Shepherd Eq. 5 form,
-        -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A)) over response tokens."""
+        -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A)) over the response tokens the policy chose
+        (all of them unconstrained; forced tokens are left out of the mean)."""
         started = time.perf_counter()
         s = self.settings
         with self.lock if self.lock is not None else nullcontext():
             batch = self.prepare(episodes)
-            stats = LLMUpdateStats(turns=len(batch.turns), tokens=batch.n_tokens, returns=batch.returns)
+            stats = LLMUpdateStats(
+                turns=len(batch.turns),
+                tokens=batch.n_tokens,
+                chosen_tokens=int(sum(c.sum() for c in batch.chosen)),
+                returns=batch.returns,
+            )
             if not batch.turns:
                 return stats
             was_training = self.model.training
@@ -389,7 +435,7 @@ class LLMLearner:
                 self.rng.shuffle(order)
                 for mb_start in range(0, len(order), s.batch_turns):
                     minibatch = order[mb_start : mb_start + s.batch_turns]
-                    mb_tokens = sum(batch.turns[i].n_tokens for i in minibatch)
+                    mb_tokens = max(1, sum(int(batch.chosen[i].sum()) for i in minibatch))
                     micro = [minibatch[i : i + s.micro_batch] for i in range(0, len(minibatch), s.micro_batch)]
                     mb_loss = 0.0
                     for m, idx in enumerate(micro):
@@ -399,13 +445,20 @@ class LLMLearner:
                             [batch.turns[i].response_ids for i in idx],
                             pad_id=self.pad_id,
                             micro_batch=len(idx),
+                            masks=[batch.turns[i].masks for i in idx],
                         )
-                        logp_new = torch.cat(new)
-                        device = logp_new.device
+                        device = new[0].device
+                        keep = torch.from_numpy(np.concatenate([batch.chosen[i] for i in idx])).to(device)
+                        logp_new = torch.cat(new)[keep]
                         logp_old = torch.from_numpy(np.concatenate([batch.logp_old[i] for i in idx])).float().to(device)
+                        logp_old = logp_old[keep]
                         adv = torch.from_numpy(np.concatenate([batch.advantages[i] for i in idx])).float().to(device)
-                        weight = logp_new.numel() / mb_tokens  # token mean over the minibatch
-                        loss = estimators.ppo_clip_loss(logp_new, logp_old, adv, s.clip) * weight
+                        adv = adv[keep]
+                        if logp_new.numel() == 0:  # every token forced: nothing to learn, but take part in the step
+                            loss = torch.cat(new).sum() * 0.0
+                        else:
+                            weight = logp_new.numel() / mb_tokens  # token mean over the minibatch's chosen tokens
+                            loss = estimators.ppo_clip_loss(logp_new, logp_old, adv, s.clip) * weight
                         self._micro_backward(loss, boundary=m == len(micro) - 1)
                         mb_loss += float(loss.detach())
                         with torch.no_grad():
@@ -415,14 +468,17 @@ class LLMLearner:
                             counted += ratio.numel()
                     losses.append(mb_loss)
             self.trained.train(was_training)
-        all_kl = np.concatenate(batch.kl)
+        all_kl = np.concatenate([k[c] for k, c in zip(batch.kl, batch.chosen, strict=True)] or [np.zeros(0)])
         all_returns = np.concatenate([g for episode in batch.returns for g in episode])
         stats.loss = float(np.mean(losses))
-        stats.kl_to_reference = float(all_kl.mean())
+        stats.kl_to_reference = float(all_kl.mean()) if all_kl.size else 0.0
         stats.clip_fraction = sum(clipped) / max(1, counted)
         stats.ratio_mean = sum(ratios) / max(1, counted)
         stats.mean_return = float(all_returns.mean())
-        stats.mean_advantage_abs = float(np.abs(np.concatenate(batch.advantages)).mean())
+        chosen_advantages = [a[c] for a, c in zip(batch.advantages, batch.chosen, strict=True)]
+        stats.mean_advantage_abs = (
+            float(np.abs(np.concatenate(chosen_advantages)).mean()) if stats.chosen_tokens else 0.0
+        )
         stats.optimizer_steps = self.optimizer_steps
         stats.learning_rate = self.current_lr()
         stats.seconds = time.perf_counter() - started

@@ -232,7 +232,7 @@ class HFPolicy:
     lets the model write a thought of at most ``max_thought_tokens`` tokens first (default: the
     empty thought is forced, as in SFT targets); string arguments hold at most
     ``max_text_tokens`` tokens. ``prefix_cache_size`` prompts keep their keys and values for the
-    next step (0: none); after the weights change call :meth:`weights_changed`. ``rescore``
+    next step (0: none); they are dropped when the weights change in place (an optimiser step). ``rescore``
     records log-probs from a separate forward pass (the learner's own function) instead of the
     decoding loop's logits (equal up to float rounding; one more forward pass per step).
     ``constrained=False`` is the free-text path of ``model.generate`` (answers may not parse;
@@ -260,6 +260,7 @@ class HFPolicy:
     _token_index: TokenIndex | None = field(default=None, init=False, repr=False)
     _grammars: dict[tuple[Any, ...], ActionGrammar] = field(default_factory=dict, init=False, repr=False)
     _prefix_cache: PrefixCache = field(default_factory=PrefixCache, init=False, repr=False)
+    _weights_seen: int = field(default=-1, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._prefix_cache = PrefixCache(capacity=self.prefix_cache_size)
@@ -289,9 +290,23 @@ class HFPolicy:
         return min(self.max_prompt_tokens, context - self.response_budget)
 
     def weights_changed(self) -> None:
-        """Drop the kept prompt caches: they hold keys and values of the old weights."""
+        """Drop the kept prompt caches: they hold keys and values of the old weights. Updates in
+        place (an optimiser step, ``load_state_dict``) are noticed without it (:meth:`_cache_for`);
+        call it after changing weights some other way."""
         with self.lock:
             self._prefix_cache.clear()
+
+    def _cache_for(self) -> PrefixCache | None:
+        """The prompt cache, emptied first when a parameter changed since the last step: every
+        in-place change of a tensor bumps its version counter, so a learner's update between two
+        steps cannot leave keys and values of the old weights in use."""
+        if self.prefix_cache_size <= 0:
+            return None
+        version = sum(p._version for p in self.model.parameters())
+        if version != self._weights_seen:
+            self._prefix_cache.clear()
+            self._weights_seen = version
+        return self._prefix_cache
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> HFPolicy:
@@ -422,7 +437,7 @@ class HFPolicy:
                     temperature=self.temperature,
                     seed=seed,
                     max_new_tokens=self.max_new_tokens,
-                    prefix_cache=self._prefix_cache if self.prefix_cache_size > 0 else None,
+                    prefix_cache=self._cache_for(),
                 )
                 response_ids, masks, text = generation.response_ids, generation.masks, generation.text
                 forced, reused = generation.n_forced, generation.reused_prompt_tokens

@@ -277,6 +277,12 @@ def test_the_ratio_at_the_acting_weights_is_one_and_forced_tokens_have_no_gradie
     assert float(grad.abs().max()) > 0.0
     stats = learner.update(episodes)
     assert stats.chosen_tokens == int(sum(c.sum() for c in batch.chosen)) < stats.tokens
+    # the update changed the weights in place: kept prompt caches of the old weights are not used
+    reused = policy.counters.reused_prompt_tokens
+    policy.start(_context("after-update")).act(SCREEN)
+    assert policy.counters.reused_prompt_tokens == reused
+    policy.start(_context("after-update-2")).act(SCREEN)
+    assert policy.counters.reused_prompt_tokens > reused
 
 
 def test_the_learner_rejects_masks_that_do_not_fit_the_turn(tiny_lm):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,6 +81,38 @@ def test_smollm2_answers_a_chat_prompt(smollm2):
         out = model.generate(**ids, max_new_tokens=8, do_sample=False)
     answer = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "paris" in answer.lower(), answer
+
+
+def test_smollm2_constrained_answers_parse_on_a_real_screen(smollm2):
+    """Zero-shot SmolLM2 does not write the action format by itself (issue 25: ``no_action_block``);
+    under the action grammar its answers are valid actions on the login form, greedy and sampled,
+    and the learner's masked recomputation gives the recorded log-probs (ratio 1)."""
+    from envs.protocol import EpisodeContext
+    from tests.training.llm.llm_fixtures import MINIWOB_ACTIONS, login_screen
+    from training.llm.policy import response_logprobs
+
+    model, tokenizer, _ = smollm2
+    login = load_catalog("miniwob")["login-user"]
+    for greedy in (True, False):
+        policy = HFPolicy(model, tokenizer, greedy=greedy, record=True, max_new_tokens=24)
+        context = EpisodeContext(
+            task=login.spec,
+            instruction='Enter the username "ada" and the password "xy" into the text fields and press login.',
+            slots={},
+            seed=3,
+            backend="miniwob",
+            supported_actions=MINIWOB_ACTIONS,
+            max_steps=5,
+            episode_id="smollm2-constrained",
+        )
+        policy.start(context).act(login_screen())
+        (turn,) = policy.turns["smollm2-constrained"]
+        assert turn.format_ok and turn.action_text and turn.masks is not None, turn.response_text
+        assert turn.response_text.startswith("<think>\n\n</think>\n<action>\n")
+        with torch.inference_mode():
+            (again,) = response_logprobs(model, [turn.prompt_ids], [turn.response_ids], masks=[turn.masks])
+        assert np.allclose(np.exp(again.numpy() - turn.logp), 1.0, atol=1e-4)
+        print(f"\nSmolLM2 constrained ({'greedy' if greedy else 'sampled'}): {turn.action_text}, {policy.counters}")
 
 
 @pytest.mark.e2e

@@ -9,7 +9,8 @@ A ``Policy`` is a factory of per-episode actors::
 ``start`` may be called from several threads at once (one per pool worker); an actor serves one
 episode in one thread. Actors draw randomness from ``episode_rng(policy_id, task_id, seed)``, so a
 retried episode replays the same actions. Two families here (register others with
-``register_policy``; the RL stage adds learned ones):
+``register_policy``; the RL stage adds learned ones). Both are portable (``envs.protocol.PortablePolicy``):
+on the pool's Ray backend they travel to the nodes and run whole episodes there:
 
 * ``random_walk``: ProgRM App. B's exploration by random walk: at every step a uniformly chosen
   action type on a uniformly chosen element (click anything clickable, type words of the
@@ -54,7 +55,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.protocol import Actor, EpisodeContext, Policy, StepResult
+from envs.protocol import Actor, EpisodeContext, Policy, PolicySnapshot, StatelessSnapshot, StepResult
 from envs.tasks import TaskSpec, element_matches, evaluate
 from warehouse.model import Action, ActionType, Screen, UIElement
 
@@ -153,6 +154,13 @@ class RandomWalkPolicy:
 
     def start(self, context: EpisodeContext) -> Actor:
         return _RandomWalker(context, episode_rng(self.policy_id, context.task.task_id, context.seed), self.weights)
+
+    def portable(self) -> PolicySnapshot:
+        """Itself (``envs.protocol.PortablePolicy``): no weights, no state between episodes."""
+        return StatelessSnapshot(self)
+
+    def absorb(self, episode_id: str, output: Any) -> None:
+        """Nothing comes back from an episode run elsewhere."""
 
 
 class _RandomWalker:
@@ -356,6 +364,13 @@ class NoisyExpertPolicy:
             raise SolutionError(f"task {context.task.task_id} has no solution: the scripted expert cannot run it")
         plan = expand_solution(context.task, context.slots)
         return _Expert(self, context, plan, episode_rng(self.policy_id, context.task.task_id, context.seed))
+
+    def portable(self) -> PolicySnapshot:
+        """Itself (``envs.protocol.PortablePolicy``): no weights, no state between episodes."""
+        return StatelessSnapshot(self)
+
+    def absorb(self, episode_id: str, output: Any) -> None:
+        """Nothing comes back from an episode run elsewhere."""
 
 
 class _Expert:

@@ -101,6 +101,10 @@ class PoolConfig:
     backend: str = "local"  # local: worker processes here | ray: worker actors on a Ray cluster (envs.ray_pool)
     ray_address: str | None = None  # the Ray head's host:port, with backend "ray"
     ray_cpus_per_worker: float = 1.0  # CPUs a worker actor reserves on its node (its browser's share)
+    # with backend "ray": a policy that can act away from the driver (envs.protocol.PortablePolicy)
+    # runs whole episodes on the worker actors, its snapshot sent once per batch; False: every step
+    # is a round trip from the driver, whatever the policy
+    ray_episodes_on_actors: bool = True
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -828,19 +832,7 @@ class EnvPool:
             return int((time.perf_counter() - t0) * 1000)
 
         try:
-            record = run_episode(
-                RemoteEnv(worker, self.config),
-                policy,
-                job.task,
-                job.seed,
-                episode_id=job.episode_id,
-                max_steps=job.max_steps,
-                family=job.family,
-                before_step=hook,
-                attempt=attempt,
-                worker_id=worker.id,
-                start=job.start,
-            )
+            record = self._run_attempt(worker, job, attempt, policy, hook)
         except WorkerFailure as exc:
             final = attempt + 1 >= self.config.max_attempts
             state.abort(job, attempt, worker.id, str(exc), progress["steps"], started_at, elapsed(), final=final)
@@ -870,6 +862,26 @@ class EnvPool:
         worker.task_id = job.task.task_id
         state.complete(record, started_at, elapsed())
         return record
+
+    def _run_attempt(
+        self, worker: PoolWorker, job: EpisodeJob, attempt: int, policy: Policy, on_step: Callable[[int], None]
+    ) -> EpisodeRecord:
+        """One attempt at ``job`` on ``worker``: the policy here, each step a call to the worker.
+        ``on_step(i)`` runs before step ``i`` (the attempt's progress, the caller's ``before_step``).
+        A cluster backend may run the episode elsewhere (``envs.ray_pool``)."""
+        return run_episode(
+            RemoteEnv(worker, self.config),
+            policy,
+            job.task,
+            job.seed,
+            episode_id=job.episode_id,
+            max_steps=job.max_steps,
+            family=job.family,
+            before_step=on_step,
+            attempt=attempt,
+            worker_id=worker.id,
+            start=job.start,
+        )
 
     # -- shutdown --------------------------------------------------------------------------
     def close(self) -> None:

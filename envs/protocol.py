@@ -131,6 +131,77 @@ class Policy(Protocol):
     def start(self, context: EpisodeContext) -> Actor: ...
 
 
+# -- policies that act away from the driver ---------------------------------------------------
+
+
+class NodePolicy(Policy, Protocol):
+    """A policy rebuilt from a :class:`PolicySnapshot` where the environment runs (a Ray node).
+
+    It runs episodes there as any policy does; what the driver needs of an episode besides its
+    record (a learned policy's decisions) it hands over once the episode ended, and forgets."""
+
+    def episode_output(self, episode_id: str) -> Any:
+        """The side data of the episode ``episode_id`` (picklable; None when there is none),
+        removed from the policy: asked once per finished attempt."""
+        ...
+
+
+class PolicySnapshot(Protocol):
+    """A policy's picklable state: weights and settings, no caches, no locks. Shipped to the nodes
+    once per batch (``envs.ray_pool``: Ray's object store), rebuilt there once per worker and snapshot."""
+
+    def rebuild(self) -> NodePolicy: ...
+
+
+@runtime_checkable
+class PortablePolicy(Policy, Protocol):
+    """A policy whose episodes can run away from the driver, next to their environment.
+
+    ``portable()`` is taken once per batch; a node rebuilds the policy from it and runs whole
+    episodes (``run_episode``) against its local environment; each finished episode's record and
+    its side data (``NodePolicy.episode_output``) come back, and the driver absorbs the side data
+    (``absorb``), so that after the batch the driver's policy holds what it would have held had it run the
+    episodes itself. An episode must act alike in both places: randomness keyed by the episode,
+    not by a process's history. Policies that do not implement this run in the driver, one round
+    trip to the environment per step."""
+
+    def portable(self) -> PolicySnapshot: ...
+
+    def absorb(self, episode_id: str, output: Any) -> None:
+        """Take in what ``episode_output`` gave for a finished episode (called once per episode
+        returned, from the pool's threads)."""
+        ...
+
+
+@dataclass(frozen=True)
+class StatelessSnapshot:
+    """The snapshot of a policy that has no weights to ship, keeps no state between episodes and
+    leaves no side data (the scripted policies of ``envs.policies``): the policy itself travels,
+    so it must pickle."""
+
+    policy: Policy
+
+    def rebuild(self) -> NodePolicy:
+        return _WithoutSideData(self.policy)
+
+
+@dataclass(frozen=True)
+class _WithoutSideData:
+    """A policy with nothing to hand back after an episode."""
+
+    policy: Policy
+
+    @property
+    def policy_id(self) -> str:
+        return self.policy.policy_id
+
+    def start(self, context: EpisodeContext) -> Actor:
+        return self.policy.start(context)
+
+    def episode_output(self, episode_id: str) -> None:
+        return None
+
+
 class InvalidAction(ValueError):
     """Raised inside a backend when an action cannot be mapped to the screen; becomes ``StepResult.problem``."""
 

@@ -9,7 +9,20 @@ actor dies) and relays the pool's calls to it. So a worker lost with its node (a
 machine gone) ends the same way as a local worker that crashed: its attempt is recorded as
 aborted and the episode is run again from the start on another worker.
 
-The policy stays in the calling process (the Dagster run): one Ray round trip per step.
+Where the policy acts depends on the policy. One that can act away from the driver
+(``envs.protocol.PortablePolicy``: the scripted policies, the learned CPU policy) runs whole
+episodes on the actors: ``run`` puts its snapshot (weights and settings) into Ray's object store
+once per call, each attempt at an episode is one actor call that rebuilds the policy from the
+snapshot (once per actor and snapshot), runs the episode with ``envs.protocol.run_episode`` against
+the actor's own environment worker (the worker still enforces the step and reset timeouts) and
+returns the record with the policy's side data for the episode, which the driver absorbs
+(``PortablePolicy.absorb``: a learned policy's decisions). Any other policy, a batch run with a
+``before_step`` hook (a hook runs in the driver before every step, so those steps must be driven
+from here: the fault-injection tests use it) or ``PoolConfig.ray_episodes_on_actors=False`` keep
+the policy in the calling process: one Ray round trip per step. Retries, recorded attempts, whole
+episodes or none, lost nodes and a lost head behave the same on both paths; an attempt lost with
+its node mid-episode on the actors records the steps it had done as 0 (the driver learns an
+episode's progress only when it ends) and says so in its reason.
 """
 
 from __future__ import annotations
@@ -18,27 +31,38 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import pickle
 import socket
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from envs.pool import (
+    BatchResult,
+    BeforeStep,
     EnvConfig,
     EnvPool,
     EpisodeError,
+    EpisodeJob,
     PoolConfig,
     PoolError,
     PoolWorker,
+    RemoteEnv,
     WorkerFailure,
     WorkerTimeout,
     _first_line,
     _Worker,
 )
+from envs.protocol import EpisodeContext, EpisodeRecord, NodePolicy, Policy, PortablePolicy, run_episode
 from warehouse.model import ActionType
 
 RAY_NAMESPACE = "stepwise"
 _CALL_GRACE_S = 5.0  # a relayed call's own timeout runs in the actor; the round trip gets this much more
+# While a whole episode runs on an actor the driver looks at the head this often: a lost head must
+# fail the batch before Ray's client gives up on it and ends the process (about a minute).
+_HEAD_CHECK_S = 2.0
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -102,13 +126,22 @@ def head_unreachable(address: str, *, timeout_s: float = 5.0) -> str | None:
         return _first_line(exc, bare=True)
 
 
+#: Rebuilt policies an actor keeps (the newest snapshots): a batch uses one, and the one before may
+#: still be finishing in a batch that overlaps.
+_POLICIES_KEPT = 2
+
+
 class EnvHost:
     """A Ray actor owning one environment worker process on its node (see the module docstring)."""
 
-    def __init__(self, env_config: EnvConfig, worker_id: str, start_timeout_s: float) -> None:
+    def __init__(self, env_config: EnvConfig, worker_id: str, config: PoolConfig) -> None:
+        self.worker_id = worker_id
+        self.config = config
         self.worker = _Worker(worker_id, env_config, 0, multiprocessing.get_context("spawn"))
+        self.policies: OrderedDict[str, NodePolicy] = OrderedDict()  # snapshot's object id -> rebuilt policy
+        self.rebuilds = 0
         try:
-            self.worker.wait_ready(start_timeout_s)
+            self.worker.wait_ready(config.start_timeout_s)
         except BaseException:
             self.worker.kill()
             raise
@@ -139,11 +172,91 @@ class EnvHost:
         except Exception as exc:  # noqa: BLE001 - e.g. an argument that does not pickle: the worker is suspect
             return ("error", "env", _first_line(exc))
 
+    def run_episode(self, snapshot: list[Any], job: EpisodeJob, attempt: int) -> tuple[Any, ...]:
+        """A whole episode on this node: the policy rebuilt from ``snapshot[0]`` (an ObjectRef in a
+        list, so that Ray hands the reference over instead of resolving it on every call; fetched
+        and rebuilt once per snapshot) acting on this actor's environment worker, whose calls keep
+        the pool's step and reset timeouts. ``("ok", record, side data)``, or ``("error", kind,
+        what, steps done)``: data, not an exception (Ray would wrap an exception in its own)."""
+        progress = {"steps": 0}
+
+        def note(step_idx: int) -> None:
+            progress["steps"] = step_idx
+
+        try:
+            policy = self._policy(snapshot[0])
+        except PolicyRebuildError as exc:
+            return ("error", "policy", exc, 0)
+        except Exception as exc:  # noqa: BLE001 - the snapshot did not arrive: a cluster fault, retry elsewhere
+            return ("error", "env", f"the policy's snapshot could not be fetched: {_first_line(exc)}", 0)
+        try:
+            record = run_episode(
+                RemoteEnv(self.worker, self.config),
+                policy,
+                job.task,
+                job.seed,
+                episode_id=job.episode_id,
+                max_steps=job.max_steps,
+                family=job.family,
+                before_step=note,
+                attempt=attempt,
+                worker_id=self.worker_id,
+                start=job.start,
+            )
+            output = policy.episode_output(job.episode_id)
+        except EpisodeError as exc:
+            return ("error", "task", str(exc), progress["steps"])
+        except WorkerTimeout as exc:
+            return ("error", "timeout", str(exc), progress["steps"])
+        except WorkerFailure as exc:
+            return ("error", "env", str(exc), progress["steps"])
+        except Exception as exc:  # noqa: BLE001 - the policy failed (as it would have in the driver)
+            with contextlib.suppress(Exception):
+                policy.episode_output(job.episode_id)  # drop what the failed attempt left
+            return ("error", "policy", _picklable(exc), progress["steps"])
+        return ("ok", record, output)
+
+    def _policy(self, snapshot_ref: Any) -> NodePolicy:
+        """The policy of a snapshot, rebuilt on the first episode that uses it."""
+        import ray
+
+        key = snapshot_ref.hex()
+        policy = self.policies.get(key)
+        if policy is None:
+            snapshot = ray.get(snapshot_ref, timeout=self.config.start_timeout_s)
+            try:
+                policy = snapshot.rebuild()
+            except Exception as exc:  # noqa: BLE001 - a node that cannot rebuild it: every episode here fails
+                raise PolicyRebuildError(f"could not rebuild the policy on this node: {_first_line(exc)}") from None
+            self.rebuilds += 1
+            self.policies[key] = policy
+            while len(self.policies) > _POLICIES_KEPT:
+                self.policies.popitem(last=False)
+        self.policies.move_to_end(key)
+        return policy
+
+    def policy_rebuilds(self) -> int:
+        """How many snapshots this actor has rebuilt a policy from (tests count them)."""
+        return self.rebuilds
+
     def kill(self) -> None:
         self.worker.kill()  # its process group (the browser) and its scratch folders, on this node
 
     def close(self, timeout: float) -> None:
         self.worker.close(timeout)
+
+
+class PolicyRebuildError(RuntimeError):
+    """A node could not rebuild a policy from its snapshot (e.g. a package missing there)."""
+
+
+def _picklable(exc: Exception) -> Exception:
+    """``exc`` if it survives the trip back to the driver, else a RuntimeError with its first line."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any failure to round-trip counts
+        return RuntimeError(_first_line(exc))
+    return exc
 
 
 _REMOTE_HOST: Any = None
@@ -170,8 +283,9 @@ class RayWorker:
         self.actor = (
             _remote_host()
             .options(num_cpus=config.ray_cpus_per_worker, scheduling_strategy="SPREAD")
-            .remote(env_config, worker_id, config.start_timeout_s)
+            .remote(env_config, worker_id, config)
         )
+        self.config = config
         self.backend = ""
         self.supported: frozenset[ActionType] = frozenset()
         self.scratch: tuple[str, ...] = ()
@@ -215,12 +329,63 @@ class RayWorker:
             raise WorkerTimeout(f"{message} (node {self.node})")
         raise WorkerFailure(f"{message} (node {self.node})")
 
-    def _get(self, ref: Any, timeout: float, op: str) -> Any:
+    def run_episode(
+        self, snapshot_ref: Any, job: EpisodeJob, attempt: int, on_step: Callable[[int], None]
+    ) -> tuple[EpisodeRecord, Any]:
+        """A whole episode on the actor (``EnvHost.run_episode``): (its record, the policy's side
+        data). The call may take the episode's whole budget: a reset (or the replay of a recorded
+        prefix), a step per allowed action, and a worker start's time for fetching the snapshot and
+        rebuilding the policy on the first episode that uses it. ``on_step`` learns how far a
+        failed attempt got (a lost actor cannot say: 0)."""
+        replayed = job.start.step if job.start is not None else 0
+        budget = (
+            self.config.reset_timeout_s
+            + self.config.step_timeout_s * (replayed + job.max_steps)
+            + self.config.start_timeout_s
+        )
+        call = self.actor.run_episode.remote([snapshot_ref], job, attempt)
+        # A lost actor cannot say how far it got: the attempt's reason says the steps are unknown.
+        reply = self._get(call, budget + _CALL_GRACE_S, "episode, steps done unknown", watch_head=True)
+        if reply[0] == "ok":
+            self.last_ok = time.monotonic()
+            return reply[1], reply[2]
+        kind, what, steps_done = reply[1], reply[2], reply[3]
+        on_step(steps_done)
+        if kind == "policy":
+            self.last_ok = time.monotonic()  # the worker answered; the policy failed, as it would have here
+            raise what
+        if kind == "task":
+            self.last_ok = time.monotonic()
+            raise EpisodeError(what)
+        if kind == "timeout":
+            raise WorkerTimeout(f"{what} (node {self.node})")
+        raise WorkerFailure(f"{what} (node {self.node})")
+
+    def policy_rebuilds(self) -> int:
+        """How many policy snapshots the actor has rebuilt a policy from."""
+        return int(self._get(self.actor.policy_rebuilds.remote(), self.config.health_timeout_s, "policy_rebuilds"))
+
+    def _get(self, ref: Any, timeout: float, op: str, *, watch_head: bool = False) -> Any:
+        """The call's reply, or the pool's exception. ``watch_head``: a long call (a whole episode)
+        is waited for in slices, the head's port checked between them."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
+        deadline = time.monotonic() + timeout
         try:
-            return ray.get(ref, timeout=timeout)
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    return ray.get(ref, timeout=max(0.0, min(left, _HEAD_CHECK_S) if watch_head else left))
+                except GetTimeoutError:
+                    if not watch_head or time.monotonic() >= deadline:
+                        raise
+                gone = head_unreachable(self.config.ray_address or "", timeout_s=1.0)
+                if gone:
+                    raise WorkerFailure(
+                        f"worker {self.id} ({op}, node {self.node}): the Ray cluster's head at "
+                        f"{self.config.ray_address} is gone ({gone})"
+                    )
         except GetTimeoutError:
             raise WorkerTimeout(f"{op} timed out after {timeout:g} s on worker {self.id} (node {self.node})") from None
         except RayActorError as exc:
@@ -268,8 +433,65 @@ class RayWorker:
             ray.kill(self.actor, no_restart=True)
 
 
+class _OnTheActors:
+    """A portable policy during one ``RayEnvPool.run``: its snapshot goes into Ray's object store
+    once, when the first episode needs it, and every episode of the batch refers to that copy."""
+
+    def __init__(self, policy: PortablePolicy) -> None:
+        self.policy = policy
+        self._ref: Any = None
+        self._lock = threading.Lock()  # the pool's slot threads ask at once
+
+    @property
+    def policy_id(self) -> str:
+        return self.policy.policy_id
+
+    def start(self, context: EpisodeContext) -> Any:
+        return self.policy.start(context)
+
+    def snapshot_ref(self) -> Any:
+        """The snapshot's ObjectRef (put on the first call). A policy that cannot make its snapshot
+        raises as a policy would; an object store that does not take it is a cluster fault."""
+        import ray
+        from ray.exceptions import RayError
+
+        with self._lock:
+            if self._ref is None:
+                snapshot = self.policy.portable()
+                try:
+                    self._ref = ray.put(snapshot)
+                except RayError as exc:
+                    raise WorkerFailure(f"the policy's snapshot could not be stored: {_first_line(exc)}") from None
+            return self._ref
+
+
 class RayEnvPool(EnvPool):
-    """``EnvPool`` whose workers are ``EnvHost`` actors on the Ray cluster at ``config.ray_address``."""
+    """``EnvPool`` whose workers are ``EnvHost`` actors on the Ray cluster at ``config.ray_address``;
+    a portable policy's episodes run on the actors (the module docstring)."""
+
+    def run(
+        self,
+        jobs: Sequence[EpisodeJob],
+        policy: Policy,
+        *,
+        on_episode: Callable[[EpisodeRecord | None, int, int], None] | None = None,
+        before_step: BeforeStep | None = None,
+    ) -> BatchResult:
+        """``EnvPool.run``; a portable policy without a ``before_step`` hook runs its episodes on
+        the actors, its snapshot put into the object store once for the whole batch."""
+        if self.config.ray_episodes_on_actors and before_step is None and isinstance(policy, PortablePolicy):
+            policy = _OnTheActors(policy)
+        return super().run(jobs, policy, on_episode=on_episode, before_step=before_step)
+
+    def _run_attempt(
+        self, worker: PoolWorker, job: EpisodeJob, attempt: int, policy: Policy, on_step: Callable[[int], None]
+    ) -> EpisodeRecord:
+        if not isinstance(policy, _OnTheActors):
+            return super()._run_attempt(worker, job, attempt, policy, on_step)
+        assert isinstance(worker, RayWorker)
+        record, output = worker.run_episode(policy.snapshot_ref(), job, attempt, on_step)
+        policy.policy.absorb(job.episode_id, output)
+        return record
 
     def _connect(self) -> None:
         connect(self.config.ray_address or "")  # an unreachable head: one line, before any worker

@@ -8,11 +8,18 @@ or picks greedily (evaluation), and can record every decision it makes (:class:`
 so that a learner can recompute log-probabilities of the chosen actions under new weights.
 
 The model runs in the parent process, shared by the pool's slot threads; inference is under
-``torch.inference_mode`` and the encoder cache has its own lock.
+``torch.inference_mode`` and the encoder cache has its own lock. On the pool's Ray backend the
+policy is portable (``envs.protocol.PortablePolicy``): :meth:`LearnedPolicy.portable` is the
+scorer's weights and settings (:class:`LearnedPolicySnapshot`), rebuilt on each node with the
+frozen encoder of that node's installed package and a cache of the node's own; a recorded episode's
+decisions come back as :class:`EpisodeDecisions` (texts and their encodings, not cache rows, which
+mean nothing in another process), and :meth:`LearnedPolicy.absorb` files them into this process's
+cache and ``decisions`` as if the episode had run here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -21,6 +28,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +42,7 @@ from training.policy.candidates import (
     relative_instruction,
 )
 from training.policy.network import CandidateScorer, ScorerConfig, grouped_entropy, grouped_log_softmax
-from training.reward_models.models import EmbeddingCache, RewardModelConfig, SegmentEncoder
+from training.reward_models.models import EmbeddingCache, RewardModelConfig, SegmentEncoder, default_backbone
 from warehouse.model import Action, ActionType, Screen
 
 WEIGHTS_FILE = "policy.pt"
@@ -94,10 +102,10 @@ class PolicyModel:
 
     # -- states -> decisions ---------------------------------------------------------------------
 
-    def state_rows(
+    def state_texts(
         self, screen: Screen, context: EpisodeContext, history: Sequence[Action], step_index: int
-    ) -> tuple[list[Candidate], int, int, np.ndarray]:
-        """The candidates of a state, and cache rows of its instruction, history and candidates."""
+    ) -> tuple[list[Candidate], list[str]]:
+        """The candidates of a state, and the texts the encoder sees: instruction, history, candidates."""
         candidates = enumerate_candidates(
             screen, context.instruction, context.slots, history, step_index=step_index, max_steps=context.max_steps
         )
@@ -106,6 +114,13 @@ class PolicyModel:
             history_text(history, context.instruction, context.slots) or "(start)",
             *(c.text for c in candidates),
         ]
+        return candidates, texts
+
+    def state_rows(
+        self, screen: Screen, context: EpisodeContext, history: Sequence[Action], step_index: int
+    ) -> tuple[list[Candidate], int, int, np.ndarray]:
+        """The candidates of a state, and cache rows of its instruction, history and candidates."""
+        candidates, texts = self.state_texts(screen, context, history, step_index)
         rows = self.cache.indices(texts)
         return candidates, int(rows[0]), int(rows[1]), rows[2:]
 
@@ -194,14 +209,95 @@ def _atomic_torch_save(state: dict, path: Path) -> None:
         raise
 
 
+@dataclass(frozen=True)
+class EpisodeDecisions:
+    """A recorded episode's decisions as they travel from a node to the driver: ``decisions``'
+    instruction, history and candidate rows index ``texts`` (and ``vectors``, their encodings by
+    the node's frozen encoder), not a cache."""
+
+    texts: tuple[str, ...]
+    vectors: np.ndarray  # (len(texts), D) float32
+    decisions: tuple[StepDecision, ...]
+
+
+@dataclass(frozen=True)
+class LearnedPolicySnapshot:
+    """What a node needs to act as a :class:`LearnedPolicy` (``envs.protocol.PolicySnapshot``):
+    the scorer's config and weights, the encoder's config (the installed MiniLM is named, not
+    shipped, and its fingerprint checked on the node) and the policy's settings. No cache."""
+
+    scorer_config: dict[str, Any]
+    weights: dict[str, torch.Tensor]
+    scorer_training: bool  # the scorer's train/eval mode in the driver (dropout)
+    encoder_config: dict[str, Any]  # RewardModelConfig's fields; backbone "" for the installed MiniLM
+    encoder_fingerprint: str
+    policy_id: str
+    greedy: bool
+    temperature: float
+    record: bool
+
+    def rebuild(self) -> LearnedPolicy:
+        """The policy, with this process's frozen encoder and cache (made once per process and
+        encoder: snapshots of later iterations reuse them, as the driver's policies share one)."""
+        encoder, cache = _node_encoder(self.encoder_config, self.encoder_fingerprint)
+        scorer = CandidateScorer(ScorerConfig(**self.scorer_config))
+        scorer.load_state_dict(self.weights)
+        scorer.train(self.scorer_training)
+        model = PolicyModel(scorer, encoder=encoder)
+        model.cache = cache
+        return LearnedPolicy(
+            model,
+            policy_id=self.policy_id,
+            greedy=self.greedy,
+            temperature=self.temperature,
+            record=self.record,
+            keeps_texts=True,
+        )
+
+
+_NODE_ENCODERS: dict[str, tuple[SegmentEncoder, EmbeddingCache]] = {}
+_NODE_ENCODERS_LOCK = threading.Lock()
+
+
+def _node_encoder(config: dict[str, Any], fingerprint: str) -> tuple[SegmentEncoder, EmbeddingCache]:
+    """This process's encoder and cache for a snapshot's encoder, loaded on first use. An encoder
+    whose fingerprint differs from the driver's would give other encodings (other weights, another
+    torch): refused, since the driver would file them under its own."""
+    with _NODE_ENCODERS_LOCK:
+        if fingerprint not in _NODE_ENCODERS:
+            encoder = SegmentEncoder(RewardModelConfig(**config))
+            if encoder.fingerprint != fingerprint:
+                raise ValueError(
+                    f"this node's encoder {encoder.fingerprint} is not the driver's {fingerprint} "
+                    "(another backbone, quantisation or torch version): install the same packages on every node"
+                )
+            _NODE_ENCODERS[fingerprint] = (encoder, EmbeddingCache(encoder, max_entries=2_000_000))
+        return _NODE_ENCODERS[fingerprint]
+
+
+def _add_encodings(cache: EmbeddingCache, texts: Sequence[str], vectors: np.ndarray) -> np.ndarray:
+    """Rows of ``texts`` in ``cache``, adding those it lacks with ``vectors`` (encoded elsewhere by
+    the same frozen encoder: the encoder is batch-invariant, so a text's vector is the same
+    wherever it was computed). ``EmbeddingCache.indices`` without the encoding."""
+    with cache._lock:
+        missing = [i for i, text in enumerate(texts) if text not in cache._index]
+        if missing:
+            if cache._size + len(missing) > cache.max_entries:
+                cache._evict()
+            cache._append([texts[i] for i in missing], vectors[missing])
+        return np.fromiter((cache._index[t] for t in texts), dtype=np.int64, count=len(texts))
+
+
 @dataclass
 class LearnedPolicy:
-    """A :class:`PolicyModel` as an ``envs.protocol.Policy``.
+    """A :class:`PolicyModel` as an ``envs.protocol.Policy``, portable (``envs.protocol.PortablePolicy``).
 
     ``greedy`` picks the highest-scoring candidate (evaluation); otherwise actions are sampled at
     ``temperature`` (1: the policy's own distribution, for RL). With ``record`` every episode's
     decisions are kept in ``decisions[episode_id]`` (the last attempt of an episode wins, as the
-    pool keeps only a completed attempt)."""
+    pool keeps only a completed attempt); episodes run on a node arrive there through
+    :meth:`absorb`. ``keeps_texts``: a policy rebuilt on a node, which keeps each recorded
+    episode's texts by cache row until :meth:`episode_output` hands the episode over."""
 
     model: PolicyModel
     policy_id: str = "learned"
@@ -209,9 +305,68 @@ class LearnedPolicy:
     temperature: float = 1.0
     record: bool = False
     decisions: dict[str, list[StepDecision]] = field(default_factory=dict)
+    keeps_texts: bool = False
+    texts: dict[str, dict[int, str]] = field(default_factory=dict, repr=False)  # episode -> cache row -> text
 
     def start(self, context: EpisodeContext) -> Actor:
         return self._actor(context)
+
+    # -- on the nodes (envs.protocol.PortablePolicy) ---------------------------------------------
+
+    def portable(self) -> LearnedPolicySnapshot:
+        """The scorer's weights and config and the policy's settings (a copy: the learner may
+        change the weights while the snapshot travels)."""
+        encoder_config = dataclasses.asdict(self.model.encoder.config)
+        if encoder_config["backbone"] == default_backbone():
+            encoder_config["backbone"] = ""  # the node's own installed MiniLM, wherever its venv is
+        return LearnedPolicySnapshot(
+            scorer_config=self.model.scorer.config.to_dict(),
+            weights={k: v.detach().clone() for k, v in self.model.scorer.state_dict().items()},
+            scorer_training=self.model.scorer.training,
+            encoder_config=encoder_config,
+            encoder_fingerprint=self.model.encoder.fingerprint,
+            policy_id=self.policy_id,
+            greedy=self.greedy,
+            temperature=self.temperature,
+            record=self.record,
+        )
+
+    def episode_output(self, episode_id: str) -> EpisodeDecisions | None:
+        """A recorded episode's decisions with the texts and encodings their rows refer to, removed
+        from this policy (on a node: asked once per finished attempt). None when not recording."""
+        decisions = self.decisions.pop(episode_id, None)
+        texts_by_row = self.texts.pop(episode_id, {})
+        if decisions is None:
+            return None
+        used = sorted({row for d in decisions for row in (d.instruction, d.history, *d.candidates.tolist())})
+        local = {row: i for i, row in enumerate(used)}
+        return EpisodeDecisions(
+            texts=tuple(texts_by_row[row] for row in used),
+            vectors=self.model.cache.matrix[used],  # a copy (fancy indexing)
+            decisions=tuple(
+                dataclasses.replace(
+                    d,
+                    instruction=local[d.instruction],
+                    history=local[d.history],
+                    candidates=np.array([local[row] for row in d.candidates.tolist()], dtype=np.int64),
+                )
+                for d in decisions
+            ),
+        )
+
+    def absorb(self, episode_id: str, output: EpisodeDecisions | None) -> None:
+        """File an episode's decisions made on a node under ``decisions[episode_id]``, their texts
+        and encodings added to this process's cache (not encoded again) and their rows renumbered
+        to its rows."""
+        if output is None:
+            return
+        rows = _add_encodings(self.model.cache, output.texts, output.vectors)
+        self.decisions[episode_id] = [
+            dataclasses.replace(
+                d, instruction=int(rows[d.instruction]), history=int(rows[d.history]), candidates=rows[d.candidates]
+            )
+            for d in output.decisions
+        ]
 
     def start_after(self, context: EpisodeContext, history: Sequence[Action]) -> Actor:
         """An actor that takes an episode over after ``history`` was carried out (a continuation
@@ -225,22 +380,34 @@ class LearnedPolicy:
         key = context.episode_id or f"{context.task.task_id}:{context.seed}"
         rng = random.Random(f"{self.policy_id}|{key}")
         recorded: list[StepDecision] | None = [] if self.record else None
+        texts: dict[int, str] | None = {} if self.record and self.keeps_texts else None
         if recorded is not None:
             self.decisions[key] = recorded
-        return _LearnedActor(self, context, rng, recorded)
+        if texts is not None:
+            self.texts[key] = texts
+        return _LearnedActor(self, context, rng, recorded, texts)
 
 
 class _LearnedActor:
     def __init__(
-        self, policy: LearnedPolicy, context: EpisodeContext, rng: random.Random, recorded: list[StepDecision] | None
+        self,
+        policy: LearnedPolicy,
+        context: EpisodeContext,
+        rng: random.Random,
+        recorded: list[StepDecision] | None,
+        texts: dict[int, str] | None = None,
     ) -> None:
-        self.policy, self.context, self.rng, self.recorded = policy, context, rng, recorded
+        self.policy, self.context, self.rng, self.recorded, self.texts = policy, context, rng, recorded, texts
         self.history: list[Action] = []
 
     @torch.inference_mode()
     def act(self, screen: Screen) -> Action:
         model = self.policy.model
-        candidates, instruction, history, rows = model.state_rows(screen, self.context, self.history, len(self.history))
+        candidates, state_texts = model.state_texts(screen, self.context, self.history, len(self.history))
+        state_rows = model.cache.indices(state_texts)
+        instruction, history, rows = int(state_rows[0]), int(state_rows[1]), state_rows[2:]
+        if self.texts is not None:  # on a node: the texts behind the rows travel with the decisions
+            self.texts.update(zip(state_rows.tolist(), state_texts, strict=True))
         if not candidates:
             return Action(ActionType.NOTHING)
         features = np.array([c.features for c in candidates], dtype=np.float32)

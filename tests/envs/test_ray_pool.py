@@ -1,19 +1,32 @@
 """The environment pool on a real Ray cluster: two nodes on loopback (each its own ``ray start``,
-raylet and worker processes), Chromium workers as actors, and a node killed mid-batch."""
+raylet and worker processes), Chromium workers as actors, and a node killed mid-batch.
+
+Faults are injected two ways. A ``before_step`` hook runs in the driver, so a batch with one drives
+every step from the driver (the per-step path). Episodes that run whole on the actors (a portable
+policy, no hook) get their fault from inside: :class:`KillsItsNode`, a portable expert whose
+rebuilt copy on the victim node kills that node's Ray processes (or the head) before a given step
+of the episode it is running there.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 import pytest
 import ray
 
 from envs.miniwob.live import MiniWoBConfig
-from envs.policies import make_policy
+from envs.policies import NoisyExpertPolicy, make_policy
 from envs.pool import EnvPool, PoolConfig, PoolError, plan_jobs
+from envs.protocol import EpisodeContext, PortablePolicy
 from envs.ray_local import LocalRayCluster
 from envs.ray_pool import RayEnvPool
 from envs.task_catalog import load_catalog
@@ -52,31 +65,227 @@ def ray_config(cluster, **kw) -> PoolConfig:
     return PoolConfig(**({"backend": "ray", "ray_address": cluster.address, "spares": 0, "start_timeout_s": 120} | kw))
 
 
+def trace(result) -> dict[str, Any]:
+    """Every episode as the warehouse would store it, less what differs between two runs of the
+    same episode by nature: clocks (MiniWoB++'s decayed reward is one) and the worker that ran it."""
+
+    def steps(episode):
+        return [
+            (s.step_idx, s.screen, s.action, s.env_reward, s.milestones_hit, s.done, s.problem) for s in episode.steps
+        ]
+
+    return {
+        e.episode_id: (
+            e.task_id,
+            e.family,
+            e.instruction,
+            e.seed,
+            e.policy_id,
+            e.backend,
+            steps(e),
+            e.final_screen,
+            dict(e.fields),
+            dict(e.slots),
+            e.success,
+            e.outcome_reward,
+            e.end_reason,
+            e.milestones_reached,
+            e.attempt,
+        )
+        for e in result.episodes
+    }
+
+
+@dataclass(frozen=True)
+class PerStepOnly:
+    """A policy without ``envs.protocol.PortablePolicy``: the driver keeps it, each step a round trip."""
+
+    inner: Any
+
+    @property
+    def policy_id(self) -> str:
+        return self.inner.policy_id
+
+    def start(self, context: EpisodeContext):
+        return self.inner.start(context)
+
+
+@contextlib.contextmanager
+def counting_puts():
+    """Count ``ray.put`` calls of this process (the pool puts a policy's snapshot with it)."""
+    real, puts = ray.put, []
+
+    def put(value, **kw):
+        puts.append(type(value).__name__)
+        return real(value, **kw)
+
+    ray.put = put
+    try:
+        yield puts
+    finally:
+        ray.put = real
+
+
+@dataclass(frozen=True)
+class KillsItsNode:
+    """A portable expert (its own snapshot) whose copy rebuilt on the node ``victim`` kills that
+    node before step ``step`` of the first episode it runs there, from inside the episode: the
+    node's raylet and Ray's worker processes, the actor running the episode last
+    (``ray_processes_only``: the environment process and its Chromium are left to end by
+    themselves), or the whole node and the cluster's GCS (``head``). The first copy to fire creates
+    ``marker`` (so only one fires) and writes what it killed and what it left there."""
+
+    cluster: LocalRayCluster
+    victim: str
+    marker: str
+    step: int = 2
+    head: bool = False
+    inner: NoisyExpertPolicy = field(default_factory=NoisyExpertPolicy)
+
+    @property
+    def policy_id(self) -> str:
+        return self.inner.policy_id
+
+    def start(self, context: EpisodeContext):
+        return self.inner.start(context)  # in the driver nothing is killed
+
+    def portable(self) -> KillsItsNode:
+        return self
+
+    def rebuild(self) -> _KillsItsNodeThere:
+        return _KillsItsNodeThere(self)
+
+    def absorb(self, episode_id: str, output: Any) -> None:
+        pass
+
+    def fire(self, episode_id: str) -> None:
+        try:
+            fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        me = psutil.Process()
+        left = [p.pid for p in me.children(recursive=True)]  # the environment process and its browser
+        raylet = self.cluster.raylet(self.victim)
+        victims = [raylet, *raylet.children(recursive=self.head)]
+        if self.head:
+            victims += [p for p in self.cluster.processes() if p.name() == "gcs_server"]
+        with os.fdopen(fd, "w") as out:
+            json.dump({"episode_id": episode_id, "left": left, "killed": [p.pid for p in victims]}, out)
+        for process in sorted(victims, key=lambda process: process.pid == me.pid):  # this process last
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+
+
+@dataclass(frozen=True)
+class _KillsItsNodeThere:
+    plan: KillsItsNode
+
+    @property
+    def policy_id(self) -> str:
+        return self.plan.policy_id
+
+    def start(self, context: EpisodeContext):
+        return _KillingActor(self.plan, self.plan.inner.start(context), context.episode_id)
+
+    def episode_output(self, episode_id: str) -> None:
+        return None
+
+
+class _KillingActor:
+    def __init__(self, plan: KillsItsNode, inner: Any, episode_id: str) -> None:
+        self.plan, self.inner, self.episode_id, self.steps = plan, inner, episode_id, 0
+
+    def act(self, screen):
+        if self.steps == self.plan.step and ray.util.get_node_ip_address() == self.plan.victim:
+            self.plan.fire(self.episode_id)
+        self.steps += 1
+        return self.inner.act(screen)
+
+    def observe(self, action, result) -> None:
+        self.inner.observe(action, result)
+
+
+def rebuilds(pool) -> dict[str, int]:
+    """Policies rebuilt from a snapshot so far, per live worker actor."""
+    return {worker_id: worker.policy_rebuilds() for worker_id, worker in pool._all.items()}
+
+
 def test_episodes_run_on_both_nodes_and_match_the_local_pool(cluster, jobs):
-    """The same jobs and policy on the local pool and on the cluster: the same episodes, and the
+    """The same jobs and policy on the local pool and on the cluster, whole episodes on the actors
+    (the expert is portable: its snapshot put once per batch, rebuilt once per actor and batch)
+    and step by step from the driver (a policy without the protocol): the same episodes, and the
     cluster's workers sit on both nodes."""
+    expert = make_policy("expert")
+    assert isinstance(expert, PortablePolicy) and not isinstance(PerStepOnly(expert), PortablePolicy)
     with RayEnvPool(MiniWoBConfig(), ray_config(cluster, workers=2)) as pool:
-        on_ray = pool.run(jobs, make_policy("expert"))
+        with counting_puts() as puts:
+            on_actors = pool.run(jobs, expert)
+            after_first = rebuilds(pool)
+            again = pool.run(jobs, expert)
+            after_second = rebuilds(pool)
+            per_step = pool.run(jobs, PerStepOnly(expert))
+            after_per_step = rebuilds(pool)
         nodes = {w["node"] for w in pool.status()}
+        ran = {e.worker_id for e in on_actors.episodes}
     with EnvPool(MiniWoBConfig(), PoolConfig(workers=2, spares=0)) as pool:
-        local = pool.run(jobs, make_policy("expert"))
+        local = pool.run(jobs, expert)
     assert nodes == {"127.0.0.2", "127.0.0.3"}
-    assert_nothing_lost_or_duplicated(on_ray, jobs)
+    for result in (on_actors, again, per_step):
+        assert_nothing_lost_or_duplicated(result, jobs)
+        assert trace(result) == trace(local)
+    assert puts == ["StatelessSnapshot", "StatelessSnapshot"]  # one per batch on the actors, none step by step
+    assert after_first == {w: int(w in ran) for w in after_first} and ran == set(after_first)
+    ran_again = {e.worker_id for e in again.episodes}
+    assert after_second == {w: n + int(w in ran_again) for w, n in after_first.items()}  # a new batch: a new snapshot
+    assert after_per_step == after_second
 
-    def trace(result):
-        def actions(episode):
-            return [(s.action.type, s.action.target.ref if s.action.target else None) for s in episode.steps]
 
-        return {e.episode_id: (e.success, actions(e)) for e in result.episodes}
+def test_the_learned_policy_samples_the_same_episodes_and_decisions_on_the_actors(cluster, jobs):
+    """RL sampling (temperature 1, decisions recorded) on the local pool and on the actors, the
+    same weights in two models with caches of their own: identical episodes, and decisions that
+    agree bit for bit (chosen candidates, log-probabilities, features, and the encodings and texts
+    behind their rows), the actors' encodings filed into the driver's cache without encoding
+    anything there."""
+    from training.policy.learned import LearnedPolicy, PolicyModel
 
-    assert trace(on_ray) == trace(local)
+    here = PolicyModel(seed=3)
+    there = PolicyModel(seed=3, encoder=here.encoder)  # the same weights; a cache of its own
+    sampled_here = LearnedPolicy(here, policy_id="sampler", record=True)
+    sampled_there = LearnedPolicy(there, policy_id="sampler", record=True)
+    with EnvPool(MiniWoBConfig(), PoolConfig(workers=2, spares=0)) as pool:
+        local = pool.run(jobs, sampled_here)
+    wait_for_free_cpus(cluster)
+    with RayEnvPool(MiniWoBConfig(), ray_config(cluster, workers=2)) as pool:
+        with counting_puts() as puts:
+            on_actors = pool.run(jobs, sampled_there)
+        assert sum(rebuilds(pool).values()) == len({e.worker_id for e in on_actors.episodes})
+    assert puts == ["LearnedPolicySnapshot"]
+    assert_nothing_lost_or_duplicated(on_actors, jobs)
+    assert trace(on_actors) == trace(local)
+    assert there.cache.misses == 0 and len(there.cache) > 0  # every encoding came from the nodes
+    text_here = {row: text for text, row in here.cache._index.items()}
+    text_there = {row: text for text, row in there.cache._index.items()}
+    assert set(sampled_there.decisions) == set(sampled_here.decisions) == {j.episode_id for j in jobs}
+    for episode_id, decisions in sampled_here.decisions.items():
+        theirs = sampled_there.decisions[episode_id]
+        assert decisions, episode_id
+        for mine, other in zip(decisions, theirs, strict=True):
+            assert (mine.chosen, mine.logp, mine.action_texts, mine.actions) == (
+                other.chosen,
+                other.logp,
+                other.action_texts,
+                other.actions,
+            )
+            assert mine.features.tobytes() == other.features.tobytes()
+            rows_here = [mine.instruction, mine.history, *mine.candidates.tolist()]
+            rows_there = [other.instruction, other.history, *other.candidates.tolist()]
+            assert [text_here[r] for r in rows_here] == [text_there[r] for r in rows_there]
+            assert here.cache.matrix[rows_here].tobytes() == there.cache.matrix[rows_there].tobytes()
 
 
 def test_the_rollouts_asset_runs_on_the_cluster_when_the_resource_says_so(cluster, tmp_path):
     """``resources.env_pool.config.backend: ray``: the rollouts asset materializes as it does locally,
     its checks pass, and the lineage row records where the episodes ran."""
-    import json
-
     from dagster import DagsterInstance, MultiPartitionKey, materialize
 
     from assets.resources import EnvPoolResource, WarehouseResource
@@ -107,10 +316,11 @@ def test_the_rollouts_asset_runs_on_the_cluster_when_the_resource_says_so(cluste
 
 
 def test_a_node_lost_mid_batch_loses_no_episode(cluster, jobs):
-    """The second node's raylet and Ray's worker processes there (the actors) are killed before
-    step 2 of an episode running there: that attempt is recorded as aborted, the episode runs again
-    whole on a worker of the head, and the lost worker's environment process and Chromium, which
-    nobody killed, end by themselves (their watchdog sees the actor gone)."""
+    """Step by step from the driver (a ``before_step`` hook injects the fault): the second node's
+    raylet and Ray's worker processes there (the actors) are killed before step 2 of an episode
+    running there: that attempt is recorded as aborted, the episode runs again whole on a worker of
+    the head, and the lost worker's environment process and Chromium, which nobody killed, end by
+    themselves (their watchdog sees the actor gone)."""
     lost = {}
     wait_for_free_cpus(cluster)  # placement spreads the workers over both nodes only if both are free
     fired: list[tuple[str, str]] = []  # (worker, episode) where the node was killed
@@ -144,6 +354,36 @@ def test_a_node_lost_mid_batch_loses_no_episode(cluster, jobs):
     assert lost["browser"] and not set(lost["browser"]) & set(lost["node"]) and not alive
 
 
+def test_a_node_lost_mid_episode_on_the_actors_loses_no_episode(jobs, tmp_path):
+    """Whole episodes on the actors: the second node's raylet and Ray's worker processes there are
+    killed from inside an episode running there, before its step 2. The attempt is recorded as
+    aborted (steps done unknown to the driver: 0, and its reason says so), the episode runs again
+    whole on a worker of the head, and the environment process and Chromium the lost actor left
+    end by themselves. A cluster of its own: the module's lost its second node in the test above."""
+    marker = tmp_path / "fired.json"
+    ray.shutdown()  # one cluster per process: leave the module's
+    with LocalRayCluster(cpus=(2, 1)) as own:
+        policy = KillsItsNode(own, victim="127.0.0.3", marker=str(marker))
+        with RayEnvPool(MiniWoBConfig(), ray_config(own, workers=2, step_timeout_s=20)) as pool:
+            result = pool.run(jobs, policy)
+            on_head = {w["worker_id"] for w in pool.status() if w["node"] == "127.0.0.2"}
+        ray.shutdown()
+    assert marker.exists(), "an episode ran on the second node and the node was killed"
+    fired = json.loads(marker.read_text())
+    assert_nothing_lost_or_duplicated(result, jobs)
+    attempts = [a for a in result.attempts if a.episode_id == fired["episode_id"]]
+    assert [(a.attempt, a.status) for a in attempts] == [(0, "aborted"), (1, "completed")]
+    aborted, retried = attempts
+    assert retried.worker_id in on_head and retried.worker_id != aborted.worker_id
+    assert aborted.steps_done == 0 and "steps done unknown" in aborted.reason
+    assert "127.0.0.3" in aborted.reason and "\n" not in aborted.reason
+    deadline = time.monotonic() + 30
+    while any(psutil.pid_exists(pid) for pid in fired["left"]) and time.monotonic() < deadline:
+        time.sleep(0.5)  # the worker's watchdog sees its actor gone and ends its process group
+    alive = [pid for pid in fired["left"] if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert fired["left"] and not set(fired["left"]) & set(fired["killed"]) and not alive
+
+
 def test_an_unreachable_cluster_is_one_line_naming_the_address_before_any_worker():
     with socket.socket() as s:
         s.bind(("127.0.0.2", 0))
@@ -163,11 +403,14 @@ def test_the_ray_backend_needs_an_address():
         PoolConfig(backend="kubernetes")
 
 
-def test_losing_the_head_fails_the_batch_in_one_line_and_returns_nothing(cluster, jobs):
+@pytest.mark.parametrize("path", ["per step", "on the actors"])
+def test_losing_the_head_fails_the_batch_in_one_line_and_returns_nothing(cluster, jobs, tmp_path, path):
     """The head (its GCS and raylet) killed mid-batch: the second node's worker may finish its
     episode, but none can be replaced without a head, so the batch stops at the first lost worker
     and fails as a whole with a one-line error naming the address; nothing of it reaches the caller
-    to be published, and the driver has left the dead cluster (Ray would end the process later)."""
+    to be published, and the driver has left the dead cluster (Ray would end the process later).
+    Per step the driver's hook kills the head; on the actors an episode on the head kills it, and
+    the driver, waiting for whole episodes, notices by watching the head's port."""
     from envs.ray_pool import connect
 
     connect(cluster.address)  # this process is joined to the module's cluster
@@ -185,11 +428,16 @@ def test_losing_the_head_fails_the_batch_in_one_line_and_returns_nothing(cluster
                         process.kill()
 
         returned = None
+        marker = tmp_path / "fired.json"
         pool = RayEnvPool(MiniWoBConfig(), ray_config(other, workers=2, step_timeout_s=10))
         with pytest.raises(PoolError) as failed:
             with pool:
-                returned = pool.run(jobs, make_policy("expert"), before_step=kill_head)
+                if path == "per step":
+                    returned = pool.run(jobs, make_policy("expert"), before_step=kill_head)
+                else:
+                    head_killer = KillsItsNode(other, victim="127.0.0.2", marker=str(marker), head=True)
+                    returned = pool.run(jobs, head_killer)
         assert not ray.is_initialized()
     message = str(failed.value)
-    assert killed and returned is None
+    assert (killed if path == "per step" else marker.exists()) and returned is None
     assert message.startswith(f"the Ray cluster's head at {other.address} is gone") and "\n" not in message

@@ -73,9 +73,11 @@ SMOKE: dict[str, Smoke] = {
     "bench_llm": Smoke(
         (
             "SmolLM2-135M-Instruct loaded in",
-            "| policy | episodes | success | steps | env steps/s | tokens/s |",
+            "| policy | episodes | success | steps | env steps/s | s/step | tokens/s all (sampled) |",
             "| scripted expert (baseline) |",
-            "| SmolLM2 greedy |",
+            "| SmolLM2 greedy free |",
+            "| SmolLM2 greedy constrained | 1 |",
+            "why answers did not parse:",
             "peak resident memory",
         ),
         e2e=True,

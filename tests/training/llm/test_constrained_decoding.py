@@ -331,3 +331,27 @@ def test_a_prompt_longer_than_the_models_context_is_shortened_before_generation(
     assert turn.format_ok  # the grammar follows the elements the shortened prompt shows
     with pytest.raises(ValueError, match="context of 600 positions leaves"):
         HFPolicy(model, tokenizer, max_new_tokens=500)
+
+
+# -- lower-precision acting copies ---------------------------------------------------------------------
+
+
+def test_acting_copies_and_their_drift_from_the_float32_policy(tiny_lm):
+    from training.llm.precision import acting_copy, logp_drift
+
+    model, tokenizer = tiny_lm
+    policy = HFPolicy(model, tokenizer, record=True, greedy=True, max_new_tokens=12)
+    policy.start(_context("drift")).act(SCREEN)
+    turns = policy.turns["drift"]
+    assert acting_copy(model, "fp32") is model
+    with pytest.raises(ValueError, match="precision must be one of"):
+        acting_copy(model, "fp8")
+    same = logp_drift(model, model, turns)
+    assert same == {"mean_abs_logp_diff": 0.0, "token_agreement": 1.0, "answer_agreement": 1.0}
+    bf16 = acting_copy(model, "bf16")
+    assert next(bf16.parameters()).dtype == torch.bfloat16 and next(model.parameters()).dtype == torch.float32
+    drift = logp_drift(model, bf16, turns)
+    assert 0.0 < drift["mean_abs_logp_diff"] < 0.5  # rounding moves the log-probs: off-policy for the learner
+    int8 = acting_copy(model, "int8")
+    assert any("quantized" in type(m).__module__ for m in int8.modules())
+    assert 0.0 <= logp_drift(model, int8, turns)["token_agreement"] <= 1.0

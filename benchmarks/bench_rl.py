@@ -10,7 +10,14 @@ one) and its tasks:
   ProgRM's progress reward (a trained progrm_env model, scored in-process);
 * reward scoring of the same episodes in-process vs over the HTTP service (``training.reward_models.serving_app``);
 * the same sampling with the pool's Ray backend on a loopback cluster of one and of two nodes
-  (``--backends local ray1 ray2``, the default): the policy stays here, the browsers are actors.
+  (``--backends local ray1 ray2 ray1-ep ray2-ep``, the default): the browsers are actors; with
+  ``ray1``/``ray2`` the policy stays here (one Ray round trip per step), with ``ray1-ep``/``ray2-ep``
+  it goes to the actors (its weights through Ray's object store once per batch, rebuilt on each
+  node with the node's own encoder and a cold encoding cache; whole episodes there, the recorded
+  decisions coming back with their encodings). Every pool runs a warm-up batch first (one episode
+  per task on other seeds; its steps/s is printed: page loads, and on the actors the policy's first
+  rebuild), with a policy model of its own warmed from the home, so no pool rides on texts another
+  pool's batch encoded.
 
 Run: ``.venv/bin/python benchmarks/bench_rl.py [--home .stepwise] [--episodes 48] [--workers 1 2]
 [--block dense|sparse | --tasks a,b]`` (the SFT policy's pre-registered block, or tasks named);
@@ -63,9 +70,14 @@ def _jobs(tasks, n: int, base: int) -> list[EpisodeJob]:
     ]
 
 
+RAY_BACKENDS = ("ray1", "ray2", "ray1-ep", "ray2-ep")  # one node or two; -ep: episodes on the actors
+
+
 @contextlib.contextmanager
 def _pool(backend: str, workers: int) -> Iterator[EnvPool]:
-    """The local pool, or the pool's Ray backend on a fresh loopback cluster (``envs.ray_local``)."""
+    """The local pool, or the pool's Ray backend on a fresh loopback cluster (``envs.ray_local``):
+    ``ray1`` one node with 2 CPUs, ``ray2`` two with 1 each; the policy in the driver, or on the
+    actors with ``-ep``."""
     if backend == "local":
         with EnvPool(MiniWoBConfig(), PoolConfig(workers=workers, spares=0)) as pool:
             yield pool
@@ -75,8 +87,14 @@ def _pool(backend: str, workers: int) -> Iterator[EnvPool]:
     from envs.ray_local import LocalRayCluster
     from envs.ray_pool import RayEnvPool
 
-    with LocalRayCluster(cpus=(2,) if backend == "ray1" else (1, 1)) as cluster:
-        config = PoolConfig(workers=workers, spares=0, backend="ray", ray_address=cluster.address)
+    with LocalRayCluster(cpus=(2,) if backend.startswith("ray1") else (1, 1)) as cluster:
+        config = PoolConfig(
+            workers=workers,
+            spares=0,
+            backend="ray",
+            ray_address=cluster.address,
+            ray_episodes_on_actors=backend.endswith("-ep"),
+        )
         try:
             with RayEnvPool(MiniWoBConfig(), config) as pool:
                 yield pool
@@ -94,10 +112,10 @@ def main() -> int:
     parser.add_argument(
         "--backends",
         nargs="+",
-        default=["local", "ray1", "ray2"],
-        choices=["local", "ray1", "ray2"],
-        help="the local pool, and Ray on a loopback cluster of one node (ray1) or two (ray2), "
-        "with the most workers asked (bench_rollouts.py)",
+        default=["local", *RAY_BACKENDS],
+        choices=["local", *RAY_BACKENDS],
+        help="the local pool, and Ray on a loopback cluster of one node (ray1) or two (ray2), the policy "
+        "here (one round trip per step) or on the actors (-ep), with the most workers asked (bench_rollouts.py)",
     )
     parser.add_argument(
         "--smoke", action="store_true", help="a tiny trained home of its own, 2 episodes, 1 worker, local pool"
@@ -126,30 +144,42 @@ def main() -> int:
     print(f"SFT policy {sft['policy_id']} on {names}; load average {load:.1f} on {os.cpu_count()} cores")
     print(f"policy encodings stored by earlier runs: {warm:,} (0: every text is encoded as it is met)")
 
-    print("\n| policy | pool | workers | episodes | steps | steps/s |")
-    print("|---|---|---:|---:|---:|---:|")
+    # Each pool first runs a warm-up batch (one episode per task, other seeds: page loads, and on the
+    # actors the policy's first rebuild, which loads the encoder there), then the measured batch.
+    print("\n| policy | pool | workers | episodes | steps | steps/s | warm-up steps/s | load average |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     batches = {}
     runs = [("local", w) for w in args.workers if "local" in args.backends]
     runs += [(b, max(args.workers)) for b in args.backends if b != "local"]
     for backend, workers in runs:
+        # A model of its own per pool, warmed as RL runs warm theirs: one pool's texts, encoded in
+        # the driver's cache, must not speed up the next pool's measured batch.
+        acting = PolicyModel.load(sft["checkpoint"], encoder=model.encoder)
+        warm_policy_cache(acting, warehouse.home)
         with _pool(backend, workers) as pool:
             for name, policy in (
                 ("scripted expert (baseline)", make_policy("expert")),
-                ("learned policy, sampling (RL)", LearnedPolicy(model, policy_id=f"bench-{workers}", record=True)),
+                ("learned policy, sampling (RL)", LearnedPolicy(acting, policy_id=f"bench-{workers}", record=True)),
             ):
+                warmup = _jobs(tasks, len(tasks), 6_000_000 + 1000 * workers)
+                started = time.perf_counter()
+                warm_steps = pool.run(warmup, policy).steps
+                warm_s = time.perf_counter() - started
                 jobs = _jobs(tasks, args.episodes, 7_000_000 + 1000 * workers)  # the same jobs on every pool
+                load_before = os.getloadavg()[0]  # a shared machine: other work competes for the cores
                 started = time.perf_counter()
                 result = pool.run(jobs, policy)
                 seconds = time.perf_counter() - started
                 print(
                     f"| {name} | {backend} | {workers} | {len(result.episodes)} | {result.steps} "
-                    f"| {result.steps / seconds:.1f} |"
+                    f"| {result.steps / seconds:.1f} | {warm_steps / warm_s:.1f} | {load_before:.1f} |"
                 )
                 if isinstance(policy, LearnedPolicy) and backend == "local":
                     batches[workers] = (result, policy, seconds)
-    keep_policy_cache(model, warehouse.home)
 
     result, policy, rollout_s = batches[max(batches)]
+    model = policy.model  # the decisions' rows are rows of its cache
+    keep_policy_cache(model, warehouse.home)
     kept = [r for r in result.episodes if len(policy.decisions.get(r.episode_id, [])) == r.n_steps]
     rollouts = [Rollout(r) for r in kept]
     print("\n| iteration part | outcome reward s | progrm_env reward s |")

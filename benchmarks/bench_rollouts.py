@@ -5,12 +5,16 @@ latency percentiles (as the pool's driver sees them: IPC and the browser include
 spent checking task-spec milestones per step (inside the worker, and as a share of the step).
 The scripted noisy expert runs the catalog tasks that have solutions, several seeds each.
 
-With the Ray backend (``--backends local ray1 ray2``, the default) the same batch with 2 workers also
-runs on a real Ray cluster on loopback: ``ray1`` one node with 2 CPUs, ``ray2`` two nodes with 1 CPU
-each (``envs.ray_local``; a worker per node). Side by side with the local pool: what the actors,
-the extra hop and Ray's own processes cost on the same 2 cores, and each node's share of the steps.
+With the Ray backend (``--backends local ray1 ray2 ray1-ep ray2-ep``, the default) the same batch
+with 2 workers also runs on a real Ray cluster on loopback: ``ray1`` one node with 2 CPUs, ``ray2``
+two nodes with 1 CPU each (``envs.ray_local``; a worker per node). ``ray1``/``ray2`` keep the policy
+in the driver, one Ray round trip per step (``PoolConfig.ray_episodes_on_actors=False``);
+``ray1-ep``/``ray2-ep`` run whole episodes on the actors (the expert is portable: its snapshot goes
+to the nodes once per batch, one actor call per episode). Side by side with the local pool: what
+the actors, the extra hop and Ray's own processes cost on the same 2 cores, and each node's share
+of the steps.
 
-Run: `.venv/bin/python benchmarks/bench_rollouts.py [--episodes 80] [--workers 1 2] [--backends local ray2]
+Run: `.venv/bin/python benchmarks/bench_rollouts.py [--episodes 80] [--workers 1 2] [--backends local ray2-ep]
 [--json out.json]`; `--smoke` runs 4 episodes per run (the test suite).
 The machine's load is printed with the figures: on a shared 2-core machine other work competes
 for the same cores as the browsers.
@@ -38,6 +42,13 @@ from envs.task_catalog import load_catalog  # noqa: E402
 GOAL_STEPS_PER_S = 30.0
 RAY_OVERHEAD_GOAL = 0.10  # the Ray path may cost at most this much throughput against the local pool
 RAY_CLUSTERS = {"ray1": (2,), "ray2": (1, 1)}  # CPUs per node
+# backend -> (cluster, episodes on the actors): per step from the driver, or whole episodes on the actors
+RAY_BACKENDS = {
+    "ray1": ("ray1", False),
+    "ray2": ("ray2", False),
+    "ray1-ep": ("ray1", True),
+    "ray2-ep": ("ray2", True),
+}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -75,8 +86,15 @@ def run(workers: int, episodes: int, tasks: list, noise: float, backend: str = "
     jobs for every backend with the same number of workers."""
     if backend == "local":
         return _run(workers, episodes, tasks, noise, PoolConfig(workers=workers, spares=0), None, backend)
-    with LocalRayCluster(cpus=RAY_CLUSTERS[backend]) as cluster:
-        config = PoolConfig(workers=workers, spares=0, backend="ray", ray_address=cluster.address)
+    nodes, on_actors = RAY_BACKENDS[backend]
+    with LocalRayCluster(cpus=RAY_CLUSTERS[nodes]) as cluster:
+        config = PoolConfig(
+            workers=workers,
+            spares=0,
+            backend="ray",
+            ray_address=cluster.address,
+            ray_episodes_on_actors=on_actors,
+        )
         try:
             return _run(workers, episodes, tasks, noise, config, cluster, backend)
         finally:
@@ -148,9 +166,10 @@ def main() -> None:
     parser.add_argument(
         "--backends",
         nargs="+",
-        default=["local", "ray1", "ray2"],
-        choices=["local", *RAY_CLUSTERS],
-        help="local pool, and Ray on one node (ray1) or two (ray2): the Ray runs use the most workers asked",
+        default=["local", *RAY_BACKENDS],
+        choices=["local", *RAY_BACKENDS],
+        help="local pool, and Ray on one node (ray1) or two (ray2), the policy in the driver (one round trip "
+        "per step) or on the actors (-ep: whole episodes there): the Ray runs use the most workers asked",
     )
     parser.add_argument("--smoke", action="store_true", help="4 episodes per run, 1 and 2 workers (under a minute)")
     args = parser.parse_args()
@@ -218,8 +237,9 @@ def report_ray(results: list[dict]) -> None:
             continue
         cost = 1 - r["steps_per_s"] / base["steps_per_s"]
         verdict = "meets" if cost <= RAY_OVERHEAD_GOAL else "misses"
+        where = "whole episodes on the actors" if RAY_BACKENDS[r["backend"]][1] else "the policy here, per step"
         print(
-            f"Ray {r['backend']} vs local pool, {r['workers']} workers: {r['steps_per_s']:.1f} vs "
+            f"Ray {r['backend']} ({where}) vs local pool, {r['workers']} workers: {r['steps_per_s']:.1f} vs "
             f"{base['steps_per_s']:.1f} steps/s, cost {cost:+.0%} (goal <= {RAY_OVERHEAD_GOAL:.0%}: {verdict} it); "
             f"{r['cpu_ms_per_step']:.1f} vs {base['cpu_ms_per_step']:.1f} CPU-ms per step; per node: {nodes}"
         )

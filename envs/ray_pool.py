@@ -18,11 +18,15 @@ the actor's own environment worker (the worker still enforces the step and reset
 returns the record with the policy's side data for the episode, which the driver absorbs
 (``PortablePolicy.absorb``: a learned policy's decisions). Any other policy, a batch run with a
 ``before_step`` hook (a hook runs in the driver before every step, so those steps must be driven
-from here: the fault-injection tests use it) or ``PoolConfig.ray_episodes_on_actors=False`` keep
-the policy in the calling process: one Ray round trip per step. Retries, recorded attempts, whole
-episodes or none, lost nodes and a lost head behave the same on both paths; an attempt lost with
-its node mid-episode on the actors records the steps it had done as 0 (the driver learns an
-episode's progress only when it ends) and says so in its reason.
+from here) or ``PoolConfig.ray_episodes_on_actors=False`` keep the policy in the calling process:
+one Ray round trip per step. Retries, recorded attempts, whole episodes or none, lost nodes and a
+lost head behave the same on both paths. An episode call's Ray timeout is the episode's budget (a
+reset, a step timeout per allowed step, a worker start's time for the first rebuild); while it
+waits the driver checks the head's port every ``_HEAD_CHECK_S`` seconds. An attempt lost with its
+node mid-episode on the actors records the steps it had done as 0 (the driver learns an episode's
+progress only when it ends) and says so in its reason. Faults mid-episode are injected per step by
+a ``before_step`` hook, and on the actors from inside the episode, by a portable policy whose copy
+on the victim node kills that node (``tests/envs/test_ray_pool.py``, ``KillsItsNode``).
 """
 
 from __future__ import annotations

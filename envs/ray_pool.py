@@ -207,16 +207,13 @@ class EnvHost:
                 worker_id=self.worker_id,
                 start=job.start,
             )
-            output = policy.episode_output(job.episode_id)
-        except EpisodeError as exc:
-            return ("error", "task", str(exc), progress["steps"])
-        except WorkerTimeout as exc:
-            return ("error", "timeout", str(exc), progress["steps"])
-        except WorkerFailure as exc:
-            return ("error", "env", str(exc), progress["steps"])
-        except Exception as exc:  # noqa: BLE001 - the policy failed (as it would have in the driver)
+        except Exception as exc:  # noqa: BLE001 - every failure goes back as data (below)
             with contextlib.suppress(Exception):
-                policy.episode_output(job.episode_id)  # drop what the failed attempt left
+                policy.episode_output(job.episode_id)  # forget what the failed attempt left on the node
+            return _failure(exc, progress["steps"])
+        try:
+            output = policy.episode_output(job.episode_id)
+        except Exception as exc:  # noqa: BLE001 - the policy failed (as it would have in the driver)
             return ("error", "policy", _picklable(exc), progress["steps"])
         return ("ok", record, output)
 
@@ -252,6 +249,18 @@ class EnvHost:
 
 class PolicyRebuildError(RuntimeError):
     """A node could not rebuild a policy from its snapshot (e.g. a package missing there)."""
+
+
+def _failure(exc: Exception, steps_done: int) -> tuple[Any, ...]:
+    """A failed remote episode as ``EnvHost.run_episode`` reports it: the worker's errors by kind
+    (the pool's exceptions in the driver), anything else the policy's."""
+    if isinstance(exc, EpisodeError):
+        return ("error", "task", str(exc), steps_done)
+    if isinstance(exc, WorkerTimeout):
+        return ("error", "timeout", str(exc), steps_done)
+    if isinstance(exc, WorkerFailure):
+        return ("error", "env", str(exc), steps_done)
+    return ("error", "policy", _picklable(exc), steps_done)
 
 
 def _picklable(exc: Exception) -> Exception:

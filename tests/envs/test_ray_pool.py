@@ -26,7 +26,7 @@ import ray
 from envs.miniwob.live import MiniWoBConfig
 from envs.policies import NoisyExpertPolicy, make_policy
 from envs.pool import EnvPool, PoolConfig, PoolError, plan_jobs
-from envs.protocol import EpisodeContext, PortablePolicy
+from envs.protocol import EpisodeContext, PortablePolicy, StatelessSnapshot
 from envs.ray_local import LocalRayCluster
 from envs.ray_pool import RayEnvPool
 from envs.task_catalog import load_catalog
@@ -281,6 +281,62 @@ def test_the_learned_policy_samples_the_same_episodes_and_decisions_on_the_actor
             rows_there = [other.instruction, other.history, *other.candidates.tolist()]
             assert [text_here[r] for r in rows_here] == [text_there[r] for r in rows_there]
             assert here.cache.matrix[rows_here].tobytes() == there.cache.matrix[rows_there].tobytes()
+
+
+@dataclass(frozen=True)
+class FailsAtStep:
+    """A portable expert whose actor raises before step ``step`` of the episode ``episode_id``."""
+
+    episode_id: str
+    step: int = 1
+    inner: NoisyExpertPolicy = field(default_factory=lambda: NoisyExpertPolicy(noise=0.0, skip=0.0, typo=0.0))
+
+    @property
+    def policy_id(self) -> str:
+        return self.inner.policy_id
+
+    def start(self, context: EpisodeContext):
+        return _FailingActor(self, self.inner.start(context), context.episode_id)
+
+    def portable(self) -> StatelessSnapshot:
+        return StatelessSnapshot(self)
+
+    def absorb(self, episode_id: str, output: Any) -> None:
+        pass
+
+
+class _FailingActor:
+    def __init__(self, plan: FailsAtStep, inner: Any, episode_id: str) -> None:
+        self.plan, self.inner, self.episode_id, self.steps = plan, inner, episode_id, 0
+
+    def act(self, screen):
+        if self.episode_id == self.plan.episode_id and self.steps == self.plan.step:
+            raise ValueError(f"a policy bug at step {self.steps}")
+        self.steps += 1
+        return self.inner.act(screen)
+
+    def observe(self, action, result) -> None:
+        self.inner.observe(action, result)
+
+
+def test_a_policy_failing_on_the_actors_is_recorded_as_in_the_driver(cluster, jobs):
+    """A portable policy that raises mid-episode: on the actors as on the local pool, that episode's
+    only attempt is aborted, final, with the same one-line reason and steps done; the batch goes on."""
+    wait_for_free_cpus(cluster)
+    policy = FailsAtStep(jobs[0].episode_id)
+    with RayEnvPool(MiniWoBConfig(), ray_config(cluster, workers=2)) as pool:
+        on_actors = pool.run(jobs, policy)
+        assert sum(rebuilds(pool).values()) >= 1  # it did run on the actors
+    with EnvPool(MiniWoBConfig(), PoolConfig(workers=2, spares=0)) as pool:
+        local = pool.run(jobs, policy)
+
+    def failed(result):
+        return [(a.attempt, a.final, a.reason, a.steps_done) for a in result.attempts if a.status == "aborted"]
+
+    reason = "policy error: ValueError: a policy bug at step 1"
+    assert failed(on_actors) == failed(local) == [(0, True, reason, 1)]
+    assert [job.episode_id for job, _ in on_actors.lost] == [jobs[0].episode_id]
+    assert trace(on_actors) == trace(local) and len(on_actors.episodes) == len(jobs) - 1
 
 
 def test_the_rollouts_asset_runs_on_the_cluster_when_the_resource_says_so(cluster, tmp_path):

@@ -16,7 +16,8 @@ browsers crash, devices drop off the network, pages hang. This pool does the sam
   ``max_attempts`` times. An episode is returned whole or not at all: never half.
 
 Policies run in the parent (``envs.policies``; learned policies keep their model in one process);
-environments run in the workers. ``run`` returns a ``BatchResult``: completed episodes (one per
+environments run in the workers (on the Ray backend a portable policy runs whole episodes next to
+them instead: ``envs.ray_pool``). ``run`` returns a ``BatchResult``: completed episodes (one per
 job at most), every attempt, and the jobs that could not be completed.
 """
 

@@ -91,7 +91,7 @@ def main() -> int:
         tasks, batch="llm-heldout", batch_index=77, episodes_per_task=args.episodes, max_steps=args.max_steps
     )
     common = {"greedy": True, "record": True, "max_new_tokens": args.max_new_tokens}
-    rows: list[tuple[str, object]] = [
+    rows: list[tuple[str, object]] = [  # (name, policy, or the precision of a copy to act with)
         ("scripted expert (baseline)", make_policy("expert")),
         ("SmolLM2 greedy free", HFPolicy(model, tokenizer, policy_id="smollm2-free", constrained=False, **common)),
         ("SmolLM2 greedy constrained", HFPolicy(model, tokenizer, policy_id="smollm2-constrained", **common)),
@@ -99,20 +99,24 @@ def main() -> int:
     if not args.smoke:
         no_reuse = HFPolicy(model, tokenizer, policy_id="smollm2-nocache", prefix_cache_size=0, **common)
         rows.append(("SmolLM2 constrained, no KV reuse", no_reuse))
-    copies = {precision: acting_copy(model, precision) for precision in precisions}
-    for precision, copy in copies.items():
-        rows.append(
-            (f"SmolLM2 constrained {precision}", HFPolicy(copy, tokenizer, policy_id=f"smollm2-{precision}", **common))
-        )
+    # the copies are made just before their rows (made here, they would count in every row's peak RSS)
+    for precision in precisions:
+        rows.append((f"SmolLM2 constrained {precision}", precision))
+    copies: dict[str, object] = {}
     print(
         "\n| policy | episodes | success | steps | env steps/s | s/step | tokens/s all (sampled) "
         "| tokens/step forced+sampled | prompt tokens/step (cached) | unparsed | peak RSS MB |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     failures: dict[str, dict[str, int]] = {}
+    ran: list[tuple[str, object]] = []
     with EnvPool(MiniWoBConfig(episode_max_time_ms=EPISODE_CLOCK_MS), PoolConfig(workers=1, spares=0)) as pool:
         for name, policy in rows:
             print(f"  load average {os.getloadavg()[0]:.1f} before: {name}", file=sys.stderr, flush=True)
+            if isinstance(policy, str):  # a precision: act with a copy of the model in it
+                copies[policy] = acting_copy(model, policy)
+                policy = HFPolicy(copies[policy], tokenizer, policy_id=f"smollm2-{policy}", **common)
+            ran.append((name, policy))
             t0 = time.perf_counter()
             result = pool.run(jobs, policy)  # type: ignore[arg-type]
             seconds = time.perf_counter() - t0
@@ -137,7 +141,7 @@ def main() -> int:
                 row += " - | - | - | - |"
             print(row + f" {_peak_rss_mb():.0f} |", flush=True)
     print(f"\nwhy answers did not parse: {({k: v for k, v in failures.items() if v}) or 'none'}")
-    for name, policy in rows:
+    for name, policy in ran:
         if isinstance(policy, HFPolicy) and policy.constrained:
             calls = Counter(t.action_text.split("(")[0] for turns in policy.turns.values() for t in turns)
             print(f"actions of {name}: {dict(calls.most_common())}")

@@ -322,11 +322,11 @@ class ActionGrammar:
         if max_text_tokens < 0 or max_thought_tokens < 0:
             raise ValueError("token bounds must be >= 0")
         call_end = _literal(CALL_END, _END)
+        # one argument state for every head: its allowed set is computed once per grammar
+        argument = Text(ARGUMENT, _literal(")" + CALL_END, _END))
         root = _Node()
         complete, heads = call_strings(elements, functions, keys)
-        for text, after in [(c, call_end) for c in complete] + [
-            (h, Text(ARGUMENT, _literal(")" + CALL_END, _END))) for h in heads
-        ]:
+        for text, after in [(c, call_end) for c in complete] + [(h, argument) for h in heads]:
             node = root
             for ch in text:
                 node = node.children.setdefault(ch, _Node())

@@ -17,6 +17,8 @@ from tests.training.llm.llm_fixtures import MINIWOB_ACTIONS, login_screen
 from training.llm.action_grammar import (
     EMPTY_THOUGHT_PREFIX,
     ActionGrammar,
+    End,
+    Literal,
     TokenIndex,
     TokenizerNotSupportedError,
     TokenSet,
@@ -355,3 +357,29 @@ def test_acting_copies_and_their_drift_from_the_float32_policy(tiny_lm):
     int8 = acting_copy(model, "int8")
     assert any("quantized" in type(m).__module__ for m in int8.modules())
     assert 0.0 <= logp_drift(model, int8, turns)["token_agreement"] <= 1.0
+
+
+def test_sft_targets_are_answers_the_constrained_policy_can_give(index, tiny_lm):
+    """SFT teaches ``format_response(call)`` tokenised by the tokenizer: its forced prefix must be
+    the grammar's canonical one, and every later token must be allowed, or SFT would put mass
+    where the constrained policy cannot go."""
+    from training.rl.llm_learner import sft_examples
+
+    _, tokenizer = tiny_lm
+    grammar = ActionGrammar.for_screen(index, ELEMENTS, MINIWOB_FUNCTIONS)
+    prefix = index.canonical(EMPTY_THOUGHT_PREFIX)
+    for call in ("CLICK(4)", 'INPUT(1, "ada")', 'INPUT(3, "x y z")', 'PRESS_KEY("Enter")', "DO_NOTHING()"):
+        (example,) = sft_examples(tokenizer, [([{"role": "user", "content": "hi"}], format_response(call))])
+        target = example.target_ids.tolist()
+        assert tuple(target[: len(prefix)]) == prefix and target[-1] == tokenizer.eos_token_id
+        state, rest = grammar.root, target[len(prefix) : -1]
+        while rest:
+            if isinstance(state, Literal):  # forced in the canonical tokenisation: SFT must agree
+                forced = list(index.canonical(state.rest))
+                assert rest[: len(forced)] == forced, (call, [index.strings[t] for t in rest])
+                rest, state = rest[len(forced) :], state.then
+                continue
+            assert rest[0] in grammar.allowed(state), (call, index.strings[rest[0]])
+            state, rest = walk(state, index.strings[rest[0]]), rest[1:]
+            assert state is not None
+        assert isinstance(state, End)

@@ -154,6 +154,9 @@ def _accepts_logits_to_keep(model: Any) -> bool:
         return False
 
 
+# long: one decoding loop over the grammar's states, with the two closures (force, next_logits) that
+# share the model's KV cache and the tokens not yet fed; split apart, that state would travel through
+# every call.
 def constrained_generate(
     model: Any,
     prompt_ids: np.ndarray,

@@ -319,6 +319,31 @@ def _worker_main(conn: Any, env_config: EnvConfig, worker_id: str, parent_pid: i
             env.close()
 
 
+def run_job(
+    env: Environment,
+    policy: Policy,
+    job: EpisodeJob,
+    attempt: int,
+    worker_id: str,
+    before_step: Callable[[int], None] | None = None,
+) -> EpisodeRecord:
+    """``run_episode`` of one job's task, seed, id, budget and start state on ``env``: the one
+    place a job becomes an episode, on the local pool and on a Ray actor alike."""
+    return run_episode(
+        env,
+        policy,
+        job.task,
+        job.seed,
+        episode_id=job.episode_id,
+        max_steps=job.max_steps,
+        family=job.family,
+        before_step=before_step,
+        attempt=attempt,
+        worker_id=worker_id,
+        start=job.start,
+    )
+
+
 class PoolWorker(Protocol):
     """What the pool needs of a worker: a local process (``_Worker``) or a Ray actor
     (``envs.ray_pool.RayWorker``)."""
@@ -870,19 +895,7 @@ class EnvPool:
         """One attempt at ``job`` on ``worker``: the policy here, each step a call to the worker.
         ``on_step(i)`` runs before step ``i`` (the attempt's progress, the caller's ``before_step``).
         A cluster backend may run the episode elsewhere (``envs.ray_pool``)."""
-        return run_episode(
-            RemoteEnv(worker, self.config),
-            policy,
-            job.task,
-            job.seed,
-            episode_id=job.episode_id,
-            max_steps=job.max_steps,
-            family=job.family,
-            before_step=on_step,
-            attempt=attempt,
-            worker_id=worker.id,
-            start=job.start,
-        )
+        return run_job(RemoteEnv(worker, self.config), policy, job, attempt, worker.id, on_step)
 
     # -- shutdown --------------------------------------------------------------------------
     def close(self) -> None:

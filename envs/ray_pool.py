@@ -58,8 +58,9 @@ from envs.pool import (
     WorkerTimeout,
     _first_line,
     _Worker,
+    run_job,
 )
-from envs.protocol import EpisodeContext, EpisodeRecord, NodePolicy, Policy, PortablePolicy, run_episode
+from envs.protocol import EpisodeContext, EpisodeRecord, NodePolicy, Policy, PortablePolicy
 from warehouse.model import ActionType
 
 RAY_NAMESPACE = "stepwise"
@@ -194,19 +195,7 @@ class EnvHost:
         except Exception as exc:  # noqa: BLE001 - the snapshot did not arrive: a cluster fault, retry elsewhere
             return ("error", "env", f"the policy's snapshot could not be fetched: {_first_line(exc)}", 0)
         try:
-            record = run_episode(
-                RemoteEnv(self.worker, self.config),
-                policy,
-                job.task,
-                job.seed,
-                episode_id=job.episode_id,
-                max_steps=job.max_steps,
-                family=job.family,
-                before_step=note,
-                attempt=attempt,
-                worker_id=self.worker_id,
-                start=job.start,
-            )
+            record = run_job(RemoteEnv(self.worker, self.config), policy, job, attempt, self.worker_id, note)
         except Exception as exc:  # noqa: BLE001 - every failure goes back as data (below)
             with contextlib.suppress(Exception):
                 policy.episode_output(job.episode_id)  # forget what the failed attempt left on the node

@@ -331,29 +331,25 @@ class LLMLearner:
             if not np.all(np.isfinite(np.asarray(rewards, dtype=np.float64))):
                 raise ValueError(f"episode {k}: rewards must be finite")
             turns.extend(episode_turns)
-        masks = [t.masks for t in turns]
-        with torch.inference_mode():
-            if s.recompute_logp_old:
-                old = response_logprobs(
-                    self.trained,
+
+        def logprobs(model: torch.nn.Module) -> list[np.ndarray]:
+            """Every turn's response log-probabilities under ``model``, masked as the policy acted."""
+            with torch.inference_mode():
+                out = response_logprobs(
+                    model,
                     [t.prompt_ids for t in turns],
                     [t.response_ids for t in turns],
                     pad_id=self.pad_id,
                     micro_batch=s.micro_batch,
-                    masks=masks,
+                    masks=[t.masks for t in turns],
                 )
-                logp_old = [o.double().cpu().numpy() for o in old]
-            else:
-                logp_old = [np.asarray(t.logp, dtype=np.float64) for t in turns]
-            ref = response_logprobs(
-                self.reference,
-                [t.prompt_ids for t in turns],
-                [t.response_ids for t in turns],
-                pad_id=self.pad_id,
-                micro_batch=s.micro_batch,
-                masks=masks,
-            )
-        logp_ref = [r.double().cpu().numpy() for r in ref]
+            return [o.double().cpu().numpy() for o in out]
+
+        if s.recompute_logp_old:
+            logp_old = logprobs(self.trained)
+        else:
+            logp_old = [np.asarray(t.logp, dtype=np.float64) for t in turns]
+        logp_ref = logprobs(self.reference)
         kl = [estimators.kl_penalty(o, r) for o, r in zip(logp_old, logp_ref, strict=True)]
         returns: list[list[np.ndarray]] = []
         start = 0

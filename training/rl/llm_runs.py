@@ -313,8 +313,10 @@ def _register(agent: _Agent, policy_id: str, kind: str, parent: str | None, chec
         "parent_policy_id": parent,
         "checkpoint_path": w.relative(checkpoint),
         "tasks": list(s.tasks),
-        "env_steps": extra.pop("env_steps", None),
-        "parameters": json.dumps(extra | {"settings": asdict(s)}, default=str),
+        "env_steps": extra.get("env_steps"),
+        "parameters": json.dumps(
+            {k: v for k, v in extra.items() if k != "env_steps"} | {"settings": asdict(s)}, default=str
+        ),
         "created_at": _now(),
         "run_id": agent.run_id,
     }
@@ -483,7 +485,10 @@ def _iteration(
         [(policy.turns[r.episode_id], rewards) for r, rewards in zip(kept, batch.rewards, strict=True)]
     )
     state["iteration"], state["env_steps"] = iteration + 1, state["env_steps"] + result.steps
-    _publish_llm_iteration(agent, run_key, acting_id, iteration, result, kept, policy, batch, stats, state, lineage)
+    seconds = (rollout_s, reward_s, stats.seconds)
+    _publish_llm_iteration(
+        agent, run_key, acting_id, iteration, result, kept, policy, batch, stats, seconds, state, lineage
+    )
     c = policy.counters
     tokens_per_s = c.generated_tokens / max(c.seconds, 1e-9)
     agent.log(
@@ -504,11 +509,12 @@ def _publish_llm_iteration(
     policy: HFPolicy,
     batch: Any,
     stats: Any,
+    seconds: tuple[float, float, float],
     state: dict,
     lineage: list[LineageInput],
 ) -> None:
     """One iteration into the RL tables, as a CPU run's (``rl_step_rewards.logp`` is the answer's
-    summed token log-probability; ``advantage`` the mean of its tokens' advantages)."""
+    summed token log-probability; ``advantage`` stays empty: the LLM's advantages are per token)."""
     s, w = agent.settings, agent.warehouse
     m = Materialization(
         asset="llm_agent",
@@ -538,9 +544,9 @@ def _publish_llm_iteration(
         "loss": stats.loss,
         "clip_fraction": stats.clip_fraction,
         "value_loss": None,
-        "seconds_rollout": result.seconds,
-        "seconds_reward": None,
-        "seconds_update": stats.seconds,
+        "seconds_rollout": seconds[0],
+        "seconds_reward": seconds[1],
+        "seconds_update": seconds[2],
         "reward_details": json.dumps(batch.details, sort_keys=True, default=str),
         "created_at": _now(),
     }

@@ -381,6 +381,12 @@ def _demo_tables(warehouse, stages: tuple[str, ...]) -> None:
         )
 
 
+def _backbone_name(warehouse, model_id: str) -> str | None:
+    """The backbone a registered model was trained on, as a short name (its folder's name)."""
+    rows = warehouse.query("SELECT backbone FROM models WHERE model_id = ?", [model_id]).to_pylist()
+    return Path(rows[0]["backbone"]).name if rows and rows[0]["backbone"] else None
+
+
 def cmd_reward_models(args: argparse.Namespace) -> int:
     """Dataset + model per kind (the ``reward_models`` job, one partition each), then the report."""
     prepare_dagster_home()
@@ -401,7 +407,10 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
         )
         return 2
     quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
-    training = {"train_steps": args.train_steps} | ({"threads": args.threads} if args.threads else {})
+    training = {"train_steps": args.train_steps, "profile": args.profile, "backbone": args.backbone}
+    training |= {"threads": args.threads} if args.threads else {}
+    training |= {"max_train_examples": args.max_train_examples} if args.max_train_examples else {}
+    report_config = {"max_trajectories": args.report_trajectories} if args.report_trajectories else {}
     started = time.perf_counter()
     outcomes: list[tuple[str, bool]] = []
     with DagsterInstance.get() as instance:
@@ -419,7 +428,9 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
         missing = [k for k in REPORT_REQUIRED_KINDS if k not in trained]
         if args.report and not missing:
             report = defs.resolve_job_def("reward_model_evaluation").execute_in_process(
-                instance=instance, raise_on_error=False, run_config=quiet
+                instance=instance,
+                raise_on_error=False,
+                run_config=quiet | {"ops": {"reward_model_report": {"config": report_config}}},
             )
             outcomes.append(("reward_model_report", report.success))
             _print_checks(report.get_asset_check_evaluations())
@@ -449,8 +460,11 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
         values = {
             (r["kind"], r["metric"]): r["value"] for r in latest_report_metrics(warehouse) if r["split"] == "test"
         }
+        reported = sorted({kind for kind, _ in values})
+        backbones = {m.kind: _backbone_name(warehouse, m.model_id) for m in latest_models(warehouse, reported)}
         rows = [
-            {"kind": kind} | {m: None if values.get((kind, m)) is None else round(values[(kind, m)], 4) for m in shown}
+            {"kind": kind, "backbone": backbones.get(kind)}
+            | {m: None if values.get((kind, m)) is None else round(values[(kind, m)], 4) for m in shown}
             for kind in sorted({kind for kind, _ in values})
         ]
         _print_table(pa.Table.from_pylist(rows))
@@ -936,6 +950,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--threads", type=int, default=0, help="torch threads of each training process (0: the asset's default)"
+    )
+    p.add_argument(
+        "--profile",
+        choices=("cpu", "llm"),
+        default="cpu",
+        help="cpu: frozen MiniLM segments + a small fusion (default); llm: ProgRM's LLM + MLP + sigmoid, the "
+        "whole backbone fine-tuned (Table 5; float32 on a machine without CUDA)",
+    )
+    p.add_argument(
+        "--backbone",
+        default="",
+        help="the llm profile's LLM: smollm2 (the packaged SmolLM2-135M-Instruct), a .gguf file, or a Hugging "
+        "Face folder (default: MiniLM)",
+    )
+    p.add_argument(
+        "--max-train-examples", type=int, default=0, help="a seeded sample of each kind's training examples (0: all)"
+    )
+    p.add_argument(
+        "--report-trajectories",
+        type=int,
+        default=0,
+        help="the report on a fixed sample of this many trajectories per split (0: all; an LLM backbone scores "
+        "a few steps a second on a CPU)",
     )
     p.add_argument("--no-report", dest="report", action="store_false", help="train only")
     p.set_defaults(func=cmd_reward_models)

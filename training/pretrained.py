@@ -133,3 +133,33 @@ def load_smollm2(home: Path | str | None = None) -> tuple[Any, Any]:
 
     root = Path(home) if home is not None else stepwise_home()
     return load_gguf_causal_lm(smollm2_gguf(), cache_dir=root / "models" / "llm" / SMOLLM2_NAME)
+
+
+#: How configs name the packaged SmolLM2 (a backbone, a policy): resolved to its dequantised copy.
+SMOLLM2_ALIAS = "smollm2"
+
+
+def gguf_folder(path: Path, home: Path | str | None = None) -> Path:
+    """The folder, in Hugging Face's layout, of the GGUF checkpoint ``path`` dequantised: kept under
+    ``home``'s ``models/llm/<file stem>`` (made on first use, 15-30 s here; later calls only hash
+    the file). What any ``from_pretrained`` can read, e.g. a reward model's backbone."""
+    from warehouse.storage import stepwise_home
+
+    root = Path(home) if home is not None else stepwise_home()
+    name = SMOLLM2_NAME if path.name == SMOLLM2_FILE else path.stem.lower()
+    cache_dir = root / "models" / "llm" / name
+    check_gguf(path)
+    if _cached_copy_of(cache_dir) != _fingerprint(path):
+        load_gguf_causal_lm(path, cache_dir=cache_dir)
+    return cache_dir
+
+
+def resolve_checkpoint(spec: str, home: Path | str | None = None) -> str:
+    """A checkpoint as configs name it -> what ``from_pretrained`` reads: ``smollm2`` is the
+    packaged SmolLM2, a path ending in ``.gguf`` that file (both dequantised once, see
+    :func:`gguf_folder`); anything else (a folder, a Hub id) is returned as it is."""
+    if spec == SMOLLM2_ALIAS:
+        return str(gguf_folder(smollm2_gguf(), home))
+    if spec.lower().endswith(".gguf"):
+        return str(gguf_folder(Path(spec), home))
+    return spec

@@ -14,6 +14,13 @@ The same script runs on this CPU machine and on GPUs:
         --backbone /models/Qwen2.5-7B --encoder_mode full --examples ... --output_dir ... \
         --deepspeed training/ds_zero2.json
 
+    # This CPU: ProgRM's design (LLM + MLP + sigmoid) with the packaged SmolLM2-135M as the LLM,
+    # in float32 (the llm profile without CUDA), on a seeded slice of the examples:
+    python -m training.reward_models.train --profile llm --backbone smollm2 --kind progrm_lcs \
+        --home .stepwise --output_dir runs/progrm_lcs_smollm2 --max_train_examples 256
+
+``--backbone`` takes a Hugging Face folder or hub id, ``smollm2`` (the packaged SmolLM2) or a
+``.gguf`` file (both dequantised once into ``<home>/models/llm/``, ``training.pretrained``).
 ``--profile`` picks the defaults of every argument not given: ``llm`` = ProgRM Table 5 (lr 5e-5,
 global batch 128, 3 epochs, cosine, warm-up 0.03, Adam betas 0.9/0.95, bf16, ZeRO-2); ``cpu`` =
 sized for two cores (a larger learning rate for the freshly initialised fusion and head, same
@@ -46,6 +53,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+from training.pretrained import resolve_checkpoint
 from training.reward_models.kinds import KINDS
 from training.reward_models.models import (
     EmbeddingCache,
@@ -151,6 +159,13 @@ class DataArguments:
         metadata={
             "help": "stop after this many evaluations without a lower validation loss, and export the checkpoint "
             "with the lowest one (0: off, export the last; needs evaluations)"
+        },
+    )
+    max_train_seconds: float = field(
+        default=0.0,
+        metadata={
+            "help": "stop training after this many seconds of optimizer steps (a time-limited GPU slot) and export "
+            "what was trained, saying so in the summary (0: off)"
         },
     )
     dataset_materialization_id: str | None = None
@@ -487,8 +502,10 @@ def parse_args(argv: list[str] | None = None):
         # a resumed run continues early stopping's count instead of starting it again
         "restore_callback_states_from_checkpoint": True,
     }
-    parser.set_defaults(**(defaults | PROFILES[known.profile]))
+    parser.set_defaults(**(defaults | profile_defaults(known.profile)))
     model_config, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    # "smollm2" or a .gguf file: the dequantised copy kept under the home (training.pretrained)
+    model_config.backbone = resolve_checkpoint(model_config.backbone, data_args.home)
     if training_args.per_device_train_batch_size <= 0:  # "auto": what the backbone's size allows
         world = int(os.environ.get("WORLD_SIZE", "1"))
         per_device = per_device_batch_for(
@@ -503,6 +520,18 @@ def parse_args(argv: list[str] | None = None):
             training_args, gradient_accumulation_steps=max(1, math.ceil(data_args.global_batch_size / per_step))
         )
     return model_config, data_args, with_best_model_selection(training_args, data_args.early_stopping_patience)
+
+
+def profile_defaults(profile: str, *, cuda: bool | None = None) -> dict:
+    """The profile's defaults for this machine. Table 5's bf16 is for GPUs: without CUDA the ``llm``
+    profile trains in float32 on the CPU (bf16 autocast on a CPU without bf16 units is slower and
+    less exact); anything given on the command line still wins."""
+    defaults = dict(PROFILES[profile])
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    if profile == "llm" and not cuda:
+        defaults |= {"bf16": False, "use_cpu": True}
+    return defaults
 
 
 def approximate_parameters(backbone: str) -> int:
@@ -795,6 +824,8 @@ def _make_trainer(setup: _ModelSetup, examples: _SplitExamples, data: DataArgume
         from transformers import EarlyStoppingCallback
 
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=data.early_stopping_patience))
+    if data.max_train_seconds > 0:
+        callbacks.append(time_budget_callback(data.max_train_seconds))
     return RewardTrainer(
         model=setup.model,
         args=args,
@@ -804,6 +835,34 @@ def _make_trainer(setup: _ModelSetup, examples: _SplitExamples, data: DataArgume
         compute_metrics=compute_metrics,
         callbacks=callbacks,
     )
+
+
+def _callbacks(trainer) -> list:
+    return list(getattr(getattr(trainer, "callback_handler", None), "callbacks", []))
+
+
+def time_budget_callback(seconds: float) -> TrainerCallback:
+    """Ends training after the first optimizer step past ``seconds`` from its start (the Trainer then
+    saves and exports as after a finished schedule; the learning rate has not reached the schedule's
+    end). Sets ``stopped_by_time_budget`` on itself for the summary."""
+    from transformers import TrainerCallback
+
+    class TimeBudget(TrainerCallback):
+        def __init__(self) -> None:
+            self.started: float | None = None
+            self.stopped_by_time_budget = False
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.started = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.started is not None and time.monotonic() - self.started > seconds:
+                self.stopped_by_time_budget = True
+                control.should_training_stop = True
+                control.should_save = True
+            return control
+
+    return TimeBudget()
 
 
 def _resume_point(data: DataArguments, args) -> tuple[str | None, EarlyStop | None]:
@@ -848,6 +907,7 @@ def _training_summary(
         "global_steps": int(trainer.state.global_step),
         "max_steps": finished.budget if finished else int(trainer.state.max_steps),
         "stopped_early": bool(finished) or int(trainer.state.global_step) < int(trainer.state.max_steps),
+        "stopped_by_time_budget": any(getattr(c, "stopped_by_time_budget", False) for c in _callbacks(trainer)),
         # the exported weights: the checkpoint with the lowest validation loss, else the last step
         "exported_step": best_step(trainer) or int(trainer.state.global_step),
         "train_seconds": train_seconds,

@@ -3,7 +3,7 @@ ProgRM's multi-turn REINFORCE++ in live MiniWoB++, with the same tables and line
 CPU policy (:mod:`training.rl.runs`).
 
 Every seed's agent is an LLM; on this CPU the one that can be had is SmolLM2-135M-Instruct
-(:func:`training.llm.pretrained.load_smollm2`); a folder in ``save_pretrained``'s layout takes its
+(:func:`training.pretrained.load_smollm2`); a folder in ``save_pretrained``'s layout takes its
 place (:attr:`LLMRunSettings.model`). :func:`run_llm_agent` does, in order:
 
 1. **Base**: greedy held-out episodes of the pretrained model (``policies.kind = 'llm_base'``).
@@ -80,7 +80,7 @@ from warehouse.storage import git_revision
 from warehouse.tables_rl import POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
 
 LLM_CODE_VERSION = "llm-rl-1"
-#: The pretrained model the package ships (training.llm.pretrained); anything else is a folder.
+#: The pretrained model the package ships (training.pretrained); anything else is a folder.
 SMOLLM2 = "smollm2"
 
 
@@ -192,10 +192,10 @@ def peak_rss_mb() -> float:
 
 def load_base_model(settings: LLMRunSettings, home: Path) -> tuple[Any, Any, str]:
     """(model, tokenizer, base policy id). A missing or corrupt model file fails here, in one line,
-    before any episode (training.llm.pretrained checks the GGUF)."""
+    before any episode (training.pretrained checks the GGUF)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.llm.pretrained import load_smollm2, smollm2_gguf
+    from training.pretrained import load_smollm2, smollm2_gguf
 
     if settings.model == SMOLLM2:
         model, tokenizer = load_smollm2(home)

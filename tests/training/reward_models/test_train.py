@@ -19,12 +19,14 @@ import torch
 from training.reward_models.models import RewardScorer
 from training.reward_models.states import StepState
 from training.reward_models.train import (
+    CPU_DEFAULTS,
     DS_ZERO2,
     DS_ZERO2_CPU,
     TABLE5_DEFAULTS,
     epochs_for_min_steps,
     last_complete_checkpoint,
     parse_args,
+    profile_defaults,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -395,3 +397,55 @@ def test_hopper_arch_list_is_made_readable_for_deepspeed():
     assert cuda_arch_list_for_deepspeed("9.0a") == "9.0"
     assert cuda_arch_list_for_deepspeed("8.0;9.0a+PTX") == "8.0;9.0+PTX"
     assert cuda_arch_list_for_deepspeed("7.5 8.6") == "7.5 8.6"
+
+
+def test_llm_profile_trains_in_float32_on_a_machine_without_cuda():
+    """Table 5's bf16 is for GPUs; without CUDA the llm profile trains on the CPU in float32."""
+    assert profile_defaults("llm", cuda=True)["bf16"] and "use_cpu" not in profile_defaults("llm", cuda=True)
+    on_cpu = profile_defaults("llm", cuda=False)
+    assert not on_cpu["bf16"] and on_cpu["use_cpu"] and on_cpu["learning_rate"] == TABLE5_DEFAULTS["learning_rate"]
+    assert profile_defaults("cpu", cuda=False) == CPU_DEFAULTS and TABLE5_DEFAULTS["bf16"]  # nothing else changes
+
+
+@pytest.mark.e2e
+def test_smollm2_as_the_backbone_of_a_progress_reward_model(tiny_examples, tmp_path):
+    """ProgRM's design with a real pretrained LLM: ``--backbone smollm2`` resolves to the packaged
+    SmolLM2-135M (dequantised once into the home), the whole model is fine-tuned a few steps in
+    float32 on this CPU, and the exported model scores states in (0, 1), pooled at the last token."""
+    home = tmp_path / "home"
+    argv = _train_argv(
+        "progrm_lcs",
+        tiny_examples["progrm_lcs"],
+        tmp_path,
+        "--profile",
+        "llm",
+        "--backbone",
+        "smollm2",
+        "--home",
+        str(home),
+        "--max_length",
+        "256",
+        "--max_steps",
+        "2",
+        "--global_batch_size",
+        "4",
+        "--per_device_train_batch_size",
+        "2",
+        "--eval_strategy",
+        "no",
+        "--save_steps",
+        "2",
+    )
+    done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (home / "models" / "llm" / "smollm2-135m-instruct" / "model.safetensors").is_file()
+    summary = json.loads((tmp_path / "trainer" / "training_summary.json").read_text())
+    assert summary["model_config"]["backbone"].endswith("smollm2-135m-instruct")
+    assert summary["global_steps"] == 2 and not summary["training_arguments"]["bf16"]
+    scorer = RewardScorer.from_checkpoint(tmp_path / "trainer" / "final")
+    assert scorer.config.encoder_mode == "full" and scorer.model.pooling == "last_token"
+    assert scorer.model.backbone.config.num_hidden_layers == 30  # SmolLM2-135M, not a tiny stand-in
+    states = [StepState("Click ok", ('CLICK(button "ok")',), ('button "ok"',)), StepState("Type a", (), ())]
+    scores = scorer.score_states(states)
+    assert scores.shape == (2,) and np.all((scores > 0) & (scores < 1))
+    assert np.array_equal(scorer.score_states(states[:1]), scores[:1])  # alone = batched

@@ -10,6 +10,7 @@ from assets.guidance import GUIDANCE_ASSETS, GUIDANCE_CHECKS, GUIDANCE_JOBS
 from assets.human_labels import HUMAN_LABEL_ASSETS, HUMAN_LABEL_CHECKS, HUMAN_LABEL_JOBS, HUMAN_LABEL_SENSORS
 from assets.labels import LABEL_ASSETS, LABEL_CHECKS, LABEL_JOBS, LABEL_SENSORS
 from assets.llm import LLM_ASSETS, LLM_JOBS
+from assets.rationales import RATIONALE_ASSETS, RATIONALE_CHECKS
 from assets.resources import RESOURCES
 from assets.reward_models import GROUP as REWARD_MODEL_GROUP
 from assets.reward_models import REWARD_MODEL_ASSETS, REWARD_MODEL_CHECKS, REWARD_MODEL_JOBS
@@ -40,6 +41,7 @@ defs = Definitions(
         *ROLLOUT_ASSETS,
         *LABEL_ASSETS,
         *HUMAN_LABEL_ASSETS,
+        *RATIONALE_ASSETS,
         *REWARD_MODEL_ASSETS,
         *RL_ASSETS,
         *LLM_ASSETS,
@@ -51,6 +53,7 @@ defs = Definitions(
         *ROLLOUT_CHECKS,
         *LABEL_CHECKS,
         *HUMAN_LABEL_CHECKS,
+        *RATIONALE_CHECKS,
         *REWARD_MODEL_CHECKS,
         *RL_CHECKS,
         *GUIDANCE_CHECKS,

@@ -195,6 +195,35 @@ LABEL_SOURCE_AGREEMENT = with_key(
     "quantity",
 )
 
+# LLM-written rationales for human step-correctness labels (GUI-Shepherd §3: people give the binary
+# verdict, an LLM explains it), stored with the label: one row per (annotation, revision) asked about.
+LABEL_RATIONALES = with_key(
+    pa.schema(
+        [
+            pa.field("ls_server", pa.string(), nullable=False),
+            pa.field("annotation_id", pa.int64(), nullable=False),
+            pa.field("revision", pa.int32(), nullable=False),  # the human_labels revision the rationale explains
+            ("episode_id", pa.string()),
+            ("step_idx", pa.int32()),
+            ("task_id", pa.string()),
+            ("label", pa.string()),  # the human verdict it was conditioned on: positive | negative
+            ("rationale", pa.string()),  # the LLM's explanation; null when none was produced
+            pa.field("ok", pa.bool_(), nullable=False),  # a rationale was produced and parsed
+            ("failure", pa.string()),  # null | endpoint_error | empty | unparsed | prompt_too_long
+            ("error", pa.string()),  # one line: why (never a credential)
+            ("model", pa.string()),  # the model name the endpoint was asked for
+            ("prompt_version", pa.string()),  # e.g. gui-shepherd-rationale@1
+            ("endpoint", pa.string()),  # the endpoint's base URL without credentials or query
+            ("prompt_chars", pa.int32()),
+            ("seconds", pa.float64()),  # the endpoint call's wall time (null when none was made)
+            ("created_at", _TS),
+        ]
+    ),
+    "ls_server",
+    "annotation_id",
+    "revision",
+)
+
 ANNOTATION_TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "annotation_candidates": ANNOTATION_CANDIDATES,
     "annotation_queue": ANNOTATION_QUEUE,
@@ -202,4 +231,5 @@ ANNOTATION_TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "human_step_labels": HUMAN_STEP_LABELS,
     "annotator_stats": ANNOTATOR_STATS,
     "label_source_agreement": LABEL_SOURCE_AGREEMENT,
+    "label_rationales": LABEL_RATIONALES,
 }

@@ -16,6 +16,7 @@ GROUPS = {
         "human_step_labels",
         "annotation_agreement",
         "label_source_comparison",
+        "label_rationales",
     },
     "reward_models": {"reward_model_datasets", "reward_model", "reward_model_report"},
     "rl": {"policy_sft", "rl_run", "agent_evaluation", "rl_report"},
@@ -48,6 +49,7 @@ DEPENDENCIES = {
     "human_step_labels": {"human_labels"},
     "annotation_agreement": {"human_labels"},
     "label_source_comparison": {"human_step_labels"},
+    "label_rationales": {"human_labels"},
 }
 
 CHECKS = {

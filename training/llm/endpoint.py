@@ -185,3 +185,25 @@ def serve_local_model(
     finally:
         _stop(process)
         atexit.unregister(stopper)
+
+
+@contextlib.contextmanager
+def chat_endpoint_or_local(
+    base_url: str | None,
+    model: str | None = None,
+    *,
+    api_key_env: str = "OPENAI_API_KEY",
+    timeout_s: float = 120.0,
+    home: Path | str | None = None,
+    log_path: Path | str | None = None,
+) -> Iterator[ChatEndpoint]:
+    """The configured endpoint (``base_url`` and ``model``), or, with ``base_url`` None, SmolLM2
+    served locally for the duration of the block (``model`` then names another HF folder to serve)."""
+    if base_url is not None:
+        if not model:
+            raise EndpointStartError(f"{base_url}: an endpoint needs a model name (config `model`)")
+        yield ChatEndpoint(base_url, model, api_key_env=api_key_env, timeout_s=timeout_s)
+        return
+    folder = Path(model) if model else smollm2_folder(home)
+    with serve_local_model(folder, log_path=log_path) as local:
+        yield local.chat_endpoint(timeout_s=timeout_s, api_key_env=api_key_env)

@@ -27,12 +27,14 @@ import os
 import re
 import zlib
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from envs.miniwob.dom import EDITABLE_ROLES, dom_to_screen
+from envs.protocol import EpisodeRecord, StepRecord
 from warehouse.model import Action, ActionType, Screen
 
 MOUSE_EVENTS = frozenset({"mousedown", "mouseup", "click", "dblclick"})
@@ -658,3 +660,23 @@ def _recording_to_episode(recording: dict[str, Any], task_hint: str) -> DemoEpis
         fields=fields if isinstance(fields, dict) else None,
         problems=problems,
     )
+
+
+def demonstration_record(
+    episode: DemoEpisode, episode_id: str, *, family: str = "miniwob", slots: dict[str, str] | None = None
+) -> EpisodeRecord:
+    """A recorded demonstration as an :class:`envs.protocol.EpisodeRecord` (what reward sources and
+    milestone writers read of an episode): its steps with their screens and actions, its outcome,
+    ``slots`` (the instruction's slot values, e.g. from ``envs.protocol.episode_slots``; none: {}).
+    The screen after the last action is not recorded step-wise: the last step's screen stands in."""
+    last = len(episode.steps) - 1
+    steps = tuple(
+        StepRecord(i, s.screen, s.action, 0.0, (), i == last, s.time_ms, 0.0, s.problem)
+        for i, s in enumerate(episode.steps)
+    )
+    return EpisodeRecord(
+        episode_id, episode.task_id, family, episode.instruction, -1, "human", "miniwob", steps,
+        steps[-1].screen if steps else Screen(()), {k: str(v) for k, v in (episode.fields or {}).items()},
+        dict(slots or {}), episode.success, episode.raw_reward, episode.decayed_reward, "demonstration", 0, 0, 0.0,
+        episode.duration_ms, datetime.now(UTC),
+    )  # fmt: skip

@@ -149,6 +149,16 @@ SMOKE: dict[str, Smoke] = {
         ),
         e2e=True,
     ),
+    "bench_smollm2_writers": Smoke(
+        (
+            "endpoint up in",
+            "| task | essential steps | milestones parsed | milestones | s/milestone call | rationales | s/rationale |",
+            "| login-user |",
+            "milestone answers parsed:",
+            "rationales produced:",
+        ),
+        e2e=True,
+    ),
     "bench_partitions": Smoke(
         ("sequential s  parallel s  same labels", "all families (wall)", "every family in one run", "same labels: yes"),
         e2e=True,

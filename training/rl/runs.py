@@ -45,7 +45,7 @@ from envs.pool import BatchResult, EnvPool, EpisodeJob
 from envs.protocol import EpisodeRecord, Policy, episode_tables
 from envs.rollouts import ATTEMPTS_TABLE, ProgressLog
 from envs.task_catalog import CatalogTask, load_catalog
-from training.llm.chat_client import ChatClient, ChatEndpoint
+from training.llm.chat_client import ChatClient, ChatEndpoint, ChatEndpointError
 from training.policy.evaluation import (
     EvalEpisode,
     eval_episode,
@@ -687,6 +687,11 @@ def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: s
         milestone_generator = LLMMilestones(
             ChatClient(ChatEndpoint(settings.milestone_endpoint, settings.milestone_model))
         )
+        if settings.reward_source == "admire":
+            try:  # down before any rollout: one line, not a run of silent fallbacks
+                milestone_generator.check()
+            except ChatEndpointError as exc:
+                raise RLStageError(f"ADMIRE's milestone endpoint: {exc}") from None
     source = make_reward_source(  # loads the reward model now: a missing one fails before any rollout
         settings.reward_source,
         warehouse,

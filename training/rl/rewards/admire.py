@@ -116,31 +116,48 @@ _UPDATE_PROMPT = (
 )
 
 
+def parse_milestones(text: str) -> list[str] | None:
+    """The milestones in an answer to P_init / P_update: the first JSON list of non-empty strings
+    in the text (stripped; prose or code fences around it are ignored), else None (the caller
+    falls back, §3.1)."""
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"\[", text):
+        try:
+            items, _ = decoder.raw_decode(text, match.start())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(items, list) and items and all(isinstance(i, str) and i.strip() for i in items):
+            return [i.strip() for i in items]
+    return None
+
+
 class LLMMilestones:
     """Φ as the paper has it: an LLM distils (Eq. 6) and refines (Eq. 7) milestones, with prompts
     after ADMIRE's P_init / P_update. An answer that is not a JSON list of strings, or a failing
-    endpoint, falls back to :class:`TrajectoryMilestones` (counted in ``fallbacks``)."""
+    endpoint, falls back to :class:`TrajectoryMilestones` (counted in ``fallbacks``; the last raw
+    answer is kept in ``last_answer``, None after an endpoint failure)."""
 
     source = "llm"
 
-    def __init__(self, client: ChatClient) -> None:
+    def __init__(self, client: ChatClient, max_tokens: int = 400) -> None:
         self.client = client
+        self.max_tokens = max_tokens
         self.fallback = TrajectoryMilestones()
         self.fallbacks = 0
+        self.last_answer: str | None = None
+
+    def check(self) -> None:
+        """One tiny completion, before any rollout: raises ``ChatEndpointError`` (one line) when the
+        endpoint is down or refuses, which would otherwise only show as fallbacks."""
+        self.client.complete([{"role": "user", "content": "Say OK."}], max_tokens=2)
 
     def _ask(self, prompt: str) -> list[str] | None:
+        self.last_answer = None
         try:
-            text = self.client.complete([{"role": "user", "content": prompt}], max_tokens=400)
+            self.last_answer = self.client.complete([{"role": "user", "content": prompt}], max_tokens=self.max_tokens)
         except ChatEndpointError:
             return None
-        match = re.search(r"\[.*\]", text, re.S)
-        try:
-            items = json.loads(match.group(0)) if match else None
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(items, list) or not items or not all(isinstance(i, str) and i.strip() for i in items):
-            return None
-        return [i.strip() for i in items]
+        return parse_milestones(self.last_answer)
 
     def initial(self, task: str, instruction: str, descriptions: Sequence[str]) -> list[str]:
         prompt = _INIT_PROMPT.format(task=task, instruction=instruction, actions=json.dumps(list(descriptions)))
@@ -297,6 +314,7 @@ class AdmireReward:
                 "milestone_weight": weight,
                 "tasks_with_milestones": float(len(self.store.tasks)),
                 "milestones_changed": float(len(changed)),
+                "milestone_fallbacks": float(getattr(self.store.generator, "fallbacks", 0)),
                 "mean_milestones_reached": float(np.mean(hits)) if hits else 0.0,
             },
         )

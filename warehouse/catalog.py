@@ -43,9 +43,19 @@ from warehouse.storage import slug, stepwise_home, write_parquet_atomic
 #: whose views were built by another version rebuilds them on opening.
 # 2: every schema column present (old files read as nulls); episodes.purpose inferred.
 # 3: alternatives at one state (step_alternatives, rm_alternative_top1; new columns of rm_examples, flywheel_rounds).
-VIEWS_VERSION = "3"
+# 4: label_rationales and the joined view human_labels_with_rationales.
+VIEWS_VERSION = "4"
 #: Columns a view derives for rows written before the column existed (``coalesce(stored, derived)``).
 _DERIVED_COLUMNS: dict[str, dict[str, str]] = {"episodes": {"purpose": LEGACY_PURPOSE_SQL}}
+#: Views over the tables' views, rebuilt with them: each human label with the LLM rationale of its
+#: current revision (GUI-Shepherd §3; ``rationale`` stays the annotator's own, optional one).
+_JOINED_VIEWS: dict[str, str] = {
+    "human_labels_with_rationales": (
+        "SELECT h.*, r.rationale AS llm_rationale, r.ok AS llm_rationale_ok, r.failure AS llm_rationale_failure, "
+        "r.model AS llm_rationale_model, r.prompt_version AS llm_rationale_prompt_version "
+        "FROM human_labels h LEFT JOIN label_rationales r USING (ls_server, annotation_id, revision)"
+    )
+}
 
 _CATALOG_DDL = """
 CREATE TABLE IF NOT EXISTS table_versions (
@@ -212,7 +222,7 @@ class Warehouse:
         except duckdb.CatalogException:
             rows = []
         views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
-        if rows and rows[0][0] == self._views_stamp() and set(TABLE_SCHEMAS) <= views:
+        if rows and rows[0][0] == self._views_stamp() and set(TABLE_SCHEMAS) | set(_JOINED_VIEWS) <= views:
             self._views_checked = True
             return con
         if read_only:
@@ -458,6 +468,8 @@ class Warehouse:
                 f"CREATE OR REPLACE VIEW {table_name} AS "
                 f"SELECT * FROM read_parquet({_sql_list(paths)}, union_by_name = true)"
             )
+        for view_name, sql in _JOINED_VIEWS.items():
+            con.execute(f"CREATE OR REPLACE VIEW {view_name} AS {sql}")
         con.execute(_LINEAGE_VIEW)
         con.execute("INSERT OR REPLACE INTO catalog_meta VALUES ('views_home', ?)", [self._views_stamp()])
 

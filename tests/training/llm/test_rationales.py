@@ -205,11 +205,17 @@ def test_rationales_from_smollm2_are_stored_with_their_labels(smollm2_endpoint, 
     for path in warehouse.home.rglob("*"):
         if path.is_file():
             assert b"sk-never-stored-123" not in path.read_bytes(), path
-    joined = warehouse.query(
-        f"SELECT h.annotation_id, h.label, r.rationale FROM human_labels h JOIN {TABLE} r "
-        "USING (ls_server, annotation_id, revision) ORDER BY 1"
-    ).to_pylist()
-    assert [j["annotation_id"] for j in joined] == [100, 101, 103]
+    joined = warehouse.query("SELECT * FROM human_labels_with_rationales ORDER BY annotation_id").to_pylist()
+    assert [(j["annotation_id"], j["llm_rationale_ok"] is not None) for j in joined] == [
+        (100, True),
+        (101, True),
+        (102, False),  # the unsure label: nothing to explain
+        (103, True),
+    ]
+    by_id = {r["annotation_id"]: r for r in rows}
+    for j in (j for j in joined if j["annotation_id"] != 102):
+        assert j["llm_rationale"] == by_id[j["annotation_id"]]["rationale"]
+        assert j["llm_rationale_prompt_version"] == PROMPT_VERSION
 
 
 def test_an_endpoint_down_before_the_start_is_one_line_and_writes_nothing(tmp_path):

@@ -13,6 +13,7 @@
 #   SECONDS_<KIND>  a time budget per kind (default 0: the whole schedule); training then stops
 #                   after the first step past it and exports what it has (the summary says so)
 #   EPOCHS      epochs (default: Table 5's 3)
+#   EXTRA_ARGS  more training arguments (e.g. a slice: --max_train_examples 8 --max_length 256)
 #   OUT         where the summaries, scores and logs go
 #   WORK        scratch space for checkpoints (default /tmp/stepwise-gpu)
 #   DS_CONFIG   DeepSpeed config (default training/ds_zero2.json; training/ds_zero2_cpu.json tries it on a CPU)
@@ -27,23 +28,39 @@ mkdir -p "$OUT" "$WORK"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, deepspeed; print('torch', torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__)" | tee -a "$OUT/gpu.txt"
 status=0
+train() {  # train KIND [--deepspeed CONFIG]: the deepspeed launcher with a config, else one plain process
+  local kind=$1; shift
+  local budget_var="SECONDS_${kind^^}"
+  local args=(--profile llm --kind "$kind" --backbone "$BACKBONE" --home "$WORK/home"
+    --examples "$EXAMPLES/$kind.parquet" --output_dir "$WORK/$kind/trainer" --export_dir "$WORK/$kind/final"
+    --num_train_epochs "$EPOCHS" --max_train_seconds "${!budget_var:-0}"
+    --eval_strategy no --save_steps 100000 --logging_steps 20 --disable_tqdm true)
+  if [ $# -gt 0 ]; then
+    python3 -m deepspeed.launcher.runner --num_gpus 1 --module training.reward_models.train "${args[@]}" "$@" ${EXTRA_ARGS:-}
+  else
+    python3 -m training.reward_models.train "${args[@]}" ${EXTRA_ARGS:-}
+  fi
+}
+status=0
 for kind in $KINDS; do
-  budget_var="SECONDS_${kind^^}"
-  budget=${!budget_var:-0}
-  run="$WORK/$kind"
   started=$(date +%s)
-  python3 -m deepspeed.launcher.runner --num_gpus 1 --module training.reward_models.train \
-    --profile llm --kind "$kind" --backbone "$BACKBONE" --home "$WORK/home" \
-    --examples "$EXAMPLES/$kind.parquet" --output_dir "$run/trainer" --export_dir "$run/final" \
-    --deepspeed "${DS_CONFIG:-training/ds_zero2.json}" --num_train_epochs "$EPOCHS" --max_train_seconds "$budget" \
-    --eval_strategy no --save_steps 100000 --logging_steps 20 --disable_tqdm true \
-    > "$OUT/train_$kind.log" 2>&1
+  train "$kind" --deepspeed "${DS_CONFIG:-training/ds_zero2.json}" > "$OUT/train_$kind.log" 2>&1
   rc=$?
-  echo "train $kind: exit $rc after $(( $(date +%s) - started )) s" | tee -a "$OUT/gpu.txt"
+  echo "train $kind under DeepSpeed: exit $rc after $(( $(date +%s) - started )) s" | tee -a "$OUT/gpu.txt"
   tail -n 5 "$OUT/train_$kind.log"
+  if [ $rc -ne 0 ]; then  # the DeepSpeed path failed: the same training in one plain process, said so
+    rm -rf "${WORK:?}/$kind"
+    started=$(date +%s)
+    train "$kind" > "$OUT/train_${kind}_plain.log" 2>&1
+    rc=$?
+    echo "train $kind without DeepSpeed: exit $rc after $(( $(date +%s) - started )) s" | tee -a "$OUT/gpu.txt"
+    tail -n 5 "$OUT/train_${kind}_plain.log"
+  fi
   if [ $rc -ne 0 ]; then status=1; continue; fi
-  cp "$run/trainer/training_summary.json" "$OUT/summary_$kind.json"
-  python3 -m training.reward_models.offline score --checkpoint "$run/final" --trajectories "$EVALSETS" \
+  cp "$WORK/$kind/trainer/training_summary.json" "$OUT/summary_$kind.json"
+  started=$(date +%s)
+  python3 -m training.reward_models.offline score --checkpoint "$WORK/$kind/final" --trajectories "$EVALSETS" \
     --out "$OUT/scores_$kind.json" 2>&1 | tail -n 3 || status=1
+  echo "score $kind: $(( $(date +%s) - started )) s" | tee -a "$OUT/gpu.txt"
 done
 exit $status

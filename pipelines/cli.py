@@ -790,6 +790,34 @@ def cmd_annotate_push(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_annotate_rationales(args: argparse.Namespace) -> int:
+    """GUI-Shepherd §3: an LLM writes the rationale of each human positive / negative step label
+    that has none yet (``label_rationales``); with no ``--base-url``, SmolLM2 is served locally."""
+    from training.llm.chat_client import ChatClient
+    from training.llm.endpoint import EndpointStartError, chat_endpoint_or_local
+    from training.llm.pretrained import PretrainedModelError
+    from training.llm.rationales import RationaleEndpointError, RationaleOptions, generate_label_rationales
+    from warehouse.catalog import Warehouse
+
+    warehouse = Warehouse()
+    options = RationaleOptions(max_tokens=args.max_tokens, max_labels=args.max_labels)
+    try:
+        with chat_endpoint_or_local(
+            args.base_url,
+            args.model,
+            api_key_env=args.api_key_env,
+            timeout_s=args.timeout,
+            home=warehouse.home,
+            log_path=warehouse.home / "logs" / "label_rationales-cli.log",
+        ) as endpoint:
+            summary = generate_label_rationales(warehouse, ChatClient(endpoint), options, log=print)
+    except (RationaleEndpointError, EndpointStartError, PretrainedModelError) as exc:
+        print(f"stepwise annotate rationales: {exc}", file=sys.stderr)
+        return 2
+    print(" ".join(f"{k}={v}" for k, v in summary.items()))
+    return 0
+
+
 def cmd_specs_validate(args: argparse.Namespace) -> int:
     """Load a folder of task specs and replay the recorded episodes of each task against them."""
     from envs.spec_validation import format_report, validate_specs, warehouse_episodes
@@ -924,6 +952,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interfaces", default="", help="comma-separated interfaces to push (default: all)")
     p.add_argument("--no-select", action="store_true", help="push the current selection without selecting again")
     p.set_defaults(func=cmd_annotate_push)
+    p = annotate.add_parser(
+        "rationales", help="an LLM writes the rationale of each positive / negative step label (GUI-Shepherd §3)"
+    )
+    p.add_argument("--base-url", default=None, help="OpenAI-compatible base URL (…/v1); default: serve SmolLM2 here")
+    p.add_argument("--model", default=None, help="the model name the endpoint expects (or a folder to serve)")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds one answer may take")
+    p.add_argument("--max-labels", type=int, default=None, help="at most this many labels this run")
+    p.add_argument("--max-tokens", type=int, default=160, help="answer budget in tokens")
+    p.set_defaults(func=cmd_annotate_rationales)
     p = sub.add_parser("figures", help="the README's tables, printed from the warehouse as markdown")
     p.add_argument("--section", default=None, help="one section (demonstrations, label quality, ...)")
     p.set_defaults(func=cmd_figures)

@@ -256,3 +256,22 @@ def test_an_endpoint_that_dies_mid_run_is_counted_and_the_rest_left_for_later(sm
     assert all("not reachable" in r["error"] and "\n" not in r["error"] for r in rows[1:])
     # the next run asks the three failures and the four left over
     assert len(pending_labels(warehouse.query("SELECT * FROM human_labels").to_pylist(), rows)) == 8 - rows[0]["ok"]
+
+
+def test_the_cli_says_in_one_line_that_the_endpoint_is_down(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    home = tmp_path / "home"
+    _with_labels(build_small_warehouse(home), ["positive"])
+    stepwise = Path(sys.executable).parent / "stepwise"
+    env = os.environ | {"STEPWISE_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    done = subprocess.run(
+        [str(stepwise), "annotate", "rationales", "--base-url", url, "--model", "m", "--timeout", "2"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("stepwise annotate rationales: rationale endpoint:")
+    assert "not reachable" in done.stderr

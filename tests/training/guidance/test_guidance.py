@@ -43,7 +43,7 @@ from training.guidance.judge import (
 from training.guidance.proposals import GuidanceError, LearnedProposer, Proposal, rank_candidates
 from training.guidance.reflection import AttemptGuidance, Ban, blame_step, next_guidance, pass_at, reflect
 from training.guidance.registry import make_verifier
-from training.guidance.runs import GuidanceSettings, paired_delta, plan_settings, setting_rows
+from training.guidance.runs import LLM_EPISODE_CLOCK_MS, GuidanceSettings, paired_delta, plan_settings, setting_rows
 from training.guidance.verifiers import StepView
 from training.llm.chat_client import ChatClient, ChatEndpoint
 from training.reward_models.states import StepState, describe_action, screen_lines
@@ -504,3 +504,14 @@ def test_an_endpoint_that_answers_well_scores_every_candidate(trained_prm):
         assert verdict.calls == 3 + 1 and verdict.details["tools"] == [GLOBAL_PARSE, LOCAL_LOOKUP]
     finally:
         server.close()
+
+
+def test_an_llm_in_the_step_gets_an_episode_clock_it_can_finish_in():
+    """MiniWoB++'s timer runs while the agent thinks: with a judge or an LLM policy over an endpoint
+    the clock is 10 minutes (a CPU judge took 110-180 s a step, and under the benchmark's 10 s every
+    episode ended at its first action); the learned policy with local verifiers keeps the benchmark's."""
+    assert GuidanceSettings().episode_clock_ms is None
+    assert GuidanceSettings(endpoint="http://127.0.0.1:9/v1").episode_clock_ms == LLM_EPISODE_CLOCK_MS == 600_000
+    llm_policy = GuidanceSettings(policy="hf", policy_path="/models/x", tasks=("click-option",))
+    assert llm_policy.episode_clock_ms == LLM_EPISODE_CLOCK_MS
+    assert GuidanceSettings(endpoint="http://127.0.0.1:9/v1", episode_max_time_ms=30_000).episode_clock_ms == 30_000

@@ -126,13 +126,20 @@ def _save_copy(model: Any, tokenizer: Any, cache_dir: Path, source: dict[str, st
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def load_smollm2(home: Path | str | None = None) -> tuple[Any, Any]:
-    """SmolLM2-135M-Instruct (model, tokenizer), its dequantised copy kept under ``home``'s
-    ``models/llm/`` (``None``: $STEPWISE_HOME or ./.stepwise)."""
+def copy_dir(path: Path, home: Path | str | None = None) -> Path:
+    """Where the dequantised copy of the GGUF file ``path`` is kept: ``home``'s
+    ``models/llm/<name>`` (``None``: $STEPWISE_HOME or ./.stepwise); SmolLM2's under its own name."""
     from warehouse.storage import stepwise_home
 
     root = Path(home) if home is not None else stepwise_home()
-    return load_gguf_causal_lm(smollm2_gguf(), cache_dir=root / "models" / "llm" / SMOLLM2_NAME)
+    return root / "models" / "llm" / (SMOLLM2_NAME if path.name == SMOLLM2_FILE else path.stem.lower())
+
+
+def load_smollm2(home: Path | str | None = None) -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct (model, tokenizer), its dequantised copy kept under ``home``'s
+    ``models/llm/`` (:func:`copy_dir`)."""
+    path = smollm2_gguf()
+    return load_gguf_causal_lm(path, cache_dir=copy_dir(path, home))
 
 
 #: How configs name the packaged SmolLM2 (a backbone, a policy): resolved to its dequantised copy.
@@ -140,14 +147,10 @@ SMOLLM2_ALIAS = "smollm2"
 
 
 def gguf_folder(path: Path, home: Path | str | None = None) -> Path:
-    """The folder, in Hugging Face's layout, of the GGUF checkpoint ``path`` dequantised: kept under
-    ``home``'s ``models/llm/<file stem>`` (made on first use, 15-30 s here; later calls only hash
+    """The folder, in Hugging Face's layout, of the GGUF checkpoint ``path`` dequantised: kept in
+    :func:`copy_dir` (made on first use, 15-30 s here; later calls only hash
     the file). What any ``from_pretrained`` can read, e.g. a reward model's backbone."""
-    from warehouse.storage import stepwise_home
-
-    root = Path(home) if home is not None else stepwise_home()
-    name = SMOLLM2_NAME if path.name == SMOLLM2_FILE else path.stem.lower()
-    cache_dir = root / "models" / "llm" / name
+    cache_dir = copy_dir(path, home)
     check_gguf(path)
     if _cached_copy_of(cache_dir) != _fingerprint(path):
         load_gguf_causal_lm(path, cache_dir=cache_dir)

@@ -49,6 +49,7 @@ from training.guidance.reflection import AttemptGuidance, next_guidance, pass_at
 from training.guidance.registry import make_verifier
 from training.guidance.verifiers import VERIFIERS, Verifier
 from training.llm.chat_client import ChatClient, ChatEndpoint
+from training.llm.policy import LLM_EPISODE_CLOCK_MS
 from training.policy.evaluation import bootstrap_interval, env_return, failure_mode, paired_comparison, sample_seeds
 from training.policy.learned import PolicyModel
 from training.policy.store import HELD_OUT_SEED_BASE, PolicyNotFoundError, latest_policy
@@ -62,8 +63,6 @@ from warehouse.tables_guidance import GUIDANCE_EPISODES, GUIDANCE_EVAL, GUIDANCE
 GUIDANCE_CODE_VERSION = "guidance-1"
 METHODS: tuple[str, ...] = ("base", "best_of_n", "oracle", "judge", "retry")
 POLICY_KINDS = ("learned", "endpoint", "hf")
-#: The episode clock when an LLM is in the loop (the LLM agent's too: training.rl.llm_runs).
-LLM_EPISODE_CLOCK_MS = 600_000
 
 Log = Callable[[str], None]
 PoolFactory = Callable[[int], AbstractContextManager[EnvPool]]

@@ -64,6 +64,10 @@ from warehouse.model import Action, ActionType, Screen, UIElement
 ENDPOINT_ERROR = "endpoint_error"
 #: The answer format's closing tag: generation stops once it is written.
 STOP_STRING = "</action>"
+#: MiniWoB++'s episode clock when an LLM is in the step (acting, judging, reflecting): the page's
+#: timer runs while the model thinks (seconds to minutes a step on a CPU), and the benchmark's 10 s
+#: would end an episode at its first or second action; ``max_steps`` still bounds the episode.
+LLM_EPISODE_CLOCK_MS = 600_000
 #: Positions a constrained answer may take besides its free text (prefix, call, closing, EOS).
 _STRUCTURE_TOKENS = 64
 #: Screen structures whose grammar (and its allowed sets) a policy keeps.

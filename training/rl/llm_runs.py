@@ -47,9 +47,10 @@ from envs.miniwob.live import SUPPORTED_ACTIONS
 from envs.pool import BatchResult, EnvPool
 from envs.protocol import EpisodeRecord
 from envs.task_catalog import CatalogTask
-from training.llm.policy import HFPolicy, TurnRecord
+from training.llm.policy import LLM_EPISODE_CLOCK_MS, HFPolicy, TurnRecord
 from training.policy.evaluation import EvalEpisode, eval_episode, sample_seeds
 from training.policy.store import HELD_OUT_SEED_BASE, TRAIN_SEED_BASE, imitation_trajectories
+from training.pretrained import SMOLLM2_ALIAS
 from training.rl.llm_learner import (
     LLMLearner,
     LLMLearnerSettings,
@@ -80,8 +81,6 @@ from warehouse.storage import git_revision
 from warehouse.tables_rl import POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
 
 LLM_CODE_VERSION = "llm-rl-1"
-#: The pretrained model the package ships (training.pretrained); anything else is a folder.
-SMOLLM2 = "smollm2"
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ class LLMRunSettings:
     a few hundred SFT examples, a few RL iterations. ``learner`` defaults to ProgRM Table 6 except
     the learning rate (1e-5 for a 135M model) and the batch (16 turns: an iteration has fewer)."""
 
-    model: str = SMOLLM2  # "smollm2" or a folder in save_pretrained's layout
+    model: str = SMOLLM2_ALIAS  # "smollm2" (training.pretrained) or a folder in save_pretrained's layout
     tasks: tuple[str, ...] = ("click-option", "enter-text")
     sft_steps: int = 60
     sft_batch: int = 8
@@ -105,9 +104,9 @@ class LLMRunSettings:
     group_size: int = 2
     temperature: float = 1.0
     max_new_tokens: int = 48
-    # MiniWoB++'s episode clock: its 10 s would end an episode of a model thinking 5-10 s a step on
-    # this CPU before its second action (every base episode did); 10 minutes, max_steps still bounds it.
-    episode_max_time_ms: int = 600_000
+    # MiniWoB++'s episode clock: its 10 s ended every base episode of a model thinking 5-10 s a step
+    # on this CPU before its second action
+    episode_max_time_ms: int = LLM_EPISODE_CLOCK_MS
     held_out_seeds: int = 8
     workers: int = 2
     learner: LLMLearnerSettings = field(
@@ -197,7 +196,7 @@ def load_base_model(settings: LLMRunSettings, home: Path) -> tuple[Any, Any, str
 
     from training.pretrained import load_smollm2, smollm2_gguf
 
-    if settings.model == SMOLLM2:
+    if settings.model == SMOLLM2_ALIAS:
         model, tokenizer = load_smollm2(home)
         source = str(smollm2_gguf())
     else:

@@ -92,6 +92,11 @@ class RLRunConfig(Config):
         description="a registered reward model to train against (e.g. a flywheel round's); default the newest "
         "of the source's kind (a run keeps the model it started with)",
     )
+    orm_rule: str | None = Field(
+        default=None,
+        description="the ORM's reward: threshold (ProgRM's binary judgement) or probability; default the "
+        "block's rule, fixed before any run (dense: threshold, sparse: probability)",
+    )
     workers: int = 2
 
 

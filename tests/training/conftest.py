@@ -296,6 +296,12 @@ def trained_progrm(tiny_examples, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def trained_orm(tiny_examples, tmp_path_factory) -> Path:
+    """An outcome reward model trained (briefly, for real) on the tiny warehouse."""
+    return _train_tiny(tiny_examples, tmp_path_factory, "orm")
+
+
+@pytest.fixture(scope="session")
 def trained_prm(tiny_examples, tmp_path_factory) -> Path:
     """A binary step-correctness PRM trained (briefly, for real) on the tiny warehouse."""
     return _train_tiny(tiny_examples, tmp_path_factory, "prm")

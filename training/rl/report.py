@@ -19,6 +19,7 @@ import numpy as np
 from training.policy.evaluation import FAILURE_MODES, paired_comparison, seed_bootstrap_interval
 from training.reward_models.agent_episodes import bootstrap_auc
 from training.reward_models.kinds import PROGRESS_KINDS
+from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
 
@@ -58,11 +59,13 @@ DENSE_SOURCES: tuple[str, ...] = (*PROGRESS_KINDS, "prm", "guidnav", "admire")
 
 
 def run_label(run: Mapping[str, Any]) -> str:
-    """A row's actor: the reward source, its estimator when not REINFORCE++, where its reward model
-    came from when that is a flywheel round (``reward_model_tag``: ``flywheel r3``), its block when
-    not dense."""
+    """A row's actor: the reward source, its estimator when not REINFORCE++, ``P(success)`` for an
+    ORM paying its probability (the rare-positive rule), where its reward model came from when that
+    is a flywheel round (``reward_model_tag``: ``flywheel r3``), its block when not dense."""
     source, estimator = run["reward_source"], run["estimator"]
     label = source if estimator == "reinforce_pp" else f"{source} ({estimator})"
+    if run.get("orm_rule") == "probability":
+        label = f"{label} · P(success)"
     if tag := run.get("reward_model_tag"):
         label = f"{label} · {tag}"
     block = run.get("block") or DENSE_BLOCK
@@ -158,7 +161,7 @@ def table_one(
         comparisons.append({"actor": label, "versus": sft_label(block)} | paired_comparison(mine, paired_sft))
         tag = members[0].get("reward_model_tag")
         others = [  # ProgRM's baseline (its model from the same place); ADMIRE's and GUI-Shepherd's
-            {"reward_source": "orm", "estimator": "reinforce_pp", "block": block, "reward_model_tag": tag},
+            block_orm(groups, block, tag),
             {"reward_source": "outcome", "estimator": "reinforce_pp", "block": block},
         ]
         if tag:  # the same source with today's models
@@ -174,6 +177,16 @@ def table_one(
         "comparisons": comparisons,
         "design": experiment_design(rows),
     }
+
+
+def block_orm(groups: Collection[str], block: str, tag: str | None = None) -> dict[str, Any]:
+    """The ORM run a block's sources are compared with: the one paying by the block's rule
+    (:data:`ORM_RULE_BY_BLOCK`), or the block's other ORM where only that one ran (runs from before
+    the rule)."""
+    base = {"reward_source": "orm", "estimator": "reinforce_pp", "block": block, "reward_model_tag": tag}
+    declared = base | {"orm_rule": ORM_RULE_BY_BLOCK.get(block, "threshold")}
+    others = [base | {"orm_rule": rule} for rule in ORM_RULES if rule != declared["orm_rule"]]
+    return next((o for o in [declared, *others] if run_label(o) in groups), declared)
 
 
 #: The spread of held-out success between RL seeds of one source in the first Table-1 run
@@ -386,6 +399,25 @@ def _beats(report: dict[str, Any], actors: Sequence[str], versus: str) -> CheckO
     )
 
 
+def _beats_per_block(report: dict[str, Any], sources: Sequence[str]) -> CheckOutcome:
+    """ProgRM's claim in every block that ran it: each of ``sources`` (REINFORCE++, today's models)
+    above the block's ORM (:func:`block_orm`) on held-out success."""
+    present = {r["actor"] for r in report["rows"]}
+    per_block, passed = {}, []
+    for block in sorted({r.get("block") or DENSE_BLOCK for r in report["rows"] if r.get("reward_source")}):
+        versus = run_label(block_orm(present, block))
+        actors = [run_label({"reward_source": k, "estimator": "reinforce_pp", "block": block}) for k in sources]
+        if versus in present and any(a in present for a in actors):
+            outcome = _beats(report, actors, versus)
+            per_block[block] = outcome.metadata
+            passed.append(outcome.passed)
+    return CheckOutcome(
+        bool(passed) and all(passed),
+        per_block,
+        "" if passed else f"no block has an ORM run beside {list(sources)}",
+    )
+
+
 def check_table_one(report: dict[str, Any]) -> dict[str, CheckOutcome]:
     """The claims on our runs, on held-out success: RL from SFT improves on SFT; ProgRM's progress
     rewards beat the learned ORM (ProgRM §4.2, Table 1: the ORM is its baseline); and on the sparse
@@ -405,6 +437,6 @@ def check_table_one(report: dict[str, Any]) -> dict[str, CheckOutcome]:
             {"sft": sft, "rl": rl}
             | ({"sft_sparse": rates[sft_label(SPARSE_BLOCK)]} if sft_label(SPARSE_BLOCK) in rates else {}),
         ),
-        "progrm_beats_orm": _beats(report, list(PROGRESS_KINDS), "orm"),
+        "progrm_beats_orm": _beats_per_block(report, list(PROGRESS_KINDS)),
         "dense_beats_outcome_on_sparse": _beats(report, sparse_dense, sparse_outcome),
     }

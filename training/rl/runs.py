@@ -79,6 +79,7 @@ from training.rl.report import (
 from training.rl.rewards import REWARD_SOURCES, SOURCE_MODEL_KIND, RewardSource, Rollout, make_reward_source
 from training.rl.rewards.admire import LLMMilestones, MilestoneStore, TaskMilestones
 from training.rl.rewards.base import text_trajectory
+from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
@@ -164,6 +165,8 @@ class RLSettings:
     # A registered reward model of the source's kind to train against (e.g. a flywheel round's);
     # None: the newest of its kind. PPO's critic starts from it when the source is the PRM.
     reward_model_id: str | None = None
+    # How the ORM pays (ORM_RULES); None: the block's rule, fixed before any run (ORM_RULE_BY_BLOCK).
+    orm_rule: str | None = None
 
     def __post_init__(self) -> None:
         if self.reward_source not in REWARD_SOURCES:
@@ -176,18 +179,28 @@ class RLSettings:
             raise ValueError("iterations, instances_per_task and group_size must be at least 1")
         if self.reward_model_id is not None and SOURCE_MODEL_KIND[self.reward_source] is None:
             raise ValueError(f"the {self.reward_source} reward uses no reward model to pin ({self.reward_model_id})")
+        if self.orm_rule is not None and self.orm_rule not in ORM_RULES:
+            raise ValueError(f"unknown ORM rule {self.orm_rule!r}; choose one of {', '.join(ORM_RULES)}")
+        if self.reward_source != "orm":
+            object.__setattr__(self, "orm_rule", None)  # only the ORM has a rule; other keys stay as they were
+        elif self.orm_rule is None:
+            object.__setattr__(self, "orm_rule", ORM_RULE_BY_BLOCK[self.block])
 
     def run_key(self, sft_policy_id: str) -> str:
         """``<source>-<estimator>-s<seed>-<hash>``: the hash covers the SFT policy the run starts
         from and every other setting that changes what it learns (not the budget of iterations,
         which a resumed run may extend, nor where rewards are computed). A pinned reward model is
         part of the hash; "the newest" is not (so keys made before pinning existed stand): an
-        unpinned run keeps the model it started with (:func:`run_reward_model`)."""
+        unpinned run keeps the model it started with (:func:`run_reward_model`). The ORM's rule is
+        in the hash only where it is not ProgRM's threshold, so keys made before the rule existed
+        stand where the run does what it did then."""
         settings = asdict(self) | {"sft_policy_id": sft_policy_id, "code_version": RL_CODE_VERSION}
         for name in ("reward_source", "estimator", "rl_seed", "workers", "reward_endpoint", "iterations"):
             settings.pop(name)
         if settings["reward_model_id"] is None:
             settings.pop("reward_model_id")
+        if settings["orm_rule"] in (None, "threshold"):
+            settings.pop("orm_rule")
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:6]
         return f"{self.reward_source}-{self.estimator}-s{self.rl_seed}-{digest}"
 
@@ -702,6 +715,7 @@ def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: s
         outcome_every_step=settings.estimator == "grpo",
         milestone_generator=milestone_generator,
         model_id=reward_model_id,
+        orm_rule=settings.orm_rule or "threshold",
     )
     critic = None
     if settings.estimator == "ppo":
@@ -1038,19 +1052,21 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
         "SELECT policy_id, reward_source, estimator, rl_seed, env_steps, "
         "json_extract_string(parameters, '$.reward_model') AS reward_model, "
         "json_extract_string(parameters, '$.reward_model_id') AS pinned, "
+        "json_extract_string(parameters, '$.orm_rule') AS orm_rule, "
         "coalesce(json_extract_string(parameters, '$.block'), ?) AS block FROM policies "
         "WHERE kind = 'rl' AND parent_policy_id = ? ORDER BY created_at",
         [DENSE_BLOCK, sft["policy_id"]],
     ).to_pylist()
     tags = reward_model_tags(warehouse)
-    latest: dict[tuple[str, str, int, str, str | None], dict] = {}
+    latest: dict[tuple[str, str, int, str, str | None, str | None], dict] = {}
     key_tags: dict[str, str | None] = {}
     for r in runs:
         run_key = r["policy_id"].removeprefix("rl-").removesuffix(f"-{sft['policy_id']}")
         model = r.pop("reward_model") or run_reward_model(warehouse, run_key) or ""
         pinned = r.pop("pinned")  # a pin to a model no flywheel round trained is still a run of its own
         r["reward_model_tag"] = key_tags[run_key] = tags.get(model) or (f"model {pinned}" if pinned else None)
-        latest[(r["reward_source"], r["estimator"], r["rl_seed"], r["block"], r["reward_model_tag"])] = r
+        key = (r["reward_source"], r["estimator"], r["rl_seed"], r["block"], r["reward_model_tag"], r["orm_rule"])
+        latest[key] = r
     policy_ids = [sft["policy_id"], *(r["policy_id"] for r in latest.values())]
     episodes = warehouse.query(
         "SELECT e.*, a.task_family FROM agent_eval_episodes e JOIN agent_eval a "

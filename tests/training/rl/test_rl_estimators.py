@@ -173,6 +173,27 @@ def test_a_run_trains_on_its_block_of_the_sft_policys_pre_registered_tasks():
         RLSettings("outcome", block="long")
 
 
+def test_the_orm_rule_is_the_blocks_and_only_a_changed_rule_changes_a_run_key():
+    """The rare-positive rule, declared before the runs: the dense block keeps ProgRM's threshold,
+    the sparse block pays P(success); only the ORM has a rule, and keys of runs whose behaviour did
+    not change stay as they were."""
+    from training.rl.rewards.orm import ORM_RULE_BY_BLOCK
+    from training.rl.runs import TASK_BLOCKS, RLSettings
+
+    assert set(ORM_RULE_BY_BLOCK) == set(TASK_BLOCKS)
+    assert RLSettings("orm").orm_rule == "threshold"
+    assert RLSettings("orm", block="sparse").orm_rule == "probability"
+    assert RLSettings("orm", block="sparse", orm_rule="threshold").orm_rule == "threshold"  # an explicit choice wins
+    assert RLSettings("outcome", block="sparse").orm_rule is None  # no other source has one
+    # the dense ORM's key is the one it had before the rule existed; the sparse ORM's is new
+    assert RLSettings("orm").run_key("sft-a") == RLSettings("orm", orm_rule="threshold").run_key("sft-a")
+    sparse = RLSettings("orm", block="sparse")
+    assert sparse.run_key("sft-a") != RLSettings("orm", block="sparse", orm_rule="threshold").run_key("sft-a")
+    assert RLSettings("outcome", block="sparse").run_key("sft-232af32921") == "outcome-reinforce_pp-s0-bd0d62"
+    with pytest.raises(ValueError, match="unknown ORM rule 'soft'"):
+        RLSettings("orm", orm_rule="soft")
+
+
 def test_a_pinned_reward_model_is_a_run_of_its_own_and_an_unpinned_run_keeps_its_model(tmp_path):
     """Pinning a reward model (a flywheel round's) gives a run key of its own; without a pin the key
     is the one runs had before pins existed, and a started run is bound to the model its checkpoint

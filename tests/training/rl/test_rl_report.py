@@ -150,14 +150,38 @@ def test_the_claims_are_each_papers_own_on_held_out_success():
     checks = check_table_one(report)
     assert checks["rl_improves_on_sft"].passed is False  # orm (30%) and the sparse runs are below SFT (40%)
     assert checks["progrm_beats_orm"].passed  # lcs 90%, env 60% > orm 30%
-    assert checks["progrm_beats_orm"].metadata["paired"]["progrm_lcs"]["only_a"] == 12
+    assert checks["progrm_beats_orm"].metadata["dense"]["paired"]["progrm_lcs"]["only_a"] == 12
     assert checks["dense_beats_outcome_on_sparse"].passed  # 20% > 10% on the sparse block
     worse = dict(report, rows=[r | {"success_rate": 0.2} if r["actor"] == "progrm_env" else r for r in report["rows"]])
     assert not check_table_one(worse)["progrm_beats_orm"].passed
     dense_only = table_one("sft", BASE_RUNS, by_policy)
     missing = check_table_one(dense_only)
-    assert not missing["progrm_beats_orm"].passed and "no runs to compare" in missing["progrm_beats_orm"].description
+    assert (
+        not missing["progrm_beats_orm"].passed and "no block has an ORM run" in missing["progrm_beats_orm"].description
+    )
     assert not missing["dense_beats_outcome_on_sparse"].passed
+
+
+def test_progrm_is_compared_with_each_blocks_orm_paying_by_the_blocks_rule():
+    """On the sparse block the ORM pays P(success) (its row says so) and is the one ProgRM's sparse
+    runs are tested against; the check holds ProgRM's claim in every block that ran an ORM."""
+    by_policy = {p: _episodes(p, _solved(n)) for p, n in (("sft", 4), ("out0", 5), ("lcs0", 9))}
+    by_policy |= {"sorm0": _episodes("sorm0", _solved(1)), "slcs0": _episodes("slcs0", _solved(3))}
+    sparse = {"estimator": "reinforce_pp", "rl_seed": 0, "env_steps": 1, "block": "sparse"}
+    runs = [
+        *BASE_RUNS,
+        {"policy_id": "sorm0", "reward_source": "orm", "orm_rule": "probability"} | sparse,
+        {"policy_id": "slcs0", "reward_source": "progrm_lcs", "orm_rule": None} | sparse,
+    ]
+    report = table_one("sft", runs, by_policy)
+    by = {(c["actor"], c["versus"]): c for c in report["comparisons"]}
+    assert by[("progrm_lcs [sparse]", "orm · P(success) [sparse]")]["only_a"] == 4
+    check = check_table_one(report)["progrm_beats_orm"]
+    assert check.passed and set(check.metadata) == {"sparse"}  # no dense ORM ran: only the sparse block counts
+    worse = dict(
+        report, rows=[r | {"success_rate": 0.0} if r["actor"] == "progrm_lcs [sparse]" else r for r in report["rows"]]
+    )
+    assert not check_table_one(worse)["progrm_beats_orm"].passed
 
 
 def test_markdown_has_one_row_per_actor_and_comparison(report: dict) -> None:

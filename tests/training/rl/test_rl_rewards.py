@@ -93,6 +93,31 @@ def test_the_http_service_gives_the_same_rewards(progrm_scorer, tmp_path):
         HTTPScorer(url)
 
 
+def test_the_orm_pays_its_judgement_or_under_the_rare_positive_rule_its_probability(trained_orm):
+    """ProgRM's ORM pays 1 at the last step when P(success) reaches the threshold; the sparse
+    block's rule pays P(success) itself, so a batch the threshold judges all-failed still ranks."""
+    scorer = LocalScorer(trained_orm)
+    rollouts = [_rollout("success"), _rollout("wrong_user", 1, "e1"), _rollout("stopped", 2, "e2")]
+    final = [s.scores[-1] for s in score_trajectories(scorer.scorer, [text_trajectory(r.record) for r in rollouts])]
+    threshold = float(np.median(final))  # one episode above, one at, one below
+    binary = ORMReward(scorer, threshold=threshold).rewards(rollouts, 0)
+    soft = ORMReward(scorer, threshold=threshold, rule="probability").rewards(rollouts, 0)
+    for rollout, b, p, f in zip(rollouts, binary.rewards, soft.rewards, final, strict=True):
+        assert b[:-1].tolist() == [0.0] * (rollout.n_steps - 1) and p[:-1].tolist() == b[:-1].tolist()
+        assert b[-1] == (1.0 if f >= threshold else 0.0)
+        assert p[-1] == pytest.approx(f)
+    assert sorted(b[-1] for b in binary.rewards) == [0.0, 1.0, 1.0]
+    assert binary.details["judged_success"] == soft.details["judged_success"] == pytest.approx(2 / 3)
+    assert soft.details["probability_rule"] == 1.0 and binary.details["probability_rule"] == 0.0
+    # a threshold no episode reaches: the binary reward is all zero, the probability still ranks
+    never = ORMReward(scorer, threshold=2.0).rewards(rollouts, 0)
+    assert all(r[-1] == 0.0 for r in never.rewards)
+    ranked = ORMReward(scorer, threshold=2.0, rule="probability").rewards(rollouts, 0)
+    assert len({round(r[-1], 6) for r in ranked.rewards}) > 1
+    with pytest.raises(ValueError, match="unknown ORM rule 'soft'"):
+        ORMReward(scorer, rule="soft")
+
+
 def test_a_reward_model_of_the_wrong_kind_or_none_fails_before_any_rollout(progrm_scorer, tmp_path):
     with pytest.raises(RewardModelError, match="needs an orm model"):
         ORMReward(progrm_scorer)

@@ -8,7 +8,7 @@ from training.reward_models.models import EmbeddingCache
 from training.reward_models.scoring import RewardModelError, load_scorer, report_threshold
 from training.rl.rewards.admire import AdmireReward, AdmireSettings, LLMMilestones, MilestoneStore
 from training.rl.rewards.base import RewardBatch, RewardSource
-from training.rl.rewards.orm import ORMReward
+from training.rl.rewards.orm import ORM_RULES, ORMReward
 from training.rl.rewards.outcome import OutcomeReward
 from training.rl.rewards.prm import StepJudgeReward
 from training.rl.rewards.progrm import ProgressReward
@@ -26,7 +26,15 @@ SOURCE_MODEL_KIND: dict[str, str | None] = {
     "admire": None,
 }
 
-__all__ = ["REWARD_SOURCES", "RewardBatch", "RewardModelError", "RewardSource", "Rollout", "make_reward_source"]
+__all__ = [
+    "ORM_RULES",
+    "REWARD_SOURCES",
+    "RewardBatch",
+    "RewardModelError",
+    "RewardSource",
+    "Rollout",
+    "make_reward_source",
+]
 
 
 def make_reward_source(
@@ -37,6 +45,7 @@ def make_reward_source(
     endpoint: str | None = None,
     progress_k: int = 1,
     orm_threshold: float | None = None,
+    orm_rule: str = "threshold",
     outcome_every_step: bool = False,
     milestone_generator: LLMMilestones | None = None,
     admire: AdmireSettings | None = None,
@@ -45,7 +54,7 @@ def make_reward_source(
     """The reward source ``name``. Model-based sources load the latest trained model of their kind,
     or the registered model ``model_id`` when given (or use the HTTP service at ``endpoint``), now,
     so a missing or wrong model fails before any rollout. ``cache`` is the sentence-encoding cache
-    ADMIRE matches milestones with."""
+    ADMIRE matches milestones with; ``orm_rule`` is the ORM's rule (:data:`ORM_RULES`)."""
     if name not in REWARD_SOURCES:
         raise ValueError(f"unknown reward source {name!r}; choose one of {', '.join(REWARD_SOURCES)}")
     if model_id is not None and SOURCE_MODEL_KIND[name] is None:
@@ -61,7 +70,7 @@ def make_reward_source(
     if name == "orm":
         # the threshold the evaluation report chose on the validation split, unless one is given
         threshold = orm_threshold if orm_threshold is not None else report_threshold(warehouse, scorer.model_id)
-        return ORMReward(scorer, threshold=threshold)
+        return ORMReward(scorer, threshold=threshold, rule=orm_rule)
     if name in PROGRESS_KINDS:
         return ProgressReward(scorer, k=progress_k, name=name)
     return StepJudgeReward(scorer, kind=name)

@@ -28,7 +28,7 @@ from pydantic import Field
 from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import EnvPoolResource, WarehouseResource
 from training.policy.store import PolicyNotFoundError
-from training.rl.report import check_table_one, report_markdown, report_plot
+from training.rl.report import check_table_one, learning_curves_by_actor, report_markdown, report_plot
 from training.rl.runs import (
     RL_CODE_VERSION,
     RL_SEEDS,
@@ -251,8 +251,11 @@ def rl_report(
         report = run_rl_report(wh)
     except (RLStageError, PolicyNotFoundError) as exc:
         raise Failure(str(exc)) from None
-    plot = report_plot(report, wh.home / "plots" / "rl" / "table_one.png")
-    yield MaterializeResult(metadata=to_metadata({"table_one": report_markdown(report), "success_plot": plot}))
+    plots = {
+        "success_plot": report_plot(report, wh.home / "plots" / "rl" / "table_one.png"),
+        "learning_curves": learning_curves_by_actor(report["curves"], wh.home / "plots" / "rl" / "learning_curves.png"),
+    }
+    yield MaterializeResult(metadata=to_metadata({"table_one": report_markdown(report)} | plots))
     for name, outcome in check_table_one(report).items():
         yield check_result(outcome, check_name=name, warn_only=True)
 

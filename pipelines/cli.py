@@ -575,6 +575,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
         job = defs.resolve_job_def("rl_runs")
         for variant in runs:
             for seed in seed_keys:
+                run_started = time.perf_counter()
                 run = job.execute_in_process(
                     instance=instance,
                     partition_key=MultiPartitionKey({"run": variant, "seed": seed}),
@@ -587,7 +588,9 @@ def cmd_rl(args: argparse.Namespace) -> int:
                         }
                     },
                 )
-                outcomes.append((f"rl_runs[{variant}|{seed}]", run.success))
+                label = f"rl_runs[{variant}|{seed}] ({time.perf_counter() - run_started:.0f} s)"
+                print(f"   {label}: {'ok' if run.success else 'FAILED'}", flush=True)
+                outcomes.append((label, run.success))
         report = defs.resolve_job_def("rl_report_job").execute_in_process(
             instance=instance, raise_on_error=False, run_config=quiet
         )

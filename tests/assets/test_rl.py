@@ -104,6 +104,10 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
     )
     assert set(judged) == set(RUNS) and sum(r["episodes"] for r in judged.values()) == rl_episodes
     assert "reward AUC vs success" in table
+    # learning curves over seeds: every run's iterations, labelled as its row, plotted per block
+    curves = run_rl_report(Warehouse(home))["curves"]
+    assert sorted((c["actor"], c["iteration"]) for c in curves) == sorted((r, i) for r in RUNS for i in (0, 1))
+    assert report.asset_materializations_for_node("rl_report")[0].metadata["learning_curves"].value.count("![") == 1
 
     warehouse = Warehouse(home)
     iterations = warehouse.query(

@@ -44,6 +44,48 @@ def learning_curves_plot(rows: Sequence[dict], path: Path) -> Markdown:
     return figure_markdown(fig, path, "learning curves")
 
 
+def seed_band_curves(curves: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """Per actor, the training success per iteration over its RL seeds: mean, lowest and highest
+    seed (iterations every seed reached; a run still going does not shorten the others' curve
+    beyond its own last iteration)."""
+    by_actor: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for c in curves:
+        by_actor[c["actor"]][int(c["iteration"])].append(float(c["success_rate"]))
+    out = {}
+    for actor, per_iteration in sorted(by_actor.items()):
+        iterations = sorted(per_iteration)
+        values = [per_iteration[i] for i in iterations]
+        out[actor] = {
+            "iteration": [float(i + 1) for i in iterations],
+            "mean": [float(np.mean(v)) for v in values],
+            "low": [float(min(v)) for v in values],
+            "high": [float(max(v)) for v in values],
+            "seeds": [float(len(v)) for v in values],
+        }
+    return out
+
+
+def learning_curves_by_actor(curves: Sequence[Mapping[str, Any]], path: Path) -> Markdown:
+    """Training success per iteration, one panel per block, one line per row of the table: the mean
+    over RL seeds and a band from the lowest to the highest seed."""
+    plt = pyplot()
+    blocks = sorted({c["block"] or DENSE_BLOCK for c in curves}) or [DENSE_BLOCK]
+    fig, axes = plt.subplots(1, len(blocks), figsize=(6 * len(blocks), 3.8), squeeze=False)
+    for ax, block in zip(axes[0], blocks, strict=True):
+        bands = seed_band_curves([c for c in curves if (c["block"] or DENSE_BLOCK) == block])
+        for actor, band in bands.items():
+            (line,) = ax.plot(band["iteration"], band["mean"], marker="o", markersize=3, label=actor)
+            ax.fill_between(band["iteration"], band["low"], band["high"], color=line.get_color(), alpha=0.15)
+        ax.set_title(f"{block} block: training success (mean over seeds, band: lowest to highest)", fontsize=9)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("success rate of the training episodes")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        if bands:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return figure_markdown(fig, path, "learning curves over RL seeds")
+
+
 #: The block of tasks a run trained on, where the run does not say (the rule of the first table).
 DENSE_BLOCK = "dense"
 SPARSE_BLOCK = "sparse"

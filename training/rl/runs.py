@@ -73,6 +73,7 @@ from training.rl.report import (
     SPARSE_RULE_STRICT,
     SPARSE_RULE_UNSOLVED,
     learning_curves_plot,
+    run_label,
     table_one,
     training_reward_auc,
 )
@@ -1084,7 +1085,27 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
         e["reward_model_tag"] = key_tags[e.pop("run_key")]
     report["training_reward_auc"] = training_reward_auc(training)
     report["sparse_rule"] = sparse_block_rule(sft)
+    report["curves"] = _report_curves(warehouse, sft["policy_id"], list(latest.values()))
     return report
+
+
+def _report_curves(warehouse: Warehouse, sft_policy_id: str, runs: Sequence[dict]) -> list[dict]:
+    """Each reported run's training success and reward per iteration, labelled with its row."""
+    keys = {r["policy_id"].removeprefix("rl-").removesuffix(f"-{sft_policy_id}"): r for r in runs}
+    rows = warehouse.query(
+        "SELECT run_key, iteration, success_rate, mean_reward FROM rl_iterations "
+        "WHERE list_contains(?, run_key) ORDER BY run_key, iteration",
+        [list(keys)],
+    ).to_pylist()
+    return [
+        r
+        | {
+            "actor": run_label(keys[r["run_key"]]),
+            "block": keys[r["run_key"]]["block"],
+            "seed": keys[r["run_key"]]["rl_seed"],
+        }
+        for r in rows
+    ]
 
 
 def reward_model_tags(warehouse: Warehouse) -> dict[str, str]:

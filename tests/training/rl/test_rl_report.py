@@ -184,6 +184,22 @@ def test_progrm_is_compared_with_each_blocks_orm_paying_by_the_blocks_rule():
     assert not check_table_one(worse)["progrm_beats_orm"].passed
 
 
+def test_learning_curves_are_the_mean_over_seeds_with_the_lowest_and_highest_seed(tmp_path):
+    from training.rl.report import learning_curves_by_actor, seed_band_curves
+
+    curves = [
+        {"actor": "orm", "block": "dense", "seed": s, "iteration": i, "success_rate": rate}
+        for s, rates in ((0, [0.1, 0.3]), (1, [0.3, 0.5]), (2, [0.2]))  # seed 2 is still at its first iteration
+        for i, rate in enumerate(rates)
+    ] + [{"actor": "outcome [sparse]", "block": "sparse", "seed": 0, "iteration": 0, "success_rate": 0.0}]
+    bands = seed_band_curves(curves)
+    assert bands["orm"]["mean"] == pytest.approx([0.2, 0.4]) and bands["orm"]["seeds"] == [3.0, 2.0]
+    assert bands["orm"]["low"] == [0.1, 0.3] and bands["orm"]["high"] == [0.3, 0.5]
+    assert bands["orm"]["iteration"] == [1.0, 2.0]  # iterations count from 1 in the plot
+    text = str(learning_curves_by_actor(curves, tmp_path / "curves.png"))
+    assert (tmp_path / "curves.png").stat().st_size > 0 and "learning curves over RL seeds" in text
+
+
 def test_markdown_has_one_row_per_actor_and_comparison(report: dict) -> None:
     text = str(report_markdown(report))
     assert "| outcome | 2 | 50.0 [" in text

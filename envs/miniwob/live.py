@@ -10,7 +10,9 @@ with a seed, the benchmark's reward globals) and its action executor
   few, since each costs the browser and chromedriver more CPU than the work it carries: a click
   and the state after it (the benchmark's reward globals and the DOM) are one script, other
   actions are the action plus that state script, an episode start is one script (miniwob's own
-  path makes five commands per click and seven per reset, and builds numpy arrays we don't use).
+  path makes five commands per click and seven per reset, and builds numpy arrays we don't use);
+  the state comes back as one JSON text, which chromedriver and Selenium pass on instead of
+  converting the DOM tree value by value.
 
 Canonical actions map to MiniWoB++ action types (``to_miniwob_actions``):
 
@@ -23,7 +25,8 @@ INPUT(target, text)             FOCUS_ELEMENT_AND_TYPE_TEXT(ref, text); a non-em
                                 replaces the value, as on Android. A <select> takes the text
                                 as type-ahead: the matching option is chosen.
 SCROLL(UP|DOWN[, target])       SCROLL_UP_COORDS / SCROLL_DOWN_COORDS at the target's centre, else
-                                the task area's
+                                the task area's; the screen is read once the page has received
+                                the wheel and scrolled (miniwob sleeps out a 150 ms wheel action)
 PRESS_KEY(keys)                 PRESS_KEY per key ("Enter", "Ctrl+A", "ArrowDown Tab", ...)
 NOTHING                         NONE, then wait ``wait_ms`` (pages animate)
 ==============================  ============================================================
@@ -37,6 +40,7 @@ demonstrations). Milestones of the task spec are checked on every screen after a
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -53,6 +57,7 @@ from miniwob.constants import TASK_HEIGHT, TASK_WIDTH, WEBDRIVER_SPECIAL_KEYS
 from miniwob.fields import get_field_extractor
 from miniwob.selenium_actions import execute_action_on_chromedriver, execute_press_key
 from miniwob.selenium_instance import HTML_DIR, SeleniumInstance
+from selenium.webdriver.common.action_chains import ActionChains
 
 from envs.miniwob.dom import _CLICKABLE_ROLES as CLICKABLE_ROLES
 from envs.miniwob.dom import EDITABLE_ROLES, TEXT_NODE_TAGS, dom_to_screen, role_of
@@ -85,14 +90,36 @@ SUPPORTED_ACTIONS = frozenset(
     {ActionType.CLICK, ActionType.INPUT, ActionType.SCROLL, ActionType.PRESS_KEY, ActionType.NOTHING}
 )
 _SELECT_ROLES = frozenset({"combobox"})
+_SCROLLS = frozenset({ActionTypes.SCROLL_UP_COORDS, ActionTypes.SCROLL_DOWN_COORDS})
 
 # The benchmark's reward globals and the DOM, read in the same script as the action where it can
 # be: every WebDriver command costs the browser and chromedriver CPU, more than the work itself.
+# The state travels as one JSON text (parsed by ``parse_state``): chromedriver and Selenium convert
+# a returned object value by value, which on a large page (book-flight's results: ~120 nodes)
+# costs more than the DOM read itself. The replacer keeps what WebDriver's own serialisation gives:
+# undefined as null, and an SVG element's className (an SVGAnimatedString, whose fields JSON would
+# drop) as its baseVal / animVal. ``wheels`` and ``scrolls`` count the wheel and scroll events the
+# page has seen (passive listeners: they block no scroll), so that a scroll can wait for its own.
 _STATE_JS = """
+function __stepwiseJSON(key, value) {
+  if (value === undefined) { return null; }
+  if (key === 'classes' && value !== null && typeof value === 'object') {
+    return {baseVal: value.baseVal, animVal: value.animVal};
+  }
+  return value;
+}
 function __stepwiseState() {
+  if (window.__stepwiseWheels === undefined) {
+    window.__stepwiseWheels = 0;
+    window.__stepwiseScrolls = 0;
+    var counting = {capture: true, passive: true};
+    window.addEventListener('wheel', function () { window.__stepwiseWheels++; }, counting);
+    window.addEventListener('scroll', function () { window.__stepwiseScrolls++; }, counting);
+  }
   var dom = core.getDOMInfo();
-  return {done: WOB_DONE_GLOBAL, env_reward: WOB_REWARD_GLOBAL, raw_reward: WOB_RAW_REWARD_GLOBAL,
-          reason: WOB_REWARD_REASON, dom: dom};
+  return JSON.stringify({done: WOB_DONE_GLOBAL, env_reward: WOB_REWARD_GLOBAL, raw_reward: WOB_RAW_REWARD_GLOBAL,
+                         reason: WOB_REWARD_REASON, dom: dom, wheels: window.__stepwiseWheels,
+                         scrolls: window.__stepwiseScrolls}, __stepwiseJSON);
 }
 """
 # The state once the timers already queued have run: typing schedules work with setTimeout(0)
@@ -103,6 +130,37 @@ _SETTLED_STATE_SCRIPT = (
     + """
 var done = arguments[arguments.length - 1];
 setTimeout(function () { done(__stepwiseState()); }, 0);
+"""
+)
+# The state after a wheel event: WebDriver's wheel action with a duration sends the event and then
+# sleeps out the duration (miniwob's scroll_time, 150 ms), and without one it returns before the
+# event reached the page, which takes it at a later frame. So the wheel is sent without a duration
+# and this script waits, frame by frame, until the page has received it (``wheels`` above
+# arguments[0], the count on the last screen) and the scroll it causes has been applied: a scroll
+# event (``scrolls`` above arguments[1]; the compositor scrolls and the page learns of it at a
+# frame, so the wheel can arrive a frame before its scroll), or WHEEL_FRAMES frames without one
+# (nothing there to scroll, or the end of the scroll range). Then queued timers run and the state is
+# read: the screen the 150 ms wait showed (headless Chromium does not animate a wheel's scroll),
+# in ~20 ms where something scrolled. After arguments[2] ms the state is read whatever arrived.
+_AFTER_WHEEL_SCRIPT = (
+    _STATE_JS
+    + """
+var wheels = arguments[0], scrolls = arguments[1], limit = arguments[2], frames = arguments[3];
+var done = arguments[arguments.length - 1], over = false, since = null;
+function finish() {
+  if (over) { return; }
+  over = true;
+  setTimeout(function () { done(__stepwiseState()); }, 0);
+}
+function poll() {
+  if (over) { return; }
+  if (since === null && window.__stepwiseWheels > wheels) { since = 0; }
+  if (since !== null && (window.__stepwiseScrolls > scrolls || since >= frames)) { finish(); return; }
+  if (since !== null) { since++; }
+  requestAnimationFrame(poll);
+}
+setTimeout(finish, limit);
+poll();
 """
 )
 # CLICK_ELEMENT as core.elementClick does it (click(), then focus()), preceded by the pointer
@@ -156,6 +214,8 @@ return {ready: true, utterance: (typeof u === 'string') ? u : u.utterance,
 """
 )
 READY_POLL_S, READY_ATTEMPTS = 0.05, 40  # tasks that build their page asynchronously
+WHEEL_WAIT_MS = 1000  # how long a scroll waits at most for its wheel event and its scroll
+WHEEL_FRAMES = 4  # frames after its wheel event a scroll waits for the page to scroll
 
 _ACTION_CONFIG = ActionSpaceConfig.get_preset("all_supported")
 _ACTION_CONFIG.screen_width, _ACTION_CONFIG.screen_height = TASK_WIDTH, TASK_HEIGHT
@@ -268,6 +328,16 @@ def dom_elements_to_screen(dom_elements: Sequence[Mapping[str, Any]], screenshot
     return Screen(tuple(elements), screenshot_path)
 
 
+def parse_state(text: str) -> dict[str, Any]:
+    """A state script's JSON text -> the state: done, env_reward, raw_reward, reason, dom, wheels, scrolls."""
+    state: dict[str, Any] = json.loads(text)
+    return state
+
+
+def _events_seen(state: Mapping[str, Any]) -> tuple[int, int]:
+    return int(state["wheels"]), int(state["scrolls"])
+
+
 # -- canonical action -> MiniWoB++ actions ----------------------------------------------------
 
 
@@ -281,22 +351,36 @@ class NativeAction:
     key: str | None = None  # MiniWoB++ key syntax: "<Enter>", "C-a", "x"
     coords: tuple[float, float] | None = None
 
-    def execute(self, driver: Any, *, read_state: bool = False) -> dict[str, Any] | None:
+    def execute(
+        self, driver: Any, *, read_state: bool = False, seen: tuple[int, int] = (0, 0)
+    ) -> dict[str, Any] | None:
         """Carry it out with miniwob's own executors (CLICK_ELEMENT with pointer events first).
 
         With ``read_state``, a click returns the state after it from the same script (one round
-        trip instead of two); other actions return None and the caller reads the state.
+        trip instead of two); other actions return None and the caller reads the state. A scroll
+        waits until the page has received its wheel event and scrolled (``seen``: the wheel and
+        scroll events counted on the last screen) and returns the state then, asked or not.
         """
         if self.type is ActionTypes.CLICK_ELEMENT:
             outcome = driver.execute_script(_CLICK_SCRIPT, self.ref, read_state)
             if "error" in outcome:
                 raise InvalidAction(f"the click did not happen: {outcome['error']}")
-            return outcome.get("state")
+            return parse_state(outcome["state"]) if "state" in outcome else None
         if self.type is ActionTypes.PRESS_KEY:
             # miniwob's executor reads keys by index into a fixed list that lacks combinations
             # such as "C-a"; its key function takes the syntax itself.
             execute_press_key(self.key or "", driver)
             return None
+        if self.type in _SCROLLS:
+            # miniwob's execute_scroll_coords, without the wheel's duration (_AFTER_WHEEL_SCRIPT).
+            left, top = _ACTION_CONFIG.compute_raw_coords({"coords": self.coords})
+            amount = _ACTION_CONFIG.scroll_amount
+            chain = ActionChains(driver, duration=0)
+            chain.w3c_actions.wheel_action.scroll(
+                x=int(left), y=int(top), delta_y=-amount if self.type is ActionTypes.SCROLL_UP_COORDS else amount
+            )
+            chain.w3c_actions.perform()
+            return parse_state(driver.execute_async_script(_AFTER_WHEEL_SCRIPT, *seen, WHEEL_WAIT_MS, WHEEL_FRAMES))
         fields: dict[str, Any] = {"action_type": _ACTION_INDEX[self.type]}
         if self.ref is not None:
             fields["ref"] = self.ref
@@ -483,6 +567,7 @@ class MiniWoBEnv:
         self._tracker: MilestoneTracker | None = None
         self._screen: Screen | None = None
         self._done = True
+        self._seen = (0, 0)  # the page's wheel and scroll events so far, as the last state read them
         self._episode = 0
         self._step = 0
         self._closed = False
@@ -515,7 +600,8 @@ class MiniWoBEnv:
         self._task = task
         self._episode += 1
         self._step = 0
-        state = started["state"]
+        state = parse_state(started["state"])
+        self._seen = _events_seen(state)
         self._screen = self._to_screen(state)
         self._done = bool(state["done"])
         return Observation(self._screen, instruction, task.task_id, fields, {"seed": int(seed)})
@@ -536,7 +622,13 @@ class MiniWoBEnv:
         try:
             for i, native in enumerate(natives):
                 last = i == len(natives) - 1
-                state = native.execute(driver, read_state=last and not pause_ms and not self.config.screenshot_dir)
+                state = native.execute(
+                    driver, read_state=last and not pause_ms and not self.config.screenshot_dir, seen=self._seen
+                )
+                if state is not None:
+                    self._seen = _events_seen(state)
+                    if not last or pause_ms or self.config.screenshot_dir:  # a scroll's; the screen comes later
+                        state = None
         except InvalidAction as exc:
             problem, state = str(exc), None
         if pause_ms:
@@ -544,6 +636,7 @@ class MiniWoBEnv:
         self._step += 1
         if state is None:
             state = self._state()
+            self._seen = _events_seen(state)
         screen = self._to_screen(state)
         done = bool(state["done"])
         raw = float(state["raw_reward"] or 0.0) if done else 0.0
@@ -600,7 +693,7 @@ class MiniWoBEnv:
         return self._task
 
     def _state(self) -> dict[str, Any]:
-        return self._instance.driver.execute_async_script(_SETTLED_STATE_SCRIPT)
+        return parse_state(self._instance.driver.execute_async_script(_SETTLED_STATE_SCRIPT))
 
     def _to_screen(self, state: dict[str, Any]) -> Screen:
         path = None

@@ -219,3 +219,90 @@ def test_the_episode_clock_can_be_set_for_slow_policies(catalog):
         expired = short.step(nothing)
         assert expired.done and not expired.success and expired.info["raw_reward"] < 0
         assert not benchmark.step(nothing).done  # the benchmark's 10 s have not run out
+
+
+# Every DOM read numbers text nodes anew (core.nextTextRefCode counts down): both reads start
+# from the same number, so that two reads of one page are equal.
+_SAME_TEXT_REFS = "core.nextTextRefCode = -1;"
+
+
+def _webdriver_state(driver):
+    """The state as WebDriver itself serialises it (the object, value by value): what the
+    environment read before its state scripts returned one JSON text."""
+    return driver.execute_script(
+        _SAME_TEXT_REFS + "return {done: WOB_DONE_GLOBAL, env_reward: WOB_REWARD_GLOBAL,"
+        " raw_reward: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON, dom: core.getDOMInfo()};"
+    )
+
+
+def _json_state(driver):
+    from envs.miniwob.live import _STATE_JS, parse_state
+
+    state = parse_state(driver.execute_script(_STATE_JS + _SAME_TEXT_REFS + "return __stepwiseState();"))
+    assert isinstance(state.pop("wheels"), int) and isinstance(state.pop("scrolls"), int)
+    return state
+
+
+def test_the_state_as_json_text_is_what_webdriver_serialised(miniwob_env, catalog):
+    """The state scripts return one JSON text (cheaper than WebDriver's value-by-value conversion on
+    a large page): it must hold exactly what WebDriver's own serialisation held, on every catalog
+    task's first screen, mid-episode, after an episode's end, and with SVG elements (whose
+    className is an object)."""
+    driver = miniwob_env._instance.driver
+    for task in catalog.values():
+        miniwob_env.reset(task.spec, 17)
+        assert _json_state(driver) == _webdriver_state(driver), task.task_id
+    expert = make_policy("expert")
+    for task_id in ("email-inbox-forward-nl", "use-spinner", "login-user"):
+        task = catalog[task_id]
+        record = run_episode(miniwob_env, expert, task.spec, 23, episode_id=task_id, max_steps=task.max_steps)
+        assert record.success
+        after = _json_state(driver)
+        assert after["done"] and after == _webdriver_state(driver), task_id
+    miniwob_env._instance.open_task("click-shape")  # not a catalog task: its shapes are SVG
+    driver.execute_script("Math.seedrandom(5); core.startEpisodeReal();")
+    svg = _json_state(driver)
+    assert svg == _webdriver_state(driver)
+    assert any(isinstance(node.get("classes"), dict) for node in _nodes(svg["dom"]))
+
+
+def _nodes(node):
+    yield node
+    for child in node.get("children") or ():
+        yield from _nodes(child)
+
+
+def test_a_scroll_shows_the_screens_that_waiting_out_the_wheel_showed(miniwob_env, catalog, monkeypatch):
+    """A scroll no longer sleeps out the wheel action's 150 ms (miniwob's execute_scroll_coords):
+    it returns once the page received the wheel event. The screens are those the old path gave,
+    scroll by scroll, the screen 150 ms later is the same, and the scrolls took effect."""
+    import time
+
+    import envs.miniwob.live as live
+
+    directions = ("DOWN", "UP", "DOWN", "DOWN", "UP")
+
+    def scrolled(task_id, seed):
+        miniwob_env._instance.subdomain = None  # a fresh page: scroll positions outlive an episode
+        screens = [miniwob_env.reset(catalog[task_id].spec, seed).screen]
+        for direction in directions:
+            result = miniwob_env.step(Action(ActionType.SCROLL, direction=direction))
+            assert result.problem is None
+            screens.append(result.screen)
+            time.sleep(0.15)
+            assert miniwob_env._to_screen(miniwob_env._state()) == result.screen, (task_id, direction, live._SCROLLS)
+        return screens
+
+    for task_id, seed in (("social-media", 3), ("email-inbox-nl-turk", 3), ("email-inbox-forward-nl", 3)):
+        with monkeypatch.context() as patched:
+            patched.setattr(live, "_SCROLLS", frozenset())  # miniwob's own scroll, with its 150 ms
+            before = scrolled(task_id, seed)
+        after = scrolled(task_id, seed)
+        assert after == before, task_id
+        # The inbox's first scroll moves it, then it stays (either way); the others move every time.
+        moved = [a != b for a, b in zip(after[:-1], after[1:], strict=True)]
+        assert moved == ([True] + [False] * 4 if task_id == "email-inbox-forward-nl" else [True] * 5), task_id
+    # A scroll aimed at an element whose page has nothing to scroll there.
+    observation = miniwob_env.reset(catalog["search-engine"].spec, 4)
+    result = miniwob_env.step(Action(ActionType.SCROLL, observation.screen.elements[-1], direction="DOWN"))
+    assert result.problem is None and result.screen == observation.screen

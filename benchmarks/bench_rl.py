@@ -19,6 +19,12 @@ one) and its tasks:
   rebuild), with a policy model of its own warmed from the home, so no pool rides on texts another
   pool's batch encoded.
 
+The scripted expert runs only the tasks whose spec has a solution (the sparse block's book-flight-nodelay
+has none: its jobs would be resets without a step, counted in the expert's wall clock); the table
+says which tasks each row ran. Every run's step time is also split by action type (how many steps,
+their mean latency as the driver sees it, their share of the step time): a scroll or a wait
+(``NOTHING``, 100 ms) costs several clicks, so the policy's mix of actions moves the steps/s.
+
 Run: ``.venv/bin/python benchmarks/bench_rl.py [--home .stepwise] [--episodes 48] [--workers 1 2]
 [--block dense|sparse | --tasks a,b]`` (the SFT policy's pre-registered block, or tasks named);
 ``--smoke`` builds a temporary home first (a few demonstrations, reward models and an SFT policy
@@ -30,6 +36,7 @@ block's long tasks (Table-1 issue); the update must not be the bottleneck.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import sys
@@ -44,7 +51,7 @@ import numpy as np  # noqa: E402
 
 from envs.miniwob.live import MiniWoBConfig  # noqa: E402
 from envs.policies import make_policy  # noqa: E402
-from envs.pool import EnvPool, EpisodeJob, PoolConfig  # noqa: E402
+from envs.pool import BatchResult, EnvPool, EpisodeJob, PoolConfig  # noqa: E402
 from envs.task_catalog import load_catalog  # noqa: E402
 from training.policy.learned import LearnedPolicy, PolicyModel  # noqa: E402
 from training.policy.rollouts import Rollout  # noqa: E402
@@ -102,6 +109,26 @@ def _pool(backend: str, workers: int) -> Iterator[EnvPool]:
             ray.shutdown()
 
 
+def _print_action_mix(mixes: list[tuple[str, str, int, BatchResult]]) -> None:
+    """Where each run's step time went, by action type: steps, mean latency (the driver's view:
+    IPC, the browser and any wait included) and share of the run's step time."""
+    print("\n| policy | pool | workers | action | steps | share of steps | mean step ms | share of step time |")
+    print("|---|---|---:|---|---:|---:|---:|---:|")
+    for name, backend, workers, result in mixes:
+        by_type: dict[str, list[float]] = collections.defaultdict(list)
+        for episode in result.episodes:
+            for step in episode.steps:
+                by_type[step.action.type.value].append(step.latency_ms)
+        steps = sum(len(v) for v in by_type.values())
+        total_ms = sum(sum(v) for v in by_type.values())
+        for action, latencies in sorted(by_type.items(), key=lambda item: -sum(item[1])):
+            n, spent = len(latencies), sum(latencies)
+            print(
+                f"| {name} | {backend} | {workers} | {action} | {n} | {n / max(1, steps):.0%} "
+                f"| {spent / n:.1f} | {spent / max(1e-9, total_ms):.0%} |"
+            )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", default=os.environ.get("STEPWISE_HOME", ".stepwise"))
@@ -146,36 +173,48 @@ def main() -> int:
 
     # Each pool first runs a warm-up batch (one episode per task, other seeds: page loads, and on the
     # actors the policy's first rebuild, which loads the encoder there), then the measured batch.
-    print("\n| policy | pool | workers | episodes | steps | steps/s | warm-up steps/s | load average |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("\n| policy | pool | workers | tasks | episodes | steps | steps/s | warm-up steps/s | load average |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
     batches = {}
+    mixes: list[tuple[str, str, int, BatchResult]] = []
     runs = [("local", w) for w in args.workers if "local" in args.backends]
     runs += [(b, max(args.workers)) for b in args.backends if b != "local"]
+    expert = make_policy("expert")
+    expert_tasks = [t for t in tasks if t.has_solution]  # the scripted expert needs a solution
     for backend, workers in runs:
         # A model of its own per pool, warmed as RL runs warm theirs: one pool's texts, encoded in
         # the driver's cache, must not speed up the next pool's measured batch.
         acting = PolicyModel.load(sft["checkpoint"], encoder=model.encoder)
         warm_policy_cache(acting, warehouse.home)
         with _pool(backend, workers) as pool:
-            for name, policy in (
-                ("scripted expert (baseline)", make_policy("expert")),
-                ("learned policy, sampling (RL)", LearnedPolicy(acting, policy_id=f"bench-{workers}", record=True)),
+            learned = LearnedPolicy(acting, policy_id=f"bench-{workers}", record=True)
+            for name, policy, ran in (
+                ("scripted expert (baseline)", expert, expert_tasks),
+                ("learned policy, sampling (RL)", learned, tasks),
             ):
-                warmup = _jobs(tasks, len(tasks), 6_000_000 + 1000 * workers)
+                if not ran:
+                    print(f"| {name} | {backend} | {workers} | (no task with a solution) | 0 | 0 | - | - | - |")
+                    continue
+                warmup = _jobs(ran, len(ran), 6_000_000 + 1000 * workers)
                 started = time.perf_counter()
                 warm_steps = pool.run(warmup, policy).steps
                 warm_s = time.perf_counter() - started
-                jobs = _jobs(tasks, args.episodes, 7_000_000 + 1000 * workers)  # the same jobs on every pool
+                # The same jobs on every pool (the expert's: those of its tasks).
+                names = {t.task_id for t in ran}
+                jobs = [j for j in _jobs(tasks, args.episodes, 7_000_000 + 1000 * workers) if j.task.task_id in names]
                 load_before = os.getloadavg()[0]  # a shared machine: other work competes for the cores
                 started = time.perf_counter()
                 result = pool.run(jobs, policy)
                 seconds = time.perf_counter() - started
+                shown = "all" if len(ran) == len(tasks) else ", ".join(t.task_id for t in ran)
                 print(
-                    f"| {name} | {backend} | {workers} | {len(result.episodes)} | {result.steps} "
+                    f"| {name} | {backend} | {workers} | {shown} | {len(result.episodes)} | {result.steps} "
                     f"| {result.steps / seconds:.1f} | {warm_steps / warm_s:.1f} | {load_before:.1f} |"
                 )
+                mixes.append((name, backend, workers, result))
                 if isinstance(policy, LearnedPolicy) and backend == "local":
                     batches[workers] = (result, policy, seconds)
+    _print_action_mix(mixes)
 
     result, policy, rollout_s = batches[max(batches)]
     model = policy.model  # the decisions' rows are rows of its cache

@@ -1135,13 +1135,14 @@ def flywheel_round_models(warehouse: Warehouse, round_: int) -> dict[str, str]:
 
 
 def _training_episodes(warehouse: Warehouse, sft_policy_id: str) -> list[dict]:
-    """Every RL training episode of the runs from an SFT policy: its run's source, estimator and
-    block, its reward summed over its steps, and its success."""
+    """Every RL training episode of the runs from an SFT policy: its run's source, estimator,
+    block and ORM rule, its reward summed over its steps, and its success."""
     return warehouse.query(
         "WITH runs AS (SELECT DISTINCT run_key, reward_source, estimator FROM rl_iterations "
         "WHERE policy_id LIKE 'rl:%:' || ? || ':i%') "
         "SELECT r.episode_id, r.run_key, runs.reward_source, runs.estimator, "
         "coalesce(json_extract_string(any_value(p.parameters), '$.block'), ?) AS block, "
+        "json_extract_string(any_value(p.parameters), '$.orm_rule') AS orm_rule, "
         "sum(r.reward) AS reward, bool_or(e.success) AS success "
         "FROM rl_step_rewards r JOIN runs USING (run_key) JOIN episodes e USING (episode_id) "
         "LEFT JOIN policies p ON p.policy_id = 'rl-' || r.run_key || '-' || ? "

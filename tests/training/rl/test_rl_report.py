@@ -270,6 +270,8 @@ def test_each_runs_reward_is_judged_on_its_own_training_episodes():
     assert rows["outcome"]["auc"] == 1.0 and rows["outcome"]["episodes"] == 4 and rows["outcome"]["successes"] == 2
     assert rows["orm"]["auc"] == 0.5  # above one failure, below the other
     assert rows["orm"]["auc_low"] <= 0.5 <= rows["orm"]["auc_high"]
+    probability = [episode("orm", 0.2, True, block="sparse") | {"orm_rule": "probability"}]
+    assert training_reward_auc(probability)[0]["actor"] == "orm · P(success) [sparse]"  # the table row's name
     only_failures = training_reward_auc([episode("orm", 0.3, False)])[0]
     assert math.isnan(only_failures["auc"])  # no success to rank: no AUC, not an error
     text = str(

@@ -138,15 +138,33 @@ setTimeout(function () { done(__stepwiseState()); }, 0);
 # and this script waits, frame by frame, until the page has received it (``wheels`` above
 # arguments[0], the count on the last screen) and the scroll it causes has been applied: a scroll
 # event (``scrolls`` above arguments[1]; the compositor scrolls and the page learns of it at a
-# frame, so the wheel can arrive a frame before its scroll), or WHEEL_FRAMES frames without one
-# (nothing there to scroll, or the end of the scroll range). Then queued timers run and the state is
-# read: the screen the 150 ms wait showed (headless Chromium does not animate a wheel's scroll),
-# in ~20 ms where something scrolled. After arguments[2] ms the state is read whatever arrived.
+# frame: the wheel's own or, rarely, the next one). Where nothing under the wheel's point
+# (arguments[2], [3]) can scroll its way (arguments[4]: down when positive), the wait ends one
+# frame after the wheel arrived, else after WHEEL_FRAMES frames without a scroll event (the end of
+# a scroll range the check took for open). Then queued timers run and the state is read: the
+# screen the 150 ms wait showed (headless Chromium does not animate a wheel's scroll), in a frame
+# or two. After arguments[5] ms the state is read whatever arrived.
 _AFTER_WHEEL_SCRIPT = (
     _STATE_JS
     + """
-var wheels = arguments[0], scrolls = arguments[1], limit = arguments[2], frames = arguments[3];
-var done = arguments[arguments.length - 1], over = false, since = null;
+var wheels = arguments[0], scrolls = arguments[1], x = arguments[2], y = arguments[3], down = arguments[4] > 0;
+var limit = arguments[5], done = arguments[arguments.length - 1], over = false, since = null;
+// Could anything at (x, y) scroll that way? When unsure, yes: that only waits longer.
+function scrollable() {
+  var start = document.elementFromPoint(x, y);
+  if (!start) { return true; }
+  for (var el = start; el; el = el.parentElement) {
+    if (el.tagName === 'IFRAME' || el.tagName === 'SELECT' || el.tagName === 'TEXTAREA') { return true; }
+    var room = down ? el.scrollHeight - el.clientHeight - el.scrollTop : el.scrollTop;
+    if (room > 0 && el.scrollHeight > el.clientHeight) {
+      var overflow = window.getComputedStyle(el).overflowY;
+      if (overflow !== 'visible' && overflow !== 'hidden' && overflow !== 'clip') { return true; }
+      if (el === document.scrollingElement || el === document.body) { return true; }
+    }
+  }
+  return false;
+}
+var frames = scrollable() ? arguments[6] : 1;
 function finish() {
   if (over) { return; }
   over = true;
@@ -215,7 +233,7 @@ return {ready: true, utterance: (typeof u === 'string') ? u : u.utterance,
 )
 READY_POLL_S, READY_ATTEMPTS = 0.05, 40  # tasks that build their page asynchronously
 WHEEL_WAIT_MS = 1000  # how long a scroll waits at most for its wheel event and its scroll
-WHEEL_FRAMES = 4  # frames after its wheel event a scroll waits for the page to scroll
+WHEEL_FRAMES = 4  # frames after its wheel event a scroll waits for the page to scroll, where it can
 
 _ACTION_CONFIG = ActionSpaceConfig.get_preset("all_supported")
 _ACTION_CONFIG.screen_width, _ACTION_CONFIG.screen_height = TASK_WIDTH, TASK_HEIGHT
@@ -374,13 +392,14 @@ class NativeAction:
         if self.type in _SCROLLS:
             # miniwob's execute_scroll_coords, without the wheel's duration (_AFTER_WHEEL_SCRIPT).
             left, top = _ACTION_CONFIG.compute_raw_coords({"coords": self.coords})
+            x, y = int(left), int(top)
             amount = _ACTION_CONFIG.scroll_amount
+            delta = -amount if self.type is ActionTypes.SCROLL_UP_COORDS else amount
             chain = ActionChains(driver, duration=0)
-            chain.w3c_actions.wheel_action.scroll(
-                x=int(left), y=int(top), delta_y=-amount if self.type is ActionTypes.SCROLL_UP_COORDS else amount
-            )
+            chain.w3c_actions.wheel_action.scroll(x=x, y=y, delta_y=delta)
             chain.w3c_actions.perform()
-            return parse_state(driver.execute_async_script(_AFTER_WHEEL_SCRIPT, *seen, WHEEL_WAIT_MS, WHEEL_FRAMES))
+            state = driver.execute_async_script(_AFTER_WHEEL_SCRIPT, *seen, x, y, delta, WHEEL_WAIT_MS, WHEEL_FRAMES)
+            return parse_state(state)
         fields: dict[str, Any] = {"action_type": _ACTION_INDEX[self.type]}
         if self.ref is not None:
             fields["ref"] = self.ref

@@ -221,48 +221,44 @@ def test_the_episode_clock_can_be_set_for_slow_policies(catalog):
         assert not benchmark.step(nothing).done  # the benchmark's 10 s have not run out
 
 
-# Every DOM read numbers text nodes anew (core.nextTextRefCode counts down): both reads start
-# from the same number, so that two reads of one page are equal.
-_SAME_TEXT_REFS = "core.nextTextRefCode = -1;"
-
-
-def _webdriver_state(driver):
-    """The state as WebDriver itself serialises it (the object, value by value): what the
-    environment read before its state scripts returned one JSON text."""
-    return driver.execute_script(
-        _SAME_TEXT_REFS + "return {done: WOB_DONE_GLOBAL, env_reward: WOB_REWARD_GLOBAL,"
-        " raw_reward: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON, dom: core.getDOMInfo()};"
-    )
-
-
-def _json_state(driver):
+def _both_states(driver):
+    """The state as the state script's JSON text, and as WebDriver itself serialises it (the object,
+    value by value: what the environment read before), from one synchronous script, so that the
+    page cannot change between the two reads. Each DOM read numbers text nodes anew
+    (core.nextTextRefCode counts down): both start from the same number."""
     from envs.miniwob.live import _STATE_JS, parse_state
 
-    state = parse_state(driver.execute_script(_STATE_JS + _SAME_TEXT_REFS + "return __stepwiseState();"))
+    text, webdriver = driver.execute_script(
+        _STATE_JS + "core.nextTextRefCode = -1; var text = __stepwiseState(); core.nextTextRefCode = -1;"
+        " return [text, {done: WOB_DONE_GLOBAL, env_reward: WOB_REWARD_GLOBAL, raw_reward: WOB_RAW_REWARD_GLOBAL,"
+        " reason: WOB_REWARD_REASON, dom: core.getDOMInfo()}];"
+    )
+    state = parse_state(text)
     assert isinstance(state.pop("wheels"), int) and isinstance(state.pop("scrolls"), int)
-    return state
+    return state, webdriver
 
 
 def test_the_state_as_json_text_is_what_webdriver_serialised(miniwob_env, catalog):
     """The state scripts return one JSON text (cheaper than WebDriver's value-by-value conversion on
     a large page): it must hold exactly what WebDriver's own serialisation held, on every catalog
-    task's first screen, mid-episode, after an episode's end, and with SVG elements (whose
+    task's first screen, after an episode's end, and with SVG elements (whose
     className is an object)."""
     driver = miniwob_env._instance.driver
     for task in catalog.values():
         miniwob_env.reset(task.spec, 17)
-        assert _json_state(driver) == _webdriver_state(driver), task.task_id
+        state, webdriver = _both_states(driver)
+        assert state == webdriver, task.task_id
     expert = make_policy("expert")
     for task_id in ("email-inbox-forward-nl", "use-spinner", "login-user"):
         task = catalog[task_id]
         record = run_episode(miniwob_env, expert, task.spec, 23, episode_id=task_id, max_steps=task.max_steps)
         assert record.success
-        after = _json_state(driver)
-        assert after["done"] and after == _webdriver_state(driver), task_id
+        state, webdriver = _both_states(driver)
+        assert state["done"] and state == webdriver, task_id
     miniwob_env._instance.open_task("click-shape")  # not a catalog task: its shapes are SVG
     driver.execute_script("Math.seedrandom(5); core.startEpisodeReal();")
-    svg = _json_state(driver)
-    assert svg == _webdriver_state(driver)
+    svg, webdriver = _both_states(driver)
+    assert svg == webdriver
     assert any(isinstance(node.get("classes"), dict) for node in _nodes(svg["dom"]))
 
 
@@ -293,15 +289,21 @@ def test_a_scroll_shows_the_screens_that_waiting_out_the_wheel_showed(miniwob_en
             assert miniwob_env._to_screen(miniwob_env._state()) == result.screen, (task_id, direction, live._SCROLLS)
         return screens
 
-    for task_id, seed in (("social-media", 3), ("email-inbox-nl-turk", 3), ("email-inbox-forward-nl", 3)):
+    # Which scrolls move the page (either way): every one; the inbox's first only; none, where
+    # nothing under the wheel scrolls (the scroll ends a frame after its wheel arrived).
+    moving = {
+        "social-media": [True] * 5,
+        "email-inbox-nl-turk": [True] * 5,
+        "email-inbox-forward-nl": [True] + [False] * 4,
+        "use-spinner": [False] * 5,
+    }
+    for task_id, expected in moving.items():
         with monkeypatch.context() as patched:
             patched.setattr(live, "_SCROLLS", frozenset())  # miniwob's own scroll, with its 150 ms
-            before = scrolled(task_id, seed)
-        after = scrolled(task_id, seed)
+            before = scrolled(task_id, 3)
+        after = scrolled(task_id, 3)
         assert after == before, task_id
-        # The inbox's first scroll moves it, then it stays (either way); the others move every time.
-        moved = [a != b for a, b in zip(after[:-1], after[1:], strict=True)]
-        assert moved == ([True] + [False] * 4 if task_id == "email-inbox-forward-nl" else [True] * 5), task_id
+        assert [a != b for a, b in zip(after[:-1], after[1:], strict=True)] == expected, task_id
     # A scroll aimed at an element whose page has nothing to scroll there.
     observation = miniwob_env.reset(catalog["search-engine"].spec, 4)
     result = miniwob_env.step(Action(ActionType.SCROLL, observation.screen.elements[-1], direction="DOWN"))

@@ -307,6 +307,39 @@ def experiment_design(rows: Sequence[Mapping[str, Any]], *, alpha: float = 0.05,
     return out
 
 
+#: How a training episode ended, by the environment's raw reward (MiniWoB++: 1 success, a fraction
+#: for a submission partly right, -1 a wrong submission, 0 no submission before the step limit).
+EPISODE_ENDINGS: tuple[str, ...] = ("success", "partial credit", "wrong submission", "no submission")
+
+
+def episode_ending(success: bool, env_outcome: float | None) -> str:
+    """One of :data:`EPISODE_ENDINGS` for an episode's success and raw environment reward."""
+    if success:
+        return "success"
+    raw = env_outcome or 0.0
+    return "wrong submission" if raw < 0 else "partial credit" if raw > 0 else "no submission"
+
+
+def reward_by_ending(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What each run's reward paid for, on its own training episodes: per actor (:func:`run_label`)
+    and episode ending (:func:`episode_ending`), the number of episodes and their mean summed
+    reward. A reward that pays a failure ending more than a success trains towards that failure
+    (the evidence for a claim that fails). ``episodes`` as :func:`training_reward_auc`'s, with
+    ``env_outcome`` (the raw environment reward)."""
+    groups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for e in episodes:
+        groups[run_label(e)][episode_ending(bool(e["success"]), e.get("env_outcome"))].append(float(e["reward"]))
+    return [
+        {"actor": actor}
+        | {
+            ending: {"episodes": len(v), "mean_reward": float(np.mean(v)) if v else float("nan")}
+            for ending in EPISODE_ENDINGS
+            for v in [by_ending.get(ending, [])]
+        }
+        for actor, by_ending in sorted(groups.items())
+    ]
+
+
 def training_reward_auc(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """How well each run's reward told its own training episodes apart (the Table-1 issue): per
     actor (:func:`run_label`), the ROC AUC of an episode's summed reward (the reward the policy
@@ -386,6 +419,18 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
                 f"| {a['actor']} | {a['episodes']} | {a['successes']} | "
                 f"{a['auc']:.2f} [{a['auc_low']:.2f}, {a['auc_high']:.2f}] |"
             )
+    if report.get("reward_by_ending"):
+        lines += [
+            "",
+            "| actor (summed reward on its training episodes: mean (episodes)) | " + " | ".join(EPISODE_ENDINGS) + " |",
+            "|---|" + "---:|" * len(EPISODE_ENDINGS),
+        ]
+        for a in report["reward_by_ending"]:
+            cells = [
+                "-" if not a[k]["episodes"] else f"{a[k]['mean_reward']:.2f} ({a[k]['episodes']})"
+                for k in EPISODE_ENDINGS
+            ]
+            lines.append(f"| {a['actor']} | " + " | ".join(cells) + " |")
     if report.get("design"):
         lines += [
             "",

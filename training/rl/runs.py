@@ -73,6 +73,7 @@ from training.rl.report import (
     SPARSE_RULE_STRICT,
     SPARSE_RULE_UNSOLVED,
     learning_curves_plot,
+    reward_by_ending,
     run_label,
     table_one,
     training_reward_auc,
@@ -1084,6 +1085,7 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     for e in training:
         e["reward_model_tag"] = key_tags[e.pop("run_key")]
     report["training_reward_auc"] = training_reward_auc(training)
+    report["reward_by_ending"] = reward_by_ending(training)
     report["sparse_rule"] = sparse_block_rule(sft)
     report["curves"] = _report_curves(warehouse, sft["policy_id"], list(latest.values()))
     return report
@@ -1136,14 +1138,14 @@ def flywheel_round_models(warehouse: Warehouse, round_: int) -> dict[str, str]:
 
 def _training_episodes(warehouse: Warehouse, sft_policy_id: str) -> list[dict]:
     """Every RL training episode of the runs from an SFT policy: its run's source, estimator,
-    block and ORM rule, its reward summed over its steps, and its success."""
+    block and ORM rule, its reward summed over its steps, its success and raw environment reward."""
     return warehouse.query(
         "WITH runs AS (SELECT DISTINCT run_key, reward_source, estimator FROM rl_iterations "
         "WHERE policy_id LIKE 'rl:%:' || ? || ':i%') "
         "SELECT r.episode_id, r.run_key, runs.reward_source, runs.estimator, "
         "coalesce(json_extract_string(any_value(p.parameters), '$.block'), ?) AS block, "
         "json_extract_string(any_value(p.parameters), '$.orm_rule') AS orm_rule, "
-        "sum(r.reward) AS reward, bool_or(e.success) AS success "
+        "sum(r.reward) AS reward, bool_or(e.success) AS success, any_value(e.outcome_reward) AS env_outcome "
         "FROM rl_step_rewards r JOIN runs USING (run_key) JOIN episodes e USING (episode_id) "
         "LEFT JOIN policies p ON p.policy_id = 'rl-' || r.run_key || '-' || ? "
         "GROUP BY r.episode_id, r.run_key, runs.reward_source, runs.estimator",

@@ -13,6 +13,7 @@ from training.rl.report import (
     minimum_detectable_difference,
     pooled_seed_sd,
     report_markdown,
+    reward_by_ending,
     seeds_needed,
     table_one,
     training_reward_auc,
@@ -270,6 +271,20 @@ def test_each_runs_reward_is_judged_on_its_own_training_episodes():
     assert rows["outcome"]["auc"] == 1.0 and rows["outcome"]["episodes"] == 4 and rows["outcome"]["successes"] == 2
     assert rows["orm"]["auc"] == 0.5  # above one failure, below the other
     assert rows["orm"]["auc_low"] <= 0.5 <= rows["orm"]["auc_high"]
+    # what each reward paid for, by how the episode ended (the raw environment reward)
+    endings = [
+        episode("orm", 0.9, False) | {"env_outcome": 0.0},  # never submitted, paid most
+        episode("orm", 0.7, False) | {"env_outcome": 0.5},  # partly right
+        episode("orm", 0.5, True) | {"env_outcome": 1.0},
+        episode("orm", 0.1, False) | {"env_outcome": -1.0},
+        episode("orm", 0.3, False) | {"env_outcome": -1.0},
+    ]
+    (paid,) = reward_by_ending(endings)
+    assert paid["no submission"] == {"episodes": 1, "mean_reward": pytest.approx(0.9)}
+    assert paid["wrong submission"] == {"episodes": 2, "mean_reward": pytest.approx(0.2)}
+    assert paid["partial credit"]["mean_reward"] == pytest.approx(0.7) and paid["success"]["episodes"] == 1
+    table = str(report_markdown({"families": [], "rows": [], "comparisons": [], "reward_by_ending": [paid]}))
+    assert "| orm | 0.50 (1) | 0.70 (1) | 0.20 (2) | 0.90 (1) |" in table
     probability = [episode("orm", 0.2, True, block="sparse") | {"orm_rule": "probability"}]
     assert training_reward_auc(probability)[0]["actor"] == "orm · P(success) [sparse]"  # the table row's name
     only_failures = training_reward_auc([episode("orm", 0.3, False)])[0]

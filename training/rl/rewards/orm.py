@@ -4,11 +4,11 @@ on the validation split (0.5 without one). r_T = 1[judged success], r_t = 0 befo
 reward with the environment's verdict replaced by the model's (ProgRM's ORM baseline, Table 1).
 
 The rare-positive rule (Table-1 issue, declared before the runs it governs): on a block where the
-SFT policy almost never succeeds, a calibrated ORM's P(success) stays below any threshold chosen on
-the report's validation split, so the binary judgement is 0 for every episode and the run learns
-nothing (seen with a flywheel-round ORM: 0 on all 1,440 training episodes while its P(success)
-still ranked them). There the ORM pays r_T = P(success) itself; REINFORCE++ normalises returns
-over the batch, so what counts is how the ORM ranks the batch's episodes, not its calibration."""
+SFT policy almost never succeeds, the binary judgement can be the same for every episode of a batch
+and the run learns nothing from it (a flywheel-round ORM judged all 1,440 sparse training episodes
+failed while its P(success) still ranked them; a demonstration-trained ORM later judged 95-98% of
+them successful). There the ORM pays r_T = P(success) itself; REINFORCE++ normalises returns over
+the batch, so what counts is how the ORM ranks the batch's episodes, not its calibration."""
 
 from __future__ import annotations
 

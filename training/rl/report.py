@@ -46,8 +46,8 @@ def learning_curves_plot(rows: Sequence[dict], path: Path) -> Markdown:
 
 def seed_band_curves(curves: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, list[float]]]:
     """Per actor, the training success per iteration over its RL seeds: mean, lowest and highest
-    seed (iterations every seed reached; a run still going does not shorten the others' curve
-    beyond its own last iteration)."""
+    seed, and how many seeds reached that iteration (a run still going counts only up to its last
+    iteration)."""
     by_actor: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for c in curves:
         by_actor[c["actor"]][int(c["iteration"])].append(float(c["success_rate"]))

@@ -1066,6 +1066,7 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
         run_key = r["policy_id"].removeprefix("rl-").removesuffix(f"-{sft['policy_id']}")
         model = r.pop("reward_model") or run_reward_model(warehouse, run_key) or ""
         pinned = r.pop("pinned")  # a pin to a model no flywheel round trained is still a run of its own
+        r["run_key"] = run_key
         r["reward_model_tag"] = key_tags[run_key] = tags.get(model) or (f"model {pinned}" if pinned else None)
         key = (r["reward_source"], r["estimator"], r["rl_seed"], r["block"], r["reward_model_tag"], r["orm_rule"])
         latest[key] = r
@@ -1087,15 +1088,15 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     report["training_reward_auc"] = training_reward_auc(training)
     report["reward_by_ending"] = reward_by_ending(training)
     report["sparse_rule"] = sparse_block_rule(sft)
-    report["curves"] = _report_curves(warehouse, sft["policy_id"], list(latest.values()))
+    report["curves"] = _report_curves(warehouse, list(latest.values()))
     return report
 
 
-def _report_curves(warehouse: Warehouse, sft_policy_id: str, runs: Sequence[dict]) -> list[dict]:
-    """Each reported run's training success and reward per iteration, labelled with its row."""
-    keys = {r["policy_id"].removeprefix("rl-").removesuffix(f"-{sft_policy_id}"): r for r in runs}
+def _report_curves(warehouse: Warehouse, runs: Sequence[dict]) -> list[dict]:
+    """Each reported run's training success per iteration, labelled with its row."""
+    keys = {r["run_key"]: r for r in runs}
     rows = warehouse.query(
-        "SELECT run_key, iteration, success_rate, mean_reward FROM rl_iterations "
+        "SELECT run_key, iteration, success_rate FROM rl_iterations "
         "WHERE list_contains(?, run_key) ORDER BY run_key, iteration",
         [list(keys)],
     ).to_pylist()

@@ -65,14 +65,16 @@ def bootstrap_auc(
     level: float = 0.95,
 ) -> tuple[float, float, float]:
     """(AUC, low, high): the AUC and a percentile bootstrap interval, resampling successes and
-    failures separately (each resample keeps both classes). nan where one class is absent."""
+    failures separately (each resample keeps both classes). nan where one class is absent. The
+    interval depends on the scores, not on their order (each class is sorted before resampling):
+    a query without ORDER BY returns the same episodes in another order from run to run."""
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(success, dtype=bool)
     auc = roc_auc(s, y)
     if np.isnan(auc):
         return auc, float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    pos, neg = s[y], s[~y]
+    pos, neg = np.sort(s[y]), np.sort(s[~y])
     labels = np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]
     draws = [roc_auc(np.r_[rng.choice(pos, len(pos)), rng.choice(neg, len(neg))], labels) for _ in range(resamples)]
     tail = (1 - level) / 2 * 100

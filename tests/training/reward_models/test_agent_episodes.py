@@ -39,6 +39,9 @@ def test_bootstrap_auc_is_seeded_and_brackets_the_estimate():
     auc, low, high = bootstrap_auc(scores, success)
     assert low < auc < high and 0.5 < auc < 1.0
     assert bootstrap_auc(scores, success) == (auc, low, high)  # same input, same interval
+    order = np.random.default_rng(7).permutation(len(scores))
+    shuffled = bootstrap_auc(np.asarray(scores)[order], np.asarray(success)[order])
+    assert shuffled == (auc, low, high)  # the same episodes in another order (a query without ORDER BY)
     assert bootstrap_auc(scores, success, seed=1) != (auc, low, high)
     assert bootstrap_auc([0.1, 0.2, 0.8, 0.9], [False, False, True, True]) == (1.0, 1.0, 1.0)
     assert bootstrap_auc([0.9, 0.8, 0.2, 0.1], [False, False, True, True])[0] == 0.0

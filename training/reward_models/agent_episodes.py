@@ -10,7 +10,9 @@ on **held-out agent episodes**: the greedy episodes that evaluate SFT and RL che
 Each model gives an episode one score (:func:`episode_score`), and the AUC of those scores against
 the environment's success (Mann-Whitney, :func:`training.reward_models.evaluate.roc_auc`) is
 reported per task family and overall, with a stratified bootstrap interval
-(:func:`bootstrap_auc`), seeded, so the same episodes and models give the same figures.
+(:func:`bootstrap_auc`), seeded, so the same episodes and models give the same figures; and over
+all episodes within their own task (:data:`WITHIN_TASK`), which a pooled AUC can overstate by
+ranking easy tasks above hard ones.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ AGENT_EPISODE_SET = "agent_evaluation"
 ALL_FAMILIES = "all"
 #: The episodes of checkpoints that gave no training data either (no policy rollout of theirs).
 UNSEEN_CHECKPOINTS = "all:unseen_checkpoints"
+#: All episodes again, ranked only against episodes of their own task (:func:`within_group_auc`).
+WITHIN_TASK = "all:within_task"
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 
@@ -56,10 +60,34 @@ def episode_score(kind: str, step_scores: Sequence[float] | np.ndarray) -> float
     return float(scores.min() if kind in STEP_JUDGE_KINDS else scores[-1])
 
 
+def within_group_auc(
+    scores: Sequence[float] | np.ndarray, success: Sequence[bool] | np.ndarray, groups: Sequence[str] | np.ndarray
+) -> float:
+    """The AUC over (success, failure) pairs of the same group (a task): each group's Mann-Whitney
+    AUC weighted by its number of such pairs, i.e. the probability that a success outranks a
+    failure *of the same task* (ties count half); nan where no group has both classes.
+
+    The pooled AUC also ranks episodes across tasks, so a reward that scores an easy task high and
+    a hard one low reaches a high pooled AUC while telling nobody's success from failure within a
+    task, which is where a policy gradient needs the difference."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(success, dtype=bool)
+    g = np.asarray(groups, dtype=object)
+    weighted = pairs = 0.0
+    for group in sorted(set(g.tolist())):
+        members = g == group
+        n_pairs = float(y[members].sum()) * float((~y[members]).sum())
+        if n_pairs:
+            weighted += roc_auc(s[members], y[members]) * n_pairs
+            pairs += n_pairs
+    return weighted / pairs if pairs else float("nan")
+
+
 def bootstrap_auc(
     scores: Sequence[float] | np.ndarray,
     success: Sequence[bool] | np.ndarray,
     *,
+    groups: Sequence[str] | None = None,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
     level: float = 0.95,
@@ -67,9 +95,14 @@ def bootstrap_auc(
     """(AUC, low, high): the AUC and a percentile bootstrap interval, resampling successes and
     failures separately (each resample keeps both classes). nan where one class is absent. The
     interval depends on the scores, not on their order (each class is sorted before resampling):
-    a query without ORDER BY returns the same episodes in another order from run to run."""
+    a query without ORDER BY returns the same episodes in another order from run to run.
+
+    With ``groups`` (each episode's task): :func:`within_group_auc`, resampling the successes and
+    the failures of each group apart."""
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(success, dtype=bool)
+    if groups is not None:
+        return _bootstrap_within_group_auc(s, y, np.asarray(groups, dtype=object), resamples, seed, level)
     auc = roc_auc(s, y)
     if np.isnan(auc):
         return auc, float("nan"), float("nan")
@@ -77,6 +110,33 @@ def bootstrap_auc(
     pos, neg = np.sort(s[y]), np.sort(s[~y])
     labels = np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]
     draws = [roc_auc(np.r_[rng.choice(pos, len(pos)), rng.choice(neg, len(neg))], labels) for _ in range(resamples)]
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(draws, [tail, 100 - tail])
+    return auc, float(low), float(high)
+
+
+def _bootstrap_within_group_auc(
+    s: np.ndarray, y: np.ndarray, g: np.ndarray, resamples: int, seed: int, level: float
+) -> tuple[float, float, float]:
+    auc = within_group_auc(s, y, g)
+    if np.isnan(auc):
+        return auc, float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    # only groups with both classes carry pairs; each class sorted, so the order of episodes is moot
+    cells = [
+        (np.sort(s[(g == group) & y]), np.sort(s[(g == group) & ~y]))
+        for group in sorted(set(g.tolist()))
+        if ((g == group) & y).any() and ((g == group) & ~y).any()
+    ]
+    draws = []
+    for _ in range(resamples):
+        weighted = pairs = 0.0
+        for pos, neg in cells:
+            labels = np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]
+            n_pairs = float(len(pos) * len(neg))
+            weighted += roc_auc(np.r_[rng.choice(pos, len(pos)), rng.choice(neg, len(neg))], labels) * n_pairs
+            pairs += n_pairs
+        draws.append(weighted / pairs)
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(draws, [tail, 100 - tail])
     return auc, float(low), float(high)
@@ -145,6 +205,8 @@ def auc_rows(
     groups[ALL_FAMILIES] = scored
     if any(e.checkpoint_seen for e in scored):  # only then does the subset differ from "all"
         groups[UNSEEN_CHECKPOINTS] = [e for e in scored if not e.checkpoint_seen]
+    if len({e.task_id for e in scored}) > 1:  # with one task it is the "all" row again
+        groups[WITHIN_TASK] = scored
     created = datetime.now(UTC)
     rows = []
     for family, members in sorted(groups.items(), key=lambda kv: (kv[0].startswith(ALL_FAMILIES), kv[0])):
@@ -152,10 +214,11 @@ def auc_rows(
             continue
         values = [episode_score(kind, scores[e.episode_id]) for e in members]
         success = [e.success for e in members]
-        auc, low, high = bootstrap_auc(values, success)
+        within = family == WITHIN_TASK
+        auc, low, high = bootstrap_auc(values, success, groups=[e.task_id for e in members] if within else None)
         # ProgRM Table 3 on agent episodes: progress kinds only, steps that reached a new milestone
         labelled = {e.episode_id: e.milestones for e in members if e.milestones is not None}
-        key = key_step_progress_error(scores, labelled) if kind in PROGRESS_KINDS else {}
+        key = key_step_progress_error(scores, labelled) if kind in PROGRESS_KINDS and not within else {}
         rows.append(
             {
                 "model_id": model_id,
@@ -214,7 +277,7 @@ def auc_markdown(rows: Sequence[Mapping]) -> str:
     """One line per model, one column per family (AUC [95% interval]), episodes counted."""
     if not rows:
         return "No held-out agent episodes (materialize `policy_sft` / `agent_evaluation` first)."
-    overall = [f for f in (ALL_FAMILIES, UNSEEN_CHECKPOINTS) if any(r["family"] == f for r in rows)]
+    overall = [f for f in (ALL_FAMILIES, UNSEEN_CHECKPOINTS, WITHIN_TASK) if any(r["family"] == f for r in rows)]
     families = sorted({r["family"] for r in rows} - set(overall)) + overall
     counts = {r["family"]: f"{r['episodes']} ({r['successes']} ok)" for r in rows}
     lines = [

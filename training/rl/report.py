@@ -345,10 +345,15 @@ def training_reward_auc(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str,
     actor (:func:`run_label`), the ROC AUC of an episode's summed reward (the reward the policy
     was trained on, before any shaping) against the episode's success, over every training
     episode of its RL seeds, with a bootstrap 95% interval (successes and failures resampled
-    apart). An exact outcome reward gives 1; a reward no better than chance, 0.5.
+    apart). An exact outcome reward gives 1; a reward no better than chance, 0.5. With each
+    episode's ``task_id``, also the AUC within tasks (``within_task_auc``,
+    :func:`training.reward_models.agent_episodes.within_group_auc`): a reward that pays an easy
+    task more than a hard one ranks well pooled and may still not tell a success from a failure of
+    the same task.
 
     ``episodes``: one mapping per RL training episode with ``reward_source``, ``estimator``,
-    ``block``, ``reward_model_tag`` (optional), ``reward`` (summed over its steps) and ``success``."""
+    ``block``, ``reward_model_tag`` (optional), ``task_id`` (optional), ``reward`` (summed over
+    its steps) and ``success``."""
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for e in episodes:
         groups[run_label(e)].append(e)
@@ -357,6 +362,9 @@ def training_reward_auc(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str,
         rewards = [float(e["reward"]) for e in items]
         success = [bool(e["success"]) for e in items]
         auc, low, high = bootstrap_auc(rewards, success)
+        nan = float("nan")
+        tasks = [str(e.get("task_id") or "") for e in items]
+        within = bootstrap_auc(rewards, success, groups=tasks) if all(tasks) else (nan, nan, nan)
         rows.append(
             {
                 "actor": label,
@@ -365,6 +373,9 @@ def training_reward_auc(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str,
                 "auc": auc,
                 "auc_low": low,
                 "auc_high": high,
+                "within_task_auc": within[0],
+                "within_task_low": within[1],
+                "within_task_high": within[2],
             }
         )
     return rows
@@ -411,13 +422,20 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
     if report.get("training_reward_auc"):
         lines += [
             "",
-            "| actor | training episodes | successes | reward AUC vs success [95%] |",
-            "|---|---:|---:|---|",
+            "| actor | training episodes | successes | reward AUC vs success [95%] | within tasks [95%] |",
+            "|---|---:|---:|---|---|",
         ]
         for a in report["training_reward_auc"]:
+            within = a.get("within_task_auc", math.nan)
             lines.append(
                 f"| {a['actor']} | {a['episodes']} | {a['successes']} | "
-                f"{a['auc']:.2f} [{a['auc_low']:.2f}, {a['auc_high']:.2f}] |"
+                f"{a['auc']:.2f} [{a['auc_low']:.2f}, {a['auc_high']:.2f}] | "
+                + (
+                    "-"
+                    if math.isnan(within)
+                    else f"{within:.2f} [{a['within_task_low']:.2f}, {a['within_task_high']:.2f}]"
+                )
+                + " |"
             )
     if report.get("reward_by_ending"):
         lines += [

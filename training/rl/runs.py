@@ -1139,11 +1139,12 @@ def flywheel_round_models(warehouse: Warehouse, round_: int) -> dict[str, str]:
 
 def _training_episodes(warehouse: Warehouse, sft_policy_id: str) -> list[dict]:
     """Every RL training episode of the runs from an SFT policy: its run's source, estimator,
-    block and ORM rule, its reward summed over its steps, its success and raw environment reward."""
+    block and ORM rule, its task, its reward summed over its steps, its success and raw
+    environment reward."""
     return warehouse.query(
         "WITH runs AS (SELECT DISTINCT run_key, reward_source, estimator FROM rl_iterations "
         "WHERE policy_id LIKE 'rl:%:' || ? || ':i%') "
-        "SELECT r.episode_id, r.run_key, runs.reward_source, runs.estimator, "
+        "SELECT r.episode_id, r.run_key, runs.reward_source, runs.estimator, any_value(e.task_id) AS task_id, "
         "coalesce(json_extract_string(any_value(p.parameters), '$.block'), ?) AS block, "
         "json_extract_string(any_value(p.parameters), '$.orm_rule') AS orm_rule, "
         "sum(r.reward) AS reward, bool_or(e.success) AS success, any_value(e.outcome_reward) AS env_outcome "

@@ -11,6 +11,7 @@ import pytest
 from training.reward_models.agent_episodes import (
     ALL_FAMILIES,
     UNSEEN_CHECKPOINTS,
+    WITHIN_TASK,
     AgentEpisode,
     auc_markdown,
     auc_plot,
@@ -18,6 +19,7 @@ from training.reward_models.agent_episodes import (
     bootstrap_auc,
     episode_score,
     milestone_labels,
+    within_group_auc,
 )
 from warehouse.tables_training import RM_AGENT_AUC
 
@@ -47,6 +49,51 @@ def test_bootstrap_auc_is_seeded_and_brackets_the_estimate():
     assert bootstrap_auc([0.9, 0.8, 0.2, 0.1], [False, False, True, True])[0] == 0.0
     one_class = bootstrap_auc([0.1, 0.2], [True, True])
     assert all(math.isnan(x) for x in one_class)
+
+
+def test_within_task_auc_ranks_only_episodes_of_the_same_task():
+    # A reward that pays the easy task (mostly successes) more than the hard one ranks well
+    # pooled, and within each task it has the order backwards.
+    tasks = ["easy"] * 7 + ["hard"] * 7
+    success = [True] * 6 + [False] + [True] + [False] * 6
+    scores = [0.80, 0.81, 0.82, 0.83, 0.84, 0.85, 0.90, 0.10, 0.20, 0.21, 0.22, 0.23, 0.24, 0.25]
+    assert bootstrap_auc(scores, success)[0] == pytest.approx(36 / 49)  # pooled: looks useful
+    # within: easy 0/6 pairs ordered right, hard 0/6: every same-task pair is inverted
+    assert within_group_auc(scores, success, tasks) == 0.0
+    # pair-weighted: a task with more pairs counts more (2x2 pairs at 1.0, 1x3 pairs at 0.0)
+    weighted = within_group_auc(
+        [0.9, 0.8, 0.1, 0.2, 0.05, 0.1, 0.2, 0.3],
+        [True] * 2 + [False] * 2 + [True] + [False] * 3,
+        ["a"] * 4 + ["b"] * 4,
+    )
+    assert weighted == pytest.approx(4 / 7)
+    assert math.isnan(within_group_auc([0.1, 0.9], [True, False], ["a", "b"]))  # no task has both classes
+    auc, low, high = bootstrap_auc(scores, success, groups=tasks)
+    assert (auc, low, high) == (0.0, 0.0, 0.0)
+    rng = np.random.default_rng(5)
+    noisy_success = rng.random(60) < 0.5
+    noisy = noisy_success * 0.3 + rng.random(60)
+    noisy_tasks = [f"t{i % 3}" for i in range(60)]
+    first = bootstrap_auc(noisy, noisy_success, groups=noisy_tasks)
+    assert first[1] < first[0] < first[2]
+    order = rng.permutation(60)
+    again = bootstrap_auc(noisy[order], noisy_success[order], groups=[noisy_tasks[i] for i in order])
+    assert again == first  # the order of the episodes does not move the interval
+    # the report's row: every held-out agent episode, ranked against its own task only
+    episodes = [
+        AgentEpisode(f"eval:p:{i}", task, "fam", "p", ok)
+        for i, (task, ok) in enumerate(zip(tasks, success, strict=True))
+    ]
+    rows = {
+        r["family"]: r
+        for r in auc_rows(
+            "m", "orm", episodes, {e.episode_id: np.array([x]) for e, x in zip(episodes, scores, strict=True)}, None
+        )
+    }
+    assert list(rows) == ["fam", ALL_FAMILIES, WITHIN_TASK]
+    assert rows[ALL_FAMILIES]["auc"] == pytest.approx(36 / 49) and rows[WITHIN_TASK]["auc"] == 0.0
+    assert rows[WITHIN_TASK]["episodes"] == 14 and rows[WITHIN_TASK]["key_step_error"] is None
+    assert "all:within_task" in auc_markdown(list(rows.values())).splitlines()[0]
 
 
 def test_rows_per_family_and_overall(tmp_path):

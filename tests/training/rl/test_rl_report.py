@@ -292,7 +292,18 @@ def test_each_runs_reward_is_judged_on_its_own_training_episodes():
     text = str(
         report_markdown({"families": [], "rows": [], "comparisons": [], "training_reward_auc": list(rows.values())})
     )
-    assert "| outcome | 4 | 2 | 1.00 [1.00, 1.00] |" in text
+    assert "| outcome | 4 | 2 | 1.00 [1.00, 1.00] | - |" in text  # no task given: no within-task AUC
+    # with tasks: a reward that pays the easy task more ranks well pooled and inverts within each task
+    by_task = [
+        *(episode("orm", r, True, task_id="easy") for r in (0.90, 0.91, 0.92)),
+        episode("orm", 0.95, False, task_id="easy"),
+        episode("orm", 0.1, True, task_id="hard"),
+        *(episode("orm", r, False, task_id="hard") for r in (0.20, 0.21, 0.22)),
+    ]
+    (judged,) = training_reward_auc(by_task)
+    assert judged["auc"] == pytest.approx(9 / 16) and judged["within_task_auc"] == 0.0
+    text = str(report_markdown({"families": [], "rows": [], "comparisons": [], "training_reward_auc": [judged]}))
+    assert "| orm | 8 | 4 | 0.56 [" in text and "| 0.00 [0.00, 0.00] |" in text
 
 
 def test_the_power_calculation_matches_the_normal_formula_and_inverts() -> None:

@@ -44,7 +44,8 @@ from warehouse.storage import slug, stepwise_home, write_parquet_atomic
 # 2: every schema column present (old files read as nulls); episodes.purpose inferred.
 # 3: alternatives at one state (step_alternatives, rm_alternative_top1; new columns of rm_examples, flywheel_rounds).
 # 4: label_rationales and the joined view human_labels_with_rationales.
-VIEWS_VERSION = "4"
+# 5: flywheel_rounds' within-task AUC (auc_within_task and its interval).
+VIEWS_VERSION = "5"
 #: Columns a view derives for rows written before the column existed (``coalesce(stored, derived)``).
 _DERIVED_COLUMNS: dict[str, dict[str, str]] = {"episodes": {"purpose": LEGACY_PURPOSE_SQL}}
 #: Views over the tables' views, rebuilt with them: each human label with the LLM rationale of its

@@ -228,6 +228,11 @@ FLYWHEEL_ROUNDS = with_key(
             ("policy_top1", pa.float64()),
             ("top1_states", pa.int64()),
             ("alternative_states", pa.int64()),  # training states with alternatives in the warehouse at the time
+            # the same episodes ranked within their own task (rm_agent_auc, family 'all:within_task');
+            # null in rounds recorded before it existed
+            ("auc_within_task", pa.float64()),
+            ("auc_within_task_low", pa.float64()),
+            ("auc_within_task_high", pa.float64()),
         ]
     ),
     "round",

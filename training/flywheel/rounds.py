@@ -3,9 +3,9 @@
 A round collects policy rollouts, labels them, retrains the reward models on the mix and runs the
 reward-model report (``stepwise flywheel``; ``pipelines/flywheel.py`` runs the Dagster jobs). This
 module records the round's outcome, one ``flywheel_rounds`` row per model kind, from the report
-that just ran (``rm_agent_auc``, family ``all``) and the model rows (``models.training_mix``), and
-plots each kind's AUC by round. Round 0 is the baseline: the models as they were before any policy
-rollout was collected.
+that just ran (``rm_agent_auc``, families ``all`` and ``all:within_task``) and the model rows
+(``models.training_mix``), and plots each kind's AUC by round. Round 0 is the baseline: the models
+as they were before any policy rollout was collected.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from training.reward_models.agent_episodes import WITHIN_TASK
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.plotting import Markdown, figure_markdown, legend_if_labelled, pyplot
 from warehouse.purposes import EpisodePurpose
@@ -57,11 +58,13 @@ def round_rows(warehouse: Warehouse, round_: int) -> list[dict[str, Any]]:
     run_id = report[0]["run_id"]
     rows = warehouse.query(
         "SELECT a.kind, a.model_id, a.auc, a.auc_low, a.auc_high, a.episodes, m.n_train_examples, m.training_mix, "
-        "t.top1, t.top1_low, t.top1_high, t.policy_top1, t.states AS top1_states "
+        "t.top1, t.top1_low, t.top1_high, t.policy_top1, t.states AS top1_states, "
+        "w.auc AS within, w.auc_low AS within_low, w.auc_high AS within_high "
         "FROM rm_agent_auc a LEFT JOIN models m USING (model_id) "
         "LEFT JOIN rm_alternative_top1 t ON t.model_id = a.model_id AND t.family = 'all' AND t.report_run_id = ? "
+        "LEFT JOIN rm_agent_auc w ON w.model_id = a.model_id AND w.family = ? AND w.report_run_id = ? "
         "WHERE a.report_run_id = ? AND a.family = 'all' ORDER BY a.kind",
-        [run_id, run_id],
+        [run_id, WITHIN_TASK, run_id, run_id],
     ).to_pylist()
     if not rows:
         raise FlywheelError(
@@ -93,6 +96,9 @@ def round_rows(warehouse: Warehouse, round_: int) -> list[dict[str, Any]]:
             "policy_top1": r["policy_top1"],
             "top1_states": r["top1_states"],
             "alternative_states": alternative_states,
+            "auc_within_task": r["within"],
+            "auc_within_task_low": r["within_low"],
+            "auc_within_task_high": r["within_high"],
         }
         for r in rows
     ]
@@ -122,18 +128,19 @@ def record_round(warehouse: Warehouse, round_: int, *, run_id: str | None, plot_
     }
 
 
+def _auc_cell(auc: float | None, low: float | None, high: float | None) -> str:
+    return "n/a" if auc is None or np.isnan(auc) else f"{auc:.2f} [{low:.2f}, {high:.2f}]"
+
+
 def rounds_markdown(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "| round | kind | AUC on agent episodes [95%] | top-1 among candidates [95%] (policy's argmax) "
-        "| training examples | from agent episodes | collected | states with alternatives |",
-        "|---:|---|---|---|---:|---:|---:|---:|",
+        "| round | kind | AUC on agent episodes [95%] | within tasks [95%] | top-1 among candidates [95%] "
+        "(policy's argmax) | training examples | from agent episodes | collected | states with alternatives |",
+        "|---:|---|---|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
-        auc = (
-            "n/a"
-            if r["auc"] is None or np.isnan(r["auc"])
-            else f"{r['auc']:.2f} [{r['auc_low']:.2f}, {r['auc_high']:.2f}]"
-        )
+        auc = _auc_cell(r["auc"], r["auc_low"], r["auc_high"])
+        within = _auc_cell(r.get("auc_within_task"), r.get("auc_within_task_low"), r.get("auc_within_task_high"))
         top1 = ""
         if r.get("top1") is not None:
             top1 = (
@@ -147,13 +154,16 @@ def rounds_markdown(rows: Sequence[dict[str, Any]]) -> str:
             r.get("alternative_states"),
         )
         lines.append(
-            f"| {r['round']} | {r['kind']} | {auc} | {top1} | " + " | ".join(f"{c or 0:,}" for c in counts) + " |"
+            f"| {r['round']} | {r['kind']} | {auc} | {within} | {top1} | "
+            + " | ".join(f"{c or 0:,}" for c in counts)
+            + " |"
         )
     return "\n".join(lines)
 
 
 def rounds_plot(rows: Sequence[dict[str, Any]], path: Path) -> Markdown:
-    """Each kind's AUC on held-out agent episodes by round, with its interval; chance marked."""
+    """Each kind's AUC on held-out agent episodes by round, with its interval, and within tasks
+    (dashed) where recorded; chance marked."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.4))
     for kind in sorted({r["kind"] for r in rows}):
@@ -161,7 +171,7 @@ def rounds_plot(rows: Sequence[dict[str, Any]], path: Path) -> Markdown:
         if not mine:
             continue
         x = [r["round"] for r in mine]
-        ax.errorbar(
+        drawn = ax.errorbar(
             x,
             [r["auc"] for r in mine],
             yerr=[[r["auc"] - r["auc_low"] for r in mine], [r["auc_high"] - r["auc"] for r in mine]],
@@ -169,6 +179,15 @@ def rounds_plot(rows: Sequence[dict[str, Any]], path: Path) -> Markdown:
             capsize=3,
             label=kind,
         )
+        within = [(r["round"], r["auc_within_task"]) for r in mine if r.get("auc_within_task") is not None]
+        if within:  # dashed, same colour: the same models ranking episodes only within their task
+            ax.plot(
+                *zip(*within, strict=True),
+                linestyle="--",
+                marker="x",
+                color=drawn[0].get_color(),
+                label=f"{kind}, within tasks",
+            )
     ax.axhline(0.5, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("flywheel round (0: before any policy rollout)")
     ax.set_ylabel("AUC vs success")

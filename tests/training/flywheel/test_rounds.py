@@ -13,7 +13,7 @@ from warehouse.catalog import Materialization, Warehouse
 from warehouse.tables_training import MODELS, RM_AGENT_AUC, RM_ALTERNATIVE_TOP1
 
 
-def _report(wh: Warehouse, run_id: str, model_id: str, auc: float, mix: dict) -> None:
+def _report(wh: Warehouse, run_id: str, model_id: str, auc: float, mix: dict, within: float | None = None) -> None:
     """What a report run leaves behind: the model row and its rm_agent_auc rows."""
     m = Materialization(asset="reward_model", run_id=run_id)
     model = {name: None for name in MODELS.names} | {
@@ -34,14 +34,15 @@ def _report(wh: Warehouse, run_id: str, model_id: str, auc: float, mix: dict) ->
             "episodes": 40,
             "successes": 15,
             "policies": 3,
-            "auc": auc,
-            "auc_low": auc - 0.1,
-            "auc_high": auc + 0.1,
+            "auc": value,
+            "auc_low": value - 0.1,
+            "auc_high": value + 0.1,
             "score_rule": "last step",
             "report_run_id": run_id,
             "created_at": datetime.now(UTC),
         }
-        for family in ("miniwob-forms", "all")
+        for family, value in (("miniwob-forms", auc), ("all", auc), ("all:within_task", within))
+        if value is not None
     ]
     table = pa.Table.from_pylist(rows, schema=RM_AGENT_AUC)
     wh.publish(report, [wh.stage_table("rm_agent_auc", model_id, table, report)])
@@ -58,10 +59,13 @@ def test_rounds_are_recorded_from_the_latest_report(tmp_path):
     assert [(r["round"], r["model_id"], r["auc"]) for r in first["rows"]] == [(0, "orm-a", 0.52)]
     assert first["rows"][0]["agent_examples"] == 0
     assert next_round(wh) == 1
-    _report(wh, "run-b", "orm-b", 0.71, {"demonstration": 900, "policy_rollout": 300})
+    _report(wh, "run-b", "orm-b", 0.71, {"demonstration": 900, "policy_rollout": 300}, within=0.55)
     second = record_round(wh, 1, run_id=None, plot_path=plot)
     assert second["rows"][0]["model_id"] == "orm-b" and second["rows"][0]["agent_examples"] == 300
-    assert "| 1 | orm | 0.71 [0.61, 0.81] |  | 1,200 | 300 | 0 | 0 |" in second["markdown"]
+    assert second["rows"][0]["auc_within_task"] == 0.55  # the same report's within-task row
+    assert first["rows"][0]["auc_within_task"] is None  # a report without one records none
+    assert "| 1 | orm | 0.71 [0.61, 0.81] | 0.55 [0.45, 0.65] |  | 1,200 | 300 | 0 | 0 |" in second["markdown"]
+    assert "| 0 | orm | 0.52 [0.42, 0.62] | n/a |" in second["markdown"]
     assert plot.stat().st_size > 0
     record_round(wh, 1, run_id=None, plot_path=plot)  # a round run again replaces its record
     assert recorded_rounds(wh) == [0, 1]

@@ -68,7 +68,7 @@ def within_group_auc(
     failure *of the same task* (ties count half); nan where no group has both classes.
 
     The pooled AUC also ranks episodes across tasks, so a reward that scores an easy task high and
-    a hard one low reaches a high pooled AUC while telling nobody's success from failure within a
+    a hard one low reaches a high pooled AUC while telling no success from a failure within a
     task, which is where a policy gradient needs the difference."""
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(success, dtype=bool)

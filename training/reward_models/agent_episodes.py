@@ -70,17 +70,33 @@ def within_group_auc(
     The pooled AUC also ranks episodes across tasks, so a reward that scores an easy task high and
     a hard one low reaches a high pooled AUC while telling no success from a failure within a
     task, which is where a policy gradient needs the difference."""
-    s = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(success, dtype=bool)
+    cells = _class_cells(np.asarray(scores, dtype=np.float64), np.asarray(success, dtype=bool), groups)
+    return _pair_weighted_auc(cells) if cells else float("nan")
+
+
+def _class_cells(
+    s: np.ndarray, y: np.ndarray, groups: Sequence[str] | np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(successes, failures) of each group that has both, each sorted (the order of episodes is moot)."""
     g = np.asarray(groups, dtype=object)
+    cells = [(np.sort(s[(g == group) & y]), np.sort(s[(g == group) & ~y])) for group in sorted(set(g.tolist()))]
+    return [(pos, neg) for pos, neg in cells if len(pos) and len(neg)]
+
+
+def _pair_weighted_auc(cells: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:
+    """Each cell's Mann-Whitney AUC weighted by its success-failure pairs."""
     weighted = pairs = 0.0
-    for group in sorted(set(g.tolist())):
-        members = g == group
-        n_pairs = float(y[members].sum()) * float((~y[members]).sum())
-        if n_pairs:
-            weighted += roc_auc(s[members], y[members]) * n_pairs
-            pairs += n_pairs
-    return weighted / pairs if pairs else float("nan")
+    for pos, neg in cells:
+        n_pairs = float(len(pos) * len(neg))
+        weighted += roc_auc(np.r_[pos, neg], np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]) * n_pairs
+        pairs += n_pairs
+    return weighted / pairs
+
+
+def _percentile_interval(draws: Sequence[float], level: float) -> tuple[float, float]:
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(draws, [tail, 100 - tail])
+    return float(low), float(high)
 
 
 def bootstrap_auc(
@@ -110,36 +126,21 @@ def bootstrap_auc(
     pos, neg = np.sort(s[y]), np.sort(s[~y])
     labels = np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]
     draws = [roc_auc(np.r_[rng.choice(pos, len(pos)), rng.choice(neg, len(neg))], labels) for _ in range(resamples)]
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(draws, [tail, 100 - tail])
-    return auc, float(low), float(high)
+    return (auc, *_percentile_interval(draws, level))
 
 
 def _bootstrap_within_group_auc(
     s: np.ndarray, y: np.ndarray, g: np.ndarray, resamples: int, seed: int, level: float
 ) -> tuple[float, float, float]:
-    auc = within_group_auc(s, y, g)
-    if np.isnan(auc):
-        return auc, float("nan"), float("nan")
+    cells = _class_cells(s, y, g)
+    if not cells:
+        return float("nan"), float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    # only groups with both classes carry pairs; each class sorted, so the order of episodes is moot
-    cells = [
-        (np.sort(s[(g == group) & y]), np.sort(s[(g == group) & ~y]))
-        for group in sorted(set(g.tolist()))
-        if ((g == group) & y).any() and ((g == group) & ~y).any()
+    draws = [
+        _pair_weighted_auc([(rng.choice(pos, len(pos)), rng.choice(neg, len(neg))) for pos, neg in cells])
+        for _ in range(resamples)
     ]
-    draws = []
-    for _ in range(resamples):
-        weighted = pairs = 0.0
-        for pos, neg in cells:
-            labels = np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]
-            n_pairs = float(len(pos) * len(neg))
-            weighted += roc_auc(np.r_[rng.choice(pos, len(pos)), rng.choice(neg, len(neg))], labels) * n_pairs
-            pairs += n_pairs
-        draws.append(weighted / pairs)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(draws, [tail, 100 - tail])
-    return auc, float(low), float(high)
+    return (_pair_weighted_auc(cells), *_percentile_interval(draws, level))
 
 
 @dataclass(frozen=True)

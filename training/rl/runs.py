@@ -1195,14 +1195,27 @@ def latest_rl_policy(warehouse: Warehouse, variant: str, seed_key: str, sft_poli
 
 
 def check_sft_policy(warehouse: Warehouse) -> CheckOutcome:
-    """The newest SFT policy chose tasks for RL and was evaluated on held-out seeds of each."""
+    """The newest SFT policy chose tasks for RL and was evaluated on held-out seeds of every task
+    of both its blocks (dense and sparse: every RL run is paired with SFT on its own tasks)."""
     rows = warehouse.query(
-        "SELECT p.policy_id, len(p.tasks) AS tasks, (SELECT count(*) FROM agent_eval a "
-        "WHERE a.policy_id = p.policy_id AND a.evaluation = 'held_out') AS evaluated "
-        "FROM policies p WHERE kind = 'sft' ORDER BY created_at DESC LIMIT 1"
+        "SELECT policy_id, tasks, parameters FROM policies WHERE kind = 'sft' ORDER BY created_at DESC LIMIT 1"
     ).to_pylist()
-    ok = bool(rows) and rows[0]["tasks"] > 0 and rows[0]["evaluated"] == rows[0]["tasks"]
-    return CheckOutcome(ok, rows[0] if rows else {"policy_id": None})
+    if not rows:
+        return CheckOutcome(False, {"policy_id": None})
+    sft = rows[0]
+    expected = sorted({task for block in task_blocks(sft).values() for task in block})
+    evaluated = {
+        r["task_id"]
+        for r in warehouse.query(
+            "SELECT DISTINCT task_id FROM agent_eval WHERE policy_id = ? AND evaluation = 'held_out'",
+            [sft["policy_id"]],
+        ).to_pylist()
+    }
+    missing = [task for task in expected if task not in evaluated]
+    ok = bool(expected) and not missing
+    return CheckOutcome(
+        ok, {"policy_id": sft["policy_id"], "tasks": len(expected), "evaluated": len(evaluated), "missing": missing}
+    )
 
 
 def check_rl_run(warehouse: Warehouse, run_key: str, iterations: int) -> CheckOutcome:

@@ -1,0 +1,65 @@
+"""The RL stage's checks say what is true: ``sft_policy_is_ready`` compares the SFT policy's held-out
+evaluations with the tasks of both its blocks (dense and sparse), not with the dense block alone."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pyarrow as pa
+
+from training.rl.runs import check_sft_policy
+from warehouse.catalog import Materialization, Warehouse
+from warehouse.tables_rl import AGENT_EVAL, POLICIES
+
+DENSE = ["click-tab-2-medium", "login-user"]
+SPARSE = ["book-flight-nodelay", "use-spinner"]
+
+
+def _publish(wh: Warehouse, table: str, schema: pa.Schema, rows: list[dict]) -> None:
+    base = dict.fromkeys(schema.names)
+    m = Materialization(asset="policy_sft")
+    wh.publish(m, [wh.stage_table(table, "sft", pa.Table.from_pylist([base | r for r in rows], schema=schema), m)])
+
+
+def _sft(wh: Warehouse, evaluated: list[str]) -> None:
+    _publish(
+        wh,
+        "policies",
+        POLICIES,
+        [
+            {
+                "policy_id": "sft-1",
+                "kind": "sft",
+                "tasks": DENSE,  # the dense block, as policy_sft records it
+                "parameters": json.dumps({"task_blocks": {"dense": DENSE, "sparse": SPARSE}}),
+                "created_at": datetime(2026, 11, 27, tzinfo=UTC),
+            }
+        ],
+    )
+    _publish(
+        wh,
+        "agent_eval",
+        AGENT_EVAL,
+        [{"policy_id": "sft-1", "evaluation": "held_out", "task_id": t, "episodes": 8} for t in evaluated],
+    )
+
+
+def test_an_sft_policy_evaluated_on_both_blocks_is_ready(tmp_path):
+    wh = Warehouse(tmp_path / "home")
+    _sft(wh, DENSE + SPARSE)  # what policy_sft does: every RL run is paired with SFT on its tasks
+    outcome = check_sft_policy(wh)
+    assert outcome.passed, outcome.metadata
+    assert outcome.metadata["tasks"] == 4 and outcome.metadata["evaluated"] == 4 and outcome.metadata["missing"] == []
+
+
+def test_an_sft_policy_missing_a_sparse_task_is_not_ready(tmp_path):
+    wh = Warehouse(tmp_path / "home")
+    _sft(wh, DENSE + SPARSE[:1])
+    outcome = check_sft_policy(wh)
+    assert not outcome.passed
+    assert outcome.metadata["missing"] == ["use-spinner"]
+
+
+def test_no_sft_policy_is_not_ready(tmp_path):
+    assert not check_sft_policy(Warehouse(tmp_path / "home")).passed

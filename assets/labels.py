@@ -189,7 +189,7 @@ def recipes_and_progress_labels(
         )
         | table_metadata(wh, "progress_labels", also=("label_notes", "label_ledger")),
     )
-    for name, outcome in check_progress_labels(wh).items():
+    for name, outcome in check_progress_labels(wh, context.partition_keys).items():
         yield check_result(outcome, check_name=name, asset_key="progress_labels")
 
 

@@ -33,6 +33,9 @@ class DemoImportConfig(Config):
     task: str | None = Field(
         default=None, description="task of recordings that do not name theirs (a MiniWoB++ task id); default: none"
     )
+    max_files_per_task: int | None = Field(
+        default=None, description="a fixed sample of at most this many recordings per task (stepwise demo); None: all"
+    )
 
 
 @asset(
@@ -60,7 +63,13 @@ def human_demonstrations(
 
     wh = warehouse.get()
     report = import_demonstrations(
-        Path(config.demos_dir), wh, run_id=context.run_id, workers=config.workers, task=config.task, progress=progress
+        Path(config.demos_dir),
+        wh,
+        run_id=context.run_id,
+        workers=config.workers,
+        task=config.task,
+        max_files_per_task=config.max_files_per_task,
+        progress=progress,
     )
     return MaterializeResult(
         metadata=to_metadata(

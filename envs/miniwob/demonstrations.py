@@ -189,6 +189,23 @@ def find_demo_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.name.endswith(DEMO_SUFFIXES) and _is_file(p))
 
 
+def sample_per_task(rel_paths: list[str], max_per_task: int) -> list[str]:
+    """At most ``max_per_task`` recordings of each task folder (a recording's parent folder),
+    chosen by a hash of the file name: the same sample every run, spread over the batch folders
+    rather than the first batch's files; returned in the input's order."""
+    if max_per_task < 1:
+        raise ValueError(f"max_files_per_task must be at least 1, not {max_per_task}")
+    by_task: dict[str, list[str]] = {}
+    for rel in rel_paths:
+        by_task.setdefault(Path(rel).parent.name, []).append(rel)
+    chosen = {
+        rel
+        for files in by_task.values()
+        for rel in sorted(files, key=lambda r: hashlib.sha256(Path(r).name.encode()).hexdigest())[:max_per_task]
+    }
+    return [rel for rel in rel_paths if rel in chosen]
+
+
 def _is_file(path: Path) -> bool:
     try:
         return path.is_file()
@@ -464,6 +481,7 @@ def import_demonstrations(
     workers: int | None = None,
     chunk_size: int = 64,
     task: str | None = None,
+    max_files_per_task: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> ImportReport:
@@ -471,8 +489,10 @@ def import_demonstrations(
     quarantine as one new version of the dataset keyed by ``root`` (atomic: all or nothing).
 
     ``task``: the task of recordings that do not name theirs (a known MiniWoB++ task id), for
-    folders not named after the task. Bad files are quarantined; only a missing folder, a bad
-    ``task`` or an unwritable warehouse raise."""
+    folders not named after the task. ``max_files_per_task``: a fixed sample of each task folder
+    (:func:`sample_per_task`; a quick run such as ``stepwise demo``), every recording when None.
+    Bad files are quarantined; only a missing folder, a bad ``task`` or an unwritable warehouse
+    raise."""
     started = time.perf_counter()
     task = validate_task_override(task)
     root = Path(root).resolve()
@@ -480,6 +500,8 @@ def import_demonstrations(
     rel_paths = [str(p.relative_to(root)) for p in find_demo_files(root)]
     if not rel_paths:
         raise FileNotFoundError(f"no *.json or *.json.gz demonstrations under {root_key}")
+    if max_files_per_task is not None:
+        rel_paths = sample_per_task(rel_paths, max_files_per_task)
     workers = workers or min(2, os.cpu_count() or 1)
     created_at = datetime.now(UTC)
     report = ImportReport(import_root=root_key, files=len(rel_paths))

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from envs.miniwob.demonstrations import import_demonstrations
+from envs.miniwob.demonstrations import import_demonstrations, sample_per_task
 from tests.conftest import write_recording
 from warehouse.catalog import Warehouse
 
@@ -160,3 +160,22 @@ def test_full_import_of_the_shared_demonstrations(demos_dir, home):
         "(SELECT 1 FROM quarantine q WHERE q.source_file = f.source_file AND q.severity = 'file')"
     ).to_pylist()[0]["n"]
     assert unexplained == 0
+
+
+def test_a_sample_per_task_is_fixed_and_spread_over_batches(small_demos, tmp_path):
+    """``max_files_per_task`` (the demo's sample): at most N recordings of each task folder, the
+    same ones every run whatever order they are listed in, drawn from every batch folder."""
+    paths = [f"batch-{b}/task-{t}/{b}-{k}.json.gz" for b in "ab" for t in "xyz" for k in range(20)]
+    sample = sample_per_task(paths, 6)
+    per_task = {t: [p for p in sample if f"/task-{t}/" in p] for t in "xyz"}
+    assert all(len(files) == 6 for files in per_task.values())
+    assert sample == [p for p in paths if p in sample]  # input order kept
+    assert sample_per_task(paths[::-1], 6) == sample[::-1]  # the same files, whatever the listing order
+    assert any(p.startswith("batch-a/") for p in sample) and any(p.startswith("batch-b/") for p in sample)
+    assert sample_per_task(paths, 100) == paths
+    with pytest.raises(ValueError, match="at least 1"):
+        sample_per_task(paths, 0)
+
+    report = import_demonstrations(small_demos, Warehouse(tmp_path / "home"), workers=1, max_files_per_task=2)
+    tasks = Warehouse(tmp_path / "home").query("SELECT task_id, count(*) AS n FROM episodes GROUP BY 1").to_pylist()
+    assert report.files == sum(r["n"] for r in tasks) and all(r["n"] <= 2 for r in tasks) and len(tasks) == 4

@@ -122,7 +122,10 @@ class RewardModelTrainingConfig(Config):
     learning_rate: float | None = None
     per_device_train_batch_size: int | None = None
     save_steps: int | None = None
-    max_train_examples: int | None = None
+    max_train_examples: int | None = Field(default=None, description="a seeded sample of the training examples")
+    max_eval_examples: int | None = Field(
+        default=None, description="a seeded sample of the validation examples (early stopping, metrics)"
+    )
     threads: int = Field(default=2, description="torch CPU threads of the training process")
     extra_args: list[str] = Field(default_factory=list, description="more training/reward_models/train.py arguments")
     timeout_s: int = 6 * 3600

@@ -223,6 +223,7 @@ class TrainingSettings:
     per_device_train_batch_size: int | None = None
     save_steps: int | None = None
     max_train_examples: int | None = None
+    max_eval_examples: int | None = None
     threads: int = 2
     extra_args: tuple[str, ...] = ()
     timeout_s: int = 6 * 3600
@@ -231,6 +232,8 @@ class TrainingSettings:
         """A hash of what changes the trained model (plus the training code version), naming the
         run folder: a folder of an older training schedule is never resumed by a newer one."""
         settings = {k: v for k, v in asdict(self).items() if k not in ("timeout_s", "threads")}
+        if settings["max_eval_examples"] is None:  # added later: runs without it keep their folders
+            del settings["max_eval_examples"]
         settings["extra_args"] = list(self.extra_args)
         payload = json.dumps(settings | {"code_version": MODEL_CODE_VERSION}, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:10]
@@ -287,6 +290,7 @@ def training_command(
         "per_device_train_batch_size",
         "save_steps",
         "max_train_examples",
+        "max_eval_examples",
     ):
         value = getattr(settings, name)
         if value is not None:

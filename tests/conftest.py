@@ -65,3 +65,12 @@ def write_recording(path: Path, recording: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(gzip.compress(json.dumps(recording).encode()))
     return path
+
+
+def pytest_runtest_logreport(report):
+    """With STEPWISE_TEST_TIMES=<file>, each test phase's seconds are appended as it ends (a run's
+    slowest tests are known while it runs, and from a run that was stopped)."""
+    path = os.environ.get("STEPWISE_TEST_TIMES")
+    if path:
+        with open(path, "a") as sink:
+            sink.write(f"{report.duration:.2f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")

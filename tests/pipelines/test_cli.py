@@ -110,3 +110,35 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home):
         out = subprocess.run([STEPWISE, "rl", *args], capture_output=True, text=True, env=env, timeout=300)
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_the_summary_gives_a_check_one_line_and_shows_any_failed_run(capsys):
+    """A check evaluated by several runs (one per partition or round) is one line of the summary,
+    saying how many runs failed it; findings (WARN) are listed apart as yes/no."""
+    from types import SimpleNamespace
+
+    from dagster import AssetCheckSeverity, AssetKey
+
+    from pipelines.cli import _print_checks
+
+    def evaluation(asset: str, name: str, passed: bool, severity=AssetCheckSeverity.ERROR):
+        return SimpleNamespace(asset_key=AssetKey(asset), check_name=name, passed=passed, severity=severity)
+
+    _print_checks(
+        [
+            evaluation("rollouts", "rollouts_whole_episodes", True),
+            evaluation("rollouts", "rollouts_whole_episodes", True),
+            evaluation("progress_labels", "labels_in_unit_interval", True),
+            evaluation("progress_labels", "labels_in_unit_interval", False),
+            evaluation("progress_labels", "labels_in_unit_interval", True),
+            evaluation("reward_model_report", "progrm_beats_orm", False, AssetCheckSeverity.WARN),
+        ]
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "   data checks: 1 of 2 passed in every run",
+        "   check rollouts.rollouts_whole_episodes: passed (2 runs)",
+        "   check progress_labels.labels_in_unit_interval: FAILED in 1 of 3 runs",
+        "   findings (claims this run tested; 'no' is a result, not a failure):",
+        "     progrm_beats_orm: no",
+    ]

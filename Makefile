@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 VENV := .venv
 PORT ?= 3000
 
-.PHONY: setup demo test test-fast lint ui annotate reward-models rl flywheel bench clean
+.PHONY: setup demo data test test-fast lint ui annotate reward-models rl flywheel bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -40,6 +40,11 @@ ui: setup
 
 annotate: setup
 	@bash scripts/annotate.sh
+
+# Every recorded demonstration (10,466) imported and labelled, in the home make demo made (which
+# holds a sample of 30 per task): what make reward-models, make rl and make flywheel are run on.
+data: setup
+	@$(VENV)/bin/stepwise demo --until labels --demos-per-task 0
 
 reward-models: setup
 	@$(VENV)/bin/stepwise reward-models

@@ -249,6 +249,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from envs.task_catalog import families
     from warehouse.catalog import Warehouse
 
+    if args.demos_per_task < 0:
+        print("stepwise demo: --demos-per-task must be 0 (all) or more", file=sys.stderr)
+        return 2
     stages = DEMO_STAGES[: DEMO_STAGES.index(args.until) + 1]
     started = time.perf_counter()
     outcomes: list[tuple[str, bool]] = []
@@ -278,7 +281,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "stepwise_main",
             "stepwise_main",
             config={
-                "human_demonstrations": {"config": DEMO["human_demonstrations"]},
+                "human_demonstrations": {"config": {"max_files_per_task": _demo_sample(args.demos_per_task)}},
                 "recipes_and_progress_labels": {"config": {"mode": "full"}},
             },
             tags=all_label_families_tags(),
@@ -345,6 +348,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("   query:     .venv/bin/stepwise sql      (a SQL shell; .tables lists the views)")
     print("   UI:        make ui   (then open http://127.0.0.1:3000)")
     return 0 if all_ok else 1
+
+
+def _demo_sample(per_task: int) -> int | None:
+    """Recordings per task the demo imports: ``per_task`` (0: all), or as many as the home's
+    import already holds of its largest task folder, when that is more (after ``make data``, or a
+    larger sample): a demo run never shrinks the demonstrations a home holds. Samples grow by
+    inclusion (:func:`envs.miniwob.demonstrations.sample_per_task`), so the larger one keeps them all."""
+    import duckdb
+
+    from warehouse.catalog import Warehouse
+
+    if not per_task:
+        return None
+    try:
+        held = (
+            Warehouse()
+            .query(
+                "SELECT coalesce(max(n), 0) AS n FROM (SELECT regexp_extract(source_file, '([^/]+)/[^/]+$', 1) AS "
+                "folder, count(*) AS n FROM source_files GROUP BY 1)"
+            )
+            .to_pylist()[0]["n"]
+        )
+    except duckdb.Error:  # a new home: nothing imported yet
+        return per_task
+    if held > per_task:
+        print(f"   (the home's import holds up to {held} recordings per task: the demo keeps them all)")
+    return max(per_task, int(held))
 
 
 def _demo_tables(warehouse, stages: tuple[str, ...]) -> None:
@@ -907,6 +937,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes-per-task", type=int, default=2, help="live rollouts per catalog task (batch b00)")
     p.add_argument(
         "--until", choices=DEMO_STAGES, default=DEMO_STAGES[-1], help="the last stage to run (default: every stage)"
+    )
+    p.add_argument(
+        "--demos-per-task",
+        type=int,
+        default=DEMO["human_demonstrations"]["max_files_per_task"],
+        help="recordings imported per task (a fixed sample); 0: all 10,466 (what make data runs before the full "
+        "experiments)",
     )
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("import-demos", help="import a folder of MiniWoB++-format demonstrations (*.json, *.json.gz)")

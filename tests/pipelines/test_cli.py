@@ -142,3 +142,13 @@ def test_the_summary_gives_a_check_one_line_and_shows_any_failed_run(capsys):
         "   findings (claims this run tested; 'no' is a result, not a failure):",
         "     progrm_beats_orm: no",
     ]
+
+
+def test_the_demo_never_shrinks_the_demonstrations_a_home_holds(small_demos, home):
+    """`stepwise demo` imports a sample per task, or as many per task as the home already holds."""
+    from envs.miniwob.demonstrations import import_demonstrations
+    from pipelines.cli import _demo_sample
+
+    assert _demo_sample(30) == 30 and _demo_sample(0) is None  # a new home: the sample asked for
+    import_demonstrations(small_demos, Warehouse(home), workers=1, max_files_per_task=3)
+    assert _demo_sample(1) == 3 and _demo_sample(5) == 5 and _demo_sample(0) is None

@@ -12,13 +12,16 @@ from torch import nn
 
 from training.reward_models.models import (
     LENGTH_STEP,
+    ROW_MULTIPLE,
     EmbeddingCache,
     RewardModelConfig,
     RewardScorer,
     RowScaledInt8Linear,
     SegmentEncoder,
     build_reward_model,
+    lane_multiple,
     padded_length,
+    vector_lanes,
 )
 from training.reward_models.states import StepState
 
@@ -148,3 +151,39 @@ def test_a_fresh_cache_and_a_shared_one_give_the_same_rows():
     fresh = EmbeddingCache(encoder)
     fresh_rows = fresh.indices(texts)
     np.testing.assert_array_equal(shared.matrix[rows], fresh.matrix[fresh_rows])
+
+
+@pytest.mark.parametrize("capability", ["DEFAULT", "AVX2", "AVX512", "SVE256", "NEON", "a future 64-byte unit"])
+def test_token_and_row_padding_are_whole_lanes_on_every_cpu(capability):
+    """Both paddings hold for any lane width, not only this machine's: the width a batch is padded
+    to and the row count the fusion is filled to are multiples of the CPU's float32 lanes (a fill
+    of 8 rows, as before, is half a lane on an AVX-512 machine). 16 stays the unit on AVX2 and
+    AVX-512 alike, so an encoder's fingerprint does not change between them."""
+    unit = lane_multiple(capability)
+    lanes = vector_lanes(capability)
+    assert unit % lanes == 0 and unit % 16 == 0
+    assert lanes == {"AVX2": 8, "AVX512": 16}.get(capability, lanes)
+    here = vector_lanes()
+    assert LENGTH_STEP % here == 0 and ROW_MULTIPLE % here == 0
+    assert lane_multiple("AVX512") == lane_multiple("AVX2") == 16
+    assert lane_multiple("a future 64-byte unit") == 32
+
+
+def test_a_state_scores_the_same_alone_and_in_any_batch_size():
+    """The fusion and head's rows: one state alone (filled to ROW_MULTIPLE rows), and inside
+    batches of every size from 2 to 40, give the same score, bit for bit."""
+    config = RewardModelConfig(kind="progrm_env")
+    torch.manual_seed(0)
+    scorer = RewardScorer(build_reward_model(config, input_dim=384).eval(), encoder=SegmentEncoder(config))
+    rng = random.Random(9)
+    states = [
+        StepState(
+            f'Enter "{rng.choice(WORDS)}" and press {rng.choice(WORDS)}',
+            tuple(rng.choice(WORDS) for _ in range(rng.randint(0, 3))),
+            tuple(f"  {rng.choice(WORDS)} [clickable]" for _ in range(rng.randint(1, 6))),
+        )
+        for _ in range(40)
+    ]
+    alone = np.concatenate([scorer.score_states([s]) for s in states])
+    for size in (2, 3, 7, 8, 9, 16, 17, 40):
+        np.testing.assert_array_equal(scorer.score_states(states[:size]), alone[:size])

@@ -897,11 +897,11 @@ def _print_checks(evaluations) -> None:
     failed = sum(not all(results) for results in data.values())
     print(f"   data checks: {len(data) - failed} of {len(data)} passed in every run")
     for (asset, name), results in data.items():
-        runs = f" ({len(results)} runs)" if len(results) > 1 else ""
+        runs = f", {len(results)} runs" if len(results) > 1 else ""
         if all(results):
-            print(f"   check {asset}.{name}: passed{runs}")
+            print(f"   check {name}: passed ({asset}{runs})")
         else:
-            print(f"   check {asset}.{name}: FAILED in {results.count(False)} of {len(results)} runs")
+            print(f"   check {name}: FAILED in {results.count(False)} of {len(results)} runs ({asset})")
     if findings:
         print("   findings (claims this run tested; 'no' is a result, not a failure):")
         for check in findings:

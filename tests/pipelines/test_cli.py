@@ -137,8 +137,8 @@ def test_the_summary_gives_a_check_one_line_and_shows_any_failed_run(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines == [
         "   data checks: 1 of 2 passed in every run",
-        "   check rollouts.rollouts_whole_episodes: passed (2 runs)",
-        "   check progress_labels.labels_in_unit_interval: FAILED in 1 of 3 runs",
+        "   check rollouts_whole_episodes: passed (rollouts, 2 runs)",
+        "   check labels_in_unit_interval: FAILED in 1 of 3 runs (progress_labels)",
         "   findings (claims this run tested; 'no' is a result, not a failure):",
         "     progrm_beats_orm: no",
     ]

@@ -45,6 +45,16 @@ def encoder(request) -> SegmentEncoder:
     return SegmentEncoder(RewardModelConfig(kind="prm", quantize_encoder=request.param))
 
 
+def assert_same_embedding(encoder: SegmentEncoder, got: np.ndarray, expected: np.ndarray) -> None:
+    """Bit for bit with the int8 encoder (the CPU default: its sums are exact integers); within the
+    issue's 1e-6 with float32, whose matrix products differ in the last bit (1.0e-7) alone and in a
+    batch on this Intel AVX-512 machine (2026-11-27), with the code that passed on an earlier CI machine."""
+    if encoder.quantized:
+        np.testing.assert_array_equal(got, expected)
+    else:
+        assert float(np.abs(got - expected).max()) <= 1e-6
+
+
 def test_padded_length_is_the_next_multiple_of_sixteen_above_the_longest_row():
     assert [padded_length(n) for n in (1, 15, 16, 17, 31, 32, 127, 128)] == [16, 16, 32, 32, 32, 48, 128, 144]
 
@@ -63,7 +73,7 @@ def test_a_text_encoded_alone_equals_it_inside_random_batches(encoder):
             if text in texts[:40]:
                 worst = max(worst, float(np.abs(got[row] - alone[texts.index(text)]).max()))
     assert worst <= 1e-6
-    np.testing.assert_array_equal(encoder.encode(texts[:40], batch_size=64), alone)
+    assert_same_embedding(encoder, encoder.encode(texts[:40], batch_size=64), alone)
 
 
 def test_a_text_that_fills_a_whole_lane_is_encoded_alone_as_in_a_padded_batch(encoder):
@@ -77,7 +87,7 @@ def test_a_text_that_fills_a_whole_lane_is_encoded_alone_as_in_a_padded_batch(en
     for text in full:
         alone = encoder.encode([text])
         batch = [text, *rng.sample(candidates, 7)]
-        np.testing.assert_array_equal(encoder.encode(batch)[:1], alone)
+        assert_same_embedding(encoder, encoder.encode(batch)[:1], alone)
 
 
 def test_thread_count_does_not_change_an_embedding(encoder):
@@ -89,7 +99,7 @@ def test_thread_count_does_not_change_an_embedding(encoder):
         single = encoder.encode(texts)
     finally:
         torch.set_num_threads(threads)
-    np.testing.assert_array_equal(single, reference)
+    assert_same_embedding(encoder, single, reference)
 
 
 def test_row_scaled_int8_linear_is_row_independent_and_close_to_fp32():

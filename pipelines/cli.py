@@ -327,11 +327,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
             run_flywheel(Warehouse(), 1, settings, run, print)
     all_ok = all(ok for _, ok in outcomes)
+    _print_demo_summary(all_ok, time.perf_counter() - started, stage_started, outcomes, checks, main_ok, stages)
+    return 0 if all_ok else 1
+
+
+def _print_demo_summary(
+    all_ok: bool,
+    seconds: float,
+    stage_started: dict[str, float],
+    outcomes: list[tuple[str, bool]],
+    checks: list,
+    main_ok: bool,
+    stages: tuple[str, ...],
+) -> None:
+    """The demo's closing summary: verdict, stage times, each run, the data checks, the tables
+    and where to look next."""
+    from warehouse.catalog import Warehouse
+
     finished = time.perf_counter()
     warehouse = Warehouse()
     print()
     outcome = "succeeded" if all_ok else "FAILED"
-    print(f"== Stepwise: {outcome} in {finished - started:.0f} s")
+    print(f"== Stepwise: {outcome} in {seconds:.0f} s")
     begins = [*stage_started.values(), finished]
     print(
         "   stage times: "
@@ -347,7 +364,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"   plots:     {warehouse.home / 'plots'}")
     print("   query:     .venv/bin/stepwise sql      (a SQL shell; .tables lists the views)")
     print("   UI:        make ui   (then open http://127.0.0.1:3000)")
-    return 0 if all_ok else 1
 
 
 def _demo_sample(per_task: int) -> int | None:

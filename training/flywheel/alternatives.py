@@ -242,7 +242,7 @@ def propose(
         if not candidates:
             return [CandidateAction(0, recorded, None, None, True)]
         features = np.array([c.features for c in candidates], dtype=np.float32)
-        logp = model.log_probs(model.batch([StepDecision(instruction, past, rows, features, 0, 0.0)])).numpy()
+        logp = model.state_log_probs(StepDecision(instruction, past, rows, features, 0, 0.0))
     order = np.argsort(-logp.astype(np.float64), kind="stable")
     rank_of = {int(i): r for r, i in enumerate(order)}
     out = [

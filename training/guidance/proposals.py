@@ -146,7 +146,7 @@ class _LearnedEpisode:
                 return ProposalSet((Proposal(wait, wait.canonical_text(), 0.0, 0),), time.perf_counter() - started, 1)
             features = np.array([c.features for c in candidates], dtype=np.float32)
             decision = StepDecision(instruction, history, rows, features, 0, 0.0)
-            logp = model.log_probs(model.batch([decision])).numpy()
+            logp = model.state_log_probs(decision)
         mask = np.array([c.action.canonical_text() in banned for c in candidates]) if banned else None
         gumbel = self.rng.gumbel(size=logp.shape[0]) if self.owner.sample else None
         order = rank_candidates(logp, n, banned=mask, gumbel=gumbel)

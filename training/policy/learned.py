@@ -46,6 +46,9 @@ from training.reward_models.models import EmbeddingCache, RewardModelConfig, Seg
 from warehouse.model import Action, ActionType, Screen
 
 WEIGHTS_FILE = "policy.pt"
+# Serialises the one-thread scoring of :meth:`PolicyModel.state_log_probs`: torch's thread count is
+# per process, so two slot threads must not set and restore it across each other.
+_ONE_THREAD = threading.Lock()
 CONFIG_FILE = "policy_config.json"
 
 
@@ -145,6 +148,19 @@ class PolicyModel:
         """log pi(c | s) of every candidate of the batch (differentiable when grad is enabled)."""
         logits = self.scorer(batch.instruction, batch.history, batch.candidates, batch.features, batch.state_index)
         return grouped_log_softmax(logits, batch.state_index, batch.n_states)
+
+    def state_log_probs(self, decision: StepDecision) -> np.ndarray:
+        """log pi(c | s) of one state's candidates, as the policy acts on them: the same bits in
+        every process, whatever its thread count (the scorer runs on one thread here, since the
+        CPU's matrix kernels split their sums by thread and a driver with 2 threads and a Ray
+        actor with 1 would otherwise draw different actions from the same weights)."""
+        with _ONE_THREAD, torch.inference_mode():
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                return self.log_probs(self.batch([decision])).numpy()
+            finally:
+                torch.set_num_threads(threads)
 
     def chosen_log_probs(self, decisions: Sequence[StepDecision]) -> tuple[torch.Tensor, torch.Tensor]:
         """(log pi(a_t | s_t) of the chosen actions, entropy at each state), both (S,)."""
@@ -412,7 +428,7 @@ class _LearnedActor:
             return Action(ActionType.NOTHING)
         features = np.array([c.features for c in candidates], dtype=np.float32)
         decision = StepDecision(instruction, history, rows, features, 0, 0.0)
-        logp = model.log_probs(model.batch([decision])).numpy()
+        logp = model.state_log_probs(decision)
         if self.policy.greedy:
             chosen = int(np.argmax(logp))
         else:

@@ -152,6 +152,26 @@ def test_the_policy_acts_greedily_or_by_sampling_and_records_its_decisions(model
     assert picks[0] == picks[1]
 
 
+def test_a_state_scores_to_the_same_bits_whatever_the_process_thread_count(model):
+    """The driver acts with 2 threads, a Ray actor with 1: the CPU's matrix kernels split their
+    sums by thread (on this AVX-512 machine 2 threads differ from 1 by ~5e-8), so acting scores a
+    state on one thread, and restores the process's thread count afterwards."""
+    policy = LearnedPolicy(model, record=True)
+    policy.start(_context()).act(_login_screen(None, None, None))
+    decision = policy.decisions["e1"][0]
+    before = torch.get_num_threads()
+    scores = {}
+    try:
+        for threads in (1, 2, 4):
+            torch.set_num_threads(threads)
+            scores[threads] = model.state_log_probs(decision)
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+    assert scores[1].tobytes() == scores[2].tobytes() == scores[4].tobytes()
+    assert decision.logp == float(scores[1][decision.chosen])
+
+
 def test_save_and_load_give_the_same_scores(model, tmp_path):
     screen = _login_screen(None, None, None)
     policy = LearnedPolicy(model, record=True)

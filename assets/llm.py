@@ -9,7 +9,7 @@ from pydantic import Field
 
 from assets.metadata import table_metadata, to_metadata
 from assets.resources import EnvPoolResource, WarehouseResource
-from training.pretrained import PretrainedModelError
+from training.base.pretrained import PretrainedModelError
 from training.rl.llm_learner import LLMLearnerSettings
 from training.rl.llm_runs import LLM_CODE_VERSION, LLMRunSettings, llm_report, run_llm_agent
 from training.rl.runs import RLStageError

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from assets.metadata import to_metadata, unique_key_checks
 from assets.resources import WarehouseResource
+from training.base.pretrained import PretrainedModelError
 from training.llm.chat_client import ChatClient
 from training.llm.endpoint import EndpointStartError, chat_endpoint_or_local
 from training.llm.rationales import (
@@ -22,7 +23,6 @@ from training.llm.rationales import (
     generate_label_rationales,
     public_url,
 )
-from training.pretrained import PretrainedModelError
 
 GROUP = "human_labels"
 _DEFAULTS = RationaleOptions()

@@ -39,13 +39,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from training.reward_models.models import (  # noqa: E402
-    RewardModelConfig,
-    SegmentEncoder,
-    load_backbone,
-    load_tokenizer,
-    pool_hidden_states,
-)
+from training.base.encoder import EncoderConfig, SegmentEncoder, load_backbone, load_tokenizer, pool_hidden_states
+from training.reward_models.models import RewardModelConfig
 
 
 class BaselineEncoder:
@@ -77,9 +72,9 @@ class BaselineEncoder:
 
 def warehouse_texts(home: str | None, limit: int) -> list[str]:
     """Distinct segment texts of the warehouse's trajectories (empty without a warehouse)."""
+    from training.base.states import progress_state
     from training.reward_models.models import state_segments
     from training.reward_models.readers import read_splits, read_trajectories
-    from training.reward_models.states import progress_state
     from warehouse.catalog import Warehouse
 
     try:
@@ -152,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         texts, source = generated_texts(n), "generated texts"
     print(f"{len(texts)} distinct {source}; {args.threads} threads; load average {os.getloadavg()[0]:.1f}")
 
-    fp32 = SegmentEncoder(RewardModelConfig(kind="prm", quantize_encoder=False))
+    fp32 = SegmentEncoder(EncoderConfig(quantize_encoder=False))
     reference = fp32.encode(texts)
     rows = [
         measure(
@@ -160,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         measure(
             "int8 per-row, widths padded to 8 (default)",
-            SegmentEncoder(RewardModelConfig(kind="prm")).encode,
+            SegmentEncoder(EncoderConfig()).encode,
             texts,
             reference,
         ),

@@ -37,17 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from envs.task_catalog import load_catalog  # noqa: E402
+from training.base.encoder import EmbeddingCache  # noqa: E402
+from training.base.states import describe_action, screen_lines
 from training.guidance.judge import JudgeSettings  # noqa: E402
 from training.guidance.proposals import LearnedProposer, Proposal  # noqa: E402
 from training.guidance.registry import make_verifier  # noqa: E402
 from training.guidance.verifiers import StepView, context_of  # noqa: E402
 from training.policy.learned import PolicyModel  # noqa: E402
 from training.policy.store import latest_policy  # noqa: E402
-from training.reward_models.models import EmbeddingCache  # noqa: E402
-from training.reward_models.states import (
-    describe_action,  # noqa: E402
-    screen_lines,  # noqa: E402
-)
 from warehouse.catalog import Warehouse  # noqa: E402
 from warehouse.trajectories import load_trajectories  # noqa: E402
 

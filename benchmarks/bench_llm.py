@@ -44,9 +44,9 @@ from envs.miniwob.live import MiniWoBConfig  # noqa: E402
 from envs.policies import make_policy  # noqa: E402
 from envs.pool import EnvPool, PoolConfig, plan_jobs  # noqa: E402
 from envs.task_catalog import load_catalog  # noqa: E402
+from training.base.pretrained import load_smollm2  # noqa: E402
 from training.llm.policy import HFPolicy  # noqa: E402
 from training.llm.precision import acting_copy, logp_drift  # noqa: E402
-from training.pretrained import load_smollm2  # noqa: E402
 
 #: The page's episode clock for every row: an LLM on this CPU needs seconds per step, and the
 #: benchmark's default 10 s would end its episodes before the second action.

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         current = warehouse.current_version("rm_examples", "progrm_env")
         args.train_examples = str(current[1]) if current else None
     if args.checkpoint is None:
-        from training.reward_models.evaluate import latest_models
+        from training.base.registry import latest_models
 
         latest = latest_models(warehouse, ["progrm_env"])
         if not latest:
@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     results["peak_rss_mb_scoring"] = round(_peak_rss_mb(), 1)
 
     # the baseline: the same backbone over the whole prompt of every state (no segments, no cache)
-    from training.reward_models.models import RewardModelConfig, build_reward_model, default_backbone, load_tokenizer
+    from training.base.encoder import default_backbone, load_tokenizer
+    from training.reward_models.models import RewardModelConfig, build_reward_model
 
     plain_config = RewardModelConfig(kind=kind, encoder_mode="full", max_length=512)
     plain = RewardScorer(build_reward_model(plain_config), tokenizer=load_tokenizer(default_backbone()))

@@ -267,7 +267,7 @@ def _checkpoint(args) -> tuple[str, str]:
     home = args.home or os.environ.get("STEPWISE_HOME")
     if home:
         try:
-            from training.reward_models.evaluate import latest_models
+            from training.base.registry import latest_models
             from warehouse.catalog import Warehouse
 
             found = latest_models(Warehouse(home), ["progrm_env"])

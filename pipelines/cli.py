@@ -454,7 +454,7 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
     from dagster import DagsterInstance
 
     from pipelines.definitions import defs
-    from training.reward_models.evaluate import latest_models
+    from training.base.registry import latest_models
     from training.reward_models.kinds import REWARD_MODEL_KINDS
     from training.reward_models.runs import REPORT_REQUIRED_KINDS
     from warehouse.catalog import Warehouse
@@ -580,7 +580,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
     from dagster import DagsterInstance, MultiPartitionKey
 
     from pipelines.definitions import defs
-    from training.reward_models.evaluate import latest_models
+    from training.base.registry import latest_models
     from training.rl.report import report_markdown
     from training.rl.rewards import SOURCE_MODEL_KIND
     from training.rl.runs import RL_SEEDS, RUN_VARIANTS, run_rl_report
@@ -857,10 +857,10 @@ def cmd_annotate_push(args: argparse.Namespace) -> int:
 def cmd_annotate_rationales(args: argparse.Namespace) -> int:
     """GUI-Shepherd §3: an LLM writes the rationale of each human positive / negative step label
     that has none yet (``label_rationales``); with no ``--base-url``, SmolLM2 is served locally."""
+    from training.base.pretrained import PretrainedModelError
     from training.llm.chat_client import ChatClient
     from training.llm.endpoint import EndpointStartError, chat_endpoint_or_local
     from training.llm.rationales import RationaleEndpointError, RationaleOptions, generate_label_rationales
-    from training.pretrained import PretrainedModelError
     from warehouse.catalog import Warehouse
 
     warehouse = Warehouse()

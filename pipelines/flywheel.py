@@ -161,7 +161,7 @@ def proposers_without_held_out_states(warehouse: Warehouse, settings: FlywheelSe
 
 
 def _has_model(warehouse: Warehouse, kind: str) -> bool:
-    from training.reward_models.evaluate import latest_models
+    from training.base.registry import latest_models
 
     return bool(latest_models(warehouse, [kind]))
 

@@ -492,6 +492,15 @@ class Warehouse:
         with self.connect(read_only=True) as con:
             return con.sql(sql, params=params or None).to_arrow_table()
 
+    def has_table(self, name: str) -> bool:
+        """Whether a table or view ``name`` is defined in the catalog (e.g. ``human_labels`` before it lands)."""
+        if not self.db_path.exists():
+            return False
+        rows = self.query(
+            "SELECT count(*) AS n FROM information_schema.tables WHERE table_name = ?", [name]
+        ).to_pylist()
+        return bool(rows and rows[0]["n"])
+
     def current_version(self, table_name: str, dataset: str) -> tuple[str, str] | None:
         """(materialization_id, path) of the current version of a table, if any."""
         if not self.db_path.exists():

@@ -264,7 +264,7 @@ def tiny_home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_path() -> str:
-    from training.reward_models.models import default_backbone
+    from training.base.encoder import default_backbone
 
     return default_backbone()
 

@@ -42,6 +42,7 @@ from envs.pool import EnvPool, EpisodeJob
 from envs.protocol import EpisodeContext
 from envs.rollouts import ProgressLog
 from envs.task_catalog import CatalogTask
+from training.base.states import describe_action
 from training.flywheel.collection import (
     CollectionError,
     CollectionRequest,
@@ -51,7 +52,6 @@ from training.flywheel.collection import (
 )
 from training.flywheel.replay import DIVERGED, ReplayDiverged, ReplayOutcome, ReplayPlan, ReplayPolicy, replay_outcome
 from training.policy.learned import LearnedPolicy, PolicyModel, StepDecision
-from training.reward_models.states import describe_action
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.model import Action, Screen

@@ -20,10 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from envs.protocol import Actor, EpisodeContext, StepResult
+from training.base.states import screen_lines
 from training.guidance.proposals import GuidanceError, Proposal, Proposer
 from training.guidance.reflection import AttemptGuidance
 from training.guidance.verifiers import EpisodeVerifier, StepView, Verdict, Verifier
-from training.reward_models.states import screen_lines
 from warehouse.model import Action, Screen
 
 

@@ -51,12 +51,12 @@ from typing import Any
 import numpy as np
 
 from envs.protocol import EpisodeContext, StepResult
+from training.base.states import StepState
 from training.guidance.proposals import GuidanceError, Proposal
 from training.guidance.verifiers import EpisodeVerifier, StepView, Verdict, load_local_scorer
 from training.llm.chat_client import ChatClient, ChatEndpoint, ChatEndpointError
 from training.reward_models.kinds import STEP_JUDGE_KINDS
 from training.reward_models.scoring import LocalScorer
-from training.reward_models.states import StepState
 from warehouse.catalog import LineageInput, Warehouse
 from warehouse.model import ActionType, Screen, UIElement
 

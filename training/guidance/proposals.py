@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from envs.protocol import EpisodeContext, StepResult
+from training.base.states import describe_action
 from training.llm.policy import EndpointPolicy, HFPolicy
 from training.llm.prompts import HistoryEntry, ParsedAction, ParseFailure
 from training.policy.learned import PolicyModel, StepDecision
-from training.reward_models.states import describe_action
 from warehouse.model import Action, ActionType, Screen
 
 

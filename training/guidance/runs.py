@@ -42,6 +42,7 @@ from envs.pool import BatchResult, EnvPool, EpisodeJob
 from envs.protocol import EpisodeRecord, episode_tables
 from envs.rollouts import ATTEMPTS_TABLE, ProgressLog
 from envs.task_catalog import CatalogTask, load_catalog
+from training.base.statistics import bootstrap_interval, paired_comparison
 from training.guidance.agent import GuidedPolicy, StepLog
 from training.guidance.judge import VARIANTS, JudgeSettings
 from training.guidance.proposals import GuidanceError, LearnedProposer, LLMProposer, Proposer
@@ -50,7 +51,7 @@ from training.guidance.registry import make_verifier
 from training.guidance.verifiers import VERIFIERS, Verifier
 from training.llm.chat_client import ChatClient, ChatEndpoint
 from training.llm.policy import LLM_EPISODE_CLOCK_MS
-from training.policy.evaluation import bootstrap_interval, env_return, failure_mode, paired_comparison, sample_seeds
+from training.policy.evaluation import env_return, failure_mode, sample_seeds
 from training.policy.learned import PolicyModel
 from training.policy.store import HELD_OUT_SEED_BASE, PolicyNotFoundError, latest_policy
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse

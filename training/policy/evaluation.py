@@ -11,17 +11,15 @@ answer submitted), ``out_of_steps`` (the step budget ran out without any of the 
 
 from __future__ import annotations
 
-import math
 import random
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from envs.protocol import END_FAILURE, EpisodeRecord
 from training.policy.candidates import FEATURE_NAMES, enumerate_candidates
-from training.reward_models.evaluate import mcnemar_exact_p
 
 FAILURE_MODES = ("useless_repetition", "wrong_field", "wrong_submission", "out_of_steps")
 _FITS = FEATURE_NAMES.index("value_fits_field")
@@ -125,50 +123,6 @@ def per_task_rows(episodes: Sequence[EvalEpisode]) -> list[dict]:
             }
         )
     return rows
-
-
-def bootstrap_interval(
-    successes: Sequence[bool], *, samples: int = 2000, confidence: float = 0.95, seed: int = 0
-) -> tuple[float, float]:
-    """A percentile bootstrap interval of a success rate over episodes."""
-    x = np.asarray(successes, dtype=np.float64)
-    if x.size == 0:
-        return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    means = rng.choice(x, size=(samples, x.size), replace=True).mean(axis=1)
-    alpha = (1 - confidence) / 2
-    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
-
-
-def seed_bootstrap_interval(
-    per_seed: Sequence[Sequence[float]], *, samples: int = 2000, confidence: float = 0.95, seed: int = 0
-) -> tuple[float, float, float]:
-    """(mean, low, high) of a rate over RL seeds and their evaluation episodes: the mean of the
-    seeds' means, with a two-level percentile bootstrap (resample the seeds, then each drawn seed's
-    episodes), so that both the spread between seeds and the episodes' sampling count, and the
-    interval stays within the values' range (a t-interval over three seeds printed
-    "33.3 [-49.5, 116.1]"). One seed: an interval over its episodes. Seeded: the same runs give the
-    same interval."""
-    groups = [np.asarray(g, dtype=np.float64) for g in per_seed if len(g)]
-    if not groups:
-        return math.nan, math.nan, math.nan
-    mean = float(np.mean([g.mean() for g in groups]))
-    rng = np.random.default_rng(seed)
-    draws = np.empty(samples)
-    for i in range(samples):
-        picked = rng.integers(0, len(groups), size=len(groups))
-        draws[i] = np.mean([rng.choice(groups[k], size=groups[k].size, replace=True).mean() for k in picked])
-    alpha = (1 - confidence) / 2
-    return mean, float(np.quantile(draws, alpha)), float(np.quantile(draws, 1 - alpha))
-
-
-def paired_comparison(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str, float]:
-    """Two policies on the same evaluation episodes (keys such as (task, seed, rl seed)): how many
-    only ``a`` solves, how many only ``b`` solves, and McNemar's exact p-value."""
-    keys = sorted(set(a) & set(b))
-    wins = sum(1 for k in keys if a[k] and not b[k])
-    losses = sum(1 for k in keys if b[k] and not a[k])
-    return {"pairs": len(keys), "only_a": wins, "only_b": losses, "mcnemar_p": mcnemar_exact_p(wins, losses)}
 
 
 def sample_seeds(base: int, count: int, salt: str) -> list[int]:

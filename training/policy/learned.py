@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from envs.protocol import Actor, EpisodeContext, StepResult
+from training.base.encoder import EmbeddingCache, EncoderConfig, SegmentEncoder, default_backbone
 from training.policy.candidates import (
     FEATURE_NAMES,
     Candidate,
@@ -42,7 +43,6 @@ from training.policy.candidates import (
     relative_instruction,
 )
 from training.policy.network import CandidateScorer, ScorerConfig, grouped_entropy, grouped_log_softmax
-from training.reward_models.models import EmbeddingCache, RewardModelConfig, SegmentEncoder, default_backbone
 from warehouse.model import Action, ActionType, Screen
 
 WEIGHTS_FILE = "policy.pt"
@@ -91,7 +91,7 @@ class PolicyModel:
     def __init__(
         self, scorer: CandidateScorer | None = None, *, encoder: SegmentEncoder | None = None, seed: int = 0
     ) -> None:
-        self.encoder = encoder or SegmentEncoder(RewardModelConfig(kind="prm"))
+        self.encoder = encoder or SegmentEncoder(EncoderConfig())
         if scorer is None:
             # A new scorer's weights are a function of ``seed`` alone: drawn from torch's global
             # generator, they depended on how much of it the process had used before (loading the
@@ -245,7 +245,7 @@ class LearnedPolicySnapshot:
     scorer_config: dict[str, Any]
     weights: dict[str, torch.Tensor]
     scorer_training: bool  # the scorer's train/eval mode in the driver (dropout)
-    encoder_config: dict[str, Any]  # RewardModelConfig's fields; backbone "" for the installed MiniLM
+    encoder_config: dict[str, Any]  # EncoderConfig's fields; backbone "" for the installed MiniLM
     encoder_fingerprint: str
     policy_id: str
     greedy: bool
@@ -281,7 +281,7 @@ def _node_encoder(config: dict[str, Any], fingerprint: str) -> tuple[SegmentEnco
     torch): refused, since the driver would file them under its own."""
     with _NODE_ENCODERS_LOCK:
         if fingerprint not in _NODE_ENCODERS:
-            encoder = SegmentEncoder(RewardModelConfig(**config))
+            encoder = SegmentEncoder(EncoderConfig(**config))
             if encoder.fingerprint != fingerprint:
                 raise ValueError(
                     f"this node's encoder {encoder.fingerprint} is not the driver's {fingerprint} "

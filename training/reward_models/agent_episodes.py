@@ -8,7 +8,7 @@ on **held-out agent episodes**: the greedy episodes that evaluate SFT and RL che
 (``warehouse.purposes``), so no model has seen these episodes or their task instances.
 
 Each model gives an episode one score (:func:`episode_score`), and the AUC of those scores against
-the environment's success (Mann-Whitney, :func:`training.reward_models.evaluate.roc_auc`) is
+the environment's success (Mann-Whitney, :func:`training.base.statistics.roc_auc`) is
 reported per task family and overall, with a stratified bootstrap interval
 (:func:`bootstrap_auc`), seeded, so the same episodes and models give the same figures; and over
 all episodes within their own task (:data:`WITHIN_TASK`), which a pooled AUC can overstate by
@@ -27,10 +27,11 @@ import pyarrow as pa
 
 from annotation.progress.key_steps import milestone_progress
 from envs.task_catalog import load_catalog
-from training.reward_models.evaluate import key_step_progress_error, predict_trajectories, roc_auc
+from training.base.states import TextTrajectory
+from training.base.statistics import bootstrap_auc
+from training.reward_models.evaluate import key_step_progress_error, predict_trajectories
 from training.reward_models.examples import EpisodeLabels
 from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS
-from training.reward_models.states import TextTrajectory
 from warehouse.catalog import Warehouse
 from warehouse.plotting import Markdown, figure_markdown, pyplot
 from warehouse.purposes import EpisodePurpose, purpose_filter
@@ -43,8 +44,6 @@ ALL_FAMILIES = "all"
 UNSEEN_CHECKPOINTS = "all:unseen_checkpoints"
 #: All episodes again, ranked only against episodes of their own task (:func:`within_group_auc`).
 WITHIN_TASK = "all:within_task"
-BOOTSTRAP_RESAMPLES = 1000
-BOOTSTRAP_SEED = 0
 
 
 def episode_score(kind: str, step_scores: Sequence[float] | np.ndarray) -> float:
@@ -58,89 +57,6 @@ def episode_score(kind: str, step_scores: Sequence[float] | np.ndarray) -> float
     if scores.size == 0:
         raise ValueError("an episode without steps has no score")
     return float(scores.min() if kind in STEP_JUDGE_KINDS else scores[-1])
-
-
-def within_group_auc(
-    scores: Sequence[float] | np.ndarray, success: Sequence[bool] | np.ndarray, groups: Sequence[str] | np.ndarray
-) -> float:
-    """The AUC over (success, failure) pairs of the same group (a task): each group's Mann-Whitney
-    AUC weighted by its number of such pairs, i.e. the probability that a success outranks a
-    failure *of the same task* (ties count half); nan where no group has both classes.
-
-    The pooled AUC also ranks episodes across tasks, so a reward that scores an easy task high and
-    a hard one low reaches a high pooled AUC while telling no success from a failure within a
-    task, which is where a policy gradient needs the difference."""
-    cells = _class_cells(np.asarray(scores, dtype=np.float64), np.asarray(success, dtype=bool), groups)
-    return _pair_weighted_auc(cells) if cells else float("nan")
-
-
-def _class_cells(
-    s: np.ndarray, y: np.ndarray, groups: Sequence[str] | np.ndarray
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(successes, failures) of each group that has both, each sorted (the order of episodes is moot)."""
-    g = np.asarray(groups, dtype=object)
-    cells = [(np.sort(s[(g == group) & y]), np.sort(s[(g == group) & ~y])) for group in sorted(set(g.tolist()))]
-    return [(pos, neg) for pos, neg in cells if len(pos) and len(neg)]
-
-
-def _pair_weighted_auc(cells: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:
-    """Each cell's Mann-Whitney AUC weighted by its success-failure pairs."""
-    weighted = pairs = 0.0
-    for pos, neg in cells:
-        n_pairs = float(len(pos) * len(neg))
-        weighted += roc_auc(np.r_[pos, neg], np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]) * n_pairs
-        pairs += n_pairs
-    return weighted / pairs
-
-
-def _percentile_interval(draws: Sequence[float], level: float) -> tuple[float, float]:
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(draws, [tail, 100 - tail])
-    return float(low), float(high)
-
-
-def bootstrap_auc(
-    scores: Sequence[float] | np.ndarray,
-    success: Sequence[bool] | np.ndarray,
-    *,
-    groups: Sequence[str] | None = None,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-    level: float = 0.95,
-) -> tuple[float, float, float]:
-    """(AUC, low, high): the AUC and a percentile bootstrap interval, resampling successes and
-    failures separately (each resample keeps both classes). nan where one class is absent. The
-    interval depends on the scores, not on their order (each class is sorted before resampling):
-    a query without ORDER BY returns the same episodes in another order from run to run.
-
-    With ``groups`` (each episode's task): :func:`within_group_auc`, resampling the successes and
-    the failures of each group apart."""
-    s = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(success, dtype=bool)
-    if groups is not None:
-        return _bootstrap_within_group_auc(s, y, np.asarray(groups, dtype=object), resamples, seed, level)
-    auc = roc_auc(s, y)
-    if np.isnan(auc):
-        return auc, float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    pos, neg = np.sort(s[y]), np.sort(s[~y])
-    labels = np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]
-    draws = [roc_auc(np.r_[rng.choice(pos, len(pos)), rng.choice(neg, len(neg))], labels) for _ in range(resamples)]
-    return (auc, *_percentile_interval(draws, level))
-
-
-def _bootstrap_within_group_auc(
-    s: np.ndarray, y: np.ndarray, g: np.ndarray, resamples: int, seed: int, level: float
-) -> tuple[float, float, float]:
-    cells = _class_cells(s, y, g)
-    if not cells:
-        return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    draws = [
-        _pair_weighted_auc([(rng.choice(pos, len(pos)), rng.choice(neg, len(neg))) for pos, neg in cells])
-        for _ in range(resamples)
-    ]
-    return (_pair_weighted_auc(cells), *_percentile_interval(draws, level))
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ from datetime import UTC, datetime
 import numpy as np
 import pyarrow as pa
 
-from training.reward_models.evaluate import mcnemar_exact_p
+from training.base.states import StepState, TextTrajectory, action_state
+from training.base.statistics import mcnemar_exact_p
 from training.reward_models.kinds import DISPLAY_NAMES, PROGRESS_KINDS, STEP_JUDGE_KINDS
-from training.reward_models.states import StepState, TextTrajectory, action_state
 from warehouse.catalog import Warehouse
 from warehouse.tables_training import RM_ALTERNATIVE_TOP1
 

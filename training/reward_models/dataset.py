@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from training.base.states import TextTrajectory
 from training.reward_models.examples import (
     DatasetOptions,
     DatasetStats,
@@ -27,7 +28,6 @@ from training.reward_models.readers import (
     read_splits,
     read_trajectories,
 )
-from training.reward_models.states import TextTrajectory
 from warehouse.catalog import LineageInput, Warehouse
 
 log = logging.getLogger(__name__)

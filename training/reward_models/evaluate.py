@@ -31,10 +31,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from training.base.registry import ModelRecord
+from training.base.states import StepState, TextTrajectory
+from training.base.statistics import mcnemar_exact_p, roc_auc
 from training.reward_models.examples import EpisodeLabels
-from training.reward_models.kinds import DISPLAY_NAMES, SUCCESS_JUDGE_KINDS, RewardModelKind, Verdict, kind_spec
+from training.reward_models.kinds import (
+    DISPLAY_NAMES,
+    SUCCESS_JUDGE_KINDS,
+    RewardModelKind,
+    Verdict,
+    kind_spec,
+    state_for,
+)
 from training.reward_models.labels import progress_gains
-from training.reward_models.states import StepState, TextTrajectory, state_for
 from warehouse.plotting import integer_ticks
 
 log = logging.getLogger(__name__)
@@ -157,16 +166,6 @@ def choose_threshold(final_scores: Sequence[float] | np.ndarray, success: Sequen
     return float(cuts[best[np.argmin(np.abs(cuts[best] - 0.5))]])
 
 
-def mcnemar_exact_p(wins: int, losses: int) -> float:
-    """Two-sided exact McNemar test: the probability, if two judges were equally accurate, of a
-    split of their ``wins + losses`` discordant trajectories at least this uneven (binomial, p=1/2)."""
-    n = wins + losses
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(wins, losses) + 1))
-    return min(1.0, 2 * tail / 2**n)
-
-
 def paired_success_comparison(
     final_scores: Sequence[float] | np.ndarray,
     threshold: float,
@@ -217,26 +216,6 @@ def all_step_progress_error(scores: Mapping[str, np.ndarray], labels: Mapping[st
         if e in scores and len(scores[e]) == len(lab.progress)
     ]
     return float(np.concatenate(errors).mean()) if errors else float("nan")
-
-
-def roc_auc(scores: Sequence[float] | np.ndarray, positive: Sequence[bool] | np.ndarray) -> float:
-    """Area under the ROC curve (Mann-Whitney U with average ranks for ties); nan with one class."""
-    s = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(positive, dtype=bool)
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    if not n_pos or not n_neg:
-        return float("nan")
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(len(s))
-    sorted_s = s[order]
-    i = 0
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def step_judgement(
@@ -630,16 +609,6 @@ def progress_gain_rewards(scores: Sequence[float], k: int = 1) -> np.ndarray:
 
 
 @dataclass
-class ModelRecord:
-    """A trained model as the ``models`` table lists it."""
-
-    model_id: str
-    kind: str
-    checkpoint_path: str
-    materialization_id: str | None = None
-
-
-@dataclass
 class ReportResult:
     metrics: dict[str, dict[str, dict[str, float]]]  # kind -> split -> metric -> value
     predictions: pa.Table  # rm_predictions rows
@@ -648,68 +617,6 @@ class ReportResult:
     plots: dict[str, Path]
     thresholds: dict[str, float]
     n_trajectories: dict[str, int]
-
-
-def _unloadable_reason(model: ModelRecord) -> str | None:
-    """Why this code cannot load ``model`` (``stale_encoder_reason``: another encoder's embeddings),
-    None if it can. A checkpoint that cannot be read counts as loadable: loading it says what is wrong."""
-    from training.reward_models.models import CONFIG_FILE, stale_encoder_reason  # (loads torch: when asked)
-
-    checkpoint = Path(model.checkpoint_path)
-    return stale_encoder_reason(checkpoint) if (checkpoint / CONFIG_FILE).is_file() else None
-
-
-def _registered_models(warehouse, model_id: str | None = None) -> list[ModelRecord]:
-    """Every model of the ``models`` table (or only ``model_id``), newest first."""
-    from training.reward_models.readers import view_exists
-
-    if not view_exists(warehouse, "models"):
-        return []
-    where, params = ("WHERE v.model_id = ?", [model_id]) if model_id is not None else ("", [])
-    rows = warehouse.query(
-        f"""
-        SELECT v.model_id, v.kind, v.checkpoint_path, t.materialization_id
-        FROM models v
-        LEFT JOIN table_versions t ON t.table_name = 'models' AND t.dataset = v.model_id AND t.is_current
-        {where}
-        ORDER BY v.created_at DESC
-        """,
-        params,
-    ).to_pylist()
-    return [
-        ModelRecord(r["model_id"], r["kind"], str(warehouse.resolve(r["checkpoint_path"])), r["materialization_id"])
-        for r in rows
-    ]
-
-
-def model_by_id(warehouse, model_id: str) -> ModelRecord:
-    """The registered model ``model_id`` (``models`` table), whichever is newest of its kind; a
-    :class:`LookupError` names it when it is not registered or this code cannot load it."""
-    found = _registered_models(warehouse, model_id)
-    if not found:
-        raise LookupError(f"no reward model {model_id!r} in the models table")
-    model = found[0]
-    if stale := _unloadable_reason(model):
-        raise LookupError(f"reward model {model_id} cannot be loaded by this code: {stale}")
-    return model
-
-
-def latest_models(warehouse, kinds: Sequence[str]) -> list[ModelRecord]:
-    """The most recent usable model of each kind in the ``models`` table (skips kinds without one).
-
-    A model trained on another encoder's embeddings (``models.stale_encoder_reason``: before the
-    batch-invariant encoder, or under another torch) cannot be loaded by this code; the newest
-    model that can stands in, and a kind with none counts as untrained, so that the stages that
-    need it train one instead of failing on load."""
-    by_kind: dict[str, ModelRecord] = {}
-    for model in _registered_models(warehouse):
-        if model.kind in by_kind or model.kind not in kinds:
-            continue
-        if stale := _unloadable_reason(model):
-            log.warning("skipping %s: %s", model.model_id, stale)
-            continue
-        by_kind[model.kind] = model
-    return [by_kind[k] for k in kinds if k in by_kind]
 
 
 def load_evaluation_set(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from training.base.states import StepState, TextTrajectory, action_state, progress_state
 from training.reward_models.kinds import KINDS, SPLITS, KindSpec, RewardModelKind, Verdict, kind_spec
 from training.reward_models.labels import (
     GUIDNAV_REWARD,
@@ -28,7 +29,6 @@ from training.reward_models.prompts import (
     approx_token_count,
     render_prompt,
 )
-from training.reward_models.states import StepState, TextTrajectory, action_state, progress_state
 from warehouse.tables_training import RM_EXAMPLES, RM_TRL_STEPWISE
 
 log = logging.getLogger(__name__)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
+from training.base.states import StepState, TextTrajectory, action_state, progress_state
+
 log = logging.getLogger(__name__)
 
 
@@ -124,3 +126,8 @@ def kind_spec(kind: str) -> KindSpec:
         return KINDS[RewardModelKind(kind)]
     except ValueError:
         raise ValueError(f"unknown reward-model kind {kind!r}; expected one of {', '.join(KINDS)}") from None
+
+
+def state_for(kind: str, trajectory: TextTrajectory, t: int) -> StepState:
+    """The state a model of ``kind`` scores at step ``t``."""
+    return progress_state(trajectory, t) if kind_spec(kind).state == "after_action" else action_state(trajectory, t)

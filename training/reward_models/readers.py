@@ -9,24 +9,14 @@ from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 
+from training.base.states import TextStep, TextTrajectory, action_in_context, screen_lines, target_context
 from training.reward_models.examples import AlternativeLabel, EpisodeLabels, SplitInfo
 from training.reward_models.kinds import Verdict
 from training.reward_models.labels import human_step_verdicts
-from training.reward_models.states import TextStep, TextTrajectory, action_in_context, screen_lines, target_context
 from warehouse.catalog import Warehouse
 from warehouse.purposes import purpose_filter
 
 log = logging.getLogger(__name__)
-
-
-def view_exists(warehouse: Warehouse, name: str) -> bool:
-    """Whether a table or view is defined in the catalog (e.g. ``human_labels`` before it lands)."""
-    if not warehouse.db_path.exists():
-        return False
-    rows = warehouse.query(
-        "SELECT count(*) AS n FROM information_schema.tables WHERE table_name = ?", [name]
-    ).to_pylist()
-    return bool(rows and rows[0]["n"])
 
 
 def read_splits(warehouse: Warehouse) -> dict[str, SplitInfo]:
@@ -77,7 +67,7 @@ def read_human_verdicts(warehouse: Warehouse) -> tuple[dict[tuple[str, int], tup
     ``step_correctness`` interface's active, not skipped answers, by majority vote here.
     A step whose only answers were ``unsure`` is ``unsure`` (filtered, GUI-Shepherd App. A.2).
     """
-    if view_exists(warehouse, "human_step_labels"):
+    if warehouse.has_table("human_step_labels"):
         table = warehouse.query("SELECT * FROM human_step_labels")
         if table.num_rows and {"episode_id", "step_idx", "correctness"} <= set(table.column_names):
             verdicts: dict[tuple[str, int], tuple[Verdict, int]] = {}
@@ -88,7 +78,7 @@ def read_human_verdicts(warehouse: Warehouse) -> tuple[dict[tuple[str, int], tup
                 elif votes:
                     verdicts[(r["episode_id"], int(r["step_idx"]))] = ("unsure", votes)
             return verdicts, ["human_step_labels"]
-    if not view_exists(warehouse, "human_labels"):
+    if not warehouse.has_table("human_labels"):
         return {}, []
     table = warehouse.query("SELECT * FROM human_labels")
     columns = set(table.column_names)
@@ -109,7 +99,7 @@ def read_human_verdicts(warehouse: Warehouse) -> tuple[dict[tuple[str, int], tup
 def read_alternatives(warehouse: Warehouse) -> list[AlternativeLabel]:
     """The replayed alternatives (``step_alternatives``) at states of training episodes only: those
     at states of evaluation episodes are the held-out set the report measures on, never trained on."""
-    if not view_exists(warehouse, "step_alternatives"):
+    if not warehouse.has_table("step_alternatives"):
         return []
     rows = warehouse.query(
         "SELECT alternative_id, state_id, episode_id, step_idx, action_description, mc_value, ended, ended_success, "

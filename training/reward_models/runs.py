@@ -38,15 +38,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from envs.process import set_parent_death_signal
+from training.base.registry import ModelRecord
+from training.base.states import StepState
 from training.reward_models.agent_episodes import AgentEpisodeReport, agent_episode_report, read_agent_episodes
 from training.reward_models.alternatives_metric import AlternativesReport, alternatives_report, read_held_out_states
 from training.reward_models.dataset import build_reward_model_dataset, examples_by_purpose
-from training.reward_models.evaluate import ModelRecord
 from training.reward_models.examples import DatasetOptions
 from training.reward_models.kinds import PROGRESS_KINDS, REWARD_MODEL_KINDS, SPLITS, SUCCESS_JUDGE_KINDS, kind_spec
 from training.reward_models.prompts import TruncationBudget
-from training.reward_models.readers import read_trajectories, view_exists
-from training.reward_models.states import StepState
+from training.reward_models.readers import read_trajectories
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, image_markdown
@@ -514,7 +514,8 @@ def run_evaluation_report(
     ``rm_metrics``, write the markdown report and plots; returns the asset's metadata."""
     import torch
 
-    from training.reward_models.evaluate import latest_models, run_report
+    from training.base.registry import latest_models
+    from training.reward_models.evaluate import run_report
 
     torch.set_num_threads(settings.threads)
     models = latest_models(warehouse, list(settings.kinds))
@@ -634,7 +635,7 @@ def current_label_inputs(warehouse: Warehouse) -> list[LineageInput]:
 
 def latest_report_metrics(warehouse: Warehouse) -> list[dict]:
     """The ``rm_metrics`` rows of the latest report run (empty before the first report)."""
-    if not view_exists(warehouse, "rm_metrics"):
+    if not warehouse.has_table("rm_metrics"):
         return []
     return warehouse.query(
         """

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from training.reward_models.evaluate import latest_models, model_by_id
+from training.base.registry import latest_models, model_by_id
+from training.base.states import TextTrajectory
 from training.reward_models.kinds import KINDS
 from training.reward_models.serving import TrajectoryScores, score_trajectories
-from training.reward_models.states import TextTrajectory
 from warehouse.catalog import LineageInput, Warehouse
 
 

@@ -35,10 +35,10 @@ or single states (the caller assembles the history)::
 A screen is a list of element objects (the fields of ``warehouse.model.UIElement``: role, text,
 element_id, classes, description, value, clickable, editable, checked, focused, depth, ...) or
 a string of pre-rendered lines. ``target`` (optional) names the element the action acted on, so
-that its surrounding texts are added to the action as in training (``training.reward_models.states.target_context``:
+that its surrounding texts are added to the action as in training (``training.base.states.target_context``:
 ``CLICK(span.retweet) within "@lacus" ...``). ``steps[t].screen`` is the screen the agent saw *before* action
 ``t``; for progress models the score of step ``t`` is the progress *after* action ``t``, read from
-the next step's screen (``training.reward_models.states.progress_state``).
+the next step's screen (``training.base.states.progress_state``).
 
 Response: ``{"model": {...}, "results": [{"id", "scores", "progress_gains", "rewards"}], "elapsed_ms"}``;
 ``rewards`` are the progress gains for progress/outcome models and the scores themselves for
@@ -70,18 +70,10 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from training.reward_models.kinds import kind_spec
+from training.base.states import StepState, TextStep, TextTrajectory, action_in_context, screen_lines, target_context
+from training.reward_models.kinds import kind_spec, state_for
 from training.reward_models.labels import progress_gains
 from training.reward_models.models import RewardScorer, read_model_config
-from training.reward_models.states import (
-    StepState,
-    TextStep,
-    TextTrajectory,
-    action_in_context,
-    screen_lines,
-    state_for,
-    target_context,
-)
 from warehouse.model import Screen, UIElement
 
 log = logging.getLogger(__name__)
@@ -271,7 +263,7 @@ def parse_screen(raw: Any, where: str, limits: ServingLimits) -> tuple[str, ...]
 def parse_action(step: dict, elements: list[UIElement] | None, where: str, limits: ServingLimits) -> str:
     """A step's action as models read it: with the texts around its target when ``target`` (an
     index into the screen's element list, or an element ``ref``) names one (see
-    ``training.reward_models.states.target_context``)."""
+    ``training.base.states.target_context``)."""
     action = _action(step.get("action"), f"{where}.action", limits)
     if step.get("target") is None:
         return action

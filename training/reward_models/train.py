@@ -20,7 +20,7 @@ The same script runs on this CPU machine and on GPUs:
         --home .stepwise --output_dir runs/progrm_lcs_smollm2 --max_train_examples 256
 
 ``--backbone`` takes a Hugging Face folder or hub id, ``smollm2`` (the packaged SmolLM2) or a
-``.gguf`` file (both dequantised once into ``<home>/models/llm/``, ``training.pretrained``).
+``.gguf`` file (both dequantised once into ``<home>/models/llm/``, ``training.base.pretrained``).
 ``--profile`` picks the defaults of every argument not given: ``llm`` = ProgRM Table 5 (lr 5e-5,
 global batch 128, 3 epochs, cosine, warm-up 0.03, Adam betas 0.9/0.95, bf16, ZeRO-2); ``cpu`` =
 sized for two cores (a larger learning rate for the freshly initialised fusion and head, same
@@ -53,22 +53,20 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from training.pretrained import resolve_checkpoint
+from training.base.encoder import EmbeddingCache, SegmentEncoder, load_tokenizer
+from training.base.pretrained import resolve_checkpoint
+from training.base.states import StepState
 from training.reward_models.kinds import KINDS
 from training.reward_models.models import (
-    EmbeddingCache,
     RewardModel,
     RewardModelConfig,
-    SegmentEncoder,
     build_reward_model,
     collate_segments,
-    load_tokenizer,
     prompt_texts,
     save_reward_model,
     segment_features,
     tokenize_prompts,
 )
-from training.reward_models.states import StepState
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -504,7 +502,7 @@ def parse_args(argv: list[str] | None = None):
     }
     parser.set_defaults(**(defaults | profile_defaults(known.profile)))
     model_config, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    # "smollm2" or a .gguf file: the dequantised copy kept under the home (training.pretrained)
+    # "smollm2" or a .gguf file: the dequantised copy kept under the home (training.base.pretrained)
     model_config.backbone = resolve_checkpoint(model_config.backbone, data_args.home)
     if training_args.per_device_train_batch_size <= 0:  # "auto": what the backbone's size allows
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -602,7 +600,7 @@ def epochs_for_min_steps(n_examples: int, args, min_steps: int) -> float:
 
 def default_embedding_cache_dir(encoder_fingerprint: str, home: str | None = None) -> Path:
     """``<home>/cache/segment_embeddings/<encoder fingerprint>`` (home: --home or $STEPWISE_HOME)."""
-    from training.reward_models.models import segment_cache_dir
+    from training.base.encoder import segment_cache_dir
     from warehouse.storage import stepwise_home
 
     return segment_cache_dir(Path(home) if home else stepwise_home(), encoder_fingerprint)
@@ -735,7 +733,7 @@ def _frozen_segments_setup(
     model_config: RewardModelConfig, data: DataArguments, examples: _SplitExamples
 ) -> _ModelSetup:
     """Encode every state's segments through the shared embedding cache and build the model over them."""
-    encoder = SegmentEncoder(model_config)
+    encoder = SegmentEncoder(model_config.encoder_config())
     cache = EmbeddingCache(encoder, max_entries=10**8)
     cache_dir = (
         Path(data.embedding_cache_dir)

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from training.base.states import StepState
 from training.policy.learned import PolicyModel, StepDecision
 from training.reward_models.models import RewardScorer, collate_segments, segment_features
-from training.reward_models.states import StepState
 from training.rl import estimators
 
 ESTIMATORS = ("reinforce_pp", "grpo", "rloo", "ppo")

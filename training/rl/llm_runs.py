@@ -3,7 +3,7 @@ ProgRM's multi-turn REINFORCE++ in live MiniWoB++, with the same tables and line
 CPU policy (:mod:`training.rl.runs`).
 
 Every seed's agent is an LLM; on this CPU the one that can be had is SmolLM2-135M-Instruct
-(:func:`training.pretrained.load_smollm2`); a folder in ``save_pretrained``'s layout takes its
+(:func:`training.base.pretrained.load_smollm2`); a folder in ``save_pretrained``'s layout takes its
 place (:attr:`LLMRunSettings.model`). :func:`run_llm_agent` does, in order:
 
 1. **Base**: greedy held-out episodes of the pretrained model (``policies.kind = 'llm_base'``).
@@ -47,10 +47,10 @@ from envs.miniwob.live import SUPPORTED_ACTIONS
 from envs.pool import BatchResult, EnvPool
 from envs.protocol import EpisodeRecord
 from envs.task_catalog import CatalogTask
+from training.base.pretrained import SMOLLM2_ALIAS
 from training.llm.policy import LLM_EPISODE_CLOCK_MS, HFPolicy, TurnRecord
 from training.policy.evaluation import EvalEpisode, eval_episode, sample_seeds
 from training.policy.store import HELD_OUT_SEED_BASE, TRAIN_SEED_BASE, imitation_trajectories
-from training.pretrained import SMOLLM2_ALIAS
 from training.rl.llm_learner import (
     LLMLearner,
     LLMLearnerSettings,
@@ -91,7 +91,7 @@ class LLMRunSettings:
     a few hundred SFT examples, a few RL iterations. ``learner`` defaults to ProgRM Table 6 except
     the learning rate (1e-5 for a 135M model) and the batch (16 turns: an iteration has fewer)."""
 
-    model: str = SMOLLM2_ALIAS  # "smollm2" (training.pretrained) or a folder in save_pretrained's layout
+    model: str = SMOLLM2_ALIAS  # "smollm2" (training.base.pretrained) or a folder in save_pretrained's layout
     tasks: tuple[str, ...] = ("click-option", "enter-text")
     sft_steps: int = 60
     sft_batch: int = 8
@@ -191,10 +191,10 @@ def peak_rss_mb() -> float:
 
 def load_base_model(settings: LLMRunSettings, home: Path) -> tuple[Any, Any, str]:
     """(model, tokenizer, base policy id). A missing or corrupt model file fails here, in one line,
-    before any episode (training.pretrained checks the GGUF)."""
+    before any episode (training.base.pretrained checks the GGUF)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.pretrained import load_smollm2, smollm2_gguf
+    from training.base.pretrained import load_smollm2, smollm2_gguf
 
     if settings.model == SMOLLM2_ALIAS:
         model, tokenizer = load_smollm2(home)
@@ -401,9 +401,9 @@ def _milestone_cache(reward_source: str) -> Any:
     other sources need none."""
     if reward_source != "admire":
         return None
-    from training.reward_models.models import EmbeddingCache, RewardModelConfig, SegmentEncoder
+    from training.base.encoder import EmbeddingCache, EncoderConfig, SegmentEncoder
 
-    return EmbeddingCache(SegmentEncoder(RewardModelConfig(kind="prm")))
+    return EmbeddingCache(SegmentEncoder(EncoderConfig()))
 
 
 def _registered(warehouse: Warehouse, policy_id: str) -> bool:

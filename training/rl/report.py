@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from training.policy.evaluation import FAILURE_MODES, paired_comparison, seed_bootstrap_interval
-from training.reward_models.agent_episodes import bootstrap_auc
+from training.base.statistics import bootstrap_auc, paired_comparison, seed_bootstrap_interval
+from training.policy.evaluation import FAILURE_MODES
 from training.reward_models.kinds import PROGRESS_KINDS
 from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
 from warehouse.checks import CheckOutcome
@@ -347,7 +347,7 @@ def training_reward_auc(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str,
     episode of its RL seeds, with a bootstrap 95% interval (successes and failures resampled
     apart). An exact outcome reward gives 1; a reward no better than chance, 0.5. With each
     episode's ``task_id``, also the AUC within tasks (``within_task_auc``,
-    :func:`training.reward_models.agent_episodes.within_group_auc`): a reward that pays an easy
+    :func:`training.base.statistics.within_group_auc`): a reward that pays an easy
     task more than a hard one ranks well pooled and may still not tell a success from a failure of
     the same task.
 

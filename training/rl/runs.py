@@ -45,6 +45,7 @@ from envs.pool import BatchResult, EnvPool, EpisodeJob
 from envs.protocol import EpisodeRecord, Policy, episode_tables
 from envs.rollouts import ATTEMPTS_TABLE, ProgressLog
 from envs.task_catalog import CatalogTask, load_catalog
+from training.base.states import StepState, describe_action
 from training.llm.chat_client import ChatClient, ChatEndpoint, ChatEndpointError
 from training.policy.evaluation import (
     EvalEpisode,
@@ -63,9 +64,7 @@ from training.policy.store import (
     latest_policy,
     warm_policy_cache,
 )
-from training.reward_models.readers import view_exists
 from training.reward_models.scoring import LocalScorer, load_scorer
-from training.reward_models.states import StepState, describe_action
 from training.rl.learner import CriticState, EpisodeExperience, Learner, LearnerSettings, PRMCritic
 from training.rl.report import (
     DENSE_BLOCK,
@@ -1114,7 +1113,7 @@ def _report_curves(warehouse: Warehouse, runs: Sequence[dict]) -> list[dict]:
 def reward_model_tags(warehouse: Warehouse) -> dict[str, str]:
     """``flywheel r<n>`` for every reward model a flywheel round (n >= 1) trained, by model id:
     the report's name for runs on the agent's own episodes (round 0 is the models already there)."""
-    if not view_exists(warehouse, "flywheel_rounds"):
+    if not warehouse.has_table("flywheel_rounds"):
         return {}
     # a round records every kind its report judged, retrained or carried over: a model is named
     # by the first round that lists it, and one round 0 lists is today's, not the flywheel's
@@ -1127,7 +1126,7 @@ def reward_model_tags(warehouse: Warehouse) -> dict[str, str]:
 def flywheel_round_models(warehouse: Warehouse, round_: int) -> dict[str, str]:
     """The reward model of each kind that flywheel round ``round_`` trained, by kind (not the
     models it only carried over from an earlier round)."""
-    if not view_exists(warehouse, "flywheel_rounds"):
+    if not warehouse.has_table("flywheel_rounds"):
         return {}
     rows = warehouse.query(
         "SELECT kind, model_id FROM flywheel_rounds WHERE round = ? "

@@ -20,6 +20,7 @@ from envs.policies import PlanTracker, same_action
 from envs.protocol import EpisodeContext, EpisodeRecord, StepRecord, StepResult
 from envs.task_catalog import load_catalog
 from tests.training.llm.llm_fixtures import MINIWOB_ACTIONS, login_screen
+from training.base.states import StepState, describe_action, screen_lines
 from training.guidance.agent import GuidedPolicy, select, with_prior
 from training.guidance.judge import (
     GLOBAL_PARSE,
@@ -46,7 +47,6 @@ from training.guidance.registry import make_verifier
 from training.guidance.runs import LLM_EPISODE_CLOCK_MS, GuidanceSettings, paired_delta, plan_settings, setting_rows
 from training.guidance.verifiers import StepView
 from training.llm.chat_client import ChatClient, ChatEndpoint
-from training.reward_models.states import StepState, describe_action, screen_lines
 from warehouse.model import Action, ActionType, Screen
 
 LOGIN = load_catalog("miniwob")["login-user"]

@@ -12,8 +12,7 @@ import torch
 
 from envs.protocol import run_episode
 from envs.task_catalog import load_catalog
-from training.llm.policy import HFPolicy
-from training.pretrained import (
+from training.base.pretrained import (
     SMOLLM2_NAME,
     PretrainedModelError,
     check_gguf,
@@ -22,6 +21,7 @@ from training.pretrained import (
     resolve_checkpoint,
     smollm2_gguf,
 )
+from training.llm.policy import HFPolicy
 
 
 @pytest.fixture(scope="module")

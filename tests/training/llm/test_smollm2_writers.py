@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from benchmarks.bench_smollm2_writers import first_success, rationale_steps
+from training.base.encoder import EmbeddingCache, EncoderConfig, SegmentEncoder
 from training.llm.chat_client import ChatClient, ChatEndpoint, ChatEndpointError
 from training.llm.endpoint import free_port
 from training.policy.rollouts import Rollout
-from training.reward_models.models import EmbeddingCache, RewardModelConfig, SegmentEncoder
 from training.rl.rewards.admire import (
     AdmireReward,
     LLMMilestones,
@@ -66,7 +66,7 @@ def test_milestones_from_a_first_success_through_smollm2(smollm2_endpoint, demos
     else:
         assert writer.fallbacks == 0 and milestones == parsed
     # the same success under ADMIRE's reward: the milestone term is finite and the fallback counted
-    source = AdmireReward(EmbeddingCache(SegmentEncoder(RewardModelConfig(kind="prm"))), store=store)
+    source = AdmireReward(EmbeddingCache(SegmentEncoder(EncoderConfig())), store=store)
     batch = source.rewards([Rollout(record)], iteration=0)
     assert batch.details["milestone_fallbacks"] == writer.fallbacks and batch.details["milestones_changed"] == 0
     (rewards,) = batch.rewards

@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from training.base.statistics import bootstrap_auc, within_group_auc
 from training.reward_models.agent_episodes import (
     ALL_FAMILIES,
     UNSEEN_CHECKPOINTS,
@@ -16,10 +17,8 @@ from training.reward_models.agent_episodes import (
     auc_markdown,
     auc_plot,
     auc_rows,
-    bootstrap_auc,
     episode_score,
     milestone_labels,
-    within_group_auc,
 )
 from warehouse.tables_training import RM_AGENT_AUC
 

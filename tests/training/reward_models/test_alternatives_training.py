@@ -159,8 +159,8 @@ def test_alternatives_become_grouped_examples_of_the_step_judges(home_with_alter
 
 
 def test_a_step_judge_trained_with_the_pairwise_loss_ranks_the_alternatives(home_with_alternatives, tmp_path):
+    from training.base.states import StepState
     from training.reward_models.models import RewardScorer
-    from training.reward_models.states import StepState
     from training.reward_models.train import parse_args, train_reward_model
 
     examples = build_reward_model_dataset(home_with_alternatives, "prm").examples

@@ -10,20 +10,18 @@ import pytest
 import torch
 from torch import nn
 
-from training.reward_models.models import (
+from training.base.encoder import (
     LENGTH_STEP,
-    ROW_MULTIPLE,
     EmbeddingCache,
-    RewardModelConfig,
-    RewardScorer,
+    EncoderConfig,
     RowScaledInt8Linear,
     SegmentEncoder,
-    build_reward_model,
     lane_multiple,
     padded_length,
     vector_lanes,
 )
-from training.reward_models.states import StepState
+from training.base.states import StepState
+from training.reward_models.models import ROW_MULTIPLE, RewardModelConfig, RewardScorer, build_reward_model
 
 WORDS = (
     "submit cancel ok username password email inbox reply forward delete search flight from to date "
@@ -42,7 +40,7 @@ def _texts(rng: random.Random, n: int) -> list[str]:
 
 @pytest.fixture(scope="module", params=[True, False], ids=["int8", "fp32"])
 def encoder(request) -> SegmentEncoder:
-    return SegmentEncoder(RewardModelConfig(kind="prm", quantize_encoder=request.param))
+    return SegmentEncoder(EncoderConfig(quantize_encoder=request.param))
 
 
 def assert_same_embedding(encoder: SegmentEncoder, got: np.ndarray, expected: np.ndarray) -> None:
@@ -130,7 +128,7 @@ def test_cache_history_never_changes_a_reward_score(tmp_path):
     config = RewardModelConfig(kind="progrm_lcs")
     torch.manual_seed(0)
     model = build_reward_model(config, input_dim=384).eval()
-    encoder = SegmentEncoder(config)
+    encoder = SegmentEncoder(config.encoder_config())
     states = [
         StepState(
             f'Enter the username "{name}" and press Login',
@@ -153,7 +151,7 @@ def test_cache_history_never_changes_a_reward_score(tmp_path):
 
 
 def test_a_fresh_cache_and_a_shared_one_give_the_same_rows():
-    encoder = SegmentEncoder(RewardModelConfig(kind="prm"))
+    encoder = SegmentEncoder(EncoderConfig())
     texts = _texts(random.Random(5), 50)
     shared = EmbeddingCache(encoder)
     shared.indices(texts[25:] + texts[:10])
@@ -184,7 +182,9 @@ def test_a_state_scores_the_same_alone_and_in_any_batch_size():
     batches of every size from 2 to 40, give the same score, bit for bit."""
     config = RewardModelConfig(kind="progrm_env")
     torch.manual_seed(0)
-    scorer = RewardScorer(build_reward_model(config, input_dim=384).eval(), encoder=SegmentEncoder(config))
+    scorer = RewardScorer(
+        build_reward_model(config, input_dim=384).eval(), encoder=SegmentEncoder(config.encoder_config())
+    )
     rng = random.Random(9)
     states = [
         StepState(

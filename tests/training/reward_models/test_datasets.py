@@ -6,6 +6,7 @@ import pyarrow as pa
 import pytest
 
 from tests.training.conftest import build_tiny_warehouse
+from training.base.states import StepState, TextStep, TextTrajectory, action_state, progress_state
 from training.reward_models.dataset import build_reward_model_dataset
 from training.reward_models.examples import DatasetOptions, build_examples, fallback_sources
 from training.reward_models.labels import (
@@ -17,7 +18,6 @@ from training.reward_models.labels import (
 )
 from training.reward_models.prompts import TruncationBudget, render_prompt, truncate_state
 from training.reward_models.readers import read_progress_labels, read_splits, read_trajectories
-from training.reward_models.states import StepState, TextStep, TextTrajectory, action_state, progress_state
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.model import Screen, UIElement
 
@@ -47,7 +47,7 @@ def test_progress_state_reads_the_screen_after_the_action():
 
 
 def test_screen_lines_match_screen_to_text():
-    from training.reward_models.states import screen_lines_from_records
+    from training.base.states import screen_lines_from_records
     from warehouse.schema import element_records
 
     screen = Screen(
@@ -316,7 +316,7 @@ def test_episodes_without_their_labels_fall_back_or_are_dropped(tiny_home):
 
 
 def test_target_context_names_which_of_identical_buttons():
-    from training.reward_models.states import action_in_context, target_context
+    from training.base.states import action_in_context, target_context
 
     records = [
         {"ref": "1", "role": "body", "depth": 0},
@@ -341,7 +341,9 @@ def test_absent_views_read_as_no_human_labels(tmp_path, monkeypatch):
     from training.reward_models import readers as datasets
 
     warehouse = build_tiny_warehouse(tmp_path / "home", n_login=4, n_button=2)
-    assert not datasets.view_exists(warehouse, "no_such_view")
-    monkeypatch.setattr(datasets, "view_exists", lambda wh, name: name not in ("human_labels", "human_step_labels"))
+    assert not warehouse.has_table("no_such_view")
+    monkeypatch.setattr(
+        type(warehouse), "has_table", lambda wh, name: name not in ("human_labels", "human_step_labels")
+    )
     assert datasets.read_human_verdicts(warehouse) == ({}, [])
     assert build_reward_model_dataset(warehouse, "prm").examples.num_rows > 0

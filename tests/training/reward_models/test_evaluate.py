@@ -7,6 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
+from training.base.states import TextStep, TextTrajectory
+from training.base.statistics import mcnemar_exact_p, roc_auc
 from training.reward_models.evaluate import (
     PAIRED_COLUMNS,
     EvaluationSet,
@@ -15,15 +17,12 @@ from training.reward_models.evaluate import (
     evaluate_scores,
     key_step_progress_error,
     markdown_table,
-    mcnemar_exact_p,
     paired_success_comparison,
     plot_calibration,
     plot_progress_curves,
-    roc_auc,
     success_judgement,
 )
 from training.reward_models.examples import EpisodeLabels
-from training.reward_models.states import TextStep, TextTrajectory
 
 
 def test_success_judgement_counts_and_rates():
@@ -151,8 +150,8 @@ def test_latest_models_passes_over_models_this_encoder_cannot_load(trained_progr
 
     import pyarrow as pa
 
-    from training.reward_models.evaluate import latest_models
-    from training.reward_models.models import RewardScorer, stale_encoder_reason
+    from training.base.registry import latest_models, stale_encoder_reason
+    from training.reward_models.models import RewardScorer
     from warehouse.catalog import Materialization, Warehouse
     from warehouse.tables_training import MODELS
 

@@ -9,24 +9,27 @@ import numpy as np
 import pytest
 import torch
 
-from training.reward_models.models import (
+from training.base.encoder import (
     EmbeddingCache,
-    RewardModelConfig,
-    RewardScorer,
+    EncoderConfig,
     SegmentEncoder,
-    build_reward_model,
-    collate_segments,
     load_tokenizer,
     pool_hidden_states,
-    prompt_texts,
     resolve_pooling,
+)
+from training.base.states import StepState
+from training.reward_models.models import (
+    RewardModelConfig,
+    RewardScorer,
+    build_reward_model,
+    collate_segments,
+    prompt_texts,
     reward_loss,
     save_reward_model,
     segment_features,
     state_segments,
     tokenize_prompts,
 )
-from training.reward_models.states import StepState
 
 STATES = [
     StepState('Enter the username "vanda"', ("CLICK(textbox#username)",), ("body", "  textbox#username [editable]")),
@@ -54,20 +57,20 @@ def test_minilm_segment_encoder_matches_sentence_transformers(minilm_path):
 
     texts = ['textbox#username value="vanda" [editable]', 'button "Login"', "Enter the username"]
     config = RewardModelConfig(quantize_encoder=False)
-    encoder = SegmentEncoder(config)
+    encoder = SegmentEncoder(config.encoder_config())
     assert encoder.pooling == "mean" and encoder.hidden_size == 384
     ours = encoder.encode(texts)
     reference = SentenceTransformer(minilm_path, device="cpu").encode(texts, normalize_embeddings=True)
     np.testing.assert_allclose(ours, reference, atol=1e-4)
     # the int8 CPU encoder (per-row activation scales) stays close to it
-    quantized = SegmentEncoder(RewardModelConfig(quantize_encoder=True))
+    quantized = SegmentEncoder(EncoderConfig(quantize_encoder=True))
     assert quantized.quantized and quantized.fingerprint != encoder.fingerprint
     cosine = np.sum(quantized.encode(texts) * reference, axis=1)
     assert cosine.min() > 0.97 and cosine.mean() > 0.98
 
 
 def test_embedding_cache_hits_save_load_and_eviction(tmp_path):
-    encoder = SegmentEncoder(RewardModelConfig())
+    encoder = SegmentEncoder(EncoderConfig())
     cache = EmbeddingCache(encoder, max_entries=6)
     rows = cache.indices(["a", "b", "a", "c"])
     assert rows[0] == rows[2] and cache.misses == 3 and cache.hits == 1
@@ -80,7 +83,7 @@ def test_embedding_cache_hits_save_load_and_eviction(tmp_path):
     fresh.indices(["d", "e", "f"])  # 6 entries: full
     fresh.indices(["g"])  # evicts the unpinned ones, keeps the loaded three
     assert len(fresh) == 4 and fresh.indices(["a"]).tolist() == [fresh.indices(["a"])[0]] and fresh.misses == 4
-    other = EmbeddingCache(SegmentEncoder(RewardModelConfig(quantize_encoder=False)))
+    other = EmbeddingCache(SegmentEncoder(EncoderConfig(quantize_encoder=False)))
     assert other.load(tmp_path / "c") == 0  # another encoder's cache is not used
 
 
@@ -88,7 +91,7 @@ def test_a_cache_saved_by_two_writers_at_once_is_refused_not_misread(tmp_path):
     """Parallel runs save the same cache folder: the texts of one save beside the matrix of another
     would map texts to the wrong vectors; the texts name their matrix's digest, and a mismatch is
     refused (the cache is only a speed-up: refusing costs encodings, not results)."""
-    encoder = SegmentEncoder(RewardModelConfig())
+    encoder = SegmentEncoder(EncoderConfig())
     first, second = EmbeddingCache(encoder), EmbeddingCache(encoder)
     first.indices(["a", "b"])
     second.indices(["b", "a"])  # the same texts in another order: same length, other rows
@@ -128,7 +131,7 @@ def test_soft_label_bce_and_mse_losses():
 
 def test_frozen_segment_model_trains_and_round_trips(tmp_path):
     config = RewardModelConfig(kind="progrm_lcs")
-    encoder = SegmentEncoder(config)
+    encoder = SegmentEncoder(config.encoder_config())
     cache = EmbeddingCache(encoder)
     features = segment_features(STATES, cache, config)
     batch = collate_segments(features, np.arange(len(STATES)), torch.from_numpy(cache.matrix))
@@ -195,7 +198,7 @@ def test_decoder_backbone_full_mode_uses_last_token_pooling(tiny_causal_lm_path,
 
 def test_decoder_backbone_as_frozen_segment_encoder(tiny_causal_lm_path):
     config = RewardModelConfig(kind="prm", backbone=tiny_causal_lm_path, quantize_encoder=False)
-    scorer = RewardScorer(build_reward_model(config, input_dim=64), encoder=SegmentEncoder(config))
+    scorer = RewardScorer(build_reward_model(config, input_dim=64), encoder=SegmentEncoder(config.encoder_config()))
     assert scorer.encoder.pooling == "last_token"
     scores = scorer.score_states(STATES)
     assert scores.shape == (3,) and np.all((scores > 0) & (scores < 1))
@@ -215,7 +218,7 @@ def test_truncated_prompt_fits_max_length(minilm_path):
 
 
 def test_instruction_match_features():
-    from training.reward_models.models import instruction_match
+    from training.base.states import instruction_match
 
     instruction = 'For the user @cheree, click on the "Copy link to Tweet" button.'
     right = instruction_match(instruction, 'CLICK(li.copy "Copy link to Tweet") within "@cheree"')

@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from training.reward_models.evaluate import ModelRecord, load_evaluation_set, run_report
+from training.base.registry import ModelRecord
+from training.reward_models.evaluate import load_evaluation_set, run_report
 from training.reward_models.offline import (
     OfflineFileError,
     export_evaluation_sets,

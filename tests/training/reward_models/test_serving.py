@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
+from training.base.states import TextStep, TextTrajectory, progress_state
 from training.reward_models.models import RewardScorer
 from training.reward_models.serving import ServingLimits, score_trajectories
 from training.reward_models.serving_app import serve_in_background
-from training.reward_models.states import TextStep, TextTrajectory, progress_state
 
 LOGIN = 'Enter the username "vanda" and the password "abc" into the text fields and press login.'
 

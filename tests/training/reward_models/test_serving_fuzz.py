@@ -19,11 +19,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.envs.fuzzing import fuzz_settings
-from training.reward_models.kinds import REWARD_MODEL_KINDS
+from training.reward_models.kinds import REWARD_MODEL_KINDS, state_for
 from training.reward_models.models import RewardScorer
 from training.reward_models.serving import RequestError, ServingLimits, parse_score_request
 from training.reward_models.serving_app import serve_in_background
-from training.reward_models.states import state_for
 
 LOGIN = 'Enter the username "vanda" and the password "abc" into the text fields and press login.'
 

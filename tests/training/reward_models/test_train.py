@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from training.base.states import StepState
 from training.reward_models.models import RewardScorer
-from training.reward_models.states import StepState
 from training.reward_models.train import (
     CPU_DEFAULTS,
     DS_ZERO2,

@@ -8,9 +8,9 @@ import torch
 
 from envs.protocol import EpisodeContext
 from tests.training.policy.test_policy import INSTRUCTION, LOGIN, SLOTS, _login_screen
+from training.base.states import StepState, describe_action
 from training.policy.learned import LearnedPolicy, PolicyModel
 from training.reward_models.models import RewardScorer
-from training.reward_models.states import StepState, describe_action
 from training.rl.learner import CriticState, EpisodeExperience, Learner, LearnerSettings, PRMCritic
 from warehouse.model import ActionType
 

@@ -97,7 +97,7 @@ def test_paired_tests_pair_each_rl_seed_with_sft_and_with_the_outcome_runs(repor
 
 def test_intervals_stay_within_the_rates_range_whatever_the_seeds():
     """Three seeds far apart: a t-interval printed "33.3 [-49.5, 116.1]"; the bootstrap stays in [0, 1]."""
-    from training.policy.evaluation import seed_bootstrap_interval
+    from training.base.statistics import seed_bootstrap_interval
 
     mean, low, high = seed_bootstrap_interval([[1.0] * 10, [0.0] * 10, [0.0] * 10])
     assert mean == pytest.approx(1 / 3) and 0.0 <= low < mean < high <= 1.0

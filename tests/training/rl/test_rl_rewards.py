@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tests.training.policy.test_policy import _login_episode, record_of
+from training.base.encoder import EmbeddingCache, EncoderConfig, SegmentEncoder
 from training.policy.rollouts import Rollout
-from training.reward_models.models import EmbeddingCache, RewardModelConfig, SegmentEncoder
 from training.reward_models.scoring import HTTPScorer, LocalScorer, RewardModelError, load_scorer
 from training.reward_models.serving import score_trajectories
 from training.reward_models.serving_app import serve_in_background
@@ -150,7 +150,7 @@ def test_milestone_matching_is_in_order_and_credit_is_asymmetric():
 
 @pytest.fixture(scope="module")
 def cache():
-    return EmbeddingCache(SegmentEncoder(RewardModelConfig(kind="prm")))
+    return EmbeddingCache(SegmentEncoder(EncoderConfig()))
 
 
 def test_milestones_come_from_the_first_success_and_are_refined_by_a_shorter_one(cache):

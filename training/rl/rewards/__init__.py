@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from training.base.encoder import EmbeddingCache
 from training.policy.rollouts import Rollout
 from training.reward_models.kinds import PROGRESS_KINDS
-from training.reward_models.models import EmbeddingCache
 from training.reward_models.scoring import RewardModelError, load_scorer, report_threshold
 from training.rl.rewards.admire import AdmireReward, AdmireSettings, LLMMilestones, MilestoneStore
 from training.rl.rewards.base import RewardBatch, RewardSource

@@ -33,11 +33,11 @@ import numpy as np
 
 from annotation.progress.instruction_relative import clean_trajectory
 from envs.protocol import EpisodeRecord
+from training.base.encoder import EmbeddingCache
+from training.base.states import action_in_context, target_context
 from training.llm.chat_client import ChatClient, ChatEndpointError
 from training.policy.candidates import instruction_values, relative_instruction, relative_text
 from training.policy.rollouts import Rollout
-from training.reward_models.models import EmbeddingCache
-from training.reward_models.states import action_in_context, target_context
 from training.rl.rewards.base import RewardBatch, outcome
 from training.rl.rewards.prm import format_rewards
 from warehouse.catalog import LineageInput

@@ -15,8 +15,8 @@ from typing import Protocol
 import numpy as np
 
 from envs.protocol import EpisodeRecord
+from training.base.states import TextStep, TextTrajectory, action_in_context, screen_lines, target_context
 from training.policy.rollouts import Rollout
-from training.reward_models.states import TextStep, TextTrajectory, action_in_context, screen_lines, target_context
 from warehouse.catalog import LineageInput
 
 

@@ -1,7 +1,7 @@
-"""What a reward model reads: text trajectories and the state at a step (ProgRM §2.3, Eq. 6).
+"""What a model reads: text trajectories and the state at a step (ProgRM §2.3, Eq. 6).
 
 The state is the task instruction ``g``, the action history and the current screen,
-``ŝ_t = [a_1, ..., a_{t-1}, o_t]``. Indexing used throughout ``training.reward_models.runs``:
+``ŝ_t = [a_1, ..., a_{t-1}, o_t]``. Indexing used by the reward models, the policies and the reward sources:
 
 * ``steps[t]`` is what the warehouse stores: the screen ``o_t`` the agent saw *before* action
   ``a_t``, and the action.
@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from training.reward_models.kinds import kind_spec
 from warehouse.model import Action, Screen, UIElement
 
 log = logging.getLogger(__name__)
@@ -183,6 +183,52 @@ def action_state(trajectory: TextTrajectory, t: int) -> StepState:
     return StepState(trajectory.instruction, tuple(s.action for s in steps[:t]), steps[t].screen_lines, steps[t].action)
 
 
-def state_for(kind: str, trajectory: TextTrajectory, t: int) -> StepState:
-    """The state a model of ``kind`` scores at step ``t``."""
-    return progress_state(trajectory, t) if kind_spec(kind).state == "after_action" else action_state(trajectory, t)
+# ---------------------------------------------------------------------------------------------
+# Lexical match of a text with the instruction (the reward models' segments, the policy's candidates)
+# ---------------------------------------------------------------------------------------------
+
+_WORD = re.compile(r"[@#]?\w+")
+_ENTITY = re.compile(r'"([^"]+)"|(@\w+)|\b(\d[\d.,:/-]*)\b')
+#: Words that say nothing about *which* thing an instruction or a screen element is about.
+STOP_WORDS = frozenset(
+    "a an the and or to of in on for with by at from into onto is are be this that it its as your you my me "
+    "please then click clicks select enter type press choose button buttons field fields text box "
+    "within input scroll up down left right nothing".split()
+)
+N_MATCH_FEATURES = 4
+
+
+def _content_words(text: str) -> frozenset[str]:
+    return frozenset(w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS and len(w) > 1)
+
+
+def _entities(instruction: str) -> tuple[str, ...]:
+    """What an instruction names exactly: quoted strings, @handles and numbers (lower case)."""
+    found = []
+    for quoted, handle, number in _ENTITY.findall(instruction):
+        value = (quoted or handle or number).strip().lower()
+        if value:
+            found.append(value)
+    return tuple(dict.fromkeys(found))
+
+
+def instruction_match(instruction: str, text: str) -> tuple[float, float, float, float]:
+    """Lexical match of a segment with the instruction, four numbers in [0, 1]: the share of the
+    segment's content words that the instruction uses, the share of the instruction's content
+    words that the segment uses, whether it contains any entity the instruction names exactly
+    (a quoted string, an @handle, a number), and the share of those entities it contains.
+
+    Frozen sentence embeddings blur exact strings ("@lacus" vs "@lucas", "vanda" typed vs
+    "vandal"); these features let the fusion check them.
+    """
+    words, seg = _content_words(instruction), _content_words(text)
+    common = len(words & seg)
+    entities = _entities(instruction)
+    lowered = text.lower()
+    hits = sum(1 for e in entities if e in lowered)
+    return (
+        common / len(seg) if seg else 0.0,
+        common / len(words) if words else 0.0,
+        1.0 if hits else 0.0,
+        hits / len(entities) if entities else 0.0,
+    )

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import subprocess
-import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -33,17 +36,38 @@ def slug(text: str) -> str:
     return cleaned[-120:] or "default"
 
 
-def write_parquet_atomic(table: pa.Table, path: Path, *, row_group_size: int = 64_000) -> Path:
-    """Write ``table`` to ``path`` through a temporary file and an atomic rename."""
+@contextmanager
+def atomic_path(path: Path, *, suffix: str = ".tmp") -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that creates its own file (``torch.save``,
+    ``pq.write_table``, ``np.save``): renamed onto ``path`` when the block ends, removed if it
+    raises, so ``path`` is either the old file or the whole new one. Names are unique per call
+    (process, thread and a random token), so two writers never share one. ``suffix`` keeps a
+    required extension (``np.save`` appends ``.npy`` to a name without it)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}{suffix}")
     try:
-        pq.write_table(table, tmp_name, compression="zstd", row_group_size=row_group_size)
-        os.replace(tmp_name, path)
+        yield tmp
+        os.replace(tmp, path)
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: Path, data: str | bytes, *, mode: int = 0o666) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path`` through a temporary file and an atomic rename.
+    The file is created with ``mode`` (less the umask, as ``open`` does); 0o600 for secrets."""
+    with atomic_path(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def write_parquet_atomic(table: pa.Table, path: Path, *, row_group_size: int = 64_000) -> Path:
+    """Write ``table`` to ``path`` (zstd) through a temporary file and an atomic rename."""
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size)
     return path
 
 

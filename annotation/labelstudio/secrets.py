@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from warehouse.storage import write_atomic
+
 URL_ENV = "LABEL_STUDIO_URL"
 API_KEY_ENV = "LABEL_STUDIO_API_KEY"
 CREDENTIALS_FILE = "stepwise-credentials.json"
@@ -115,21 +117,9 @@ def read_local_secrets(folder: Path) -> LocalSecrets | None:
 
 def write_local_secrets(folder: Path, local: LocalSecrets) -> Path:
     """Write the secrets file atomically with mode 0600 (readable by its owner only)."""
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / CREDENTIALS_FILE
-    tmp = folder / f".{CREDENTIALS_FILE}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(
-            {
-                "username": local.username,
-                "password": local.password,
-                "api_key": local.api_key,
-            },
-            handle,
-            indent=2,
-        )
-    os.replace(tmp, path)
+    payload = {"username": local.username, "password": local.password, "api_key": local.api_key}
+    write_atomic(path, json.dumps(payload, indent=2), mode=0o600)
     os.chmod(path, 0o600)
     return path
 

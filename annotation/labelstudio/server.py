@@ -55,6 +55,7 @@ from annotation.labelstudio.secrets import (
     scrub,
     write_local_secrets,
 )
+from warehouse.storage import atomic_path, write_atomic
 
 DEFAULT_PORT = 8080
 PORT_ENV = "STEPWISE_LABEL_STUDIO_PORT"
@@ -105,14 +106,8 @@ def ensure_secret_key(data_dir: Path) -> None:
         text = ""
     if _SECRET_KEY_LINE.search(text):
         return
-    data_dir.mkdir(parents=True, exist_ok=True)
-    tmp = env_file.with_name(".env.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(
-            text + ("\n" if text and not text.endswith("\n") else "") + f"SECRET_KEY={_random.token_urlsafe(50)}\n"
-        )
-    os.replace(tmp, env_file)
+    separator = "\n" if text and not text.endswith("\n") else ""
+    write_atomic(env_file, f"{text}{separator}SECRET_KEY={_random.token_urlsafe(50)}\n", mode=0o600)
 
 
 def label_studio_executable() -> str:
@@ -212,9 +207,8 @@ def migrated_schema(
             built = scratch / "label_studio.sqlite3"
             if result.returncode != 0 or not built.exists():
                 return None
-            tmp = target.with_suffix(".tmp")
-            shutil.copyfile(built, tmp)
-            os.replace(tmp, target)
+            with atomic_path(target) as tmp:
+                shutil.copyfile(built, tmp)
             return target
         except (OSError, subprocess.SubprocessError):
             return None
@@ -249,10 +243,7 @@ class LocalLabelStudio:
             return None
 
     def _write_state(self, state: dict) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        os.replace(tmp, self.state_path)
+        write_atomic(self.state_path, json.dumps(state, indent=2))
 
     @contextmanager
     def _lock(self) -> Iterator[None]:

@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import threading
 import warnings
 from collections.abc import Sequence
@@ -28,6 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from warehouse.storage import atomic_path, write_atomic
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -382,18 +383,14 @@ class EmbeddingCache:
         # Two processes may save the same cache at once (parallel runs): temporary names of their
         # own, and the texts name a digest of their matrix, so a pair from two writers is refused.
         matrix = np.ascontiguousarray(self.matrix)  # float32, as computed: reloaded, the same results
-        unique = f"{os.getpid()}-{threading.get_ident()}"
-        tmp = directory / f"embeddings.{unique}.tmp.npy"
-        np.save(tmp, matrix)
-        os.replace(tmp, directory / "embeddings.npy")
+        with atomic_path(directory / "embeddings.npy", suffix=".tmp.npy") as tmp:
+            np.save(tmp, matrix)
         meta = {
             "fingerprint": self.encoder.fingerprint,
             "sha256": hashlib.sha256(matrix.tobytes()).hexdigest(),
             "texts": texts,
         }
-        tmp_meta = directory / f"texts.{unique}.tmp.json"
-        tmp_meta.write_text(json.dumps(meta))
-        os.replace(tmp_meta, directory / "texts.json")
+        write_atomic(directory / "texts.json", json.dumps(meta))
         return directory
 
     def load(self, directory: Path | str) -> int:

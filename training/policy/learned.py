@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
-import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +42,7 @@ from training.policy.candidates import (
 )
 from training.policy.network import CandidateScorer, ScorerConfig, grouped_entropy, grouped_log_softmax
 from warehouse.model import Action, ActionType, Screen
+from warehouse.storage import atomic_path, write_atomic
 
 WEIGHTS_FILE = "policy.pt"
 # Serialises the one-thread scoring of :meth:`PolicyModel.state_log_probs`: torch's thread count is
@@ -174,9 +173,10 @@ class PolicyModel:
         """Write the scorer's weights and config to ``directory`` (atomically per file)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _atomic_torch_save(self.scorer.state_dict(), directory / WEIGHTS_FILE)
+        with atomic_path(directory / WEIGHTS_FILE) as tmp:
+            torch.save(self.scorer.state_dict(), tmp)
         config = {"scorer": self.scorer.config.to_dict(), "encoder": self.encoder.fingerprint}
-        _atomic_write(directory / CONFIG_FILE, json.dumps(config, indent=2))
+        write_atomic(directory / CONFIG_FILE, json.dumps(config, indent=2))
         return directory
 
     @classmethod
@@ -205,24 +205,6 @@ class PolicyModel:
         for p in copy.scorer.parameters():
             p.requires_grad_(False)
         return copy
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def _atomic_torch_save(state: dict, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)

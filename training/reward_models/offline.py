@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from training.base.states import TextStep, TextTrajectory
+from warehouse.storage import write_atomic
 
 SPLIT_FILE = "{split}.jsonl.gz"
 SCORES_FORMAT = "stepwise-rm-scores-1"
@@ -43,13 +43,6 @@ SCORES_FORMAT = "stepwise-rm-scores-1"
 
 class OfflineFileError(ValueError):
     """A trajectories or scores file that cannot be used; the message names the file (and line)."""
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def trajectory_to_dict(t: TextTrajectory) -> dict[str, Any]:
@@ -78,7 +71,7 @@ def trajectory_from_dict(d: Mapping[str, Any]) -> TextTrajectory:
 def write_trajectories(trajectories: Sequence[TextTrajectory], path: Path) -> None:
     """One JSON object per trajectory, gzipped (screens are repetitive text: ~10x smaller)."""
     lines = "".join(json.dumps(trajectory_to_dict(t)) + "\n" for t in trajectories)
-    _atomic_write(path, gzip.compress(lines.encode(), compresslevel=6, mtime=0))
+    write_atomic(path, gzip.compress(lines.encode(), compresslevel=6, mtime=0))
 
 
 def read_trajectories_file(path: Path) -> list[TextTrajectory]:
@@ -144,7 +137,7 @@ def score_trajectories_files(
         result["batch_seconds"][split] = time.perf_counter() - started
         result["scores"][split] = {e: [float(x) for x in v] for e, v in scores.items()}
         result.setdefault("n_steps", {})[split] = sum(len(v) for v in scores.values())
-    _atomic_write(out, json.dumps(result).encode())
+    write_atomic(out, json.dumps(result).encode())
     return result
 
 

@@ -50,7 +50,7 @@ from training.reward_models.readers import read_trajectories
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, image_markdown
-from warehouse.storage import REPO_ROOT, git_revision
+from warehouse.storage import REPO_ROOT, git_revision, write_atomic
 from warehouse.tables_training import MODELS
 
 DATASETS_ASSET = "reward_model_datasets"
@@ -141,7 +141,8 @@ def build_dataset(
             # pyarrow.compute generates its kernels (equal, ...) at import time: its typing does not list them.
             part = dataset.trl_stepwise.filter(pc.equal(dataset.trl_stepwise["split"], split))  # type: ignore[attr-defined]
             path = export_dir / f"{split}.jsonl"
-            write_jsonl_atomic(part.select(["prompt", "completions", "labels"]).to_pylist(), path)
+            rows = part.select(["prompt", "completions", "labels"]).to_pylist()
+            write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
             export_paths[split] = str(path)
     warehouse.publish(m, outputs)
     summary = dataset.summary()
@@ -163,16 +164,6 @@ def build_dataset(
         metadata["trl_stepwise_rows"] = dataset.trl_stepwise.num_rows
         metadata["trl_stepwise_export"] = export_paths
     return DatasetResult(m.materialization_id, check_dataset(dataset.examples, kind), metadata)
-
-
-def write_jsonl_atomic(rows: list[dict], path: Path) -> None:
-    """JSON lines written to a temporary file and renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
 
 
 def check_dataset(examples: pa.Table, kind: str) -> CheckOutcome:

@@ -19,8 +19,6 @@ not show) are kept with ``response = null`` and counted.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ import pyarrow.parquet as pq
 from training.llm.prompts import HistoryEntry, action_to_call, build_messages, format_response
 from training.rl.estimators import discounted_returns
 from warehouse.catalog import Warehouse
+from warehouse.storage import atomic_path, write_atomic
 from warehouse.trajectories import load_trajectories
 
 
@@ -110,24 +109,7 @@ def export_rl_data(
             )
         )
     steps_path, trajectories_path = out / "steps.parquet", out / "trajectories.jsonl"
-    _write_atomic_parquet(pa.Table.from_pylist(step_rows), steps_path)
-    _write_atomic_text("\n".join(lines) + "\n", trajectories_path)
+    with atomic_path(steps_path) as tmp:
+        pq.write_table(pa.Table.from_pylist(step_rows), tmp)
+    write_atomic(trajectories_path, "\n".join(lines) + "\n")
     return ExportSummary(steps_path, trajectories_path, len(lines), len(step_rows), missing)
-
-
-def _write_atomic_parquet(table: pa.Table, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _write_atomic_text(text: str, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)

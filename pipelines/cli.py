@@ -395,6 +395,8 @@ def _demo_sample(per_task: int) -> int | None:
 
 def _demo_tables(warehouse, stages: tuple[str, ...]) -> None:
     """The summary tables `stepwise demo` prints (also what docs/numbers come from)."""
+    from training.base.registry import LATEST_REPORT_RUN
+
     _print_table(
         warehouse.query(
             "SELECT source, purpose, count(*) AS episodes, count(*) FILTER (WHERE success) AS successes, "
@@ -423,8 +425,8 @@ def _demo_tables(warehouse, stages: tuple[str, ...]) -> None:
         _print_table(
             warehouse.query(
                 "SELECT kind, metric, round(value, 4) AS value FROM rm_metrics WHERE split = 'test' AND metric IN "
-                "('accuracy', 'key_step_progress_error', 'latency_ms_p50') AND report_run_id = (SELECT run_id FROM "
-                "lineage_materializations WHERE asset = 'reward_model_report' ORDER BY created_at DESC LIMIT 1) "
+                "('accuracy', 'key_step_progress_error', 'latency_ms_p50') "
+                f"AND report_run_id = {LATEST_REPORT_RUN} "
                 "ORDER BY metric, kind"
             )
         )
@@ -508,16 +510,9 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
     elif args.report and all_ok:
         import pyarrow as pa
 
-        from training.reward_models.runs import latest_report_metrics
+        from training.reward_models.runs import REPORT_REQUIRED_METRICS, latest_report_metrics
 
-        shown = (
-            "accuracy",
-            "precision",
-            "recall",
-            "key_step_progress_error",
-            "mean_final_step_score",
-            "latency_ms_p50",
-        )
+        shown = REPORT_REQUIRED_METRICS
         values = {
             (r["kind"], r["metric"]): r["value"] for r in latest_report_metrics(warehouse) if r["split"] == "test"
         }

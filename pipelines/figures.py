@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from decimal import Decimal
 
+from training.base.registry import LATEST_REPORT_RUN
 from warehouse.catalog import Warehouse
 
 
@@ -59,8 +60,7 @@ def reward_models(warehouse: Warehouse) -> str:
         "max(value) FILTER (WHERE metric = 'key_step_progress_error') AS key_step_error, "
         "max(value) FILTER (WHERE metric = 'mcnemar_p_vs_orm') AS mcnemar_p_vs_orm, "
         "max(value) FILTER (WHERE metric = 'latency_ms_p50') AS latency_ms_p50 FROM rm_metrics "
-        "WHERE split = 'test' AND report_run_id = (SELECT run_id FROM lineage_materializations "
-        "WHERE asset = 'reward_model_report' ORDER BY created_at DESC LIMIT 1) GROUP BY 1 ORDER BY 1"
+        f"WHERE split = 'test' AND report_run_id = {LATEST_REPORT_RUN} GROUP BY 1 ORDER BY 1"
     ).to_pylist()
     return _markdown(rows)
 
@@ -69,8 +69,7 @@ def reward_models_on_agents(warehouse: Warehouse) -> str:
     """Each model of the latest report on held-out agent episodes (``rm_agent_auc``), by family."""
     rows = warehouse.query(
         "SELECT kind, family, episodes, successes, policies, auc, auc_low, auc_high, score_rule FROM rm_agent_auc "
-        "WHERE report_run_id = (SELECT run_id FROM lineage_materializations "
-        "WHERE asset = 'reward_model_report' ORDER BY created_at DESC LIMIT 1) "
+        f"WHERE report_run_id = {LATEST_REPORT_RUN} "
         "ORDER BY kind, family = 'all', family"
     ).to_pylist()
     return _markdown(rows)
@@ -85,8 +84,7 @@ def reward_models_choosing(warehouse: Warehouse) -> str:
         "round(100 * random_top1, 1) AS random_pick, round(100 * gain, 1) AS gain, round(100 * gain_low, 1) AS "
         "gain_low, round(100 * gain_high, 1) AS gain_high, wins, losses, round(mcnemar_p, 4) AS p, plan_states, "
         "round(100 * plan_top1, 1) AS plan_top1 FROM rm_alternative_top1 "
-        "WHERE report_run_id = (SELECT run_id FROM lineage_materializations "
-        "WHERE asset = 'reward_model_report' ORDER BY created_at DESC LIMIT 1) "
+        f"WHERE report_run_id = {LATEST_REPORT_RUN} "
         "ORDER BY kind, family = 'all', family"
     ).to_pylist()
     return _markdown(rows)

@@ -22,6 +22,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: The asset whose runs are the reward-model reports (ProgRM Tables 2-3, the agent-episode AUCs).
+REPORT_ASSET = "reward_model_report"
+#: The newest report run's id, as a scalar SQL subquery: the rows of ``rm_metrics``,
+#: ``rm_agent_auc`` and ``rm_alternative_top1`` that belong together are those of one report run.
+LATEST_REPORT_RUN = (
+    f"(SELECT run_id FROM lineage_materializations WHERE asset = '{REPORT_ASSET}' ORDER BY created_at DESC LIMIT 1)"
+)
+
 #: A reward model checkpoint's config file (written by ``training.reward_models.models.save_reward_model``).
 CHECKPOINT_CONFIG_FILE = "reward_model_config.json"
 

@@ -85,11 +85,17 @@ def _pair_weighted_auc(cells: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:
     return weighted / pairs
 
 
-def percentile_interval(draws: Sequence[float], level: float) -> tuple[float, float]:
+def percentile_interval(draws: Sequence[float] | np.ndarray, level: float) -> tuple[float, float]:
     """The central ``level`` percentile interval of bootstrap ``draws``."""
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(draws, [tail, 100 - tail])
     return float(low), float(high)
+
+
+def bootstrap_rows(n: int, *, resamples: int, seed: int) -> np.ndarray:
+    """(resamples, n) indices drawn with replacement from ``range(n)``, seeded: index several
+    paired arrays with the same rows to resample them together."""
+    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
 
 
 def bootstrap_auc(
@@ -143,10 +149,7 @@ def bootstrap_interval(
     x = np.asarray(successes, dtype=np.float64)
     if x.size == 0:
         return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    means = rng.choice(x, size=(samples, x.size), replace=True).mean(axis=1)
-    alpha = (1 - confidence) / 2
-    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+    return percentile_interval(x[bootstrap_rows(x.size, resamples=samples, seed=seed)].mean(axis=1), confidence)
 
 
 def seed_bootstrap_interval(
@@ -167,8 +170,7 @@ def seed_bootstrap_interval(
     for i in range(samples):
         picked = rng.integers(0, len(groups), size=len(groups))
         draws[i] = np.mean([rng.choice(groups[k], size=groups[k].size, replace=True).mean() for k in picked])
-    alpha = (1 - confidence) / 2
-    return mean, float(np.quantile(draws, alpha)), float(np.quantile(draws, 1 - alpha))
+    return (mean, *percentile_interval(draws, confidence))
 
 
 def paired_comparison(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str, float]:

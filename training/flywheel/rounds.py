@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from training.base.registry import LATEST_REPORT_RUN
 from training.reward_models.agent_episodes import WITHIN_TASK
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.plotting import Markdown, figure_markdown, legend_if_labelled, pyplot
@@ -49,11 +50,8 @@ def next_round(warehouse: Warehouse) -> int:
 
 def round_rows(warehouse: Warehouse, round_: int) -> list[dict[str, Any]]:
     """``flywheel_rounds`` rows of ``round_`` from the latest reward-model report."""
-    report = warehouse.query(
-        "SELECT run_id FROM lineage_materializations WHERE asset = 'reward_model_report' "
-        "ORDER BY created_at DESC LIMIT 1"
-    ).to_pylist()
-    if not report:
+    report = warehouse.query(f"SELECT {LATEST_REPORT_RUN} AS run_id").to_pylist()
+    if not report or report[0]["run_id"] is None:
         raise FlywheelError("no reward-model report has run: materialize reward_model_report first")
     run_id = report[0]["run_id"]
     rows = warehouse.query(

@@ -21,11 +21,7 @@ from dataclasses import dataclass
 
 from envs.protocol import EpisodeRecord
 from training.llm.chat_client import ChatClient, ChatEndpointError
-from training.policy.candidates import FEATURE_NAMES, enumerate_candidates
-from training.policy.evaluation import failure_mode
-
-_FITS = FEATURE_NAMES.index("value_fits_field")
-_TYPES_VALUE = FEATURE_NAMES.index("types_a_value")
+from training.policy.evaluation import failure_mode, wrong_field_step
 
 
 @dataclass(frozen=True)
@@ -61,28 +57,6 @@ class Reflection:
     note: str = ""
 
 
-def _wrong_field_step(record: EpisodeRecord) -> int | None:
-    for t, step in enumerate(record.steps):
-        action = step.action
-        if action.type.value != "INPUT" or action.target is None or not action.text:
-            continue
-        history = [s.action for s in record.steps[:t]]
-        candidates = enumerate_candidates(
-            step.screen, record.instruction, record.slots, history, step_index=t, max_steps=max(1, record.n_steps)
-        )
-        fitting = [
-            c.action.target.ref
-            for c in candidates
-            if c.action.target is not None
-            and c.features[_TYPES_VALUE]
-            and c.features[_FITS]
-            and c.action.text == action.text
-        ]
-        if fitting and action.target.ref not in fitting:
-            return t
-    return None
-
-
 def blame_step(record: EpisodeRecord, mode: str | None = None) -> int | None:
     """The step where a failed attempt went wrong (None for a success or an empty episode):
 
@@ -103,7 +77,7 @@ def blame_step(record: EpisodeRecord, mode: str | None = None) -> int | None:
     if mode == "useless_repetition" and first_repeat is not None:
         return first_repeat
     if mode == "wrong_field":
-        wrong = _wrong_field_step(record)
+        wrong = wrong_field_step(record)
         if wrong is not None:
             return wrong
     if mode == "out_of_steps" and first_repeat is not None:

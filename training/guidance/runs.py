@@ -42,7 +42,7 @@ from envs.pool import BatchResult, EnvPool, EpisodeJob
 from envs.protocol import EpisodeRecord, episode_tables
 from envs.rollouts import ATTEMPTS_TABLE, ProgressLog
 from envs.task_catalog import CatalogTask, load_catalog
-from training.base.statistics import bootstrap_interval, paired_comparison
+from training.base.statistics import bootstrap_interval, bootstrap_rows, paired_comparison, percentile_interval
 from training.guidance.agent import GuidedPolicy, StepLog
 from training.guidance.judge import VARIANTS, JudgeSettings
 from training.guidance.proposals import GuidanceError, LearnedProposer, LLMProposer, Proposer
@@ -327,13 +327,12 @@ def paired_delta(
     if not keys:
         return {"delta": math.nan, "low": math.nan, "high": math.nan, "only_a": 0, "only_b": 0, "p": math.nan}
     diff = np.array([float(a[k]) - float(b[k]) for k in keys])
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, diff.size, size=(samples, diff.size))].mean(axis=1)
+    low, high = percentile_interval(diff[bootstrap_rows(diff.size, resamples=samples, seed=seed)].mean(axis=1), 0.95)
     counts = paired_comparison(a, b)
     return {
         "delta": float(diff.mean()),
-        "low": float(np.quantile(means, 0.025)),
-        "high": float(np.quantile(means, 0.975)),
+        "low": low,
+        "high": high,
         "only_a": int(counts["only_a"]),
         "only_b": int(counts["only_b"]),
         "p": float(counts["mcnemar_p"]),

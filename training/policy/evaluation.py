@@ -39,7 +39,10 @@ def _repetitive(actions: Sequence[str]) -> bool:
     return len(tail) == 4 and tail[0] == tail[2] and tail[1] == tail[3] and tail[0] != tail[1]
 
 
-def _typed_into_wrong_field(record: EpisodeRecord) -> bool:
+def wrong_field_step(record: EpisodeRecord) -> int | None:
+    """The first step that typed a value into a field the instruction did not name it for: a field
+    where the value does not fit while another field of the screen is the one it fits (the
+    candidates' ``types_a_value`` and ``value_fits_field`` features); None if no step did."""
     for t, step in enumerate(record.steps):
         action = step.action
         if action.type.value != "INPUT" or action.target is None or not action.text:
@@ -48,15 +51,17 @@ def _typed_into_wrong_field(record: EpisodeRecord) -> bool:
         candidates = enumerate_candidates(
             step.screen, record.instruction, record.slots, history, step_index=t, max_steps=max(1, record.n_steps)
         )
-        fitting = {
-            (c.action.target.ref if c.action.target else None, c.action.text)
+        fitting = [
+            c.action.target.ref
             for c in candidates
-            if c.features[_TYPES_VALUE] and c.features[_FITS]
-        }
-        same_value = [ref for ref, text in fitting if text == action.text]
-        if same_value and action.target.ref not in same_value:
-            return True
-    return False
+            if c.action.target is not None
+            and c.features[_TYPES_VALUE]
+            and c.features[_FITS]
+            and c.action.text == action.text
+        ]
+        if fitting and action.target.ref not in fitting:
+            return t
+    return None
 
 
 def failure_mode(record: EpisodeRecord) -> str | None:
@@ -65,7 +70,7 @@ def failure_mode(record: EpisodeRecord) -> str | None:
         return None
     if _repetitive([s.action.canonical_text() for s in record.steps]):
         return "useless_repetition"
-    if _typed_into_wrong_field(record):
+    if wrong_field_step(record) is not None:
         return "wrong_field"
     if record.end_reason == END_FAILURE:
         return "wrong_submission"

@@ -32,14 +32,18 @@ import numpy as np
 import pyarrow as pa
 
 from training.base.states import StepState, TextTrajectory, action_state
-from training.base.statistics import mcnemar_exact_p
+from training.base.statistics import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    bootstrap_rows,
+    mcnemar_exact_p,
+    percentile_interval,
+)
 from training.reward_models.kinds import DISPLAY_NAMES, PROGRESS_KINDS, STEP_JUDGE_KINDS
 from warehouse.catalog import Warehouse
 from warehouse.tables_training import RM_ALTERNATIVE_TOP1
 
 ALL_FAMILIES = "all"
-BOOTSTRAP_RESAMPLES = 1000
-BOOTSTRAP_SEED = 0
 #: The kinds that can choose among candidates.
 CHOOSING_KINDS: tuple[str, ...] = (*STEP_JUDGE_KINDS, *PROGRESS_KINDS)
 
@@ -122,15 +126,10 @@ def picks(
 
 def _bootstrap(model: np.ndarray, policy: np.ndarray, *, level: float = 0.95) -> tuple[float, float, float, float]:
     """Percentile intervals (top1 low/high, gain low/high) over states resampled with replacement."""
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    n = len(model)
-    draws = rng.integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))
-    top1 = model[draws].mean(axis=1)
-    gain = top1 - policy[draws].mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(top1, [tail, 100 - tail])
-    gain_low, gain_high = np.percentile(gain, [tail, 100 - tail])
-    return float(low), float(high), float(gain_low), float(gain_high)
+    rows = bootstrap_rows(len(model), resamples=BOOTSTRAP_RESAMPLES, seed=BOOTSTRAP_SEED)
+    top1 = model[rows].mean(axis=1)
+    gain = top1 - policy[rows].mean(axis=1)
+    return (*percentile_interval(top1, level), *percentile_interval(gain, level))
 
 
 def top1_rows(

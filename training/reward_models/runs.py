@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from envs.process import set_parent_death_signal
-from training.base.registry import ModelRecord
+from training.base.registry import LATEST_REPORT_RUN, REPORT_ASSET, ModelRecord
 from training.base.states import StepState
 from training.reward_models.agent_episodes import AgentEpisodeReport, agent_episode_report, read_agent_episodes
 from training.reward_models.alternatives_metric import AlternativesReport, alternatives_report, read_held_out_states
@@ -55,7 +55,6 @@ from warehouse.tables_training import MODELS
 
 DATASETS_ASSET = "reward_model_datasets"
 MODEL_ASSET = "reward_model"
-REPORT_ASSET = "reward_model_report"
 DATASET_CODE_VERSION = "rm-datasets-1"
 MODEL_CODE_VERSION = "rm-train-2"  # 2: early stopping on validation loss, best checkpoint exported
 REPORT_CODE_VERSION = "rm-report-1"
@@ -628,14 +627,7 @@ def latest_report_metrics(warehouse: Warehouse) -> list[dict]:
     """The ``rm_metrics`` rows of the latest report run (empty before the first report)."""
     if not warehouse.has_table("rm_metrics"):
         return []
-    return warehouse.query(
-        """
-        SELECT m.* FROM rm_metrics m
-        WHERE m.report_run_id = (SELECT run_id FROM lineage_materializations WHERE asset = ?
-                                 ORDER BY created_at DESC LIMIT 1)
-        """,
-        [REPORT_ASSET],
-    ).to_pylist()
+    return warehouse.query(f"SELECT m.* FROM rm_metrics m WHERE m.report_run_id = {LATEST_REPORT_RUN}").to_pylist()
 
 
 def check_report_metrics_present(warehouse: Warehouse, split: str = "test") -> CheckOutcome:

@@ -1,6 +1,8 @@
 """The layout as a contract: import direction (import-linter), thin asset modules, and stage
 commands that run without loading Dagster."""
 
+import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,6 +24,56 @@ def test_asset_modules_are_declarations():
     sizes = {p.name: len(p.read_text().splitlines()) for p in (REPO_ROOT / "assets").glob("*.py")}
     too_long = {name: n for name, n in sizes.items() if n > MAX_ASSET_MODULE_LINES}
     assert not too_long, f"asset modules over {MAX_ASSET_MODULE_LINES} lines: {too_long}"
+
+
+STAGE_PACKAGE_ROOTS = ("annotation", "training", "envs")
+
+
+def _module_prefix(doc_path: str) -> str:
+    """``training/rl/`` -> ``training.rl``; ``training/base/pretrained.py`` -> ``training.base.pretrained``."""
+    return doc_path.removesuffix("/").removesuffix(".py").replace("/", ".")
+
+
+def _architecture_table() -> dict[str, set[str]]:
+    """docs/architecture.md's stage table: each asset module -> the module prefixes it may import
+    (its room, and what the last column names)."""
+    allowed: dict[str, set[str]] = {}
+    for line in (REPO_ROOT / "docs" / "architecture.md").read_text().splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) != 6 or not re.search(r"`assets/\w+\.py`", cells[1]):
+            continue
+        rooms = re.findall(r"`((?:annotation|training|envs)/(?:[\w/]*/)?)`", cells[2])
+        also = re.findall(r"`((?:annotation|training|envs)/[\w/.]+)`", cells[5])
+        for module in re.findall(r"`(assets/\w+\.py)`", cells[1]):
+            allowed.setdefault(module, set()).update(_module_prefix(p) for p in rooms + also)
+    return allowed
+
+
+def _stage_imports(path: Path) -> set[str]:
+    """Modules of the stage packages that ``path`` imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        found |= {n for n in names if n.split(".")[0] in STAGE_PACKAGE_ROOTS}
+    return found
+
+
+def test_each_asset_module_imports_from_the_rooms_the_architecture_table_names():
+    """docs/architecture.md stays true: every asset module has a row, and imports stage code only
+    from its room or from what its row's last column names."""
+    table = _architecture_table()
+    modules = {
+        f"assets/{p.name}" for p in (REPO_ROOT / "assets").glob("*.py") if p.name not in ("__init__.py", "metadata.py")
+    }
+    assert modules - set(table) == set(), "asset modules missing from docs/architecture.md's table"
+    strays = {
+        module: sorted(
+            m for m in _stage_imports(REPO_ROOT / module) if not any(m == a or m.startswith(a + ".") for a in allowed)
+        )
+        for module, allowed in table.items()
+    }
+    assert not {m: s for m, s in strays.items() if s}, strays
 
 
 def test_stepwise_label_runs_without_dagster(tmp_path):

@@ -221,8 +221,35 @@ def encode_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> np.ndarray:
 # -- the local model -------------------------------------------------------------------------
 
 
+class RecordingLLMPolicy:
+    """What the two LLM policies share: each episode's turns kept under its id when ``record`` is
+    set (the last attempt of an episode wins, as the pool keeps only a completed attempt), and the
+    per-step format flags that reward sources read (GUI-Shepherd Eq. 3)."""
+
+    turns: dict[str, list[Any]]
+    record: bool
+    lock: threading.Lock
+
+    def _start_recording(self, context: EpisodeContext) -> tuple[str, list[Any] | None]:
+        """The episode's key and the list its turns go to (None when not recording)."""
+        key = context.episode_id or f"{context.task.task_id}:{context.seed}"
+        recorded: list[Any] | None = [] if self.record else None
+        if recorded is not None:
+            with self.lock:
+                self.turns[key] = recorded
+        return key, recorded
+
+    def format_ok(self, episode_id: str) -> tuple[bool, ...]:
+        """Per step of a recorded episode: was the model's answer a well-formed action?"""
+        return tuple(t.format_ok for t in self.turns.get(episode_id, ()))
+
+    def rollout(self, record: EpisodeRecord) -> Rollout:
+        """The episode with its format flags, as reward sources read it (GUI-Shepherd Eq. 3)."""
+        return Rollout(record, format_ok=self.format_ok(record.episode_id))
+
+
 @dataclass
-class HFPolicy:
+class HFPolicy(RecordingLLMPolicy):
     """A local causal LM as an ``envs.protocol.Policy`` (see the module docstring).
 
     ``greedy`` picks the most likely token (evaluation); otherwise tokens are sampled from the
@@ -322,20 +349,8 @@ class HFPolicy:
         return cls(model, tokenizer, **kwargs)
 
     def start(self, context: EpisodeContext) -> Actor:
-        key = context.episode_id or f"{context.task.task_id}:{context.seed}"
-        recorded: list[TurnRecord] | None = [] if self.record else None
-        if recorded is not None:
-            with self.lock:
-                self.turns[key] = recorded
+        key, recorded = self._start_recording(context)
         return _HFActor(self, context, key, recorded)
-
-    def format_ok(self, episode_id: str) -> tuple[bool, ...]:
-        """Per step of a recorded episode: was the model's answer a well-formed action?"""
-        return tuple(t.format_ok for t in self.turns.get(episode_id, ()))
-
-    def rollout(self, record: EpisodeRecord) -> Rollout:
-        """The episode with its format flags, as reward sources read it (GUI-Shepherd Eq. 3)."""
-        return Rollout(record, format_ok=self.format_ok(record.episode_id))
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -528,7 +543,7 @@ class EndpointTurn:
 
 
 @dataclass
-class EndpointPolicy:
+class EndpointPolicy(RecordingLLMPolicy):
     """The actor prompt and parser over a chat endpoint, as an ``envs.protocol.Policy``.
 
     For evaluation and data collection: greedy by default (``temperature`` 0). A call that fails
@@ -549,19 +564,8 @@ class EndpointPolicy:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def start(self, context: EpisodeContext) -> Actor:
-        key = context.episode_id or f"{context.task.task_id}:{context.seed}"
-        recorded: list[EndpointTurn] | None = [] if self.record else None
-        if recorded is not None:
-            with self.lock:
-                self.turns[key] = recorded
+        _, recorded = self._start_recording(context)
         return _EndpointActor(self, context, recorded)
-
-    def format_ok(self, episode_id: str) -> tuple[bool, ...]:
-        return tuple(t.format_ok for t in self.turns.get(episode_id, ()))
-
-    def rollout(self, record: EpisodeRecord) -> Rollout:
-        """The episode with its format flags, as reward sources read it (GUI-Shepherd Eq. 3)."""
-        return Rollout(record, format_ok=self.format_ok(record.episode_id))
 
     def decide(
         self, context: EpisodeContext, screen: Screen, history: Sequence[HistoryEntry]

@@ -578,13 +578,25 @@ def cmd_rl(args: argparse.Namespace) -> int:
     from training.base.registry import latest_models
     from training.rl.report import report_markdown
     from training.rl.rewards import SOURCE_MODEL_KIND
+    from training.rl.rewards.composed import COMPOSABLE_SOURCES, COMPOSITION_FORMS, parse_composition
     from training.rl.runs import RL_SEEDS, RUN_VARIANTS, run_rl_report
     from warehouse.catalog import Warehouse
 
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     unknown = sorted(set(runs) - set(RUN_VARIANTS))
+    for composed in (r for r in unknown if "+" in r):
+        try:
+            parse_composition(composed)
+        except ValueError as exc:  # which part of the name is wrong
+            print(f"stepwise rl: {exc}", file=sys.stderr)
+            return 2
     if unknown or not runs:
-        print(f"stepwise rl: unknown run(s) {unknown}; choose from {list(RUN_VARIANTS)}", file=sys.stderr)
+        singles = [r for r in RUN_VARIANTS if "+" not in r]
+        print(
+            f"stepwise rl: unknown run(s) {unknown}; choose from {singles} or a composed reward "
+            f"outcome+<source>:<form> (source: {', '.join(COMPOSABLE_SOURCES)}; form: {', '.join(COMPOSITION_FORMS)})",
+            file=sys.stderr,
+        )
         return 2
     if not 1 <= args.seeds <= len(RL_SEEDS):
         print(f"stepwise rl: --seeds must be 1..{len(RL_SEEDS)}", file=sys.stderr)

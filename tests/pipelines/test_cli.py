@@ -98,7 +98,8 @@ def test_flywheel_refuses_bad_settings_and_an_empty_home(home):
 
 
 def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home):
-    """Seeds and flywheel pins are checked before anything runs: one line on stderr, exit 2."""
+    """Seeds, flywheel pins and reward names (a malformed composed one says which part is wrong)
+    are checked before anything runs: one line on stderr, exit 2."""
     env = {"STEPWISE_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "HF_HUB_OFFLINE": "1"}
     env["PATH"] = "/usr/bin:/bin"
     for args, message in (
@@ -106,6 +107,9 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home):
         (["--runs", "orm", "--flywheel-round", "0"], "--flywheel-round >= 1"),
         (["--runs", "outcome,orm", "--flywheel-round", "1"], "['outcome'] use none"),
         (["--runs", "orm", "--flywheel-round", "1"], "flywheel round 1 trained no ['orm'] model (it has none"),
+        (["--runs", "outcome,outcome+progrm_env:linear"], "unknown form 'linear'; choose one of shaped, decay"),
+        (["--runs", "outcome+progrm"], "say how the source is added"),
+        (["--runs", "progrm"], "or a composed reward outcome+<source>:<form>"),
     ):
         out = subprocess.run([STEPWISE, "rl", *args], capture_output=True, text=True, env=env, timeout=300)
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)

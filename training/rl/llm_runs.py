@@ -428,7 +428,7 @@ def _reinforce(agent: _Agent, pool: EnvPool, sft_id: str) -> str:
     run_key = s.rl_key(sft_id)
     run_dir = w.home / "policies" / "llm_rl" / run_key
     reference = frozen_reference(agent.model)
-    source = make_reward_source(s.reward_source, w, cache=_milestone_cache(s.reward_source))
+    source = make_reward_source(s.reward_source, w, cache=_milestone_cache(s.reward_source), gamma=s.learner.gamma_turn)
     total = s.iterations * len(agent.tasks) * s.instances_per_task * s.group_size
     learner_settings = replace(s.learner, total_steps=max(1, total // s.learner.batch_turns))
     # no lock: sampling and updates take turns in this loop, so no actor sees half-updated weights

@@ -19,6 +19,7 @@ import numpy as np
 from training.base.statistics import bootstrap_auc, paired_comparison, seed_bootstrap_interval
 from training.policy.evaluation import FAILURE_MODES
 from training.reward_models.kinds import PROGRESS_KINDS
+from training.rl.rewards.composed import parse_composition
 from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
@@ -208,6 +209,8 @@ def table_one(
         ]
         if tag:  # the same source with today's models
             others.append({**members[0], "reward_model_tag": None})
+        if composition := parse_composition(members[0]["reward_source"]):  # against its learned part alone
+            others.append({**members[0], "reward_source": composition.source, "estimator": "reinforce_pp"})
         for other in dict.fromkeys(run_label(o) for o in others):
             if other in groups and other != label:
                 theirs = outcomes([m["policy_id"] for m in groups[other]], True)

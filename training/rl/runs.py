@@ -77,9 +77,17 @@ from training.rl.report import (
     table_one,
     training_reward_auc,
 )
-from training.rl.rewards import REWARD_SOURCES, SOURCE_MODEL_KIND, RewardSource, Rollout, make_reward_source
+from training.rl.rewards import (
+    REWARD_SOURCES,
+    SOURCE_MODEL_KIND,
+    RewardSource,
+    Rollout,
+    check_reward_source,
+    make_reward_source,
+)
 from training.rl.rewards.admire import LLMMilestones, MilestoneStore, TaskMilestones
 from training.rl.rewards.base import text_trajectory
+from training.rl.rewards.composed import DECAY_RATE, DECAY_WEIGHT, parse_composition
 from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
@@ -168,10 +176,13 @@ class RLSettings:
     reward_model_id: str | None = None
     # How the ORM pays (ORM_RULES); None: the block's rule, fixed before any run (ORM_RULE_BY_BLOCK).
     orm_rule: str | None = None
+    # A composed source's decaying weight (outcome+<source>:decay): lambda_0 and its rate per
+    # iteration (ADMIRE App. A.1.2); in the run key only for such a source.
+    dense_weight: float = DECAY_WEIGHT
+    dense_decay: float = DECAY_RATE
 
     def __post_init__(self) -> None:
-        if self.reward_source not in REWARD_SOURCES:
-            raise ValueError(f"unknown reward source {self.reward_source!r}; choose one of {', '.join(REWARD_SOURCES)}")
+        check_reward_source(self.reward_source)
         if self.block not in TASK_BLOCKS:
             raise ValueError(f"unknown task block {self.block!r}; choose one of {', '.join(TASK_BLOCKS)}")
         if self.learner.estimator != self.estimator:
@@ -182,7 +193,8 @@ class RLSettings:
             raise ValueError(f"the {self.reward_source} reward uses no reward model to pin ({self.reward_model_id})")
         if self.orm_rule is not None and self.orm_rule not in ORM_RULES:
             raise ValueError(f"unknown ORM rule {self.orm_rule!r}; choose one of {', '.join(ORM_RULES)}")
-        if self.reward_source != "orm":
+        composition = parse_composition(self.reward_source)
+        if (composition.source if composition else self.reward_source) != "orm":
             object.__setattr__(self, "orm_rule", None)  # only the ORM has a rule; other keys stay as they were
         elif self.orm_rule is None:
             object.__setattr__(self, "orm_rule", ORM_RULE_BY_BLOCK[self.block])
@@ -202,6 +214,9 @@ class RLSettings:
             settings.pop("reward_model_id")
         if settings["orm_rule"] in (None, "threshold"):
             settings.pop("orm_rule")
+        if not self.reward_source.endswith(":decay"):  # keys made before composed sources stand
+            settings.pop("dense_weight")
+            settings.pop("dense_decay")
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:6]
         return f"{self.reward_source}-{self.estimator}-s{self.rl_seed}-{digest}"
 
@@ -717,6 +732,9 @@ def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: s
         milestone_generator=milestone_generator,
         model_id=reward_model_id,
         orm_rule=settings.orm_rule or "threshold",
+        gamma=settings.learner.gamma,
+        dense_weight=settings.dense_weight,
+        dense_decay=settings.dense_decay,
     )
     critic = None
     if settings.estimator == "ppo":

@@ -8,14 +8,17 @@ from training.reward_models.kinds import PROGRESS_KINDS
 from training.reward_models.scoring import RewardModelError, load_scorer, report_threshold
 from training.rl.rewards.admire import AdmireReward, AdmireSettings, LLMMilestones, MilestoneStore
 from training.rl.rewards.base import RewardBatch, RewardSource
+from training.rl.rewards.composed import COMPOSED_SOURCES, ComposedReward, parse_composition
 from training.rl.rewards.orm import ORM_RULES, ORMReward
 from training.rl.rewards.outcome import OutcomeReward
 from training.rl.rewards.prm import StepJudgeReward
 from training.rl.rewards.progrm import ProgressReward
 from warehouse.catalog import Warehouse
 
-REWARD_SOURCES: tuple[str, ...] = ("outcome", "orm", "progrm_lcs", "progrm_env", "prm", "guidnav", "admire")
-#: The reward model each source needs (none for outcome and ADMIRE).
+#: Each source alone (the papers' comparison), then each learned one added to the outcome.
+SINGLE_SOURCES: tuple[str, ...] = ("outcome", "orm", "progrm_lcs", "progrm_env", "prm", "guidnav", "admire")
+REWARD_SOURCES: tuple[str, ...] = SINGLE_SOURCES + COMPOSED_SOURCES
+#: The reward model each source needs (none for outcome and ADMIRE; a composed source its part's).
 SOURCE_MODEL_KIND: dict[str, str | None] = {
     "outcome": None,
     "orm": "orm",
@@ -25,6 +28,18 @@ SOURCE_MODEL_KIND: dict[str, str | None] = {
     "guidnav": "guidnav",
     "admire": None,
 }
+SOURCE_MODEL_KIND |= {name: SOURCE_MODEL_KIND[parse_composition(name).source] for name in COMPOSED_SOURCES}  # type: ignore[union-attr]
+
+
+def check_reward_source(name: str) -> None:
+    """Raise a one-line ValueError for a name that is no reward source (a malformed composed name
+    says which part is wrong)."""
+    if name not in REWARD_SOURCES:
+        parse_composition(name)  # a malformed composed name: its own message
+        raise ValueError(
+            f"unknown reward source {name!r}; choose one of {', '.join(SINGLE_SOURCES)} or outcome+<source>:<form>"
+        )
+
 
 __all__ = [
     "ORM_RULES",
@@ -33,6 +48,7 @@ __all__ = [
     "RewardModelError",
     "RewardSource",
     "Rollout",
+    "check_reward_source",
     "make_reward_source",
 ]
 
@@ -50,15 +66,32 @@ def make_reward_source(
     milestone_generator: LLMMilestones | None = None,
     admire: AdmireSettings | None = None,
     model_id: str | None = None,
+    gamma: float = 0.9,
+    dense_weight: float = 0.3,
+    dense_decay: float = 0.99,
 ) -> RewardSource:
     """The reward source ``name``. Model-based sources load the latest trained model of their kind,
     or the registered model ``model_id`` when given (or use the HTTP service at ``endpoint``), now,
     so a missing or wrong model fails before any rollout. ``cache`` is the sentence-encoding cache
-    ADMIRE matches milestones with; ``orm_rule`` is the ORM's rule (:data:`ORM_RULES`)."""
-    if name not in REWARD_SOURCES:
-        raise ValueError(f"unknown reward source {name!r}; choose one of {', '.join(REWARD_SOURCES)}")
+    ADMIRE matches milestones with; ``orm_rule`` is the ORM's rule (:data:`ORM_RULES`). A composed
+    source (``outcome+<source>:<form>``) shapes with the learner's turn discount ``gamma`` or adds
+    its part with weight ``dense_weight * dense_decay^iteration``."""
+    check_reward_source(name)
     if model_id is not None and SOURCE_MODEL_KIND[name] is None:
         raise ValueError(f"the {name} reward uses no reward model; {model_id} cannot be pinned to it")
+    if (composition := parse_composition(name)) is not None:
+        dense = make_reward_source(
+            composition.source,
+            warehouse,
+            cache=cache,
+            endpoint=endpoint,
+            progress_k=progress_k,
+            orm_threshold=orm_threshold,
+            orm_rule=orm_rule,
+            model_id=model_id,
+        )
+        assert isinstance(dense, ORMReward | ProgressReward | StepJudgeReward)  # the composable sources
+        return ComposedReward(composition, dense, dense.scorer, gamma=gamma, weight=dense_weight, rate=dense_decay)
     if name == "outcome":
         return OutcomeReward()
     if name == "admire":

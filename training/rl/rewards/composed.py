@@ -1,0 +1,144 @@
+"""A learned reward added to the exact outcome, in one of two declared forms.
+
+Every learned source alone replaces the outcome, and an agent can be paid for what only looks
+like success (a ProgRM model pays a never-submitted episode nearly what it pays a success). The
+papers add their dense signal to the outcome instead; two ways of doing so are offered, named
+``outcome+<source>:<form>`` (e.g. ``outcome+progrm_env:shaped``, ``outcome+prm:decay``):
+
+* ``shaped``: potential-based shaping (Ng, Harada & Russell 1999, Thm. 1),
+  ``r'_t = r_t + F_t`` with ``F_t = gamma * Phi(s_{t+1}) - Phi(s_t)``. The potential of a state is
+  the model's score of it: ProgRM's progress estimate p_t (ProgRM Eq. 1) for the state after action
+  ``a_t``, the ORM's P(success), a step judge's P(correct) of the action that led there (the state
+  carries its history, ProgRM Eq. 6, so this too is a function of the state). ``Phi(s_0) = 0``
+  (ProgRM Eq. 2's p_{-1} = 0) and the terminal potential is zeroed, so an episode's discounted
+  shaping sums to ``-Phi(s_0) = 0`` whatever the agent does: the outcome decides what is optimal,
+  and the model only moves credit between steps. ``gamma`` must be the learner's turn discount
+  for the sum to telescope in the returns it computes.
+* ``decay``: ADMIRE's additive bonus (Alg. 1, line 34), ``r'_t = r_t + lambda_0 * gamma_E^E * d_t``
+  with ``d_t`` the source's own step reward (a progress gain, a PRM judgement with its format
+  reward, ...) and ``E`` the training iteration: the dense term leads early and fades. ADMIRE's
+  asymmetric credit is specific to milestones and stays with the ``admire`` source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from training.policy.rollouts import Rollout
+from training.reward_models.scoring import TrajectoryScorer
+from training.rl.estimators import discounted_returns
+from training.rl.rewards.base import RewardBatch, RewardSource, text_trajectory
+from training.rl.rewards.outcome import OutcomeReward
+from warehouse.catalog import LineageInput
+
+COMPOSITION_FORMS: tuple[str, ...] = ("shaped", "decay")
+#: The learned sources that compose with the outcome (ADMIRE already adds its milestones to it).
+COMPOSABLE_SOURCES: tuple[str, ...] = ("orm", "progrm_lcs", "progrm_env", "prm", "guidnav")
+#: Every composed source by name, ``outcome+<source>:<form>``.
+COMPOSED_SOURCES: tuple[str, ...] = tuple(
+    f"outcome+{source}:{form}" for source in COMPOSABLE_SOURCES for form in COMPOSITION_FORMS
+)
+#: ADMIRE App. A.1.2: the bonus's initial weight and its decay per training iteration.
+DECAY_WEIGHT = 0.3
+DECAY_RATE = 0.99
+
+
+@dataclass(frozen=True)
+class Composition:
+    """A composed source's parts: the learned ``source`` and the ``form`` it is added in."""
+
+    source: str
+    form: str
+
+    @property
+    def name(self) -> str:
+        return f"outcome+{self.source}:{self.form}"
+
+
+def parse_composition(name: str) -> Composition | None:
+    """The parts of a composed source name (``outcome+progrm_env:shaped``), None for a plain
+    source name (no ``+``); a malformed one raises a ValueError whose message names what is wrong."""
+    if "+" not in name:
+        return None
+    base, _, rest = name.partition("+")
+    source, colon, form = rest.partition(":")
+    if base != "outcome":
+        raise ValueError(f"reward {name!r}: a composed reward adds a learned source to the outcome: outcome+<source>")
+    if not colon:
+        raise ValueError(f"reward {name!r}: say how the source is added: {name}:shaped or {name}:decay")
+    if source not in COMPOSABLE_SOURCES:
+        raise ValueError(f"reward {name!r}: unknown source {source!r}; choose one of {', '.join(COMPOSABLE_SOURCES)}")
+    if form not in COMPOSITION_FORMS:
+        raise ValueError(f"reward {name!r}: unknown form {form!r}; choose one of {', '.join(COMPOSITION_FORMS)}")
+    return Composition(source, form)
+
+
+def shaping_rewards(potentials: Sequence[float] | np.ndarray, gamma: float) -> np.ndarray:
+    """Potential-based shaping of one episode (Ng et al. 1999): ``F_t = gamma * Phi(s_{t+1}) - Phi(s_t)``
+    for t = 0..T-1, from the potentials ``Phi(s_0), ..., Phi(s_T)`` (T + 1 values). The last state
+    is terminal: its potential counts as 0 whatever is given, so ``sum_t gamma^t F_t = -Phi(s_0)``."""
+    phi = np.asarray(potentials, dtype=np.float64)
+    if phi.ndim != 1 or phi.size == 0:
+        raise ValueError("shaping needs the potentials of the T + 1 states of an episode")
+    if phi.size == 1:  # no step taken: nothing to shape
+        return np.zeros(0)
+    following = np.append(phi[1:-1], 0.0)  # Phi(s_1) .. Phi(s_{T-1}), then the terminal state's 0
+    return gamma * following - phi[:-1]
+
+
+def episode_potentials(step_scores: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Phi(s_0..s_T) from a model's per-step scores, ``scores[t]`` being its score of the state
+    after action ``a_t``: ``Phi(s_0) = 0`` (ProgRM Eq. 2's p_{-1}), ``Phi(s_{t+1}) = scores[t]``."""
+    return np.concatenate([[0.0], np.asarray(step_scores, dtype=np.float64)])
+
+
+def decayed_weight(iteration: int, weight: float = DECAY_WEIGHT, rate: float = DECAY_RATE) -> float:
+    """ADMIRE's curriculum coefficient ``lambda_0 * gamma^E`` at training iteration ``E`` (0-based)."""
+    if iteration < 0:
+        raise ValueError(f"iteration must be 0 or more, got {iteration}")
+    return weight * rate**iteration
+
+
+class ComposedReward:
+    """The outcome plus a learned source, shaped or with a decaying weight (module docstring)."""
+
+    def __init__(
+        self,
+        composition: Composition,
+        dense: RewardSource,
+        scorer: TrajectoryScorer,
+        *,
+        gamma: float,
+        weight: float = DECAY_WEIGHT,
+        rate: float = DECAY_RATE,
+    ) -> None:
+        self.composition, self.dense, self.scorer = composition, dense, scorer
+        self.gamma, self.weight, self.rate = gamma, weight, rate
+        self.name = composition.name
+        self.outcome = OutcomeReward()
+
+    def rewards(self, rollouts: Sequence[Rollout], iteration: int) -> RewardBatch:
+        base = self.outcome.rewards(rollouts, iteration)
+        if self.composition.form == "shaped":
+            scored = self.scorer.score([text_trajectory(r.record) for r in rollouts])
+            extra = [shaping_rewards(episode_potentials(s.scores), self.gamma) for s in scored]
+            details = {"shaping_weight": 1.0, "mean_final_potential": _mean([s.scores[-1] for s in scored if s.scores])}
+        else:
+            dense = self.dense.rewards(rollouts, iteration)
+            coefficient = decayed_weight(iteration, self.weight, self.rate)
+            extra = [coefficient * np.asarray(r, dtype=np.float64) for r in dense.rewards]
+            details = {f"dense_{k}": v for k, v in dense.details.items()} | {"shaping_weight": coefficient}
+        rewards = [b + e for b, e in zip(base.rewards, extra, strict=True)]
+        # what the learned part adds to an episode's return as the learner discounts it (shaped: 0)
+        dense_return = _mean([float(discounted_returns(e, self.gamma)[0]) for e in extra if e.size])
+        return RewardBatch(rewards, base.details | details | {"mean_dense_return": dense_return})
+
+    def lineage(self) -> list[LineageInput]:
+        return self.dense.lineage()
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else 0.0

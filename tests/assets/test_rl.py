@@ -1,6 +1,6 @@
 """The RL stage in Dagster, reduced but end to end on live MiniWoB++: real demonstrations, labels,
-a ProgRM model, SFT, RL runs with the outcome, ProgRM and ADMIRE rewards, held-out evaluation and
-Table 1 in SQL."""
+a ProgRM model, SFT, RL runs with the outcome, ProgRM, ADMIRE and outcome + ProgRM (shaped)
+rewards, held-out evaluation and Table 1 in SQL."""
 
 import json
 
@@ -24,7 +24,7 @@ from warehouse.catalog import Warehouse
 
 pytestmark = pytest.mark.e2e
 
-RUNS = ("outcome", "progrm_env", "admire")
+RUNS = ("outcome", "progrm_env", "admire", "outcome+progrm_env:shaped")
 
 
 def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
@@ -104,6 +104,9 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
     )
     assert set(judged) == set(RUNS) and sum(r["episodes"] for r in judged.values()) == rl_episodes
     assert "reward AUC vs success" in table
+    # the composed source (outcome + ProgRM-Env, shaped) is compared with its learned part alone
+    versus = {(c["actor"], c["versus"]) for c in run_rl_report(Warehouse(home))["comparisons"]}
+    assert {("outcome+progrm_env:shaped", "progrm_env"), ("outcome+progrm_env:shaped", "outcome")} <= versus
     # learning curves over seeds: every run's iterations, labelled as its row, plotted per block
     curves = run_rl_report(Warehouse(home))["curves"]
     assert sorted((c["actor"], c["iteration"]) for c in curves) == sorted((r, i) for r in RUNS for i in (0, 1))

@@ -565,6 +565,27 @@ def _flywheel_pins(round_: int | None, runs: list[str]) -> dict[str, str] | None
     return {r: round_models[kinds[r]] for r in runs}
 
 
+def _unknown_runs(runs: list[str]) -> str | None:
+    """What is wrong with ``--runs`` (one line), or None: no run, a malformed composed name (which
+    part), or a name that is no run variant."""
+    from training.rl.rewards.composed import COMPOSABLE_SOURCES, COMPOSITION_FORMS, parse_composition
+    from training.rl.runs import RUN_VARIANTS
+
+    unknown = sorted(set(runs) - set(RUN_VARIANTS))
+    for composed in (r for r in unknown if "+" in r):
+        try:
+            parse_composition(composed)
+        except ValueError as exc:  # which part of the name is wrong
+            return str(exc)
+    if unknown or not runs:
+        singles = [r for r in RUN_VARIANTS if "+" not in r]
+        return (
+            f"unknown run(s) {unknown}; choose from {singles} or a composed reward outcome+<source>:<form> "
+            f"(source: {', '.join(COMPOSABLE_SOURCES)}; form: {', '.join(COMPOSITION_FORMS)})"
+        )
+    return None
+
+
 def cmd_rl(args: argparse.Namespace) -> int:
     """The RL experiment: reward models it needs (trained briefly when missing), the SFT policy,
     one run per reward source and seed with its held-out evaluation, then ProgRM Table 1. With
@@ -578,25 +599,12 @@ def cmd_rl(args: argparse.Namespace) -> int:
     from training.base.registry import latest_models
     from training.rl.report import report_markdown
     from training.rl.rewards import SOURCE_MODEL_KIND
-    from training.rl.rewards.composed import COMPOSABLE_SOURCES, COMPOSITION_FORMS, parse_composition
     from training.rl.runs import RL_SEEDS, RUN_VARIANTS, run_rl_report
     from warehouse.catalog import Warehouse
 
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
-    unknown = sorted(set(runs) - set(RUN_VARIANTS))
-    for composed in (r for r in unknown if "+" in r):
-        try:
-            parse_composition(composed)
-        except ValueError as exc:  # which part of the name is wrong
-            print(f"stepwise rl: {exc}", file=sys.stderr)
-            return 2
-    if unknown or not runs:
-        singles = [r for r in RUN_VARIANTS if "+" not in r]
-        print(
-            f"stepwise rl: unknown run(s) {unknown}; choose from {singles} or a composed reward "
-            f"outcome+<source>:<form> (source: {', '.join(COMPOSABLE_SOURCES)}; form: {', '.join(COMPOSITION_FORMS)})",
-            file=sys.stderr,
-        )
+    if (error := _unknown_runs(runs)) is not None:
+        print(f"stepwise rl: {error}", file=sys.stderr)
         return 2
     if not 1 <= args.seeds <= len(RL_SEEDS):
         print(f"stepwise rl: --seeds must be 1..{len(RL_SEEDS)}", file=sys.stderr)

@@ -133,8 +133,8 @@ def table_one(
     source against SFT, against the ORM (ProgRM's claim: the ORM whose model came from the same
     place) and against the outcome reward (ADMIRE's and GUI-Shepherd's), and of every run whose
     reward model came from a flywheel round against the same source and estimator with today's
-    models (the effect of the agent's own episodes, on its own), each pairing episodes on the same
-    task, seed and RL seed."""
+    models (the effect of the agent's own episodes, on its own), and of a composed source against its
+    learned part alone (:func:`compared_runs`), each pairing episodes on the same task, seed and RL seed."""
     families = sorted({e["task_family"] for items in by_policy.values() for e in items if e["task_family"]})
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
@@ -202,16 +202,7 @@ def table_one(
         paired_sft = {(t, s, rl): sft_outcomes[(t, s, 0)] for (t, s, rl) in mine if (t, s, 0) in sft_outcomes}
         block = members[0].get("block") or DENSE_BLOCK
         comparisons.append({"actor": label, "versus": sft_label(block)} | paired_comparison(mine, paired_sft))
-        tag = members[0].get("reward_model_tag")
-        others = [  # ProgRM's baseline (its model from the same place); ADMIRE's and GUI-Shepherd's
-            block_orm(groups, block, tag),
-            {"reward_source": "outcome", "estimator": "reinforce_pp", "block": block},
-        ]
-        if tag:  # the same source with today's models
-            others.append({**members[0], "reward_model_tag": None})
-        if composition := parse_composition(members[0]["reward_source"]):  # against its learned part alone
-            others.append({**members[0], "reward_source": composition.source, "estimator": "reinforce_pp"})
-        for other in dict.fromkeys(run_label(o) for o in others):
+        for other in dict.fromkeys(run_label(o) for o in compared_runs(groups, members[0])):
             if other in groups and other != label:
                 theirs = outcomes([m["policy_id"] for m in groups[other]], True)
                 comparisons.append({"actor": label, "versus": other} | paired_comparison(mine, theirs))
@@ -222,6 +213,21 @@ def table_one(
         "comparisons": comparisons,
         "design": experiment_design(rows),
     }
+
+
+def compared_runs(groups: Collection[str], run: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The runs a row of ``run``'s group is paired with besides SFT: the block's ORM (ProgRM's
+    baseline, its model from the same place) and the outcome (ADMIRE's and GUI-Shepherd's); the same
+    source with today's models when its model came from a flywheel round; a composed source's
+    learned part alone."""
+    block = run.get("block") or DENSE_BLOCK
+    tag = run.get("reward_model_tag")
+    others = [block_orm(groups, block, tag), {"reward_source": "outcome", "estimator": "reinforce_pp", "block": block}]
+    if tag:
+        others.append({**run, "reward_model_tag": None})
+    if composition := parse_composition(run["reward_source"]):
+        others.append({**run, "reward_source": composition.source, "estimator": "reinforce_pp"})
+    return others
 
 
 def block_orm(groups: Collection[str], block: str, tag: str | None = None) -> dict[str, Any]:

@@ -6,9 +6,19 @@ from training.base.encoder import EmbeddingCache
 from training.policy.rollouts import Rollout
 from training.reward_models.kinds import PROGRESS_KINDS
 from training.reward_models.scoring import RewardModelError, load_scorer, report_threshold
+from training.rl.estimators import GAMMA
 from training.rl.rewards.admire import AdmireReward, AdmireSettings, LLMMilestones, MilestoneStore
 from training.rl.rewards.base import RewardBatch, RewardSource
-from training.rl.rewards.composed import COMPOSED_SOURCES, ComposedReward, parse_composition
+from training.rl.rewards.composed import (
+    COMPOSABLE_SOURCES,
+    COMPOSED_SOURCES,
+    COMPOSITION_FORMS,
+    DECAY_RATE,
+    DECAY_WEIGHT,
+    ComposedReward,
+    Composition,
+    parse_composition,
+)
 from training.rl.rewards.orm import ORM_RULES, ORMReward
 from training.rl.rewards.outcome import OutcomeReward
 from training.rl.rewards.prm import StepJudgeReward
@@ -28,7 +38,11 @@ SOURCE_MODEL_KIND: dict[str, str | None] = {
     "guidnav": "guidnav",
     "admire": None,
 }
-SOURCE_MODEL_KIND |= {name: SOURCE_MODEL_KIND[parse_composition(name).source] for name in COMPOSED_SOURCES}  # type: ignore[union-attr]
+SOURCE_MODEL_KIND |= {
+    Composition(source, form).name: SOURCE_MODEL_KIND[source]
+    for source in COMPOSABLE_SOURCES
+    for form in COMPOSITION_FORMS
+}
 
 
 def check_reward_source(name: str) -> None:
@@ -66,9 +80,9 @@ def make_reward_source(
     milestone_generator: LLMMilestones | None = None,
     admire: AdmireSettings | None = None,
     model_id: str | None = None,
-    gamma: float = 0.9,
-    dense_weight: float = 0.3,
-    dense_decay: float = 0.99,
+    gamma: float = GAMMA,
+    dense_weight: float = DECAY_WEIGHT,
+    dense_decay: float = DECAY_RATE,
 ) -> RewardSource:
     """The reward source ``name``. Model-based sources load the latest trained model of their kind,
     or the registered model ``model_id`` when given (or use the HTTP service at ``endpoint``), now,

@@ -37,10 +37,6 @@ from warehouse.catalog import LineageInput
 COMPOSITION_FORMS: tuple[str, ...] = ("shaped", "decay")
 #: The learned sources that compose with the outcome (ADMIRE already adds its milestones to it).
 COMPOSABLE_SOURCES: tuple[str, ...] = ("orm", "progrm_lcs", "progrm_env", "prm", "guidnav")
-#: Every composed source by name, ``outcome+<source>:<form>``.
-COMPOSED_SOURCES: tuple[str, ...] = tuple(
-    f"outcome+{source}:{form}" for source in COMPOSABLE_SOURCES for form in COMPOSITION_FORMS
-)
 #: ADMIRE App. A.1.2: the bonus's initial weight and its decay per training iteration.
 DECAY_WEIGHT = 0.3
 DECAY_RATE = 0.99
@@ -56,6 +52,12 @@ class Composition:
     @property
     def name(self) -> str:
         return f"outcome+{self.source}:{self.form}"
+
+
+#: Every composed source by name, ``outcome+<source>:<form>``.
+COMPOSED_SOURCES: tuple[str, ...] = tuple(
+    Composition(source, form).name for source in COMPOSABLE_SOURCES for form in COMPOSITION_FORMS
+)
 
 
 def parse_composition(name: str) -> Composition | None:

@@ -17,8 +17,12 @@ setup:
 demo: setup
 	@$(VENV)/bin/stepwise demo
 
+# The suite on TEST_WORKERS pytest-xdist workers (default 2, this machine's cores; 0 runs it in one
+# process); tests/conftest.py keeps a module's tests, Ray's and Label Studio's on one worker each.
+TEST_WORKERS ?= 2
+
 test: setup lint
-	@$(VENV)/bin/python -m pytest -q
+	@$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # Style, types and the import direction (pyproject.toml: [tool.ruff], [tool.mypy], [tool.importlinter]).
 lint: setup

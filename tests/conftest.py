@@ -67,6 +67,37 @@ def write_recording(path: Path, recording: dict) -> Path:
     return path
 
 
+# pytest-xdist (`make test` runs two workers, --dist loadgroup): a module's tests stay on one worker,
+# so a module-scoped fixture (a Dagster run, a trained model) is built once; the tests that start a
+# Ray cluster share one group, as do those of the session's one Label Studio server, so neither runs
+# twice at once; the benchmark smokes are independent scripts and spread one by one.
+_SHARED_GROUPS = {
+    "tests/envs/test_ray_pool.py": "ray",
+    "tests/assets/test_label_families_ray.py": "ray",
+    "tests/benchmarks/test_benchmarks_smoke.py::test_benchmark_smoke_run[bench_rollouts]": "ray",
+}
+
+
+def xdist_group_of(nodeid: str) -> str:
+    """The xdist group of a test: a shared group where one is named above, each benchmark smoke its
+    own, Label Studio's tests one, every other module its own."""
+    module = nodeid.split("::")[0]
+    for key in (nodeid, module):
+        if key in _SHARED_GROUPS:
+            return _SHARED_GROUPS[key]
+    if module.startswith("tests/annotation/labelstudio/"):
+        return "labelstudio"
+    if module == "tests/benchmarks/test_benchmarks_smoke.py":
+        return nodeid
+    return module
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item.nodeid)))
+
+
 def pytest_runtest_logreport(report):
     """With STEPWISE_TEST_TIMES=<file>, each test phase's seconds are appended as it ends (a run's
     slowest tests are known while it runs, and from a run that was stopped)."""

@@ -125,6 +125,17 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
         "AND NOT EXISTS (SELECT 1 FROM rl_step_rewards r WHERE r.episode_id = s.episode_id AND r.step_idx = s.step_idx)"
     ).to_pylist()[0]["n"]
     assert orphans == 0
+    # common random numbers (issue 41 item 4): in iteration 0 every run acts with the SFT weights in
+    # the same sampling stream, so on each instance its first decision is the same draw
+    first = warehouse.query(
+        "SELECT run_key, episode_id, logp, n_candidates FROM rl_step_rewards WHERE iteration = 0 AND step_idx = 0"
+    ).to_pylist()
+    by_run: dict[str, set] = {}
+    for r in first:
+        by_run.setdefault(r["run_key"], set()).add(
+            (r["episode_id"].split(":i000:", 1)[1], r["logp"], r["n_candidates"])
+        )
+    assert len(by_run) == len(RUNS) and all(v == next(iter(by_run.values())) for v in by_run.values())
     # the ProgRM run's episodes trace back to the reward model that scored them
     lineage = warehouse.query(
         "SELECT DISTINCT input_asset FROM lineage WHERE asset = 'rl_run' AND parameters::VARCHAR LIKE '%progrm_env%'"

@@ -233,6 +233,7 @@ class LearnedPolicySnapshot:
     greedy: bool
     temperature: float
     record: bool
+    sampling_stream: str = ""
 
     def rebuild(self) -> LearnedPolicy:
         """The policy, with this process's frozen encoder and cache (made once per process and
@@ -250,6 +251,7 @@ class LearnedPolicySnapshot:
             temperature=self.temperature,
             record=self.record,
             keeps_texts=True,
+            sampling_stream=self.sampling_stream,
         )
 
 
@@ -286,6 +288,15 @@ def _add_encodings(cache: EmbeddingCache, texts: Sequence[str], vectors: np.ndar
         return np.fromiter((cache._index[t] for t in texts), dtype=np.int64, count=len(texts))
 
 
+def sampling_key(policy_id: str, episode_id: str, stream: str = "") -> str:
+    """The seed string of an episode's action sampling: ``policy|episode`` by default; with a
+    ``stream``, the stream and the episode's instance (its id without the ``<policy_id>:``
+    prefix), so that policies acting in one stream draw the same numbers on the same instance."""
+    if not stream:
+        return f"{policy_id}|{episode_id}"
+    return f"{stream}|{episode_id.removeprefix(policy_id + ':')}"
+
+
 @dataclass
 class LearnedPolicy:
     """A :class:`PolicyModel` as an ``envs.protocol.Policy``, portable (``envs.protocol.PortablePolicy``).
@@ -295,7 +306,12 @@ class LearnedPolicy:
     decisions are kept in ``decisions[episode_id]`` (the last attempt of an episode wins, as the
     pool keeps only a completed attempt); episodes run on a node arrive there through
     :meth:`absorb`. ``keeps_texts``: a policy rebuilt on a node, which keeps each recorded
-    episode's texts by cache row until :meth:`episode_output` hands the episode over."""
+    episode's texts by cache row until :meth:`episode_output` hands the episode over.
+
+    An episode's sampling stream is keyed by the policy id and the episode id. With a
+    ``sampling_stream``, episode ids of the form ``<policy_id>:<instance>`` are keyed by the stream
+    and the instance alone (:func:`sampling_key`): RL gives every reward source of one seed and
+    iteration the same stream, so their draws are common random numbers (issue 41 item 4)."""
 
     model: PolicyModel
     policy_id: str = "learned"
@@ -305,6 +321,7 @@ class LearnedPolicy:
     decisions: dict[str, list[StepDecision]] = field(default_factory=dict)
     keeps_texts: bool = False
     texts: dict[str, dict[int, str]] = field(default_factory=dict, repr=False)  # episode -> cache row -> text
+    sampling_stream: str = ""
 
     def start(self, context: EpisodeContext) -> Actor:
         return self._actor(context)
@@ -327,6 +344,7 @@ class LearnedPolicy:
             greedy=self.greedy,
             temperature=self.temperature,
             record=self.record,
+            sampling_stream=self.sampling_stream,
         )
 
     def episode_output(self, episode_id: str) -> EpisodeDecisions | None:
@@ -376,7 +394,7 @@ class LearnedPolicy:
 
     def _actor(self, context: EpisodeContext) -> _LearnedActor:
         key = context.episode_id or f"{context.task.task_id}:{context.seed}"
-        rng = random.Random(f"{self.policy_id}|{key}")
+        rng = random.Random(sampling_key(self.policy_id, key, self.sampling_stream))
         recorded: list[StepDecision] | None = [] if self.record else None
         texts: dict[int, str] | None = {} if self.record and self.keeps_texts else None
         if recorded is not None:

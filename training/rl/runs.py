@@ -99,8 +99,9 @@ from warehouse.trajectories import Trajectory
 
 # 2: the ORM reward judges with its report's threshold; 3: the PRM pays 2 P(correct) - 1;
 # 4: common random numbers (an iteration's instances do not depend on the reward source);
-# 5: the PPO critic judges (state, candidate action) pairs, as the PRM it starts from was trained
-RL_CODE_VERSION = "rl-5"
+# 5: the PPO critic judges (state, candidate action) pairs, as the PRM it starts from was trained;
+# 6: the acting policy's draws are keyed by (RL seed, SFT policy, iteration, instance), not the run key
+RL_CODE_VERSION = "rl-6"
 
 #: The runs of the experiment by partition key: a reward source with ProgRM's REINFORCE++, and
 #: each paper's own estimator for its source (ADMIRE: step-level GRPO; GUI-Shepherd: PPO).
@@ -854,12 +855,26 @@ def training_seeds(settings: RLSettings, sft_policy_id: str, iteration: int) -> 
     return sample_seeds(base, settings.instances_per_task, f"s{settings.rl_seed}|{sft_policy_id}|{iteration}")
 
 
+def sampling_stream(settings: RLSettings, sft_policy_id: str, iteration: int) -> str:
+    """The acting policy's sampling stream in an iteration, keyed like :func:`training_seeds` by
+    the RL seed, the SFT policy and the iteration and not by the run key (issue 41 item 4): with
+    the instance it seeds each episode's draws, so every source's first iteration (the same SFT
+    weights) samples the same episodes, and later iterations draw the same numbers on each instance."""
+    return f"rl|s{settings.rl_seed}|{sft_policy_id}|i{iteration:03d}"
+
+
 def _sample_episodes(
     settings: RLSettings, run: _RLRun, pool: EnvPool, *, iteration: int, acting_id: str, log: Log
 ) -> tuple[LearnedPolicy, BatchResult, list[EpisodeRecord], float]:
     """Sample an iteration's episodes on training seeds: (acting policy, batch, usable episodes, seconds)."""
     seeds = training_seeds(settings, run.sft["policy_id"], iteration)
-    policy = LearnedPolicy(run.model, policy_id=acting_id, temperature=settings.temperature, record=True)
+    policy = LearnedPolicy(
+        run.model,
+        policy_id=acting_id,
+        temperature=settings.temperature,
+        record=True,
+        sampling_stream=sampling_stream(settings, run.sft["policy_id"], iteration),
+    )
     jobs = _jobs(run.tasks, seeds, acting_id, settings.group_size)
     result, rollout_s = _run_pool(pool, jobs, policy, f"{run.run_key} iteration {iteration + 1}", log)
     # Only episodes with a recorded decision for every step can be learned from.

@@ -19,7 +19,7 @@ from training.policy.candidates import (
     relative_instruction,
     relative_text,
 )
-from training.policy.learned import LearnedPolicy, PolicyModel
+from training.policy.learned import LearnedPolicy, PolicyModel, sampling_key
 from training.policy.network import grouped_entropy, grouped_log_softmax
 from training.policy.sft import SFTSettings, demonstration_decisions, matching_candidate, train_sft
 from warehouse.model import Action, ActionType, Screen
@@ -307,3 +307,26 @@ def test_a_policy_cache_kept_between_runs_gives_the_same_decisions(tmp_path):
         first.log_probs(first.batch(data.train)), second.log_probs(second.batch(again.train)), rtol=0, atol=0
     )
     assert warm_policy_cache(PolicyModel(seed=0), tmp_path / "elsewhere") == 0  # none kept: a cold start
+
+
+def test_policies_in_one_sampling_stream_draw_the_same_numbers_on_an_instance(model):
+    """Issue 41 item 4: RL's acting policies of two reward sources have different ids but share
+    the iteration's sampling stream, so on one instance they make the same draws; another stream
+    or instance draws others, and without a stream the policy id keys the draws as before."""
+    assert sampling_key("rl:a:i000", "rl:a:i000:login-user:7") == "rl:a:i000|rl:a:i000:login-user:7"
+    assert sampling_key("rl:a:i000", "rl:a:i000:login-user:7", "s0|i000") == "s0|i000|login-user:7"
+    assert sampling_key("rl:b:i000", "rl:b:i000:login-user:7", "s0|i000") == "s0|i000|login-user:7"
+
+    def draws(policy_id: str, instance: str, stream: str) -> list[float]:
+        policy = LearnedPolicy(model, policy_id=policy_id, sampling_stream=stream)
+        actor = policy.start(_context(f"{policy_id}:{instance}"))
+        return [actor.rng.random() for _ in range(4)]  # type: ignore[attr-defined]
+
+    shared = draws("rl:outcome:i000", "login-user:7", "s0|i000")
+    assert draws("rl:orm:i000", "login-user:7", "s0|i000") == shared
+    assert draws("rl:orm:i000", "login-user:8", "s0|i000") != shared
+    assert draws("rl:orm:i000", "login-user:7", "s1|i000") != shared
+    assert draws("rl:orm:i000", "login-user:7", "") != draws("rl:outcome:i000", "login-user:7", "")
+    # the stream travels to the nodes with the policy
+    snapshot = LearnedPolicy(model, policy_id="rl:orm:i000", sampling_stream="s0|i000").portable()
+    assert snapshot.sampling_stream == "s0|i000"

@@ -110,7 +110,7 @@ def test_every_reward_source_trains_on_the_same_instances_within_an_rl_seed():
     """Common random numbers (Table-1 issue): the instances of an iteration depend on the RL seed,
     the SFT start and the iteration, never on the reward source or the estimator."""
     from training.policy.store import HELD_OUT_SEED_BASE, TRAIN_SEED_BASE
-    from training.rl.runs import RLSettings, training_seeds
+    from training.rl.runs import RLSettings, sampling_stream, training_seeds
 
     runs = [
         RLSettings("outcome"),
@@ -126,6 +126,10 @@ def test_every_reward_source_trains_on_the_same_instances_within_an_rl_seed():
     assert training_seeds(RLSettings("outcome"), "sft-b", 0) != per_run[0][0]  # another SFT start
     assert all(TRAIN_SEED_BASE <= s < HELD_OUT_SEED_BASE for seeds in per_run[0] for s in seeds)
     assert RLSettings("outcome").run_key("sft-a") != RLSettings("orm").run_key("sft-a")  # runs stay apart
+    # ... and act in the same sampling stream (issue 41 item 4), which the seed and iteration change
+    streams = [[sampling_stream(r, "sft-a", i) for i in range(3)] for r in runs]
+    assert all(s == streams[0] for s in streams) and len(set(streams[0])) == 3
+    assert sampling_stream(RLSettings("outcome", rl_seed=1), "sft-a", 0) != streams[0][0]
 
 
 def test_the_sparse_block_is_chosen_by_its_own_rule_and_may_be_empty():

@@ -235,6 +235,12 @@ def agent_evaluation(
             asset="rl_report",
             description="on the sparse block, every dense reward beats the exact outcome (ADMIRE, GUI-Shepherd)",
         ),
+        AssetCheckSpec(
+            "no_reward_hacking_alarm",
+            asset="rl_report",
+            description="no run's training return rose while its held-out success fell below SFT, and every reward "
+            "ranks its own training episodes (within-task AUC >= 0.6)",
+        ),
     ],
     code_version=RL_CODE_VERSION,
     kinds={"duckdb", "matplotlib"},

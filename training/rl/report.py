@@ -390,6 +390,67 @@ def training_reward_auc(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str,
     return rows
 
 
+#: Below this within-task AUC on its own training episodes a reward cannot tell a task's successes
+#: from its failures (issue 41 item 5): an agent trained on it learns what the reward pays instead.
+HACKING_AUC_FLOOR = 0.6
+
+
+def reward_hacking_alarms(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per RL row, the signs that its reward pays something other than success (issue 41 item 5):
+
+    * its **training return rose** (the mean over seeds of the last iteration's mean episode reward
+      minus the first's, ``report["curves"]``) **while held-out success fell** below the SFT row
+      of its block (``report["rows"]``; the paired McNemar p of that comparison is given);
+    * its **within-task AUC** on its own training episodes (``report["training_reward_auc"]``) is
+      under :data:`HACKING_AUC_FLOOR` (the pooled AUC where a run's episodes carry no task).
+
+    Each row lists its ``alarms`` in words (none: the reward shows no sign of being gamed). Rows
+    without a curve of two iterations or an AUC judge only by what they have."""
+    rows = {r["actor"]: r for r in report["rows"]}
+    sft_p = {c["actor"]: c["mcnemar_p"] for c in report["comparisons"] if c["versus"].startswith("SFT")}
+    auc = {a["actor"]: a for a in report.get("training_reward_auc", [])}
+    by_seed: dict[str, dict[Any, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for c in report.get("curves", []):
+        by_seed[c["actor"]][c["seed"]].append(c)
+    alarms = []
+    for row in report["rows"]:
+        if not row.get("reward_source"):
+            continue
+        actor = row["actor"]
+        sft = rows.get(sft_label(row.get("block") or DENSE_BLOCK))
+        changes = [
+            float(last["mean_reward"]) - float(first["mean_reward"])
+            for curve in by_seed[actor].values()
+            if len(curve) >= 2 and "mean_reward" in curve[0]
+            for first, last in [(min(curve, key=lambda c: c["iteration"]), max(curve, key=lambda c: c["iteration"]))]
+        ]
+        return_change = float(np.mean(changes)) if changes else float("nan")
+        success_change = row["success_rate"] - sft["success_rate"] if sft else float("nan")
+        judged = auc.get(actor, {})
+        within = judged.get("within_task_auc", float("nan"))
+        ranking = within if not math.isnan(within) else judged.get("auc", float("nan"))
+        said = []
+        if return_change > 0 and success_change < 0:
+            p = sft_p.get(actor, float("nan"))
+            said.append(
+                f"training return +{return_change:.3f} while held-out success fell {100 * -success_change:.1f} "
+                f"points below SFT (McNemar p {p:.3f})"
+            )
+        if ranking < HACKING_AUC_FLOOR:
+            what = "within-task" if not math.isnan(within) else "pooled"
+            said.append(f"{what} AUC {ranking:.2f} < {HACKING_AUC_FLOOR} on its own training episodes")
+        alarms.append(
+            {
+                "actor": actor,
+                "return_change": return_change,
+                "success_change": success_change,
+                "ranking_auc": ranking,
+                "alarms": said,
+            }
+        )
+    return alarms
+
+
 def _family_cell(success: float, env_return: float) -> str:
     """A family's SR / reward, or a dash where the row has no task of that family (a block without
     it): 'nan / nan' read like a failed measurement."""
@@ -458,6 +519,18 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
                 for k in EPISODE_ENDINGS
             ]
             lines.append(f"| {a['actor']} | " + " | ".join(cells) + " |")
+    if alarms := report.get("hacking_alarms"):
+        lines += [
+            "",
+            "| actor | training return, last - first iteration | held-out success vs SFT | AUC on its episodes "
+            "| reward-hacking alarm |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for a in alarms:
+            lines.append(
+                f"| {a['actor']} | {a['return_change']:+.3f} | {100 * a['success_change']:+.1f} points | "
+                f"{a['ranking_auc']:.2f} | {'; '.join(a['alarms']) or 'none'} |"
+            )
     if report.get("design"):
         lines += [
             "",
@@ -534,8 +607,9 @@ def _beats_per_block(report: dict[str, Any], sources: Sequence[str]) -> CheckOut
 
 def check_table_one(report: dict[str, Any]) -> dict[str, CheckOutcome]:
     """The claims on our runs, on held-out success: RL from SFT improves on SFT; ProgRM's progress
-    rewards beat the learned ORM (ProgRM §4.2, Table 1: the ORM is its baseline); and on the sparse
-    block, every dense reward beats the exact outcome (ADMIRE's and GUI-Shepherd's claim)."""
+    rewards beat the learned ORM (ProgRM §4.2, Table 1: the ORM is its baseline); on the sparse
+    block, every dense reward beats the exact outcome (ADMIRE's and GUI-Shepherd's claim); and no
+    run's reward raised an alarm (:func:`reward_hacking_alarms`)."""
     rates = {r["actor"]: r["success_rate"] for r in report["rows"]}
     sft = rates.get("SFT", float("nan"))
     rl_rows = [r for r in report["rows"] if r.get("reward_source")]
@@ -553,4 +627,8 @@ def check_table_one(report: dict[str, Any]) -> dict[str, CheckOutcome]:
         ),
         "progrm_beats_orm": _beats_per_block(report, list(PROGRESS_KINDS)),
         "dense_beats_outcome_on_sparse": _beats(report, sparse_dense, sparse_outcome),
+        "no_reward_hacking_alarm": CheckOutcome(
+            not any(a["alarms"] for a in report.get("hacking_alarms", [])),
+            {a["actor"]: a["alarms"] for a in report.get("hacking_alarms", []) if a["alarms"]},
+        ),
     }

@@ -73,6 +73,7 @@ from training.rl.report import (
     SPARSE_RULE_UNSOLVED,
     learning_curves_plot,
     reward_by_ending,
+    reward_hacking_alarms,
     run_label,
     table_one,
     training_reward_auc,
@@ -1121,14 +1122,15 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     report["reward_by_ending"] = reward_by_ending(training)
     report["sparse_rule"] = sparse_block_rule(sft)
     report["curves"] = _report_curves(warehouse, list(latest.values()))
+    report["hacking_alarms"] = reward_hacking_alarms(report)
     return report
 
 
 def _report_curves(warehouse: Warehouse, runs: Sequence[dict]) -> list[dict]:
-    """Each reported run's training success per iteration, labelled with its row."""
+    """Each reported run's training success and mean episode reward per iteration, labelled with its row."""
     keys = {r["run_key"]: r for r in runs}
     rows = warehouse.query(
-        "SELECT run_key, iteration, success_rate FROM rl_iterations "
+        "SELECT run_key, iteration, success_rate, mean_reward FROM rl_iterations "
         "WHERE list_contains(?, run_key) ORDER BY run_key, iteration",
         [list(keys)],
     ).to_pylist()

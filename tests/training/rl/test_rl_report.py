@@ -14,6 +14,7 @@ from training.rl.report import (
     pooled_seed_sd,
     report_markdown,
     reward_by_ending,
+    reward_hacking_alarms,
     seeds_needed,
     table_one,
     training_reward_auc,
@@ -382,3 +383,45 @@ def test_runs_on_flywheel_models_are_their_own_rows_compared_with_todays_models(
         ]
     )
     assert {a["actor"]: a["auc"] for a in auc} == {"orm": 0.0, "orm · flywheel r3": 1.0}
+
+
+def test_the_hacking_alarm_flags_a_rising_return_with_falling_success_and_a_reward_that_cannot_rank():
+    """Issue 41 item 5, by hand: SFT solves 4 of 10 seeds per task; the ORM run 3 (below SFT) while
+    its training return rose, the outcome run 5 (above SFT) while its return rose too; the ORM's
+    reward ranks its own episodes at within-task AUC 0.5, the outcome's at 1."""
+    by_policy = {p: _episodes(p, _solved(n)) for p, n in (("sft", 4), ("out0", 5), ("orm0", 3))}
+    runs = [
+        {"policy_id": "out0", "reward_source": "outcome", "estimator": "reinforce_pp", "rl_seed": 0, "env_steps": 9},
+        {"policy_id": "orm0", "reward_source": "orm", "estimator": "reinforce_pp", "rl_seed": 0, "env_steps": 9},
+    ]
+    report = table_one("sft", runs, by_policy)
+    report["curves"] = [
+        {"actor": actor, "seed": 0, "iteration": i, "mean_reward": reward}
+        for actor, rewards in (("outcome", (0.3, 0.4, 0.6)), ("orm", (0.5, 0.9, 0.8)))
+        for i, reward in enumerate(rewards)
+    ]
+    trained = [
+        {"reward_source": source, "estimator": "reinforce_pp", "task_id": task, "reward": reward, "success": success}
+        for task in ("a", "b")
+        for source, pays in (("outcome", {True: 1.0, False: 0.0}), ("orm", {True: 0.7, False: 0.7}))
+        for success in (True, False, True, False)
+        for reward in [pays[success]]
+    ]
+    report["training_reward_auc"] = training_reward_auc(trained)
+    alarms = {a["actor"]: a for a in reward_hacking_alarms(report)}
+    assert alarms["outcome"]["alarms"] == []  # its return rose and so did held-out success
+    assert alarms["outcome"]["return_change"] == pytest.approx(0.3)
+    orm = alarms["orm"]
+    assert orm["return_change"] == pytest.approx(0.3) and orm["success_change"] == pytest.approx(-0.1)
+    assert orm["ranking_auc"] == pytest.approx(0.5)
+    assert len(orm["alarms"]) == 2
+    assert orm["alarms"][0].startswith("training return +0.300 while held-out success fell 10.0 points below SFT")
+    assert orm["alarms"][1] == "within-task AUC 0.50 < 0.6 on its own training episodes"
+    report["hacking_alarms"] = list(alarms.values())
+    check = check_table_one(report)["no_reward_hacking_alarm"]
+    assert not check.passed and set(check.metadata) == {"orm"}
+    assert "| orm | +0.300 | -10.0 points | 0.50 | training return +0.300" in report_markdown(report)
+    # a return that fell, with success below SFT, raises no alarm on that count
+    report["curves"] = [c | {"mean_reward": -c["iteration"]} for c in report["curves"]]
+    again = {a["actor"]: a["alarms"] for a in reward_hacking_alarms(report)}
+    assert again == {"orm": ["within-task AUC 0.50 < 0.6 on its own training episodes"], "outcome": []}

@@ -438,7 +438,7 @@ def plot_progress_curves(
 def plot_training_curves(summary: Mapping, path: Path) -> Path:
     """Training and validation loss against optimizer steps from a training summary
     (``training.reward_models.train``), with the exported step marked: whether a model converged, and where
-    early stopping picked its weights."""
+    early stopping picked its weights; and the validation episodes' within-task AUC where it was measured."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -465,7 +465,15 @@ def plot_training_curves(summary: Mapping, path: Path) -> Path:
     ax.set_xlabel("optimizer step")
     integer_ticks(ax)
     ax.set_ylabel("loss (BCE / MSE)")
-    ax.legend(fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    auc = np.asarray(summary.get("validation_within_task_auc_curve") or [], dtype=np.float64).reshape(-1, 2)
+    if len(auc):  # what the checkpoint was selected by, on its own axis (issue 41 item 2)
+        right = ax.twinx()
+        (line,) = right.plot(auc[:, 0], auc[:, 1], color="black", marker="s", linewidth=1, label="within-task AUC")
+        right.set_ylabel("validation within-task AUC")
+        right.set_ylim(0.0, 1.0)
+        handles, labels = handles + [line], labels + ["within-task AUC (validation episodes)"]
+    ax.legend(handles, labels, fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -354,15 +354,21 @@ class RewardHead(nn.Module):
         return self.net(pooled).squeeze(-1)
 
 
-def reward_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str) -> torch.Tensor:
+def reward_loss(
+    logits: torch.Tensor, labels: torch.Tensor, loss: str, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """BCE on soft labels (ProgRM Eq. 5; also ORM and binary PRM) or MSE on sigmoid outputs
-    (GuidNav Eq. 3). Computed in float32 (bf16/fp16 training)."""
+    (GuidNav Eq. 3). Computed in float32 (bf16/fp16 training). With ``weights`` (within-task
+    balancing, :mod:`training.reward_models.balance`), the batch mean of the weighted losses."""
     logits, labels = logits.float(), labels.float()
+    reduction = "mean" if weights is None else "none"
     if loss == "bce":
-        return F.binary_cross_entropy_with_logits(logits, labels)
-    if loss == "mse":
-        return F.mse_loss(torch.sigmoid(logits), labels)
-    raise ValueError(f"unknown loss {loss!r}")
+        losses = F.binary_cross_entropy_with_logits(logits, labels, reduction=reduction)
+    elif loss == "mse":
+        losses = F.mse_loss(torch.sigmoid(logits), labels, reduction=reduction)
+    else:
+        raise ValueError(f"unknown loss {loss!r}")
+    return losses if weights is None else (losses * weights.float().reshape(losses.shape)).mean()
 
 
 def pairwise_loss(logits: torch.Tensor, groups: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -432,6 +438,7 @@ class RewardModel(nn.Module):
         segment_match: torch.Tensor | None = None,
         groups: torch.Tensor | None = None,
         rank_values: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
         **unused: object,  # e.g. the Trainer's num_items_in_batch
     ) -> dict[str, torch.Tensor]:
         if self.backbone is not None:
@@ -456,7 +463,7 @@ class RewardModel(nn.Module):
             )
         result = {"logits": logits}
         if labels is not None:
-            loss = reward_loss(logits, labels, self.rm_config.loss)
+            loss = reward_loss(logits, labels, self.rm_config.loss, weights)
             if groups is not None and rank_values is not None and self.rm_config.pair_weight > 0:
                 loss = loss + self.rm_config.pair_weight * pairwise_loss(logits, groups, rank_values)
             result = {"loss": loss, "logits": logits}

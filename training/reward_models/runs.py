@@ -56,7 +56,9 @@ from warehouse.tables_training import MODELS
 DATASETS_ASSET = "reward_model_datasets"
 MODEL_ASSET = "reward_model"
 DATASET_CODE_VERSION = "rm-datasets-1"
-MODEL_CODE_VERSION = "rm-train-2"  # 2: early stopping on validation loss, best checkpoint exported
+# 2: early stopping on validation loss, best checkpoint exported; 3: within-task balancing, and
+# selection by the validation episodes' within-task AUC where it exists (issue 41 item 2)
+MODEL_CODE_VERSION = "rm-train-3"
 REPORT_CODE_VERSION = "rm-report-1"
 
 #: Upstream assets of the label stage (annotation/progress/labels.py).

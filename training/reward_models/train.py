@@ -56,7 +56,12 @@ import torch
 from training.base.encoder import EmbeddingCache, SegmentEncoder, load_tokenizer
 from training.base.pretrained import resolve_checkpoint
 from training.base.states import StepState
-from training.reward_models.kinds import KINDS
+from training.reward_models.balance import (
+    has_within_task_contrast,
+    validation_within_task_auc,
+    within_task_balance_weights,
+)
+from training.reward_models.kinds import KINDS, STEP_JUDGE_KINDS
 from training.reward_models.models import (
     RewardModel,
     RewardModelConfig,
@@ -166,6 +171,21 @@ class DataArguments:
             "what was trained, saying so in the summary (0: off)"
         },
     )
+    balance_within_task: bool = field(
+        default=True,
+        metadata={
+            "help": "weigh the examples of successful and failed episodes equally within each task "
+            "(training.reward_models.balance; tasks with fewer than 5 episodes of an outcome are left as they are)"
+        },
+    )
+    select_by: str = field(
+        default="auto",
+        metadata={
+            "help": "early stopping's and the best checkpoint's measure: loss | within_task_auc (of validation "
+            "episodes' scores against their success, among episodes of one task) | auto (within_task_auc where "
+            "some validation task has both outcomes, else loss)"
+        },
+    )
     dataset_materialization_id: str | None = None
 
 
@@ -181,6 +201,8 @@ def read_examples(data: DataArguments, kind: str) -> pa.Table:
         "kind",
         "split",
         "episode_id",
+        "task_id",
+        "episode_success",
         "step_idx",
         "instruction",
         "history",
@@ -212,7 +234,9 @@ def _read_parquet(path: str, columns: list[str]) -> pa.Table:
     table = pq.read_table(path, columns=[c for c in columns if c in present])
     for name in columns:
         if name not in present:
-            kind = pa.float64() if name == "rank_value" else pa.string()
+            kind = {"rank_value": pa.float64(), "episode_success": pa.bool_(), "step_idx": pa.int32()}.get(
+                name, pa.string()
+            )
             table = table.append_column(name, pa.nulls(table.num_rows, type=kind))
     return table.select(columns)
 
@@ -375,15 +399,30 @@ NO_GROUPS = Groups(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
 class SegmentCollator:
     """Batches for frozen_segments mode: cached segment embeddings gathered per state."""
 
-    def __init__(self, features, labels: np.ndarray, matrix: torch.Tensor, groups: Groups = NO_GROUPS) -> None:
+    def __init__(
+        self,
+        features,
+        labels: np.ndarray,
+        matrix: torch.Tensor,
+        groups: Groups = NO_GROUPS,
+        weights: np.ndarray | None = None,
+    ) -> None:
         self.features, self.labels, self.matrix, self.groups = features, labels, matrix, groups
+        self.weights = weights
 
     def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
         items = np.array([b["item"] for b in batch], dtype=np.int64)
         out = collate_segments(self.features, items, self.matrix)
         out["labels"] = torch.from_numpy(self.labels[items])
         self.groups.add_to(out, items)
+        add_weights(out, self.weights, items)
         return out
+
+
+def add_weights(out: dict[str, torch.Tensor], weights: np.ndarray | None, items: Sequence[int] | np.ndarray) -> None:
+    """The batch's loss weights (within-task balancing), where the split has them."""
+    if weights is not None:
+        out["weights"] = torch.from_numpy(weights[np.asarray(items, dtype=np.int64)])
 
 
 class PromptCollator:
@@ -396,8 +435,10 @@ class PromptCollator:
         tokenizer,
         config: RewardModelConfig,
         groups: Groups = NO_GROUPS,
+        weights: np.ndarray | None = None,
     ) -> None:
         self.states, self.labels, self.tokenizer, self.config, self.groups = states, labels, tokenizer, config, groups
+        self.weights = weights
 
     def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
         items = [b["item"] for b in batch]
@@ -405,6 +446,7 @@ class PromptCollator:
         out = tokenize_prompts(texts, self.tokenizer, self.config.max_length)
         out["labels"] = torch.from_numpy(self.labels[items])
         self.groups.add_to(out, items)
+        add_weights(out, self.weights, items)
         return out
 
 
@@ -425,6 +467,41 @@ def compute_metrics(eval_prediction) -> dict[str, float]:
     logits = np.asarray(eval_prediction.predictions, dtype=np.float64).reshape(-1)
     labels = np.asarray(eval_prediction.label_ids, dtype=np.float64).reshape(-1)
     return regression_metrics(1.0 / (1.0 + np.exp(-logits)), labels)
+
+
+def episode_metrics(episodes: SplitEpisodes, order: Sequence[int], kind: str):
+    """``compute_metrics`` plus ``within_task_auc``: the validation episodes' scores against their
+    success within tasks (:func:`validation_within_task_auc`). ``order``: the validation examples'
+    indices in the order the Trainer predicts them (its eval sampler's)."""
+    ordered = SplitEpisodes(
+        [episodes.task_ids[i] for i in order],
+        [episodes.episode_ids[i] for i in order],
+        [episodes.step_idx[i] for i in order],
+        [episodes.success[i] for i in order],
+    )
+    weakest = kind in STEP_JUDGE_KINDS
+
+    def metrics(eval_prediction) -> dict[str, float]:
+        out = compute_metrics(eval_prediction)
+        logits = np.asarray(eval_prediction.predictions, dtype=np.float64).reshape(-1)
+        if len(logits) == len(order):
+            out["within_task_auc"] = validation_within_task_auc(
+                logits, ordered.task_ids, ordered.episode_ids, ordered.step_idx, ordered.success, weakest_step=weakest
+            )
+        return out
+
+    return metrics
+
+
+def resolve_selection(select_by: str, eval_episodes: SplitEpisodes) -> str:
+    """The measure early stopping and the best checkpoint use: ``loss`` or ``within_task_auc``
+    (``auto``: the AUC where some validation task has a successful and a failed episode)."""
+    if select_by not in ("auto", "loss", "within_task_auc"):
+        raise ValueError(f"--select_by must be auto, loss or within_task_auc, not {select_by!r}")
+    contrast = has_within_task_contrast(eval_episodes.task_ids, eval_episodes.success)
+    if select_by == "within_task_auc" and not contrast:
+        raise ValueError("--select_by within_task_auc: no validation task has both a successful and a failed episode")
+    return "within_task_auc" if select_by == "within_task_auc" or (select_by == "auto" and contrast) else "loss"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -606,6 +683,28 @@ def default_embedding_cache_dir(encoder_fingerprint: str, home: str | None = Non
     return segment_cache_dir(Path(home) if home else stepwise_home(), encoder_fingerprint)
 
 
+@dataclass(frozen=True)
+class SplitEpisodes:
+    """Per example of a split: its task, episode, step and the episode's success (None: unknown)."""
+
+    task_ids: list[str]
+    episode_ids: list[str]
+    step_idx: list[int]
+    success: list[bool | None]
+
+    @staticmethod
+    def of(table: pa.Table) -> SplitEpisodes:
+        return SplitEpisodes(
+            [t or "" for t in table["task_id"].to_pylist()],
+            table["episode_id"].to_pylist(),
+            [int(i or 0) for i in table["step_idx"].to_pylist()],
+            table["episode_success"].to_pylist(),
+        )
+
+
+NO_EPISODES = SplitEpisodes([], [], [], [])
+
+
 @dataclass
 class _SplitExamples:
     """The train and validation states and labels of one kind, and the label versions they carry."""
@@ -617,6 +716,9 @@ class _SplitExamples:
     label_versions: list[str]
     train_groups: Groups = NO_GROUPS
     eval_groups: Groups = NO_GROUPS
+    train_episodes: SplitEpisodes = NO_EPISODES
+    eval_episodes: SplitEpisodes = NO_EPISODES
+    train_weights: np.ndarray | None = None  # within-task balancing's loss weights (None: all 1)
 
 
 @dataclass
@@ -666,6 +768,10 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
     else:
         setup = _full_model_setup(model_config, args, examples)
     _settle_epochs_and_evaluation(args, data, kind, examples)
+    selected_by = resolve_selection(data.select_by, examples.eval_episodes) if len(examples.eval_states) else "loss"
+    if args.load_best_model_at_end and selected_by == "within_task_auc":
+        # replace(), not assignment: TrainingArguments checks the pair again
+        args = replace(args, metric_for_best_model="within_task_auc", greater_is_better=True)
     trainer = _make_trainer(setup, examples, data, args)
     resume_from, finished = _resume_point(data, args)
     t0 = time.time()
@@ -716,6 +822,13 @@ def _read_split_examples(data: DataArguments, kind: str) -> _SplitExamples:
     index: dict[str, int] = {}
     train_groups = Groups(*groups_and_values(train_table, index))
     eval_groups = Groups(*groups_and_values(eval_table, index))
+    train_episodes, eval_episodes = SplitEpisodes.of(train_table), SplitEpisodes.of(eval_table)
+    weights = None
+    if data.balance_within_task:
+        weights = within_task_balance_weights(
+            train_episodes.task_ids, train_episodes.episode_ids, train_episodes.success
+        )
+        log.info("%s: within-task balancing, example weights %.2f..%.2f", kind, weights.min(), weights.max())
     del table, train_table, eval_table  # the states hold what is needed
     log.info(
         "%s: %d train / %d validation examples (%d groups of alternatives)",
@@ -725,7 +838,16 @@ def _read_split_examples(data: DataArguments, kind: str) -> _SplitExamples:
         len(index),
     )
     return _SplitExamples(
-        train_states, train_labels, eval_states, eval_labels, label_versions, train_groups, eval_groups
+        train_states,
+        train_labels,
+        eval_states,
+        eval_labels,
+        label_versions,
+        train_groups,
+        eval_groups,
+        train_episodes,
+        eval_episodes,
+        weights,
     )
 
 
@@ -752,7 +874,7 @@ def _frozen_segments_setup(
     model = build_reward_model(model_config, input_dim=encoder.hidden_size)
     return _ModelSetup(
         model,
-        SegmentCollator(train_features, examples.train_labels, matrix, examples.train_groups),
+        SegmentCollator(train_features, examples.train_labels, matrix, examples.train_groups, examples.train_weights),
         SegmentCollator(eval_features, examples.eval_labels, matrix, examples.eval_groups),
         encode_seconds=encode_seconds,
     )
@@ -767,7 +889,14 @@ def _full_model_setup(model_config: RewardModelConfig, args, examples: _SplitExa
     model = build_reward_model(model_config, torch_dtype=dtype)
     return _ModelSetup(
         model,
-        PromptCollator(examples.train_states, examples.train_labels, tokenizer, model_config, examples.train_groups),
+        PromptCollator(
+            examples.train_states,
+            examples.train_labels,
+            tokenizer,
+            model_config,
+            examples.train_groups,
+            examples.train_weights,
+        ),
         PromptCollator(examples.eval_states, examples.eval_labels, tokenizer, model_config, examples.eval_groups),
         tokenizer=tokenizer,
     )
@@ -830,7 +959,7 @@ def _make_trainer(setup: _ModelSetup, examples: _SplitExamples, data: DataArgume
         train_dataset=IndexDataset(n_train, "train"),
         eval_dataset=IndexDataset(n_eval, "validation") if n_eval else None,
         data_collator=SplitCollator(train=setup.train_collator, validation=setup.eval_collator),
-        compute_metrics=compute_metrics,
+        compute_metrics=episode_metrics(examples.eval_episodes, eval_order, setup.model.rm_config.kind),
         callbacks=callbacks,
     )
 
@@ -914,6 +1043,9 @@ def _training_summary(
         "train_steps_per_second": float(result.metrics.get("train_steps_per_second", 0.0)),
         "train_loss": float(result.metrics.get("train_loss", float("nan"))),
         "n_train_examples": len(examples.train_states),
+        "balanced_within_task": examples.train_weights is not None,
+        # what early stopping and the exported checkpoint were chosen by (loss | within_task_auc)
+        "selected_by": args.metric_for_best_model if args.load_best_model_at_end else None,
         "n_validation_examples": len(examples.eval_states),
         "validation_metrics": {k.removeprefix("eval_"): v for k, v in metrics.items()},
         "label_versions": examples.label_versions,
@@ -938,6 +1070,9 @@ def _training_summary(
         # (step, training loss) and (step, validation loss) for the training-curve plot
         "loss_curve": [(e["step"], e["loss"]) for e in trainer.state.log_history if "loss" in e],
         "validation_loss_curve": [(e["step"], e["eval_loss"]) for e in trainer.state.log_history if "eval_loss" in e],
+        "validation_within_task_auc_curve": [
+            (e["step"], e["eval_within_task_auc"]) for e in trainer.state.log_history if "eval_within_task_auc" in e
+        ],
     }
 
 

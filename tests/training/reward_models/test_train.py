@@ -128,6 +128,8 @@ def test_early_stopping_exports_the_checkpoint_with_the_lowest_validation_loss(t
         "4",
         "--early_stopping_patience",
         "2",
+        "--select_by",
+        "loss",
         "--logging_steps",
         "4",
         "--disable_tqdm",
@@ -449,3 +451,52 @@ def test_smollm2_as_the_backbone_of_a_progress_reward_model(tiny_examples, tmp_p
     scores = scorer.score_states(states)
     assert scores.shape == (2,) and np.all((scores > 0) & (scores < 1))
     assert np.array_equal(scorer.score_states(states[:1]), scores[:1])  # alone = batched
+
+
+def test_selection_by_within_task_auc_exports_the_checkpoint_that_ranks_validation_episodes_best(
+    tiny_examples, tmp_path
+):
+    """Issue 41 item 2: by default (``--select_by auto``, the tiny validation split has tasks with
+    both outcomes) early stopping and the exported checkpoint follow the validation episodes'
+    within-task AUC, and the training examples are balanced within tasks; both are in the summary."""
+    from training.reward_models.train import train_reward_model
+
+    argv = [
+        "--kind",
+        "orm",
+        "--examples",
+        str(tiny_examples["orm"]),
+        "--output_dir",
+        str(tmp_path / "trainer"),
+        "--embedding_cache_dir",
+        str(tmp_path / "cache"),
+        "--max_steps",
+        "24",
+        "--per_device_train_batch_size",
+        "8",
+        "--learning_rate",
+        "3e-3",
+        "--warmup_steps",
+        "0",
+        "--eval_steps",
+        "4",
+        "--save_steps",
+        "4",
+        "--early_stopping_patience",
+        "10",
+        "--logging_steps",
+        "4",
+        "--disable_tqdm",
+        "true",
+        "--threads",
+        "1",
+    ]
+    summary = train_reward_model(*parse_args(argv))
+    assert summary["selected_by"] == "within_task_auc" and summary["balanced_within_task"]
+    curve = [tuple(e) for e in summary["validation_within_task_auc_curve"]]
+    assert [step for step, _ in curve] == list(range(4, 25, 4))
+    best = max(auc for _, auc in curve)
+    assert summary["exported_step"] == next(step for step, auc in curve if auc == best)  # the first best
+    assert summary["validation_metrics"]["within_task_auc"] == pytest.approx(best)
+    with pytest.raises(ValueError, match="--select_by must be auto, loss or within_task_auc"):
+        train_reward_model(*parse_args([*argv, "--select_by", "auc"]))

@@ -956,7 +956,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     )
 
 
-RL_DEFAULT_RUNS = "outcome,orm,progrm_lcs,progrm_env,prm,admire"
+# the papers' comparison (each learned source alone, the learned ORM its baseline) and one composed
+# source (issue 41: a dense reward added to the exact outcome), so `stepwise rl --reduced` shows both
+RL_DEFAULT_RUNS = "outcome,orm,progrm_lcs,progrm_env,prm,admire,outcome+progrm_env:shaped"
 
 
 # long: one declarative block per subcommand (flags, help, handler); splitting it would scatter the

@@ -67,15 +67,32 @@ def write_recording(path: Path, recording: dict) -> Path:
     return path
 
 
-# pytest-xdist (`make test` runs two workers, --dist loadgroup): a module's tests stay on one worker,
-# so a module-scoped fixture (a Dagster run, a trained model) is built once; the tests that start a
-# Ray cluster share one group, as do those of the session's one Label Studio server, so neither runs
-# twice at once; the benchmark smokes are independent scripts and spread one by one.
+# pytest-xdist (`make test` runs two workers): tests are handed out in groups (xdist_group_of), so
+# a module's tests stay on one worker and its module-scoped fixtures (a Dagster run, a trained
+# model) are built once; the tests that start a Ray cluster form one group, as do those of the
+# session's Label Studio server, so neither runs twice at once; each benchmark smoke (an
+# independent script) is a group of its own. xdist's own --dist loadgroup reads xdist_group marks
+# into node ids that pytest 9.2 no longer uses (Node._nodeid became Node._id), so groups are
+# given to the scheduler directly (pytest_xdist_make_scheduler).
 _SHARED_GROUPS = {
     "tests/envs/test_ray_pool.py": "ray",
     "tests/assets/test_label_families_ray.py": "ray",
     "tests/benchmarks/test_benchmarks_smoke.py::test_benchmark_smoke_run[bench_rollouts]": "ray",
 }
+
+#: Groups of a minute and more, longest first (seconds from the STEPWISE_TEST_TIMES of a two-worker
+#: CI run, 2026-11-28), handed out before the rest so that no worker starts one while the other has
+#: nothing left; the rest follow in collection order.
+SLOW_GROUPS_FIRST: tuple[str, ...] = (
+    "ray",  # 375 s
+    "tests/assets/test_rl.py",  # 286 s
+    "labelstudio",  # 232 s
+    "tests/training/reward_models/test_train.py",  # 162 s
+    "tests/assets/test_reward_models.py",  # 119 s
+    "tests/envs/test_demonstrations.py",  # 105 s
+    "tests/assets/test_guidance.py",  # 100 s
+    "tests/benchmarks/test_benchmarks_smoke.py::test_benchmark_smoke_run[bench_guidance]",  # 88 s
+)
 
 
 def xdist_group_of(nodeid: str) -> str:
@@ -93,15 +110,32 @@ def xdist_group_of(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item.nodeid)))
+    """The slow groups first (a stable sort: every other test keeps its place and order)."""
+    rank = {group: i for i, group in enumerate(SLOW_GROUPS_FIRST)}
+    items.sort(key=lambda item: rank.get(xdist_group_of(item.nodeid), len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown where it is not installed
+def pytest_xdist_make_scheduler(config, log):
+    """With ``--dist loadgroup``: xdist's scope scheduler over :func:`xdist_group_of`'s groups, in
+    collection order (``loadscopereorder`` off: the slow groups were put first)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group_of(nodeid)
+
+    config.option.loadscopereorder = False
+    return GroupScheduling(config, log)
 
 
 def pytest_runtest_logreport(report):
     """With STEPWISE_TEST_TIMES=<file>, each test phase's seconds are appended as it ends (a run's
     slowest tests are known while it runs, and from a run that was stopped)."""
     path = os.environ.get("STEPWISE_TEST_TIMES")
-    if path:
+    # under pytest-xdist the controller gets every worker's reports too: written once, there
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):
         with open(path, "a") as sink:
             sink.write(f"{report.duration:.2f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")

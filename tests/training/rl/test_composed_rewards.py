@@ -22,7 +22,7 @@ from training.rl.rewards.composed import (
 from training.rl.rewards.outcome import OutcomeReward
 from training.rl.rewards.prm import StepJudgeReward
 from training.rl.rewards.progrm import ProgressReward
-from training.rl.runs import RUN_VARIANTS, RLSettings
+from training.rl.runs import RL_CODE_VERSION, RUN_VARIANTS, RLSettings
 
 
 def test_shaping_by_hand_telescopes_to_minus_the_first_potential():
@@ -86,9 +86,12 @@ def test_names_parse_and_a_malformed_one_says_what_is_wrong():
 
 def test_a_composed_run_has_its_own_key_and_old_keys_stand():
     plain = RLSettings("progrm_env").run_key("sft-x")
-    # the keys the code before composed sources gave (its dense_weight and dense_decay are not in them)
-    assert plain == "progrm_env-reinforce_pp-s0-8ca31a"
-    assert RLSettings("orm", block="sparse").run_key("sft-x") == "orm-reinforce_pp-s0-6075aa"
+    # dense_weight and dense_decay are not in a plain source's key: these are the keys of code version
+    # rl-6 with or without composed sources (rl-5 gave ...8ca31a and ...6075aa; a new code version is
+    # a new run, as its episodes are sampled differently)
+    assert RL_CODE_VERSION == "rl-6"
+    assert plain == "progrm_env-reinforce_pp-s0-dc2259"
+    assert RLSettings("orm", block="sparse").run_key("sft-x") == "orm-reinforce_pp-s0-8e3e40"
     shaped = RLSettings("outcome+progrm_env:shaped").run_key("sft-x")
     decay = RLSettings("outcome+progrm_env:decay").run_key("sft-x")
     assert shaped.startswith("outcome+progrm_env:shaped-reinforce_pp-s0-") and len({plain, shaped, decay}) == 3

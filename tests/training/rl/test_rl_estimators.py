@@ -193,7 +193,8 @@ def test_the_orm_rule_is_the_blocks_and_only_a_changed_rule_changes_a_run_key():
     assert RLSettings("orm").run_key("sft-a") == RLSettings("orm", orm_rule="threshold").run_key("sft-a")
     sparse = RLSettings("orm", block="sparse")
     assert sparse.run_key("sft-a") != RLSettings("orm", block="sparse", orm_rule="threshold").run_key("sft-a")
-    assert RLSettings("outcome", block="sparse").run_key("sft-232af32921") == "outcome-reinforce_pp-s0-bd0d62"
+    # (code version rl-6's key; rl-5 gave ...bd0d62: only a new code version changes it)
+    assert RLSettings("outcome", block="sparse").run_key("sft-232af32921") == "outcome-reinforce_pp-s0-583bb4"
     with pytest.raises(ValueError, match="unknown ORM rule 'soft'"):
         RLSettings("orm", orm_rule="soft")
 
@@ -207,8 +208,9 @@ def test_a_pinned_reward_model_is_a_run_of_its_own_and_an_unpinned_run_keeps_its
     from training.rl.runs import RLSettings, run_reward_model
     from warehouse.catalog import LineageInput, Materialization, Warehouse
 
-    # the key of the first sparse runs (2026-11-26), made before pins: unchanged, or they would be orphaned
-    assert RLSettings("outcome", block="sparse").run_key("sft-232af32921") == "outcome-reinforce_pp-s0-bd0d62"
+    # the key of the first sparse runs (2026-11-26, ...bd0d62 under code version rl-5), made before pins:
+    # pins leave it unchanged (rl-6's own sampling stream is what changed it)
+    assert RLSettings("outcome", block="sparse").run_key("sft-232af32921") == "outcome-reinforce_pp-s0-583bb4"
     today, pinned = RLSettings("orm"), RLSettings("orm", reward_model_id="orm-fw3")
     assert pinned.run_key("sft-a") != today.run_key("sft-a")
     assert pinned.run_key("sft-a") != RLSettings("orm", reward_model_id="orm-fw4").run_key("sft-a")

@@ -1,0 +1,92 @@
+"""Issue 41 item 2, measured: does within-task balancing with selection by the within-task AUC give a
+reward model that ranks the agent's held-out episodes better than the former training (no
+balancing, the lowest validation loss)?
+
+On a home whose reward-model data holds the agent's own episodes (after ``make demo``'s flywheel
+round, or ``stepwise flywheel``), this trains one kind twice on the same examples, the same
+steps and the same seed, once per setting, scores every held-out agent episode (greedy evaluation
+episodes, never trained on: ``training.reward_models.agent_episodes``) with each, and prints the
+pooled and the within-task AUC of each with seeded bootstrap intervals.
+
+    .venv/bin/python scripts/rm_balancing_experiment.py --home .stepwise --kind orm --steps 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+SETTINGS = {
+    "balanced, selected by within-task AUC (rm-train-3)": ["--balance_within_task", "true", "--select_by", "auto"],
+    "unbalanced, selected by validation loss (rm-train-2)": ["--balance_within_task", "false", "--select_by", "loss"],
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--home", required=True, help="a STEPWISE_HOME with rm_examples and evaluation episodes")
+    parser.add_argument("--kind", default="orm")
+    parser.add_argument("--steps", type=int, default=400, help="optimizer steps per model")
+    parser.add_argument("--eval-steps", type=int, default=50, help="steps between evaluations (and checkpoints)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    from training.reward_models.agent_episodes import WITHIN_TASK, auc_rows, read_agent_episodes
+    from training.reward_models.evaluate import predict_trajectories
+    from training.reward_models.models import RewardScorer
+    from training.reward_models.readers import read_trajectories
+    from training.reward_models.train import parse_args, train_reward_model
+    from warehouse.catalog import Warehouse
+
+    warehouse = Warehouse(Path(args.home))
+    examples = warehouse.query("SELECT * FROM rm_examples WHERE kind = ?", [args.kind])
+    if not examples.num_rows:
+        print(f"no rm_examples of kind {args.kind!r} in {args.home}", file=sys.stderr)
+        return 2
+    episodes = read_agent_episodes(warehouse)
+    if not episodes:
+        print(f"no held-out agent episodes in {args.home}", file=sys.stderr)
+        return 2
+    trajectories = read_trajectories(warehouse, [e.episode_id for e in episodes])
+    ordered = [trajectories[e.episode_id] for e in episodes if e.episode_id in trajectories]
+    print(
+        f"{args.kind}: {examples.num_rows} examples; {len(episodes)} held-out agent episodes of "
+        f"{len({e.task_id for e in episodes})} tasks, {sum(e.success for e in episodes)} successes"
+    )
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="rm-balancing-") as scratch:
+        path = Path(scratch) / f"{args.kind}.parquet"
+        pq.write_table(examples, path)
+        for name, flags in SETTINGS.items():
+            out = Path(scratch) / name.split(",")[0]
+            argv_train = [
+                "--kind", args.kind, "--examples", str(path), "--home", str(warehouse.home),
+                "--output_dir", str(out / "trainer"), "--max_steps", str(args.steps),
+                "--eval_strategy", "steps", "--eval_steps", str(args.eval_steps),
+                "--save_steps", str(args.eval_steps), "--early_stopping_patience", "3",
+                "--threads", str(args.threads), "--disable_tqdm", "true", "--logging_steps", "50",
+                *flags,
+            ]  # fmt: skip
+            summary = train_reward_model(*parse_args(argv_train))
+            scorer = RewardScorer.from_checkpoint(summary["export_dir"])
+            scorer.load_home_cache(warehouse.home)
+            scores = predict_trajectories(scorer, ordered)
+            by_family = {r["family"]: r for r in auc_rows(name, args.kind, episodes, scores, None)}
+            rows.append((name, summary, by_family.get("all"), by_family.get(WITHIN_TASK)))
+    print()
+    print("| setting | exported step | selected by | pooled AUC [95%] | within-task AUC [95%] |")
+    print("|---|---:|---|---|---|")
+    for name, summary, pooled, within in rows:
+        cells = [
+            "-" if r is None else f"{r['auc']:.3f} [{r['auc_low']:.3f}, {r['auc_high']:.3f}]" for r in (pooled, within)
+        ]
+        print(f"| {name} | {summary['exported_step']} | {summary['selected_by']} | {cells[0]} | {cells[1]} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,7 +2,8 @@
 evaluation -> ProgRM Table 1.
 
 ``rl_run`` and ``agent_evaluation`` are partitioned by run (a reward source, with ProgRM's
-REINFORCE++ or the source paper's own estimator) x RL seed; ``stepwise rl`` runs the experiment.
+REINFORCE++ or the source paper's own estimator) x RL seed on a task block (``s0``: dense,
+``sparse-s0``: sparse); ``stepwise rl`` runs the experiment.
 
 Stage logic: :mod:`training.rl.runs`.
 """
@@ -31,7 +32,7 @@ from training.policy.store import PolicyNotFoundError
 from training.rl.report import check_table_one, learning_curves_by_actor, report_markdown, report_plot
 from training.rl.runs import (
     RL_CODE_VERSION,
-    RL_SEEDS,
+    RL_SEED_KEYS,
     RUN_VARIANTS,
     PolicySettings,
     RLStageError,
@@ -48,7 +49,7 @@ from training.rl.runs import (
 
 GROUP = "rl"
 RUN_PARTITIONS = MultiPartitionsDefinition(
-    {"run": StaticPartitionsDefinition(list(RUN_VARIANTS)), "seed": StaticPartitionsDefinition(list(RL_SEEDS))}
+    {"run": StaticPartitionsDefinition(list(RUN_VARIANTS)), "seed": StaticPartitionsDefinition(list(RL_SEED_KEYS))}
 )
 
 
@@ -83,9 +84,10 @@ class RLRunConfig(Config):
     reward_endpoint: str | None = Field(default=None, description="reward-model HTTP service instead of the checkpoint")
     milestone_endpoint: str | None = Field(default=None, description="OpenAI-compatible base URL for ADMIRE milestones")
     milestone_model: str = "default"
-    block: str = Field(
-        default="dense",
-        description="the SFT policy's pre-registered task block to train on: dense or sparse (Table-1 issue)",
+    block: str | None = Field(
+        default=None,
+        description="the SFT policy's pre-registered task block to train on; the partition's seed key names it "
+        "(s0: dense, sparse-s0: sparse), and a block given here must agree",
     )
     reward_model_id: str | None = Field(
         default=None,
@@ -115,7 +117,10 @@ def _run_keys(context: AssetExecutionContext) -> tuple[str, str]:
 def _settings(context: AssetExecutionContext, config: RLRunConfig):
     run, seed = _run_keys(context)
     overrides = config.model_dump(exclude={"epochs"}) | {"epochs": config.epochs}
-    return rl_settings_for(run, seed, **overrides)
+    try:
+        return rl_settings_for(run, seed, **overrides)
+    except ValueError as exc:
+        raise Failure(str(exc)) from None
 
 
 @asset(
@@ -215,7 +220,7 @@ def agent_evaluation(
             run_id=context.run_id,
             log=context.log.info,
         )
-    except (RLStageError, PolicyNotFoundError) as exc:
+    except (RLStageError, PolicyNotFoundError, ValueError) as exc:
         raise Failure(str(exc)) from None
     return MaterializeResult(
         metadata=to_metadata(result) | table_metadata(wh, "agent_eval", also=("agent_eval_episodes",))

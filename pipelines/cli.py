@@ -599,7 +599,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
     from training.base.registry import latest_models
     from training.rl.report import report_markdown
     from training.rl.rewards import SOURCE_MODEL_KIND
-    from training.rl.runs import RL_SEEDS, RUN_VARIANTS, run_rl_report
+    from training.rl.runs import RL_SEEDS, RUN_VARIANTS, run_rl_report, seed_key
     from warehouse.catalog import Warehouse
 
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
@@ -618,7 +618,9 @@ def cmd_rl(args: argparse.Namespace) -> int:
         return 2
     reduced = RL_REDUCED if args.reduced else {"sft": {}, "run": {}, "evaluation": {}}
     sft_config = reduced["sft"] | ({"tasks": args.tasks.split(",")} if args.tasks else {})
-    run_config = reduced["run"] | ({"iterations": args.iterations} if args.iterations else {}) | {"block": args.block}
+    run_config = reduced["run"] | ({"iterations": args.iterations} if args.iterations else {})
+    # the block is in the partition: s0 (dense) or sparse-s0
+    partition_seeds = [seed_key(args.block, int(k[1:])) for k in seed_keys]
     quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
     warehouse = Warehouse()
     started = time.perf_counter()
@@ -650,7 +652,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
                 return _summary("rl", started, outcomes)
         job = defs.resolve_job_def("rl_runs")
         for variant in runs:
-            for seed in seed_keys:
+            for seed in partition_seeds:
                 run_started = time.perf_counter()
                 run = job.execute_in_process(
                     instance=instance,

@@ -122,6 +122,24 @@ PoolFactory = Callable[[int], AbstractContextManager[EnvPool]]
 
 
 TASK_BLOCKS: tuple[str, ...] = (DENSE_BLOCK, SPARSE_BLOCK)
+#: The rl_run partitions' second dimension (issue 41 item 7): an RL seed on the dense block (``s0``,
+#: the keys runs have always had) or on the sparse block (``sparse-s0``), so a sparse and a dense run
+#: of one source and seed are two partitions, each with its own history in the UI.
+RL_SEED_KEYS: tuple[str, ...] = RL_SEEDS + tuple(f"{SPARSE_BLOCK}-{s}" for s in RL_SEEDS)
+
+
+def seed_key(block: str, rl_seed: int) -> str:
+    """The rl_run partition seed key of an RL seed on a block (:data:`RL_SEED_KEYS`)."""
+    return f"s{rl_seed}" if block == DENSE_BLOCK else f"{block}-s{rl_seed}"
+
+
+def split_seed_key(key: str) -> tuple[str, int]:
+    """(block, RL seed) of an rl_run partition seed key: ``s<n>`` (dense) or ``<block>-s<n>``."""
+    block, _, seed = key.rpartition("-")
+    block = block or DENSE_BLOCK
+    if block not in TASK_BLOCKS or not (seed.startswith("s") and seed[1:].isdigit()):
+        raise ValueError(f"an RL seed key is s<number> (dense block) or sparse-s<number>, got {key!r}")
+    return block, int(seed[1:])
 
 
 class RLStageError(RuntimeError):
@@ -931,7 +949,7 @@ def _publish_iteration(
     m = Materialization(
         asset="rl_run",
         run_id=run_id,
-        partition_key=f"{settings.reward_source}|s{settings.rl_seed}",
+        partition_key=f"{settings.reward_source}|{seed_key(settings.block, settings.rl_seed)}",
         code_version=f"{RL_CODE_VERSION}+{git_revision()}",
         parameters={"run_key": run_key, "iteration": iteration, "settings": asdict(settings)},
         inputs=lineage,
@@ -993,7 +1011,7 @@ def _register_rl_policy(
     m = Materialization(
         asset="rl_run",
         run_id=run_id,
-        partition_key=f"{settings.reward_source}|s{settings.rl_seed}",
+        partition_key=f"{settings.reward_source}|{seed_key(settings.block, settings.rl_seed)}",
         code_version=f"{RL_CODE_VERSION}+{git_revision()}",
         parameters={"run_key": run_key, "settings": asdict(settings)},
         inputs=warehouse.current_inputs(["rl_iterations"]),
@@ -1194,36 +1212,43 @@ def _training_episodes(warehouse: Warehouse, sft_policy_id: str) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 
-def rl_settings_for(variant: str, seed_key: str, **overrides: Any) -> RLSettings:
-    """The settings of the run a partition names (``variant`` of :data:`RUN_VARIANTS`, seed ``s<n>``)."""
+def rl_settings_for(variant: str, partition_seed: str, **overrides: Any) -> RLSettings:
+    """The settings of the run a partition names (``variant`` of :data:`RUN_VARIANTS`, seed key
+    ``s<n>`` or ``sparse-s<n>``: :func:`split_seed_key`). A ``block`` override must agree with the
+    key's block (None: the key's)."""
     if variant not in RUN_VARIANTS:
         raise ValueError(f"unknown RL run {variant!r}; choose one of {', '.join(RUN_VARIANTS)}")
-    if not (seed_key.startswith("s") and seed_key[1:].isdigit()):
-        raise ValueError(f"an RL seed is written s<number>, got {seed_key!r}")
+    block, rl_seed = split_seed_key(partition_seed)
+    asked = overrides.pop("block", None)
+    if asked is not None and asked != block:
+        hint = f"the seed key {seed_key(asked, rl_seed)!r}" if asked in TASK_BLOCKS else f"one of {list(TASK_BLOCKS)}"
+        raise ValueError(f"partition seed {partition_seed!r} is the {block} block, the config asks for {asked!r}: use {hint}")
     source, estimator = RUN_VARIANTS[variant]
     learner_fields = {f for f in LearnerSettings.__dataclass_fields__}
     learner = LearnerSettings(
         estimator=estimator,
-        seed=int(seed_key[1:]),
+        seed=rl_seed,
         **{k: v for k, v in overrides.items() if k in learner_fields and k not in ("estimator", "seed")},
     )
     rest = {k: v for k, v in overrides.items() if k not in learner_fields}
-    return RLSettings(reward_source=source, estimator=estimator, rl_seed=int(seed_key[1:]), learner=learner, **rest)
+    return RLSettings(reward_source=source, estimator=estimator, rl_seed=rl_seed, learner=learner, block=block, **rest)
 
 
-def latest_rl_policy(warehouse: Warehouse, variant: str, seed_key: str, sft_policy_id: str | None = None) -> dict:
-    """The newest registered policy of a run (``variant`` x seed) from the current SFT policy,
-    whatever its other settings."""
+def latest_rl_policy(warehouse: Warehouse, variant: str, partition_seed: str, sft_policy_id: str | None = None) -> dict:
+    """The newest registered policy of a run (``variant`` x seed key, its block included) from the
+    current SFT policy, whatever its other settings."""
     source, estimator = RUN_VARIANTS[variant]
+    block, rl_seed = split_seed_key(partition_seed)
     sft = latest_policy(warehouse, "sft", sft_policy_id)
     rows = warehouse.query(
         "SELECT policy_id FROM policies WHERE kind = 'rl' AND reward_source = ? AND estimator = ? AND rl_seed = ? "
-        "AND parent_policy_id = ? ORDER BY created_at DESC LIMIT 1",
-        [source, estimator, int(seed_key[1:]), sft["policy_id"]],
+        "AND parent_policy_id = ? AND coalesce(json_extract_string(parameters, '$.block'), ?) = ? "
+        "ORDER BY created_at DESC LIMIT 1",
+        [source, estimator, rl_seed, sft["policy_id"], DENSE_BLOCK, block],
     ).to_pylist()
     if not rows:
         raise RLStageError(
-            f"no trained policy of run {variant} {seed_key} from {sft['policy_id']}: materialize rl_run first"
+            f"no trained policy of run {variant} {partition_seed} from {sft['policy_id']}: materialize rl_run first"
         )
     return latest_policy(warehouse, policy_id=rows[0]["policy_id"])
 

@@ -266,3 +266,24 @@ def test_a_flywheel_round_names_only_the_models_it_trained(tmp_path):
     assert reward_model_tags(warehouse) == {"prm-b": "flywheel r1", "orm-c": "flywheel r2"}
     assert flywheel_round_models(warehouse, 1) == {"prm": "prm-b"}
     assert flywheel_round_models(warehouse, 2) == {"orm": "orm-c"}
+
+
+def test_the_block_is_part_of_the_rl_partition():
+    """Issue 41 item 7: a sparse and a dense run of one source and seed are two partitions (s0 and
+    sparse-s0), each run's settings take the block from its partition, and a config that names
+    another block is refused in one line."""
+    from training.rl.runs import RL_SEED_KEYS, RL_SEEDS, rl_settings_for, seed_key, split_seed_key
+
+    assert RL_SEED_KEYS[: len(RL_SEEDS)] == RL_SEEDS  # the dense keys runs always had
+    assert [split_seed_key(k) for k in ("s0", "sparse-s3")] == [("dense", 0), ("sparse", 3)]
+    assert all(seed_key(*split_seed_key(k)) == k for k in RL_SEED_KEYS)
+    dense, sparse = rl_settings_for("orm", "s1"), rl_settings_for("orm", "sparse-s1", iterations=3)
+    assert (dense.block, dense.rl_seed, sparse.block, sparse.rl_seed) == ("dense", 1, "sparse", 1)
+    assert dense.run_key("sft-a") != sparse.run_key("sft-a") and sparse.iterations == 3
+    assert rl_settings_for("orm", "sparse-s1", block="sparse", iterations=3) == sparse
+    assert rl_settings_for("orm", "s1", block=None) == dense
+    with pytest.raises(ValueError, match="partition seed 's1' is the dense block, the config asks for 'sparse'"):
+        rl_settings_for("orm", "s1", block="sparse")
+    for bad in ("1", "x-s1", "sparse-1", "sparse-"):
+        with pytest.raises(ValueError, match="an RL seed key is s<number>"):
+            split_seed_key(bad)

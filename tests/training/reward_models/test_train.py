@@ -95,6 +95,16 @@ def test_early_stopping_needs_evaluations_and_checkpoints_on_them(tmp_path):
     assert every_100.load_best_model_at_end and every_100.eval_steps == 100
 
 
+def _evaluated_orm_argv(tiny_examples, tmp_path) -> list[str]:
+    """An ORM on the tiny examples, evaluated and saved every 4 steps (the early-stopping tests')."""
+    return [
+        *("--kind", "orm", "--examples", str(tiny_examples["orm"]), "--output_dir", str(tmp_path / "trainer")),
+        *("--embedding_cache_dir", str(tmp_path / "cache"), "--per_device_train_batch_size", "8"),
+        *("--warmup_steps", "0", "--eval_steps", "4", "--save_steps", "4", "--logging_steps", "4"),
+        *("--disable_tqdm", "true", "--threads", "1"),
+    ]
+
+
 def test_early_stopping_exports_the_checkpoint_with_the_lowest_validation_loss(tiny_examples, tmp_path):
     """A learning rate far too large for this tiny set: the validation loss turns up, training stops
     ``patience`` evaluations after its minimum, and the exported weights are that checkpoint's."""
@@ -103,39 +113,17 @@ def test_early_stopping_exports_the_checkpoint_with_the_lowest_validation_loss(t
     from training.reward_models.models import WEIGHTS_FILE
     from training.reward_models.train import train_reward_model
 
-    argv = [
-        "--kind",
-        "orm",
-        "--examples",
-        str(tiny_examples["orm"]),
-        "--output_dir",
-        str(tmp_path / "trainer"),
-        "--embedding_cache_dir",
-        str(tmp_path / "cache"),
+    argv = _evaluated_orm_argv(tiny_examples, tmp_path) + [
         "--num_train_epochs",
         "200",
         "--min_optimizer_steps",
         "0",
-        "--per_device_train_batch_size",
-        "8",
         "--learning_rate",
         "3e-2",
-        "--warmup_steps",
-        "0",
-        "--eval_steps",
-        "4",
-        "--save_steps",
-        "4",
         "--early_stopping_patience",
         "2",
         "--select_by",
         "loss",
-        "--logging_steps",
-        "4",
-        "--disable_tqdm",
-        "true",
-        "--threads",
-        "1",
     ]
     summary = train_reward_model(*parse_args(argv))
     evals = [
@@ -461,35 +449,13 @@ def test_selection_by_within_task_auc_exports_the_checkpoint_that_ranks_validati
     within-task AUC, and the training examples are balanced within tasks; both are in the summary."""
     from training.reward_models.train import train_reward_model
 
-    argv = [
-        "--kind",
-        "orm",
-        "--examples",
-        str(tiny_examples["orm"]),
-        "--output_dir",
-        str(tmp_path / "trainer"),
-        "--embedding_cache_dir",
-        str(tmp_path / "cache"),
+    argv = _evaluated_orm_argv(tiny_examples, tmp_path) + [
         "--max_steps",
         "24",
-        "--per_device_train_batch_size",
-        "8",
         "--learning_rate",
         "3e-3",
-        "--warmup_steps",
-        "0",
-        "--eval_steps",
-        "4",
-        "--save_steps",
-        "4",
         "--early_stopping_patience",
         "10",
-        "--logging_steps",
-        "4",
-        "--disable_tqdm",
-        "true",
-        "--threads",
-        "1",
     ]
     summary = train_reward_model(*parse_args(argv))
     assert summary["selected_by"] == "within_task_auc" and summary["balanced_within_task"]

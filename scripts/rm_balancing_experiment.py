@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from training.reward_models.agent_episodes import WITHIN_TASK, auc_rows, read_agent_episodes
+    from training.reward_models.dataset import build_reward_model_dataset
     from training.reward_models.evaluate import predict_trajectories
     from training.reward_models.models import RewardScorer
     from training.reward_models.readers import read_trajectories
@@ -43,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     from warehouse.catalog import Warehouse
 
     warehouse = Warehouse(Path(args.home))
-    examples = warehouse.query("SELECT * FROM rm_examples WHERE kind = ?", [args.kind])
+    # built now from the home's current split and labels (the agent's episodes included), as a
+    # retraining would; not the rm_examples of the last reward_model_datasets run
+    examples = build_reward_model_dataset(warehouse, args.kind).examples
     if not examples.num_rows:
         print(f"no rm_examples of kind {args.kind!r} in {args.home}", file=sys.stderr)
         return 2
@@ -53,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     trajectories = read_trajectories(warehouse, [e.episode_id for e in episodes])
     ordered = [trajectories[e.episode_id] for e in episodes if e.episode_id in trajectories]
+    mix = warehouse.query(
+        "SELECT e.purpose, count(DISTINCT x.episode_id) AS n FROM (SELECT unnest(?) AS episode_id) x "
+        "JOIN episodes e USING (episode_id) GROUP BY 1 ORDER BY 1",
+        [examples.column("episode_id").to_pylist()],
+    ).to_pylist()
+    print(f"{args.kind} examples' episodes by purpose: " + ", ".join(f"{r['purpose']} {r['n']}" for r in mix))
     print(
         f"{args.kind}: {examples.num_rows} examples; {len(episodes)} held-out agent episodes of "
         f"{len({e.task_id for e in episodes})} tasks, {sum(e.success for e in episodes)} successes"

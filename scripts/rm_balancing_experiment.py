@@ -22,6 +22,8 @@ import pyarrow.parquet as pq
 
 SETTINGS = {
     "balanced, selected by within-task AUC (rm-train-3)": ["--balance_within_task", "true", "--select_by", "auto"],
+    "balanced, selected by validation loss": ["--balance_within_task", "true", "--select_by", "loss"],
+    "unbalanced, selected by within-task AUC": ["--balance_within_task", "false", "--select_by", "auto"],
     "unbalanced, selected by validation loss (rm-train-2)": ["--balance_within_task", "false", "--select_by", "loss"],
 }
 
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=400, help="optimizer steps per model")
     parser.add_argument("--eval-steps", type=int, default=50, help="steps between evaluations (and checkpoints)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seeds", default="13", help="comma-separated training seeds (each setting once per seed)")
     args = parser.parse_args(argv)
 
     from training.reward_models.agent_episodes import WITHIN_TASK, auc_rows, read_agent_episodes
@@ -66,34 +69,43 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.kind}: {examples.num_rows} examples; {len(episodes)} held-out agent episodes of "
         f"{len({e.task_id for e in episodes})} tasks, {sum(e.success for e in episodes)} successes"
     )
-    rows = []
+    rows: list[tuple[str, int, dict, dict | None, dict | None]] = []
     with tempfile.TemporaryDirectory(prefix="rm-balancing-") as scratch:
         path = Path(scratch) / f"{args.kind}.parquet"
         pq.write_table(examples, path)
-        for name, flags in SETTINGS.items():
-            out = Path(scratch) / name.split(",")[0]
+        for seed, (name, flags) in ((int(x), item) for x in args.seeds.split(",") for item in SETTINGS.items()):
+            out = Path(scratch) / f"{seed}-{len(rows)}"
             argv_train = [
                 "--kind", args.kind, "--examples", str(path), "--home", str(warehouse.home),
                 "--output_dir", str(out / "trainer"), "--max_steps", str(args.steps),
                 "--eval_strategy", "steps", "--eval_steps", str(args.eval_steps),
                 "--save_steps", str(args.eval_steps), "--early_stopping_patience", "3",
                 "--threads", str(args.threads), "--disable_tqdm", "true", "--logging_steps", "50",
-                *flags,
+                "--seed", str(seed), *flags,
             ]  # fmt: skip
             summary = train_reward_model(*parse_args(argv_train))
             scorer = RewardScorer.from_checkpoint(summary["export_dir"])
             scorer.load_home_cache(warehouse.home)
             scores = predict_trajectories(scorer, ordered)
             by_family = {r["family"]: r for r in auc_rows(name, args.kind, episodes, scores, None)}
-            rows.append((name, summary, by_family.get("all"), by_family.get(WITHIN_TASK)))
+            rows.append((name, seed, summary, by_family.get("all"), by_family.get(WITHIN_TASK)))
     print()
-    print("| setting | exported step | selected by | pooled AUC [95%] | within-task AUC [95%] |")
-    print("|---|---:|---|---|---|")
-    for name, summary, pooled, within in rows:
+    print("| setting | seed | exported step | pooled AUC [95%] | within-task AUC [95%] |")
+    print("|---|---:|---:|---|---|")
+    for name, seed, summary, pooled, within in rows:
         cells = [
             "-" if r is None else f"{r['auc']:.3f} [{r['auc_low']:.3f}, {r['auc_high']:.3f}]" for r in (pooled, within)
         ]
-        print(f"| {name} | {summary['exported_step']} | {summary['selected_by']} | {cells[0]} | {cells[1]} |")
+        print(f"| {name} | {seed} | {summary['exported_step']} | {cells[0]} | {cells[1]} |")
+    print()
+    print("| setting | mean pooled AUC over seeds | mean within-task AUC over seeds |")
+    print("|---|---:|---:|")
+    for name in SETTINGS:
+        mine = [(p["auc"], w["auc"]) for n, _, _, p, w in rows if n == name and p is not None and w is not None]
+        if mine:
+            pooled_mean = sum(a for a, _ in mine) / len(mine)
+            within_mean = sum(b for _, b in mine) / len(mine)
+            print(f"| {name} | {pooled_mean:.3f} | {within_mean:.3f} |")
     return 0
 
 

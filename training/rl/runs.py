@@ -1222,7 +1222,9 @@ def rl_settings_for(variant: str, partition_seed: str, **overrides: Any) -> RLSe
     asked = overrides.pop("block", None)
     if asked is not None and asked != block:
         hint = f"the seed key {seed_key(asked, rl_seed)!r}" if asked in TASK_BLOCKS else f"one of {list(TASK_BLOCKS)}"
-        raise ValueError(f"partition seed {partition_seed!r} is the {block} block, the config asks for {asked!r}: use {hint}")
+        raise ValueError(
+            f"partition seed {partition_seed!r} is the {block} block, the config asks for {asked!r}: use {hint}"
+        )
     source, estimator = RUN_VARIANTS[variant]
     learner_fields = {f for f in LearnerSettings.__dataclass_fields__}
     learner = LearnerSettings(

@@ -716,7 +716,6 @@ class _SplitExamples:
     label_versions: list[str]
     train_groups: Groups = NO_GROUPS
     eval_groups: Groups = NO_GROUPS
-    train_episodes: SplitEpisodes = NO_EPISODES
     eval_episodes: SplitEpisodes = NO_EPISODES
     train_weights: np.ndarray | None = None  # within-task balancing's loss weights (None: all 1)
 
@@ -763,12 +762,13 @@ def train_reward_model(model_config: RewardModelConfig, data: DataArguments, arg
     started = time.time()
     kind = model_config.kind
     examples = _read_split_examples(data, kind)
+    # checked before any encoding: a bad --select_by fails in a moment, not after minutes of work
+    selected_by = resolve_selection(data.select_by, examples.eval_episodes)
     if model_config.encoder_mode == "frozen_segments":
         setup = _frozen_segments_setup(model_config, data, examples)
     else:
         setup = _full_model_setup(model_config, args, examples)
     _settle_epochs_and_evaluation(args, data, kind, examples)
-    selected_by = resolve_selection(data.select_by, examples.eval_episodes) if len(examples.eval_states) else "loss"
     if args.load_best_model_at_end and selected_by == "within_task_auc":
         # replace(), not assignment: TrainingArguments checks the pair again
         args = replace(args, metric_for_best_model="within_task_auc", greater_is_better=True)
@@ -845,7 +845,6 @@ def _read_split_examples(data: DataArguments, kind: str) -> _SplitExamples:
         label_versions,
         train_groups,
         eval_groups,
-        train_episodes,
         eval_episodes,
         weights,
     )

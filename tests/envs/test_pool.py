@@ -111,8 +111,12 @@ def test_chromium_killed_mid_batch_episode_retried_on_a_fresh_worker(jobs, tmp_p
     assert store.query("SELECT count(*) AS n FROM steps WHERE episode_id = ?", [target]).to_pylist()[0]["n"] == n_steps
 
 
-def test_a_step_hanging_past_its_timeout_gets_its_worker_replaced(jobs):
+def test_a_step_hanging_past_its_timeout_gets_its_worker_replaced(jobs, monkeypatch):
     target = jobs[0].episode_id
+    # a temporary folder of this test's own: under pytest-xdist another worker's browsers put
+    # their profiles in the shared /tmp at the same time (short: Chromium's socket path limit)
+    monkeypatch.setenv("TMPDIR", tempfile.mkdtemp(prefix="pool-", dir="/tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)
 
     def freeze_browser(ctx):
         frozen = [p for p in ctx.pool.worker_processes(ctx.worker_id) if p.name() == "chromium"]

@@ -9,8 +9,12 @@ the same shapes. Side by side, in the same run:
 
 * **baseline**: the encoder before issue 21 (PyTorch dynamic int8 quantisation, one activation
   scale per batch tensor; batches sorted by length and padded to their longest text);
-* **int8 per-row** (the default): batches padded to a multiple of 16 tokens, int8
-  linears with per-row activation scales (``training.reward_models.models.RowScaledInt8Linear``);
+* **int8 per-row, padded forward**: batches padded to a multiple of 16 tokens (the lane unit of
+  ``training.base.encoder.padded_length``), int8 linears with per-row activation scales
+  (``training.base.encoder.RowScaledInt8Linear``), every padded token through every layer (the
+  default until the packed forward);
+* **int8 per-row, packed** (the default): the same function, its linear layers on the real tokens
+  only and query/key/value in one product (``packed_bert_states``): the same bits, checked here;
 * **fp32**: the same padding rule, MiniLM's own float32 weights.
 
 For each: texts/s in bulk (batches of 64) and in calls of 5 new texts (what a reward model meets
@@ -39,7 +43,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from training.base.encoder import EncoderConfig, SegmentEncoder, load_backbone, load_tokenizer, pool_hidden_states
+from training.base.encoder import (
+    LENGTH_STEP,
+    EncoderConfig,
+    SegmentEncoder,
+    load_backbone,
+    load_tokenizer,
+    pool_hidden_states,
+)
 from training.reward_models.models import RewardModelConfig
 
 
@@ -149,17 +160,18 @@ def main(argv: list[str] | None = None) -> int:
 
     fp32 = SegmentEncoder(EncoderConfig(quantize_encoder=False))
     reference = fp32.encode(texts)
+    padded_forward = SegmentEncoder(EncoderConfig())
+    padded_forward.packed = False
+    packed = SegmentEncoder(EncoderConfig())
     rows = [
         measure(
             "baseline: int8 per-tensor, padded batches", BaselineEncoder(fp32.config.backbone).encode, texts, reference
         ),
         measure(
-            "int8 per-row, widths padded to 8 (default)",
-            SegmentEncoder(EncoderConfig()).encode,
-            texts,
-            reference,
+            f"int8 per-row, widths padded to {LENGTH_STEP}, padded forward", padded_forward.encode, texts, reference
         ),
-        measure("fp32, widths padded to 8", fp32.encode, texts, reference),
+        measure(f"int8 per-row, widths padded to {LENGTH_STEP}, packed (default)", packed.encode, texts, reference),
+        measure(f"fp32, widths padded to {LENGTH_STEP}", fp32.encode, texts, reference),
     ]
     columns = list(rows[0])
     print("\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
@@ -167,8 +179,14 @@ def main(argv: list[str] | None = None) -> int:
         print("| " + " | ".join(f"{row[c]:.2e}" if isinstance(row[c], float) else str(row[c]) for c in columns) + " |")
     # The int8 default is exact (integer sums); float32 may differ in its last bit on some CPUs
     # (1.0e-7 on an Intel AVX-512 machine, 2026-11-27), within the issue's 1e-6.
-    if rows[1]["max |alone - in batch|"] != 0.0 or rows[2]["max |alone - in batch|"] > 1e-6:
-        print("bench_encoder: the batch-invariant encoders differed between alone and batched", file=sys.stderr)
+    if rows[1]["max |alone - in batch|"] != 0.0 or rows[2]["max |alone - in batch|"] != 0.0:
+        print("bench_encoder: the int8 encoder differed between alone and batched", file=sys.stderr)
+        return 1
+    if rows[3]["max |alone - in batch|"] > 1e-6:
+        print("bench_encoder: the float32 encoder differed between alone and batched by > 1e-6", file=sys.stderr)
+        return 1
+    if not np.array_equal(packed.encode(texts), padded_forward.encode(texts)):
+        print("bench_encoder: the packed forward gave other bits than the padded one", file=sys.stderr)
         return 1
     return 0
 

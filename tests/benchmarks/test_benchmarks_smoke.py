@@ -59,7 +59,13 @@ SMOKE: dict[str, Smoke] = {
         )
     ),
     "bench_encoder": Smoke(
-        ("| encoder | bulk texts/s |", "baseline: int8 per-tensor", "int8 per-row", "fp32, widths padded to 8")
+        (
+            "| encoder | bulk texts/s |",
+            "baseline: int8 per-tensor",
+            "padded forward",
+            "packed (default)",
+            "fp32, widths padded to",
+        )
     ),
     "bench_determinism": Smoke(
         (

@@ -74,6 +74,25 @@ def test_a_text_encoded_alone_equals_it_inside_random_batches(encoder):
     assert_same_embedding(encoder, encoder.encode(texts[:40], batch_size=64), alone)
 
 
+def test_the_packed_forward_gives_the_models_own_bits_on_real_tokens_only(encoder):
+    """The int8 encoder computes its linear layers on the real tokens alone (padding skipped, query,
+    key and value in one product): the embeddings are those of the model's own padded forward, bit
+    for bit, on texts of every length in batches of every size."""
+    if not encoder.quantized:
+        assert not encoder.packed  # float32 products are not row-invariant: the model's own forward
+        return
+    assert encoder.packed
+    texts = _texts(random.Random(5), 150)
+    try:
+        packed = {size: encoder.encode(texts, batch_size=size) for size in (1, 7, 64)}
+        encoder.packed = False
+        padded = encoder.encode(texts, batch_size=64)
+    finally:
+        encoder.packed = True
+    for got in packed.values():
+        np.testing.assert_array_equal(got, padded)
+
+
 def test_a_text_that_fills_a_whole_lane_is_encoded_alone_as_in_a_padded_batch(encoder):
     """A text of exactly 16 or 32 tokens, alone, would have no padding: its attention mask all ones,
     which Transformers drops (another kernel, other last bits) unless a padded position is kept."""

@@ -7,7 +7,9 @@ Registered into ``warehouse.schema.TABLE_SCHEMAS``; column names are part of the
   to the base policy on the same seeds (with its interval and McNemar's p), steps, seconds and
   model calls per step. A setting is a method (``base``, ``best_of_n``, ``oracle``, ``judge``,
   ``retry``) with its verifier, N, judge variant or retries (``prm:N=8``, ``judge:no_memory:N=8``,
-  ``retry:R=3``).
+  ``retry:R=3``). ``verifier_model_id`` names the trained model(s) the verifier scored with
+  (``''`` for none: the base policy, the oracle), so a sweep with another reward model adds rows
+  beside the first sweep's instead of replacing them (homes written before it read it as NULL).
 * ``guidance_episodes``: every evaluation episode (each attempt of a retry is a row), with its
   failure mode and, for retries, the reflection it was given.
 * ``guidance_steps``: every guided step: candidates, the rank of the chosen one in the policy's
@@ -28,6 +30,7 @@ GUIDANCE_EVAL = with_key(
         [
             pa.field("policy_id", pa.string(), nullable=False),
             pa.field("setting", pa.string(), nullable=False),
+            pa.field("verifier_model_id", pa.string(), nullable=False),  # '' without a trained verifier
             pa.field("task_id", pa.string(), nullable=False),  # 'all' for the row over every task
             ("method", pa.string()),  # base | best_of_n | oracle | judge | retry
             ("verifier", pa.string()),  # prm | guidnav | progrm_lcs | progrm_env | oracle | judge | null
@@ -61,6 +64,7 @@ GUIDANCE_EVAL = with_key(
     ),
     "policy_id",
     "setting",
+    "verifier_model_id",
     "task_id",
 )
 
@@ -69,6 +73,7 @@ GUIDANCE_EPISODES = with_key(
         [
             pa.field("policy_id", pa.string(), nullable=False),
             pa.field("setting", pa.string(), nullable=False),
+            pa.field("verifier_model_id", pa.string(), nullable=False),
             pa.field("task_id", pa.string(), nullable=False),
             pa.field("seed", pa.int64(), nullable=False),
             pa.field("attempt", pa.int32(), nullable=False),  # 0, then 1..R for retries
@@ -89,6 +94,7 @@ GUIDANCE_EPISODES = with_key(
     ),
     "policy_id",
     "setting",
+    "verifier_model_id",
     "task_id",
     "seed",
     "attempt",

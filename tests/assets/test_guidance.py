@@ -104,6 +104,17 @@ def test_every_method_materializes_and_the_report_reads_them_back(small_demos, t
     assert all(r["episodes"] == 4 for r in rows)  # 2 tasks x 2 held-out seeds (instances)
     assert by_setting["prm:N=3"]["verifier_calls_per_step"] == 1.0  # the N candidates in one batch
     assert by_setting["judge:full:N=3"]["judge_mode"] == "local"
+    # the PRM's sweep is keyed by the model that verified it; base and the oracle have none
+    prm_id = warehouse.query("SELECT model_id FROM models WHERE kind = 'prm'").column("model_id").to_pylist()
+    keyed = warehouse.query(
+        "SELECT DISTINCT setting, verifier_model_id FROM guidance_episodes WHERE setting IN ('base', 'oracle:N=3', "
+        "'prm:N=3')"
+    ).to_pylist()
+    assert {(r["setting"], r["verifier_model_id"]) for r in keyed} == {
+        ("base", ""),
+        ("oracle:N=3", ""),
+        ("prm:N=3", prm_id[0]),
+    }
     passes = json.loads(by_setting["retry:R=1"]["pass_at"])
     assert passes["1"] == by_setting["base"]["success_rate"] and passes["2"] >= passes["1"]
     # every guided step is recorded, the judge's say that it ran locally

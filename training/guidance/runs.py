@@ -23,6 +23,7 @@ the report.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -250,6 +251,7 @@ class SettingResult:
     """The episodes of one setting, their step logs, and per attempt the guidance given."""
 
     setting: Setting
+    verifier_model_id: str = ""  # the trained model(s) the verifier scored with ('' for none)
     records: list[tuple[EpisodeRecord, int]] = field(default_factory=list)  # (record, attempt)
     logs: dict[str, list[StepLog]] = field(default_factory=dict)
     given: dict[str, tuple[str | None, str | None, int]] = field(default_factory=dict)  # id -> reflection
@@ -257,8 +259,29 @@ class SettingResult:
     lost: int = 0
 
 
-def episode_id_for(policy_id: str, label: str, task_id: str, seed: int, attempt: int) -> str:
-    return f"guide:{policy_id}:{label}:{task_id}:{seed}:a{attempt}"
+def verifier_model_id(verifier: Verifier | None) -> str:
+    """The trained model(s) a verifier scores with: the versions its lineage names, sorted and
+    joined by ``+`` (a local judge with an endpoint names both); ``''`` for none (base, oracle)."""
+    if verifier is None:
+        return ""
+    return "+".join(sorted({i.version for i in verifier.lineage() if i.version}))
+
+
+def episode_id_for(policy_id: str, label: str, task_id: str, seed: int, attempt: int, model_id: str = "") -> str:
+    """A guidance episode's id; a verifier's model id is part of it, so sweeps with other models
+    never share an episode id (settings without a trained verifier keep their old ids)."""
+    setting = f"{label}@{model_id}" if model_id else label
+    return f"guide:{policy_id}:{setting}:{task_id}:{seed}:a{attempt}"
+
+
+def evaluation_dataset(policy_id: str, method: str, model_ids: Sequence[str]) -> str:
+    """Where one method's evaluation is stored: one dataset per (policy, method, verifier models),
+    so a sweep with another reward model adds a dataset and a rerun with the same ones replaces it."""
+    models = sorted({m for m in model_ids if m})
+    if not models:
+        return f"guidance/{policy_id}/{method}"
+    digest = hashlib.sha256("|".join(models).encode()).hexdigest()[:12]
+    return f"guidance/{policy_id}/{method}/verifiers-{digest}"
 
 
 def run_setting(
@@ -278,14 +301,19 @@ def run_setting(
     guided = GuidedPolicy(
         proposer, verifier, setting.n, policy_id=f"guided:{policy_id}:{setting.label}", prior=setting.prior
     )
-    out = SettingResult(setting)
+    model_id = verifier_model_id(verifier)
+    out = SettingResult(setting, verifier_model_id=model_id)
     pending = [(task, seed) for task in tasks for seed in seeds]
     for attempt in range(setting.retries + 1):
         if not pending:
             break
         jobs = [
             EpisodeJob(
-                episode_id_for(policy_id, setting.label, t.task_id, s, attempt), t.spec, s, t.max_steps, t.family
+                episode_id_for(policy_id, setting.label, t.task_id, s, attempt, model_id),
+                t.spec,
+                s,
+                t.max_steps,
+                t.family,
             )
             for t, s in pending
         ]
@@ -440,6 +468,7 @@ def _episode_rows(result: SettingResult, policy_id: str) -> list[dict[str, Any]]
             {
                 "policy_id": policy_id,
                 "setting": result.setting.label,
+                "verifier_model_id": result.verifier_model_id,
                 "task_id": record.task_id,
                 "seed": record.seed,
                 "attempt": attempt,
@@ -461,10 +490,11 @@ def _episode_rows(result: SettingResult, policy_id: str) -> list[dict[str, Any]]
     return rows
 
 
-def _meta(setting: Setting, policy_id: str, judge_mode: str | None) -> dict[str, Any]:
+def _meta(setting: Setting, policy_id: str, model_id: str, judge_mode: str | None) -> dict[str, Any]:
     return {
         "policy_id": policy_id,
         "setting": setting.label,
+        "verifier_model_id": model_id,
         "method": setting.method,
         "verifier": setting.verifier + ("+prior" if setting.prior else "") if setting.verifier else None,
         "n": setting.n,
@@ -542,7 +572,7 @@ def run_guidance_evaluation(
         },
         inputs=evaluation.lineage,
     )
-    dataset = f"guidance/{policy_id}/{method}"
+    dataset = evaluation_dataset(policy_id, method, [r.verifier_model_id for r in results])
     rows = _evaluation_rows(results, method, settings, policy_id, base)
     records = _publish_evaluation(warehouse, m, dataset, results, rows, run_id)
     return {
@@ -617,7 +647,11 @@ def _evaluation_rows(
         # The base method is its own baseline; every other method is compared with base's outcomes.
         mine = {(e["task_id"], int(e["seed"])): bool(e["success"]) for e in episodes} if method == "base" else base
         rows = setting_rows(
-            _meta(result.setting, policy_id, judge_mode), episodes, steps, mine, max_attempts=result.setting.retries + 1
+            _meta(result.setting, policy_id, result.verifier_model_id, judge_mode),
+            episodes,
+            steps,
+            mine,
+            max_attempts=result.setting.retries + 1,
         )
         out.eval_rows += rows
         out.episode_rows += episodes
@@ -704,34 +738,57 @@ def run_guidance_report(warehouse: Warehouse, policy_id: str | None = None) -> d
     return guidance_report(policy_id, evals, episodes, steps)
 
 
-_META_KEYS = ("policy_id", "setting", "method", "verifier", "n", "variant", "judge_mode")
+_META_KEYS = ("policy_id", "setting", "verifier_model_id", "method", "verifier", "n", "variant", "judge_mode")
+
+
+def _sweep_key(row: Mapping) -> tuple[str, str]:
+    """(setting, verifier model id): rows of homes written before the model id read it as ''."""
+    return row["setting"], row.get("verifier_model_id") or ""
+
+
+def _verifier_labels(evals: Sequence[Mapping]) -> dict[tuple[str, str], str]:
+    """The name a verifier's series goes by in the tables and plots: its name, or ``name@model``
+    where the report holds sweeps of that verifier with more than one model."""
+    models: dict[str, set[str]] = defaultdict(set)
+    for e in evals:
+        if e["verifier"]:
+            models[e["verifier"]].add(_sweep_key(e)[1])
+    labels = {}
+    for e in evals:
+        verifier, model = e["verifier"], _sweep_key(e)[1]
+        if verifier:
+            labels[(verifier, model)] = f"{verifier}@{model}" if len(models[verifier]) > 1 else verifier
+    return labels
 
 
 def guidance_report(
     policy_id: str, evals: Sequence[Mapping], episodes: Sequence[Mapping], steps: Sequence[Mapping]
 ) -> dict[str, Any]:
-    """The report's figures (pure): one ``all`` row per setting with paired differences to base."""
-    by_setting: dict[str, list[Mapping]] = defaultdict(list)
+    """The report's figures (pure): one ``all`` row per (setting, verifier model) with paired
+    differences to base; ``series`` names a verifier's sweep (``prm``, or ``prm@<model>`` when
+    sweeps with two PRMs are reported side by side)."""
+    by_setting: dict[tuple[str, str], list[Mapping]] = defaultdict(list)
     for e in episodes:
-        by_setting[e["setting"]].append(e)
+        by_setting[_sweep_key(e)].append(e)
     steps_by_episode: dict[str, list[Mapping]] = defaultdict(list)
     for s in steps:
         steps_by_episode[s["episode_id"]].append(s)
-    base_eps = by_setting.get("base", [])
+    base_eps = by_setting.get(("base", ""), [])
     base = {(e["task_id"], int(e["seed"])): bool(e["success"]) for e in base_eps} or None
+    labels = _verifier_labels(evals)
     rows = []
     for meta in evals:
-        label = meta["setting"]
-        mine = by_setting.get(label, [])
+        mine = by_setting.get(_sweep_key(meta), [])
         my_steps = [s for e in mine for s in steps_by_episode.get(e["episode_id"], [])]
         attempts = max((int(e["attempt"]) for e in mine), default=0) + 1
         retries = int(meta["variant"]) if meta["method"] == "retry" and meta["variant"] else 0
-        row = setting_rows(
-            {k: meta[k] for k in _META_KEYS}, mine, my_steps, base, max_attempts=max(attempts, retries + 1)
-        )[-1]
+        fields = {k: meta.get(k) for k in _META_KEYS} | {"verifier_model_id": _sweep_key(meta)[1]}
+        row = setting_rows(fields, mine, my_steps, base, max_attempts=max(attempts, retries + 1))[-1]
+        row["series"] = labels.get((meta["verifier"], _sweep_key(meta)[1]), meta["verifier"])
+        row["created_at"] = meta.get("created_at") or row["created_at"]  # when the sweep ran, not now
         rows.append(row)
     order = {m: i for i, m in enumerate(METHODS)}
-    rows.sort(key=lambda r: (order.get(r["method"], 9), r["verifier"] or "", r["n"] or 0, r["variant"] or ""))
+    rows.sort(key=lambda r: (order.get(r["method"], 9), r["series"] or "", r["n"] or 0, r["variant"] or ""))
     return {"policy_id": policy_id, "rows": rows, "tasks": sorted({e["task_id"] for e in episodes})}
 
 
@@ -763,18 +820,19 @@ def report_markdown(report: Mapping[str, Any]) -> Markdown:
         "95% bootstrap interval; the difference to the base policy is paired (same task and seed) with a 95% "
         "paired-bootstrap interval, (+instances only this setting solved / -only the base solved, McNemar p).",
         "",
-        "| setting | N | episodes | success % [95% CI] | vs base (paired) | ms/step (propose + verify) | "
-        "verifier calls/step | overridden | fallback |",
-        "|---|---:|---:|---|---|---:|---:|---:|---:|",
+        "| setting | verifier model | N | episodes | success % [95% CI] | vs base (paired) | "
+        "ms/step (propose + verify) | verifier calls/step | overridden | fallback |",
+        "|---|---|---:|---:|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['setting']} | {r['n']} | {r['episodes']} | {_interval(r)} | {_delta(r)} | "
+            f"| {r['setting']} | {r.get('verifier_model_id') or '-'} | {r['n']} | {r['episodes']} | "
+            f"{_interval(r)} | {_delta(r)} | "
             f"{r['propose_ms']:.0f} + {r['verify_ms']:.0f} | {r['verifier_calls_per_step']:.2f} | "
             f"{100 * r['changed_choice']:.0f}% | {100 * r['fallback_steps']:.0f}% |"
         )
     sweep = sorted({r["n"] for r in rows if r["method"] in ("best_of_n", "oracle")})
-    verifiers = sorted({r["verifier"] for r in rows if r["method"] in ("best_of_n", "oracle") and r["verifier"]})
+    verifiers = sorted({r["series"] for r in rows if r["method"] in ("best_of_n", "oracle") and r["series"]})
     if sweep and base is not None:
         lines += ["", "N sweep (GUI-Shepherd Table 5's layout; N = 1 is the base policy):", ""]
         lines += ["| verifier | " + " | ".join(f"N={n}" for n in [1, *sweep]) + " |"]
@@ -783,7 +841,7 @@ def report_markdown(report: Mapping[str, Any]) -> Markdown:
             cells = [_pct(base["success_rate"])]
             for n in sweep:
                 hit = next(
-                    (r for r in rows if r["verifier"] == v and r["n"] == n and r["method"] in ("best_of_n", "oracle")),
+                    (r for r in rows if r["series"] == v and r["n"] == n and r["method"] in ("best_of_n", "oracle")),
                     None,
                 )
                 cells.append(_pct(hit["success_rate"]) if hit else "")
@@ -807,7 +865,7 @@ def report_plots(report: Mapping[str, Any], folder: Path) -> dict[str, Markdown]
     series: dict[str, list[Mapping]] = defaultdict(list)
     for r in rows:
         if r["method"] in ("best_of_n", "oracle"):
-            series[r["verifier"]].append(r)
+            series[r["series"]].append(r)
     for name, items in sorted(series.items()):
         items = sorted(items, key=lambda r: r["n"])
         ns = [1, *(r["n"] for r in items)] if base else [r["n"] for r in items]
@@ -854,6 +912,9 @@ def check_best_of_n(report: Mapping[str, Any], verifier: str = "prm") -> CheckOu
     """GUI-Shepherd's claim on our agent: best-of-N with the trained PRM succeeds more often than the
     base policy (paired, at the N values evaluated, on average over them)."""
     rows = [r for r in report["rows"] if r["method"] == "best_of_n" and r["verifier"] == verifier]
+    if len({r.get("verifier_model_id") or "" for r in rows}) > 1:  # sweeps with several models: the newest
+        newest = max(rows, key=lambda r: r["created_at"]).get("verifier_model_id") or ""
+        rows = [r for r in rows if (r.get("verifier_model_id") or "") == newest]
     base = next((r for r in report["rows"] if r["method"] == "base"), None)
     if not rows or base is None:
         return CheckOutcome(False, {"reason": f"no base or no {verifier} best-of-N evaluation"})

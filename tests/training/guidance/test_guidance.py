@@ -44,9 +44,22 @@ from training.guidance.judge import (
 from training.guidance.proposals import GuidanceError, LearnedProposer, Proposal, rank_candidates
 from training.guidance.reflection import AttemptGuidance, Ban, blame_step, next_guidance, pass_at, reflect
 from training.guidance.registry import make_verifier
-from training.guidance.runs import LLM_EPISODE_CLOCK_MS, GuidanceSettings, paired_delta, plan_settings, setting_rows
+from training.guidance.runs import (
+    LLM_EPISODE_CLOCK_MS,
+    GuidanceSettings,
+    check_best_of_n,
+    episode_id_for,
+    evaluation_dataset,
+    guidance_report,
+    paired_delta,
+    plan_settings,
+    report_markdown,
+    setting_rows,
+    verifier_model_id,
+)
 from training.guidance.verifiers import StepView
 from training.llm.chat_client import ChatClient, ChatEndpoint
+from warehouse.catalog import LineageInput
 from warehouse.model import Action, ActionType, Screen
 
 LOGIN = load_catalog("miniwob")["login-user"]
@@ -347,6 +360,50 @@ def test_paired_differences_and_report_rows():
     assert overall["task_id"] == "all" and overall["episodes"] == 2 and overall["success_rate"] == 0.5
     assert json.loads(overall["pass_at"]) == {"1": 0.0, "2": 0.5}
     assert overall["seconds_per_step"] == pytest.approx(0.015)
+
+
+def test_sweeps_with_two_models_of_one_verifier_are_stored_and_reported_side_by_side():
+    class _Verifier:
+        def __init__(self, *versions):
+            self.versions = versions
+
+        def lineage(self):
+            return [LineageInput(kind="asset", version=v) for v in self.versions]
+
+    assert verifier_model_id(None) == "" and verifier_model_id(_Verifier(None)) == ""
+    assert verifier_model_id(_Verifier("prm-b", "prm-a", "prm-b")) == "prm-a+prm-b"
+    # the second model gets its own dataset and episode ids; a rerun with the same model replaces
+    first, second = evaluation_dataset("p", "best_of_n", ["prm-a", ""]), evaluation_dataset("p", "best_of_n", ["prm-b"])
+    assert first != second and first == evaluation_dataset("p", "best_of_n", ["", "prm-a"])
+    assert evaluation_dataset("p", "base", [""]) == "guidance/p/base"  # no verifier: the old name
+    assert episode_id_for("p", "prm:N=3", "t", 1, 0, "prm-a") != episode_id_for("p", "prm:N=3", "t", 1, 0, "prm-b")
+    assert episode_id_for("p", "base", "t", 1, 0) == "guide:p:base:t:1:a0"
+
+    def sweep(setting, model, wins, created, verifier="prm", method="best_of_n", n=3):
+        meta = {"policy_id": "p", "setting": setting, "verifier_model_id": model, "method": method,
+                "verifier": verifier, "n": n, "variant": None, "judge_mode": None, "created_at": created}  # fmt: skip
+        episodes = [
+            {**meta, "task_id": "t", "seed": s, "attempt": 0, "success": s < wins, "n_steps": 1, "failure_mode": None,
+             "episode_id": episode_id_for("p", setting, "t", s, 0, model or "")}
+            for s in range(4)
+        ]  # fmt: skip
+        return meta, episodes
+
+    base = sweep("base", None, 2, datetime(2026, 1, 1, tzinfo=UTC), verifier=None, method="base", n=1)  # an old home
+    a = sweep("prm:N=3", "prm-a", 1, datetime(2026, 1, 2, tzinfo=UTC))
+    b = sweep("prm:N=3", "prm-b", 4, datetime(2026, 1, 3, tzinfo=UTC))
+    report = guidance_report("p", [base[0], a[0], b[0]], base[1] + a[1] + b[1], [])
+    rows = {(r["setting"], r["verifier_model_id"]): r for r in report["rows"]}
+    assert set(rows) == {("base", ""), ("prm:N=3", "prm-a"), ("prm:N=3", "prm-b")}
+    assert rows[("prm:N=3", "prm-a")]["success_rate"] == 0.25 and rows[("prm:N=3", "prm-b")]["success_rate"] == 1.0
+    assert rows[("prm:N=3", "prm-b")]["delta_vs_base"] == 0.5  # each paired with the one base sweep
+    assert {r["series"] for r in report["rows"] if r["method"] == "best_of_n"} == {"prm@prm-a", "prm@prm-b"}
+    text = str(report_markdown(report))
+    assert "| prm:N=3 | prm-a | 3 |" in text and "| prm@prm-b | 50.0 | 100.0 |" in text
+    assert check_best_of_n(report).metadata["delta_vs_base"] == {"N=3": 0.5}  # the newest sweep
+    # one model per verifier: the series keeps the verifier's plain name
+    alone = guidance_report("p", [base[0], a[0]], base[1] + a[1], [])
+    assert {r["series"] for r in alone["rows"] if r["method"] == "best_of_n"} == {"prm"}
 
 
 # -- verifiers on trained reward models ------------------------------------------------------------

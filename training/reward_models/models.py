@@ -701,9 +701,31 @@ class RewardScorer:
                         scores[items] = _sigmoid(logits.cpu().double().numpy())
                 return scores
             texts = prompt_texts(states, self.kind, self.tokenizer, self.config)
-            chunks = []
-            for start in range(0, len(texts), batch_size):
-                batch = tokenize_prompts(texts[start : start + batch_size], self.tokenizer, self.config.max_length)
-                batch = {k: v.to(self.device) for k, v in batch.items()}
-                chunks.append(torch.sigmoid(self.model(**batch)["logits"].float()).cpu())
-            return torch.cat(chunks).double().numpy()
+            token_ids = self.tokenizer(texts, truncation=True, max_length=self.config.max_length)["input_ids"]
+            return self._score_prompt_tokens(token_ids, batch_size)
+
+    def _score_prompt_tokens(self, token_ids: Sequence[Sequence[int]], batch_size: int) -> np.ndarray:
+        """Full mode, as batch-invariant as the frozen path: a prompt is batched only with prompts
+        of its lane-padded width (:func:`padded_length`, capped at the backbone's positions) and a
+        batch is filled to ROW_MULTIPLE rows, so its score does not depend on what else is scored
+        (with width-padded batches, SmolLM2's float32 scores differed in the 7th digit alone and
+        beside another state on this machine)."""
+        pad_id = int(self.tokenizer.pad_token_id or 0)
+        positions = getattr(getattr(self.model.backbone, "config", None), "max_position_embeddings", None)
+        limit = int(positions or 10**9)
+        widths = np.array([min(padded_length(len(ids)), limit) for ids in token_ids])
+        scores = np.zeros(len(token_ids), dtype=np.float64)
+        for width in np.unique(widths):
+            members = np.flatnonzero(widths == width)
+            for start in range(0, len(members), batch_size):
+                items = members[start : start + batch_size]
+                filled = np.resize(items, -(-len(items) // ROW_MULTIPLE) * ROW_MULTIPLE)
+                ids = np.full((len(filled), int(width)), pad_id, dtype=np.int64)
+                mask = np.zeros((len(filled), int(width)), dtype=np.int64)
+                for row, i in enumerate(filled.tolist()):
+                    ids[row, : len(token_ids[i])] = token_ids[i]
+                    mask[row, : len(token_ids[i])] = 1
+                batch = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+                logits = self.model(**{k: v.to(self.device) for k, v in batch.items()})["logits"].float()
+                scores[items] = _sigmoid(logits[: len(items)].cpu().double().numpy())
+        return scores

@@ -166,15 +166,23 @@ def main() -> None:
     parser.add_argument(
         "--backends",
         nargs="+",
-        default=["local", *RAY_BACKENDS],
+        default=None,
         choices=["local", *RAY_BACKENDS],
         help="local pool, and Ray on one node (ray1) or two (ray2), the policy in the driver (one round trip "
-        "per step) or on the actors (-ep: whole episodes there): the Ray runs use the most workers asked",
+        "per step) or on the actors (-ep: whole episodes there): the Ray runs use the most workers asked "
+        "(default: all of them; with --smoke: local, ray1 and ray2-ep)",
     )
-    parser.add_argument("--smoke", action="store_true", help="4 episodes per run, 1 and 2 workers (under a minute)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="4 episodes per run, 1 and 2 workers; Ray per step on one node and whole episodes on two (each "
+        "Ray path and topology once: every cluster start costs ~20 s)",
+    )
     args = parser.parse_args()
     if args.smoke:
         args.episodes = min(args.episodes, 4)
+    if args.backends is None:
+        args.backends = ["local", "ray1", "ray2-ep"] if args.smoke else ["local", *RAY_BACKENDS]
 
     tasks = [t for t in load_catalog().values() if t.has_solution]
     chromium = subprocess.run(

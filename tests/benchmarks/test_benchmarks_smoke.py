@@ -94,8 +94,6 @@ SMOKE: dict[str, Smoke] = {
             "goal >= 30 steps/s with 2 workers",
             "CPU cost:",
             "Ray ray1 (the policy here, per step) vs local pool, 2 workers:",
-            "Ray ray2 (the policy here, per step) vs local pool, 2 workers:",
-            "Ray ray1-ep (whole episodes on the actors) vs local pool, 2 workers:",
             "Ray ray2-ep (whole episodes on the actors) vs local pool, 2 workers:",
             "127.0.0.3",
         ),

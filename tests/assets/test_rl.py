@@ -14,7 +14,7 @@ from assets.labels import LABEL_ASSETS, all_label_families_tags
 from assets.resources import EnvPoolResource, WarehouseResource
 from assets.reward_models import reward_model, reward_model_datasets, reward_model_report
 from assets.rl import RL_CHECKS, agent_evaluation, policy_sft, rl_report, rl_run
-from pipelines.cli import _job_runner
+from pipelines.cli.common import job_runner
 from pipelines.figures import reward_models_on_agents
 from pipelines.flywheel import FlywheelSettings, run_flywheel
 from training.policy.store import POLICY_ROLLOUT_SEED_BASE
@@ -242,7 +242,7 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
         alternatives={"states_per_task": 4, "top_k": 2, "continuations": 1},
     )
     notes: list[str] = []
-    assert run_flywheel(warehouse, 1, settings, _job_runner(instance, outcomes), notes.append), outcomes
+    assert run_flywheel(warehouse, 1, settings, job_runner(instance, outcomes), notes.append), outcomes
     assert any("rl-prm: skipped" in n for n in notes)
     rounds = warehouse.query(
         "SELECT round, kind, model_id, agent_examples, top1, policy_top1, top1_states, alternative_states "

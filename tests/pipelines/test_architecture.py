@@ -190,3 +190,41 @@ def test_stage_functions_are_short_or_say_why():
         if (names := long_functions_without_a_reason(path.read_text()))
     }
     assert not found, found
+
+
+MAX_MODULE_LINES = 800
+#: Modules over MAX_MODULE_LINES today, waiting for their split (issue 40, items 2 and 4): named
+#: here so that none grows unseen and no other module joins them. A module leaves this list when it
+#: is split; one that must stay long says why in its first lines (``Why this module is long:``).
+MODULES_AWAITING_SPLIT = {
+    "training/rl/runs.py",  # SFT, task choice, the RL loop, evaluation and report glue (item 2)
+    "training/reward_models/train.py",
+    "envs/pool.py",
+    "training/guidance/runs.py",
+    "training/reward_models/evaluate.py",
+    "envs/tasks.py",
+    "annotation/progress/soft_lcs.py",
+    "annotation/progress/label_runs.py",
+    "annotation/labelstudio/sync.py",
+    "envs/miniwob/demonstrations.py",
+}
+
+
+def test_no_module_over_800_lines_unless_it_says_why():
+    """Outside tests and benchmarks, a module over 800 lines says why in its first lines, or is one
+    of the named modules awaiting a split (and only while it is over)."""
+    long_modules = {
+        str(path.relative_to(REPO_ROOT)): len(path.read_text().splitlines())
+        for package in (*STAGE_PACKAGES, "assets")
+        for path in sorted((REPO_ROOT / package).rglob("*.py"))
+        if len(path.read_text().splitlines()) > MAX_MODULE_LINES
+    }
+    unexplained = {
+        name: n
+        for name, n in long_modules.items()
+        if name not in MODULES_AWAITING_SPLIT
+        and "Why this module is long:" not in (REPO_ROOT / name).read_text()[:3000]
+    }
+    assert not unexplained, unexplained
+    assert not MODULES_AWAITING_SPLIT - set(long_modules), "split already: remove from MODULES_AWAITING_SPLIT"
+    assert "pipelines/cli.py" not in long_modules and (REPO_ROOT / "pipelines/cli/__init__.py").exists()

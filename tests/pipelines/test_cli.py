@@ -123,12 +123,12 @@ def test_the_summary_gives_a_check_one_line_and_shows_any_failed_run(capsys):
 
     from dagster import AssetCheckSeverity, AssetKey
 
-    from pipelines.cli import _print_checks
+    from pipelines.cli.common import print_checks
 
     def evaluation(asset: str, name: str, passed: bool, severity=AssetCheckSeverity.ERROR):
         return SimpleNamespace(asset_key=AssetKey(asset), check_name=name, passed=passed, severity=severity)
 
-    _print_checks(
+    print_checks(
         [
             evaluation("rollouts", "rollouts_whole_episodes", True),
             evaluation("rollouts", "rollouts_whole_episodes", True),
@@ -151,7 +151,7 @@ def test_the_summary_gives_a_check_one_line_and_shows_any_failed_run(capsys):
 def test_the_demo_never_shrinks_the_demonstrations_a_home_holds(small_demos, home):
     """`stepwise demo` imports a sample per task, or as many per task as the home already holds."""
     from envs.miniwob.demonstrations import import_demonstrations
-    from pipelines.cli import _demo_sample
+    from pipelines.cli.demo import _demo_sample
 
     assert _demo_sample(30) == 30 and _demo_sample(0) is None  # a new home: the sample asked for
     import_demonstrations(small_demos, Warehouse(home), workers=1, max_files_per_task=3)

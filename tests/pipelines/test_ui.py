@@ -113,7 +113,7 @@ def webserver(tmp_path_factory):
         mp.setenv("STEPWISE_HOME", str(home))
         mp.setenv("DAGSTER_HOME", str(home / "dagster"))
         mp.setenv("HF_HUB_OFFLINE", "1")
-        from pipelines.cli import prepare_dagster_home
+        from pipelines.cli.common import prepare_dagster_home
 
         dagster_home = prepare_dagster_home()  # copies the repo's dagster.yaml into $DAGSTER_HOME
         assert (dagster_home / "dagster.yaml").is_file()

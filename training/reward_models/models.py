@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -606,6 +606,18 @@ def _sigmoid(logits: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-logits))
 
 
+def width_batches(widths: np.ndarray, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+    """Batches that keep each row's score independent of the others: rows of one padded width
+    together, at most ``batch_size`` of them, filled to a multiple of :data:`ROW_MULTIPLE` rows by
+    repeating them (the CPU's matrix kernels round differently for a few rows than for many).
+    Yields (the rows' indices, the filled indices, the width)."""
+    for width in np.unique(widths):
+        members = np.flatnonzero(widths == width)
+        for start in range(0, len(members), batch_size):
+            items = members[start : start + batch_size]
+            yield items, np.resize(items, -(-len(items) // ROW_MULTIPLE) * ROW_MULTIPLE), int(width)
+
+
 class RewardScorer:
     """A trained reward model ready to score states (the batch scoring API).
 
@@ -690,15 +702,11 @@ class RewardScorer:
                 # (tests/training/reward_models/test_batch_invariance.py).
                 widths = np.array([padded_length(int(n)) for n in np.diff(features.offsets)])
                 scores = np.zeros(len(states), dtype=np.float64)
-                for width in np.unique(widths):
-                    members = np.flatnonzero(widths == width)
-                    for start in range(0, len(members), batch_size):
-                        items = members[start : start + batch_size]
-                        filled = np.resize(items, -(-len(items) // ROW_MULTIPLE) * ROW_MULTIPLE)
-                        collated = collate_segments(features, filled, matrix, width=int(width))
-                        batch = {k: v.to(self.device) for k, v in collated.items()}
-                        logits = self.model(**batch)["logits"].float()[: len(items)]
-                        scores[items] = _sigmoid(logits.cpu().double().numpy())
+                for items, filled, width in width_batches(widths, batch_size):
+                    collated = collate_segments(features, filled, matrix, width=width)
+                    batch = {k: v.to(self.device) for k, v in collated.items()}
+                    logits = self.model(**batch)["logits"].float()[: len(items)]
+                    scores[items] = _sigmoid(logits.cpu().double().numpy())
                 return scores
             texts = prompt_texts(states, self.kind, self.tokenizer, self.config)
             token_ids = self.tokenizer(texts, truncation=True, max_length=self.config.max_length)["input_ids"]
@@ -715,17 +723,13 @@ class RewardScorer:
         limit = int(positions or 10**9)
         widths = np.array([min(padded_length(len(ids)), limit) for ids in token_ids])
         scores = np.zeros(len(token_ids), dtype=np.float64)
-        for width in np.unique(widths):
-            members = np.flatnonzero(widths == width)
-            for start in range(0, len(members), batch_size):
-                items = members[start : start + batch_size]
-                filled = np.resize(items, -(-len(items) // ROW_MULTIPLE) * ROW_MULTIPLE)
-                ids = np.full((len(filled), int(width)), pad_id, dtype=np.int64)
-                mask = np.zeros((len(filled), int(width)), dtype=np.int64)
-                for row, i in enumerate(filled.tolist()):
-                    ids[row, : len(token_ids[i])] = token_ids[i]
-                    mask[row, : len(token_ids[i])] = 1
-                batch = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
-                logits = self.model(**{k: v.to(self.device) for k, v in batch.items()})["logits"].float()
-                scores[items] = _sigmoid(logits[: len(items)].cpu().double().numpy())
+        for items, filled, width in width_batches(widths, batch_size):
+            ids = np.full((len(filled), width), pad_id, dtype=np.int64)
+            mask = np.zeros((len(filled), width), dtype=np.int64)
+            for row, i in enumerate(filled.tolist()):
+                ids[row, : len(token_ids[i])] = token_ids[i]
+                mask[row, : len(token_ids[i])] = 1
+            batch = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+            logits = self.model(**{k: v.to(self.device) for k, v in batch.items()})["logits"].float()
+            scores[items] = _sigmoid(logits[: len(items)].cpu().double().numpy())
         return scores

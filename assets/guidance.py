@@ -52,6 +52,11 @@ class GuidanceEvaluationConfig(Config):
     n_values: list[int] = Field(default=[1, 3, 5, 8, 16], description="best-of-N sweep (GUI-Shepherd Table 5)")
     verifiers: list[str] = Field(default=["prm", "progrm_env"], description="best_of_n's verifiers")
     with_prior: bool = Field(default=False, description="also select on log score + log pi(a|s) ('+prior')")
+    with_abstention: bool = Field(
+        default=False,
+        description="also keep the policy's choice unless the verifier wins by a margin fitted on held-out states "
+        "with alternatives outside the evaluated seeds ('+abstain')",
+    )
     sample: bool = Field(default=False, description="N sampled without replacement instead of the N most probable")
     judge_n: int = Field(default=8, description="candidates per step for the judge (GUI-PRA: about 8)")
     judge_variants: list[str] = Field(default=["full", "no_memory", "no_perception"], description="GUI-PRA Table 2")

@@ -51,6 +51,17 @@ def select(scores: Sequence[float | None]) -> int:
     return best
 
 
+def select_with_margin(scores: Sequence[float | None], margin: float | None) -> int:
+    """:func:`select`, abstaining: the verifier's best candidate only where it beats the policy's own
+    (candidate 0) by more than ``margin``, else the policy's (``training.guidance.abstention``
+    fits the margin). ``None`` (no margin) is :func:`select`; an unjudged policy candidate defers."""
+    best = select(scores)
+    if margin is None or best == 0 or not scores or scores[0] is None:
+        return best
+    chosen = scores[best]
+    return best if chosen is not None and chosen - scores[0] > margin else 0
+
+
 @dataclass(frozen=True)
 class StepLog:
     """One guided step, as ``guidance_steps`` stores it."""
@@ -80,6 +91,7 @@ class GuidedPolicy:
     n: int = 1
     policy_id: str = "guided"
     prior: bool = False  # select on log score + log pi(a|s) (:func:`with_prior`) instead of the score alone
+    margin: float | None = None  # abstain (:func:`select_with_margin`) unless the verifier wins by more
     attempts: dict[tuple[str, int], AttemptGuidance] = field(default_factory=dict)  # (task, seed) -> guidance
     logs: dict[str, list[StepLog]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -137,7 +149,7 @@ class _GuidedActor:
             verdict = self.verifier.score(view, proposals)
             verify_s = time.perf_counter() - started
         ranking = with_prior(verdict.scores, [p.prior for p in proposals]) if self.policy.prior else verdict.scores
-        index = select(ranking)
+        index = select_with_margin(ranking, self.policy.margin)
         chosen = proposals[index]
         self.steps.append(
             StepLog(

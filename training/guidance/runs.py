@@ -30,7 +30,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from envs.protocol import EpisodeRecord, episode_tables
 from envs.rollouts import ATTEMPTS_TABLE, ProgressLog
 from envs.task_catalog import CatalogTask, load_catalog
 from training.base.statistics import bootstrap_interval, bootstrap_rows, paired_comparison, percentile_interval
+from training.guidance.abstention import MarginFit, fit_verifier_margin, margin_label
 from training.guidance.agent import GuidedPolicy, StepLog
 from training.guidance.judge import VARIANTS, JudgeSettings
 from training.guidance.proposals import GuidanceError, LearnedProposer, LLMProposer, Proposer
@@ -55,6 +56,7 @@ from training.llm.policy import LLM_EPISODE_CLOCK_MS
 from training.policy.evaluation import env_return, failure_mode, sample_seeds
 from training.policy.learned import PolicyModel
 from training.policy.store import HELD_OUT_SEED_BASE, PolicyNotFoundError, latest_policy
+from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
@@ -89,6 +91,7 @@ class GuidanceSettings:
     n_values: tuple[int, ...] = (1, 3, 5, 8, 16)
     verifiers: tuple[str, ...] = ("prm", "progrm_env")
     with_prior: bool = False  # best_of_n also with log score + log pi (``+prior``)
+    with_abstention: bool = False  # best_of_n also abstaining below a fitted margin (``+abstain``)
     sample: bool = False  # N sampled without replacement instead of the N most probable
     judge_n: int = 8
     judge_variants: tuple[str, ...] = VARIANTS
@@ -155,6 +158,7 @@ class Setting:
     variant: str | None = None
     retries: int = 0
     prior: bool = False
+    abstain: bool = False  # keep the policy's choice unless the verifier wins by a fitted margin
 
 
 def plan_settings(method: str, settings: GuidanceSettings) -> list[Setting]:
@@ -168,6 +172,9 @@ def plan_settings(method: str, settings: GuidanceSettings) -> list[Setting]:
         out = [Setting(method, f"{v}:N={n}", v, n) for v in settings.verifiers for n in sweep]
         if settings.with_prior:
             out += [Setting(method, f"{v}+prior:N={n}", v, n, prior=True) for v in settings.verifiers for n in sweep]
+        if settings.with_abstention:  # a margin is fitted on a reward model's scores
+            models = [v for v in settings.verifiers if v in (*STEP_JUDGE_KINDS, *PROGRESS_KINDS)]
+            out += [Setting(method, f"{v}+abstain:N={n}", v, n, abstain=True) for v in models for n in sweep]
         return out
     if method == "oracle":
         return [Setting(method, f"oracle:N={n}", "oracle", n) for n in sweep]
@@ -294,14 +301,22 @@ def run_setting(
     *,
     policy_id: str,
     reflection_client: ChatClient | None = None,
+    margin: float | None = None,
     log: Log = print,
 ) -> SettingResult:
     """All held-out episodes of one setting; a retry setting runs failed instances again (same
     seed) with their reflection, up to ``setting.retries`` times."""
     guided = GuidedPolicy(
-        proposer, verifier, setting.n, policy_id=f"guided:{policy_id}:{setting.label}", prior=setting.prior
+        proposer,
+        verifier,
+        setting.n,
+        policy_id=f"guided:{policy_id}:{setting.label}",
+        prior=setting.prior,
+        margin=margin,
     )
     model_id = verifier_model_id(verifier)
+    if margin is not None:  # the fitted margin is part of what was evaluated
+        setting = replace(setting, variant=margin_label(margin))
     out = SettingResult(setting, verifier_model_id=model_id)
     pending = [(task, seed) for task in tasks for seed in seeds]
     for attempt in range(setting.retries + 1):
@@ -496,7 +511,9 @@ def _meta(setting: Setting, policy_id: str, model_id: str, judge_mode: str | Non
         "setting": setting.label,
         "verifier_model_id": model_id,
         "method": setting.method,
-        "verifier": setting.verifier + ("+prior" if setting.prior else "") if setting.verifier else None,
+        "verifier": setting.verifier + ("+prior" if setting.prior else "+abstain" if setting.abstain else "")
+        if setting.verifier
+        else None,
         "n": setting.n,
         "variant": setting.variant,
         "judge_mode": judge_mode,
@@ -531,6 +548,7 @@ class _Evaluation:
     lineage: list[LineageInput]
     reflection_client: ChatClient | None
     seeds: list[int]
+    margins: dict[str, MarginFit] = field(default_factory=dict)  # abstaining settings' fitted margins
 
 
 @dataclass
@@ -606,7 +624,32 @@ def _prepare_evaluation(warehouse: Warehouse, method: str, settings: GuidanceSet
         f"guidance {method}: {len(plan)} settings x {len(tasks)} tasks x {len(seeds)} held-out seeds "
         f"with {policy_id}: {', '.join(s.label for s in plan)}"
     )
-    return _Evaluation(plan, proposer, policy_id, tasks, verifiers, lineage, reflection_client, seeds)
+    margins = _fit_margins(warehouse, plan, verifiers, {(t.task_id, s) for t in tasks for s in seeds}, log)
+    return _Evaluation(plan, proposer, policy_id, tasks, verifiers, lineage, reflection_client, seeds, margins)
+
+
+def _fit_margins(
+    warehouse: Warehouse,
+    plan: Sequence[Setting],
+    verifiers: Mapping[str, Verifier | None],
+    evaluated: set[tuple[str, int]],
+    log: Log,
+) -> dict[str, MarginFit]:
+    """Each abstaining setting's margin, fitted on held-out states outside the evaluated instances."""
+    margins: dict[str, MarginFit] = {}
+    for setting in (s for s in plan if s.abstain):
+        verifier = verifiers[setting.label]
+        scorer = getattr(getattr(verifier, "scorer", None), "scorer", None)
+        if scorer is None or setting.verifier is None:
+            raise GuidanceError(f"{setting.label}: abstention needs a reward-model verifier")
+        fit = fit_verifier_margin(warehouse, setting.verifier, scorer, evaluated)
+        log(
+            f"{setting.label}: margin {fit.margin:.4f} fitted on {fit.states} held-out states (mean value "
+            f"{fit.value:.3f}; the policy alone {fit.policy_value:.3f}, the verifier's argmax "
+            f"{fit.verifier_value:.3f}; overrides {100 * fit.overridden:.0f}% of states)"
+        )
+        margins[setting.label] = fit
+    return margins
 
 
 def _run_plan(evaluation: _Evaluation, pool_factory: PoolFactory, workers: int, log: Log) -> list[SettingResult]:
@@ -624,6 +667,7 @@ def _run_plan(evaluation: _Evaluation, pool_factory: PoolFactory, workers: int, 
                     evaluation.seeds,
                     policy_id=evaluation.policy_id,
                     reflection_client=evaluation.reflection_client,
+                    margin=evaluation.margins[setting.label].margin if setting.label in evaluation.margins else None,
                     log=log,
                 )
             )

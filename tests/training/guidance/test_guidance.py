@@ -21,7 +21,8 @@ from envs.protocol import EpisodeContext, EpisodeRecord, StepRecord, StepResult
 from envs.task_catalog import load_catalog
 from tests.training.llm.llm_fixtures import MINIWOB_ACTIONS, login_screen
 from training.base.states import StepState, describe_action, screen_lines
-from training.guidance.agent import GuidedPolicy, select, with_prior
+from training.guidance.abstention import fit_margin, fit_verifier_margin
+from training.guidance.agent import GuidedPolicy, select, select_with_margin, with_prior
 from training.guidance.judge import (
     GLOBAL_PARSE,
     LOCAL_LOOKUP,
@@ -59,7 +60,7 @@ from training.guidance.runs import (
 )
 from training.guidance.verifiers import StepView
 from training.llm.chat_client import ChatClient, ChatEndpoint
-from warehouse.catalog import LineageInput
+from warehouse.catalog import LineageInput, Warehouse
 from warehouse.model import Action, ActionType, Screen
 
 LOGIN = load_catalog("miniwob")["login-user"]
@@ -360,6 +361,40 @@ def test_paired_differences_and_report_rows():
     assert overall["task_id"] == "all" and overall["episodes"] == 2 and overall["success_rate"] == 0.5
     assert json.loads(overall["pass_at"]) == {"1": 0.0, "2": 0.5}
     assert overall["seconds_per_step"] == pytest.approx(0.015)
+
+
+def test_abstention_keeps_the_policys_choice_unless_the_verifier_wins_by_more_than_the_margin():
+    assert select_with_margin([0.5, 0.9, 0.7], None) == 1  # no margin: the argmax (Alg. 2)
+    assert select_with_margin([0.5, 0.9, 0.7], 0.3) == 1 and select_with_margin([0.5, 0.9, 0.7], 0.4) == 0
+    assert select_with_margin([0.8, 0.6], 0.0) == 0 and select_with_margin([None, 0.6], 0.5) == 1
+    assert select_with_margin([0.5, None], 0.0) == 0  # an unjudged candidate never wins
+
+
+def test_the_margin_is_fitted_where_the_candidates_values_are_known():
+    # (verifier scores, Monte-Carlo values); candidate 0 is the policy's
+    states = [
+        ([0.5, 0.9], [0.0, 1.0]),  # the verifier is right, by a gap of 0.4
+        ([0.5, 0.6], [1.0, 0.0]),  # wrong, by a gap of 0.1
+        ([0.8, 0.7], [1.0, 0.0]),  # agrees with the policy
+    ]
+    fit = fit_margin(states)
+    # margins tried: 0 (2/3), the gap 0.1 (only the confident override is kept: 3/3), 0.4 (2/3)
+    assert fit.margin == pytest.approx(0.1) and fit.value == 1.0 and fit.states == 3
+    assert fit.policy_value == pytest.approx(2 / 3) and fit.verifier_value == pytest.approx(2 / 3)
+    assert fit.overridden == pytest.approx(1 / 3)
+    # where overriding never pays, the largest margin wins the tie: the policy is kept everywhere
+    never = fit_margin([([0.5, 0.9], [1.0, 0.0]), ([0.2, 0.3], [1.0, 1.0])])
+    assert never.margin == pytest.approx(0.4) and never.overridden == 0.0 and never.value == 1.0
+    with pytest.raises(GuidanceError, match="no held-out state"):
+        fit_margin([])
+
+
+def test_abstaining_settings_are_planned_for_reward_model_verifiers_and_need_held_out_states(tmp_path):
+    settings = GuidanceSettings(n_values=(1, 3), verifiers=("prm", "oracle"), with_abstention=True)
+    labels = [s.label for s in plan_settings("best_of_n", settings)]
+    assert labels == ["prm:N=3", "oracle:N=3", "prm+abstain:N=3"]  # the oracle has no scores to trust
+    with pytest.raises(GuidanceError, match="step_alternatives"):
+        fit_verifier_margin(Warehouse(tmp_path / "empty"), "prm", None, set())
 
 
 def test_sweeps_with_two_models_of_one_verifier_are_stored_and_reported_side_by_side():

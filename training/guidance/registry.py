@@ -9,7 +9,9 @@ from typing import Any
 from training.guidance.judge import JudgeSettings, make_judge
 from training.guidance.proposals import GuidanceError
 from training.guidance.verifiers import (
+    ENSEMBLE_KINDS,
     VERIFIERS,
+    EnsembleVerifier,
     OracleVerifier,
     ProgressGainVerifier,
     StepJudgeVerifier,
@@ -40,6 +42,14 @@ def make_verifier(
         return StepJudgeVerifier(load_local_scorer(warehouse, name, checkpoint), name)
     if name in PROGRESS_KINDS:
         return ProgressGainVerifier(load_local_scorer(warehouse, name, checkpoint), name)
+    if name == "ensemble":  # its members are the newest models of their kinds (no one checkpoint)
+        judge_kind, progress_kind = ENSEMBLE_KINDS
+        return EnsembleVerifier(
+            (
+                StepJudgeVerifier(load_local_scorer(warehouse, judge_kind), judge_kind),
+                ProgressGainVerifier(load_local_scorer(warehouse, progress_kind), progress_kind),
+            )
+        )
     if name == "oracle":
         return OracleVerifier()
     return make_judge(judge if judge is not None else JudgeSettings(), warehouse, checkpoint=checkpoint)

@@ -14,6 +14,9 @@
   a candidate that does the task spec's next planned step (``envs.policies``' expansion of the
   spec's ``solution``, the scripted expert's plan) scores 1, others 0; with none matching, the
   policy's first candidate is kept.
+* :class:`EnsembleVerifier` (``ensemble``, not in the papers): the step PRM and ProgRM-Env's gain
+  together, each candidate's two scores turned into ranks within the step (their scales differ: a
+  probability and a difference of progress) and averaged.
 * ``judge``: the GUI-PRA judge (:mod:`training.guidance.judge`).
 
 :func:`make_verifier` chooses one by name and refuses, before any rollout, an unknown name, the
@@ -37,7 +40,9 @@ from warehouse.catalog import LineageInput, Warehouse
 from warehouse.model import Action, ActionType, Screen
 
 #: Verifiers by name: step judges, progress models, the oracle, the GUI-PRA judge.
-VERIFIERS: tuple[str, ...] = (*STEP_JUDGE_KINDS, *PROGRESS_KINDS, "oracle", "judge")
+VERIFIERS: tuple[str, ...] = (*STEP_JUDGE_KINDS, *PROGRESS_KINDS, "ensemble", "oracle", "judge")
+#: The ensemble's members: a step judge and a progress model (see :class:`EnsembleVerifier`).
+ENSEMBLE_KINDS: tuple[str, str] = ("prm", "progrm_env")
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ class Verifier(Protocol):
 class _Stateless:
     """An episode view of a verifier whose scores depend on the step alone."""
 
-    def __init__(self, owner: StepJudgeVerifier | ProgressGainVerifier) -> None:
+    def __init__(self, owner: StepJudgeVerifier | ProgressGainVerifier | EnsembleVerifier) -> None:
         self.owner = owner
 
     def score(self, view: StepView, proposals: Sequence[Proposal]) -> Verdict:
@@ -148,6 +153,62 @@ class ProgressGainVerifier:
 
     def lineage(self) -> list[LineageInput]:
         return self.scorer.lineage()
+
+
+def step_ranks(scores: Sequence[float | None]) -> list[float | None]:
+    """Each judged candidate's rank among the step's judged candidates, scaled to [0, 1] (1: the
+    highest; equal scores share their mean rank; a lone judged candidate gets 1); None stays None."""
+    judged = sorted((s, i) for i, s in enumerate(scores) if s is not None)
+    out: list[float | None] = [None] * len(scores)
+    if not judged:
+        return out
+    span = max(1, len(judged) - 1)
+    position = 0
+    while position < len(judged):
+        end = position
+        while end + 1 < len(judged) and judged[end + 1][0] == judged[position][0]:
+            end += 1
+        rank = (position + end) / 2 / span if len(judged) > 1 else 1.0
+        for k in range(position, end + 1):
+            out[judged[k][1]] = rank
+        position = end + 1
+    return out
+
+
+def mean_rank(verdicts: Sequence[Verdict]) -> tuple[float | None, ...]:
+    """Per candidate, the mean of its :func:`step_ranks` over the verdicts that judged it (None
+    where none did)."""
+    ranks = [step_ranks(v.scores) for v in verdicts]
+    out = []
+    for i in range(len(verdicts[0].scores)):
+        mine = [rank for r in ranks if (rank := r[i]) is not None]
+        out.append(sum(mine) / len(mine) if mine else None)
+    return tuple(out)
+
+
+@dataclass
+class EnsembleVerifier:
+    """The step PRM and a progress model's gain, each candidate scored by its mean within-step rank
+    (:func:`mean_rank`): a candidate both rank first wins; where they disagree, the tie goes to the
+    policy's order (:func:`training.guidance.agent.select`)."""
+
+    members: tuple[StepJudgeVerifier | ProgressGainVerifier, ...]
+    name: str = "ensemble"
+
+    def start(self, context: EpisodeContext) -> EpisodeVerifier:
+        return _Stateless(self)  # stateless like its members
+
+    def score(self, view: StepView, proposals: Sequence[Proposal]) -> Verdict:
+        verdicts = [m.score(view, proposals) for m in self.members]
+        return Verdict(
+            mean_rank(verdicts),
+            calls=sum(v.calls for v in verdicts),
+            mode="local",
+            details={m.name: list(v.scores) for m, v in zip(self.members, verdicts, strict=True)},
+        )
+
+    def lineage(self) -> list[LineageInput]:
+        return [i for m in self.members for i in m.lineage()]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from training.guidance.runs import (
     setting_rows,
     verifier_model_id,
 )
-from training.guidance.verifiers import StepView
+from training.guidance.verifiers import EnsembleVerifier, StepView, Verdict, mean_rank, step_ranks
 from training.llm.chat_client import ChatClient, ChatEndpoint
 from warehouse.catalog import LineageInput, Warehouse
 from warehouse.model import Action, ActionType, Screen
@@ -490,6 +490,29 @@ def test_the_progress_gain_is_the_candidates_progress_minus_the_current(trained_
     )
     assert np.allclose(verdict.scores, after - current, atol=1e-5) and verdict.calls == 1
     assert verdict.details["progress"] == pytest.approx(current, abs=1e-5)
+
+
+def test_step_ranks_put_a_probability_and_a_progress_gain_on_one_scale():
+    assert step_ranks([0.2, 0.9, None, 0.5]) == [0.0, 1.0, None, 0.5]
+    assert step_ranks([0.3, 0.3, 0.1]) == [0.75, 0.75, 0.0]  # equal scores share their mean rank
+    assert step_ranks([0.4]) == [1.0] and step_ranks([None, None]) == [None, None]
+    agree = mean_rank([Verdict((0.9, 0.1, 0.5)), Verdict((0.3, -0.2, 0.1))])
+    assert agree == (1.0, 0.0, 0.5) and select(list(agree)) == 0
+    split = mean_rank([Verdict((0.1, 0.9, 0.8)), Verdict((0.0, -0.1, 0.2))])  # each prefers another
+    assert split == (0.25, 0.5, 0.75) and select(list(split)) == 2
+    assert mean_rank([Verdict((0.5, None)), Verdict((None, None))]) == (1.0, None)
+
+
+def test_the_ensemble_scores_with_both_models_and_names_both_in_its_lineage(trained_prm, trained_progrm):
+    members = (make_verifier("prm", checkpoint=trained_prm), make_verifier("progrm_env", checkpoint=trained_progrm))
+    ensemble = EnsembleVerifier(members)  # type: ignore[arg-type]
+    screen = login_screen()
+    proposals, view = _proposals(screen), _view(screen, ("CLICK(textbox#username)",))
+    verdict = ensemble.start(_context()).score(view, proposals)
+    alone = [m.start(_context()).score(view, proposals) for m in members]
+    assert verdict.scores == mean_rank(alone) and verdict.calls == 2
+    assert verdict.details == {"prm": list(alone[0].scores), "progrm_env": list(alone[1].scores)}
+    assert [i.path for i in ensemble.lineage()] == [str(trained_prm), str(trained_progrm)]  # both models
 
 
 def test_the_judge_in_local_mode_says_so_and_applies_its_memory_and_rubric(trained_prm):

@@ -250,8 +250,9 @@ def packed_bert_states(model: Any, input_ids: torch.Tensor, attention_mask: torc
     for layer in model.encoder.layer:
         heads = layer.attention.self
         fused = getattr(heads, "fused_projections", None)
-        projected = fused(hidden).split(heads.all_head_size, dim=-1) if fused is not None else None
-        if projected is None:
+        if fused is not None:
+            projected = fused(hidden).split(heads.all_head_size, dim=-1)
+        else:
             projected = (heads.query(hidden), heads.key(hidden), heads.value(hidden))
         query, key, value = (padded(p).transpose(1, 2) for p in projected)
         context, _ = attend(heads, query, key, value, mask, dropout=0.0, scaling=heads.scaling)

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.base.states import StepState
 from training.guidance.agent import select, select_with_margin
 from training.guidance.proposals import GuidanceError
-from training.reward_models.alternatives_metric import candidate_states, read_held_out_states
+from training.reward_models.alternatives_metric import candidate_scores, read_held_out_states
 from training.reward_models.readers import read_trajectories
 from warehouse.catalog import Warehouse
 
@@ -96,17 +95,8 @@ def fit_verifier_margin(
             "evaluation) outside the evaluated instances, and the warehouse has none: run `stepwise flywheel` first"
         )
     trajectories = read_trajectories(warehouse, sorted({s.episode_id for s in states}))
-    batch: list[StepState] = []
-    spans: list[tuple[int, int, tuple[float, ...]]] = []
-    for s in states:
-        trajectory = trajectories.get(s.episode_id)
-        if trajectory is None or not 0 <= s.step_idx < len(trajectory):
-            continue
-        start = len(batch)
-        batch += candidate_states(kind, trajectory, s)
-        spans.append((start, len(batch), s.values))
-    scores = scorer.score_states(batch) if batch else np.zeros(0)
-    return fit_margin([(list(scores[a:b]), values) for a, b, values in spans])
+    scored = candidate_scores(kind, scorer, states, trajectories)
+    return fit_margin([(list(scored[s.state_id]), s.values) for s in states if s.state_id in scored])
 
 
 def margin_label(margin: float) -> str:

@@ -106,11 +106,11 @@ def candidate_states(kind: str, trajectory: TextTrajectory, state: HeldOutState)
     return [StepState(before.instruction, (*before.history, d), before.screen_lines) for d in state.descriptions]
 
 
-def picks(
+def candidate_scores(
     kind: str, scorer, states: Sequence[HeldOutState], trajectories: Mapping[str, TextTrajectory]
-) -> dict[str, int]:
-    """The candidate each state's highest score falls on (the first among equal scores), all
-    states scored in one batch."""
+) -> dict[str, np.ndarray]:
+    """Each state's candidate scores by a model of ``kind`` (states whose trajectory is missing are
+    left out), all states scored in one batch."""
     batch: list[StepState] = []
     spans: list[tuple[str, int, int]] = []
     for s in states:
@@ -121,7 +121,14 @@ def picks(
         batch += candidate_states(kind, traj, s)
         spans.append((s.state_id, start, len(batch)))
     scores = scorer.score_states(batch) if batch else np.zeros(0)
-    return {state_id: int(np.argmax(scores[a:b])) for state_id, a, b in spans}
+    return {state_id: scores[a:b] for state_id, a, b in spans}
+
+
+def picks(
+    kind: str, scorer, states: Sequence[HeldOutState], trajectories: Mapping[str, TextTrajectory]
+) -> dict[str, int]:
+    """The candidate each state's highest score falls on (the first among equal scores)."""
+    return {sid: int(np.argmax(scores)) for sid, scores in candidate_scores(kind, scorer, states, trajectories).items()}
 
 
 def _bootstrap(model: np.ndarray, policy: np.ndarray, *, level: float = 0.95) -> tuple[float, float, float, float]:

@@ -45,7 +45,8 @@ from warehouse.storage import slug, stepwise_home, write_parquet_atomic
 # 3: alternatives at one state (step_alternatives, rm_alternative_top1; new columns of rm_examples, flywheel_rounds).
 # 4: label_rationales and the joined view human_labels_with_rationales.
 # 5: flywheel_rounds' within-task AUC (auc_within_task and its interval).
-VIEWS_VERSION = "5"
+# 6: rm_examples.exploit (the RL runs' misranked episodes, issue 41 item 2).
+VIEWS_VERSION = "6"
 #: Columns a view derives for rows written before the column existed (``coalesce(stored, derived)``).
 _DERIVED_COLUMNS: dict[str, dict[str, str]] = {"episodes": {"purpose": LEGACY_PURPOSE_SQL}}
 #: Views over the tables' views, rebuilt with them: each human label with the LLM rationale of its

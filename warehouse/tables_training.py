@@ -47,6 +47,10 @@ RM_EXAMPLES = with_key(
             # group_id, and rank_value (their Monte-Carlo value) orders them for the pairwise loss
             ("group_id", pa.string()),
             ("rank_value", pa.float64()),
+            # the episode is one an RL run's reward misranked in its task (a failure paid at least as
+            # much as a success, or a success paid no more than a failure): issue 41 item 2,
+            # training.reward_models.exploits; its examples weigh more in training
+            ("exploit", pa.bool_()),
         ]
     ),
     "example_id",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,10 +21,12 @@ from training.reward_models.examples import (
     step_verdicts_for_export,
     trl_stepwise_rows,
 )
+from training.reward_models.exploits import Exploit, exploit_counts, select_exploits
 from training.reward_models.kinds import kind_spec
 from training.reward_models.readers import (
     read_alternatives,
     read_human_verdicts,
+    read_paid_episodes,
     read_progress_labels,
     read_splits,
     read_trajectories,
@@ -80,6 +83,7 @@ def build_reward_model_dataset(
     alternatives = read_alternatives(warehouse) if spec.state == "before_action" and options.alternatives else []
     if trajectories is None:
         trajectories = read_trajectories(warehouse, splits.keys(), progress=progress)
+    exploits = select_exploits(read_paid_episodes(warehouse))
     examples, stats = build_examples(
         kind,
         trajectories,
@@ -88,10 +92,13 @@ def build_reward_model_dataset(
         human_verdicts=human,
         alternatives=alternatives,
         options=options,
+        exploit_episodes={e.episode_id for e in exploits},
     )
     stats.examples_by_purpose = examples_by_purpose(warehouse, examples)
+    stats.exploits = exploits_in(examples, exploits)
     tables = ["episodes", "steps", "progress_split"] + (["progress_labels"] if needed else []) + human_tables
     tables += ["step_alternatives"] if alternatives else []
+    tables += ["rl_step_rewards"] if exploits else []
     trl = None
     if kind == "prm":
         source = options.derived_from
@@ -99,6 +106,15 @@ def build_reward_model_dataset(
         verdicts = step_verdicts_for_export(trajectories, labels.get(source, {}), human, derived_name)
         trl = trl_stepwise_rows(trajectories, splits, verdicts)
     return RewardModelDataset(kind, examples, stats, warehouse.current_inputs(tables), trl, bool(human))
+
+
+def exploits_in(examples: pa.Table, exploits: Sequence[Exploit]) -> dict[str, Any]:
+    """The RL runs' misranked episodes a dataset holds: episodes of each kind (paid failures,
+    unpaid successes) that have examples in it, and the flagged examples per split."""
+    present = set(examples.column("episode_id").to_pylist()) if examples.num_rows else set()
+    splits, flags = examples.column("split").to_pylist(), examples.column("exploit").to_pylist()
+    flagged = Counter(split for split, flag in zip(splits, flags, strict=True) if flag)
+    return exploit_counts([e for e in exploits if e.episode_id in present]) | {"examples_by_split": dict(flagged)}
 
 
 def examples_by_purpose(warehouse: Warehouse, examples: pa.Table) -> dict[str, dict[str, int]]:

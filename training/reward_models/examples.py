@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -81,10 +83,14 @@ class DatasetStats:
     label_versions: set[str] = field(default_factory=set)
     # split -> episode purpose (warehouse.purposes) -> examples: the mix a model learns from
     examples_by_purpose: dict[str, dict[str, int]] = field(default_factory=dict)
+    # the RL runs' misranked episodes this dataset holds (training.reward_models.exploits):
+    # episodes of each kind, and their examples per split
+    exploits: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
             "examples_by_purpose": self.examples_by_purpose,
+            "exploits": self.exploits,
             "kind": self.kind,
             "examples_by_split": self.examples_by_split,
             "label_mean_by_split": {k: round(v, 4) for k, v in self.label_mean_by_split.items()},
@@ -145,6 +151,7 @@ class _ExampleRows:
     options: DatasetOptions
     count_tokens: TokenCounter
     stats: DatasetStats
+    exploit_episodes: AbstractSet[str] = frozenset()
     rows: dict[str, list] = field(default_factory=lambda: {name: [] for name in RM_EXAMPLES.names})
 
     def add(
@@ -184,6 +191,7 @@ class _ExampleRows:
         rows["label_version"].append(version)
         rows["is_key_step"].append(key)
         rows["episode_success"].append(traj.success)
+        rows["exploit"].append(traj.episode_id in self.exploit_episodes)
         self.stats.label_sources[source] += 1
         if version:
             self.stats.label_versions.add(version)
@@ -199,6 +207,7 @@ def build_examples(
     alternatives: Sequence[AlternativeLabel] = (),
     options: DatasetOptions = DatasetOptions(),
     count_tokens: TokenCounter = approx_token_count,
+    exploit_episodes: AbstractSet[str] = frozenset(),
 ) -> tuple[pa.Table, DatasetStats]:
     """One kind's examples (``rm_examples`` rows) from trajectories, splits and labels.
 
@@ -206,11 +215,12 @@ def build_examples(
     restricted to ``options.lcs_method``) and ``"env"``. Episodes without a split are skipped;
     episodes without the labels a kind needs are skipped and counted in ``stats.dropped``.
     ``alternatives`` (step judges only) add every replayed candidate of a state as an example of
-    its own, grouped by state (:func:`_add_alternative_examples`).
+    its own, grouped by state (:func:`_add_alternative_examples`). The examples of
+    ``exploit_episodes`` (:mod:`training.reward_models.exploits`) are flagged ``exploit``.
     """
     spec = kind_spec(kind)
     human_verdicts = human_verdicts or {}
-    out = _ExampleRows(kind, options, count_tokens, DatasetStats(kind))
+    out = _ExampleRows(kind, options, count_tokens, DatasetStats(kind), exploit_episodes)
     by_episode: dict[str, list[AlternativeLabel]] = {}
     if spec.state == "before_action":
         for alternative in alternatives:

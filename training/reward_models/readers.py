@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from training.base.states import TextStep, TextTrajectory, action_in_context, screen_lines, target_context
 from training.reward_models.examples import AlternativeLabel, EpisodeLabels, SplitInfo
+from training.reward_models.exploits import PaidEpisode
 from training.reward_models.kinds import Verdict
 from training.reward_models.labels import human_step_verdicts
 from warehouse.catalog import Warehouse
@@ -180,3 +181,20 @@ def read_trajectories(
         )
         for episode_id, e in episodes.items()
     }
+
+
+def read_paid_episodes(warehouse: Warehouse) -> list[PaidEpisode]:
+    """Every RL training episode with what its run paid it (``rl_step_rewards``' rewards summed
+    over its steps), its task and success: what :func:`exploits.select_exploits` chooses from.
+    Empty before any RL run."""
+    if not warehouse.has_table("rl_step_rewards"):
+        return []
+    rows = warehouse.query(
+        "SELECT r.episode_id, any_value(r.run_key) AS run_key, any_value(e.task_id) AS task_id, "
+        "sum(r.reward) AS reward, bool_or(e.success) AS success "
+        "FROM rl_step_rewards r JOIN episodes e USING (episode_id) "
+        "WHERE r.run_key IS NOT NULL AND r.reward IS NOT NULL GROUP BY r.episode_id ORDER BY r.episode_id"
+    ).to_pylist()
+    return [
+        PaidEpisode(r["episode_id"], r["run_key"], r["task_id"], float(r["reward"]), bool(r["success"])) for r in rows
+    ]

@@ -55,10 +55,12 @@ from warehouse.tables_training import MODELS
 
 DATASETS_ASSET = "reward_model_datasets"
 MODEL_ASSET = "reward_model"
-DATASET_CODE_VERSION = "rm-datasets-1"
+# 2: rm_examples.exploit, the RL runs' misranked episodes (issue 41 item 2)
+DATASET_CODE_VERSION = "rm-datasets-2"
 # 2: early stopping on validation loss, best checkpoint exported; 3: within-task balancing, and
-# selection by the validation episodes' within-task AUC where it exists (issue 41 item 2)
-MODEL_CODE_VERSION = "rm-train-3"
+# selection by the validation episodes' within-task AUC where it exists (issue 41 item 2); 4: the
+# examples of misranked RL episodes weigh --exploit_weight (2) in the loss
+MODEL_CODE_VERSION = "rm-train-4"
 REPORT_CODE_VERSION = "rm-report-1"
 
 #: Upstream assets of the label stage (annotation/progress/labels.py).

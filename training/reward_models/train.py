@@ -61,6 +61,7 @@ from training.reward_models.balance import (
     validation_within_task_auc,
     within_task_balance_weights,
 )
+from training.reward_models.exploits import EXPLOIT_WEIGHT, exploit_loss_weights
 from training.reward_models.kinds import KINDS, STEP_JUDGE_KINDS
 from training.reward_models.models import (
     RewardModel,
@@ -178,6 +179,13 @@ class DataArguments:
             "(training.reward_models.balance; tasks with fewer than 5 episodes of an outcome are left as they are)"
         },
     )
+    exploit_weight: float = field(
+        default=EXPLOIT_WEIGHT,
+        metadata={
+            "help": "loss weight of the examples of episodes an RL run's reward misranked in their task "
+            "(rm_examples.exploit, training.reward_models.exploits; 1: no extra weight)"
+        },
+    )
     select_by: str = field(
         default="auto",
         metadata={
@@ -203,6 +211,7 @@ def read_examples(data: DataArguments, kind: str) -> pa.Table:
         "episode_id",
         "task_id",
         "episode_success",
+        "exploit",
         "step_idx",
         "instruction",
         "history",
@@ -234,9 +243,12 @@ def _read_parquet(path: str, columns: list[str]) -> pa.Table:
     table = pq.read_table(path, columns=[c for c in columns if c in present])
     for name in columns:
         if name not in present:
-            kind = {"rank_value": pa.float64(), "episode_success": pa.bool_(), "step_idx": pa.int32()}.get(
-                name, pa.string()
-            )
+            kind = {
+                "rank_value": pa.float64(),
+                "episode_success": pa.bool_(),
+                "exploit": pa.bool_(),
+                "step_idx": pa.int32(),
+            }.get(name, pa.string())
             table = table.append_column(name, pa.nulls(table.num_rows, type=kind))
     return table.select(columns)
 
@@ -717,7 +729,10 @@ class _SplitExamples:
     train_groups: Groups = NO_GROUPS
     eval_groups: Groups = NO_GROUPS
     eval_episodes: SplitEpisodes = NO_EPISODES
-    train_weights: np.ndarray | None = None  # within-task balancing's loss weights (None: all 1)
+    train_weights: np.ndarray | None = None  # within-task balancing's and exploits' loss weights (None: all 1)
+    train_exploit_examples: int = 0  # training examples of misranked RL episodes (rm_examples.exploit)
+    exploit_weight: float = 1.0  # their loss weight relative to the others
+    balanced_within_task: bool = False
 
 
 @dataclass
@@ -829,6 +844,11 @@ def _read_split_examples(data: DataArguments, kind: str) -> _SplitExamples:
             train_episodes.task_ids, train_episodes.episode_ids, train_episodes.success
         )
         log.info("%s: within-task balancing, example weights %.2f..%.2f", kind, weights.min(), weights.max())
+    exploit = train_table["exploit"].to_pylist()
+    exploit_examples = sum(map(bool, exploit))
+    weights = exploit_loss_weights(weights, exploit, data.exploit_weight)
+    if exploit_examples:
+        log.info("%s: %d examples of misranked RL episodes weigh %.1fx", kind, exploit_examples, data.exploit_weight)
     del table, train_table, eval_table  # the states hold what is needed
     log.info(
         "%s: %d train / %d validation examples (%d groups of alternatives)",
@@ -847,6 +867,9 @@ def _read_split_examples(data: DataArguments, kind: str) -> _SplitExamples:
         eval_groups,
         eval_episodes,
         weights,
+        exploit_examples,
+        data.exploit_weight,
+        data.balance_within_task,
     )
 
 
@@ -1042,7 +1065,10 @@ def _training_summary(
         "train_steps_per_second": float(result.metrics.get("train_steps_per_second", 0.0)),
         "train_loss": float(result.metrics.get("train_loss", float("nan"))),
         "n_train_examples": len(examples.train_states),
-        "balanced_within_task": examples.train_weights is not None,
+        "balanced_within_task": examples.balanced_within_task,
+        # examples of episodes an RL run's reward misranked (issue 41 item 2), and their loss weight
+        "exploit_examples": examples.train_exploit_examples,
+        "exploit_weight": examples.exploit_weight,
         # what early stopping and the exported checkpoint were chosen by (loss | within_task_auc)
         "selected_by": args.metric_for_best_model if args.load_best_model_at_end else None,
         "n_validation_examples": len(examples.eval_states),

@@ -18,6 +18,7 @@ import numpy as np
 
 from training.base.statistics import bootstrap_auc, paired_comparison, seed_bootstrap_interval
 from training.policy.evaluation import FAILURE_MODES
+from training.reward_models.exploits import PAID_FAILURE, UNPAID_SUCCESS, PaidEpisode, select_exploits
 from training.reward_models.kinds import PROGRESS_KINDS
 from training.rl.rewards.composed import parse_composition
 from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
@@ -349,6 +350,22 @@ def reward_by_ending(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str, An
     ]
 
 
+def exploits_by_actor(episodes: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per actor (:func:`run_label`), the training episodes its reward misranked within their task
+    and run, which the next reward-model datasets weigh more (issue 41 item 2,
+    :func:`training.reward_models.exploits.select_exploits`): paid failures and unpaid successes.
+    ``episodes`` as :func:`reward_by_ending`'s, with ``episode_id`` and ``run_key``."""
+    label_of = {e["episode_id"]: run_label(e) for e in episodes}
+    chosen = select_exploits(
+        PaidEpisode(e["episode_id"], e["run_key"], str(e.get("task_id") or ""), float(e["reward"]), bool(e["success"]))
+        for e in episodes
+    )
+    counts: dict[str, dict[str, int]] = {actor: {PAID_FAILURE: 0, UNPAID_SUCCESS: 0} for actor in label_of.values()}
+    for x in chosen:
+        counts[label_of[x.episode_id]][x.kind] += 1
+    return counts
+
+
 def training_reward_auc(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """How well each run's reward told its own training episodes apart (the Table-1 issue): per
     actor (:func:`run_label`), the ROC AUC of an episode's summed reward (the reward the policy
@@ -510,14 +527,19 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
     if report.get("reward_by_ending"):
         lines += [
             "",
-            "| actor (summed reward on its training episodes: mean (episodes)) | " + " | ".join(EPISODE_ENDINGS) + " |",
-            "|---|" + "---:|" * len(EPISODE_ENDINGS),
+            "| actor (summed reward on its training episodes: mean (episodes)) | "
+            + " | ".join(EPISODE_ENDINGS)
+            + " | misranked, to the reward models: paid failures / unpaid successes |",
+            "|---|" + "---:|" * (len(EPISODE_ENDINGS) + 1),
         ]
+        exploits = report.get("exploits", {})
         for a in report["reward_by_ending"]:
             cells = [
                 "-" if not a[k]["episodes"] else f"{a[k]['mean_reward']:.2f} ({a[k]['episodes']})"
                 for k in EPISODE_ENDINGS
             ]
+            handed = exploits.get(a["actor"])
+            cells.append(f"{handed[PAID_FAILURE]} / {handed[UNPAID_SUCCESS]}" if handed else "-")
             lines.append(f"| {a['actor']} | " + " | ".join(cells) + " |")
     if alarms := report.get("hacking_alarms"):
         lines += [

@@ -71,6 +71,7 @@ from training.rl.report import (
     SPARSE_BLOCK,
     SPARSE_RULE_STRICT,
     SPARSE_RULE_UNSOLVED,
+    exploits_by_actor,
     learning_curves_plot,
     reward_by_ending,
     reward_hacking_alarms,
@@ -1135,9 +1136,10 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     for key in {e["run_key"] for e in training} - set(key_tags):  # runs not registered yet
         key_tags[key] = tags.get(run_reward_model(warehouse, key) or "")
     for e in training:
-        e["reward_model_tag"] = key_tags[e.pop("run_key")]
+        e["reward_model_tag"] = key_tags[e["run_key"]]
     report["training_reward_auc"] = training_reward_auc(training)
     report["reward_by_ending"] = reward_by_ending(training)
+    report["exploits"] = exploits_by_actor(training)
     report["sparse_rule"] = sparse_block_rule(sft)
     report["curves"] = _report_curves(warehouse, list(latest.values()))
     report["hacking_alarms"] = reward_hacking_alarms(report)

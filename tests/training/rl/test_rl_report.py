@@ -10,6 +10,7 @@ from training.rl.report import (
     FIRST_TABLE_SEED_SD,
     check_table_one,
     experiment_design,
+    exploits_by_actor,
     minimum_detectable_difference,
     pooled_seed_sd,
     report_markdown,
@@ -285,7 +286,18 @@ def test_each_runs_reward_is_judged_on_its_own_training_episodes():
     assert paid["wrong submission"] == {"episodes": 2, "mean_reward": pytest.approx(0.2)}
     assert paid["partial credit"]["mean_reward"] == pytest.approx(0.7) and paid["success"]["episodes"] == 1
     table = str(report_markdown({"families": [], "rows": [], "comparisons": [], "reward_by_ending": [paid]}))
-    assert "| orm | 0.50 (1) | 0.70 (1) | 0.20 (2) | 0.90 (1) |" in table
+    assert "| orm | 0.50 (1) | 0.70 (1) | 0.20 (2) | 0.90 (1) | - |" in table
+    # what the runs hand to the reward models: the failures paid at least as much as a success of
+    # their task and run (two here), and the successes paid no more than a failure (the one)
+    ids = [e | {"episode_id": f"e{i}", "run_key": "orm-s0", "task_id": "t"} for i, e in enumerate(endings)]
+    exact = [episode("outcome", float(ok), ok) | {"episode_id": f"o{ok}", "run_key": "out-s0"} for ok in (True, False)]
+    handed = exploits_by_actor(ids + exact)
+    assert handed["orm"] == {"paid_failure": 2, "unpaid_success": 1}
+    assert handed["outcome"] == {"paid_failure": 0, "unpaid_success": 0}  # an exact reward misranks nothing
+    table = str(
+        report_markdown({"families": [], "rows": [], "comparisons": [], "reward_by_ending": [paid], "exploits": handed})
+    )
+    assert "| orm | 0.50 (1) | 0.70 (1) | 0.20 (2) | 0.90 (1) | 2 / 1 |" in table
     probability = [episode("orm", 0.2, True, block="sparse") | {"orm_rule": "probability"}]
     assert training_reward_auc(probability)[0]["actor"] == "orm · P(success) [sparse]"  # the table row's name
     only_failures = training_reward_auc([episode("orm", 0.3, False)])[0]

@@ -44,6 +44,9 @@ ALL_FAMILIES = "all"
 UNSEEN_CHECKPOINTS = "all:unseen_checkpoints"
 #: All episodes again, ranked only against episodes of their own task (:func:`within_group_auc`).
 WITHIN_TASK = "all:within_task"
+#: The episodes of one task (``task:<task_id>``), where the task has both outcomes: the per-task
+#: figures behind the within-task AUC (issue 41 item 2), so a task the model inverts is named.
+TASK_PREFIX = "task:"
 
 
 def episode_score(kind: str, step_scores: Sequence[float] | np.ndarray) -> float:
@@ -124,9 +127,13 @@ def auc_rows(
         groups[UNSEEN_CHECKPOINTS] = [e for e in scored if not e.checkpoint_seen]
     if len({e.task_id for e in scored}) > 1:  # with one task it is the "all" row again
         groups[WITHIN_TASK] = scored
+        for task in sorted({e.task_id for e in scored}):
+            members = [e for e in scored if e.task_id == task]
+            if len({e.success for e in members}) == 2:  # a task of one outcome has no AUC
+                groups[TASK_PREFIX + task] = members
     created = datetime.now(UTC)
     rows = []
-    for family, members in sorted(groups.items(), key=lambda kv: (kv[0].startswith(ALL_FAMILIES), kv[0])):
+    for family, members in sorted(groups.items(), key=lambda kv: (_family_rank(kv[0]), kv[0])):
         if not members:
             continue
         values = [episode_score(kind, scores[e.episode_id]) for e in members]
@@ -158,11 +165,17 @@ def auc_rows(
     return rows
 
 
+def _family_rank(family: str) -> int:
+    """Rows in order: task families, then single tasks, then the rows over all episodes."""
+    return 2 if family.startswith(ALL_FAMILIES) else 1 if family.startswith(TASK_PREFIX) else 0
+
+
 @dataclass
 class AgentEpisodeReport:
     rows: pa.Table
     markdown: str
     plot: Markdown | None
+    task_plot: Markdown | None = None  # the per-task AUCs (:func:`per_task_auc_plot`)
 
 
 def agent_episode_report(
@@ -181,7 +194,13 @@ def agent_episode_report(
     for kind, (model_id, scorer) in scorers.items():
         rows += auc_rows(model_id, kind, episodes, predict_trajectories(scorer, ordered), run_id)
     table = pa.Table.from_pylist(rows, schema=RM_AGENT_AUC)
-    return AgentEpisodeReport(table, auc_markdown(rows), auc_plot(rows, plot_path) if rows else None)
+    per_task = any(r["family"].startswith(TASK_PREFIX) for r in rows)
+    return AgentEpisodeReport(
+        table,
+        auc_markdown(rows),
+        auc_plot(rows, plot_path) if rows else None,
+        per_task_auc_plot(rows, plot_path.with_name(f"{plot_path.stem}_per_task.png")) if per_task else None,
+    )
 
 
 def _fmt(row: Mapping) -> str:
@@ -195,7 +214,8 @@ def auc_markdown(rows: Sequence[Mapping]) -> str:
     if not rows:
         return "No held-out agent episodes (materialize `policy_sft` / `agent_evaluation` first)."
     overall = [f for f in (ALL_FAMILIES, UNSEEN_CHECKPOINTS, WITHIN_TASK) if any(r["family"] == f for r in rows)]
-    families = sorted({r["family"] for r in rows} - set(overall)) + overall
+    tasks = sorted({r["family"] for r in rows if r["family"].startswith(TASK_PREFIX)})
+    families = sorted({r["family"] for r in rows} - set(overall) - set(tasks)) + overall
     counts = {r["family"]: f"{r['episodes']} ({r['successes']} ok)" for r in rows}
     lines = [
         "| model | score | " + " | ".join(families) + " |",
@@ -215,7 +235,51 @@ def auc_markdown(rows: Sequence[Mapping]) -> str:
     ]
     if errors:
         lines.append("\nKey-step progress error on agent episodes that reached a milestone: " + "; ".join(errors) + ".")
+    if tasks:
+        lines += [
+            "",
+            "Per task (tasks with both outcomes; AUC [95% interval]):",
+            "",
+            "| task | episodes | " + " | ".join(by_kind) + " |",
+            "|---|---:|" + "---:|" * len(by_kind),
+        ]
+        for task in tasks:
+            lines.append(
+                f"| {task.removeprefix(TASK_PREFIX)} | {counts[task]} | "
+                + " | ".join(_fmt(fams[task]) if task in fams else "" for fams in by_kind.values())
+                + " |"
+            )
     return "\n".join(lines)
+
+
+def per_task_auc_plot(rows: Sequence[Mapping], path: Path) -> Markdown:
+    """Each model's AUC on each task's held-out agent episodes (tasks with both outcomes), with
+    its interval: where a pooled or within-task figure comes from, and which task a model inverts."""
+    plt = pyplot()
+    tasks = sorted({r["family"] for r in rows if r["family"].startswith(TASK_PREFIX)})
+    kinds = list(dict.fromkeys(r["kind"] for r in rows))
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.32 * len(tasks)))
+    height = 0.8 / max(1, len(kinds))
+    for k, kind in enumerate(kinds):
+        found = {r["family"]: r for r in rows if r["kind"] == kind and r["family"] in tasks}
+        ys, auc, low, high = [], [], [], []
+        for i, task in enumerate(tasks):
+            r = found.get(task)
+            if r is None or r["auc"] is None or np.isnan(r["auc"]):
+                continue
+            ys.append(i - 0.4 + height * (k + 0.5))
+            auc.append(r["auc"])
+            low.append(r["auc"] - r["auc_low"])
+            high.append(r["auc_high"] - r["auc"])
+        ax.errorbar(auc, ys, xerr=[low, high], fmt="o", markersize=4, capsize=2, linewidth=1, label=kind)
+    ax.axvline(0.5, color="grey", linestyle="--", linewidth=1)
+    ax.set_yticks(np.arange(len(tasks)), [t.removeprefix(TASK_PREFIX) for t in tasks])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("AUC, episode score vs success, within the task (95% bootstrap)")
+    ax.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    return figure_markdown(fig, path, "reward models per task on held-out agent episodes")
 
 
 def auc_plot(rows: Sequence[Mapping], path: Path) -> Markdown:

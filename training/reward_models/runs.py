@@ -585,6 +585,8 @@ def run_evaluation_report(
         metadata[f"{name}_path"] = Path(path)
     if agents.plot is not None:
         metadata["agent_episode_auc_plot"] = agents.plot
+    if agents.task_plot is not None:
+        metadata["agent_episode_auc_per_task_plot"] = agents.task_plot
     return metadata
 
 

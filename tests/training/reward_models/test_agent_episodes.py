@@ -19,6 +19,7 @@ from training.reward_models.agent_episodes import (
     auc_rows,
     episode_score,
     milestone_labels,
+    per_task_auc_plot,
 )
 from warehouse.tables_training import RM_AGENT_AUC
 
@@ -89,10 +90,20 @@ def test_within_task_auc_ranks_only_episodes_of_the_same_task():
             "m", "orm", episodes, {e.episode_id: np.array([x]) for e, x in zip(episodes, scores, strict=True)}, None
         )
     }
-    assert list(rows) == ["fam", ALL_FAMILIES, WITHIN_TASK]
+    assert list(rows) == ["fam", "task:easy", "task:hard", ALL_FAMILIES, WITHIN_TASK]
     assert rows[ALL_FAMILIES]["auc"] == pytest.approx(36 / 49) and rows[WITHIN_TASK]["auc"] == 0.0
     assert rows[WITHIN_TASK]["episodes"] == 14 and rows[WITHIN_TASK]["key_step_error"] is None
-    assert "all:within_task" in auc_markdown(list(rows.values())).splitlines()[0]
+    # per task: each inverted, counted on its own episodes (the figures behind the within-task row)
+    assert rows["task:easy"]["auc"] == 0.0 and rows["task:easy"]["episodes"] == 7
+    assert rows["task:hard"]["auc"] == 0.0 and rows["task:hard"]["successes"] == 1
+    markdown = auc_markdown(list(rows.values()))
+    assert "all:within_task" in markdown.splitlines()[0] and "task:" not in markdown.splitlines()[0]
+    assert "| easy | 7 (6 ok) | 0.00 [0.00, 0.00] |" in markdown and "| hard | 7 (1 ok) |" in markdown
+    # a task of one outcome has no row of its own
+    one_outcome = [*episodes, AgentEpisode("eval:p:99", "solved", "fam", "p", True)]
+    flat = {e.episode_id: np.array([0.5]) for e in one_outcome}
+    families = {r["family"] for r in auc_rows("m", "orm", one_outcome, flat, None)}
+    assert "task:solved" not in families and "task:easy" in families
 
 
 def test_rows_per_family_and_overall(tmp_path):
@@ -118,6 +129,14 @@ def test_rows_per_family_and_overall(tmp_path):
     markdown = auc_markdown(rows)
     assert "| orm | last step | 1.00 [1.00, 1.00] | 0.00 [0.00, 0.00] |" in markdown
     assert auc_plot(rows, tmp_path / "auc.png").startswith("![") and (tmp_path / "auc.png").stat().st_size > 0
+    assert not any(r["family"].startswith("task:") for r in rows)  # one task: its row would be "all" again
+    two_tasks = [
+        AgentEpisode(e.episode_id, f"t{i % 2}", e.family, e.policy_id, e.success) for i, e in enumerate(episodes)
+    ]
+    per_task = [r for r in auc_rows("m1", "orm", two_tasks, scores, run_id="r") if r["family"].startswith("task:")]
+    assert [r["family"] for r in per_task] == ["task:t0", "task:t1"]
+    plot = per_task_auc_plot(per_task, tmp_path / "per_task.png")
+    assert plot.startswith("![") and (tmp_path / "per_task.png").stat().st_size > 0
     assert "No held-out agent episodes" in auc_markdown([])
 
 

@@ -180,7 +180,15 @@ def test_every_benchmark_has_a_smoke_run():
 
 @pytest.fixture(scope="session")
 def smoke_cache(tmp_path_factory) -> Path:
-    """Where benchmarks/_smoke.py keeps what it trains, so the benchmarks that need it share one build."""
+    """Where benchmarks/_smoke.py keeps what it trains, so the benchmarks that need it share one build.
+
+    Under pytest-xdist each worker has a base folder of its own, inside one folder of the run
+    (``pytest-N/popen-gw0``): the cache goes in that shared parent, so one build serves both
+    workers (``_smoke.trained_home`` builds under a file lock and the other waits for it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "benchmark-smoke-cache"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("benchmark-smoke-cache")
 
 

@@ -166,6 +166,11 @@ class RewardModelReportConfig(Config):
     latency_calls: int = Field(default=100, description="single-state calls timed per model")
     max_trajectories: int | None = Field(default=None, description="a fixed sample of each split (quick report)")
     threads: int = 2
+    compare_models: list[str] = Field(
+        default_factory=list,
+        description="model ids reported beside the latest model of each kind, each its own row (<kind>@<model id>): "
+        "a flywheel round's model against the demonstration-trained one, SmolLM2 against MiniLM",
+    )
 
 
 @asset(
@@ -180,7 +185,9 @@ class RewardModelReportConfig(Config):
 def reward_model_report(
     context: AssetExecutionContext, config: RewardModelReportConfig, warehouse: WarehouseResource
 ) -> MaterializeResult:
-    settings = ReportSettings(**config.model_dump() | {"kinds": tuple(config.kinds)})
+    settings = ReportSettings(
+        **config.model_dump() | {"kinds": tuple(config.kinds), "compare_models": tuple(config.compare_models)}
+    )
     wh = warehouse.get()
     metadata = run_evaluation_report(wh, settings, run_id=context.run_id, log=context.log.info)
     return MaterializeResult(

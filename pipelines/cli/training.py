@@ -41,7 +41,9 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
     training = {"train_steps": args.train_steps, "profile": args.profile, "backbone": args.backbone}
     training |= {"threads": args.threads} if args.threads else {}
     training |= {"max_train_examples": args.max_train_examples} if args.max_train_examples else {}
-    report_config = {"max_trajectories": args.report_trajectories} if args.report_trajectories else {}
+    report_config: dict[str, Any] = {"max_trajectories": args.report_trajectories} if args.report_trajectories else {}
+    compared = [m.strip() for m in args.compare_models.split(",") if m.strip()]
+    report_config |= {"compare_models": compared} if compared else {}
     started = time.perf_counter()
     outcomes: list[tuple[str, bool]] = []
     with DagsterInstance.get() as instance:
@@ -391,7 +393,13 @@ def _add_reward_models(sub: Any) -> None:
     p.add_argument(
         "--kinds",
         default="orm,progrm_lcs,progrm_env",
-        help="comma-separated: orm, progrm_lcs, progrm_env, prm, guidnav",
+        help="comma-separated: orm, progrm_lcs, progrm_env, prm, guidnav ('' trains none: only the report)",
+    )
+    p.add_argument(
+        "--compare-models",
+        default="",
+        help="comma-separated model ids the report puts beside the latest model of each kind, each its own "
+        "row (<kind>@<model id>): e.g. a flywheel round's model against the demonstration-trained one",
     )
     p.add_argument(
         "--train-steps",

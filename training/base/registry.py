@@ -122,3 +122,20 @@ def latest_models(warehouse: Warehouse, kinds: Sequence[str]) -> list[ModelRecor
             continue
         by_kind[model.kind] = model
     return [by_kind[k] for k in kinds if k in by_kind]
+
+
+def report_keys(models: Sequence[ModelRecord]) -> list[str]:
+    """One key per reported model: its kind for the first model of each kind, ``<kind>@<model id>``
+    for a further model of a kind already reported (issue 41 item 7: a flywheel round's model beside
+    the demonstration-trained one, a SmolLM2 model beside a MiniLM one, in one report)."""
+    seen: set[str] = set()
+    keys = []
+    for model in models:
+        keys.append(model.kind if model.kind not in seen else f"{model.kind}@{model.model_id}")
+        seen.add(model.kind)
+    return keys
+
+
+def key_kind(key: str) -> str:
+    """The kind of a :func:`report_keys` key."""
+    return key.split("@", 1)[0]

@@ -17,6 +17,7 @@ ranking easy tasks above hard ones.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ import pyarrow as pa
 
 from annotation.progress.key_steps import milestone_progress
 from envs.task_catalog import load_catalog
+from training.base.registry import key_kind
 from training.base.states import TextTrajectory
 from training.base.statistics import bootstrap_auc
 from training.reward_models.evaluate import key_step_progress_error, predict_trajectories
@@ -187,12 +189,13 @@ def agent_episode_report(
     plot_path: Path,
     run_id: str | None,
 ) -> AgentEpisodeReport:
-    """Score ``episodes`` with each model (``scorers``: kind -> (model id, scorer)) and build the
-    ``rm_agent_auc`` rows, a markdown table and a plot of AUC with intervals per model and family."""
+    """Score ``episodes`` with each model (``scorers``: report key (:func:`report_keys`) -> (model
+    id, scorer)) and build the ``rm_agent_auc`` rows, a markdown table and a plot of AUC with
+    intervals per model and family."""
     ordered = [trajectories[e.episode_id] for e in episodes if e.episode_id in trajectories]
     rows: list[dict] = []
-    for kind, (model_id, scorer) in scorers.items():
-        rows += auc_rows(model_id, kind, episodes, predict_trajectories(scorer, ordered), run_id)
+    for key, (model_id, scorer) in scorers.items():
+        rows += auc_rows(model_id, key_kind(key), episodes, predict_trajectories(scorer, ordered), run_id)
     table = pa.Table.from_pylist(rows, schema=RM_AGENT_AUC)
     per_task = any(r["family"].startswith(TASK_PREFIX) for r in rows)
     return AgentEpisodeReport(
@@ -209,6 +212,14 @@ def _fmt(row: Mapping) -> str:
     return f"{row['auc']:.2f} [{row['auc_low']:.2f}, {row['auc_high']:.2f}]"
 
 
+def row_labels(rows: Sequence[Mapping]) -> dict[str, str]:
+    """Model id -> how a table names the model: its kind, or ``<kind>@<model id>`` where the rows
+    hold several models of that kind (:func:`report_keys`)."""
+    models = {r["model_id"]: r["kind"] for r in rows}
+    kinds = Counter(models.values())
+    return {m: kind if kinds[kind] == 1 else f"{kind}@{m}" for m, kind in models.items()}
+
+
 def auc_markdown(rows: Sequence[Mapping]) -> str:
     """One line per model, one column per family (AUC [95% interval]), episodes counted."""
     if not rows:
@@ -222,14 +233,15 @@ def auc_markdown(rows: Sequence[Mapping]) -> str:
         "|---|---|" + "---:|" * len(families),
         "| episodes | | " + " | ".join(counts.get(f, "") for f in families) + " |",
     ]
-    by_kind: dict[str, dict[str, Mapping]] = {}
+    by_kind: dict[str, dict[str, Mapping]] = {}  # by model: its kind, or kind@model id (row_labels)
+    labels = row_labels(rows)
     for r in rows:
-        by_kind.setdefault(r["kind"], {})[r["family"]] = r
+        by_kind.setdefault(labels[r["model_id"]], {})[r["family"]] = r
     for kind, fams in by_kind.items():
         rule = next(iter(fams.values()))["score_rule"]
         lines.append(f"| {kind} | {rule} | " + " | ".join(_fmt(fams[f]) if f in fams else "" for f in families) + " |")
     errors = [
-        f"{r['kind']} {r['key_step_error']:.3f} ({r['key_steps']} key steps)"
+        f"{labels[r['model_id']]} {r['key_step_error']:.3f} ({r['key_steps']} key steps)"
         for r in rows
         if r["family"] == ALL_FAMILIES and r.get("key_step_error") is not None and not np.isnan(r["key_step_error"])
     ]
@@ -257,11 +269,12 @@ def per_task_auc_plot(rows: Sequence[Mapping], path: Path) -> Markdown:
     its interval: where a pooled or within-task figure comes from, and which task a model inverts."""
     plt = pyplot()
     tasks = sorted({r["family"] for r in rows if r["family"].startswith(TASK_PREFIX)})
-    kinds = list(dict.fromkeys(r["kind"] for r in rows))
+    labels = row_labels(rows)
+    models = list(dict.fromkeys(r["model_id"] for r in rows))
     fig, ax = plt.subplots(figsize=(7, 1.2 + 0.32 * len(tasks)))
-    height = 0.8 / max(1, len(kinds))
-    for k, kind in enumerate(kinds):
-        found = {r["family"]: r for r in rows if r["kind"] == kind and r["family"] in tasks}
+    height = 0.8 / max(1, len(models))
+    for k, model in enumerate(models):
+        found = {r["family"]: r for r in rows if r["model_id"] == model and r["family"] in tasks}
         ys, auc, low, high = [], [], [], []
         for i, task in enumerate(tasks):
             r = found.get(task)
@@ -271,7 +284,7 @@ def per_task_auc_plot(rows: Sequence[Mapping], path: Path) -> Markdown:
             auc.append(r["auc"])
             low.append(r["auc"] - r["auc_low"])
             high.append(r["auc_high"] - r["auc"])
-        ax.errorbar(auc, ys, xerr=[low, high], fmt="o", markersize=4, capsize=2, linewidth=1, label=kind)
+        ax.errorbar(auc, ys, xerr=[low, high], fmt="o", markersize=4, capsize=2, linewidth=1, label=labels[model])
     ax.axvline(0.5, color="grey", linestyle="--", linewidth=1)
     ax.set_yticks(np.arange(len(tasks)), [t.removeprefix(TASK_PREFIX) for t in tasks])
     ax.invert_yaxis()
@@ -292,7 +305,8 @@ def auc_plot(rows: Sequence[Mapping], path: Path) -> Markdown:
     err = np.array([[r["auc"] - r["auc_low"] for r in overall], [r["auc_high"] - r["auc"] for r in overall]])
     ax.bar(x, auc, yerr=err if len(overall) else None, capsize=4, color="#4c72b0")
     ax.axhline(0.5, color="grey", linestyle="--", linewidth=1, label="chance")
-    ax.set_xticks(x, [r["kind"] for r in overall])
+    labels = row_labels(rows)
+    ax.set_xticks(x, [labels[r["model_id"]] for r in overall])
     ax.set_ylim(0, 1)
     ax.set_ylabel("AUC, episode score vs success")
     n = overall[0]["episodes"] if overall else 0

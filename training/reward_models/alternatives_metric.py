@@ -24,6 +24,7 @@ outcomes, not candidates: it is not scored.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +32,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pyarrow as pa
 
+from training.base.registry import key_kind
 from training.base.states import StepState, TextTrajectory, action_state
 from training.base.statistics import (
     BOOTSTRAP_RESAMPLES,
@@ -201,9 +203,11 @@ def alternatives_report(
     *,
     run_id: str | None,
 ) -> AlternativesReport:
-    """Every choosing model (``scorers``: kind -> (model id, scorer)) on the held-out states."""
+    """Every choosing model (``scorers``: report key (:func:`report_keys`) -> (model id, scorer)) on
+    the held-out states."""
     rows: list[dict] = []
-    for kind, (model_id, scorer) in scorers.items():
+    for key, (model_id, scorer) in scorers.items():
+        kind = key_kind(key)
         if kind in CHOOSING_KINDS:
             rows += top1_rows(model_id, kind, states, picks(kind, scorer, states, trajectories), run_id)
     return AlternativesReport(pa.Table.from_pylist(rows, schema=RM_ALTERNATIVE_TOP1), top1_markdown(rows))
@@ -229,12 +233,14 @@ def top1_markdown(rows: Sequence[Mapping]) -> str:
         "| plan's step picked (model / policy) |",
         "|---|---|---:|---:|---|---|---|",
     ]
+    several = {k for k, n in Counter(r["kind"] for r in overall).items() if n > 1}
     for r in overall:
+        name = DISPLAY_NAMES.get(r["kind"], r["kind"]) + (f" ({r['model_id']})" if r["kind"] in several else "")
         plan = (
             f"{_pct(r['plan_top1'])} / {_pct(r['policy_plan_top1'])} ({r['plan_states']})" if r["plan_states"] else ""
         )
         lines.append(
-            f"| {DISPLAY_NAMES.get(r['kind'], r['kind'])} | {_pct(r['top1'])} [{_pct(r['top1_low'])}, "
+            f"| {name} | {_pct(r['top1'])} [{_pct(r['top1_low'])}, "
             f"{_pct(r['top1_high'])}] | {_pct(r['policy_top1'])} | {_pct(r['random_top1'])} | "
             f"{100 * r['gain']:+.1f} [{100 * r['gain_low']:+.1f}, {100 * r['gain_high']:+.1f}] | "
             f"{r['wins']} / {r['losses']}, p = {r['mcnemar_p']:.3g} | {plan} |"

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from training.base.registry import ModelRecord
+from training.base.registry import ModelRecord, key_kind, report_keys
 from training.base.states import StepState, TextTrajectory
 from training.base.statistics import mcnemar_exact_p, roc_auc
 from training.reward_models.examples import EpisodeLabels
@@ -346,6 +346,14 @@ MODEL_COLOURS: dict[str, str] = {
 MODEL_NAMES: dict[str, str] = DISPLAY_NAMES
 
 
+def display_name(key: str) -> str:
+    """A report key as tables and plots name it: the kind's display name, and the model id when the
+    key carries one."""
+    kind, _, model_id = key.partition("@")
+    name = MODEL_NAMES.get(kind, kind)
+    return f"{name} ({model_id})" if model_id else name
+
+
 def pick_sample_trajectories(
     data: EvaluationSet, n_success: int = 3, n_failure: int = 3, min_steps: int = 3
 ) -> list[TextTrajectory]:
@@ -393,16 +401,16 @@ def plot_progress_curves(
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
     for ax, traj in zip(axes.flat, samples, strict=False):  # the grid may have spare axes
         x = np.arange(0, len(traj) + 1)  # 0 = Init (Fig. 5)
-        for kind, scores in scores_by_kind.items():
-            if not kind_spec(kind).scores_progress or traj.episode_id not in scores:
+        for key, scores in scores_by_kind.items():
+            if not kind_spec(key_kind(key)).scores_progress or traj.episode_id not in scores:
                 continue
             ax.plot(
                 x,
                 np.concatenate([[0.0], scores[traj.episode_id]]),
                 marker="o",
                 ms=3,
-                color=MODEL_COLOURS.get(kind),
-                label=MODEL_NAMES.get(kind, kind),
+                color=None if "@" in key else MODEL_COLOURS.get(key),
+                label=display_name(key),
             )
         for labels, style, name in ((data.lcs_labels, ":", "LCS label"), (data.env_labels, "--", "milestone label")):
             lab = labels.get(traj.episode_id)
@@ -495,8 +503,9 @@ def plot_calibration(
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
     episode_ids, success = data.final_success()
-    for kind, scores in scores_by_kind.items():
-        colour, name = MODEL_COLOURS.get(kind), MODEL_NAMES.get(kind, kind)
+    for key, scores in scores_by_kind.items():
+        kind = key_kind(key)
+        colour, name = None if "@" in key else MODEL_COLOURS.get(kind), display_name(key)
         if all(e in scores for e in episode_ids) and episode_ids:
             finals = np.array([scores[e][-1] for e in episode_ids])
             bins = calibration_bins(finals, success.astype(float))
@@ -599,9 +608,7 @@ def markdown_table(metrics_by_kind: Mapping[str, Mapping[str, float]], columns, 
         if kind in metrics_by_kind:
             m = metrics_by_kind[kind]
             lines.append(
-                f"| {MODEL_NAMES.get(kind, kind)} | "
-                + " | ".join(_fmt_metric(key, m.get(key)) for key, _ in columns)
-                + " |"
+                f"| {display_name(kind)} | " + " | ".join(_fmt_metric(key, m.get(key)) for key, _ in columns) + " |"
             )
     return "\n".join(lines)
 
@@ -736,26 +743,27 @@ def run_report(
     scores_by_kind: dict[str, dict[str, np.ndarray]] = {}
     thresholds: dict[str, float] = {}
     prediction_tables = []
-    for model in models:
+    keys = report_keys(models)
+    for key, model in zip(keys, models, strict=True):
         scorer = RewardScorer.from_checkpoint(model.checkpoint_path)
         if cache_home is not None:  # the segments training already encoded (frozen mode)
             scorer.load_home_cache(cache_home)
         scores = _score_model(scorer, model.kind, held_out, tuning, latency_calls)
-        thresholds[model.kind] = _success_threshold(scores.tune, tuning)
-        metrics[model.kind] = _model_metrics(
-            model.kind, scores, held_out, tuning, thresholds[model.kind], split=split, threshold_split=threshold_split
+        thresholds[key] = _success_threshold(scores.tune, tuning)
+        metrics[key] = _model_metrics(
+            model.kind, scores, held_out, tuning, thresholds[key], split=split, threshold_split=threshold_split
         )
-        scores_by_kind[model.kind] = scores.test
+        scores_by_kind[key] = scores.test
         prediction_tables.append(prediction_rows(model, split, scores.test, held_out, run_id))
         if tuning is not held_out:
             prediction_tables.append(prediction_rows(model, threshold_split, scores.tune, tuning, run_id))
-        say(_model_progress_line(model.kind, metrics[model.kind][split], scores.latency))
+        say(_model_progress_line(key, metrics[key][split], scores.latency))
 
     if "orm" in scores_by_kind:  # ProgRM Table 2's comparison, paired: same trajectories, same outcomes
         _add_orm_comparison(metrics, scores_by_kind, thresholds, held_out, split)
     metric_cols = _metric_columns(metrics, models, run_id)
     plots = _draw_report_plots(scores_by_kind, held_out, plots_dir)
-    markdown = _report_markdown({k: v[split] for k, v in metrics.items()}, [m.kind for m in models], split)
+    markdown = _report_markdown({k: v[split] for k, v in metrics.items()}, keys, split)
     predictions = pa.concat_tables(prediction_tables) if prediction_tables else None
     return ReportResult(
         metrics=metrics,
@@ -856,12 +864,12 @@ def _metric_columns(
     from warehouse.tables_training import RM_METRICS
 
     metric_cols: dict[str, list] = {name: [] for name in RM_METRICS.names}
-    model_ids = {m.kind: m.model_id for m in models}
-    for kind, by_split in metrics.items():
+    model_ids = {key: m.model_id for key, m in zip(report_keys(models), models, strict=True)}
+    for key, by_split in metrics.items():
         for split_name, values in by_split.items():
             for metric, value in values.items():
-                metric_cols["model_id"].append(model_ids[kind])
-                metric_cols["kind"].append(kind)
+                metric_cols["model_id"].append(model_ids[key])
+                metric_cols["kind"].append(key_kind(key))
                 metric_cols["split"].append(split_name)
                 metric_cols["metric"].append(metric)
                 metric_cols["value"].append(float(value) if value is not None else None)
@@ -884,9 +892,13 @@ def _draw_report_plots(
 
 
 def _report_markdown(test_metrics: Mapping[str, Mapping[str, float]], kinds: list[str], split: str) -> str:
-    """The report's Markdown tables of the held-out metrics (ProgRM Tables 2 and 3, paired, step judgement)."""
-    outcome_kinds = [k for k in SUCCESS_JUDGE_KINDS if k in kinds]
-    judge_kinds = [k for k in kinds if k not in SUCCESS_JUDGE_KINDS]
+    """The report's Markdown tables of the held-out metrics (ProgRM Tables 2 and 3, paired, step
+    judgement); ``kinds``: the models' :func:`report_keys`."""
+    outcome_kinds = sorted(
+        (k for k in kinds if key_kind(k) in SUCCESS_JUDGE_KINDS),
+        key=lambda k: (SUCCESS_JUDGE_KINDS.index(key_kind(k)), kinds.index(k)),
+    )
+    judge_kinds = [k for k in kinds if key_kind(k) not in SUCCESS_JUDGE_KINDS]
     return (
         f"### Success judgement at the final step ({split}; ProgRM Table 2, % of trajectories)\n\n"
         + markdown_table(test_metrics, TABLE2_COLUMNS + (("threshold", "threshold"),), outcome_kinds + judge_kinds)

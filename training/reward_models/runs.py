@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from envs.process import set_parent_death_signal
-from training.base.registry import LATEST_REPORT_RUN, REPORT_ASSET, ModelRecord
+from training.base.registry import LATEST_REPORT_RUN, REPORT_ASSET, ModelRecord, report_keys
 from training.base.states import StepState
 from training.reward_models.agent_episodes import AgentEpisodeReport, agent_episode_report, read_agent_episodes
 from training.reward_models.alternatives_metric import AlternativesReport, alternatives_report, read_held_out_states
@@ -499,6 +499,9 @@ class ReportSettings:
     latency_calls: int = 100  # single-state calls timed per model
     threads: int = 2
     max_trajectories: int | None = None  # a fixed sample of each split (a quick report); None: all
+    # further models reported beside the latest of each kind, by id (a flywheel round's model and the
+    # demonstration-trained one, MiniLM and SmolLM2): each its own row, keyed <kind>@<model id>
+    compare_models: tuple[str, ...] = ()
 
 
 def run_evaluation_report(
@@ -508,14 +511,16 @@ def run_evaluation_report(
     ``rm_metrics``, write the markdown report and plots; returns the asset's metadata."""
     import torch
 
-    from training.base.registry import latest_models
+    from training.base.registry import latest_models, model_by_id
     from training.reward_models.evaluate import run_report
 
     torch.set_num_threads(settings.threads)
     models = latest_models(warehouse, list(settings.kinds))
     if not models:
         raise ValueError("no trained reward models in `models`: materialize reward_model first")
-    log("report on " + ", ".join(f"{m.kind}={m.model_id}" for m in models))
+    latest = {m.model_id for m in models}
+    models += [model_by_id(warehouse, i) for i in dict.fromkeys(settings.compare_models) if i not in latest]
+    log("report on " + ", ".join(f"{k}={m.model_id}" for k, m in zip(report_keys(models), models, strict=True)))
     plots_dir = warehouse.home / "plots" / "reward_models" / run_id
     result = run_report(
         warehouse,
@@ -538,7 +543,8 @@ def run_evaluation_report(
             "threshold_split": settings.threshold_split,
             "max_trajectories": settings.max_trajectories,
             "thresholds": result.thresholds,
-            "models": [x.model_id for x in models],
+            "models": [x.model_id for x in models if x.model_id in latest],
+            "compared_models": [x.model_id for x in models if x.model_id not in latest],
         },
         inputs=[
             LineageInput(kind="asset", input_asset=MODEL_ASSET, input_materialization_id=x.materialization_id)
@@ -595,10 +601,10 @@ def _loaded_scorers(warehouse: Warehouse, models: Sequence[ModelRecord]) -> dict
     from training.reward_models.models import RewardScorer
 
     scorers: dict[str, tuple[str, object]] = {}
-    for model in models:
+    for key, model in zip(report_keys(models), models, strict=True):
         scorer = RewardScorer.from_checkpoint(model.checkpoint_path)
         scorer.load_home_cache(warehouse.home)
-        scorers[model.kind] = (model.model_id, scorer)
+        scorers[key] = (model.model_id, scorer)
     return scorers
 
 
@@ -630,10 +636,21 @@ def current_label_inputs(warehouse: Warehouse) -> list[LineageInput]:
 
 
 def latest_report_metrics(warehouse: Warehouse) -> list[dict]:
-    """The ``rm_metrics`` rows of the latest report run (empty before the first report)."""
+    """The ``rm_metrics`` rows of the latest report run's models of record, the latest of each kind
+    (empty before the first report); the models it only compared with them (``compare_models``)
+    are left out, so a check reads one model per kind."""
     if not warehouse.has_table("rm_metrics"):
         return []
-    return warehouse.query(f"SELECT m.* FROM rm_metrics m WHERE m.report_run_id = {LATEST_REPORT_RUN}").to_pylist()
+    compared = warehouse.query(
+        "SELECT json_extract_string(parameters, '$.compared_models[*]') AS ids FROM lineage_materializations "
+        f"WHERE asset = '{REPORT_ASSET}' AND run_id = {LATEST_REPORT_RUN} LIMIT 1"
+    ).to_pylist()
+    left_out = list(compared[0]["ids"] or []) if compared else []
+    return warehouse.query(
+        f"SELECT m.* FROM rm_metrics m WHERE m.report_run_id = {LATEST_REPORT_RUN} "
+        "AND NOT list_contains(?, m.model_id)",
+        [left_out],
+    ).to_pylist()
 
 
 def check_report_metrics_present(warehouse: Warehouse, split: str = "test") -> CheckOutcome:

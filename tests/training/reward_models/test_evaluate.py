@@ -182,3 +182,40 @@ def test_latest_models_passes_over_models_this_encoder_cannot_load(trained_progr
     [found] = latest_models(warehouse, ["progrm_env", "orm"])
     assert found.model_id == "usable"
     RewardScorer.from_checkpoint(found.checkpoint_path)  # and it loads
+
+
+def test_two_models_of_one_kind_are_reported_side_by_side(tiny_home, trained_orm, tmp_path):
+    """Issue 41 item 7: ``compare_models`` puts a further model of a kind beside the latest one, each
+    its own row keyed by model id; the checks still read one model per kind, the latest."""
+    import shutil
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+
+    from training.reward_models.runs import ReportSettings, latest_report_metrics, run_evaluation_report
+    from warehouse.catalog import Materialization, Warehouse
+    from warehouse.tables_training import MODELS
+
+    home = tmp_path / "home"
+    shutil.copytree(tiny_home, home)
+    warehouse = Warehouse(home)
+    for model_id, day in (("orm-demonstrations", 1), ("orm-round-1", 2)):
+        row = {"model_id": model_id, "kind": "orm", "checkpoint_path": str(trained_orm)}
+        row |= {"created_at": datetime(2026, 1, day, tzinfo=UTC)}
+        m = Materialization(asset="test_models")
+        warehouse.publish(m, [warehouse.stage_table("models", model_id, pa.Table.from_pylist([row], schema=MODELS), m)])
+
+    settings = ReportSettings(kinds=("orm",), latency_calls=2, threads=1, compare_models=("orm-demonstrations",))
+    metadata = run_evaluation_report(warehouse, settings, run_id="report-1", log=lambda _: None)
+    rows = warehouse.query("SELECT model_id, kind, metric, value FROM rm_metrics WHERE split = 'test'").to_pylist()
+    accuracy = {r["model_id"]: r["value"] for r in rows if r["metric"] == "accuracy"}
+    assert set(accuracy) == {"orm-demonstrations", "orm-round-1"} and {r["kind"] for r in rows} == {"orm"}
+    assert accuracy["orm-demonstrations"] == accuracy["orm-round-1"]  # one checkpoint: the same figures
+    report = str(metadata["report"])
+    assert "| ORM |" in report and "| ORM (orm-demonstrations) |" in report  # the latest first, then the other
+    assert metadata["thresholds"].keys() == {"orm", "orm@orm-demonstrations"}
+    # the checks read the model of record only (the latest of the kind)
+    assert {r["model_id"] for r in latest_report_metrics(warehouse)} == {"orm-round-1"}
+    unknown = ReportSettings(kinds=("orm",), latency_calls=2, threads=1, compare_models=("orm-nowhere",))
+    with pytest.raises(LookupError, match="orm-nowhere"):
+        run_evaluation_report(warehouse, unknown, run_id="report-2", log=lambda _: None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -180,3 +181,16 @@ def paired_comparison(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[
     wins = sum(1 for k in keys if a[k] and not b[k])
     losses = sum(1 for k in keys if b[k] and not a[k])
     return {"pairs": len(keys), "only_a": wins, "only_b": losses, "mcnemar_p": mcnemar_exact_p(wins, losses)}
+
+
+def paired_difference(
+    a: Mapping[tuple, bool], b: Mapping[tuple, bool], *, samples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """(difference, low, high): ``a``'s success minus ``b``'s on the keys both ran, as a share, with a
+    95% interval from :func:`seed_bootstrap_interval` over the keys' last element (the RL seed of a
+    (task, seed, RL seed) key: runs of one seed share their training, so their episodes are not
+    independent). nan without common keys."""
+    groups: dict[Any, list[float]] = {}
+    for k in sorted(set(a) & set(b)):
+        groups.setdefault(k[-1], []).append(float(a[k]) - float(b[k]))
+    return seed_bootstrap_interval(list(groups.values()), samples=samples, seed=seed)

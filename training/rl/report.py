@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from training.base.statistics import bootstrap_auc, paired_comparison, seed_bootstrap_interval
+from training.base.statistics import bootstrap_auc, paired_comparison, paired_difference, seed_bootstrap_interval
 from training.policy.evaluation import FAILURE_MODES
 from training.reward_models.exploits import PAID_FAILURE, UNPAID_SUCCESS, PaidEpisode, select_exploits
 from training.reward_models.kinds import PROGRESS_KINDS
@@ -202,11 +202,11 @@ def table_one(
         # versus SFT: every RL seed's episode paired with SFT's episode on the same task and seed
         paired_sft = {(t, s, rl): sft_outcomes[(t, s, 0)] for (t, s, rl) in mine if (t, s, 0) in sft_outcomes}
         block = members[0].get("block") or DENSE_BLOCK
-        comparisons.append({"actor": label, "versus": sft_label(block)} | paired_comparison(mine, paired_sft))
+        comparisons.append({"actor": label, "versus": sft_label(block)} | _paired(mine, paired_sft))
         for other in dict.fromkeys(run_label(o) for o in compared_runs(groups, members[0])):
             if other in groups and other != label:
                 theirs = outcomes([m["policy_id"] for m in groups[other]], True)
-                comparisons.append({"actor": label, "versus": other} | paired_comparison(mine, theirs))
+                comparisons.append({"actor": label, "versus": other} | _paired(mine, theirs))
     return {
         "sft_policy_id": sft_id,
         "families": families,
@@ -214,6 +214,13 @@ def table_one(
         "comparisons": comparisons,
         "design": experiment_design(rows),
     }
+
+
+def _paired(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str, float]:
+    """McNemar's counts of two actors on the same (task, seed, RL seed) and the paired difference
+    in success with its interval over RL seeds (the issue's "lower bound above -5 points")."""
+    difference, low, high = paired_difference(a, b)
+    return paired_comparison(a, b) | {"difference": difference, "difference_low": low, "difference_high": high}
 
 
 def compared_runs(groups: Collection[str], run: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -410,6 +417,21 @@ def training_reward_auc(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str,
 #: Below this within-task AUC on its own training episodes a reward cannot tell a task's successes
 #: from its failures (issue 41 item 5): an agent trained on it learns what the reward pays instead.
 HACKING_AUC_FLOOR = 0.6
+#: A failure ending judged against successes only with at least this many training episodes.
+HACKING_MIN_ENDING_EPISODES = 20
+
+
+def _failures_paid_like_success(paid: Mapping[str, Any] | None) -> list[str]:
+    """The failure endings a row of :func:`reward_by_ending` paid at least as much as its successes."""
+    if not paid or not paid["success"]["episodes"]:
+        return []
+    success = paid["success"]["mean_reward"]
+    return [
+        f"paid '{ending}' {paid[ending]['mean_reward']:.2f} ({paid[ending]['episodes']} episodes), "
+        f"success {success:.2f}"
+        for ending in EPISODE_ENDINGS[1:]
+        if paid[ending]["episodes"] >= HACKING_MIN_ENDING_EPISODES and paid[ending]["mean_reward"] >= success
+    ]
 
 
 def reward_hacking_alarms(report: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -419,13 +441,19 @@ def reward_hacking_alarms(report: Mapping[str, Any]) -> list[dict[str, Any]]:
       minus the first's, ``report["curves"]``) **while held-out success fell** below the SFT row
       of its block (``report["rows"]``; the paired McNemar p of that comparison is given);
     * its **within-task AUC** on its own training episodes (``report["training_reward_auc"]``) is
-      under :data:`HACKING_AUC_FLOOR` (the pooled AUC where a run's episodes carry no task).
+      under :data:`HACKING_AUC_FLOOR` (the pooled AUC where a run's episodes carry no task);
+    * it **paid a failure ending at least as much as success** on average over its training
+      episodes (``report["reward_by_ending"]``; an ending of at least
+      :data:`HACKING_MIN_ENDING_EPISODES` episodes): the policy gradient then pushes towards that
+      ending, whatever the ranking within tasks says (a PRM bonus paid never-submitted episodes
+      1.29 against 1.25 for successes, and its agents repeated actions until the step limit).
 
     Each row lists its ``alarms`` in words (none: the reward shows no sign of being gamed). Rows
     without a curve of two iterations or an AUC judge only by what they have."""
     rows = {r["actor"]: r for r in report["rows"]}
     sft_p = {c["actor"]: c["mcnemar_p"] for c in report["comparisons"] if c["versus"].startswith("SFT")}
     auc = {a["actor"]: a for a in report.get("training_reward_auc", [])}
+    paid = {a["actor"]: a for a in report.get("reward_by_ending", [])}
     by_seed: dict[str, dict[Any, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for c in report.get("curves", []):
         by_seed[c["actor"]][c["seed"]].append(c)
@@ -456,6 +484,7 @@ def reward_hacking_alarms(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         if ranking < HACKING_AUC_FLOOR:
             what = "within-task" if not math.isnan(within) else "pooled"
             said.append(f"{what} AUC {ranking:.2f} < {HACKING_AUC_FLOOR} on its own training episodes")
+        said += _failures_paid_like_success(paid.get(actor))
         alarms.append(
             {
                 "actor": actor,
@@ -497,14 +526,22 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| actor | versus | pairs | only actor solves | only the other solves | McNemar p |",
-        "|---|---|---:|---:|---:|---:|",
+        "| actor | versus | pairs | only actor solves | only the other solves | McNemar p "
+        "| difference, points [95%, over RL seeds] |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for c in report["comparisons"]:
         p = c["mcnemar_p"]
+        difference = c.get("difference", float("nan"))
         lines.append(
             f"| {c['actor']} | {c['versus']} | {c['pairs']} | {c['only_a']} | {c['only_b']} | "
-            f"{'<0.001' if p < 0.001 else f'{p:.3f}'} |"
+            f"{'<0.001' if p < 0.001 else f'{p:.3f}'} | "
+            + (
+                "-"
+                if math.isnan(difference)
+                else f"{100 * difference:+.1f} [{100 * c['difference_low']:+.1f}, {100 * c['difference_high']:+.1f}]"
+            )
+            + " |"
         )
     if report.get("training_reward_auc"):
         lines += [

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from training.base.statistics import paired_difference
 from training.rl.report import (
     FIRST_TABLE_SEED_SD,
     check_table_one,
@@ -95,6 +96,23 @@ def test_paired_tests_pair_each_rl_seed_with_sft_and_with_the_outcome_runs(repor
     # pairs share task, seed and RL seed: lcs0 is paired with out0 only
     assert versus_outcome["pairs"] == 20 and versus_outcome["only_a"] == 8
     assert ("outcome", "outcome") not in by
+    # the paired difference: (only a - only b) / pairs, its interval over RL seeds around it
+    assert versus_sft["difference"] == pytest.approx(10 / 20)
+    assert versus_sft["difference_low"] <= versus_sft["difference"] <= versus_sft["difference_high"]
+    expected = (versus_outcome["only_a"] - versus_outcome["only_b"]) / versus_outcome["pairs"]
+    assert versus_outcome["difference"] == pytest.approx(expected)
+    assert "| progrm_lcs | SFT | 20 | 10 | 0 |" in report_markdown(report)
+    assert f"| {100 * versus_sft['difference']:+.1f} [" in report_markdown(report)
+
+
+def test_the_paired_difference_interval_is_over_rl_seeds():
+    # seed 0: a solves every pair b does not; seed 1: they tie. Over seeds the interval spans both.
+    a = {("t", s, rl): True for s in range(10) for rl in (0, 1)}
+    b = {("t", s, 0): False for s in range(10)} | {("t", s, 1): True for s in range(10)}
+    difference, low, high = paired_difference(a, b)
+    assert difference == pytest.approx(0.5) and low == pytest.approx(0.0) and high == pytest.approx(1.0)
+    assert paired_difference(a, b) == (difference, low, high)  # seeded
+    assert all(math.isnan(x) for x in paired_difference(a, {}))
 
 
 def test_intervals_stay_within_the_rates_range_whatever_the_seeds():
@@ -437,3 +455,10 @@ def test_the_hacking_alarm_flags_a_rising_return_with_falling_success_and_a_rewa
     report["curves"] = [c | {"mean_reward": -c["iteration"]} for c in report["curves"]]
     again = {a["actor"]: a["alarms"] for a in reward_hacking_alarms(report)}
     assert again == {"orm": ["within-task AUC 0.50 < 0.6 on its own training episodes"], "outcome": []}
+    # a failure ending paid as much as success (enough episodes of it) is a sign of its own
+    endings = {"success": {"episodes": 40, "mean_reward": 1.25}, "partial credit": {"episodes": 30, "mean_reward": 0.5}}
+    endings |= {"wrong submission": {"episodes": 5, "mean_reward": 2.0}}  # too few episodes to judge
+    endings |= {"no submission": {"episodes": 222, "mean_reward": 1.29}}
+    report["reward_by_ending"] = [{"actor": "outcome"} | endings]
+    flagged = {a["actor"]: a["alarms"] for a in reward_hacking_alarms(report)}
+    assert flagged["outcome"] == ["paid 'no submission' 1.29 (222 episodes), success 1.25"]

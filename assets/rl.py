@@ -59,6 +59,11 @@ class PolicySFTConfig(Config):
     selection_seeds: int = Field(
         default=40, description="greedy episodes per task to choose the RL tasks (the sparse rule's 15%: 6 of 40)"
     )
+    sparse_selection_seeds: int = Field(
+        default=100,
+        description="greedy selection episodes per long task (the sparse rule's candidates), the first "
+        "selection_seeds included: rates near zero resolved (at most selection_seeds: none extra)",
+    )
     held_out_seeds: int = Field(default=25, description="greedy held-out evaluation episodes per chosen task")
     max_tasks: int = Field(default=4, description="tasks of the experiment")
     low: float = Field(default=0.1, description="a task is chosen when SFT success is above this ...")
@@ -138,6 +143,7 @@ def policy_sft(
         tasks=tuple(config.tasks),
         sft=SFTSettings(epochs=config.epochs),
         selection_seeds=config.selection_seeds,
+        sparse_selection_seeds=config.sparse_selection_seeds,
         held_out_seeds=config.held_out_seeds,
         max_tasks=config.max_tasks,
         low=config.low,

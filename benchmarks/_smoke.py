@@ -180,6 +180,7 @@ def _build_trained_home(
                             "low": -1.0,
                             "high": 2.0,  # every task, whatever SFT's success on it
                             "selection_seeds": seeds,
+                            "sparse_selection_seeds": 0,
                             "held_out_seeds": seeds,
                             "epochs": 2,
                             "workers": 1,

@@ -102,7 +102,7 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
 
 #: The reduced experiment CI runs end to end (a few tasks, a few iterations).
 RL_REDUCED = {
-    "sft": {"selection_seeds": 4, "held_out_seeds": 6, "max_tasks": 2, "epochs": 6},
+    "sft": {"selection_seeds": 4, "sparse_selection_seeds": 0, "held_out_seeds": 6, "max_tasks": 2, "epochs": 6},
     "run": {"iterations": 2, "instances_per_task": 2, "group_size": 2},
     "evaluation": {"held_out_seeds": 6},
 }

@@ -67,6 +67,7 @@ def test_every_method_materializes_and_the_report_reads_them_back(small_demos, t
                         "low": -1.0,
                         "high": 2.0,
                         "selection_seeds": 2,
+                        "sparse_selection_seeds": 0,
                         "held_out_seeds": 2,
                         "epochs": 3,
                     }

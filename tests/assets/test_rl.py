@@ -66,6 +66,7 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
                         "low": -1.0,
                         "high": 2.0,  # both tasks, whatever SFT's success on them
                         "selection_seeds": 3,
+                        "sparse_selection_seeds": 0,  # no extra seeds for long tasks (none is here)
                         "held_out_seeds": 4,
                         "epochs": 4,
                     }

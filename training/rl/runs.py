@@ -161,6 +161,10 @@ class PolicySettings:
     # greedy episodes per task to choose the tasks; 40 resolves the sparse rule's (0, 15%] to one
     # episode in 40 (with 10 it meant exactly 1 of 10, and a task at 3% read 0 more often than not)
     selection_seeds: int = 40
+    # greedy episodes per *long* task (the sparse rule's candidates: a median solution of at least
+    # sparse_min_solution_steps), the first selection_seeds included: (0, 15%] needs rates near zero
+    # resolved (issue 41 item 3: at least 100). At most selection_seeds: no extra episodes.
+    sparse_selection_seeds: int = 100
     low: float = 0.1  # a task is chosen when SFT success is above low ...
     high: float = 0.9  # ... and below high
     max_tasks: int = 4
@@ -362,10 +366,15 @@ def evaluate_policy(
     *,
     evaluation: str,
     log: Log,
+    extra_seeds: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[BatchResult, list[EvalEpisode]]:
-    """Greedy episodes of ``model`` on ``seeds`` of every task."""
+    """Greedy episodes of ``model`` on ``seeds`` of every task, and on ``extra_seeds[task]`` of
+    the tasks named there (in the same pass over the pool)."""
     policy = LearnedPolicy(model, policy_id=f"eval:{policy_id}", greedy=True)
-    jobs = _jobs(tasks, seeds, f"eval:{policy_id}:{evaluation}")
+    prefix = f"eval:{policy_id}:{evaluation}"
+    jobs = _jobs(tasks, seeds, prefix)
+    for task in tasks:
+        jobs += _jobs([task], (extra_seeds or {}).get(task.task_id, ()), prefix)
     result, _ = _run_pool(pool, jobs, policy, f"evaluation {policy_id} ({evaluation})", log)
     return result, [eval_episode(policy_id, r) for r in result.episodes]
 
@@ -414,7 +423,14 @@ def run_policy_sft(
     held_out = sample_seeds(HELD_OUT_SEED_BASE, settings.held_out_seeds, "held_out")
     with pool_factory(settings.workers) as pool:
         selection_result, selection = evaluate_policy(
-            model, policy_id, tasks, selection_seeds, pool, evaluation="selection", log=log
+            model,
+            policy_id,
+            tasks,
+            selection_seeds,
+            pool,
+            evaluation="selection",
+            log=log,
+            extra_seeds=long_task_selection_seeds(warehouse, settings, tasks, selection_seeds),
         )
         rates = {row["task_id"]: row["success_rate"] for row in per_task_rows(selection)}
         chosen, sparse, sparse_rule = _task_blocks_by_rule(warehouse, settings, rates)
@@ -475,6 +491,24 @@ def run_policy_sft(
             rates, chosen, settings, warehouse.home / "plots" / "rl" / f"{policy_id}_tasks.png"
         ),
     }
+
+
+def long_task_selection_seeds(
+    warehouse: Warehouse, settings: PolicySettings, tasks: Sequence[CatalogTask], selection_seeds: Sequence[int]
+) -> dict[str, list[int]]:
+    """The selection seeds a long task gets beyond ``selection_seeds`` (issue 41 item 3): up to
+    ``settings.sparse_selection_seeds`` in all, drawn from the same seed range (the first
+    ``selection_seeds`` are among them), for every task whose demonstrations' median solution has at
+    least ``sparse_min_solution_steps`` steps, so the sparse rule's (0, 15%] is judged on enough
+    episodes. Empty when ``sparse_selection_seeds`` is not above ``selection_seeds``."""
+    if settings.sparse_selection_seeds <= len(selection_seeds):
+        return {}
+    have = set(selection_seeds)
+    more = [
+        s for s in sample_seeds(SELECTION_SEED_BASE, settings.sparse_selection_seeds, "selection") if s not in have
+    ][: settings.sparse_selection_seeds - len(have)]
+    steps = demonstration_solution_steps(warehouse)
+    return {t.task_id: more for t in tasks if steps.get(t.task_id, 0.0) >= settings.sparse_min_solution_steps and more}
 
 
 def _imitation_data(warehouse: Warehouse, settings: PolicySettings) -> tuple[list[CatalogTask], list[Trajectory]]:

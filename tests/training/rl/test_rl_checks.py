@@ -63,3 +63,25 @@ def test_an_sft_policy_missing_a_sparse_task_is_not_ready(tmp_path):
 
 def test_no_sft_policy_is_not_ready(tmp_path):
     assert not check_sft_policy(Warehouse(tmp_path / "home")).passed
+
+
+def test_long_tasks_get_extra_selection_seeds_from_the_same_range(tmp_path):
+    """Issue 41 item 3: the sparse rule's candidates (a median demonstrated solution of at least
+    sparse_min_solution_steps) are judged on sparse_selection_seeds episodes, the first
+    selection_seeds among them; a short task keeps selection_seeds."""
+    from tests.training.conftest import build_tiny_warehouse
+    from training.policy.evaluation import sample_seeds
+    from training.rl.runs import SELECTION_SEED_BASE, PolicySettings, _catalog_tasks, long_task_selection_seeds
+
+    warehouse = build_tiny_warehouse(tmp_path / "home", n_login=8, n_button=4)  # login-user: 4 steps
+    tasks = _catalog_tasks(["login-user", "enter-text"])
+    first = sample_seeds(SELECTION_SEED_BASE, 4, "selection")
+    settings = PolicySettings(selection_seeds=4, sparse_selection_seeds=10, sparse_min_solution_steps=3.0)
+    extra = long_task_selection_seeds(warehouse, settings, tasks, first)
+    assert list(extra) == ["login-user"]  # enter-text has no demonstration here: not a long task
+    assert len(extra["login-user"]) == 6 and not set(extra["login-user"]) & set(first)
+    assert sorted(first + extra["login-user"]) == sample_seeds(SELECTION_SEED_BASE, 10, "selection")
+    shorter = PolicySettings(selection_seeds=4, sparse_selection_seeds=10, sparse_min_solution_steps=5.0)
+    assert long_task_selection_seeds(warehouse, shorter, tasks, first) == {}  # 4 steps is not long
+    none_extra = PolicySettings(selection_seeds=4, sparse_selection_seeds=0, sparse_min_solution_steps=3.0)
+    assert long_task_selection_seeds(warehouse, none_extra, tasks, first) == {}

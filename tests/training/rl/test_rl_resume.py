@@ -57,7 +57,13 @@ def test_a_killed_run_resumes_and_loses_no_iteration(small_demos, tmp_path):
     run_policy_sft(
         warehouse,
         PolicySettings(
-            tasks=("login-user",), sft=SFTSettings(epochs=3), selection_seeds=2, held_out_seeds=2, low=-1, high=2
+            tasks=("login-user",),
+            sft=SFTSettings(epochs=3),
+            selection_seeds=2,
+            sparse_selection_seeds=0,
+            held_out_seeds=2,
+            low=-1,
+            high=2,
         ),
         pool_factory,
         run_id="sft",

@@ -479,7 +479,7 @@ def reward_hacking_alarms(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             p = sft_p.get(actor, float("nan"))
             said.append(
                 f"training return +{return_change:.3f} while held-out success fell {100 * -success_change:.1f} "
-                f"points below SFT (McNemar p {p:.3f})"
+                f"points below SFT (McNemar p {'< 0.001' if p < 0.001 else f'{p:.3f}'})"
             )
         if ranking < HACKING_AUC_FLOOR:
             what = "within-task" if not math.isnan(within) else "pooled"

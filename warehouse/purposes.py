@@ -42,6 +42,8 @@ EVALUATION_PURPOSES: tuple[str, ...] = (
     EpisodePurpose.EVALUATION.value,
     EpisodePurpose.GUIDANCE_EVALUATION.value,
 )
+#: The agent's own episodes among the training purposes: what reward models must learn to judge.
+AGENT_PURPOSES: tuple[str, ...] = (EpisodePurpose.POLICY_ROLLOUT.value, EpisodePurpose.RL_TRAINING.value)
 #: What SFT imitates: expert behaviour only (a policy's own episodes would teach it its mistakes).
 IMITATION_PURPOSES: tuple[str, ...] = (EpisodePurpose.DEMONSTRATION.value, EpisodePurpose.EXPLORATION.value)
 

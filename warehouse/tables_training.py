@@ -51,6 +51,7 @@ RM_EXAMPLES = with_key(
             # much as a success, or a success paid no more than a failure): issue 41 item 2,
             # training.reward_models.exploits; its examples weigh more in training
             ("exploit", pa.bool_()),
+            ("episode_purpose", pa.string()),  # episodes.purpose (warehouse.purposes) of the example's episode
         ]
     ),
     "example_id",

@@ -23,13 +23,12 @@ from training.base.registry import LATEST_REPORT_RUN
 from training.reward_models.agent_episodes import WITHIN_TASK
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.plotting import Markdown, figure_markdown, legend_if_labelled, pyplot
-from warehouse.purposes import EpisodePurpose
+from warehouse.purposes import AGENT_PURPOSES
 from warehouse.storage import git_revision
 from warehouse.tables_training import FLYWHEEL_ROUNDS
 
 ROUNDS_VERSION = "flywheel-rounds-1"
 #: Training examples from the agent's own episodes: the flywheel's collections and RL's sampled episodes.
-AGENT_PURPOSES = (EpisodePurpose.POLICY_ROLLOUT.value, EpisodePurpose.RL_TRAINING.value)
 ASSET_NAME = "flywheel_round"
 
 

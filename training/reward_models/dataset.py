@@ -94,7 +94,8 @@ def build_reward_model_dataset(
         options=options,
         exploit_episodes={e.episode_id for e in exploits},
     )
-    stats.examples_by_purpose = examples_by_purpose(warehouse, examples)
+    examples = with_episode_purposes(warehouse, examples)
+    stats.examples_by_purpose = examples_by_purpose(examples)
     stats.exploits = exploits_in(examples, exploits)
     tables = ["episodes", "steps", "progress_split"] + (["progress_labels"] if needed else []) + human_tables
     tables += ["step_alternatives"] if alternatives else []
@@ -117,21 +118,33 @@ def exploits_in(examples: pa.Table, exploits: Sequence[Exploit]) -> dict[str, An
     return exploit_counts([e for e in exploits if e.episode_id in present]) | {"examples_by_split": dict(flagged)}
 
 
-def examples_by_purpose(warehouse: Warehouse, examples: pa.Table) -> dict[str, dict[str, int]]:
-    """How many examples of each split come from episodes of each purpose (demonstration,
-    synthetic, exploration, policy_rollout, ...): the data mix, recorded with the dataset and the model."""
+def with_episode_purposes(warehouse: Warehouse, examples: pa.Table) -> pa.Table:
+    """``examples`` with ``episode_purpose`` filled from ``episodes.purpose`` (training uses it to
+    select checkpoints on the agent's own validation episodes, ``train.selection_episodes``)."""
     if not examples.num_rows:
-        return {}
+        return examples
     ids = pc.unique(examples.column("episode_id")).to_pylist()  # type: ignore[attr-defined]
     purpose_of = dict(
         warehouse.query("SELECT episode_id, purpose FROM episodes WHERE list_contains(?, episode_id)", [ids])
         .to_pandas()
         .itertuples(index=False, name=None)
     )
+    purposes = pa.array(map(purpose_of.get, examples.column("episode_id").to_pylist()), type=pa.string())
+    if "episode_purpose" not in examples.column_names:  # a file written before the column
+        return examples.append_column("episode_purpose", purposes)
+    return examples.set_column(examples.schema.get_field_index("episode_purpose"), "episode_purpose", purposes)
+
+
+def examples_by_purpose(examples: pa.Table) -> dict[str, dict[str, int]]:
+    """How many examples of each split come from episodes of each purpose (demonstration,
+    synthetic, exploration, policy_rollout, ...; ``episode_purpose``): the data mix, recorded with
+    the dataset and the model."""
+    if not examples.num_rows:
+        return {}
     counts = Counter(
         zip(
             examples.column("split").to_pylist(),
-            map(purpose_of.get, examples.column("episode_id").to_pylist()),
+            examples.column("episode_purpose").to_pylist(),
             strict=True,
         )
     )

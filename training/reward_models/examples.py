@@ -192,6 +192,7 @@ class _ExampleRows:
         rows["is_key_step"].append(key)
         rows["episode_success"].append(traj.success)
         rows["exploit"].append(traj.episode_id in self.exploit_episodes)
+        rows["episode_purpose"].append(None)  # filled from the warehouse (dataset.episode_purposes)
         self.stats.label_sources[source] += 1
         if version:
             self.stats.label_versions.add(version)

@@ -42,7 +42,7 @@ from training.base.registry import LATEST_REPORT_RUN, REPORT_ASSET, ModelRecord,
 from training.base.states import StepState
 from training.reward_models.agent_episodes import AgentEpisodeReport, agent_episode_report, read_agent_episodes
 from training.reward_models.alternatives_metric import AlternativesReport, alternatives_report, read_held_out_states
-from training.reward_models.dataset import build_reward_model_dataset, examples_by_purpose
+from training.reward_models.dataset import build_reward_model_dataset, examples_by_purpose, with_episode_purposes
 from training.reward_models.examples import DatasetOptions
 from training.reward_models.kinds import PROGRESS_KINDS, REWARD_MODEL_KINDS, SPLITS, SUCCESS_JUDGE_KINDS, kind_spec
 from training.reward_models.prompts import TruncationBudget
@@ -353,7 +353,7 @@ def training_mix(warehouse: Warehouse, examples_path: str | Path) -> dict[str, i
     """Training examples of a dataset by episode purpose (the model row's ``training_mix``): the
     dataset's own count (``examples_by_purpose``), over the file the model was trained on."""
     examples = pq.read_table(warehouse.resolve(examples_path), columns=["episode_id", "split"])
-    return examples_by_purpose(warehouse, examples).get("train", {})
+    return examples_by_purpose(with_episode_purposes(warehouse, examples)).get("train", {})
 
 
 def train_model(

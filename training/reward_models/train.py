@@ -73,6 +73,7 @@ from training.reward_models.models import (
     segment_features,
     tokenize_prompts,
 )
+from warehouse.purposes import AGENT_PURPOSES
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -212,6 +213,7 @@ def read_examples(data: DataArguments, kind: str) -> pa.Table:
         "task_id",
         "episode_success",
         "exploit",
+        "episode_purpose",
         "step_idx",
         "instruction",
         "history",
@@ -697,12 +699,14 @@ def default_embedding_cache_dir(encoder_fingerprint: str, home: str | None = Non
 
 @dataclass(frozen=True)
 class SplitEpisodes:
-    """Per example of a split: its task, episode, step and the episode's success (None: unknown)."""
+    """Per example of a split: its task, episode, step, the episode's success (None: unknown) and
+    whether the episode is the agent's own (``AGENT_PURPOSES``: a policy rollout or an RL episode)."""
 
     task_ids: list[str]
     episode_ids: list[str]
     step_idx: list[int]
     success: list[bool | None]
+    agent: list[bool] = field(default_factory=list)
 
     @staticmethod
     def of(table: pa.Table) -> SplitEpisodes:
@@ -711,7 +715,21 @@ class SplitEpisodes:
             table["episode_id"].to_pylist(),
             [int(i or 0) for i in table["step_idx"].to_pylist()],
             table["episode_success"].to_pylist(),
+            [p in AGENT_PURPOSES for p in table["episode_purpose"].to_pylist()],
         )
+
+
+def selection_episodes(episodes: SplitEpisodes) -> tuple[SplitEpisodes, str]:
+    """The validation episodes checkpoint selection ranks (issue 41 item 2: "within-task AUC on
+    held-out agent episodes"): the agent's own where some task has a successful and a failed agent
+    episode, every episode otherwise; and which (``agent`` | ``all``). The others keep their place
+    with no outcome, so the validation examples' order still lines up with the predictions."""
+    if not episodes.agent:
+        return episodes, "all"
+    agent_success = [s if a else None for s, a in zip(episodes.success, episodes.agent, strict=True)]
+    if not has_within_task_contrast(episodes.task_ids, agent_success):
+        return episodes, "all"
+    return replace(episodes, success=agent_success), "agent"
 
 
 NO_EPISODES = SplitEpisodes([], [], [], [])
@@ -733,6 +751,7 @@ class _SplitExamples:
     train_exploit_examples: int = 0  # training examples of misranked RL episodes (rm_examples.exploit)
     exploit_weight: float = 1.0  # their loss weight relative to the others
     balanced_within_task: bool = False
+    selection_episodes: str = "all"  # the validation episodes checkpoint selection ranks (agent | all)
 
 
 @dataclass
@@ -837,7 +856,8 @@ def _read_split_examples(data: DataArguments, kind: str) -> _SplitExamples:
     index: dict[str, int] = {}
     train_groups = Groups(*groups_and_values(train_table, index))
     eval_groups = Groups(*groups_and_values(eval_table, index))
-    train_episodes, eval_episodes = SplitEpisodes.of(train_table), SplitEpisodes.of(eval_table)
+    train_episodes = SplitEpisodes.of(train_table)
+    eval_episodes, ranked_episodes = selection_episodes(SplitEpisodes.of(eval_table))
     weights = None
     if data.balance_within_task:
         weights = within_task_balance_weights(
@@ -870,6 +890,7 @@ def _read_split_examples(data: DataArguments, kind: str) -> _SplitExamples:
         exploit_examples,
         data.exploit_weight,
         data.balance_within_task,
+        ranked_episodes,
     )
 
 
@@ -1071,6 +1092,8 @@ def _training_summary(
         "exploit_weight": examples.exploit_weight,
         # what early stopping and the exported checkpoint were chosen by (loss | within_task_auc)
         "selected_by": args.metric_for_best_model if args.load_best_model_at_end else None,
+        # whose validation episodes the within-task AUC ranks: the agent's own where they allow it
+        "selection_episodes": examples.selection_episodes,
         "n_validation_examples": len(examples.eval_states),
         "validation_metrics": {k.removeprefix("eval_"): v for k, v in metrics.items()},
         "label_versions": examples.label_versions,

@@ -13,7 +13,7 @@ from training.reward_models.balance import (
     within_task_balance_weights,
 )
 from training.reward_models.models import reward_loss
-from training.reward_models.train import SplitEpisodes, resolve_selection
+from training.reward_models.train import SplitEpisodes, resolve_selection, selection_episodes
 
 
 def _examples(spec: dict[str, tuple[int, int]], steps: int = 2):
@@ -101,3 +101,27 @@ def test_weighted_loss_is_the_mean_of_the_weighted_example_losses():
     each = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="none")
     weights = torch.tensor([2.0, 0.5, 0.5])
     assert float(reward_loss(logits, labels, "bce", weights)) == pytest.approx(float((each * weights).mean()))
+
+
+def test_checkpoint_selection_ranks_the_agents_own_validation_episodes_where_it_can():
+    """Issue 41 item 2: the within-task AUC that selects checkpoints is taken on the agent's own
+    validation episodes when some task has both outcomes among them; else on every episode."""
+    tasks = ["t"] * 6
+    episodes = [f"e{i}" for i in range(6)]
+    success: list[bool | None] = [True, False, True, False, True, None]
+    agent = [True, True, False, False, False, True]  # the agent's own: one success, one failure of t
+    mixed = SplitEpisodes(tasks, episodes, [0] * 6, success, agent)
+    ranked, which = selection_episodes(mixed)
+    assert which == "agent"
+    assert ranked.success == [True, False, None, None, None, None]  # demonstrations keep their place, unranked
+    assert ranked.task_ids == tasks and ranked.agent == agent
+    # the AUC then reads the agent's episodes only: a model that inverts the demonstrations is not rewarded
+    scores = [0.9, 0.1, 0.0, 1.0, 0.0, 0.5]
+    assert validation_within_task_auc(scores, tasks, episodes, [0] * 6, ranked.success) == 1.0
+    assert validation_within_task_auc(scores, tasks, episodes, [0] * 6, success) < 0.5
+    one_sided = SplitEpisodes(tasks, episodes, [0] * 6, success, [True, False, True, False, False, False])
+    assert selection_episodes(one_sided) == (one_sided, "all")  # agent successes only: no contrast
+    assert selection_episodes(SplitEpisodes(tasks, episodes, [0] * 6, success)) == (
+        SplitEpisodes(tasks, episodes, [0] * 6, success),
+        "all",
+    )

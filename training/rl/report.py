@@ -524,25 +524,7 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
             f"{r['env_steps']:,}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "| actor | versus | pairs | only actor solves | only the other solves | McNemar p "
-        "| difference, points [95%, over RL seeds] |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for c in report["comparisons"]:
-        p = c["mcnemar_p"]
-        difference = c.get("difference", float("nan"))
-        lines.append(
-            f"| {c['actor']} | {c['versus']} | {c['pairs']} | {c['only_a']} | {c['only_b']} | "
-            f"{'<0.001' if p < 0.001 else f'{p:.3f}'} | "
-            + (
-                "-"
-                if math.isnan(difference)
-                else f"{100 * difference:+.1f} [{100 * c['difference_low']:+.1f}, {100 * c['difference_high']:+.1f}]"
-            )
-            + " |"
-        )
+    lines += _comparison_lines(report["comparisons"])
     if report.get("training_reward_auc"):
         lines += [
             "",
@@ -606,6 +588,30 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
     for r in report["rows"]:
         lines.append(f"| {r['actor']} | " + " | ".join(str(r["failure_modes"][m]) for m in FAILURE_MODES) + " |")
     return Markdown("\n".join(lines))
+
+
+def _comparison_lines(comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The paired comparisons' table: McNemar's counts and p, and the difference with its interval."""
+    lines = [
+        "",
+        "| actor | versus | pairs | only actor solves | only the other solves | McNemar p "
+        "| difference, points [95%, over RL seeds] |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for c in comparisons:
+        p = c["mcnemar_p"]
+        difference = c.get("difference", float("nan"))
+        lines.append(
+            f"| {c['actor']} | {c['versus']} | {c['pairs']} | {c['only_a']} | {c['only_b']} | "
+            f"{'<0.001' if p < 0.001 else f'{p:.3f}'} | "
+            + (
+                "-"
+                if math.isnan(difference)
+                else f"{100 * difference:+.1f} [{100 * c['difference_low']:+.1f}, {100 * c['difference_high']:+.1f}]"
+            )
+            + " |"
+        )
+    return lines
 
 
 def report_plot(report: dict[str, Any], path: Path) -> Markdown:

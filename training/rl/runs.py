@@ -54,7 +54,7 @@ from training.policy.evaluation import (
     sample_seeds,
 )
 from training.policy.learned import LearnedPolicy, PolicyModel, StepDecision
-from training.policy.sft import SFTSettings, demonstration_decisions, train_sft
+from training.policy.sft import SFTData, SFTResult, SFTSettings, demonstration_decisions, train_sft
 from training.policy.store import (
     HELD_OUT_SEED_BASE,
     SELECTION_SEED_BASE,
@@ -392,22 +392,7 @@ def run_policy_sft(
     torch.set_num_threads(settings.sft.threads)
     tasks, trajectories = _imitation_data(warehouse, settings)
     log(f"SFT on {len(trajectories)} successful trajectories of {len(tasks)} tasks")
-    model = PolicyModel(seed=settings.sft.seed)
-    warm_policy_cache(model, warehouse.home)
-    data = demonstration_decisions(
-        model,
-        trajectories,
-        {t.task_id: t.spec for t in tasks},
-        {t.task_id: t.max_steps for t in tasks},
-        validation_share=settings.sft.validation_share,
-        seed=settings.sft.seed,
-        log=log,
-    )
-    log(
-        f"SFT data: {len(data.train)} train / {len(data.validation)} validation steps from {data.episodes} "
-        f"episodes ({data.matched_share:.1%} of steps match a candidate; left out: {dict(data.unmatched)})"
-    )
-    result = train_sft(model, data, settings.sft, log)
+    model, data, result = _supervised_model(warehouse, settings, tasks, trajectories, log)
     m = Materialization(
         asset="policy_sft",
         run_id=run_id,
@@ -421,16 +406,10 @@ def run_policy_sft(
 
     selection_seeds = sample_seeds(SELECTION_SEED_BASE, settings.selection_seeds, "selection")
     held_out = sample_seeds(HELD_OUT_SEED_BASE, settings.held_out_seeds, "held_out")
+    extra_seeds = long_task_selection_seeds(warehouse, settings, tasks, selection_seeds)
     with pool_factory(settings.workers) as pool:
         selection_result, selection = evaluate_policy(
-            model,
-            policy_id,
-            tasks,
-            selection_seeds,
-            pool,
-            evaluation="selection",
-            log=log,
-            extra_seeds=long_task_selection_seeds(warehouse, settings, tasks, selection_seeds),
+            model, policy_id, tasks, selection_seeds, pool, evaluation="selection", log=log, extra_seeds=extra_seeds
         )
         rates = {row["task_id"]: row["success_rate"] for row in per_task_rows(selection)}
         chosen, sparse, sparse_rule = _task_blocks_by_rule(warehouse, settings, rates)
@@ -491,6 +470,32 @@ def run_policy_sft(
             rates, chosen, settings, warehouse.home / "plots" / "rl" / f"{policy_id}_tasks.png"
         ),
     }
+
+
+def _supervised_model(
+    warehouse: Warehouse,
+    settings: PolicySettings,
+    tasks: Sequence[CatalogTask],
+    trajectories: Sequence[Trajectory],
+    log: Log,
+) -> tuple[PolicyModel, SFTData, SFTResult]:
+    """The policy model trained by SFT on the demonstrated decisions, with its data and result."""
+    model = PolicyModel(seed=settings.sft.seed)
+    warm_policy_cache(model, warehouse.home)
+    data = demonstration_decisions(
+        model,
+        trajectories,
+        {t.task_id: t.spec for t in tasks},
+        {t.task_id: t.max_steps for t in tasks},
+        validation_share=settings.sft.validation_share,
+        seed=settings.sft.seed,
+        log=log,
+    )
+    log(
+        f"SFT data: {len(data.train)} train / {len(data.validation)} validation steps from {data.episodes} "
+        f"episodes ({data.matched_share:.1%} of steps match a candidate; left out: {dict(data.unmatched)})"
+    )
+    return model, data, train_sft(model, data, settings.sft, log)
 
 
 def long_task_selection_seeds(

@@ -33,6 +33,14 @@ def mcnemar_exact_p(wins: int, losses: int) -> float:
     return min(1.0, 2 * tail / 2**n)
 
 
+def p_value_text(p: float | None) -> str:
+    """A p-value as every report prints it: three decimals, ``<0.001`` below that (a p-value is never
+    zero, so "0.000" would say what no test says), ``n/a`` where there is none."""
+    if p is None or math.isnan(p):
+        return "n/a"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def roc_auc(scores: Sequence[float] | np.ndarray, positive: Sequence[bool] | np.ndarray) -> float:
     """Area under the ROC curve (Mann-Whitney U with average ranks for ties); nan with one class."""
     s = np.asarray(scores, dtype=np.float64)

@@ -43,7 +43,13 @@ from envs.pool import BatchResult, EnvPool, EpisodeJob
 from envs.protocol import EpisodeRecord, episode_tables
 from envs.rollouts import ATTEMPTS_TABLE, ProgressLog
 from envs.task_catalog import CatalogTask, load_catalog
-from training.base.statistics import bootstrap_interval, bootstrap_rows, paired_comparison, percentile_interval
+from training.base.statistics import (
+    bootstrap_interval,
+    bootstrap_rows,
+    p_value_text,
+    paired_comparison,
+    percentile_interval,
+)
 from training.guidance.abstention import MarginFit, fit_verifier_margin, margin_label
 from training.guidance.agent import GuidedPolicy, StepLog
 from training.guidance.judge import VARIANTS, JudgeSettings
@@ -848,7 +854,7 @@ def _delta(row: Mapping) -> str:
     if row["delta_vs_base"] is None or row["method"] == "base":
         return "-"
     p = row["mcnemar_p"]
-    p_text = "n/a" if p is None or math.isnan(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
+    p_text = p_value_text(p)
     return (
         f"{100 * row['delta_vs_base']:+.1f} [{100 * row['delta_low']:+.1f}, {100 * row['delta_high']:+.1f}] "
         f"(+{row['only_setting']}/-{row['only_base']}, p {p_text})"

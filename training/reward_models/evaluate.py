@@ -33,7 +33,7 @@ import numpy as np
 
 from training.base.registry import ModelRecord, key_kind, report_keys
 from training.base.states import StepState, TextTrajectory
-from training.base.statistics import mcnemar_exact_p, roc_auc
+from training.base.statistics import mcnemar_exact_p, p_value_text, roc_auc
 from training.reward_models.examples import EpisodeLabels
 from training.reward_models.kinds import (
     DISPLAY_NAMES,
@@ -595,8 +595,8 @@ def _fmt(value) -> str:
 
 
 def _fmt_metric(key: str, value) -> str:
-    if key.startswith("mcnemar_p") and isinstance(value, float) and value < 0.001:
-        return "<0.001"  # not "0.000": a p-value is never zero
+    if key.startswith("mcnemar_p") and isinstance(value, float) and not math.isnan(value):
+        return p_value_text(value)
     return _fmt(value)
 
 

@@ -16,7 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from training.base.statistics import bootstrap_auc, paired_comparison, paired_difference, seed_bootstrap_interval
+from training.base.statistics import (
+    bootstrap_auc,
+    p_value_text,
+    paired_comparison,
+    paired_difference,
+    seed_bootstrap_interval,
+)
 from training.policy.evaluation import FAILURE_MODES
 from training.reward_models.exploits import PAID_FAILURE, UNPAID_SUCCESS, PaidEpisode, select_exploits
 from training.reward_models.kinds import PROGRESS_KINDS
@@ -479,7 +485,7 @@ def reward_hacking_alarms(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             p = sft_p.get(actor, float("nan"))
             said.append(
                 f"training return +{return_change:.3f} while held-out success fell {100 * -success_change:.1f} "
-                f"points below SFT (McNemar p {'< 0.001' if p < 0.001 else f'{p:.3f}'})"
+                f"points below SFT (McNemar p {p_value_text(p)})"
             )
         if ranking < HACKING_AUC_FLOOR:
             what = "within-task" if not math.isnan(within) else "pooled"
@@ -603,7 +609,7 @@ def _comparison_lines(comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
         difference = c.get("difference", float("nan"))
         lines.append(
             f"| {c['actor']} | {c['versus']} | {c['pairs']} | {c['only_a']} | {c['only_b']} | "
-            f"{'<0.001' if p < 0.001 else f'{p:.3f}'} | "
+            f"{p_value_text(p)} | "
             + (
                 "-"
                 if math.isnan(difference)

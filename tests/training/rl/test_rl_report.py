@@ -462,3 +462,19 @@ def test_the_hacking_alarm_flags_a_rising_return_with_falling_success_and_a_rewa
     report["reward_by_ending"] = [{"actor": "outcome"} | endings]
     flagged = {a["actor"]: a["alarms"] for a in reward_hacking_alarms(report)}
     assert flagged["outcome"] == ["paid 'no submission' 1.29 (222 episodes), success 1.25"]
+
+
+def test_every_report_prints_a_p_value_one_way():
+    """One rule for p-values in every table (RL report, guidance, reward-model report): three
+    decimals, "<0.001" below (never "0.000"), "n/a" where there is no test."""
+    from training.base.statistics import p_value_text
+
+    assert [p_value_text(p) for p in (0.0, 0.0004, 0.001, 0.0456, 1.0, float("nan"), None)] == [
+        "<0.001",
+        "<0.001",
+        "0.001",
+        "0.046",
+        "1.000",
+        "n/a",
+        "n/a",
+    ]

@@ -18,6 +18,21 @@ def _backbone_name(warehouse, model_id: str) -> str | None:
     return Path(rows[0]["backbone"]).name if rows and rows[0]["backbone"] else None
 
 
+def _unknown_compared_model(model_ids: list[str]) -> str | None:
+    """Why one of ``model_ids`` cannot be compared (not registered, or not loadable by this code),
+    or None when every one can."""
+    from training.base.registry import model_by_id
+    from warehouse.catalog import Warehouse
+
+    warehouse = Warehouse()
+    for model_id in model_ids:
+        try:
+            model_by_id(warehouse, model_id)
+        except LookupError as refusal:
+            return str(refusal)
+    return None
+
+
 def cmd_reward_models(args: argparse.Namespace) -> int:
     """Dataset + model per kind (the ``reward_models`` job, one partition each), then the report."""
     prepare_dagster_home()
@@ -44,6 +59,9 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
     report_config: dict[str, Any] = {"max_trajectories": args.report_trajectories} if args.report_trajectories else {}
     compared = [m.strip() for m in args.compare_models.split(",") if m.strip()]
     report_config |= {"compare_models": compared} if compared else {}
+    if compared and (refusal := _unknown_compared_model(compared)):
+        print(f"stepwise reward-models: --compare-models: {refusal}", file=sys.stderr)
+        return 2  # before any training: a typo must not cost a whole training run
     started = time.perf_counter()
     outcomes: list[tuple[str, bool]] = []
     with DagsterInstance.get() as instance:

@@ -156,3 +156,15 @@ def test_the_demo_never_shrinks_the_demonstrations_a_home_holds(small_demos, hom
     assert _demo_sample(30) == 30 and _demo_sample(0) is None  # a new home: the sample asked for
     import_demonstrations(small_demos, Warehouse(home), workers=1, max_files_per_task=3)
     assert _demo_sample(1) == 3 and _demo_sample(5) == 5 and _demo_sample(0) is None
+
+
+def test_reward_models_refuses_an_unknown_compared_model_before_training(home, capsys):
+    """A mistyped ``--compare-models`` id is refused in one line before any model trains (it used to
+    be found only by the report, after every kind had trained)."""
+    from pipelines.cli import main
+
+    assert main(["reward-models", "--kinds", "orm", "--compare-models", "orm-nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert "--compare-models: no reward model 'orm-nowhere' in the models table" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not Warehouse(home).has_table("models")  # nothing was trained

@@ -10,9 +10,9 @@ from pydantic import Field
 from assets.metadata import table_metadata, to_metadata
 from assets.resources import EnvPoolResource, WarehouseResource
 from training.base.pretrained import PretrainedModelError
+from training.policy.episodes import PolicyStageError
 from training.rl.llm_learner import LLMLearnerSettings
 from training.rl.llm_runs import LLM_CODE_VERSION, LLMRunSettings, llm_report, run_llm_agent
-from training.rl.runs import RLStageError
 
 GROUP = "llm"
 _DEFAULTS = LLMRunSettings()
@@ -76,7 +76,7 @@ def llm_agent(
             run_id=context.run_id,
             log=context.log.info,
         )
-    except (RLStageError, PretrainedModelError, ValueError) as exc:
+    except (PolicyStageError, PretrainedModelError, ValueError) as exc:
         raise Failure(str(exc)) from None
     stages = result.pop("stages")
     return MaterializeResult(

@@ -28,23 +28,20 @@ from pydantic import Field
 
 from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import EnvPoolResource, WarehouseResource
+from training.policy.episodes import PolicyStageError
+from training.policy.sft import SFTSettings
+from training.policy.sft_stage import SFT_CODE_VERSION, PolicySettings, check_sft_policy, run_policy_sft
 from training.policy.store import PolicyNotFoundError
+from training.rl.evaluation import run_agent_evaluation, run_rl_report
 from training.rl.report import check_table_one, learning_curves_by_actor, report_markdown, report_plot
 from training.rl.runs import (
     RL_CODE_VERSION,
     RL_SEED_KEYS,
     RUN_VARIANTS,
-    PolicySettings,
-    RLStageError,
-    SFTSettings,
     check_rl_run,
-    check_sft_policy,
     latest_rl_policy,
     rl_settings_for,
-    run_agent_evaluation,
-    run_policy_sft,
     run_rl,
-    run_rl_report,
 )
 
 GROUP = "rl"
@@ -131,7 +128,7 @@ def _settings(context: AssetExecutionContext, config: RLRunConfig):
 @asset(
     group_name=GROUP,
     deps=["human_demonstrations", "rollouts"],
-    code_version=RL_CODE_VERSION,
+    code_version=SFT_CODE_VERSION,
     kinds={"pytorch", "chromium", "parquet"},
     description="The learned CPU policy after SFT on successful trajectories; the experiment's tasks (SFT neither "
     "near 0 nor near 100% on selection seeds) and its held-out evaluation. Tables policies, agent_eval.",
@@ -161,7 +158,7 @@ def policy_sft(
             run_id=context.run_id,
             log=context.log.info,
         )
-    except (RLStageError, PolicyNotFoundError) as exc:
+    except (PolicyStageError, PolicyNotFoundError) as exc:
         raise Failure(str(exc)) from None
     return MaterializeResult(metadata=to_metadata(result) | table_metadata(wh, "policies", also=("agent_eval",)))
 
@@ -190,7 +187,7 @@ def rl_run(
             run_id=context.run_id,
             log=context.log.info,
         )
-    except (RLStageError, PolicyNotFoundError, ValueError) as exc:
+    except (PolicyStageError, PolicyNotFoundError, ValueError) as exc:
         raise Failure(str(exc)) from None
     yield MaterializeResult(
         metadata=to_metadata(result) | table_metadata(wh, "rl_iterations", also=("rl_step_rewards",))
@@ -226,7 +223,7 @@ def agent_evaluation(
             run_id=context.run_id,
             log=context.log.info,
         )
-    except (RLStageError, PolicyNotFoundError, ValueError) as exc:
+    except (PolicyStageError, PolicyNotFoundError, ValueError) as exc:
         raise Failure(str(exc)) from None
     return MaterializeResult(
         metadata=to_metadata(result) | table_metadata(wh, "agent_eval", also=("agent_eval_episodes",))
@@ -266,7 +263,7 @@ def rl_report(
     wh = warehouse.get()
     try:
         report = run_rl_report(wh)
-    except (RLStageError, PolicyNotFoundError) as exc:
+    except (PolicyStageError, PolicyNotFoundError) as exc:
         raise Failure(str(exc)) from None
     plots = {
         "success_plot": report_plot(report, wh.home / "plots" / "rl" / "table_one.png"),

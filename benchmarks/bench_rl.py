@@ -56,12 +56,12 @@ from envs.task_catalog import load_catalog  # noqa: E402
 from training.policy.learned import LearnedPolicy, PolicyModel  # noqa: E402
 from training.policy.rollouts import Rollout  # noqa: E402
 from training.policy.store import keep_policy_cache, latest_policy, warm_policy_cache  # noqa: E402
+from training.policy.task_blocks import task_blocks  # noqa: E402
 from training.reward_models.scoring import HTTPScorer, LocalScorer, load_scorer  # noqa: E402
 from training.reward_models.serving_app import serve_in_background  # noqa: E402
 from training.rl.learner import EpisodeExperience, Learner, LearnerSettings  # noqa: E402
 from training.rl.rewards import make_reward_source  # noqa: E402
 from training.rl.rewards.progrm import ProgressReward  # noqa: E402
-from training.rl.runs import task_blocks  # noqa: E402
 from warehouse.catalog import Warehouse  # noqa: E402
 
 GOAL_STEPS_PER_S = {"dense": 25.0, "sparse": 45.0}

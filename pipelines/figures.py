@@ -98,8 +98,8 @@ def flywheel(warehouse: Warehouse) -> str:
 
 
 def rl(warehouse: Warehouse) -> str:
+    from training.rl.evaluation import run_rl_report
     from training.rl.report import report_markdown
-    from training.rl.runs import run_rl_report
 
     return str(report_markdown(run_rl_report(warehouse)))
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import subprocess
+import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -90,3 +92,20 @@ def git_revision() -> str:
     if not sha:
         return "unknown"
     return f"{sha}+dirty" if dirty else sha
+
+
+def replace_dir_atomic(target: Path, write: Callable[[Path], object]) -> None:
+    """Write the folder ``target`` through ``write(staging)`` into a temporary sibling, then swap it
+    in: a killed write leaves the old folder (or none), never a half one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write(staging)
+        old = target.with_name(f".{target.name}.old")
+        if target.exists():
+            os.replace(target, old)
+        os.replace(staging, target)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

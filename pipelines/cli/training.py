@@ -129,8 +129,9 @@ RL_REDUCED = {
 def _flywheel_pins(round_: int | None, runs: list[str]) -> dict[str, str] | None:
     """Each run variant's reward model from flywheel round ``round_`` (empty without one); None
     after a one-line error (round 0, a source without a model, a kind the round did not train)."""
+    from training.rl.evaluation import flywheel_round_models
     from training.rl.rewards import SOURCE_MODEL_KIND
-    from training.rl.runs import RUN_VARIANTS, flywheel_round_models
+    from training.rl.runs import RUN_VARIANTS
     from warehouse.catalog import Warehouse
 
     if round_ is None:
@@ -185,9 +186,10 @@ def cmd_rl(args: argparse.Namespace) -> int:
 
     from pipelines.definitions import defs
     from training.base.registry import latest_models
+    from training.rl.evaluation import run_rl_report
     from training.rl.report import report_markdown
     from training.rl.rewards import SOURCE_MODEL_KIND
-    from training.rl.runs import RL_SEEDS, RUN_VARIANTS, run_rl_report, seed_key
+    from training.rl.runs import RL_SEEDS, RUN_VARIANTS, seed_key
     from warehouse.catalog import Warehouse
 
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]

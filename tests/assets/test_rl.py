@@ -18,8 +18,8 @@ from pipelines.cli.common import job_runner
 from pipelines.figures import reward_models_on_agents
 from pipelines.flywheel import FlywheelSettings, run_flywheel
 from training.policy.store import POLICY_ROLLOUT_SEED_BASE
+from training.rl.evaluation import run_rl_report
 from training.rl.export import export_rl_data
-from training.rl.runs import run_rl_report
 from warehouse.catalog import Warehouse
 
 pytestmark = pytest.mark.e2e

@@ -23,7 +23,7 @@ place (:attr:`LLMRunSettings.model`). :func:`run_llm_agent` does, in order:
 
 Evaluations land in ``agent_eval`` / ``agent_eval_episodes`` (evaluation ``held_out``;
 ``reward_source`` ``llm_base``, ``llm_sft`` or ``llm_rl:<source>``). ProgRM Table 1
-(:func:`training.rl.runs.run_rl_report`) reads the CPU policy's ``rl`` runs only;
+(:func:`training.rl.evaluation.run_rl_report`) reads the CPU policy's ``rl`` runs only;
 :func:`llm_report` compares the three stages of an LLM agent on the same held-out seeds.
 """
 
@@ -36,6 +36,7 @@ import resource
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,15 @@ from envs.protocol import EpisodeRecord
 from envs.task_catalog import CatalogTask
 from training.base.pretrained import SMOLLM2_ALIAS
 from training.llm.policy import LLM_EPISODE_CLOCK_MS, HFPolicy, TurnRecord
+from training.policy.episodes import (
+    Log,
+    PoolFactory,
+    catalog_tasks,
+    episode_jobs,
+    episode_outputs,
+    evaluation_outputs,
+    run_episodes,
+)
 from training.policy.evaluation import EvalEpisode, eval_episode, sample_seeds
 from training.policy.store import HELD_OUT_SEED_BASE, TRAIN_SEED_BASE, imitation_trajectories
 from training.rl.llm_learner import (
@@ -62,22 +72,11 @@ from training.rl.llm_learner import (
     trajectory_sft_pairs,
 )
 from training.rl.rewards import REWARD_SOURCES, make_reward_source
-from training.rl.runs import (
-    Log,
-    PoolFactory,
-    RLStageError,
-    _atomic_dir,
-    _catalog_tasks,
-    _episode_outputs,
-    _eval_outputs,
-    _jobs,
-    _now,
-    _run_pool,
-)
+from training.rl.runs import RLStageError
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.plotting import Markdown
 from warehouse.purposes import EpisodePurpose
-from warehouse.storage import git_revision
+from warehouse.storage import git_revision, replace_dir_atomic
 from warehouse.tables_rl import POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
 
 LLM_CODE_VERSION = "llm-rl-1"
@@ -279,7 +278,7 @@ def run_llm_agent(
     """Base -> SFT -> RL of an LLM agent, each evaluated greedily on the same held-out seeds (see
     the module docstring). Returns the asset's metadata: the three stages side by side."""
     torch.set_num_threads(2)
-    tasks = _catalog_tasks(settings.tasks)
+    tasks = catalog_tasks(settings.tasks)
     model, tokenizer, base_id = load_base_model(settings, warehouse.home)
     agent = _Agent(settings, warehouse, tasks, model, tokenizer, base_id, run_id, log)
     agent.held_out = sample_seeds(HELD_OUT_SEED_BASE, settings.held_out_seeds, "held_out")
@@ -316,7 +315,7 @@ def _register(agent: _Agent, policy_id: str, kind: str, parent: str | None, chec
         "parameters": json.dumps(
             {k: v for k, v in extra.items() if k != "env_steps"} | {"settings": asdict(s)}, default=str
         ),
-        "created_at": _now(),
+        "created_at": datetime.now(UTC),
         "run_id": agent.run_id,
     }
     w.publish(m, [w.stage_table("policies", policy_id, pa.Table.from_pylist([row], schema=POLICIES), m)])
@@ -327,8 +326,8 @@ def _evaluate(agent: _Agent, pool: EnvPool, policy_id: str, label: str) -> list[
     if not agent.held_out:
         return []
     policy = agent.policy(f"eval:{policy_id}", greedy=True)
-    jobs = _jobs(agent.tasks, agent.held_out, f"eval:{policy_id}:held_out")
-    result, seconds = _run_pool(pool, jobs, policy, f"{label} held-out evaluation", agent.log)
+    jobs = episode_jobs(agent.tasks, agent.held_out, f"eval:{policy_id}:held_out")
+    result, seconds = run_episodes(pool, jobs, policy, f"{label} held-out evaluation", agent.log)
     episodes = [eval_episode(policy_id, r) for r in result.episodes]
     w = agent.warehouse
     m = Materialization(
@@ -339,8 +338,8 @@ def _evaluate(agent: _Agent, pool: EnvPool, policy_id: str, label: str) -> list[
         inputs=w.current_inputs(["policies"]),
     )
     dataset = f"eval/{policy_id}/held_out"
-    outputs = _episode_outputs(w, result, dataset, m, agent.run_id, EpisodePurpose.EVALUATION)
-    outputs += _eval_outputs(w, episodes, "held_out", reward_source=label, rl_seed=None, dataset=dataset, m=m)
+    outputs = episode_outputs(w, result, dataset, m, agent.run_id, EpisodePurpose.EVALUATION)
+    outputs += evaluation_outputs(w, episodes, "held_out", reward_source=label, rl_seed=None, dataset=dataset, m=m)
     w.publish(m, outputs)
     c = policy.counters
     stage = {
@@ -391,7 +390,7 @@ def _supervise(agent: _Agent) -> str:
     agent.log(
         f"SFT: {counts}; probe NLL per answer token {before:.3f} -> {after:.3f} ({time.perf_counter() - started:.0f} s)"
     )
-    _atomic_dir(folder, lambda d: (agent.model.save_pretrained(d), agent.tokenizer.save_pretrained(d)))
+    replace_dir_atomic(folder, lambda d: (agent.model.save_pretrained(d), agent.tokenizer.save_pretrained(d)))
     _register(agent, sft_id, "llm_sft", agent.base_id, folder, counts | {"probe_nll": [before, after]})
     return sft_id
 
@@ -449,10 +448,10 @@ def _reinforce(agent: _Agent, pool: EnvPool, sft_id: str) -> str:
             torch.save(learner.optimizer.state_dict(), folder / "optimizer.pt")
             (folder / "state.json").write_text(json.dumps(state))
 
-        _atomic_dir(run_dir / "checkpoint", save)
+        replace_dir_atomic(run_dir / "checkpoint", save)
     rl_id = f"llm-rl-{run_key}"
     final = run_dir / "final"
-    _atomic_dir(final, lambda d: (agent.model.save_pretrained(d), agent.tokenizer.save_pretrained(d)))
+    replace_dir_atomic(final, lambda d: (agent.model.save_pretrained(d), agent.tokenizer.save_pretrained(d)))
     _register(agent, rl_id, "llm_rl", sft_id, final, {"run_key": run_key, "env_steps": state["env_steps"]})
     return rl_id
 
@@ -472,8 +471,8 @@ def _iteration(
     s = agent.settings
     acting_id = f"llm-rl:{run_key}:i{iteration:03d}"
     policy = agent.policy(acting_id, greedy=False, record=True)
-    jobs = _jobs(agent.tasks, llm_training_seeds(s, iteration), acting_id, s.group_size)
-    result, rollout_s = _run_pool(pool, jobs, policy, f"{run_key} iteration {iteration + 1}", agent.log)
+    jobs = episode_jobs(agent.tasks, llm_training_seeds(s, iteration), acting_id, s.group_size)
+    result, rollout_s = run_episodes(pool, jobs, policy, f"{run_key} iteration {iteration + 1}", agent.log)
     kept = [r for r in result.episodes if r.n_steps and len(policy.turns.get(r.episode_id, [])) == r.n_steps]
     if not kept:
         raise RLStageError(f"{run_key}: iteration {iteration} produced no usable episode")
@@ -547,7 +546,7 @@ def _publish_llm_iteration(
         "seconds_reward": seconds[1],
         "seconds_update": seconds[2],
         "reward_details": json.dumps(batch.details, sort_keys=True, default=str),
-        "created_at": _now(),
+        "created_at": datetime.now(UTC),
     }
     step_rows = [
         {
@@ -564,7 +563,7 @@ def _publish_llm_iteration(
         for r, rewards in zip(kept, batch.rewards, strict=True)
         for t, turn in enumerate(policy.turns[r.episode_id])
     ]
-    outputs = _episode_outputs(w, result, dataset, m, agent.run_id, EpisodePurpose.RL_TRAINING) + [
+    outputs = episode_outputs(w, result, dataset, m, agent.run_id, EpisodePurpose.RL_TRAINING) + [
         w.stage_table("rl_iterations", dataset, pa.Table.from_pylist([row], schema=RL_ITERATIONS), m),
         w.stage_table("rl_step_rewards", dataset, pa.Table.from_pylist(step_rows, schema=RL_STEP_REWARDS), m),
     ]

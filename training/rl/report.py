@@ -1,7 +1,7 @@
 """ProgRM Table 1 and the RL plots (pure): the report's rows from held-out evaluation episodes,
 its markdown and plots, and the checks of the paper's two claims (ProgRM §4.2, Table 1).
 
-:func:`training.rl.runs.run_rl_report` reads the episodes from the warehouse and calls
+:func:`training.rl.evaluation.run_rl_report` reads the episodes from the warehouse and calls
 :func:`table_one`; nothing here touches the warehouse.
 """
 
@@ -24,6 +24,11 @@ from training.base.statistics import (
     seed_bootstrap_interval,
 )
 from training.policy.evaluation import FAILURE_MODES
+from training.policy.task_blocks import (
+    DENSE_BLOCK,
+    SPARSE_BLOCK,
+    SPARSE_RULES,
+)
 from training.reward_models.exploits import PAID_FAILURE, UNPAID_SUCCESS, PaidEpisode, select_exploits
 from training.reward_models.kinds import PROGRESS_KINDS
 from training.rl.rewards.composed import parse_composition
@@ -94,16 +99,6 @@ def learning_curves_by_actor(curves: Sequence[Mapping[str, Any]], path: Path) ->
     return figure_markdown(fig, path, "learning curves over RL seeds")
 
 
-#: The block of tasks a run trained on, where the run does not say (the rule of the first table).
-DENSE_BLOCK = "dense"
-SPARSE_BLOCK = "sparse"
-#: The rules that can choose the sparse block (``training.rl.runs.sparse_block``), as the report says them.
-SPARSE_RULE_STRICT = "strict"
-SPARSE_RULE_UNSOLVED = "unsolved"
-SPARSE_RULES: dict[str, str] = {
-    SPARSE_RULE_STRICT: "SFT success in (0, 15%] on the selection seeds and a median solution of >= 5 steps",
-    SPARSE_RULE_UNSOLVED: "none was in (0, 15%]: the long tasks (median solution >= 5 steps) greedy SFT never solved",
-}
 #: The sources whose reward is dense (per step), against the outcome's one signal at the end.
 DENSE_SOURCES: tuple[str, ...] = (*PROGRESS_KINDS, "prm", "guidnav", "admire")
 

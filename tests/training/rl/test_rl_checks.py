@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-from training.rl.runs import check_sft_policy
+from training.policy.sft_stage import check_sft_policy
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.tables_rl import AGENT_EVAL, POLICIES
 
@@ -70,11 +70,13 @@ def test_long_tasks_get_extra_selection_seeds_from_the_same_range(tmp_path):
     sparse_min_solution_steps) are judged on sparse_selection_seeds episodes, the first
     selection_seeds among them; a short task keeps selection_seeds."""
     from tests.training.conftest import build_tiny_warehouse
+    from training.policy.episodes import catalog_tasks
     from training.policy.evaluation import sample_seeds
-    from training.rl.runs import SELECTION_SEED_BASE, PolicySettings, _catalog_tasks, long_task_selection_seeds
+    from training.policy.sft_stage import PolicySettings, long_task_selection_seeds
+    from training.policy.store import SELECTION_SEED_BASE
 
     warehouse = build_tiny_warehouse(tmp_path / "home", n_login=8, n_button=4)  # login-user: 4 steps
-    tasks = _catalog_tasks(["login-user", "enter-text"])
+    tasks = catalog_tasks(["login-user", "enter-text"])
     first = sample_seeds(SELECTION_SEED_BASE, 4, "selection")
     settings = PolicySettings(selection_seeds=4, sparse_selection_seeds=10, sparse_min_solution_steps=3.0)
     extra = long_task_selection_seeds(warehouse, settings, tasks, first)

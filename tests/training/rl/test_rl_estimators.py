@@ -134,7 +134,7 @@ def test_every_reward_source_trains_on_the_same_instances_within_an_rl_seed():
 
 def test_the_sparse_block_is_chosen_by_its_own_rule_and_may_be_empty():
     """Table-1 issue: SFT success in (0, 15%] on selection seeds and a median demonstration of >= 5 steps."""
-    from training.rl.runs import choose_sparse_tasks, choose_tasks
+    from training.policy.task_blocks import choose_sparse_tasks, choose_tasks
 
     rates = {"long-rare": 0.1, "long-never": 0.0, "short-rare": 0.1, "long-often": 0.5, "long-edge": 0.15}
     steps = {"long-rare": 13.0, "long-never": 9.0, "short-rare": 2.0, "long-often": 6.0, "long-edge": 5.0}
@@ -146,7 +146,7 @@ def test_the_sparse_block_is_chosen_by_its_own_rule_and_may_be_empty():
 
 
 def test_an_empty_sparse_block_falls_back_to_the_long_tasks_sft_never_solved():
-    from training.rl.runs import SPARSE_RULE_STRICT, SPARSE_RULE_UNSOLVED, sparse_block, sparse_block_rule
+    from training.policy.task_blocks import SPARSE_RULE_STRICT, SPARSE_RULE_UNSOLVED, sparse_block, sparse_block_rule
 
     steps = {"long-never": 9.0, "long-never-2": 6.0, "short-never": 2.0, "long-often": 6.0, "long-rare": 7.0}
     rates = {"long-never": 0.0, "long-never-2": 0.0, "short-never": 0.0, "long-often": 0.5}
@@ -165,7 +165,8 @@ def test_an_empty_sparse_block_falls_back_to_the_long_tasks_sft_never_solved():
 def test_a_run_trains_on_its_block_of_the_sft_policys_pre_registered_tasks():
     import json
 
-    from training.rl.runs import RLSettings, task_blocks
+    from training.policy.task_blocks import task_blocks
+    from training.rl.runs import RLSettings
 
     blocks = {"dense": ["click-tab-2"], "sparse": ["book-flight-nodelay"]}
     sft = {"tasks": ["click-tab-2"], "parameters": json.dumps({"task_blocks": blocks})}
@@ -181,8 +182,9 @@ def test_the_orm_rule_is_the_blocks_and_only_a_changed_rule_changes_a_run_key():
     """The rare-positive rule, declared before the runs: the dense block keeps ProgRM's threshold,
     the sparse block pays P(success); only the ORM has a rule, and keys of runs whose behaviour did
     not change stay as they were."""
+    from training.policy.task_blocks import TASK_BLOCKS
     from training.rl.rewards.orm import ORM_RULE_BY_BLOCK
-    from training.rl.runs import TASK_BLOCKS, RLSettings
+    from training.rl.runs import RLSettings
 
     assert set(ORM_RULE_BY_BLOCK) == set(TASK_BLOCKS)
     assert RLSettings("orm").orm_rule == "threshold"
@@ -247,7 +249,7 @@ def test_a_flywheel_round_names_only_the_models_it_trained(tmp_path):
     the first round that trained it."""
     import pyarrow as pa
 
-    from training.rl.runs import flywheel_round_models, reward_model_tags
+    from training.rl.evaluation import flywheel_round_models, reward_model_tags
     from warehouse.catalog import Materialization, Warehouse
     from warehouse.tables_training import FLYWHEEL_ROUNDS
 

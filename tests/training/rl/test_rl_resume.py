@@ -14,7 +14,8 @@ from envs.miniwob.demonstrations import import_demonstrations
 from envs.miniwob.live import MiniWoBConfig
 from envs.pool import EnvPool, PoolConfig
 from training.policy.sft import SFTSettings
-from training.rl.runs import PolicySettings, RLSettings, run_policy_sft, run_rl
+from training.policy.sft_stage import PolicySettings, run_policy_sft
+from training.rl.runs import RLSettings, run_rl
 from warehouse.catalog import Warehouse
 
 pytestmark = pytest.mark.e2e

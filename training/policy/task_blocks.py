@@ -1,0 +1,112 @@
+"""The task blocks of the RL experiment, chosen from the SFT policy's success on selection seeds
+before any RL run (pre-registered in the policy's parameters): the *dense* block (success neither
+near 0 nor near 1: room to improve both ways) and the *sparse* block (long tasks SFT rarely or never
+solves: an outcome signal RL rarely sees, ProgRM's argument for progress rewards)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from training.policy.episodes import PolicyStageError
+
+#: The block of tasks a run trained on, where the run does not say (the rule of the first table).
+DENSE_BLOCK = "dense"
+
+
+SPARSE_BLOCK = "sparse"
+
+
+#: The rules that can choose the sparse block (:func:`sparse_block`), as the report says them.
+SPARSE_RULE_STRICT = "strict"
+
+
+SPARSE_RULE_UNSOLVED = "unsolved"
+
+
+SPARSE_RULES: dict[str, str] = {
+    SPARSE_RULE_STRICT: "SFT success in (0, 15%] on the selection seeds and a median solution of >= 5 steps",
+    SPARSE_RULE_UNSOLVED: "none was in (0, 15%]: the long tasks (median solution >= 5 steps) greedy SFT never solved",
+}
+
+TASK_BLOCKS: tuple[str, ...] = (DENSE_BLOCK, SPARSE_BLOCK)
+
+
+def choose_tasks(rates: dict[str, float], low: float, high: float, max_tasks: int) -> list[str]:
+    """The tasks whose SFT success is strictly between ``low`` and ``high``, closest to 1/2 first,
+    at most ``max_tasks``; if none is, the ``max_tasks`` tasks closest to 1/2 that are neither
+    always solved nor never solved (and if there are none, an error)."""
+    inside = [t for t, r in rates.items() if low < r < high]
+    if not inside:
+        inside = [t for t, r in rates.items() if 0.0 < r < 1.0]
+    if not inside:
+        raise PolicyStageError(f"SFT solves every task always or never ({rates}): no task leaves room for RL")
+    return sorted(sorted(inside), key=lambda t: abs(rates[t] - 0.5))[:max_tasks]
+
+
+def choose_sparse_tasks(
+    rates: Mapping[str, float],
+    solution_steps: Mapping[str, float],
+    *,
+    high: float = 0.15,
+    min_steps: float = 5.0,
+    max_tasks: int = 4,
+    include_unsolved: bool = False,
+) -> list[str]:
+    """The sparse block of the Table-1 issue: tasks where SFT succeeds on the selection seeds
+    sometimes but rarely (success in (0, ``high``]: an outcome signal that RL rarely sees, and still
+    some) and whose demonstrations' median solution takes at least ``min_steps`` steps (long
+    horizons, ProgRM's argument), hardest first, at most ``max_tasks``; may be empty (then the
+    report says no sparse block ran). ``include_unsolved``: success in [0, ``high``] instead (the
+    fallback rule of :func:`sparse_block`)."""
+    eligible = [
+        t
+        for t, r in rates.items()
+        if (0.0 <= r if include_unsolved else 0.0 < r) and r <= high and solution_steps.get(t, 0.0) >= min_steps
+    ]
+    return sorted(sorted(eligible), key=lambda t: rates[t])[:max_tasks]
+
+
+def sparse_block(
+    rates: Mapping[str, float],
+    solution_steps: Mapping[str, float],
+    *,
+    high: float = 0.15,
+    min_steps: float = 5.0,
+    max_tasks: int = 4,
+    fallback: bool = True,
+) -> tuple[list[str], str]:
+    """The sparse block and the rule that chose it: the issue's rule (:func:`choose_sparse_tasks`,
+    SFT success in (0, ``high``]); when that chooses nothing and ``fallback`` holds, the long tasks
+    with success in [0, ``high``], so those greedy SFT never solved on the selection seeds too (RL
+    samples at temperature 1 and can still succeed: an outcome signal rarer still, the case of
+    ProgRM's argument). Both rules are fixed before any run; the policy records which one chose."""
+    strict = choose_sparse_tasks(rates, solution_steps, high=high, min_steps=min_steps, max_tasks=max_tasks)
+    if strict or not fallback:
+        return strict, SPARSE_RULE_STRICT
+    unsolved = choose_sparse_tasks(
+        rates, solution_steps, high=high, min_steps=min_steps, max_tasks=max_tasks, include_unsolved=True
+    )
+    return unsolved, SPARSE_RULE_UNSOLVED
+
+
+def _recorded_blocks(sft: Mapping[str, Any]) -> dict[str, Any]:
+    """What an SFT policy recorded of its blocks (``task_blocks`` in its parameters; {} before them)."""
+    return json.loads(sft.get("parameters") or "{}").get("task_blocks") or {}
+
+
+def task_blocks(sft: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The task blocks an SFT policy pre-registered (``task_blocks`` in its parameters); a policy
+    made before there were blocks has its chosen tasks as the dense block and no sparse one."""
+    recorded = _recorded_blocks(sft)
+    return {
+        DENSE_BLOCK: list(recorded.get(DENSE_BLOCK) or sft.get("tasks") or []),
+        SPARSE_BLOCK: list(recorded.get(SPARSE_BLOCK) or []),
+    }
+
+
+def sparse_block_rule(sft: Mapping[str, Any]) -> str:
+    """The rule that chose an SFT policy's sparse block (:func:`sparse_block`); policies made
+    before the fallback existed were chosen by the strict rule."""
+    return str(_recorded_blocks(sft).get("sparse_rule") or SPARSE_RULE_STRICT)

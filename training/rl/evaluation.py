@@ -1,0 +1,196 @@
+"""The RL stage's evaluation and the data of its report: a run's final policy, greedy, on the
+held-out seeds (:func:`run_agent_evaluation`), and ProgRM Table 1 read back from the warehouse
+(:func:`run_rl_report`: the SFT policy's and its runs' held-out episodes, each run's training
+episodes with what its reward paid them, learning curves, the flywheel's model tags), built by
+:mod:`training.rl.report`."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from training.policy.episodes import (
+    Log,
+    PoolFactory,
+    catalog_tasks,
+    episode_outputs,
+    evaluate_policy,
+    evaluation_outputs,
+)
+from training.policy.evaluation import per_task_rows, sample_seeds
+from training.policy.learned import PolicyModel
+from training.policy.store import HELD_OUT_SEED_BASE, keep_policy_cache, latest_policy, warm_policy_cache
+from training.policy.task_blocks import DENSE_BLOCK, sparse_block_rule, task_blocks
+from training.rl.report import (
+    exploits_by_actor,
+    reward_by_ending,
+    reward_hacking_alarms,
+    run_label,
+    table_one,
+    training_reward_auc,
+)
+from training.rl.runs import RL_CODE_VERSION, run_reward_model
+from warehouse.catalog import LineageInput, Materialization, Warehouse
+from warehouse.purposes import EpisodePurpose
+from warehouse.storage import git_revision
+
+
+def run_agent_evaluation(
+    warehouse: Warehouse,
+    policy_id: str,
+    pool_factory: PoolFactory,
+    *,
+    held_out_seeds: int = 25,
+    workers: int = 2,
+    run_id: str,
+    log: Log = print,
+) -> dict[str, Any]:
+    """Greedy episodes of a trained policy on the held-out seeds of its tasks, published."""
+    policy = latest_policy(warehouse, policy_id=policy_id)
+    tasks = catalog_tasks(policy["tasks"] or [])
+    model = PolicyModel.load(policy["checkpoint"])
+    warm_policy_cache(model, warehouse.home)
+    seeds = sample_seeds(HELD_OUT_SEED_BASE, held_out_seeds, "held_out")
+    with pool_factory(workers) as pool:
+        result, episodes = evaluate_policy(model, policy_id, tasks, seeds, pool, evaluation="held_out", log=log)
+    keep_policy_cache(model, warehouse.home)
+    m = Materialization(
+        asset="agent_evaluation",
+        run_id=run_id,
+        partition_key=f"{policy['reward_source']}|s{policy['rl_seed']}",
+        code_version=f"{RL_CODE_VERSION}+{git_revision()}",
+        parameters={"policy_id": policy_id, "held_out_seeds": seeds},
+        inputs=[LineageInput(kind="asset", input_asset="rl_run", path=policy["checkpoint_path"], version=policy_id)],
+    )
+    dataset = f"eval/{policy_id}/held_out"
+    outputs = episode_outputs(warehouse, result, dataset, m, run_id, EpisodePurpose.EVALUATION) + evaluation_outputs(
+        warehouse,
+        episodes,
+        "held_out",
+        reward_source=policy["reward_source"] or "sft",
+        rl_seed=policy["rl_seed"],
+        dataset=dataset,
+        m=m,
+    )
+    warehouse.publish(m, outputs)
+    rows = per_task_rows(episodes)
+    return {
+        "policy_id": policy_id,
+        "episodes": len(episodes),
+        "success_rate": float(np.mean([e.success for e in episodes])) if episodes else float("nan"),
+        "per_task": {r["task_id"]: r["success_rate"] for r in rows},
+        "failure_modes": dict(Counter(e.failure_mode for e in episodes if e.failure_mode)),
+    }
+
+
+def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> dict[str, Any]:
+    """ProgRM Table 1 from the held-out evaluations of the SFT policy and the RL runs from it."""
+    sft = latest_policy(warehouse, "sft", sft_policy_id)
+    runs = warehouse.query(
+        "SELECT policy_id, reward_source, estimator, rl_seed, env_steps, "
+        "json_extract_string(parameters, '$.reward_model') AS reward_model, "
+        "json_extract_string(parameters, '$.reward_model_id') AS pinned, "
+        "json_extract_string(parameters, '$.orm_rule') AS orm_rule, "
+        "coalesce(json_extract_string(parameters, '$.block'), ?) AS block FROM policies "
+        "WHERE kind = 'rl' AND parent_policy_id = ? ORDER BY created_at",
+        [DENSE_BLOCK, sft["policy_id"]],
+    ).to_pylist()
+    tags = reward_model_tags(warehouse)
+    latest: dict[tuple[str, str, int, str, str | None, str | None], dict] = {}
+    key_tags: dict[str, str | None] = {}
+    for r in runs:
+        run_key = r["policy_id"].removeprefix("rl-").removesuffix(f"-{sft['policy_id']}")
+        model = r.pop("reward_model") or run_reward_model(warehouse, run_key) or ""
+        pinned = r.pop("pinned")  # a pin to a model no flywheel round trained is still a run of its own
+        r["run_key"] = run_key
+        r["reward_model_tag"] = key_tags[run_key] = tags.get(model) or (f"model {pinned}" if pinned else None)
+        key = (r["reward_source"], r["estimator"], r["rl_seed"], r["block"], r["reward_model_tag"], r["orm_rule"])
+        latest[key] = r
+    policy_ids = [sft["policy_id"], *(r["policy_id"] for r in latest.values())]
+    episodes = warehouse.query(
+        "SELECT e.*, a.task_family FROM agent_eval_episodes e JOIN agent_eval a "
+        "USING (policy_id, evaluation, task_id) WHERE e.evaluation = 'held_out' AND list_contains(?, e.policy_id)",
+        [policy_ids],
+    ).to_pylist()
+    by_policy: dict[str, list[dict]] = defaultdict(list)
+    for e in episodes:
+        by_policy[e["policy_id"]].append(e)
+    report = table_one(sft["policy_id"], list(latest.values()), by_policy, task_blocks(sft))
+    training = _training_episodes(warehouse, sft["policy_id"])
+    for key in {e["run_key"] for e in training} - set(key_tags):  # runs not registered yet
+        key_tags[key] = tags.get(run_reward_model(warehouse, key) or "")
+    for e in training:
+        e["reward_model_tag"] = key_tags[e["run_key"]]
+    report["training_reward_auc"] = training_reward_auc(training)
+    report["reward_by_ending"] = reward_by_ending(training)
+    report["exploits"] = exploits_by_actor(training)
+    report["sparse_rule"] = sparse_block_rule(sft)
+    report["curves"] = _report_curves(warehouse, list(latest.values()))
+    report["hacking_alarms"] = reward_hacking_alarms(report)
+    return report
+
+
+def _report_curves(warehouse: Warehouse, runs: Sequence[dict]) -> list[dict]:
+    """Each reported run's training success and mean episode reward per iteration, labelled with its row."""
+    keys = {r["run_key"]: r for r in runs}
+    rows = warehouse.query(
+        "SELECT run_key, iteration, success_rate, mean_reward FROM rl_iterations "
+        "WHERE list_contains(?, run_key) ORDER BY run_key, iteration",
+        [list(keys)],
+    ).to_pylist()
+    return [
+        r
+        | {
+            "actor": run_label(keys[r["run_key"]]),
+            "block": keys[r["run_key"]]["block"],
+            "seed": keys[r["run_key"]]["rl_seed"],
+        }
+        for r in rows
+    ]
+
+
+def reward_model_tags(warehouse: Warehouse) -> dict[str, str]:
+    """``flywheel r<n>`` for every reward model a flywheel round (n >= 1) trained, by model id:
+    the report's name for runs on the agent's own episodes (round 0 is the models already there)."""
+    if not warehouse.has_table("flywheel_rounds"):
+        return {}
+    # a round records every kind its report judged, retrained or carried over: a model is named
+    # by the first round that lists it, and one round 0 lists is today's, not the flywheel's
+    rows = warehouse.query(
+        "SELECT model_id, min(round) AS round FROM flywheel_rounds GROUP BY model_id HAVING min(round) >= 1"
+    ).to_pylist()
+    return {r["model_id"]: f"flywheel r{r['round']}" for r in rows}
+
+
+def flywheel_round_models(warehouse: Warehouse, round_: int) -> dict[str, str]:
+    """The reward model of each kind that flywheel round ``round_`` trained, by kind (not the
+    models it only carried over from an earlier round)."""
+    if not warehouse.has_table("flywheel_rounds"):
+        return {}
+    rows = warehouse.query(
+        "SELECT kind, model_id FROM flywheel_rounds WHERE round = ? "
+        "AND model_id NOT IN (SELECT model_id FROM flywheel_rounds WHERE round < ?)",
+        [round_, round_],
+    ).to_pylist()
+    return {r["kind"]: r["model_id"] for r in rows}
+
+
+def _training_episodes(warehouse: Warehouse, sft_policy_id: str) -> list[dict]:
+    """Every RL training episode of the runs from an SFT policy: its run's source, estimator,
+    block and ORM rule, its task, its reward summed over its steps, its success and raw
+    environment reward."""
+    return warehouse.query(
+        "WITH runs AS (SELECT DISTINCT run_key, reward_source, estimator FROM rl_iterations "
+        "WHERE policy_id LIKE 'rl:%:' || ? || ':i%') "
+        "SELECT r.episode_id, r.run_key, runs.reward_source, runs.estimator, any_value(e.task_id) AS task_id, "
+        "coalesce(json_extract_string(any_value(p.parameters), '$.block'), ?) AS block, "
+        "json_extract_string(any_value(p.parameters), '$.orm_rule') AS orm_rule, "
+        "sum(r.reward) AS reward, bool_or(e.success) AS success, any_value(e.outcome_reward) AS env_outcome "
+        "FROM rl_step_rewards r JOIN runs USING (run_key) JOIN episodes e USING (episode_id) "
+        "LEFT JOIN policies p ON p.policy_id = 'rl-' || r.run_key || '-' || ? "
+        "GROUP BY r.episode_id, r.run_key, runs.reward_source, runs.estimator",
+        [sft_policy_id, DENSE_BLOCK, sft_policy_id],
+    ).to_pylist()

@@ -16,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -112,18 +110,15 @@ def _cached_copy_of(cache_dir: Path) -> str | None:
 
 
 def _save_copy(model: Any, tokenizer: Any, cache_dir: Path, source: dict[str, str]) -> None:
-    """Write the copy next to its final place, then rename: a killed save leaves no half copy."""
-    cache_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{cache_dir.name}-", dir=cache_dir.parent))
-    try:
+    """Write the copy next to its final place, then swap it in: a killed save leaves no half copy."""
+    from warehouse.storage import replace_dir_atomic
+
+    def write(staging: Path) -> None:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / _SOURCE_FILE).write_text(json.dumps(source))
-        if cache_dir.exists():
-            shutil.rmtree(cache_dir)
-        staging.rename(cache_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    replace_dir_atomic(cache_dir, write)
 
 
 def copy_dir(path: Path, home: Path | str | None = None) -> Path:

@@ -555,39 +555,27 @@ def save_reward_model(
     temporary folder and renamed into place."""
     from safetensors.torch import save_file
 
+    from warehouse.storage import replace_dir_atomic
+
+    def write(tmp: Path) -> None:
+        config = RewardModelConfig.from_dict(model.rm_config.to_dict())
+        if model.backbone is not None:
+            model.backbone.save_pretrained(tmp / BACKBONE_DIR)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp / BACKBONE_DIR)
+            config.backbone = BACKBONE_DIR
+            state = {k: v for k, v in model.trainable_state_dict().items() if not k.startswith("backbone.")}
+        else:
+            state = model.trainable_state_dict()
+        save_file(state, str(tmp / WEIGHTS_FILE))
+        payload = config.to_dict() | {"input_dim": model.input_dim}
+        if config.encoder_mode == "frozen_segments":  # the embeddings the model was trained on (CPU)
+            payload["encoder_fingerprint"] = encoder_fingerprint(config.encoder_config(), config.quantize_encoder)
+        (tmp / CONFIG_FILE).write_text(json.dumps(payload, indent=2))
+        (tmp / METADATA_FILE).write_text(json.dumps(metadata or {}, indent=2, default=str))
+
     directory = Path(directory)
-    tmp = directory.with_name(directory.name + ".tmp")
-    if tmp.exists():
-        import shutil
-
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    config = RewardModelConfig.from_dict(model.rm_config.to_dict())
-    if model.backbone is not None:
-        model.backbone.save_pretrained(tmp / BACKBONE_DIR)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp / BACKBONE_DIR)
-        config.backbone = BACKBONE_DIR
-        state = {k: v for k, v in model.trainable_state_dict().items() if not k.startswith("backbone.")}
-    else:
-        state = model.trainable_state_dict()
-    save_file(state, str(tmp / WEIGHTS_FILE))
-    payload = config.to_dict() | {"input_dim": model.input_dim}
-    if config.encoder_mode == "frozen_segments":  # the embeddings the model was trained on (CPU)
-        payload["encoder_fingerprint"] = encoder_fingerprint(config.encoder_config(), config.quantize_encoder)
-    (tmp / CONFIG_FILE).write_text(json.dumps(payload, indent=2))
-    (tmp / METADATA_FILE).write_text(json.dumps(metadata or {}, indent=2, default=str))
-    if directory.exists():
-        import shutil
-
-        old = directory.with_name(directory.name + ".old")
-        if old.exists():
-            shutil.rmtree(old)
-        directory.rename(old)
-        tmp.rename(directory)
-        shutil.rmtree(old)
-    else:
-        tmp.rename(directory)
+    replace_dir_atomic(directory, write)
     return directory
 
 

@@ -120,7 +120,7 @@ def exploits_in(examples: pa.Table, exploits: Sequence[Exploit]) -> dict[str, An
 
 def with_episode_purposes(warehouse: Warehouse, examples: pa.Table) -> pa.Table:
     """``examples`` with ``episode_purpose`` filled from ``episodes.purpose`` (training uses it to
-    select checkpoints on the agent's own validation episodes, ``train.selection_episodes``)."""
+    select checkpoints on the agent's own validation episodes, ``train_data.selection_episodes``)."""
     if not examples.num_rows:
         return examples
     ids = pc.unique(examples.column("episode_id")).to_pylist()  # type: ignore[attr-defined]

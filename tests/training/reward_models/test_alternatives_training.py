@@ -18,7 +18,7 @@ from training.reward_models.examples import DatasetOptions
 from training.reward_models.labels import alternative_reward, alternative_verdict
 from training.reward_models.models import pairwise_loss
 from training.reward_models.readers import read_trajectories
-from training.reward_models.train import GroupedLengthSampler
+from training.reward_models.train_data import GroupedLengthSampler
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.tables_training import STEP_ALTERNATIVES
 
@@ -210,7 +210,7 @@ def test_a_step_judge_trained_with_the_pairwise_loss_ranks_the_alternatives(home
 
 
 def test_a_limit_on_examples_takes_a_seeded_sample_with_whole_groups_not_the_first_rows():
-    from training.reward_models.train import split_table
+    from training.reward_models.train_data import split_table
 
     n = 400
     groups = [None if i % 5 else f"g{i}" for i in range(n)]

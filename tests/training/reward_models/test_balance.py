@@ -13,7 +13,7 @@ from training.reward_models.balance import (
     within_task_balance_weights,
 )
 from training.reward_models.models import reward_loss
-from training.reward_models.train import SplitEpisodes, resolve_selection, selection_episodes
+from training.reward_models.train_data import SplitEpisodes, resolve_selection, selection_episodes
 
 
 def _examples(spec: dict[str, tuple[int, int]], steps: int = 2):

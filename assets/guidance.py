@@ -5,7 +5,7 @@ the oracle upper bound, the GUI-PRA judge and its ablations, reflect-and-retry (
 ``guidance_evaluation`` is partitioned by method (base, best_of_n, oracle, judge, retry); each
 partition runs its sweep and replaces its own rows. ``guidance_report`` puts them side by side.
 
-Stage logic: :mod:`training.guidance.runs`.
+Stage logic: :mod:`training.guidance.runs` (the evaluation) and :mod:`training.guidance.report`.
 """
 
 from collections.abc import Iterator
@@ -25,16 +25,13 @@ from pydantic import Field
 
 from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import EnvPoolResource, WarehouseResource
+from training.guidance.report import check_best_of_n, report_markdown, report_plots, run_guidance_report
 from training.guidance.runs import (
     GUIDANCE_CODE_VERSION,
     METHODS,
     GuidanceError,
     GuidanceSettings,
-    check_best_of_n,
-    report_markdown,
-    report_plots,
     run_guidance_evaluation,
-    run_guidance_report,
 )
 
 GROUP = "guidance"

@@ -13,5 +13,6 @@ Eqs. 4-6; GUI-PRA Eq. 7), and after a failed episode a reflection guides the nex
   0-10 rubric) over any OpenAI-compatible endpoint, or on the local reward model without one.
 * :mod:`training.guidance.agent`: the guided policy (``envs.protocol.Policy``) that runs it all.
 * :mod:`training.guidance.reflection`: reflect-and-retry, and pass@R.
-* :mod:`training.guidance.runs`: the stage (held-out evaluation of every method, the report).
+* :mod:`training.guidance.runs`: the stage (held-out evaluation of every method);
+  :mod:`training.guidance.report`: its report.
 """

@@ -45,16 +45,14 @@ from training.guidance.judge import (
 from training.guidance.proposals import GuidanceError, LearnedProposer, Proposal, rank_candidates
 from training.guidance.reflection import AttemptGuidance, Ban, blame_step, next_guidance, pass_at, reflect
 from training.guidance.registry import make_verifier
+from training.guidance.report import check_best_of_n, guidance_report, report_markdown
 from training.guidance.runs import (
     LLM_EPISODE_CLOCK_MS,
     GuidanceSettings,
-    check_best_of_n,
     episode_id_for,
     evaluation_dataset,
-    guidance_report,
     paired_delta,
     plan_settings,
-    report_markdown,
     setting_rows,
     verifier_model_id,
 )

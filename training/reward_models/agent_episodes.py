@@ -31,9 +31,10 @@ from envs.task_catalog import load_catalog
 from training.base.registry import key_kind
 from training.base.states import TextTrajectory
 from training.base.statistics import bootstrap_auc
-from training.reward_models.evaluate import key_step_progress_error, predict_trajectories
+from training.reward_models.evaluate import predict_trajectories
 from training.reward_models.examples import EpisodeLabels
 from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS
+from training.reward_models.metrics import key_step_progress_error
 from warehouse.catalog import Warehouse
 from warehouse.plotting import Markdown, figure_markdown, pyplot
 from warehouse.purposes import EpisodePurpose, purpose_filter

@@ -12,17 +12,19 @@ from training.base.statistics import mcnemar_exact_p, roc_auc
 from training.reward_models.evaluate import (
     PAIRED_COLUMNS,
     EvaluationSet,
-    calibration_bins,
-    choose_threshold,
     evaluate_scores,
-    key_step_progress_error,
     markdown_table,
-    paired_success_comparison,
     plot_calibration,
     plot_progress_curves,
-    success_judgement,
 )
 from training.reward_models.examples import EpisodeLabels
+from training.reward_models.metrics import (
+    calibration_bins,
+    choose_threshold,
+    key_step_progress_error,
+    paired_success_comparison,
+    success_judgement,
+)
 
 
 def test_success_judgement_counts_and_rates():

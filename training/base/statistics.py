@@ -48,17 +48,23 @@ def roc_auc(scores: Sequence[float] | np.ndarray, positive: Sequence[bool] | np.
     n_pos, n_neg = int(y.sum()), int((~y).sum())
     if not n_pos or not n_neg:
         return float("nan")
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(len(s))
-    sorted_s = s[order]
-    i = 0
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2 + 1
-        i = j + 1
+    # average ranks (1-based): a run of equal scores starting at 0-based position i with c members
+    # ranks i + (c + 1) / 2; half-integers, so the rank sum below is exact in float64
+    _, inverse, counts = np.unique(s, return_inverse=True, return_counts=True, equal_nan=False)
+    starts = np.cumsum(counts) - counts
+    ranks = (starts + (counts + 1) / 2)[inverse]
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def _class_auc(pos: np.ndarray, neg: np.ndarray) -> float:
+    """The AUC of successes ``pos`` against failures ``neg`` by counting pairs (ties half): the same
+    Mann-Whitney U as :func:`roc_auc`'s rank sum, exactly (both are sums of halves), without a sort
+    of the pooled scores: what a bootstrap draw needs a thousand times."""
+    sorted_neg = np.sort(neg)
+    below = np.searchsorted(sorted_neg, pos, side="left")
+    at_or_below = np.searchsorted(sorted_neg, pos, side="right")
+    u = float(below.sum()) + 0.5 * float((at_or_below - below).sum())
+    return float(u / (len(pos) * len(neg)))
 
 
 def within_group_auc(
@@ -89,7 +95,7 @@ def _pair_weighted_auc(cells: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:
     weighted = pairs = 0.0
     for pos, neg in cells:
         n_pairs = float(len(pos) * len(neg))
-        weighted += roc_auc(np.r_[pos, neg], np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]) * n_pairs
+        weighted += _class_auc(pos, neg) * n_pairs
         pairs += n_pairs
     return weighted / pairs
 
@@ -132,9 +138,14 @@ def bootstrap_auc(
         return auc, float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     pos, neg = np.sort(s[y]), np.sort(s[~y])
-    labels = np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]
-    draws = [roc_auc(np.r_[rng.choice(pos, len(pos)), rng.choice(neg, len(neg))], labels) for _ in range(resamples)]
+    draws = [_class_auc(_resample(rng, pos), _resample(rng, neg)) for _ in range(resamples)]
     return (auc, *percentile_interval(draws, level))
+
+
+def _resample(rng: np.random.Generator, values: np.ndarray) -> np.ndarray:
+    """``len(values)`` draws with replacement: the draws ``rng.choice(values, len(values))`` makes
+    (the same stream, checked by the tests), at half its cost per call."""
+    return values[rng.integers(0, len(values), len(values))]
 
 
 def _bootstrap_within_group_auc(
@@ -145,7 +156,7 @@ def _bootstrap_within_group_auc(
         return float("nan"), float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     draws = [
-        _pair_weighted_auc([(rng.choice(pos, len(pos)), rng.choice(neg, len(neg))) for pos, neg in cells])
+        _pair_weighted_auc([(_resample(rng, pos), _resample(rng, neg)) for pos, neg in cells])
         for _ in range(resamples)
     ]
     return (_pair_weighted_auc(cells), *percentile_interval(draws, level))

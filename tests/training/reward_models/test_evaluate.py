@@ -221,3 +221,69 @@ def test_two_models_of_one_kind_are_reported_side_by_side(tiny_home, trained_orm
     unknown = ReportSettings(kinds=("orm",), latency_calls=2, threads=1, compare_models=("orm-nowhere",))
     with pytest.raises(LookupError, match="orm-nowhere"):
         run_evaluation_report(warehouse, unknown, run_id="report-2", log=lambda _: None)
+
+
+def _reference_roc_auc(s: np.ndarray, y: np.ndarray) -> float:
+    """The rank-sum AUC as it was first written (a Python loop over runs of tied scores)."""
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if not n_pos or not n_neg:
+        return float("nan")
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(len(s))
+    sorted_s = s[order]
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def test_the_fast_aucs_and_their_bootstraps_give_the_reference_bits():
+    """The AUC by pair counting, the draws by ``integers`` and the bootstrap built on them give the
+    bits of the rank-sum AUC over ``rng.choice`` draws, so reports made before stay the same."""
+    from training.base.statistics import bootstrap_auc, percentile_interval, within_group_auc
+
+    rng = np.random.default_rng(3)
+    for trial in range(300):
+        n = int(rng.integers(2, 60))
+        s = [rng.random(n), np.round(rng.random(n), 1), rng.integers(0, 3, n).astype(float)][trial % 3]
+        y = rng.random(n) < rng.random()
+        assert roc_auc(s, y) == _reference_roc_auc(s, y) or np.isnan(_reference_roc_auc(s, y))
+    s, y = np.round(rng.random(50), 1), rng.random(50) < 0.4
+    pos, neg = np.sort(s[y]), np.sort(s[~y])
+    draw = np.random.default_rng(0)
+    labels = np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]
+    draws = [
+        _reference_roc_auc(np.r_[draw.choice(pos, len(pos)), draw.choice(neg, len(neg))], labels) for _ in range(200)
+    ]
+    assert bootstrap_auc(s, y, resamples=200, seed=0) == (_reference_roc_auc(s, y), *percentile_interval(draws, 0.95))
+    groups = np.array(["a", "b", "c"])[rng.integers(0, 3, 50)]
+    auc, low, high = bootstrap_auc(s, y, groups=groups, resamples=200)
+    assert auc == within_group_auc(s, y, groups) and low <= auc <= high
+
+
+def test_scorers_of_one_encoder_share_it_and_its_cache_and_score_the_same(trained_orm, trained_progrm, tiny_home):
+    """A report loads every kind with one MiniLM and one segment cache: the second model encodes
+    nothing the first has encoded, and every score has the bits of a scorer loaded on its own."""
+    from training.reward_models.evaluate import trajectory_states
+    from training.reward_models.models import RewardScorer, SharedSegmentEncoders
+    from training.reward_models.readers import read_trajectories
+    from warehouse.catalog import Warehouse
+
+    warehouse = Warehouse(tiny_home)
+    ids = warehouse.query("SELECT episode_id FROM episodes ORDER BY episode_id LIMIT 6").column(0).to_pylist()
+    trajectories = list(read_trajectories(warehouse, ids).values())
+    states = [state for t in trajectories for state in trajectory_states("progrm_lcs", t)]
+    shared = SharedSegmentEncoders()
+    orm = RewardScorer.from_checkpoint(trained_orm, shared=shared)
+    progrm = RewardScorer.from_checkpoint(trained_progrm, shared=shared)
+    assert progrm.encoder is orm.encoder and progrm.cache is orm.cache and len(shared.by_encoder) == 1
+    orm_scores = orm.score_states(states)
+    encoded = orm.cache.misses
+    progrm_scores = progrm.score_states(states)
+    assert orm.cache.misses == encoded > 0  # the ProgRM model found every segment encoded
+    assert np.array_equal(orm_scores, RewardScorer.from_checkpoint(trained_orm).score_states(states))
+    assert np.array_equal(progrm_scores, RewardScorer.from_checkpoint(trained_progrm).score_states(states))

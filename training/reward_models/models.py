@@ -606,6 +606,19 @@ def width_batches(widths: np.ndarray, batch_size: int) -> Iterator[tuple[np.ndar
             yield items, np.resize(items, -(-len(items) // ROW_MULTIPLE) * ROW_MULTIPLE), int(width)
 
 
+@dataclass
+class SharedSegmentEncoders:
+    """One frozen segment encoder and one embedding cache per encoder (its config and device), for
+    the scorers one process loads side by side (the report scores every kind, the flywheel every
+    round's models): MiniLM loads once and each segment text is encoded once, whichever model meets
+    it first. A score does not change: the encoder is batch-invariant, so an embedding has the same
+    bits whichever call encoded it. For scorers used one call at a time, as a report does: a
+    server scoring from several threads keeps a cache per scorer (a shared cache evicting under
+    one call could move rows another call is reading)."""
+
+    by_encoder: dict[tuple[str, str], tuple[SegmentEncoder, EmbeddingCache]] = field(default_factory=dict)
+
+
 class RewardScorer:
     """A trained reward model ready to score states (the batch scoring API).
 
@@ -622,13 +635,16 @@ class RewardScorer:
         device: str | torch.device = "cpu",
         metadata: dict | None = None,
         max_cache_entries: int = 500_000,
+        cache: EmbeddingCache | None = None,
     ) -> None:
         self.model = model.eval().to(device)
         self.config = model.rm_config
         self.kind = model.rm_config.kind
         self.device = torch.device(device)
         self.encoder = encoder
-        self.cache = EmbeddingCache(encoder, max_entries=max_cache_entries) if encoder is not None else None
+        if cache is None and encoder is not None:
+            cache = EmbeddingCache(encoder, max_entries=max_cache_entries)
+        self.cache = cache
         self.tokenizer = tokenizer
         self.metadata = metadata or {}
         self._lock = threading.Lock()
@@ -641,9 +657,12 @@ class RewardScorer:
         device: str | torch.device = "cpu",
         warm_cache: Path | str | None = None,
         torch_dtype: torch.dtype | None = None,
+        shared: SharedSegmentEncoders | None = None,
     ) -> RewardScorer:
         """Load an exported model. ``torch_dtype`` (e.g. ``torch.bfloat16`` on a GPU) applies to a
-        full-mode backbone; ``warm_cache`` is a saved segment cache to start from (frozen mode)."""
+        full-mode backbone; ``warm_cache`` is a saved segment cache to start from (frozen mode);
+        ``shared``: take the segment encoder and cache from it where a scorer loaded before has
+        the same encoder, and leave this one's there for the next."""
         from safetensors.torch import load_file
 
         directory = Path(directory)
@@ -656,12 +675,16 @@ class RewardScorer:
             if unexpected or any(not k.startswith("backbone.") for k in missing):
                 raise ValueError(f"checkpoint {directory} does not match its config: {unexpected or missing}")
             return cls(model, tokenizer=load_tokenizer(config.backbone), device=device, metadata=metadata)
-        encoder = SegmentEncoder(config.encoder_config(), device=device)
+        key = (repr(config.encoder_config()), str(torch.device(device)))
+        encoder, cache = shared.by_encoder[key] if shared is not None and key in shared.by_encoder else (None, None)
+        encoder = encoder or SegmentEncoder(config.encoder_config(), device=device)
         if encoder.device.type == "cpu" and (stale := stale_encoder_reason(directory)):
             raise ValueError(stale)
         model = RewardModel(config, input_dim=input_dim or encoder.hidden_size)
         model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
-        scorer = cls(model, encoder=encoder, device=device, metadata=metadata)
+        scorer = cls(model, encoder=encoder, device=device, metadata=metadata, cache=cache)
+        if shared is not None and scorer.cache is not None:
+            shared.by_encoder.setdefault(key, (encoder, scorer.cache))
         if warm_cache is not None and scorer.cache is not None:  # (it is: the scorer has an encoder)
             scorer.cache.load(warm_cache)
         return scorer

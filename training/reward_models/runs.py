@@ -597,13 +597,18 @@ def run_evaluation_report(
 
 
 def _loaded_scorers(warehouse: Warehouse, models: Sequence[ModelRecord]) -> dict[str, tuple[str, object]]:
-    """kind -> (model id, scorer) of each model, its segment cache warmed from the home's."""
-    from training.reward_models.models import RewardScorer
+    """kind -> (model id, scorer) of each model, its segment cache warmed from the home's; models of
+    one encoder share it and its cache (each segment is encoded once for every kind)."""
+    from training.reward_models.models import RewardScorer, SharedSegmentEncoders
 
     scorers: dict[str, tuple[str, object]] = {}
+    shared = SharedSegmentEncoders()
+    loaded: set[int] = set()
     for key, model in zip(report_keys(models), models, strict=True):
-        scorer = RewardScorer.from_checkpoint(model.checkpoint_path)
-        scorer.load_home_cache(warehouse.home)
+        scorer = RewardScorer.from_checkpoint(model.checkpoint_path, shared=shared)
+        if id(scorer.cache) not in loaded:  # a shared cache is warmed once
+            loaded.add(id(scorer.cache))
+            scorer.load_home_cache(warehouse.home)
         scorers[key] = (model.model_id, scorer)
     return scorers
 

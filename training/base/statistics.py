@@ -156,8 +156,7 @@ def _bootstrap_within_group_auc(
         return float("nan"), float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     draws = [
-        _pair_weighted_auc([(_resample(rng, pos), _resample(rng, neg)) for pos, neg in cells])
-        for _ in range(resamples)
+        _pair_weighted_auc([(_resample(rng, pos), _resample(rng, neg)) for pos, neg in cells]) for _ in range(resamples)
     ]
     return (_pair_weighted_auc(cells), *percentile_interval(draws, level))
 

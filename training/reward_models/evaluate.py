@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from training.reward_models.models import SharedSegmentEncoders
+
 # ---------------------------------------------------------------------------------------------
 # Scoring trajectories
 # ---------------------------------------------------------------------------------------------
@@ -560,13 +562,16 @@ def run_report(
     cache_home=None,
     log=None,
     max_trajectories: int | None = None,
+    shared: SharedSegmentEncoders | None = None,
 ) -> ReportResult:
     """Score ``split`` (and ``threshold_split`` for the success thresholds) with every model,
     compute the metrics, draw the plots and build the ``rm_predictions`` / ``rm_metrics`` rows.
-    ``cache_home``: a STEPWISE_HOME whose saved segment caches the scorers start from."""
+    ``cache_home``: a STEPWISE_HOME whose saved segment caches the scorers start from; ``shared``:
+    the encoders and caches the models load on (a new one by default), for a caller scoring more
+    with the same models."""
     import pyarrow as pa
 
-    from training.reward_models.models import RewardScorer
+    from training.reward_models.models import SharedSegmentEncoders
     from warehouse.tables_training import RM_METRICS
 
     say = log or (lambda msg: None)
@@ -577,11 +582,12 @@ def run_report(
     thresholds: dict[str, float] = {}
     prediction_tables = []
     keys = report_keys(models)
+    shared = shared if shared is not None else SharedSegmentEncoders()
     for key, model in zip(keys, models, strict=True):
-        scorer = RewardScorer.from_checkpoint(model.checkpoint_path)
-        if cache_home is not None:  # the segments training already encoded (frozen mode)
-            scorer.load_home_cache(cache_home)
-        scores = _score_model(scorer, model.kind, held_out, tuning, latency_calls)
+        # one MiniLM and one segment cache for every kind, warmed with the segments training
+        # already encoded (frozen mode); single calls are timed on a cache of the model's own
+        scorer = shared.load(model.checkpoint_path, cache_home)
+        scores = _score_model(scorer, model.kind, held_out, tuning, latency_calls, cache_home)
         thresholds[key] = _success_threshold(scores.tune, tuning)
         metrics[key] = _model_metrics(
             model.kind, scores, held_out, tuning, thresholds[key], split=split, threshold_split=threshold_split
@@ -622,11 +628,15 @@ def _load_report_sets(
     return held_out, tuning
 
 
-def _score_model(scorer, kind: str, held_out: EvaluationSet, tuning: EvaluationSet, latency_calls: int) -> _ModelScores:
+def _score_model(
+    scorer, kind: str, held_out: EvaluationSet, tuning: EvaluationSet, latency_calls: int, cache_home=None
+) -> _ModelScores:
     """Time the scorer one state per call, then score the held-out and threshold splits in batches."""
-    # latency first: one state per call in trajectory order, as an RL loop calls it
+    # latency first: one state per call in trajectory order, as an RL loop calls it, on a cache
+    # warmed from the home only (the shared one holds what other kinds' scoring encoded)
     latency_states = [s for t in held_out.trajectories for s in trajectory_states(kind, t)][:latency_calls]
-    latency = measure_latency(scorer, latency_states)
+    timed = scorer.with_own_cache(cache_home) if getattr(scorer, "cache", None) is not None else scorer
+    latency = measure_latency(timed, latency_states)
     t0 = time.perf_counter()
     test_scores = predict_trajectories(scorer, held_out.trajectories)
     batch_seconds = time.perf_counter() - t0

@@ -617,6 +617,16 @@ class SharedSegmentEncoders:
     one call could move rows another call is reading)."""
 
     by_encoder: dict[tuple[str, str], tuple[SegmentEncoder, EmbeddingCache]] = field(default_factory=dict)
+    _warmed: set[int] = field(default_factory=set)  # the caches already warmed from a home
+
+    def load(self, checkpoint: Path | str, home: Path | str | None = None) -> RewardScorer:
+        """A scorer of ``checkpoint`` on the shared encoder and cache; the cache warmed from the
+        segments ``home``'s training saved (:meth:`RewardScorer.load_home_cache`) once."""
+        scorer = RewardScorer.from_checkpoint(checkpoint, shared=self)
+        if home is not None and scorer.cache is not None and id(scorer.cache) not in self._warmed:
+            self._warmed.add(id(scorer.cache))
+            scorer.load_home_cache(home)
+        return scorer
 
 
 class RewardScorer:
@@ -687,6 +697,16 @@ class RewardScorer:
             shared.by_encoder.setdefault(key, (encoder, scorer.cache))
         if warm_cache is not None and scorer.cache is not None:  # (it is: the scorer has an encoder)
             scorer.cache.load(warm_cache)
+        return scorer
+
+    def with_own_cache(self, home: Path | str | None = None) -> RewardScorer:
+        """This model and encoder with a cache of its own, warmed from ``home``'s saved segments
+        only: what a scorer loaded alone meets (a report times each kind's single calls on one, so
+        no kind is timed on segments another kind's scoring encoded)."""
+        scorer = RewardScorer(self.model, encoder=self.encoder, tokenizer=self.tokenizer, metadata=self.metadata)
+        scorer.device = self.device
+        if home is not None:
+            scorer.load_home_cache(home)
         return scorer
 
     def load_home_cache(self, home: Path | str) -> int:

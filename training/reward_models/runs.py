@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -52,6 +52,9 @@ from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, image_markdown
 from warehouse.storage import REPO_ROOT, git_revision, write_atomic
 from warehouse.tables_training import MODELS
+
+if TYPE_CHECKING:
+    from training.reward_models.models import SharedSegmentEncoders
 
 DATASETS_ASSET = "reward_model_datasets"
 MODEL_ASSET = "reward_model"
@@ -513,6 +516,7 @@ def run_evaluation_report(
 
     from training.base.registry import latest_models, model_by_id
     from training.reward_models.evaluate import run_report
+    from training.reward_models.models import SharedSegmentEncoders
 
     torch.set_num_threads(settings.threads)
     models = latest_models(warehouse, list(settings.kinds))
@@ -522,6 +526,7 @@ def run_evaluation_report(
     models += [model_by_id(warehouse, i) for i in dict.fromkeys(settings.compare_models) if i not in latest]
     log("report on " + ", ".join(f"{k}={m.model_id}" for k, m in zip(report_keys(models), models, strict=True)))
     plots_dir = warehouse.home / "plots" / "reward_models" / run_id
+    shared = SharedSegmentEncoders()  # one MiniLM and segment cache for every kind and section
     result = run_report(
         warehouse,
         models,
@@ -533,6 +538,7 @@ def run_evaluation_report(
         cache_home=warehouse.home,
         log=log,
         max_trajectories=settings.max_trajectories,
+        shared=shared,
     )
     m = Materialization(
         asset=REPORT_ASSET,
@@ -552,7 +558,7 @@ def run_evaluation_report(
         ]
         + current_label_inputs(warehouse),
     )
-    scorers = _loaded_scorers(warehouse, models)
+    scorers = _loaded_scorers(warehouse, models, shared)
     agents = _agent_episode_section(warehouse, scorers, plots_dir, run_id, log)
     choices = _alternatives_section(warehouse, scorers, run_id, log)
     outputs = []
@@ -596,21 +602,15 @@ def run_evaluation_report(
     return metadata
 
 
-def _loaded_scorers(warehouse: Warehouse, models: Sequence[ModelRecord]) -> dict[str, tuple[str, object]]:
-    """kind -> (model id, scorer) of each model, its segment cache warmed from the home's; models of
-    one encoder share it and its cache (each segment is encoded once for every kind)."""
-    from training.reward_models.models import RewardScorer, SharedSegmentEncoders
-
-    scorers: dict[str, tuple[str, object]] = {}
-    shared = SharedSegmentEncoders()
-    loaded: set[int] = set()
-    for key, model in zip(report_keys(models), models, strict=True):
-        scorer = RewardScorer.from_checkpoint(model.checkpoint_path, shared=shared)
-        if id(scorer.cache) not in loaded:  # a shared cache is warmed once
-            loaded.add(id(scorer.cache))
-            scorer.load_home_cache(warehouse.home)
-        scorers[key] = (model.model_id, scorer)
-    return scorers
+def _loaded_scorers(
+    warehouse: Warehouse, models: Sequence[ModelRecord], shared: SharedSegmentEncoders
+) -> dict[str, tuple[str, object]]:
+    """kind -> (model id, scorer) of each model, on the ``shared`` encoders and caches (each segment
+    is encoded once for every kind and every section of the report), warmed from the home's."""
+    return {
+        key: (model.model_id, shared.load(model.checkpoint_path, warehouse.home))
+        for key, model in zip(report_keys(models), models, strict=True)
+    }
 
 
 def _agent_episode_section(

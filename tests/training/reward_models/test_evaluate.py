@@ -287,3 +287,9 @@ def test_scorers_of_one_encoder_share_it_and_its_cache_and_score_the_same(traine
     assert orm.cache.misses == encoded > 0  # the ProgRM model found every segment encoded
     assert np.array_equal(orm_scores, RewardScorer.from_checkpoint(trained_orm).score_states(states))
     assert np.array_equal(progrm_scores, RewardScorer.from_checkpoint(trained_progrm).score_states(states))
+    # the report times each kind's single calls on a cache of its own (no segments another kind's
+    # scoring encoded), with the same model and encoder, hence the same scores
+    timed = progrm.with_own_cache()
+    assert timed.model is progrm.model and timed.encoder is progrm.encoder
+    assert timed.cache is not progrm.cache and len(timed.cache) == 0
+    assert np.array_equal(timed.score_states(states), progrm_scores)

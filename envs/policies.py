@@ -56,7 +56,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.protocol import Actor, EpisodeContext, Policy, PolicySnapshot, StatelessSnapshot, StepResult
-from envs.tasks import TaskSpec, element_matches, evaluate
+from envs.spec_evaluation import element_matches, evaluate
+from envs.tasks import TaskSpec
 from warehouse.model import Action, ActionType, Screen, UIElement
 
 _SLOT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -11,7 +11,7 @@ An environment (MiniWoB++ in Chromium: ``envs.miniwob.live``; Android through ui
 Screens and actions are the canonical ones of ``warehouse.model`` so every backend's trajectories
 look alike in the warehouse. Milestones are the task spec's (``envs.tasks``), checked by the
 environment on every screen after an action, with exactly the semantics of
-``envs.tasks.track_milestones`` (ProgRM §2.2: environment-milestone progress labels).
+``envs.spec_evaluation.track_milestones`` (ProgRM §2.2: environment-milestone progress labels).
 
 An action the environment cannot carry out (a target that is not on the screen, text into an
 element that is not editable, an action type the backend lacks) is not an error: the step is
@@ -36,7 +36,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from envs.tasks import TaskSpec, TaskSpecError, evaluate
+from envs.spec_evaluation import evaluate
+from envs.tasks import TaskSpec, TaskSpecError
 from warehouse.model import Action, ActionType, Screen, UIElement
 from warehouse.purposes import EpisodePurpose
 from warehouse.schema import EPISODES, STEPS, append_step
@@ -238,7 +239,7 @@ def episode_slots(spec: TaskSpec, instruction: str, fields: Mapping[str, str] | 
     """The slot values of one episode (``TaskSpec.slots``: the template's groups over the fields).
 
     Raises TaskSpecError when the instruction fits neither, so a mislabelled episode is never
-    scored silently (as ``envs.tasks.track_milestones`` does).
+    scored silently (as ``envs.spec_evaluation.track_milestones`` does).
     """
     slots = spec.slots(instruction, fields)
     if slots is None:
@@ -247,7 +248,7 @@ def episode_slots(spec: TaskSpec, instruction: str, fields: Mapping[str, str] | 
 
 
 class MilestoneTracker:
-    """Incremental ``envs.tasks.track_milestones``: one ``update`` per step, same semantics.
+    """Incremental ``envs.spec_evaluation.track_milestones``: one ``update`` per step, same semantics.
 
     A milestone is reached at the first step where its predicate holds over (screen after the step,
     the step's action) and every earlier milestone has been reached; several may be reached at one
@@ -622,12 +623,12 @@ def episode_tables(
 
 
 def milestone_track_matches(record: EpisodeRecord, spec: TaskSpec) -> bool:
-    """Do the milestones recorded online equal ``envs.tasks.track_milestones`` over the trajectory?
+    """Do the milestones recorded online equal ``envs.spec_evaluation.track_milestones`` over the trajectory?
 
     The offline tracker sees (screen after each step, the step's action), failed steps with no
     action, and the episode's outcome: the online tracker and the offline one must agree.
     """
-    from envs.tasks import track_milestones
+    from envs.spec_evaluation import track_milestones
 
     pairs: list[tuple[Screen | None, Action | None]] = []
     for i, step in enumerate(record.steps):

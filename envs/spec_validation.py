@@ -34,9 +34,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envs.spec_evaluation import MilestoneTrack, track_milestones
 from envs.tasks import (
     ITEM_SLOT,
-    MilestoneTrack,
     TaskSpec,
     TaskSpecError,
     load_task_spec,
@@ -44,7 +44,6 @@ from envs.tasks import (
     slot_names,
     spec_files,
     spec_for,
-    track_milestones,
 )
 from warehouse.model import Action, ActionType, Screen
 from warehouse.trajectories import Trajectory, load_trajectories

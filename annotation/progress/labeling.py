@@ -31,7 +31,8 @@ from annotation.progress.key_steps import TrajectoryLabels, label_corpus, milest
 from annotation.progress.recipes import DEFAULT_THETA, Episode, Grouping, TaskRecipes
 from annotation.progress.soft_lcs import SOFT_TEXT_TYPES
 from annotation.progress.text_similarity import Embed, normalise_text
-from envs.tasks import TaskSpec, TaskSpecError, spec_for, track_milestones
+from envs.spec_evaluation import track_milestones
+from envs.tasks import TaskSpec, TaskSpecError, spec_for
 from warehouse.model import Action, ActionType, Screen
 from warehouse.trajectories import Trajectory
 

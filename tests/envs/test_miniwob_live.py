@@ -147,7 +147,7 @@ def test_the_screen_after_typing_shows_what_the_typed_text_triggers(miniwob_env,
 @pytest.mark.e2e
 def test_expert_solves_every_catalog_task_and_milestones_agree(miniwob_env, catalog):
     """Every catalog task with a solution: the noiseless expert succeeds, every milestone is hit,
-    and the online milestones equal envs.tasks.track_milestones over the recorded trajectory."""
+    and the online milestones equal envs.spec_evaluation.track_milestones over the recorded trajectory."""
     expert = make_policy("expert")
     failures = []
     for task in (t for t in catalog.values() if t.has_solution):

@@ -24,8 +24,9 @@ from envs.protocol import (
     episode_tables,
     resolve_target,
 )
+from envs.spec_evaluation import track_milestones
 from envs.task_catalog import MINIWOB_FAMILIES, load_catalog, tasks_of_family
-from envs.tasks import TaskSpecError, task_spec_from_mapping, track_milestones
+from envs.tasks import TaskSpecError, task_spec_from_mapping
 from warehouse.model import Action, ActionType, Screen, UIElement
 from warehouse.purposes import EpisodePurpose
 from warehouse.schema import EPISODES, STEPS

@@ -9,16 +9,15 @@ import copy
 
 import pytest
 
-from envs.tasks import (
+from envs.spec_evaluation import (
     ScreenTree,
-    TaskSpecError,
     element_matches,
     evaluate,
     list_items,
     synonym_alternatives,
-    task_spec_from_mapping,
     track_milestones,
 )
+from envs.tasks import TaskSpecError, task_spec_from_mapping
 from warehouse.model import Action, ActionType, Screen, UIElement
 
 

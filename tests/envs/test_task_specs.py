@@ -4,13 +4,12 @@ import math
 
 import pytest
 
+from envs.spec_evaluation import evaluate, track_milestones
 from envs.tasks import (
     TaskSpecError,
-    evaluate,
     load_task_spec,
     load_task_specs,
     task_spec_from_mapping,
-    track_milestones,
 )
 from warehouse.model import Action, ActionType, Screen, UIElement
 from warehouse.storage import REPO_ROOT

@@ -17,7 +17,6 @@ append to. SQL readers see the union, one ``progress_labels`` table as before.
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 import tempfile
@@ -25,7 +24,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import numpy as np
@@ -381,7 +379,7 @@ def _write_batch(out: _Outputs, family: str, result: BatchLabels, mid: str, vers
 # -- incremental runs -----------------------------------------------------------------------------
 
 
-def _family_versions(warehouse: Warehouse, table: str, family: str) -> dict[str, tuple[str, Path]]:
+def family_versions(warehouse: Warehouse, table: str, family: str) -> dict[str, tuple[str, Path]]:
     """Current (materialization id, file) of a family's base and delta datasets of a table, by dataset."""
     prefix = family_dataset(family)
     return {
@@ -391,9 +389,9 @@ def _family_versions(warehouse: Warehouse, table: str, family: str) -> dict[str,
     }
 
 
-def _family_paths(warehouse: Warehouse, table: str, family: str) -> dict[str, Path]:
+def family_paths(warehouse: Warehouse, table: str, family: str) -> dict[str, Path]:
     """Current files of a family's base and delta datasets of a table, by dataset."""
-    return {dataset: path for dataset, (_, path) in _family_versions(warehouse, table, family).items()}
+    return {dataset: path for dataset, (_, path) in family_versions(warehouse, table, family).items()}
 
 
 def _slot_rows(warehouse: Warehouse, family: str) -> dict[str, int]:
@@ -438,7 +436,7 @@ def run_family_labels(
 
     guard = warehouse.guard(LABEL_TABLES, [family_dataset(family)])
     states_table = _read(
-        _family_paths(warehouse, "recipe_library_state", family).values(), "SELECT * FROM {files}", LIBRARY_STATE
+        family_paths(warehouse, "recipe_library_state", family).values(), "SELECT * FROM {files}", LIBRARY_STATE
     )
     if mode == "full" or states_table.num_rows == 0:
         if mode != "full":
@@ -520,7 +518,7 @@ def _plan_family_update(
 ) -> _FamilyUpdate:
     """Compare the family's episodes with its ledger and decide what to label, rebuild and compact."""
     fam_where, fam_params = family_where([family])
-    ledger_paths = list(_family_paths(warehouse, "label_ledger", family).values())
+    ledger_paths = list(family_paths(warehouse, "label_ledger", family).values())
     known = _read(ledger_paths, "SELECT episode_id FROM {files}", LABEL_LEDGER).column("episode_id").to_pylist()
     current = warehouse.query(
         f"SELECT e.episode_id, e.task_id, e.success, e.source FROM episodes e WHERE {fam_where}", fam_params
@@ -662,7 +660,7 @@ def _compact(
     from warehouse.storage import slug
 
     by_table = {o.table_name: o for o in new_outputs}
-    ledger_files = [str(p) for p in _family_paths(warehouse, "label_ledger", family).values()]
+    ledger_files = [str(p) for p in family_paths(warehouse, "label_ledger", family).values()]
     old_ledger = _read(ledger_files, "SELECT episode_id, task_id FROM {files}", LABEL_LEDGER)
     rebuilt_set = set(rebuilt)
     dropped = sorted(
@@ -677,7 +675,7 @@ def _compact(
     )
     outputs = []
     for table, schema in LABEL_TABLES.items():
-        old = [str(p) for p in _family_paths(warehouse, table, family).values()]
+        old = [str(p) for p in family_paths(warehouse, table, family).values()]
         new = by_table[table]
         target = warehouse.data_dir / table / slug(family_dataset(family)) / f"{m.materialization_id}.parquet"
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -705,148 +703,3 @@ def _compact(
 
 def _sql_list(paths: Sequence[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
-
-
-def unlabelled_episodes(warehouse: Warehouse, family: str) -> int:
-    """Episodes of a family the labels stage has not handled yet (not in its ledger)."""
-    return families_with_new_episodes(warehouse).get(family, 0)
-
-
-def families_with_new_episodes(warehouse: Warehouse) -> dict[str, int]:
-    """Label families with episodes not labelled yet (in ``episodes``, not in ``label_ledger``),
-    and how many: what the ``new_episodes_to_label`` sensor asks. One anti-join in DuckDB; only the
-    distinct task ids of what is new come back to Python. Evaluation episodes never count: the
-    labels stage does not take them."""
-    rows = warehouse.query(
-        "SELECT e.task_id, count(*) AS n FROM episodes e ANTI JOIN label_ledger l USING (episode_id) "
-        f"WHERE {purpose_filter()} GROUP BY 1"
-    ).to_pylist()
-    counts: Counter[str] = Counter()
-    for row in rows:
-        counts[label_family(row["task_id"])] += int(row["n"])
-    return dict(sorted(counts.items()))
-
-
-def episodes_version(warehouse: Warehouse) -> str:
-    """The current versions of ``episodes`` (their materialization ids, joined): changes exactly
-    when episodes are published, so a sensor asks for one labels run per family per change."""
-    return ",".join(sorted(mid for _, mid, _ in warehouse.current_versions("episodes")))
-
-
-def family_labels_version(warehouse: Warehouse, family: str) -> str:
-    """The current versions of a family's label ledger datasets (base and deltas), joined."""
-    return ",".join(sorted(mid for mid, _ in _family_versions(warehouse, "label_ledger", family).values()))
-
-
-def has_library(warehouse: Warehouse, family: str) -> bool:
-    """Whether a family has a stored recipe library (so it can be labelled incrementally)."""
-    return bool(_family_paths(warehouse, "recipe_library_state", family))
-
-
-def run_label_partitions(
-    warehouse: Warehouse,
-    families: Sequence[str],
-    *,
-    mode: str = "incremental",
-    specs_dir: str | Path | None = None,
-    embedder: str = "minilm",
-    theta: float = 0.6,
-    run_id: str | None = None,
-    log: Log = print,
-    asset: str = "progress_labels",
-    map_families: FamilyMap | None = None,
-) -> LabelSummary:
-    """The labels stage for a set of label families (the Dagster partitions of a run).
-
-    ``mode="full"`` relabels them from scratch in one streamed pass (every family: exactly the
-    all-at-once rows). ``"incremental"``: families with no stored recipe library are labelled from
-    scratch together in one pass (so a first run over every family is the full run), and each of
-    the others is brought up to date by :func:`run_family_labels` (new episodes against the stored
-    libraries, tasks whose successes grew enough rebuilt). Returns the summaries merged.
-
-    ``map_families(update_family, families)``: how the families to bring up to date run when there
-    are several (e.g. as tasks on a Ray cluster: the labels asset's ``ray_address``); each calls
-    :func:`update_family` on its own, so the rows are those of running them one after another."""
-    if mode not in ("full", "incremental"):
-        raise ValueError(f"unknown labels mode {mode!r} (full | incremental)")
-    unknown = sorted(set(families) - set(label_families()))
-    if unknown:
-        raise ValueError(f"unknown label families {unknown}; the families are {label_families()}")
-    wanted = [f for f in label_families() if f in set(families)]
-    fresh = wanted if mode == "full" else [f for f in wanted if not has_library(warehouse, f)]
-    summaries = []
-    if fresh:
-        every = fresh == label_families()
-        summaries.append(
-            run_labeling(
-                warehouse,
-                families=None if every else fresh,
-                asset=asset,
-                partition_key=None if every else ",".join(fresh),
-                specs_dir=specs_dir,
-                embedder=embedder,
-                theta=theta,
-                run_id=run_id,
-                log=log,
-            )
-        )
-    stale = [f for f in wanted if f not in fresh]
-    if map_families is not None and len(stale) > 1:
-        job = functools.partial(
-            update_family,
-            str(warehouse.home),
-            asset=asset,
-            specs_dir=None if specs_dir is None else str(specs_dir),
-            embedder=embedder,
-            theta=theta,
-            run_id=run_id,
-        )
-        log(f"bringing {len(stale)} label families up to date at once: {', '.join(stale)}")
-        summaries += map_families(job, stale)
-        return merge_summaries(summaries)
-    for family in stale:
-        summaries.append(
-            run_family_labels(
-                warehouse,
-                family,
-                asset=asset,
-                specs_dir=specs_dir,
-                embedder=embedder,
-                theta=theta,
-                run_id=run_id,
-                log=log,
-            )
-        )
-    return merge_summaries(summaries)
-
-
-FamilyMap = Callable[[Callable[[str], LabelSummary], Sequence[str]], list[LabelSummary]]
-
-
-def update_family(home: str, family: str, **options: Any) -> LabelSummary:
-    """:func:`run_family_labels` on the warehouse at ``home``, for a process that has only the path
-    (a Ray task on another node of a cluster whose nodes share the home's file system)."""
-    return run_family_labels(Warehouse(home), family, **options, log=lambda message: print(message, flush=True))
-
-
-def merge_summaries(summaries: Sequence[LabelSummary]) -> LabelSummary:
-    """Several runs' summaries as one (counts added, per-family incremental reports kept by family)."""
-    merged = LabelSummary()
-    for s in summaries:
-        merged.episodes += s.episodes
-        merged.batches += s.batches
-        merged.families += s.families
-        for key, n in s.label_rows.items():
-            merged.label_rows[key] = merged.label_rows.get(key, 0) + n
-        for key, n in s.recipes.items():
-            merged.recipes[key] = merged.recipes.get(key, 0) + n
-        for key, n in s.unlabelled.items():
-            merged.unlabelled[key] = merged.unlabelled.get(key, 0) + n
-        for key, notes in s.tasks_without_recipe.items():
-            merged.tasks_without_recipe.setdefault(key, {}).update(notes)
-        merged.plots.update(s.plots)
-        merged.outputs.update(s.outputs)
-        if s.incremental:
-            merged.incremental.update({fam: s.incremental for fam in s.families})
-        merged.materialization_id = s.materialization_id
-    return merged

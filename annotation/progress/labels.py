@@ -19,15 +19,15 @@ import pyarrow as pa
 
 from annotation.progress.label_io import default_specs_dir as default_specs_dir
 from annotation.progress.label_io import label_families as label_families
+from annotation.progress.label_partitions import episodes_version as episodes_version
+from annotation.progress.label_partitions import families_with_new_episodes as families_with_new_episodes
+from annotation.progress.label_partitions import family_labels_version as family_labels_version
+from annotation.progress.label_partitions import run_label_partitions as run_label_partitions
 from annotation.progress.label_runs import LABELS_CODE_VERSION as LABELS_CODE_VERSION
 from annotation.progress.label_runs import LabelSummary as LabelSummary
-from annotation.progress.label_runs import episodes_version as episodes_version
-from annotation.progress.label_runs import families_with_new_episodes as families_with_new_episodes
-from annotation.progress.label_runs import family_labels_version as family_labels_version
 from annotation.progress.label_runs import family_where, spec_inputs
 from annotation.progress.label_runs import make_embedder as make_embedder
 from annotation.progress.label_runs import run_family_labels as run_family_labels
-from annotation.progress.label_runs import run_label_partitions as run_label_partitions
 from annotation.progress.label_runs import run_labeling as run_labeling
 from annotation.progress.labeling import LabelQuality, env_labels, label_quality
 from annotation.progress.plots import quality_plot

@@ -21,7 +21,7 @@ from dagster import (
     materialize,
 )
 
-from annotation.progress.label_runs import families_with_new_episodes
+from annotation.progress.label_partitions import families_with_new_episodes
 from assets.labels import (
     LABEL_ASSETS,
     LABEL_CHECKS,
@@ -124,7 +124,7 @@ def test_a_family_partition_labels_only_its_new_episodes(tmp_path):
 
 
 def test_unknown_mode_and_family_are_refused(tmp_path):
-    from annotation.progress.label_runs import run_label_partitions
+    from annotation.progress.label_partitions import run_label_partitions
 
     warehouse = Warehouse(tmp_path / "home")
     with pytest.raises(ValueError, match="unknown label families"):

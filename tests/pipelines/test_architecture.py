@@ -199,7 +199,6 @@ MAX_MODULE_LINES = 800
 MODULES_AWAITING_SPLIT = {
     "envs/pool.py",
     "annotation/progress/soft_lcs.py",
-    "annotation/progress/label_runs.py",
     "annotation/labelstudio/sync.py",
     "envs/miniwob/demonstrations.py",
 }

@@ -19,7 +19,7 @@ from dagster import DagsterInstance, materialize
 
 from annotation.labelstudio.reads import read_step_candidates, read_task_episodes
 from annotation.progress.label_io import label_families
-from annotation.progress.label_runs import families_with_new_episodes, run_label_partitions
+from annotation.progress.label_partitions import families_with_new_episodes, run_label_partitions
 from annotation.progress.labels import check_progress_labels, run_split, run_synthesis
 from assets.demonstrations import DEMONSTRATION_ASSETS
 from assets.resources import WarehouseResource

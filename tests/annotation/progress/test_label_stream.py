@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from annotation.progress.label_runs import run_family_labels, run_labeling, unlabelled_episodes
+from annotation.progress.label_partitions import unlabelled_episodes
+from annotation.progress.label_runs import run_family_labels, run_labeling
 from annotation.progress.label_state import LibraryState, label_against_library, library_states, needs_rebuild
 from annotation.progress.label_stream import stream_labels
 from annotation.progress.labeling import LCS_METHODS, env_labels, lcs_labels, prepare_lcs

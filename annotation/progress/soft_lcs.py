@@ -28,6 +28,10 @@ with the same deterministic tie-breaking, so their outputs are identical, not me
 
 Also here: the trajectory similarity of Eq. (3) and the completion ratio of Eq. (4), both
 ratios of a soft-LCS score to a length.
+
+Why this module is long: it holds one algorithm twice on purpose. The equations cell by cell (the
+specification) and the batched fast path sit side by side, with the match function both use, so a
+reader checks one against the other line by line, as the tests check their outputs are identical.
 """
 
 from __future__ import annotations

@@ -21,15 +21,8 @@ from annotation.labelstudio.connection import LabelStudioSite, pseudonym_salt
 from annotation.labelstudio.reads import queue_version
 from annotation.labelstudio.reports import sync_event, sync_summary
 from annotation.labelstudio.secrets import scrub
-from annotation.labelstudio.sync import (
-    FULL_RESYNC_EVERY_S,
-    ProjectSyncer,
-    Stage,
-    SyncState,
-    backoff_seconds,
-    managed_projects,
-    sync_lock,
-)
+from annotation.labelstudio.sync import FULL_RESYNC_EVERY_S, ProjectSyncer, Stage, managed_projects
+from annotation.labelstudio.sync_state import SyncState, backoff_seconds, sync_lock
 from warehouse.catalog import Warehouse
 
 Log = Callable[[str], None]

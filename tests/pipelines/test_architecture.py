@@ -198,7 +198,6 @@ MAX_MODULE_LINES = 800
 #: is split; one that must stay long says why in its first lines (``Why this module is long:``).
 MODULES_AWAITING_SPLIT = {
     "envs/pool.py",
-    "annotation/labelstudio/sync.py",
     "envs/miniwob/demonstrations.py",
 }
 

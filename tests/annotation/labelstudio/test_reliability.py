@@ -16,7 +16,8 @@ from dagster import DagsterInstance, SensorResult
 
 from annotation.labelstudio.client import LabelStudioAuthError, LabelStudioClient
 from annotation.labelstudio.interfaces import correctness_prediction
-from annotation.labelstudio.sync import SyncState, human_labels_dataset
+from annotation.labelstudio.sync import human_labels_dataset
+from annotation.labelstudio.sync_state import SyncState
 from assets.human_labels import build_label_studio_sensor
 from assets.resources import LabelStudioResource
 from tests.annotation.labelstudio.helpers import labels, push, queued_tasks, tick
@@ -144,7 +145,8 @@ def test_a_slow_export_is_waited_for_and_resumed_not_asked_again(small_warehouse
     """The export request times out while Label Studio is still building the snapshot: the sync waits,
     then finds that same export by its title and applies it (no second export, nothing lost)."""
     from annotation.labelstudio.interfaces import INTERFACES
-    from annotation.labelstudio.sync import ProjectSyncer, ProjectSyncState
+    from annotation.labelstudio.sync import ProjectSyncer
+    from annotation.labelstudio.sync_state import ProjectSyncState
 
     push(small_warehouse, ls_resource, budget=12, interfaces=("step_correctness",))
     client = ls_resource.client()

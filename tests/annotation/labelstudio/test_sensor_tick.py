@@ -14,7 +14,7 @@ from annotation.labelstudio.human_labels import (
     check_no_secrets,
     sync_tick,
 )
-from annotation.labelstudio.sync import SyncState, sync_lock
+from annotation.labelstudio.sync_state import SyncState, sync_lock
 from warehouse.catalog import Warehouse
 
 

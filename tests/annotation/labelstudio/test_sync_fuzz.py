@@ -20,14 +20,8 @@ from hypothesis import strategies as st
 
 from annotation.labelstudio.client import ExportSnapshot, ProjectCounts
 from annotation.labelstudio.interfaces import INTERFACES
-from annotation.labelstudio.sync import (
-    ProjectSyncer,
-    ProjectSyncState,
-    SyncState,
-    annotation_rows,
-    merge_labels,
-    parse_timestamp,
-)
+from annotation.labelstudio.sync import ProjectSyncer, annotation_rows, merge_labels, parse_timestamp
+from annotation.labelstudio.sync_state import ProjectSyncState, SyncState
 from tests.annotation.labelstudio.test_sync_merge import annotation, export
 from tests.envs.fuzzing import fuzz_settings
 from warehouse.catalog import Warehouse

@@ -5,13 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from annotation.labelstudio.interfaces import INTERFACES, correctness_prediction, parse_result, progress_prediction
-from annotation.labelstudio.sync import (
-    SyncState,
-    annotation_rows,
-    backoff_seconds,
-    merge_labels,
-    pseudonymous_annotator_id,
-)
+from annotation.labelstudio.sync import annotation_rows, merge_labels, pseudonymous_annotator_id
+from annotation.labelstudio.sync_state import SyncState, backoff_seconds
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T1 = datetime(2026, 1, 2, tzinfo=UTC)

@@ -6,7 +6,7 @@ import pytest
 from dagster import DagsterInstance, SensorResult, materialize
 
 from annotation.labelstudio.interfaces import correctness_prediction, progress_prediction
-from annotation.labelstudio.sync import SyncState
+from annotation.labelstudio.sync_state import SyncState
 from assets.human_labels import (
     HUMAN_LABEL_CHECKS,
     annotation_agreement,

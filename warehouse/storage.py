@@ -96,16 +96,29 @@ def git_revision() -> str:
 
 def replace_dir_atomic(target: Path, write: Callable[[Path], object]) -> None:
     """Write the folder ``target`` through ``write(staging)`` into a temporary sibling, then swap it
-    in: a killed write leaves the old folder (or none), never a half one."""
+    in: a killed write leaves the old folder (or none), never a half one. The old folder goes to a
+    name of its own before it is deleted, so one left by a killed delete never blocks a later save;
+    the new folder gets the permissions ``mkdir`` would give (``mkdtemp`` makes it owner-only)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    old: Path | None = None
     try:
         write(staging)
-        old = target.with_name(f".{target.name}.old")
+        staging.chmod(0o777 & ~_umask())
         if target.exists():
-            os.replace(target, old)
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            os.replace(target, old)  # onto the empty folder just made: POSIX rename allows it
         os.replace(staging, target)
-        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _umask() -> int:
+    """The process's umask (read by setting and restoring it, as POSIX offers no plain read)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -17,9 +17,9 @@ One sync of one project:
 
 A failure anywhere before the publish leaves the previous version current; the caller keeps the
 returned state (pending export, fingerprints) and retries later: the Dagster sensor backs off
-exponentially (:func:`backoff_seconds`).
+exponentially (:func:`annotation.labelstudio.sync_state.backoff_seconds`).
 
-Pure parts (:func:`annotation_rows`, :func:`merge_labels`, :func:`backoff_seconds`) are separate
+Pure parts (:func:`annotation_rows`, :func:`merge_labels`; the backoff in ``sync_state``) are separate
 from the I/O (:class:`ProjectSyncer`).
 
 An export is outside data: a malformed task or annotation (not an object, no usable id, a result

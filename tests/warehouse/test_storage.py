@@ -49,3 +49,36 @@ def test_a_required_extension_is_kept_on_the_temporary(tmp_path):
         np.save(tmp, np.arange(3))
         assert tmp.exists()  # np.save added no second extension
     assert np.load(tmp_path / "embeddings.npy").tolist() == [0, 1, 2]
+
+
+def test_a_folder_is_swapped_in_whole_and_a_failed_write_keeps_the_old_one(tmp_path):
+    from warehouse.storage import replace_dir_atomic
+
+    target = tmp_path / "model"
+    replace_dir_atomic(target, lambda d: (d / "weights").write_text("v1"))
+    replace_dir_atomic(target, lambda d: (d / "weights").write_text("v2"))
+    assert (target / "weights").read_text() == "v2" and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+    def killed(d):
+        (d / "weights").write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        replace_dir_atomic(target, killed)
+    assert (target / "weights").read_text() == "v2" and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_an_old_folder_left_by_a_killed_delete_never_blocks_a_save_and_modes_are_mkdirs(tmp_path):
+    """The old folder goes to a name of its own (one left behind by a killed ``rmtree`` used to make
+    every later save fail), and the new folder has ``mkdir``'s mode, not ``mkdtemp``'s 0700."""
+    from warehouse.storage import replace_dir_atomic
+
+    target = tmp_path / "final"
+    replace_dir_atomic(target, lambda d: (d / "config.json").write_text("{}"))
+    stale = tmp_path / ".final.old"
+    (stale / "backbone").mkdir(parents=True)  # as a killed save of the former code left it
+    replace_dir_atomic(target, lambda d: (d / "config.json").write_text('{"v": 2}'))
+    assert (target / "config.json").read_text() == '{"v": 2}'
+    reference = tmp_path / "made-by-mkdir"
+    reference.mkdir()
+    assert stat.S_IMODE(target.stat().st_mode) == stat.S_IMODE(reference.stat().st_mode)

@@ -703,11 +703,18 @@ class RewardScorer:
         """This model and encoder with a cache of its own, warmed from ``home``'s saved segments
         only: what a scorer loaded alone meets (a report times each kind's single calls on one, so
         no kind is timed on segments another kind's scoring encoded)."""
-        scorer = RewardScorer(self.model, encoder=self.encoder, tokenizer=self.tokenizer, metadata=self.metadata)
-        scorer.device = self.device
+        scorer = RewardScorer(
+            self.model, encoder=self.encoder, tokenizer=self.tokenizer, device=self.device, metadata=self.metadata
+        )
         if home is not None:
             scorer.load_home_cache(home)
         return scorer
+
+    def encode_segments(self, states: Sequence[StepState]) -> None:
+        """Encode the segments of ``states`` that the cache lacks (frozen mode; nothing in full mode)."""
+        if self.cache is not None:
+            with self._lock:
+                segment_features(states, self.cache, self.config)
 
     def load_home_cache(self, home: Path | str) -> int:
         """Start from the segment cache that training saved under ``home`` (frozen mode; same

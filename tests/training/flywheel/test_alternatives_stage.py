@@ -256,3 +256,28 @@ def test_a_checkpoint_that_does_not_load_fails_before_any_environment(home):
             run_id=None,
             partition_key=None,
         )
+
+
+class NothingRepeatsPool(ScriptedPool):
+    """Every instance differs from its recording, as choose-date-easy's animated date picker does."""
+
+    def run(self, jobs, policy, *, on_episode=None, before_step=None) -> BatchResult:
+        from dataclasses import replace
+
+        return super().run([replace(job, seed=13) for job in jobs], policy)
+
+
+def test_a_task_whose_states_never_replay_publishes_no_rows_and_is_flagged_not_failed(home):
+    """Where every replay diverges the page does not repeat: a property of the task, which the
+    warn-level check names, not an error that fails the run (it failed `make demo` when SFT chose
+    choose-date-easy). Lost replays (a worker died) still fail it."""
+    request = AlternativesRequest("sft", "miniwob-forms", round=1, states_per_task=20, top_k=2, continuations=2)
+    summary = run_alternatives(
+        home, request, lambda workers: NothingRepeatsPool(), run_id="run-1", partition_key=None, log=lambda m: None
+    )
+    assert summary["replays"] > 0 and summary["replays_diverged"] == summary["replays"]
+    assert summary["diverged_by_task"] == {"login-user": summary["replays"]}
+    checks = check_alternatives_run(home, "run-1")
+    assert checks["labels_in_range"].passed and checks["labels_in_range"].metadata["alternatives"] == 0
+    assert not checks["replays_reproduce_states"].passed  # flagged (warn), with the task named
+    assert checks["replays_reproduce_states"].metadata["diverged_by_task"] == {"login-user": summary["replays"]}

@@ -12,7 +12,6 @@ import re
 import secrets
 import shutil
 import subprocess
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,7 +46,7 @@ def atomic_path(path: Path, *, suffix: str = ".tmp") -> Iterator[Path]:
     required extension (``np.save`` appends ``.npy`` to a name without it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}{suffix}")
+    tmp = _unique_sibling(path, suffix)
     try:
         yield tmp
         os.replace(tmp, path)
@@ -98,15 +97,16 @@ def replace_dir_atomic(target: Path, write: Callable[[Path], object]) -> None:
     """Write the folder ``target`` through ``write(staging)`` into a temporary sibling, then swap it
     in: a killed write leaves the old folder (or none), never a half one. The old folder goes to a
     name of its own before it is deleted, so one left by a killed delete never blocks a later save;
-    the new folder gets the permissions ``mkdir`` would give (``mkdtemp`` makes it owner-only)."""
+    both folders are made by ``mkdir``, so the new one has its mode (the umask applied)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging = _unique_sibling(target)
+    staging.mkdir()
     old: Path | None = None
     try:
         write(staging)
-        staging.chmod(0o777 & ~_umask())
         if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            old = _unique_sibling(target, ".old")
+            old.mkdir()
             os.replace(target, old)  # onto the empty folder just made: POSIX rename allows it
         os.replace(staging, target)
     except BaseException:
@@ -117,8 +117,6 @@ def replace_dir_atomic(target: Path, write: Callable[[Path], object]) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _umask() -> int:
-    """The process's umask (read by setting and restoring it, as POSIX offers no plain read)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+def _unique_sibling(path: Path, suffix: str = "") -> Path:
+    """A hidden name beside ``path``, unique per call (process, thread and a random token)."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}{suffix}")

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from training.rl.runs import RL_SEEDS
 from warehouse.catalog import Warehouse
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +79,20 @@ def test_cli_labels_one_family_incrementally(small_demos, home):
     assert bad.returncode == 2 and "unknown label families ['miniwob-nope']" in bad.stderr
 
 
-def test_flywheel_refuses_bad_settings_and_an_empty_home(home):
+def run_in_process(capsys, *argv: str) -> tuple[int, str, str]:
+    """``stepwise *argv`` through the same ``main`` the command calls, in this process (a refusal
+    needs no fresh interpreter; each test still runs the installed command once)."""
+    from pipelines.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:  # argparse's own refusals
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_flywheel_refuses_bad_settings_and_an_empty_home(home, capsys):
     env = {"STEPWISE_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "HF_HUB_OFFLINE": "1"}
     env["PATH"] = "/usr/bin:/bin"
     for args, message in (
@@ -89,15 +103,15 @@ def test_flywheel_refuses_bad_settings_and_an_empty_home(home):
         (["--top-k", "1"], "top_k must be at least 2"),
         (["--continuations", "-2"], "continuations and horizon must be 0 or more"),
     ):
-        out = subprocess.run([STEPWISE, "flywheel", *args], capture_output=True, text=True, env=env, timeout=120)
-        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+        code, _, stderr = run_in_process(capsys, "flywheel", *args)
+        assert code == 2 and message in stderr, (args, stderr)
     # No policy yet: nothing is trained, collected or recorded; the user is told what to run first.
     out = subprocess.run([STEPWISE, "flywheel"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 1 and "run `stepwise rl` first" in out.stdout, out.stdout + out.stderr
     assert Warehouse(home).query("SELECT count(*) FROM flywheel_rounds")[0][0].as_py() == 0
 
 
-def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home):
+def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
     """Seeds, flywheel pins and reward names (a malformed composed one says which part is wrong)
     are checked before anything runs: one line on stderr, exit 2."""
     env = {"STEPWISE_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "HF_HUB_OFFLINE": "1"}
@@ -111,9 +125,13 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home):
         (["--runs", "outcome+progrm"], "say how the source is added"),
         (["--runs", "progrm"], "or a composed reward outcome+<source>:<form>"),
     ):
-        out = subprocess.run([STEPWISE, "rl", *args], capture_output=True, text=True, env=env, timeout=300)
-        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
-        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        code, _, stderr = run_in_process(capsys, "rl", *args)
+        assert code == 2 and message in stderr, (args, stderr)
+        assert len(stderr.strip().splitlines()) == 1, stderr
+    out = subprocess.run([STEPWISE, "rl", "--seed-keys", "s0,s9"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 2 and out.stderr.strip() == "stepwise rl: --seed-keys ['s9'] unknown; choose from " + str(
+        list(RL_SEEDS)
+    ), out.stderr
 
 
 def test_the_summary_gives_a_check_one_line_and_shows_any_failed_run(capsys):

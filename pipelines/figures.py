@@ -66,11 +66,12 @@ def reward_models(warehouse: Warehouse) -> str:
 
 
 def reward_models_on_agents(warehouse: Warehouse) -> str:
-    """Each model of the latest report on held-out agent episodes (``rm_agent_auc``), by family."""
+    """Each model of the latest report on held-out agent episodes (``rm_agent_auc``), by family (two
+    models of a kind, e.g. a flywheel round's beside the demonstration-trained one, told apart by id)."""
     rows = warehouse.query(
-        "SELECT kind, family, episodes, successes, policies, auc, auc_low, auc_high, score_rule FROM rm_agent_auc "
-        f"WHERE report_run_id = {LATEST_REPORT_RUN} "
-        "ORDER BY kind, family = 'all', family"
+        "SELECT kind, model_id, family, episodes, successes, policies, auc, auc_low, auc_high, score_rule "
+        f"FROM rm_agent_auc WHERE report_run_id = {LATEST_REPORT_RUN} "
+        "ORDER BY kind, model_id, family = 'all', family"
     ).to_pylist()
     return _markdown(rows)
 
@@ -79,13 +80,13 @@ def reward_models_choosing(warehouse: Warehouse) -> str:
     """Each model of the latest report choosing among alternatives at held-out states
     (``rm_alternative_top1``): its top-1 against the policy's own argmax, by family."""
     rows = warehouse.query(
-        "SELECT kind, family, states, round(100 * top1, 1) AS top1, round(100 * top1_low, 1) AS low, "
+        "SELECT kind, model_id, family, states, round(100 * top1, 1) AS top1, round(100 * top1_low, 1) AS low, "
         "round(100 * top1_high, 1) AS high, round(100 * policy_top1, 1) AS policy_argmax, "
         "round(100 * random_top1, 1) AS random_pick, round(100 * gain, 1) AS gain, round(100 * gain_low, 1) AS "
         "gain_low, round(100 * gain_high, 1) AS gain_high, wins, losses, round(mcnemar_p, 4) AS p, plan_states, "
         "round(100 * plan_top1, 1) AS plan_top1 FROM rm_alternative_top1 "
         f"WHERE report_run_id = {LATEST_REPORT_RUN} "
-        "ORDER BY kind, family = 'all', family"
+        "ORDER BY kind, model_id, family = 'all', family"
     ).to_pylist()
     return _markdown(rows)
 

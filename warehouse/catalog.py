@@ -46,7 +46,8 @@ from warehouse.storage import slug, stepwise_home, write_parquet_atomic
 # 4: label_rationales and the joined view human_labels_with_rationales.
 # 5: flywheel_rounds' within-task AUC (auc_within_task and its interval).
 # 6: rm_examples.exploit (the RL runs' misranked episodes, issue 41 item 2).
-VIEWS_VERSION = "6"
+# 7: the joined view rl_episode_rewards (what each RL training episode was paid, summed).
+VIEWS_VERSION = "7"
 #: Columns a view derives for rows written before the column existed (``coalesce(stored, derived)``).
 _DERIVED_COLUMNS: dict[str, dict[str, str]] = {"episodes": {"purpose": LEGACY_PURPOSE_SQL}}
 #: Views over the tables' views, rebuilt with them: each human label with the LLM rationale of its
@@ -56,7 +57,15 @@ _JOINED_VIEWS: dict[str, str] = {
         "SELECT h.*, r.rationale AS llm_rationale, r.ok AS llm_rationale_ok, r.failure AS llm_rationale_failure, "
         "r.model AS llm_rationale_model, r.prompt_version AS llm_rationale_prompt_version "
         "FROM human_labels h LEFT JOIN label_rationales r USING (ls_server, annotation_id, revision)"
-    )
+    ),
+    # One row per RL training episode: what its run's reward source paid it over its steps, beside
+    # how it ended (the RL report's tables and the exploits handed to reward-model training read this).
+    "rl_episode_rewards": (
+        "SELECT r.episode_id, r.run_key, any_value(r.reward_source) AS reward_source, any_value(e.task_id) AS task_id, "
+        "sum(r.reward) AS reward, count(*) AS steps, bool_or(e.success) AS success, "
+        "any_value(e.outcome_reward) AS env_outcome "
+        "FROM rl_step_rewards r JOIN episodes e USING (episode_id) GROUP BY r.episode_id, r.run_key"
+    ),
 }
 
 _CATALOG_DDL = """

@@ -228,7 +228,8 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
         in report.asset_materializations_for_node("reward_model_report")[0].metadata["report"].value
     )
     figure = reward_models_on_agents(warehouse)  # what `stepwise figures` prints
-    assert "| progrm_env | all |" in figure and "last step" in figure
+    progrm_env_id = warehouse.query("SELECT model_id FROM models WHERE kind = 'progrm_env'")[0][0].as_py()
+    assert f"| progrm_env | {progrm_env_id} | all |" in figure and "last step" in figure
 
     # One flywheel round as `stepwise flywheel` runs it: the baseline (round 0) and round 1 (collect,
     # label, retrain, report), recorded in flywheel_rounds.

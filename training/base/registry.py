@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -128,11 +128,19 @@ def report_keys(models: Sequence[ModelRecord]) -> list[str]:
     """One key per reported model: its kind for the first model of each kind, ``<kind>@<model id>``
     for a further model of a kind already reported (issue 41 item 7: a flywheel round's model beside
     the demonstration-trained one, a SmolLM2 model beside a MiniLM one, in one report)."""
+    keys = keys_by_model((model.model_id, model.kind) for model in models)
+    return [keys[model.model_id] for model in models]
+
+
+def keys_by_model(models: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """(model id, kind) pairs in report order -> each model's report key, by :func:`report_keys`'
+    rule: the one rule every table, plot and metric row of a report names its models by."""
     seen: set[str] = set()
-    keys = []
-    for model in models:
-        keys.append(model.kind if model.kind not in seen else f"{model.kind}@{model.model_id}")
-        seen.add(model.kind)
+    keys: dict[str, str] = {}
+    for model_id, kind in models:
+        if model_id not in keys:
+            keys[model_id] = kind if kind not in seen else f"{kind}@{model_id}"
+            seen.add(kind)
     return keys
 
 

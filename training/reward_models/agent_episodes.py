@@ -17,7 +17,6 @@ ranking easy tasks above hard ones.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,7 +32,7 @@ from training.base.states import TextTrajectory
 from training.base.statistics import bootstrap_auc
 from training.reward_models.evaluate import predict_trajectories
 from training.reward_models.examples import EpisodeLabels
-from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS
+from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS, model_names
 from training.reward_models.metrics import key_step_progress_error
 from warehouse.catalog import Warehouse
 from warehouse.plotting import Markdown, figure_markdown, pyplot
@@ -213,14 +212,6 @@ def _fmt(row: Mapping) -> str:
     return f"{row['auc']:.2f} [{row['auc_low']:.2f}, {row['auc_high']:.2f}]"
 
 
-def row_labels(rows: Sequence[Mapping]) -> dict[str, str]:
-    """Model id -> how a table names the model: its kind, or ``<kind>@<model id>`` where the rows
-    hold several models of that kind (:func:`report_keys`)."""
-    models = {r["model_id"]: r["kind"] for r in rows}
-    kinds = Counter(models.values())
-    return {m: kind if kinds[kind] == 1 else f"{kind}@{m}" for m, kind in models.items()}
-
-
 def auc_markdown(rows: Sequence[Mapping]) -> str:
     """One line per model, one column per family (AUC [95% interval]), episodes counted."""
     if not rows:
@@ -234,8 +225,8 @@ def auc_markdown(rows: Sequence[Mapping]) -> str:
         "|---|---|" + "---:|" * len(families),
         "| episodes | | " + " | ".join(counts.get(f, "") for f in families) + " |",
     ]
-    by_kind: dict[str, dict[str, Mapping]] = {}  # by model: its kind, or kind@model id (row_labels)
-    labels = row_labels(rows)
+    by_kind: dict[str, dict[str, Mapping]] = {}  # by model, as the report names it (model_names)
+    labels = model_names(rows)
     for r in rows:
         by_kind.setdefault(labels[r["model_id"]], {})[r["family"]] = r
     for kind, fams in by_kind.items():
@@ -270,7 +261,7 @@ def per_task_auc_plot(rows: Sequence[Mapping], path: Path) -> Markdown:
     its interval: where a pooled or within-task figure comes from, and which task a model inverts."""
     plt = pyplot()
     tasks = sorted({r["family"] for r in rows if r["family"].startswith(TASK_PREFIX)})
-    labels = row_labels(rows)
+    labels = model_names(rows)
     models = list(dict.fromkeys(r["model_id"] for r in rows))
     fig, ax = plt.subplots(figsize=(7, 1.2 + 0.32 * len(tasks)))
     height = 0.8 / max(1, len(models))
@@ -306,7 +297,7 @@ def auc_plot(rows: Sequence[Mapping], path: Path) -> Markdown:
     err = np.array([[r["auc"] - r["auc_low"] for r in overall], [r["auc_high"] - r["auc"] for r in overall]])
     ax.bar(x, auc, yerr=err if len(overall) else None, capsize=4, color="#4c72b0")
     ax.axhline(0.5, color="grey", linestyle="--", linewidth=1, label="chance")
-    labels = row_labels(rows)
+    labels = model_names(rows)
     ax.set_xticks(x, [labels[r["model_id"]] for r in overall])
     ax.set_ylim(0, 1)
     ax.set_ylabel("AUC, episode score vs success")

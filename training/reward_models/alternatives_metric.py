@@ -24,7 +24,6 @@ outcomes, not candidates: it is not scored.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,7 +40,7 @@ from training.base.statistics import (
     mcnemar_exact_p,
     percentile_interval,
 )
-from training.reward_models.kinds import DISPLAY_NAMES, PROGRESS_KINDS, STEP_JUDGE_KINDS
+from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS, model_names
 from warehouse.catalog import Warehouse
 from warehouse.tables_training import RM_ALTERNATIVE_TOP1
 
@@ -233,9 +232,9 @@ def top1_markdown(rows: Sequence[Mapping]) -> str:
         "| plan's step picked (model / policy) |",
         "|---|---|---:|---:|---|---|---|",
     ]
-    several = {k for k, n in Counter(r["kind"] for r in overall).items() if n > 1}
+    names = model_names(overall)
     for r in overall:
-        name = DISPLAY_NAMES.get(r["kind"], r["kind"]) + (f" ({r['model_id']})" if r["kind"] in several else "")
+        name = names[r["model_id"]]
         plan = (
             f"{_pct(r['plan_top1'])} / {_pct(r['policy_plan_top1'])} ({r['plan_states']})" if r["plan_states"] else ""
         )

@@ -26,6 +26,7 @@ from training.reward_models.kinds import (
     SUCCESS_JUDGE_KINDS,
     RewardModelKind,
     Verdict,
+    display_name,
     kind_spec,
     state_for,
 )
@@ -178,15 +179,6 @@ MODEL_COLOURS: dict[str, str] = {
     RewardModelKind.PRM.value: "#9467bd",
     RewardModelKind.GUIDNAV.value: "#8c564b",
 }
-MODEL_NAMES: dict[str, str] = DISPLAY_NAMES
-
-
-def display_name(key: str) -> str:
-    """A report key as tables and plots name it: the kind's display name, and the model id when the
-    key carries one."""
-    kind, _, model_id = key.partition("@")
-    name = MODEL_NAMES.get(kind, kind)
-    return f"{name} ({model_id})" if model_id else name
 
 
 def pick_sample_trajectories(
@@ -301,7 +293,7 @@ def plot_training_curves(summary: Mapping, path: Path) -> Path:
         ax.axvline(exported, color="grey", linestyle="--", linewidth=1, label=f"exported (step {exported})")
     stopped = "stopped early" if summary.get("stopped_early") else "ran its budget"
     ax.set_title(
-        f"{MODEL_NAMES.get(kind, kind)}: {summary.get('global_steps', '?')} of "
+        f"{DISPLAY_NAMES.get(kind, kind)}: {summary.get('global_steps', '?')} of "
         f"{summary.get('max_steps', '?')} steps, {stopped}",
         fontsize=10,
     )

@@ -14,10 +14,12 @@ Labels per kind (:data:`KINDS`):
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
+from training.base.registry import keys_by_model
 from training.base.states import StepState, TextTrajectory, action_state, progress_state
 
 log = logging.getLogger(__name__)
@@ -118,6 +120,20 @@ DISPLAY_NAMES: dict[str, str] = {
     RewardModelKind.PRM.value: "PRM",
     RewardModelKind.GUIDNAV.value: "GuidNav",
 }
+
+
+def display_name(key: str) -> str:
+    """A report key (:func:`training.base.registry.report_keys`) as tables and plots name it: the
+    kind's display name, and the model id when the key carries one ("ORM (orm-...)")."""
+    kind, _, model_id = key.partition("@")
+    name = DISPLAY_NAMES.get(kind, kind)
+    return f"{name} ({model_id})" if model_id else name
+
+
+def model_names(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Model id -> its :func:`display_name`, for rows holding ``model_id`` and ``kind`` in report
+    order (the latest model of a kind first): one naming rule for every table of a report."""
+    return {m: display_name(key) for m, key in keys_by_model((r["model_id"], r["kind"]) for r in rows).items()}
 
 
 def kind_spec(kind: str) -> KindSpec:

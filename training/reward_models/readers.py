@@ -190,10 +190,8 @@ def read_paid_episodes(warehouse: Warehouse) -> list[PaidEpisode]:
     if not warehouse.has_table("rl_step_rewards"):
         return []
     rows = warehouse.query(
-        "SELECT r.episode_id, any_value(r.run_key) AS run_key, any_value(e.task_id) AS task_id, "
-        "sum(r.reward) AS reward, bool_or(e.success) AS success "
-        "FROM rl_step_rewards r JOIN episodes e USING (episode_id) "
-        "WHERE r.run_key IS NOT NULL AND r.reward IS NOT NULL GROUP BY r.episode_id ORDER BY r.episode_id"
+        "SELECT episode_id, run_key, task_id, reward, success FROM rl_episode_rewards "
+        "WHERE run_key IS NOT NULL AND reward IS NOT NULL ORDER BY episode_id"
     ).to_pylist()
     return [
         PaidEpisode(r["episode_id"], r["run_key"], r["task_id"], float(r["reward"]), bool(r["success"])) for r in rows

@@ -185,12 +185,13 @@ def _training_episodes(warehouse: Warehouse, sft_policy_id: str) -> list[dict]:
     return warehouse.query(
         "WITH runs AS (SELECT DISTINCT run_key, reward_source, estimator FROM rl_iterations "
         "WHERE policy_id LIKE 'rl:%:' || ? || ':i%') "
-        "SELECT r.episode_id, r.run_key, runs.reward_source, runs.estimator, any_value(e.task_id) AS task_id, "
+        "SELECT v.episode_id, v.run_key, runs.reward_source, runs.estimator, v.task_id, "
         "coalesce(json_extract_string(any_value(p.parameters), '$.block'), ?) AS block, "
         "json_extract_string(any_value(p.parameters), '$.orm_rule') AS orm_rule, "
-        "sum(r.reward) AS reward, bool_or(e.success) AS success, any_value(e.outcome_reward) AS env_outcome "
-        "FROM rl_step_rewards r JOIN runs USING (run_key) JOIN episodes e USING (episode_id) "
-        "LEFT JOIN policies p ON p.policy_id = 'rl-' || r.run_key || '-' || ? "
-        "GROUP BY r.episode_id, r.run_key, runs.reward_source, runs.estimator",
+        "v.reward, v.success, v.env_outcome "
+        "FROM rl_episode_rewards v JOIN runs USING (run_key) "
+        "LEFT JOIN policies p ON p.policy_id = 'rl-' || v.run_key || '-' || ? "
+        "GROUP BY v.episode_id, v.run_key, runs.reward_source, runs.estimator, v.task_id, v.reward, v.success, "
+        "v.env_outcome",
         [sft_policy_id, DENSE_BLOCK, sft_policy_id],
     ).to_pylist()

@@ -127,7 +127,7 @@ def test_rows_per_family_and_overall(tmp_path):
     table = pa.Table.from_pylist(rows, schema=RM_AGENT_AUC)  # the rows fit the table
     assert table.num_rows == 3
     markdown = auc_markdown(rows)
-    assert "| orm | last step | 1.00 [1.00, 1.00] | 0.00 [0.00, 0.00] |" in markdown
+    assert "| ORM | last step | 1.00 [1.00, 1.00] | 0.00 [0.00, 0.00] |" in markdown
     assert auc_plot(rows, tmp_path / "auc.png").startswith("![") and (tmp_path / "auc.png").stat().st_size > 0
     assert not any(r["family"].startswith("task:") for r in rows)  # one task: its row would be "all" again
     two_tasks = [
@@ -138,6 +138,10 @@ def test_rows_per_family_and_overall(tmp_path):
     plot = per_task_auc_plot(per_task, tmp_path / "per_task.png")
     assert plot.startswith("![") and (tmp_path / "per_task.png").stat().st_size > 0
     assert "No held-out agent episodes" in auc_markdown([])
+    # a second model of the kind is named as the report's metrics name it: the latest by its kind, the other with its id
+    second = [r | {"model_id": "m2"} for r in rows]
+    both = auc_markdown(rows + second)
+    assert "| ORM | last step |" in both and "| ORM (m2) | last step |" in both and "orm@" not in both
 
 
 def test_unseen_checkpoints_get_their_own_row():

@@ -215,6 +215,7 @@ def test_two_models_of_one_kind_are_reported_side_by_side(tiny_home, trained_orm
     assert accuracy["orm-demonstrations"] == accuracy["orm-round-1"]  # one checkpoint: the same figures
     report = str(metadata["report"])
     assert "| ORM |" in report and "| ORM (orm-demonstrations) |" in report  # the latest first, then the other
+    assert "orm@" not in report  # keys are for rows and metadata; every table names a model one way
     assert metadata["thresholds"].keys() == {"orm", "orm@orm-demonstrations"}
     # the checks read the model of record only (the latest of the kind)
     assert {r["model_id"] for r in latest_report_metrics(warehouse)} == {"orm-round-1"}

@@ -19,7 +19,7 @@ import math
 import threading
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, astuple, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -324,6 +324,10 @@ def padded_length(n_tokens: int) -> int:
     return (n_tokens // LENGTH_STEP + 1) * LENGTH_STEP
 
 
+_SHARED_ENCODERS: dict[tuple[object, ...], SegmentEncoder] = {}
+_SHARED_LOCK = threading.Lock()
+
+
 class SegmentEncoder:
     """The frozen backbone as a text -> vector function (pooled, L2-normalised, float32).
 
@@ -348,6 +352,24 @@ class SegmentEncoder:
         self.packed = supports_packed_states(self.model)  # the same bits, padding skipped
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         self._lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, config: EncoderConfig, device: str | torch.device = "cpu") -> SegmentEncoder:
+        """This process's one encoder of ``config`` on ``device`` (and the backbone's files, by
+        fingerprint), loaded on first use. Loading and quantising MiniLM costs about 0.8 s, and one
+        Dagster run used to load it for every scorer and policy it built (29 times in the RL
+        end-to-end test). Sharing is safe: the encoder is frozen, inference only, batch-invariant,
+        and ``encode`` holds a lock. It is loaded with torch's global generator set aside, so
+        whether it was already loaded never changes what a later draw from that generator gives."""
+        device = torch.device(device)
+        quantized = bool(config.quantize_encoder and device.type == "cpu")
+        key = (astuple(config), str(device), encoder_fingerprint(config, quantized))
+        with _SHARED_LOCK:
+            encoder = _SHARED_ENCODERS.get(key)
+            if encoder is None:
+                with torch.random.fork_rng(devices=[]):
+                    encoder = _SHARED_ENCODERS[key] = cls(config, device)
+        return encoder
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:

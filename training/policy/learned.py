@@ -90,7 +90,7 @@ class PolicyModel:
     def __init__(
         self, scorer: CandidateScorer | None = None, *, encoder: SegmentEncoder | None = None, seed: int = 0
     ) -> None:
-        self.encoder = encoder or SegmentEncoder(EncoderConfig())
+        self.encoder = encoder or SegmentEncoder.shared(EncoderConfig())
         if scorer is None:
             # A new scorer's weights are a function of ``seed`` alone: drawn from torch's global
             # generator, they depended on how much of it the process had used before (loading the
@@ -265,7 +265,7 @@ def _node_encoder(config: dict[str, Any], fingerprint: str) -> tuple[SegmentEnco
     torch): refused, since the driver would file them under its own."""
     with _NODE_ENCODERS_LOCK:
         if fingerprint not in _NODE_ENCODERS:
-            encoder = SegmentEncoder(EncoderConfig(**config))
+            encoder = SegmentEncoder.shared(EncoderConfig(**config))
             if encoder.fingerprint != fingerprint:
                 raise ValueError(
                     f"this node's encoder {encoder.fingerprint} is not the driver's {fingerprint} "

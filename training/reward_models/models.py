@@ -687,7 +687,7 @@ class RewardScorer:
             return cls(model, tokenizer=load_tokenizer(config.backbone), device=device, metadata=metadata)
         key = (repr(config.encoder_config()), str(torch.device(device)))
         encoder, cache = shared.by_encoder[key] if shared is not None and key in shared.by_encoder else (None, None)
-        encoder = encoder or SegmentEncoder(config.encoder_config(), device=device)
+        encoder = encoder or SegmentEncoder.shared(config.encoder_config(), device=device)
         if encoder.device.type == "cpu" and (stale := stale_encoder_reason(directory)):
             raise ValueError(stale)
         model = RewardModel(config, input_dim=input_dim or encoder.hidden_size)

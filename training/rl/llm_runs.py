@@ -402,7 +402,7 @@ def _milestone_cache(reward_source: str) -> Any:
         return None
     from training.base.encoder import EmbeddingCache, EncoderConfig, SegmentEncoder
 
-    return EmbeddingCache(SegmentEncoder(EncoderConfig()))
+    return EmbeddingCache(SegmentEncoder.shared(EncoderConfig()))
 
 
 def _registered(warehouse: Warehouse, policy_id: str) -> bool:

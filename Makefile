@@ -22,7 +22,7 @@ demo: setup
 TEST_WORKERS ?= 2
 
 test: setup lint
-	@$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	@$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # Style, types and the import direction (pyproject.toml: [tool.ruff], [tool.mypy], [tool.importlinter]).
 lint: setup

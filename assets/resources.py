@@ -24,7 +24,8 @@ from annotation.labelstudio.secrets import API_KEY_ENV, URL_ENV, Credentials, cr
 from annotation.labelstudio.server import labelstudio_dir
 from envs.android.env import AndroidConfig
 from envs.miniwob.live import MiniWoBConfig
-from envs.pool import EnvPool, PoolConfig
+from envs.pool import EnvPool
+from envs.pool_jobs import PoolConfig
 from envs.ray_pool import make_pool
 from warehouse.catalog import Warehouse
 from warehouse.storage import stepwise_home

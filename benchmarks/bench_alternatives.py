@@ -37,7 +37,8 @@ import numpy as np  # noqa: E402
 
 from envs.miniwob.live import MiniWoBConfig  # noqa: E402
 from envs.policies import NoisyExpertPolicy  # noqa: E402
-from envs.pool import EnvPool, EpisodeJob, PoolConfig  # noqa: E402
+from envs.pool import EnvPool  # noqa: E402
+from envs.pool_jobs import EpisodeJob, PoolConfig  # noqa: E402
 from envs.protocol import EpisodeRecord  # noqa: E402
 from envs.task_catalog import load_catalog  # noqa: E402
 from training.flywheel.replay import ReplayPlan, ReplayPolicy, replay_outcome  # noqa: E402

@@ -26,7 +26,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from envs.miniwob.live import MiniWoBConfig  # noqa: E402
 from envs.policies import NoisyExpertPolicy, RandomWalkPolicy  # noqa: E402
-from envs.pool import EnvPool, EpisodeJob, PoolConfig  # noqa: E402
+from envs.pool import EnvPool  # noqa: E402
+from envs.pool_jobs import EpisodeJob, PoolConfig  # noqa: E402
 from envs.protocol import EpisodeRecord  # noqa: E402
 from envs.task_catalog import load_catalog  # noqa: E402
 

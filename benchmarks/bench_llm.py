@@ -42,7 +42,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from envs.miniwob.live import MiniWoBConfig  # noqa: E402
 from envs.policies import make_policy  # noqa: E402
-from envs.pool import EnvPool, PoolConfig, plan_jobs  # noqa: E402
+from envs.pool import EnvPool  # noqa: E402
+from envs.pool_jobs import PoolConfig, plan_jobs  # noqa: E402
 from envs.task_catalog import load_catalog  # noqa: E402
 from training.base.pretrained import load_smollm2  # noqa: E402
 from training.llm.policy import HFPolicy  # noqa: E402

@@ -51,7 +51,8 @@ import numpy as np  # noqa: E402
 
 from envs.miniwob.live import MiniWoBConfig  # noqa: E402
 from envs.policies import make_policy  # noqa: E402
-from envs.pool import BatchResult, EnvPool, EpisodeJob, PoolConfig  # noqa: E402
+from envs.pool import EnvPool  # noqa: E402
+from envs.pool_jobs import BatchResult, EpisodeJob, PoolConfig  # noqa: E402
 from envs.task_catalog import load_catalog  # noqa: E402
 from training.policy.learned import LearnedPolicy, PolicyModel  # noqa: E402
 from training.policy.rollouts import Rollout  # noqa: E402

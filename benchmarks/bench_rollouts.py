@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envs.miniwob.live import MiniWoBConfig  # noqa: E402
 from envs.policies import make_policy  # noqa: E402
-from envs.pool import EnvPool, PoolConfig, plan_jobs  # noqa: E402
+from envs.pool import EnvPool  # noqa: E402
+from envs.pool_jobs import PoolConfig, plan_jobs  # noqa: E402
 from envs.ray_local import LocalRayCluster  # noqa: E402
 from envs.ray_pool import make_pool  # noqa: E402
 from envs.task_catalog import load_catalog  # noqa: E402

@@ -23,489 +23,40 @@ job at most), every attempt, and the jobs that could not be completed.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import multiprocessing
-import os
-import shutil
-import signal
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
-import pyarrow as pa
-
-from envs.policies import SolutionError
-from envs.process import die_with_parent
+from envs.pool_jobs import (
+    ATTEMPT_ABORTED,
+    ATTEMPT_COMPLETED,
+    AttemptRecord,
+    BatchResult,
+    EnvConfig,
+    EpisodeError,
+    EpisodeJob,
+    PoolConfig,
+    PoolError,
+    WorkerFailure,
+    first_line,
+    run_job,
+)
+from envs.pool_worker import PoolWorker, ProcessWorker, RemoteEnv
 from envs.protocol import (
-    Environment,
     EpisodeRecord,
-    Observation,
     Policy,
-    StartState,
-    StateNotReproduced,
-    StepResult,
-    restore,
-    run_episode,
-)
-from envs.task_catalog import CatalogTask
-from envs.tasks import TaskSpec, TaskSpecError
-from warehouse.keys import with_key
-from warehouse.model import Action, ActionType
-
-ATTEMPT_COMPLETED = "completed"
-ATTEMPT_ABORTED = "aborted"
-
-# The attempts table: every try at an episode, completed or aborted, with the reason.
-ROLLOUT_ATTEMPTS = with_key(
-    pa.schema(
-        [
-            pa.field("episode_id", pa.string(), nullable=False),
-            pa.field("attempt", pa.int32(), nullable=False),  # 0 for the first try
-            ("task_id", pa.string()),
-            ("seed", pa.int64()),
-            ("worker_id", pa.string()),
-            pa.field("status", pa.string(), nullable=False),  # completed | aborted
-            ("reason", pa.string()),  # why an attempt was aborted
-            ("final", pa.bool_()),  # no further attempt follows this one
-            ("steps_done", pa.int32()),  # steps carried out before the end (or the failure)
-            ("started_at", pa.timestamp("us", tz="UTC")),
-            ("duration_ms", pa.int64()),
-            ("run_id", pa.string()),
-        ]
-    ),
-    "episode_id",
-    "attempt",
 )
 
-
-class EnvConfig(Protocol):
-    """A picklable recipe for an environment; ``create`` runs in the worker process."""
-
-    def create(self) -> Environment: ...
-
-
-@dataclass(frozen=True)
-class PoolConfig:
-    workers: int = 2  # episodes run at once
-    spares: int = 1  # ready workers kept in reserve
-    step_timeout_s: float = 10.0
-    reset_timeout_s: float = 30.0
-    start_timeout_s: float = 60.0
-    health_timeout_s: float = 5.0
-    max_attempts: int = 3  # tries per episode, the first included
-    start_retries: int = 3  # consecutive worker start failures tolerated before giving up
-    backend: str = "local"  # local: worker processes here | ray: worker actors on a Ray cluster (envs.ray_pool)
-    ray_address: str | None = None  # the Ray head's host:port, with backend "ray"
-    ray_cpus_per_worker: float = 1.0  # CPUs a worker actor reserves on its node (its browser's share)
-    # with backend "ray": a policy that can act away from the driver (envs.protocol.PortablePolicy)
-    # runs whole episodes on the worker actors, its snapshot sent once per batch; False: every step
-    # is a round trip from the driver, whatever the policy
-    ray_episodes_on_actors: bool = True
-
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ValueError("workers must be >= 1")
-        if self.backend not in ("local", "ray"):
-            raise ValueError(f"unknown pool backend {self.backend!r} (local | ray)")
-        if self.backend == "ray" and not self.ray_address:
-            raise ValueError("the ray backend needs ray_address: the head's host:port (ray start --head --port)")
-        if self.spares < 0 or self.max_attempts < 1:
-            raise ValueError("spares must be >= 0 and max_attempts >= 1")
-
-
-@dataclass(frozen=True)
-class EpisodeJob:
-    """One episode to run: which task, which seed, which id it will have in the warehouse."""
-
-    episode_id: str
-    task: TaskSpec
-    seed: int
-    max_steps: int
-    family: str | None = None
-    start: StartState | None = None  # begin at this recorded state (a replay) instead of the reset one
-
-
-@dataclass(frozen=True)
-class AttemptRecord:
-    episode_id: str
-    task_id: str
-    seed: int
-    attempt: int
-    worker_id: str | None
-    status: str  # completed | aborted
-    reason: str | None
-    final: bool
-    steps_done: int
-    started_at: datetime
-    duration_ms: int
-
-
-@dataclass
-class BatchResult:
-    episodes: list[EpisodeRecord]
-    attempts: list[AttemptRecord]
-    lost: list[tuple[EpisodeJob, str]]  # jobs with no completed attempt, and why
-    seconds: float
-    workers_started: int
-    workers_replaced: int
-
-    @property
-    def steps(self) -> int:
-        return sum(e.n_steps for e in self.episodes)
-
-    @property
-    def successes(self) -> int:
-        return sum(e.success for e in self.episodes)
-
-    @property
-    def aborted_attempts(self) -> int:
-        return sum(a.status == ATTEMPT_ABORTED for a in self.attempts)
-
-    def attempts_table(self, run_id: str | None = None) -> pa.Table:
-        rows = [
-            {
-                "episode_id": a.episode_id,
-                "attempt": a.attempt,
-                "task_id": a.task_id,
-                "seed": a.seed,
-                "worker_id": a.worker_id,
-                "status": a.status,
-                "reason": a.reason,
-                "final": a.final,
-                "steps_done": a.steps_done,
-                "started_at": a.started_at,
-                "duration_ms": a.duration_ms,
-                "run_id": run_id,
-            }
-            for a in self.attempts
-        ]
-        return pa.Table.from_pylist(rows, schema=ROLLOUT_ATTEMPTS)
-
-
-class WorkerFailure(RuntimeError):
-    """The worker is unusable (crashed, hung, or its environment broke): kill it, retry elsewhere."""
-
-
-class WorkerTimeout(WorkerFailure):
-    pass
-
-
-class EpisodeError(RuntimeError):
-    """The episode cannot run (its task spec does not fit, the policy failed): retrying will not help."""
-
-
-class PoolError(RuntimeError):
-    pass
-
-
-SEEDS_PER_BATCH = 10_000
 HEALTH_FRESH_S = 2.0  # a worker that answered this recently is not probed again before an episode
 
 
-def plan_jobs(
-    tasks: Sequence[CatalogTask],
-    *,
-    batch: str,
-    batch_index: int = 0,
-    episodes_per_task: int = 4,
-    base_seed: int = 0,
-    seeds: Sequence[int] = (),
-    max_steps: int | None = None,
-) -> list[EpisodeJob]:
-    """The episodes of one rollout batch: every task with the same seeds, task after task (a
-    worker then stays on one task page instead of loading another for every episode).
-
-    Seeds are ``base_seed + SEEDS_PER_BATCH * batch_index + i`` (or ``seeds`` when given), so a
-    batch is reproducible and batches do not overlap. Episode ids name task, batch and seed:
-    re-running a batch yields the same ids (the new version replaces the old).
-    """
-    if seeds:
-        chosen = list(dict.fromkeys(int(s) for s in seeds))
-    else:
-        if not 0 < episodes_per_task <= SEEDS_PER_BATCH:
-            raise ValueError(f"episodes_per_task must be in 1..{SEEDS_PER_BATCH}")
-        start = base_seed + SEEDS_PER_BATCH * batch_index
-        chosen = list(range(start, start + episodes_per_task))
-    return [
-        EpisodeJob(
-            episode_id=f"rollout:{task.task_id}:{batch}:{seed}",
-            task=task.spec,
-            seed=seed,
-            max_steps=max_steps or task.max_steps,
-            family=task.family,
-        )
-        for task in tasks
-        for seed in chosen
-    ]
-
-
 # -- the worker process ----------------------------------------------------------------------
-
-
-def _first_line(exc: BaseException, limit: int = 300, *, bare: bool = False) -> str:
-    """A short, one-line reason: WebDriver errors carry stack traces and help links; drop them.
-    ``bare``: the message alone, without the exception's type (messages that say what they are)."""
-    text = str(getattr(exc, "msg", None) or exc)
-    for cut in ("\nStacktrace", "Stacktrace:", "; For documentation", "\n  (Session info"):
-        text = text.split(cut, 1)[0]
-    text = " ".join(text.split()) or type(exc).__name__
-    return text[:limit] if bare else f"{type(exc).__name__}: {text[:limit]}"
-
-
-def _worker_main(conn: Any, env_config: EnvConfig, worker_id: str, parent_pid: int | None = None) -> None:
-    """Serve one environment over ``conn`` until told to close or the parent goes away."""
-    os.setsid()  # own process group: the parent kills the worker and its browser/adb children at once
-    if parent_pid is not None:
-        # A parent killed with SIGKILL (an OOM kill, a terminated run) cannot stop us: a watchdog
-        # ends this worker's whole group (browser included) when the parent is gone. Workers are
-        # started from the pool's threads, so the kernel's parent-death signal (tied to the forking
-        # thread) is not used.
-        die_with_parent(parent_pid, use_prctl=False, kill_group=True)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-
-    def _terminate(signum: int, frame: Any) -> None:
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        env = env_config.create()
-    except BaseException as exc:  # noqa: BLE001 - report any start failure to the parent
-        with contextlib.suppress(Exception):
-            conn.send(("error", "env", f"could not start the environment: {_first_line(exc)}"))
-        return
-    try:
-        conn.send(
-            (
-                "ready",
-                {
-                    "pid": os.getpid(),
-                    "backend": env.backend,
-                    "supported": sorted(a.value for a in env.supported_actions),
-                    "scratch": [str(path) for path in getattr(env, "scratch_paths", ())],
-                },
-            )
-        )
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                break  # the parent is gone
-            op, args = message[0], message[1:]
-            if op == "close":
-                break
-            try:
-                if op == "reset":
-                    reply: Any = env.reset(*args)
-                elif op == "restore":  # in the worker: one round trip for the whole prefix
-                    reply = restore(env, *args)
-                elif op == "step":
-                    reply = env.step(*args)
-                elif op == "healthy":
-                    reply = bool(env.healthy())
-                else:
-                    raise ValueError(f"unknown operation {op!r}")
-                conn.send(("ok", reply))
-            except (TaskSpecError, SolutionError, StateNotReproduced) as exc:
-                conn.send(("error", "task", _first_line(exc, bare=isinstance(exc, StateNotReproduced))))
-            except Exception as exc:  # noqa: BLE001 - the environment broke; the parent replaces us
-                conn.send(("error", "env", _first_line(exc)))
-    finally:
-        with contextlib.suppress(Exception):
-            env.close()
-
-
-def run_job(
-    env: Environment,
-    policy: Policy,
-    job: EpisodeJob,
-    attempt: int,
-    worker_id: str,
-    before_step: Callable[[int], None] | None = None,
-) -> EpisodeRecord:
-    """``run_episode`` of one job's task, seed, id, budget and start state on ``env``: the one
-    place a job becomes an episode, on the local pool and on a Ray actor alike."""
-    return run_episode(
-        env,
-        policy,
-        job.task,
-        job.seed,
-        episode_id=job.episode_id,
-        max_steps=job.max_steps,
-        family=job.family,
-        before_step=before_step,
-        attempt=attempt,
-        worker_id=worker_id,
-        start=job.start,
-    )
-
-
-class PoolWorker(Protocol):
-    """What the pool needs of a worker: a local process (``_Worker``) or a Ray actor
-    (``envs.ray_pool.RayWorker``)."""
-
-    id: str
-    config_index: int
-    backend: str
-    supported: frozenset[ActionType]
-    episodes: int
-    alive: bool
-    last_ok: float  # when the worker last answered a call successfully
-    task_id: str | None  # the task page it has open (affinity: fewer page loads)
-
-    @property
-    def pid(self) -> int | None: ...
-
-    @property
-    def node(self) -> str: ...
-
-    def is_alive(self) -> bool: ...
-
-    def wait_ready(self, timeout: float) -> None: ...
-
-    def call(self, op: str, *args: Any, timeout: float) -> Any: ...
-
-    def descendants(self) -> list[Any]: ...
-
-    def kill(self) -> None: ...
-
-    def close(self, timeout: float = 10.0) -> None: ...
-
-
-class _Worker:
-    """The parent's handle on one worker process."""
-
-    def __init__(self, worker_id: str, env_config: EnvConfig, config_index: int, ctx: Any) -> None:
-        self.id = worker_id
-        self.config_index = config_index
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(
-            target=_worker_main,
-            args=(child, env_config, worker_id, os.getpid()),
-            name=f"stepwise-{worker_id}",
-            daemon=True,
-        )
-        self.process.start()
-        child.close()
-        self.backend = ""
-        self.supported: frozenset[ActionType] = frozenset()
-        self.episodes = 0
-        self.alive = True
-        self.last_ok = 0.0  # when the worker last answered a call successfully
-        self.task_id: str | None = None  # the task page it has open (affinity: fewer page loads)
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
-
-    @property
-    def node(self) -> str:
-        return "local"
-
-    def is_alive(self) -> bool:
-        return self.alive and self.process.is_alive()
-
-    def wait_ready(self, timeout: float) -> None:
-        if not self.conn.poll(timeout):
-            raise WorkerTimeout(f"worker {self.id} did not start within {timeout:g} s")
-        try:
-            reply = self.conn.recv()
-        except (EOFError, OSError):
-            raise WorkerFailure(f"worker {self.id} exited while starting (exit code {self.process.exitcode})") from None
-        if reply[0] != "ready":
-            raise WorkerFailure(f"worker {self.id}: {reply[2]}")
-        self.backend = reply[1]["backend"]
-        self.supported = frozenset(ActionType(a) for a in reply[1]["supported"])
-        self.scratch = tuple(reply[1].get("scratch", ()))
-
-    def call(self, op: str, *args: Any, timeout: float) -> Any:
-        try:
-            self.conn.send((op, *args))
-        except (BrokenPipeError, OSError) as exc:
-            raise WorkerFailure(f"worker {self.id} is gone ({op}): {_first_line(exc)}") from None
-        if not self.conn.poll(timeout):
-            raise WorkerTimeout(f"{op} timed out after {timeout:g} s on worker {self.id}")
-        try:
-            reply = self.conn.recv()
-        except (EOFError, OSError):
-            self.process.join(0.5)
-            raise WorkerFailure(f"worker {self.id} died during {op} (exit code {self.process.exitcode})") from None
-        if reply[0] == "ok":
-            self.last_ok = time.monotonic()
-            return reply[1]
-        if reply[1] == "task":
-            raise EpisodeError(reply[2])
-        raise WorkerFailure(f"{op} failed on worker {self.id}: {reply[2]}")
-
-    def descendants(self) -> list[Any]:
-        """The worker's child processes (chromedriver, Chromium, adb), as psutil processes."""
-        import psutil
-
-        try:
-            return psutil.Process(self.process.pid).children(recursive=True)
-        except psutil.Error:
-            return []
-
-    def kill(self) -> None:
-        """Kill the worker and everything it started (its process group), now."""
-        self.alive = False
-        children = self.descendants()
-        pid = self.process.pid
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)  # the group exists once the worker called setsid
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for child in children:  # started before setsid took effect, or moved to another group
-            with contextlib.suppress(Exception):
-                child.kill()
-        self.process.join(5)
-        with contextlib.suppress(Exception):
-            self.conn.close()
-        for path in getattr(self, "scratch", ()):  # a killed worker could not remove its browser profile
-            shutil.rmtree(path, ignore_errors=True)
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Ask the worker to close its environment and exit; kill it if it does not."""
-        if self.alive:
-            with contextlib.suppress(Exception):
-                self.conn.send(("close",))
-            self.process.join(timeout)
-        self.kill()
-
-
-class RemoteEnv:
-    """The ``Environment`` protocol over a worker's pipe, with the pool's timeouts."""
-
-    def __init__(self, worker: PoolWorker, config: PoolConfig) -> None:
-        self.worker, self.config = worker, config
-        self.backend = worker.backend
-        self.supported_actions = worker.supported
-
-    def reset(self, task: TaskSpec, seed: int) -> Observation:
-        return self.worker.call("reset", task, seed, timeout=self.config.reset_timeout_s)
-
-    def restore(self, task: TaskSpec, seed: int, start: StartState) -> Observation:
-        """The worker reaches the recorded state itself (``envs.protocol.restore``): one round trip,
-        with a reset's timeout plus a step's per replayed action."""
-        timeout = self.config.reset_timeout_s + self.config.step_timeout_s * start.step
-        return self.worker.call("restore", task, seed, start, timeout=timeout)
-
-    def step(self, action: Action) -> StepResult:
-        return self.worker.call("step", action, timeout=self.config.step_timeout_s)
-
-    def healthy(self) -> bool:
-        try:
-            return bool(self.worker.call("healthy", timeout=self.config.health_timeout_s))
-        except (WorkerFailure, EpisodeError):
-            return False
-
-    def close(self) -> None:
-        self.worker.close()
 
 
 # -- the pool --------------------------------------------------------------------------------
@@ -662,7 +213,7 @@ class EnvPool:
         """Reach the workers' hosts before any worker starts (nothing to reach on this machine)."""
 
     def _new_worker(self, worker_id: str, index: int) -> PoolWorker:
-        return _Worker(worker_id, self._configs[index], index, self._ctx)
+        return ProcessWorker(worker_id, self._configs[index], index, self._ctx)
 
     def _lost_cluster(self) -> bool:
         """After a lost worker: is the whole backend gone, so that no worker can be replaced?"""
@@ -815,7 +366,7 @@ class EnvPool:
                     try:
                         worker = self._acquire()
                     except Exception as exc:  # noqa: BLE001 - the job was taken: it must be resolved (below)
-                        self._last_start_error = _first_line(exc)
+                        self._last_start_error = first_line(exc)
                 if worker is None:
                     why = self._last_start_error or (
                         "the pool is closed"
@@ -877,7 +428,7 @@ class EnvPool:
                 job,
                 attempt,
                 worker.id,
-                f"policy error: {_first_line(exc)}",
+                f"policy error: {first_line(exc)}",
                 progress["steps"],
                 started_at,
                 elapsed(),

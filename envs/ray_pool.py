@@ -4,7 +4,7 @@
 contract (spares, health checks, timeouts, retries on fresh workers, whole episodes or none, every
 attempt recorded); only where a worker lives changes. Each worker is an ``EnvHost`` actor that Ray
 places on some node of the cluster; the actor starts the pool's ordinary worker process on that node
-(``envs.pool._Worker``: its own process group, a watchdog that kills it and its browser when the
+(``envs.pool_worker.ProcessWorker``: its own process group, a watchdog that kills it and its browser when the
 actor dies) and relays the pool's calls to it. So a worker lost with its node (a raylet killed, a
 machine gone) ends the same way as a local worker that crashed: its attempt is recorded as
 aborted and the episode is run again from the start on another worker.
@@ -43,23 +43,20 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from envs.pool import (
+from envs.pool import BeforeStep, EnvPool
+from envs.pool_jobs import (
     BatchResult,
-    BeforeStep,
     EnvConfig,
-    EnvPool,
     EpisodeError,
     EpisodeJob,
     PoolConfig,
     PoolError,
-    PoolWorker,
-    RemoteEnv,
     WorkerFailure,
     WorkerTimeout,
-    _first_line,
-    _Worker,
+    first_line,
     run_job,
 )
+from envs.pool_worker import PoolWorker, ProcessWorker, RemoteEnv
 from envs.protocol import EpisodeContext, EpisodeRecord, NodePolicy, Policy, PortablePolicy
 from warehouse.model import ActionType
 
@@ -108,8 +105,8 @@ def connect(address: str, *, timeout_s: float = 5.0) -> None:
     try:
         ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as exc:  # noqa: BLE001 - whatever Ray raises, the user needs the address and the reason
-        cause = f" ({_first_line(exc.__cause__)})" if exc.__cause__ is not None else ""
-        raise PoolError(f"could not join the Ray cluster at {address}: {_first_line(exc)}{cause}") from None
+        cause = f" ({first_line(exc.__cause__)})" if exc.__cause__ is not None else ""
+        raise PoolError(f"could not join the Ray cluster at {address}: {first_line(exc)}{cause}") from None
 
 
 def disconnect() -> None:
@@ -128,7 +125,7 @@ def head_unreachable(address: str, *, timeout_s: float = 5.0) -> str | None:
         with socket.create_connection((host, port), timeout=timeout_s):
             return None
     except OSError as exc:
-        return _first_line(exc, bare=True)
+        return first_line(exc, bare=True)
 
 
 #: Rebuilt policies an actor keeps (the newest snapshots): a batch uses one, and the one before may
@@ -142,7 +139,7 @@ class EnvHost:
     def __init__(self, env_config: EnvConfig, worker_id: str, config: PoolConfig) -> None:
         self.worker_id = worker_id
         self.config = config
-        self.worker = _Worker(worker_id, env_config, 0, multiprocessing.get_context("spawn"))
+        self.worker = ProcessWorker(worker_id, env_config, 0, multiprocessing.get_context("spawn"))
         self.policies: OrderedDict[str, NodePolicy] = OrderedDict()  # snapshot's object id -> rebuilt policy
         self.rebuilds = 0
         try:
@@ -175,7 +172,7 @@ class EnvHost:
         except WorkerFailure as exc:
             return ("error", "env", str(exc))
         except Exception as exc:  # noqa: BLE001 - e.g. an argument that does not pickle: the worker is suspect
-            return ("error", "env", _first_line(exc))
+            return ("error", "env", first_line(exc))
 
     def run_episode(self, snapshot: list[Any], job: EpisodeJob, attempt: int) -> tuple[Any, ...]:
         """A whole episode on this node: the policy rebuilt from ``snapshot[0]`` (an ObjectRef in a
@@ -193,7 +190,7 @@ class EnvHost:
         except PolicyRebuildError as exc:
             return ("error", "policy", exc, 0)
         except Exception as exc:  # noqa: BLE001 - the snapshot did not arrive: a cluster fault, retry elsewhere
-            return ("error", "env", f"the policy's snapshot could not be fetched: {_first_line(exc)}", 0)
+            return ("error", "env", f"the policy's snapshot could not be fetched: {first_line(exc)}", 0)
         try:
             record = run_job(RemoteEnv(self.worker, self.config), policy, job, attempt, self.worker_id, note)
         except Exception as exc:  # noqa: BLE001 - every failure goes back as data (below)
@@ -217,7 +214,7 @@ class EnvHost:
             try:
                 policy = snapshot.rebuild()
             except Exception as exc:  # noqa: BLE001 - a node that cannot rebuild it: every episode here fails
-                raise PolicyRebuildError(f"could not rebuild the policy on this node: {_first_line(exc)}") from None
+                raise PolicyRebuildError(f"could not rebuild the policy on this node: {first_line(exc)}") from None
             self.rebuilds += 1
             self.policies[key] = policy
             while len(self.policies) > _POLICIES_KEPT:
@@ -257,7 +254,7 @@ def _picklable(exc: Exception) -> Exception:
     try:
         pickle.loads(pickle.dumps(exc))
     except Exception:  # noqa: BLE001 - any failure to round-trip counts
-        return RuntimeError(_first_line(exc))
+        return RuntimeError(first_line(exc))
     return exc
 
 
@@ -277,7 +274,7 @@ def _remote_host() -> Any:
 
 
 class RayWorker:
-    """The pool's handle on one ``EnvHost`` actor: ``envs.pool._Worker``'s interface over Ray."""
+    """The pool's handle on one ``EnvHost`` actor: ``envs.pool.ProcessWorker``'s interface over Ray."""
 
     def __init__(self, worker_id: str, env_config: EnvConfig, config_index: int, config: PoolConfig) -> None:
         self.id = worker_id
@@ -393,7 +390,7 @@ class RayWorker:
         except RayActorError as exc:
             raise WorkerFailure(f"worker {self.id} is gone ({op}, node {self.node}): {_actor_death(exc)}") from None
         except RayError as exc:  # the object store, the local raylet, a system error: the worker is lost to us
-            raise WorkerFailure(f"worker {self.id} ({op}, node {self.node}): {_first_line(exc)}") from None
+            raise WorkerFailure(f"worker {self.id} ({op}, node {self.node}): {first_line(exc)}") from None
 
     def descendants(self) -> list[Any]:
         """The environment worker process itself and what it started (unlike a local worker's list,
@@ -463,7 +460,7 @@ class _OnTheActors:
                 try:
                     self._ref = ray.put(snapshot)
                 except RayError as exc:
-                    raise WorkerFailure(f"the policy's snapshot could not be stored: {_first_line(exc)}") from None
+                    raise WorkerFailure(f"the policy's snapshot could not be stored: {first_line(exc)}") from None
             return self._ref
 
 
@@ -539,7 +536,7 @@ def _actor_death(exc: BaseException) -> str:
     for line in text.splitlines():
         if "could not start the environment" in line or "did not start within" in line:
             return line.strip()[:300]
-    return _first_line(exc)
+    return first_line(exc)
 
 
 def _call(function: Callable[[Any], Any], item: Any) -> Any:
@@ -566,9 +563,9 @@ def map_on_cluster(address: str, function: Callable[[Any], Any], items: Sequence
             results.append(ray.get(ref))
         except RayTaskError as exc:
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-            failures.append(f"{item}: {_first_line(cause)}")
+            failures.append(f"{item}: {first_line(cause)}")
         except RayError as exc:
-            failures.append(f"{item}: {_first_line(exc)}")
+            failures.append(f"{item}: {first_line(exc)}")
     if failures:
         raise RuntimeError(f"{len(failures)} of {len(items)} tasks failed; first {failures[0]}")
     return results

@@ -28,8 +28,9 @@ from typing import Any
 from envs.miniwob.live import MiniWoBConfig
 from envs.policies import make_policy
 from envs.policies import policy_names as policy_names
-from envs.pool import ROLLOUT_ATTEMPTS as ROLLOUT_ATTEMPTS
-from envs.pool import BatchResult, EnvPool, plan_jobs
+from envs.pool import EnvPool
+from envs.pool_jobs import ROLLOUT_ATTEMPTS as ROLLOUT_ATTEMPTS
+from envs.pool_jobs import BatchResult, plan_jobs
 from envs.protocol import EpisodeRecord, Policy, episode_tables
 from envs.task_catalog import CatalogTask, load_catalog, tasks_of_family
 from envs.task_catalog import families as families

@@ -283,7 +283,8 @@ def test_record_then_replay_round_trip(tmp_path):
 
 def test_android_workers_in_the_pool(tmp_path):
     """The pool's worker processes build Android environments from a picklable config."""
-    from envs.pool import EnvPool, PoolConfig, plan_jobs
+    from envs.pool import EnvPool
+    from envs.pool_jobs import PoolConfig, plan_jobs
     from envs.task_catalog import CatalogTask
 
     spec = load_catalog("android")["android-calculator-add"].spec

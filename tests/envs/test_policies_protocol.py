@@ -14,7 +14,7 @@ from envs.policies import (
     make_policy,
     typo,
 )
-from envs.pool import plan_jobs
+from envs.pool_jobs import plan_jobs
 from envs.protocol import (
     EpisodeContext,
     EpisodeRecord,

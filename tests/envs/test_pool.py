@@ -9,7 +9,8 @@ import pytest
 
 from envs.miniwob.live import MiniWoBConfig
 from envs.policies import make_policy
-from envs.pool import EnvPool, EpisodeJob, PoolConfig, plan_jobs
+from envs.pool import EnvPool
+from envs.pool_jobs import EpisodeJob, PoolConfig, plan_jobs
 from envs.rollouts import ATTEMPTS_TABLE, publish_rollouts
 from envs.task_catalog import load_catalog
 from envs.tasks import task_spec_from_mapping
@@ -183,7 +184,7 @@ def test_killing_the_parent_leaves_no_worker_or_browser(tmp_path):
     script.write_text(
         "import json, sys, time, psutil\n"
         "from envs.miniwob.live import MiniWoBConfig\n"
-        "from envs.pool import EnvPool, PoolConfig\n"
+        "from envs.pool import EnvPool\nfrom envs.pool_jobs import PoolConfig\n"
         "if __name__ == '__main__':\n"
         "    with EnvPool(MiniWoBConfig(), PoolConfig(workers=1, spares=1)) as pool:\n"
         "        pids = []\n"

@@ -25,7 +25,8 @@ import ray
 
 from envs.miniwob.live import MiniWoBConfig
 from envs.policies import NoisyExpertPolicy, make_policy
-from envs.pool import EnvPool, PoolConfig, PoolError, plan_jobs
+from envs.pool import EnvPool
+from envs.pool_jobs import PoolConfig, PoolError, plan_jobs
 from envs.protocol import EpisodeContext, PortablePolicy, StatelessSnapshot
 from envs.ray_local import LocalRayCluster
 from envs.ray_pool import RayEnvPool

@@ -197,7 +197,6 @@ MAX_MODULE_LINES = 800
 #: here so that none grows unseen and no other module joins them. A module leaves this list when it
 #: is split; one that must stay long says why in its first lines (``Why this module is long:``).
 MODULES_AWAITING_SPLIT = {
-    "envs/pool.py",
     "envs/miniwob/demonstrations.py",
 }
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from annotation.progress.labels import run_labeling, run_split, run_synthesis
-from envs.pool import ROLLOUT_ATTEMPTS
+from envs.pool_jobs import ROLLOUT_ATTEMPTS
 from tests.training.conftest import build_tiny_warehouse
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.checks import check_unique_key

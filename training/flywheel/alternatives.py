@@ -38,7 +38,8 @@ import torch
 
 from envs.miniwob.live import SUPPORTED_ACTIONS
 from envs.policies import PlanTracker, SolutionError, expand_solution, same_action
-from envs.pool import EnvPool, EpisodeJob
+from envs.pool import EnvPool
+from envs.pool_jobs import EpisodeJob
 from envs.protocol import EpisodeContext
 from envs.rollouts import ProgressLog
 from envs.task_catalog import CatalogTask

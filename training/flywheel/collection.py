@@ -20,7 +20,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from envs.pool import BatchResult, EnvPool, plan_jobs
+from envs.pool import EnvPool
+from envs.pool_jobs import BatchResult, plan_jobs
 from envs.rollouts import ProgressLog, RolloutSummary, publish_rollouts
 from envs.task_catalog import CatalogTask, load_catalog, tasks_of_family
 from training.policy.learned import LearnedPolicy, PolicyModel

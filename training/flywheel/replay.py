@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from envs.pool import EpisodeError, EpisodeJob
+from envs.pool_jobs import EpisodeError, EpisodeJob
 from envs.protocol import (
     END_MAX_STEPS,
     NOT_REPRODUCED,

@@ -38,7 +38,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from envs.pool import BatchResult, EnvPool, EpisodeJob
+from envs.pool import EnvPool
+from envs.pool_jobs import BatchResult, EpisodeJob
 from envs.protocol import EpisodeRecord, episode_tables
 from envs.rollouts import ATTEMPTS_TABLE, ProgressLog
 from envs.task_catalog import CatalogTask, load_catalog

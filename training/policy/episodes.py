@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-from envs.pool import BatchResult, EnvPool, EpisodeJob
+from envs.pool import EnvPool
+from envs.pool_jobs import BatchResult, EpisodeJob
 from envs.protocol import Policy, episode_tables
 from envs.rollouts import ATTEMPTS_TABLE, ProgressLog
 from envs.task_catalog import CatalogTask, load_catalog

@@ -45,7 +45,8 @@ import pyarrow as pa
 import torch
 
 from envs.miniwob.live import SUPPORTED_ACTIONS
-from envs.pool import BatchResult, EnvPool
+from envs.pool import EnvPool
+from envs.pool_jobs import BatchResult
 from envs.protocol import EpisodeRecord
 from envs.task_catalog import CatalogTask
 from training.base.pretrained import SMOLLM2_ALIAS

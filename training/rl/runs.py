@@ -30,7 +30,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from envs.pool import BatchResult, EnvPool
+from envs.pool import EnvPool
+from envs.pool_jobs import BatchResult
 from envs.protocol import EpisodeRecord
 from envs.task_catalog import CatalogTask
 from training.base.states import StepState, describe_action

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from envs.pool import BatchResult, EpisodeError
+from envs.pool_jobs import BatchResult, EpisodeError
 from envs.protocol import Observation, StateNotReproduced, StepResult, episode_tables, run_episode
 from envs.task_catalog import load_catalog
 from tests.training.flywheel.test_alternatives import INSTRUCTION, SLOTS, el, login_screen

@@ -10,7 +10,8 @@ import pytest
 
 from envs.miniwob.live import MiniWoBConfig
 from envs.policies import NoisyExpertPolicy
-from envs.pool import EnvPool, EpisodeJob, PoolConfig, plan_jobs
+from envs.pool import EnvPool
+from envs.pool_jobs import EpisodeJob, PoolConfig, plan_jobs
 from envs.protocol import episode_tables, restore_by_steps, screen_signature
 from envs.task_catalog import load_catalog
 from training.flywheel.replay import DIVERGED, ReplayPlan, ReplayPolicy, replay_outcome

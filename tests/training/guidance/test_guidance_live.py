@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from envs.miniwob.live import MiniWoBConfig
-from envs.pool import EnvPool, EpisodeJob, PoolConfig
+from envs.pool import EnvPool
+from envs.pool_jobs import EpisodeJob, PoolConfig
 from envs.task_catalog import load_catalog
 from tests.training.guidance.test_guidance import _free_port, train_tiny_prm
 from training.guidance.agent import GuidedPolicy, step_summary

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from envs.miniwob.live import MiniWoBConfig
-from envs.pool import EnvPool, EpisodeJob, PoolConfig
+from envs.pool import EnvPool
+from envs.pool_jobs import EpisodeJob, PoolConfig
 from envs.protocol import EpisodeRecord
 from envs.task_catalog import load_catalog
 from training.policy.learned import LearnedPolicy, PolicyModel

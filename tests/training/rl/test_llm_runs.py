@@ -8,7 +8,8 @@ import pytest
 
 from envs.miniwob.demonstrations import import_demonstrations
 from envs.miniwob.live import MiniWoBConfig
-from envs.pool import EnvPool, PoolConfig
+from envs.pool import EnvPool
+from envs.pool_jobs import PoolConfig
 from training.llm.policy import TurnRecord
 from training.rl.llm_learner import LLMLearnerSettings
 from training.rl.llm_runs import (

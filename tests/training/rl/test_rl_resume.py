@@ -12,7 +12,8 @@ import pytest
 
 from envs.miniwob.demonstrations import import_demonstrations
 from envs.miniwob.live import MiniWoBConfig
-from envs.pool import EnvPool, PoolConfig
+from envs.pool import EnvPool
+from envs.pool_jobs import PoolConfig
 from training.policy.sft import SFTSettings
 from training.policy.sft_stage import PolicySettings, run_policy_sft
 from training.rl.runs import RLSettings, run_rl

@@ -39,7 +39,6 @@ back into the name on disk.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -48,36 +47,28 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cache
-from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from envs.miniwob.recordings import (
-    TASK_NAME,
-    RecordingError,
-    parse_recording_json,
-    read_recording_bytes,
-    recorded_task_name,
-    recording_to_episode,
+from envs.miniwob.demo_conversion import Chunk, convert_chunk, in_chunks, init_worker
+from envs.miniwob.demo_files import (
+    find_demo_files,
+    sample_per_task,
+    stored_path,
+    validate_task_override,
 )
-from envs.process import die_with_parent
 from envs.tasks import TASK_VARIANT_FIELD
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.model import KNOWN_ACTION_TYPES
 from warehouse.plotting import Markdown, figure_markdown, pyplot
-from warehouse.purposes import EpisodePurpose
-from warehouse.schema import EPISODES, QUARANTINE, SOURCE_FILES, STEPS, append_step, same_type
+from warehouse.schema import EPISODES, QUARANTINE, SOURCE_FILES, STEPS, same_type
 from warehouse.storage import REPO_ROOT, git_revision
 
 IMPORTER_VERSION = "demos-4"
-DEMO_SUFFIXES = (".json.gz", ".json")
 ASSET_NAME = "human_demonstrations"
-MAX_REASON_CHARS = 500
 
 
 @dataclass
@@ -109,326 +100,7 @@ class ImportReport:
 # -- file names and tasks ---------------------------------------------------------------------
 
 
-def stored_path(path: str | os.PathLike[str]) -> str:
-    """A file name as the warehouse stores and shows it: UTF-8 text where the name is UTF-8, each
-    other byte as ``\\xHH``, each backslash doubled (so the form is lossless: ``fs_path`` inverts it)."""
-    raw = os.fsencode(path)
-    out: list[str] = []
-    position = 0
-    while position < len(raw):
-        try:
-            text = raw[position:].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            out.append(raw[position : position + exc.start].decode("utf-8").replace("\\", "\\\\"))
-            out.append("".join(f"\\x{b:02x}" for b in raw[position + exc.start : position + exc.end]))
-            position += exc.end
-            continue
-        out.append(text.replace("\\", "\\\\"))
-        break
-    return "".join(out)
-
-
-_ESCAPE = re.compile(r"\\(\\|x[0-9a-f]{2})")
-
-
-def fs_path(stored: str) -> str:
-    """The file name on disk (``os.fsdecode`` form) behind a ``stored_path`` string."""
-    parts: list[bytes] = []
-    position = 0
-    for match in _ESCAPE.finditer(stored):
-        parts.append(stored[position : match.start()].encode("utf-8"))
-        token = match.group(1)
-        parts.append(b"\\" if token == "\\" else bytes([int(token[1:], 16)]))
-        position = match.end()
-    parts.append(stored[position:].encode("utf-8"))
-    return os.fsdecode(b"".join(parts))
-
-
-def _clean_text(text: str) -> str:
-    """Text safe to store (Arrow and DuckDB refuse lone surrogates), bounded in length."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")[:MAX_REASON_CHARS]
-
-
-@cache
-def known_task_ids() -> frozenset[str]:
-    """MiniWoB++ task ids: the tasks of the installed ``miniwob`` package (its HTML pages) and
-    those the project ships specs for. A folder name counts as a task only if it is one of these."""
-    names: set[str] = set()
-    spec = find_spec("miniwob")  # finds the package without importing it (its import registers gym envs)
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        names.update(p.name.removesuffix(".html") for p in (Path(location) / "html" / "miniwob").glob("*.html"))
-    spec_dir = Path(__file__).resolve().parent.parent / "task_specs" / "miniwob"
-    names.update(p.stem for p in spec_dir.glob("*.yaml"))
-    return frozenset(names)
-
-
-def folder_task(rel_path: str, root_name: str) -> str | None:
-    """The known task that the nearest folder between a file (``rel_path``, relative to the import
-    root) and the root, the root included, is named after; None when no folder is."""
-    folders = Path(rel_path).parent.parts
-    known = known_task_ids()
-    for name in [*reversed(folders), root_name]:
-        if name in known:
-            return name
-    return None
-
-
-def validate_task_override(task: str | None) -> str | None:
-    """The ``task`` argument of an import, checked: None, or a known MiniWoB++ task id."""
-    if task is None:
-        return None
-    if not isinstance(task, str) or not TASK_NAME.fullmatch(task) or task not in known_task_ids():
-        raise ValueError(f"task {task!r} is not a known MiniWoB++ task id (see known_task_ids())")
-    return task
-
-
-def find_demo_files(root: Path) -> list[Path]:
-    """All recordings under ``root`` (``*.json.gz`` and ``*.json``), in a stable order."""
-    if not root.is_dir():
-        raise FileNotFoundError(f"demonstrations folder not found: {root}")
-    return sorted(p for p in root.rglob("*") if p.name.endswith(DEMO_SUFFIXES) and _is_file(p))
-
-
-def sample_per_task(rel_paths: list[str], max_per_task: int) -> list[str]:
-    """At most ``max_per_task`` recordings of each task folder (a recording's parent folder),
-    chosen by a hash of the file name: the same sample every run, spread over the batch folders
-    rather than the first batch's files; returned in the input's order."""
-    if max_per_task < 1:
-        raise ValueError(f"max_files_per_task must be at least 1, not {max_per_task}")
-    by_task: dict[str, list[str]] = {}
-    for rel in rel_paths:
-        by_task.setdefault(Path(rel).parent.name, []).append(rel)
-    chosen = {
-        rel
-        for files in by_task.values()
-        for rel in sorted(files, key=lambda r: hashlib.sha256(Path(r).name.encode()).hexdigest())[:max_per_task]
-    }
-    return [rel for rel in rel_paths if rel in chosen]
-
-
-def _is_file(path: Path) -> bool:
-    try:
-        return path.is_file()
-    except (OSError, ValueError):
-        return False
-
-
-def episode_id_for(task_id: str, recording_sha256: str) -> str:
-    """Content-derived episode id: the task and the recording's hash (see the module docstring)."""
-    return f"demo:{task_id}:{recording_sha256[:16]}"
-
-
 # -- workers ----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Chunk:
-    episodes: list[pa.RecordBatch]
-    steps: list[pa.RecordBatch]
-    files: list[dict]
-    quarantine: list[dict]
-
-
-# Set in each worker by _init_worker: recordings another import root already brought in (the
-# worker marks them duplicates without converting them).
-_already_imported: frozenset[str] = frozenset()
-
-
-def _init_worker(parent_pid: int | None, already_imported: frozenset[str]) -> None:
-    """Pool initializer: die with the importing process; know which recordings to skip."""
-    global _already_imported
-    if parent_pid is not None:
-        die_with_parent(parent_pid)
-    _already_imported = already_imported
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _convert_chunk(
-    root_str: str, rel_paths: list[str], created_at: datetime, run_id: str | None, task: str | None = None
-) -> _Chunk:
-    """Worker: convert some files (``rel_paths`` in ``os.fsdecode`` form). Pure apart from reading them."""
-    root = Path(root_str)
-    root_key = stored_path(root_str)
-    converted: list[tuple[dict, dict, dict[str, list]]] = []  # (file row, episode row, step columns)
-    files: list[dict] = []
-    quarantine: list[dict] = []
-    for rel in rel_paths:
-        path = root / rel
-        stored = stored_path(rel)
-        file_row: dict[str, Any] = {
-            "source_file": stored,
-            "import_root": root_key,
-            "file_sha256": None,
-            "recording_sha256": None,
-            "link_target": None,
-            "status": "quarantined",
-            "episode_id": None,
-            "n_steps": None,
-        }
-        files.append(file_row)
-        try:
-            episode_row, steps, problems = _convert_file(path, rel, root, file_row, created_at, run_id, task)
-        except RecordingError as exc:
-            quarantine.append(_quarantine_row(stored, root_key, None, "file", str(exc)))
-            continue
-        except Exception as exc:  # noqa: BLE001 - whatever one file does, it is that file's reason
-            reason = f"cannot convert: {type(exc).__name__}: {exc}"
-            quarantine.append(_quarantine_row(stored, root_key, None, "file", reason))
-            continue
-        if episode_row is None:
-            continue  # a duplicate: nothing to convert
-        converted.append((file_row, episode_row, steps))
-        for problem in problems:
-            quarantine.append(_quarantine_row(stored, root_key, problem.event_index, "event", problem.reason))
-    episode_batches, step_batches = _to_batches(converted, quarantine, root_key)
-    return _Chunk(episode_batches, step_batches, files, quarantine)
-
-
-def _quarantine_row(source_file: str, root_key: str, event_index: int | None, severity: str, reason: str) -> dict:
-    return {
-        "source_file": source_file,
-        "import_root": root_key,
-        "event_index": event_index,
-        "severity": severity,
-        "reason": _clean_text(reason),
-    }
-
-
-def _convert_file(
-    path: Path,
-    rel: str,
-    root: Path,
-    file_row: dict[str, Any],
-    created_at: datetime,
-    run_id: str | None,
-    task: str | None,
-) -> tuple[dict | None, dict[str, list], list]:
-    """One file -> (episode row, step columns, event problems), or (None, ...) for a duplicate.
-    Fills in ``file_row``; raises RecordingError (or anything else) for a file to quarantine."""
-    try:
-        file_row["file_sha256"] = _file_sha256(path)
-    except OSError as exc:
-        raise RecordingError(f"cannot read file: {exc.strerror or exc}") from None
-    data, link_target = read_recording_bytes(path)
-    recording_sha = hashlib.sha256(data).hexdigest()
-    file_row["recording_sha256"] = recording_sha
-    if link_target is not None:
-        file_row["link_target"] = stored_path(_relative_or_absolute(link_target, root))
-        if link_target.is_relative_to(root):
-            # The target is imported on its own; this file names the same recording.
-            file_row["status"] = "duplicate"
-            return None, {}, []
-    if recording_sha in _already_imported:
-        file_row["status"] = "duplicate"  # the parent fills in whose
-        return None, {}, []
-    recording = parse_recording_json(data)
-    from_folder = folder_task(rel, root.name)
-    task_id = recorded_task_name(recording) or task or from_folder
-    if task_id is None:
-        raise RecordingError(
-            "no task: the recording names none ('taskName') and no folder on its path is a known MiniWoB++ task"
-        )
-    episode = recording_to_episode(recording, task_hint=task_id)
-    if not episode.steps:
-        raise RecordingError("recording has no actions (empty episode)")
-    fields = dict(episode.fields or {})
-    if from_folder is not None and from_folder != episode.task_id:
-        fields[TASK_VARIANT_FIELD] = from_folder
-    episode_id = episode_id_for(episode.task_id, recording_sha)
-    episode_row = {
-        "episode_id": episode_id,
-        "task_id": episode.task_id,
-        "task_family": "miniwob",
-        "instruction": episode.instruction,
-        "task_fields": json.dumps(fields, sort_keys=True) if fields else None,
-        "source": "human_demo",
-        "purpose": EpisodePurpose.DEMONSTRATION.value,
-        "parent_episode_id": None,
-        "policy_id": "human",
-        "env_backend": "miniwob",
-        "seed": None,
-        "success": episode.success,
-        "outcome_reward": episode.raw_reward,
-        "decayed_reward": episode.decayed_reward,
-        "n_steps": len(episode.steps),
-        "duration_ms": episode.duration_ms,
-        "source_file": file_row["source_file"],
-        "source_sha256": recording_sha,
-        "import_root": file_row["import_root"],
-        "created_at": created_at,
-        "run_id": run_id,
-    }
-    steps: dict[str, list] = {name: [] for name in STEPS.names}
-    for idx, step in enumerate(episode.steps):
-        append_step(
-            steps,
-            episode_id,
-            idx,
-            step.action,
-            step.screen,
-            done=idx == len(episode.steps) - 1,
-            time_ms=step.time_ms,
-            raw_event_first=step.raw_event_first,
-            raw_event_last=step.raw_event_last,
-            problem=step.problem,
-        )
-    file_row.update(status="imported", episode_id=episode_id, n_steps=len(episode.steps))
-    return episode_row, steps, episode.problems
-
-
-_ARROW_ERRORS = (pa.ArrowException, ValueError, TypeError, OverflowError)
-
-
-def _to_batches(
-    converted: list[tuple[dict, dict, dict[str, list]]], quarantine: list[dict], root_key: str
-) -> tuple[list[pa.RecordBatch], list[pa.RecordBatch]]:
-    """Arrow batches of the converted files: one per chunk, or, when some value does not fit the
-    schema (a lone surrogate in a text, a number out of range), one per file, the misfits quarantined."""
-    try:
-        return [_episode_batch([e for _, e, _ in converted])], [_steps_batch([s for _, _, s in converted])]
-    except _ARROW_ERRORS:
-        pass
-    episode_batches, step_batches = [], []
-    for file_row, episode_row, steps in converted:
-        try:
-            episode_batch, step_batch = _episode_batch([episode_row]), _steps_batch([steps])
-        except _ARROW_ERRORS as exc:
-            stored = file_row["source_file"]
-            quarantine[:] = [q for q in quarantine if q["source_file"] != stored]  # its event rows go too
-            quarantine.append(_quarantine_row(stored, root_key, None, "file", f"cannot store the episode: {exc}"))
-            file_row.update(status="quarantined", episode_id=None, n_steps=None)
-            continue
-        episode_batches.append(episode_batch)
-        step_batches.append(step_batch)
-    return episode_batches, step_batches
-
-
-def _episode_batch(rows: list[dict]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist(rows, schema=EPISODES)
-
-
-def _steps_batch(columns: list[dict[str, list]]) -> pa.RecordBatch:
-    merged: dict[str, list] = {name: [] for name in STEPS.names}
-    for steps in columns:
-        for name in STEPS.names:
-            merged[name].extend(steps[name])
-    return pa.RecordBatch.from_pydict(merged, schema=STEPS)
-
-
-def _relative_or_absolute(path: Path, root: Path) -> str:
-    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
-
-
-def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 # -- the import -------------------------------------------------------------------------------
@@ -553,24 +225,24 @@ def _convert_all(
     chunk_size: int,
     already: frozenset[str],
     progress: Callable[[int, int], None] | None,
-) -> list[_Chunk]:
+) -> list[Chunk]:
     """Convert the files chunk by chunk, in this process (``workers <= 1``) or in worker processes."""
-    batches = list(_chunks(rel_paths, chunk_size))
+    batches = list(in_chunks(rel_paths, chunk_size))
     args = ([str(root)] * len(batches), batches, [created_at] * len(batches), [run_id] * len(batches))
     if workers <= 1:
-        _init_worker(None, already)
+        init_worker(None, already)
         try:
-            results: Iterator[_Chunk] = (_convert_chunk(*a, task) for a in zip(*args, strict=True))
+            results: Iterator[Chunk] = (convert_chunk(*a, task) for a in zip(*args, strict=True))
             return _collect(results, batches, progress, len(rel_paths))
         finally:
-            _init_worker(None, frozenset())  # a later import in this process must not skip these recordings
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(os.getpid(), already))
+            init_worker(None, frozenset())  # a later import in this process must not skip these recordings
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=init_worker, initargs=(os.getpid(), already))
     with pool:
-        results = pool.map(_convert_chunk, *args, [task] * len(batches))
+        results = pool.map(convert_chunk, *args, [task] * len(batches))
         return _collect(results, batches, progress, len(rel_paths))
 
 
-def _merge_chunks(chunks: list[_Chunk]) -> _Converted:
+def _merge_chunks(chunks: list[Chunk]) -> _Converted:
     """Concatenate the chunks' batches into tables and their file and quarantine rows into lists."""
     return _Converted(
         episodes=pa.Table.from_batches([b for c in chunks for b in c.episodes], schema=EPISODES),
@@ -719,8 +391,8 @@ def _keep_first_import_times(episodes: pa.Table, first_imported: dict[str, datet
 
 
 def _collect(
-    results: Iterable[_Chunk], batches: list[list[str]], progress: Callable[[int, int], None] | None, total: int
-) -> list[_Chunk]:
+    results: Iterable[Chunk], batches: list[list[str]], progress: Callable[[int, int], None] | None, total: int
+) -> list[Chunk]:
     chunks = []
     done = 0
     for chunk, batch in zip(results, batches, strict=True):

@@ -70,12 +70,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 def cmd_import_demos(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from envs.miniwob.demonstrations import (
-        DEMO_SUFFIXES,
-        find_demo_files,
-        import_demonstrations,
-        validate_task_override,
-    )
+    from envs.miniwob.demo_files import DEMO_SUFFIXES, find_demo_files, validate_task_override
+    from envs.miniwob.demonstrations import import_demonstrations
     from warehouse.catalog import Warehouse
 
     folder = Path(args.folder)

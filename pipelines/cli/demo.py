@@ -184,7 +184,7 @@ def _demo_sample(per_task: int) -> int | None:
     """Recordings per task the demo imports: ``per_task`` (0: all), or as many as the home's
     import already holds of its largest task folder, when that is more (after ``make data``, or a
     larger sample): a demo run never shrinks the demonstrations a home holds. Samples grow by
-    inclusion (:func:`envs.miniwob.demonstrations.sample_per_task`), so the larger one keeps them all."""
+    inclusion (:func:`envs.miniwob.demo_files.sample_per_task`), so the larger one keeps them all."""
     import duckdb
 
     from warehouse.catalog import Warehouse

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envs.miniwob.demonstrations import fs_path, import_demonstrations, stored_path
+from envs.miniwob.demo_files import fs_path, stored_path
+from envs.miniwob.demonstrations import import_demonstrations
 from envs.miniwob.recordings import MAX_JSON_DEPTH, MAX_RECORDING_BYTES, json_nesting_depth
 from warehouse.catalog import Warehouse
 

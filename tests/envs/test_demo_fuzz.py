@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from envs.miniwob.demonstrations import DEMO_SUFFIXES, import_demonstrations, stored_path
+from envs.miniwob.demo_files import DEMO_SUFFIXES, stored_path
+from envs.miniwob.demonstrations import import_demonstrations
 from tests.envs.fuzzing import fuzz_settings
 from warehouse.catalog import Warehouse
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.miniwob.demonstrations import import_demonstrations, known_task_ids
+from envs.miniwob.demo_files import known_task_ids
+from envs.miniwob.demonstrations import import_demonstrations
 from envs.tasks import TASK_VARIANT_FIELD, load_task_specs, spec_for
 from warehouse.catalog import Warehouse
 

@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 
-from envs.miniwob.demonstrations import import_demonstrations, sample_per_task
+from envs.miniwob.demo_files import sample_per_task
+from envs.miniwob.demonstrations import import_demonstrations
 from tests.conftest import write_recording
 from warehouse.catalog import Warehouse
 

@@ -56,9 +56,6 @@ from envs.protocol import (
 HEALTH_FRESH_S = 2.0  # a worker that answered this recently is not probed again before an episode
 
 
-# -- the worker process ----------------------------------------------------------------------
-
-
 # -- the pool --------------------------------------------------------------------------------
 
 BeforeStep = Callable[["StepContext"], None]

@@ -274,7 +274,7 @@ def _remote_host() -> Any:
 
 
 class RayWorker:
-    """The pool's handle on one ``EnvHost`` actor: ``envs.pool.ProcessWorker``'s interface over Ray."""
+    """The pool's handle on one ``EnvHost`` actor: ``envs.pool_worker.ProcessWorker``'s interface over Ray."""
 
     def __init__(self, worker_id: str, env_config: EnvConfig, config_index: int, config: PoolConfig) -> None:
         self.id = worker_id

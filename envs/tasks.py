@@ -291,7 +291,10 @@ def load_task_spec(path: Path | str) -> TaskSpec:
     end-to-end test, 5 s of YAML parsing), and reading a file is cheap where parsing is not."""
     try:
         with open(path, "rb") as handle:
-            key: tuple[str, str] | None = (os.fsdecode(path), hashlib.sha1(handle.read(MAX_SPEC_BYTES + 1)).hexdigest())
+            key: tuple[str, str] | None = (
+                os.fsdecode(path),
+                hashlib.sha1(handle.read(MAX_SPEC_BYTES + 1), usedforsecurity=False).hexdigest(),
+            )
     except OSError:
         key = None  # load_spec_yaml says what is wrong, naming the file
     if key is not None and (known := _PARSED_SPECS.get(key)) is not None:

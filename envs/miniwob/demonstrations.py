@@ -21,7 +21,7 @@ folder does not exist or holds no recordings, the warehouse cannot be written.
 **Task.** An episode's task is the one the recording names (``taskName``); recordings that name
 none (the first MiniWoB++ batches) take the ``task`` argument when given (validated: a known task
 id), else the nearest folder between the file and the import root (the root included) that is a
-known MiniWoB++ task (``known_task_ids``); with neither, the file is quarantined. When that folder
+known MiniWoB++ task (``demo_files.known_task_ids``); with neither, the file is quarantined. When that folder
 names a known task other than the episode's, the episode records it as its variant,
 ``task_fields`` key ``task_variant`` (e.g. recordings under ``email-inbox-nl-turk/`` that call
 themselves ``email-inbox``), so that variants never merge silently.
@@ -32,9 +32,12 @@ from another import root is a ``duplicate`` here, and its episode stays with the
 first brought it (owner: the earliest ``created_at``, which a re-import keeps for the episodes it
 already held). Re-importing a folder replaces its previous version, never adds to it.
 
-**File names** are stored losslessly and readably (``stored_path``): as UTF-8 text, each byte
+**File names** are stored losslessly and readably (``demo_files.stored_path``): as UTF-8 text, each byte
 that is not UTF-8 written ``\\xHH`` and each backslash doubled; ``fs_path`` turns the stored form
 back into the name on disk.
+
+The files' names, tasks and episode ids are in :mod:`envs.miniwob.demo_files`; the conversion
+that runs in the worker processes is in :mod:`envs.miniwob.demo_conversion`.
 """
 
 from __future__ import annotations
@@ -95,12 +98,6 @@ class ImportReport:
     @property
     def untyped_share(self) -> float:
         return self.untyped_steps / self.steps if self.steps else 0.0
-
-
-# -- file names and tasks ---------------------------------------------------------------------
-
-
-# -- workers ----------------------------------------------------------------------------------
 
 
 # -- the import -------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import math
 import threading
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, astuple, dataclass, fields
+from dataclasses import asdict, astuple, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -355,20 +355,22 @@ class SegmentEncoder:
 
     @classmethod
     def shared(cls, config: EncoderConfig, device: str | torch.device = "cpu") -> SegmentEncoder:
-        """This process's one encoder of ``config`` on ``device`` (and the backbone's files, by
-        fingerprint), loaded on first use. Loading and quantising MiniLM costs about 0.8 s, and one
-        Dagster run used to load it for every scorer and policy it built (29 times in the RL
-        end-to-end test). Sharing is safe: the encoder is frozen, inference only, batch-invariant,
-        and ``encode`` holds a lock. It is loaded with torch's global generator set aside, so
-        whether it was already loaded never changes what a later draw from that generator gives."""
+        """This process's one CPU encoder of ``config`` (and the backbone's files, by fingerprint),
+        loaded on first use; on another device a new encoder, as before (GPU memory is not held for
+        the process's life). Loading and quantising MiniLM costs about 0.8 s, and one Dagster run
+        used to load it for every scorer and policy it built (29 times in the RL end-to-end test).
+        Sharing is safe: the encoder is frozen, inference only, batch-invariant, keeps its own copy
+        of the config, and ``encode`` (tokenizer included) holds a lock. It is loaded with torch's
+        global generator set aside, so whether it was already loaded never changes a later draw."""
         device = torch.device(device)
-        quantized = bool(config.quantize_encoder and device.type == "cpu")
-        key = (astuple(config), str(device), encoder_fingerprint(config, quantized))
+        if device.type != "cpu":
+            return cls(config, device)
+        key = (astuple(config), encoder_fingerprint(config, bool(config.quantize_encoder)))
         with _SHARED_LOCK:
             encoder = _SHARED_ENCODERS.get(key)
             if encoder is None:
                 with torch.random.fork_rng(devices=[]):
-                    encoder = _SHARED_ENCODERS[key] = cls(config, device)
+                    encoder = _SHARED_ENCODERS[key] = cls(replace(config), device)
         return encoder
 
     @torch.inference_mode()
@@ -378,9 +380,9 @@ class SegmentEncoder:
         if not texts:
             return out
         max_tokens = self.config.segment_max_tokens
-        token_ids = self.tokenizer(list(texts), truncation=True, max_length=max_tokens)["input_ids"]
-        order = sorted(range(len(texts)), key=lambda i: len(token_ids[i]))
-        with self._lock:
+        with self._lock:  # a fast tokenizer may not be called from two threads at once
+            token_ids = self.tokenizer(list(texts), truncation=True, max_length=max_tokens)["input_ids"]
+            order = sorted(range(len(texts)), key=lambda i: len(token_ids[i]))
             for start in range(0, len(order), batch_size):
                 idx = order[start : start + batch_size]
                 width = padded_length(max(len(token_ids[i]) for i in idx))

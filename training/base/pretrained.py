@@ -5,10 +5,11 @@ project's set-up installs it without its dependencies: they would build llama.cp
 needed). Transformers reads GGUF with the ``gguf`` package and dequantises it to float32
 (134.5M parameters, chat template included). Dequantising takes 15-30 s on 2 cores, so it is done
 once per machine and file: the result is kept in Hugging Face's own layout under
-``$STEPWISE_LLM_CACHE`` (default ``~/.cache/stepwise/llm``, one folder per file hash, made under a
-file lock so concurrent runs wait for one conversion), and each home gets its own copy of it under
-``$STEPWISE_HOME/models/llm/<name>`` (hard links where the file system allows, written to a
-temporary folder, then renamed). Later loads read the home's copy (about a second).
+``$STEPWISE_LLM_CACHE`` (default ``~/.cache/stepwise/llm``, one read-only folder per file hash, made
+under a file lock so concurrent runs wait for one conversion), and each home gets its own copy of it
+under ``$STEPWISE_HOME/models/llm/<name>`` (hard links where the file system allows, written to a
+temporary folder, then renamed). Later loads read the home's copy (about a second). With the cache
+``off``, or where it cannot be written, each home dequantises its own copy.
 
 Every way this can go wrong before a rollout (the package absent, the file missing, truncated or
 not GGUF) is one ``PretrainedModelError`` line naming the file.
@@ -16,6 +17,7 @@ not GGUF) is one ``PretrainedModelError`` line naming the file.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib.util
@@ -105,37 +107,63 @@ def load_gguf_causal_lm(path: Path, cache_dir: Path | None = None) -> tuple[Any,
 def keep_dequantised(path: Path, cache_dir: Path) -> Path:
     """``cache_dir`` holding the dequantised GGUF file ``path``: left as it is when it was made from
     a file of the same hash, else linked (or copied) from the machine's copy (:func:`llm_cache`),
-    which the first call on this machine makes."""
+    which the first call on this machine makes. With no usable machine cache (``$STEPWISE_LLM_CACHE``
+    set to ``off``, or the cache cannot be written) the file is dequantised straight into
+    ``cache_dir``, as every home did before there was one."""
     _check_magic(path)
     fingerprint = _fingerprint(path)
-    if _cached_copy_of(cache_dir) != fingerprint:
-        _link_tree(_machine_copy(path, fingerprint), cache_dir)
+    if _cached_copy_of(cache_dir) == fingerprint:
+        return cache_dir
+    source = {"gguf": str(path), "sha256_16": fingerprint}
+    machine: Path | None = None
+    with contextlib.suppress(OSError, RuntimeError):  # no home folder, a read-only cache: go without
+        machine = _machine_copy(path, fingerprint)
+    if machine is not None:
+        _link_tree(machine, cache_dir)
+    else:
+        check_gguf(path)
+        model, tokenizer = _dequantise(path)
+        _save_copy(model, tokenizer, cache_dir, source)
     return cache_dir
 
 
-def llm_cache() -> Path:
+def llm_cache() -> Path | None:
     """Where dequantised GGUF files are kept for every home on this machine: ``$STEPWISE_LLM_CACHE``,
-    else ``~/.cache/stepwise/llm`` (beside the Label Studio schema cache)."""
-    configured = os.environ.get(LLM_CACHE_ENV)
+    else ``~/.cache/stepwise/llm`` (beside the Label Studio schema cache); ``off``: nowhere, each
+    home dequantises its own copy. Remove the folder to reclaim its space (SmolLM2: 540 MB)."""
+    configured = os.environ.get(LLM_CACHE_ENV, "")
+    if configured.lower() == "off":
+        return None
     return Path(configured) if configured else Path.home() / ".cache" / "stepwise" / "llm"
 
 
-def _machine_copy(path: Path, fingerprint: str) -> Path:
+def _machine_copy(path: Path, fingerprint: str) -> Path | None:
     """The machine's dequantised copy of ``path`` (one folder per file hash), made under a file lock
     the first time: a second process waits for the first one's conversion instead of repeating it.
-    Its files are made read-only, since homes hard-link them."""
-    folder = llm_cache() / f"{path.stem.lower()}-{fingerprint}"
+    Its files are read-only, since homes hard-link them. ``None`` where the cache is off."""
+    root = llm_cache()
+    if root is None:
+        return None
+    folder = root / f"{path.stem.lower()}-{fingerprint}"
+    if _complete_copy(folder, fingerprint):
+        return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f"{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _cached_copy_of(folder) != fingerprint:
+        if not _complete_copy(folder, fingerprint):
             check_gguf(path)
             model, tokenizer = _dequantise(path)
-            _save_copy(model, tokenizer, folder, {"gguf": str(path), "sha256_16": fingerprint})
-            for file in folder.rglob("*"):
-                if file.is_file():
-                    file.chmod(0o444)
+            _save_copy(model, tokenizer, folder, {"gguf": str(path), "sha256_16": fingerprint}, read_only=True)
     return folder
+
+
+def _complete_copy(folder: Path, fingerprint: str) -> bool:
+    """The copy was made from a file of this hash and still has its config and non-empty weights (a
+    cleaner that removed or truncated a file leaves it to be made again, not linked into homes)."""
+    if _cached_copy_of(folder) != fingerprint or not (folder / "config.json").is_file():
+        return False
+    weights = [*folder.glob("*.safetensors"), *folder.glob("*.bin")]
+    return bool(weights) and all(w.stat().st_size > 0 for w in weights)
 
 
 def _link_tree(source: Path, target: Path) -> None:
@@ -185,14 +213,19 @@ def _cached_copy_of(cache_dir: Path) -> str | None:
         return None
 
 
-def _save_copy(model: Any, tokenizer: Any, cache_dir: Path, source: dict[str, str]) -> None:
-    """Write the copy next to its final place, then swap it in: a killed save leaves no half copy."""
+def _save_copy(model: Any, tokenizer: Any, cache_dir: Path, source: dict[str, str], *, read_only: bool = False) -> None:
+    """Write the copy next to its final place, then swap it in: a killed save leaves no half copy
+    (and, with ``read_only``, none whose files are still writable)."""
     from warehouse.storage import replace_dir_atomic
 
     def write(staging: Path) -> None:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / _SOURCE_FILE).write_text(json.dumps(source))
+        if read_only:
+            for file in staging.rglob("*"):
+                if file.is_file():
+                    file.chmod(0o444)
 
     replace_dir_atomic(cache_dir, write)
 

@@ -20,7 +20,7 @@ The same script runs on this CPU machine and on GPUs:
         --home .stepwise --output_dir runs/progrm_lcs_smollm2 --max_train_examples 256
 
 ``--backbone`` takes a Hugging Face folder or hub id, ``smollm2`` (the packaged SmolLM2) or a
-``.gguf`` file (both dequantised once into ``<home>/models/llm/``, ``training.base.pretrained``).
+``.gguf`` file (both dequantised once per machine and linked into ``<home>/models/llm/``, ``training.base.pretrained``).
 ``--profile`` picks the defaults of every argument not given: ``llm`` = ProgRM Table 5 (lr 5e-5,
 global batch 128, 3 epochs, cosine, warm-up 0.03, Adam betas 0.9/0.95, bf16, ZeRO-2); ``cpu`` =
 sized for two cores (a larger learning rate for the freshly initialised fusion and head, same

@@ -1,6 +1,7 @@
 """Fixtures of the LLM tests: SmolLM2-135M-Instruct served by ``transformers serve`` through
-:func:`training.llm.endpoint.serve_local_model` (the dequantised copy made once per session under a
-temporary home; one server per test module)."""
+:func:`training.llm.endpoint.serve_local_model` (a temporary home per session, holding links to the
+machine's dequantised copy in ``~/.cache/stepwise/llm``, made by the first test that needs it on this
+machine; one server per test module)."""
 
 from __future__ import annotations
 

@@ -83,7 +83,9 @@ def test_a_second_home_links_the_machine_copy_instead_of_dequantising_again(smol
     """Dequantised once per machine: another home's copy is the machine copy's files (hard links,
     read-only), made without touching them, and loads to the same logits."""
     model, tokenizer, home = smollm2
-    machine = [p for p in llm_cache().iterdir() if p.is_dir()]
+    cache = llm_cache()
+    assert cache is not None
+    machine = [p for p in cache.iterdir() if p.is_dir()]
     assert len(machine) == 1, machine
     shared = machine[0] / "model.safetensors"
     before = shared.stat().st_mtime_ns
@@ -97,6 +99,21 @@ def test_a_second_home_links_the_machine_copy_instead_of_dequantising_again(smol
     ids = tokenizer("Type your name.", return_tensors="pt")["input_ids"]
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, other(ids).logits)
+
+
+def test_with_the_machine_cache_off_a_home_dequantises_its_own_copy(smollm2, tmp_path, monkeypatch):
+    """``STEPWISE_LLM_CACHE=off`` (or a cache that cannot be written): the GGUF file is dequantised
+    straight into the home, files of its own, and gives the same logits as the linked copy."""
+    model, tokenizer, _ = smollm2
+    monkeypatch.setenv(LLM_CACHE_ENV, "off")
+    assert llm_cache() is None
+    home = tmp_path / "own-copy"
+    own, _ = load_smollm2(home)
+    kept = home / "models" / "llm" / SMOLLM2_NAME / "model.safetensors"
+    assert kept.stat().st_nlink == 1 and kept.stat().st_mode & 0o200
+    ids = tokenizer("Select the checkbox.", return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, own(ids).logits)
 
 
 def test_smollm2_answers_a_chat_prompt(smollm2):

@@ -216,3 +216,19 @@ def test_a_state_scores_the_same_alone_and_in_any_batch_size():
     alone = np.concatenate([scorer.score_states([s]) for s in states])
     for size in (2, 3, 7, 8, 9, 16, 17, 40):
         np.testing.assert_array_equal(scorer.score_states(states[:size]), alone[:size])
+
+
+def test_one_shared_encoder_per_config_and_loading_it_draws_nothing():
+    """``SegmentEncoder.shared``: one CPU encoder per config in a process (the same object, the same
+    bits as a private one), another config another encoder, and loading never moves torch's global
+    generator (a first use and a later one leave later draws alike)."""
+    from training.base.encoder import EncoderConfig, SegmentEncoder
+
+    torch.manual_seed(7)
+    before = torch.get_rng_state().clone()
+    first = SegmentEncoder.shared(EncoderConfig(segment_max_tokens=96))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert SegmentEncoder.shared(EncoderConfig(segment_max_tokens=96)) is first
+    assert SegmentEncoder.shared(EncoderConfig(segment_max_tokens=64)) is not first
+    texts = ["Click the Submit button.", "Username: ada"]
+    assert np.array_equal(first.encode(texts), SegmentEncoder(EncoderConfig(segment_max_tokens=96)).encode(texts))

@@ -400,7 +400,7 @@ def test_llm_profile_trains_in_float32_on_a_machine_without_cuda():
 @pytest.mark.e2e
 def test_smollm2_as_the_backbone_of_a_progress_reward_model(tiny_examples, tmp_path):
     """ProgRM's design with a real pretrained LLM: ``--backbone smollm2`` resolves to the packaged
-    SmolLM2-135M (dequantised once into the home), the whole model is fine-tuned a few steps in
+    SmolLM2-135M (dequantised once per machine, linked into the home), the whole model is fine-tuned a few steps in
     float32 on this CPU, and the exported model scores states in (0, 1), pooled at the last token."""
     home = tmp_path / "home"
     argv = _train_argv(

@@ -8,6 +8,7 @@ import contextlib
 import os
 import shutil
 import signal
+import threading
 import time
 from typing import Any, Protocol
 
@@ -140,6 +141,8 @@ class ProcessWorker:
         self.alive = True
         self.last_ok = 0.0  # when the worker last answered a call successfully
         self.task_id: str | None = None  # the task page it has open (affinity: fewer page loads)
+        self._kill_lock = threading.Lock()
+        self._killed = False
 
     @property
     def pid(self) -> int | None:
@@ -194,7 +197,17 @@ class ProcessWorker:
             return []
 
     def kill(self) -> None:
-        """Kill the worker and everything it started (its process group), now."""
+        """Kill the worker and everything it started (its process group), now; once. The pool's
+        close and a start thread that finds the pool closed can both kill one worker at the same
+        moment, and two closes of its pipe would close a descriptor number another thread had
+        reused (seen in CI: EBADF inside the other call's rmtree)."""
+        with self._kill_lock:
+            if self._killed:
+                return
+            self._killed = True
+            self._kill_now()
+
+    def _kill_now(self) -> None:
         self.alive = False
         children = self.descendants()
         pid = self.process.pid

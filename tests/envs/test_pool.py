@@ -220,3 +220,31 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_worker_killed_from_two_threads_at_once_is_killed_once():
+    """The pool's close and a start thread that finds the pool closed may kill one worker at the
+    same moment: its pipe is closed once (a second close would hit a descriptor number another
+    thread reused), and both calls return with the worker and its browser gone."""
+    import multiprocessing
+    import threading
+
+    from envs.pool_worker import ProcessWorker
+
+    worker = ProcessWorker("w-kill", MiniWoBConfig(), 0, multiprocessing.get_context("spawn"))
+    worker.wait_ready(120)
+    closes = []
+    real_close = worker.conn.close
+    worker.conn.close = lambda: (closes.append(1), real_close())  # type: ignore[method-assign]
+    barrier = threading.Barrier(2)
+
+    def kill():
+        barrier.wait()
+        worker.kill()
+
+    threads = [threading.Thread(target=kill) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert closes == [1] and not worker.alive and not worker.process.is_alive()

@@ -17,7 +17,6 @@ not GGUF) is one ``PretrainedModelError`` line naming the file.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import importlib.util
@@ -116,8 +115,12 @@ def keep_dequantised(path: Path, cache_dir: Path) -> Path:
         return cache_dir
     source = {"gguf": str(path), "sha256_16": fingerprint}
     machine: Path | None = None
-    with contextlib.suppress(OSError, RuntimeError):  # no home folder, a read-only cache: go without
+    try:
         machine = _machine_copy(path, fingerprint)
+    except PretrainedModelError:
+        raise  # the file itself is bad: converting it again into the home would fail the same way
+    except (OSError, RuntimeError):  # no home folder, a read-only cache: go without
+        machine = None
     if machine is not None:
         _link_tree(machine, cache_dir)
     else:

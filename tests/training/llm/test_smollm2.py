@@ -213,3 +213,20 @@ def test_configs_name_smollm2_or_a_gguf_file_and_get_the_kept_copy(smollm2, tmp_
     bad.write_bytes(b"nope")
     with pytest.raises(PretrainedModelError, match="not a GGUF file"):
         resolve_checkpoint(str(bad), home)
+
+
+def test_a_damaged_file_is_refused_once_not_retried_outside_the_machine_cache(tmp_path, monkeypatch):
+    """A truncated GGUF file on the machine-cache path is one line naming the file, checked once:
+    a bad file is not the cache's failure, so it is not converted again straight into the home."""
+    import training.base.pretrained as pretrained
+
+    truncated = tmp_path / "cut.gguf"
+    with smollm2_gguf().open("rb") as f:
+        truncated.write_bytes(f.read(1 << 20))
+    monkeypatch.setenv(LLM_CACHE_ENV, str(tmp_path / "llm-cache"))
+    checked: list[Path] = []
+    real_check = pretrained.check_gguf
+    monkeypatch.setattr(pretrained, "check_gguf", lambda path: (checked.append(path), real_check(path)))
+    with pytest.raises(PretrainedModelError, match="the GGUF file is damaged") as refused:
+        resolve_checkpoint(str(truncated), tmp_path / "home")
+    assert "\n" not in str(refused.value) and checked == [truncated]

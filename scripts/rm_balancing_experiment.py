@@ -1,6 +1,7 @@
 """Issue 41 item 2, measured: does within-task balancing with selection by the within-task AUC give a
 reward model that ranks the agent's held-out episodes better than the former training (no
-balancing, the lowest validation loss)?
+balancing, the lowest validation loss)? And (``--compare exploits``) does weighing the examples of
+the agent's exploits (RL episodes a reward misranked, ``rm_examples.exploit``) twice help?
 
 On a home whose reward-model data holds the agent's own episodes (after ``make demo``'s flywheel
 round, or ``stepwise flywheel``), this trains one kind twice on the same examples, the same
@@ -9,6 +10,7 @@ episodes, never trained on: ``training.reward_models.agent_episodes``) with each
 pooled and the within-task AUC of each with seeded bootstrap intervals.
 
     .venv/bin/python scripts/rm_balancing_experiment.py --home .stepwise --kind orm --steps 400
+    .venv/bin/python scripts/rm_balancing_experiment.py --home .stepwise --compare exploits --seeds 13,14,15
 """
 
 from __future__ import annotations
@@ -20,12 +22,18 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-SETTINGS = {
+BALANCING = {
     "balanced, selected by within-task AUC (rm-train-3)": ["--balance_within_task", "true", "--select_by", "auto"],
     "balanced, selected by validation loss": ["--balance_within_task", "true", "--select_by", "loss"],
     "unbalanced, selected by within-task AUC": ["--balance_within_task", "false", "--select_by", "auto"],
     "unbalanced, selected by validation loss (rm-train-2)": ["--balance_within_task", "false", "--select_by", "loss"],
 }
+# both balanced and selected by the within-task AUC (the defaults); only the exploits' weight differs
+EXPLOITS = {
+    "exploits weigh 2 (rm-train-4's default)": ["--exploit_weight", "2"],
+    "exploits weigh 1 (off)": ["--exploit_weight", "1"],
+}
+COMPARISONS = {"balancing": BALANCING, "exploits": EXPLOITS}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-steps", type=int, default=50, help="steps between evaluations (and checkpoints)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seeds", default="13", help="comma-separated training seeds (each setting once per seed)")
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="balancing", help="which settings to train")
     args = parser.parse_args(argv)
+    settings = COMPARISONS[args.compare]
 
     from training.reward_models.agent_episodes import WITHIN_TASK, auc_rows, read_agent_episodes
     from training.reward_models.dataset import build_reward_model_dataset
@@ -66,14 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     ).to_pylist()
     print(f"{args.kind} examples' episodes by purpose: " + ", ".join(f"{r['purpose']} {r['n']}" for r in mix))
     print(
-        f"{args.kind}: {examples.num_rows} examples; {len(episodes)} held-out agent episodes of "
+        f"{args.kind}: {examples.num_rows} examples ({sum(bool(x) for x in examples.column('exploit').to_pylist())} "
+        f"of the agent's exploits); {len(episodes)} held-out agent episodes of "
         f"{len({e.task_id for e in episodes})} tasks, {sum(e.success for e in episodes)} successes"
     )
     rows: list[tuple[str, int, dict, dict | None, dict | None]] = []
     with tempfile.TemporaryDirectory(prefix="rm-balancing-") as scratch:
         path = Path(scratch) / f"{args.kind}.parquet"
         pq.write_table(examples, path)
-        for seed, (name, flags) in ((int(x), item) for x in args.seeds.split(",") for item in SETTINGS.items()):
+        for seed, (name, flags) in ((int(x), item) for x in args.seeds.split(",") for item in settings.items()):
             out = Path(scratch) / f"{seed}-{len(rows)}"
             argv_train = [
                 "--kind", args.kind, "--examples", str(path), "--home", str(warehouse.home),
@@ -100,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("| setting | mean pooled AUC over seeds | mean within-task AUC over seeds |")
     print("|---|---:|---:|")
-    for name in SETTINGS:
+    for name in settings:
         mine = [(p["auc"], w["auc"]) for n, _, _, p, w in rows if n == name and p is not None and w is not None]
         if mine:
             pooled_mean = sum(a for a, _ in mine) / len(mine)

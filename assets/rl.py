@@ -101,6 +101,11 @@ class RLRunConfig(Config):
         description="the ORM's reward: threshold (ProgRM's binary judgement) or probability; default the "
         "block's rule, fixed before any run (dense: threshold, sparse: probability)",
     )
+    common_sampling: bool = Field(
+        default=True,
+        description="every source samples from one stream per RL seed and iteration (common random numbers); "
+        "false keys the draws by the run, only to measure what the sharing buys",
+    )
     workers: int = 2
 
 

@@ -209,6 +209,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
     reduced = RL_REDUCED if args.reduced else {"sft": {}, "run": {}, "evaluation": {}}
     sft_config = reduced["sft"] | ({"tasks": args.tasks.split(",")} if args.tasks else {})
     run_config = reduced["run"] | ({"iterations": args.iterations} if args.iterations else {})
+    run_config |= {"common_sampling": False} if args.per_run_sampling else {}
     # the block is in the partition: s0 (dense) or sparse-s0
     partition_seeds = [seed_key(args.block, int(k[1:])) for k in seed_keys]
     quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
@@ -500,6 +501,12 @@ def _add_rl(sub: Any) -> None:
         default="dense",
         help="the task block the runs train on, as the SFT policy pre-registered it (dense: SFT success in "
         "(low, high); sparse: SFT success in (0, 15%%] and demonstrations of >= 5 steps)",
+    )
+    p.add_argument(
+        "--per-run-sampling",
+        action="store_true",
+        help="key each run's sampling by the run instead of sharing one stream per RL seed and iteration "
+        "(runs of their own; only to measure what common random numbers buy)",
     )
     p.add_argument("--reduced", action="store_true", help="a small experiment (what CI runs end to end)")
     p.add_argument("--reuse-sft", action="store_true", help="keep the newest SFT policy instead of training one")

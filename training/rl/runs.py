@@ -155,6 +155,10 @@ class RLSettings:
     # iteration (ADMIRE App. A.1.2); in the run key only for such a source.
     dense_weight: float = DECAY_WEIGHT
     dense_decay: float = DECAY_RATE
+    # Common random numbers (issue 41 item 4): the acting policy's draws keyed by (RL seed, SFT
+    # policy, iteration, instance), shared by every source. False: keyed by the run (rl-5's
+    # keying), kept only to measure what the sharing buys; in the run key only when False.
+    common_sampling: bool = True
 
     def __post_init__(self) -> None:
         check_reward_source(self.reward_source)
@@ -192,6 +196,8 @@ class RLSettings:
         if not self.reward_source.endswith(":decay"):  # keys made before composed sources stand
             settings.pop("dense_weight")
             settings.pop("dense_decay")
+        if self.common_sampling:  # keys made before the switch stand
+            settings.pop("common_sampling")
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:6]
         return f"{self.reward_source}-{self.estimator}-s{self.rl_seed}-{digest}"
 
@@ -448,7 +454,11 @@ def sampling_stream(settings: RLSettings, sft_policy_id: str, iteration: int) ->
     """The acting policy's sampling stream in an iteration, keyed like :func:`training_seeds` by
     the RL seed, the SFT policy and the iteration and not by the run key (issue 41 item 4): with
     the instance it seeds each episode's draws, so every source's first iteration (the same SFT
-    weights) samples the same episodes, and later iterations draw the same numbers on each instance."""
+    weights) samples the same episodes, and later iterations draw the same numbers on each instance.
+    Empty when ``settings.common_sampling`` is off: the policy then keys its draws by its own id,
+    which names the run (rl-5's keying)."""
+    if not settings.common_sampling:
+        return ""
     return f"rl|s{settings.rl_seed}|{sft_policy_id}|i{iteration:03d}"
 
 

@@ -132,6 +132,19 @@ def test_every_reward_source_trains_on_the_same_instances_within_an_rl_seed():
     assert sampling_stream(RLSettings("outcome", rl_seed=1), "sft-a", 0) != streams[0][0]
 
 
+def test_per_run_sampling_is_a_run_of_its_own_keyed_by_the_run():
+    """The control arm of issue 41 item 4's measurement: with ``common_sampling`` off the stream is
+    empty (the acting policy keys its draws by its own id, which names the run) and the run key
+    changes; with it on (the default) the key is the one runs had before the switch existed."""
+    from training.rl.runs import RLSettings, sampling_stream
+
+    shared, own = RLSettings("outcome"), RLSettings("outcome", common_sampling=False)
+    assert sampling_stream(own, "sft-a", 0) == ""
+    assert sampling_stream(shared, "sft-a", 0) != ""
+    assert own.run_key("sft-a") != shared.run_key("sft-a")
+    assert RLSettings("orm", common_sampling=False).run_key("sft-a") != own.run_key("sft-a")
+
+
 def test_the_sparse_block_is_chosen_by_its_own_rule_and_may_be_empty():
     """Table-1 issue: SFT success in (0, 15%] on selection seeds and a median demonstration of >= 5 steps."""
     from training.policy.task_blocks import choose_sparse_tasks, choose_tasks

@@ -101,11 +101,8 @@ class RLRunConfig(Config):
         description="the ORM's reward: threshold (ProgRM's binary judgement) or probability; default the "
         "block's rule, fixed before any run (dense: threshold, sparse: probability)",
     )
-    common_sampling: bool = Field(
-        default=True,
-        description="every source samples from one stream per RL seed and iteration (common random numbers); "
-        "false keys the draws by the run, only to measure what the sharing buys",
-    )
+    # false: each run draws its own samples (rl-5's keying), only to measure what common random numbers buy
+    common_sampling: bool = Field(default=True, description="every source samples one stream per RL seed and iteration")
     workers: int = 2
 
 

@@ -46,11 +46,13 @@ ALIAS_BOMB = "\n".join(
 )
 
 
-def _fails_fast(path: Path, within_s: float = 2.0) -> str:
-    started = time.perf_counter()
+def _fails_fast(path: Path, within_cpu_s: float = 10.0) -> str:
+    # A hang guard, not a speed figure: an unbounded load of these files takes minutes of CPU. CPU
+    # time, not wall time, so other work on a shared machine cannot fail it (it did, at 2 s wall).
+    started = time.process_time()
     with pytest.raises(TaskSpecError) as info:
         load_task_spec(path)
-    assert time.perf_counter() - started < within_s
+    assert time.process_time() - started < within_cpu_s
     message = str(info.value)
     assert len(message.splitlines()) == 1 and str(path) in message
     return message
@@ -72,12 +74,12 @@ def test_an_alias_bomb_fails_fast_naming_the_file_and_field(tmp_path):
 def test_a_folder_with_a_bomb_fails_fast_or_lists_it(tmp_path):
     (tmp_path / "good.yaml").write_text(SPEC)
     (tmp_path / "bomb.yaml").write_text(ALIAS_BOMB)
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(TaskSpecError, match="bomb.yaml"):
         load_task_specs(tmp_path)
     errors: list[str] = []
     specs = load_task_specs(tmp_path, errors=errors)
-    assert time.perf_counter() - started < 4
+    assert time.process_time() - started < 20.0  # a hang guard in CPU time, as in _fails_fast
     assert list(specs) == ["login-user"] and len(errors) == 1 and "bomb.yaml" in errors[0]
 
 
@@ -175,7 +177,7 @@ def _yaml_documents(draw) -> str:
 def test_fuzz_generated_yaml_is_a_spec_or_a_one_line_error(tmp_path_factory, text):
     path = tmp_path_factory.mktemp("fuzz") / "spec.yaml"
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
-    started = time.perf_counter()
+    started = time.process_time()
     try:
         spec = load_task_spec(path)
     except TaskSpecError as exc:
@@ -183,4 +185,4 @@ def test_fuzz_generated_yaml_is_a_spec_or_a_one_line_error(tmp_path_factory, tex
         assert len(message.splitlines()) == 1 and str(path) in message
     else:
         assert isinstance(spec, TaskSpec) and spec.milestones
-    assert time.perf_counter() - started < 2.0
+    assert time.process_time() - started < 10.0  # a hang guard in CPU time, as in _fails_fast

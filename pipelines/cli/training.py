@@ -506,7 +506,8 @@ def _add_rl(sub: Any) -> None:
         "--per-run-sampling",
         action="store_true",
         help="key each run's sampling by the run instead of sharing one stream per RL seed and iteration "
-        "(runs of their own; only to measure what common random numbers buy)",
+        "(runs of their own, only to measure what common random numbers buy: use a copy of the home, since "
+        "the report shows the newest run of each source and seed and these would take the rows' place)",
     )
     p.add_argument("--reduced", action="store_true", help="a small experiment (what CI runs end to end)")
     p.add_argument("--reuse-sft", action="store_true", help="keep the newest SFT policy instead of training one")

@@ -62,14 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         "USING (policy_id, evaluation) WHERE e.evaluation = 'held_out' AND e.policy_id IN (SELECT unnest(?))",
         [sorted(keying)],
     ).to_pylist()
-    # an iteration's checkpoint is rl:<run key>:<sft>:i<iteration>; the run's policy rl-<run key>-<sft>
-    iteration_ids = {f"rl:{pid.removeprefix('rl-').removesuffix('-' + sft)}:{sft}:i000": pid for pid in keying}
+    # a run's policy is rl-<run key>-<sft> (training.rl.runs); rl_iterations keeps the run key
+    run_keys = {pid.removeprefix("rl-").removesuffix(f"-{sft}"): pid for pid in keying}
     first_iteration = [
-        row | {"policy_id": iteration_ids[row["policy_id"]]}
+        row | {"policy_id": run_keys[row["run_key"]]}
         for row in warehouse.query(
-            "SELECT policy_id, reward_source, rl_seed, success_rate FROM rl_iterations "
-            "WHERE policy_id IN (SELECT unnest(?)) ORDER BY rl_seed, reward_source",
-            [sorted(iteration_ids)],
+            "SELECT run_key, reward_source, rl_seed, success_rate FROM rl_iterations "
+            "WHERE iteration = 0 AND run_key IN (SELECT unnest(?)) ORDER BY rl_seed, reward_source",
+            [sorted(run_keys)],
         ).to_pylist()
     ]
 

@@ -183,9 +183,16 @@ class RowScaledInt8Linear(nn.Module):
 
     PyTorch's dynamic quantisation picks one activation range for the whole input tensor, so a
     token's output depends on every other token of the batch. Here every row is divided by its
-    own max-abs, and one extra row holding +1 and -1 is appended, so the quantiser's range is
-    exactly [-1, 1] whatever the batch holds; the int32 accumulation is exact, and each row's
-    scale is multiplied back after it. A row's output depends on that row alone, bit for bit."""
+    own max-abs, so every value lies in [-1, 1], and the rows are quantised with the fixed range
+    [-1, 1]: the range dynamic quantisation picks for such rows with one extra row holding +1 and
+    -1, which is appended where the fixed-range kernel below is missing. The int32 accumulation is
+    exact, and each row's scale is multiplied back after it. A row's output depends on that row
+    alone, bit for bit.
+
+    The fixed range goes to fbgemm's quantised linear with a given activation scale
+    (``quantized::linear_with_input_q_dq_qweight_dq_output_fp32``), which skips the dynamic kernel's
+    range pass over the batch; construction checks that it gives the dynamic kernel's bits on a
+    probe, and keeps the dynamic kernel (with the extra row) where it does not or is missing."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -207,15 +214,41 @@ class RowScaledInt8Linear(nn.Module):
         bounds = torch.zeros(1, linear.in_features)
         bounds[0, 0], bounds[0, 1] = 1.0, -1.0
         self.register_buffer("bounds", bounds)
+        #: (scale, zero point) of [-1, 1] for fbgemm's fixed-range linear; None: the dynamic kernel
+        self.fixed_range: tuple[float, int] | None = self._fixed_range_parameters()
+
+    def _dynamic(self, scaled: torch.Tensor) -> torch.Tensor:
+        """The dynamic kernel on rows in [-1, 1], its range pinned by the +1/-1 row."""
+        return self.inner(torch.cat([scaled, self.bounds]))[:-1]
+
+    def _fixed(self, scaled: torch.Tensor, parameters: tuple[float, int]) -> torch.Tensor:
+        kernel = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32
+        return kernel(scaled, parameters[0], parameters[1], self.inner._packed_params._packed_params)
+
+    def _fixed_range_parameters(self) -> tuple[float, int] | None:
+        """The activation scale and zero point dynamic quantisation chooses for [-1, 1] (uint8,
+        0..127 with fbgemm's reduced range), if fbgemm's fixed-range linear then gives the dynamic
+        kernel's bits on a probe; None where it does not, or the kernel is missing."""
+        if not hasattr(torch.ops.quantized, "linear_with_input_q_dq_qweight_dq_output_fp32"):
+            return None
+        qmax = 127 if getattr(self.inner, "reduce_range", True) else 255
+        parameters = (2.0 / qmax, round(qmax / 2.0))
+        probe = torch.randn(7, self.bounds.shape[1], generator=torch.Generator().manual_seed(0))
+        probe = probe / probe.abs().amax(dim=-1, keepdim=True)
+        try:
+            same = torch.equal(self._fixed(probe, parameters), self._dynamic(probe))
+        except (RuntimeError, AttributeError):
+            return None
+        return parameters if same else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        low, high = torch.aminmax(rows, dim=-1, keepdim=True)  # max |x| exactly, without an abs() copy
-        scale = torch.maximum(high, -low).clamp_min(1e-12)
-        scaled = torch.empty((rows.shape[0] + 1, rows.shape[1]), dtype=rows.dtype, device=rows.device)
-        torch.div(rows, scale, out=scaled[:-1])
-        scaled[-1] = self.bounds
-        y = torch.addcmul(self.bias, self.inner(scaled)[:-1], scale)
+        # max |x| exactly; amax and amin are several times faster than aminmax or abs().amax()
+        scale = torch.maximum(rows.amax(dim=-1, keepdim=True), -rows.amin(dim=-1, keepdim=True)).clamp_min(1e-12)
+        scaled = rows / scale
+        fixed = self.fixed_range
+        quantized = self._fixed(scaled, fixed) if fixed is not None else self._dynamic(scaled)
+        y = torch.addcmul(self.bias, quantized, scale)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
@@ -250,11 +283,11 @@ def packed_bert_states(model: Any, input_ids: torch.Tensor, attention_mask: torc
     for layer in model.encoder.layer:
         heads = layer.attention.self
         fused = getattr(heads, "fused_projections", None)
-        if fused is not None:
-            projected = fused(hidden).split(heads.all_head_size, dim=-1)
+        if fused is not None:  # padded once, then split: the same values as three paddings
+            projected = padded(fused(hidden)).split(heads.num_attention_heads, dim=2)
         else:
-            projected = (heads.query(hidden), heads.key(hidden), heads.value(hidden))
-        query, key, value = (padded(p).transpose(1, 2) for p in projected)
+            projected = tuple(padded(p) for p in (heads.query(hidden), heads.key(hidden), heads.value(hidden)))
+        query, key, value = (p.transpose(1, 2) for p in projected)
         context, _ = attend(heads, query, key, value, mask, dropout=0.0, scaling=heads.scaling)
         context = context.reshape(batch * width, -1).index_select(0, real)
         attended = layer.attention.output(context, hidden)  # dense, then LayerNorm(h + input)

@@ -140,6 +140,24 @@ def test_row_scaled_int8_linear_is_row_independent_and_close_to_fp32():
     assert theirs.max() > 0.5  # one scale for the whole batch loses the small rows
 
 
+def test_the_fixed_range_kernel_gives_the_dynamic_kernels_bits():
+    """The fast path (fbgemm's linear at the fixed activation range [-1, 1]) and the first path (the
+    dynamic kernel with a +1/-1 row appended) give the same bits on rows of any magnitude, and a
+    layer without the fast path (another CPU's engine, a torch without the kernel) still works."""
+    torch.manual_seed(1)
+    linear = nn.Linear(384, 1536)
+    fast = RowScaledInt8Linear(linear)
+    if torch.backends.quantized.engine in ("x86", "fbgemm"):
+        assert fast.fixed_range is not None  # the fast path is taken on this stack
+    slow = RowScaledInt8Linear(linear)
+    slow.fixed_range = None
+    x = torch.randn(300, 384) * torch.logspace(-4, 3, 300).unsqueeze(1)
+    x[7] = 0.0  # an all-zero row: its scale is clamped, not divided by zero
+    with torch.inference_mode():
+        assert torch.equal(fast(x), slow(x))
+        assert torch.equal(fast(x[5:6]), slow(x)[5:6])
+
+
 def test_cache_history_never_changes_a_reward_score(tmp_path):
     """Two scorers with the same weights: one meets the states one at a time (a cold RL loop),
     the other after a warm-up that encoded them among many other texts, in other batches, then

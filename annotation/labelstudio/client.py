@@ -20,13 +20,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import httpx
-from label_studio_sdk import LabelStudio
-from label_studio_sdk.core.api_error import ApiError
-from label_studio_sdk.core.request_options import RequestOptions
-from label_studio_sdk.types.import_api_request import ImportApiRequest
+
+if TYPE_CHECKING:  # the SDK is imported when a client first talks to Label Studio: importing it
+    # costs about a second, which every Dagster process paid for the definitions' resources
+    from label_studio_sdk import LabelStudio
+    from label_studio_sdk.core.request_options import RequestOptions
+    from label_studio_sdk.types.import_api_request import ImportApiRequest
 
 from annotation.labelstudio.secrets import Credentials, scrub
 
@@ -94,6 +96,8 @@ class LabelStudioClient:
     def sdk(self) -> LabelStudio:
         """The SDK client (created lazily; constructing it can already reject an expired token)."""
         if self._sdk is None:
+            from label_studio_sdk import LabelStudio
+
             self._sdk = self._call(
                 lambda: LabelStudio(
                     base_url=self.url, api_key=self.credentials.api_key, max_retries=0, timeout=self.timeout_s
@@ -123,6 +127,8 @@ class LabelStudioClient:
         )
 
     def _call(self, operation: Callable[[], T], what: str) -> T:
+        from label_studio_sdk.core.api_error import ApiError
+
         try:
             return operation()
         except ApiError as exc:
@@ -290,7 +296,7 @@ class LabelStudioClient:
         response = self._call(
             lambda: self.sdk.projects.import_tasks(
                 id=project_id,
-                request=cast(list[ImportApiRequest], list(tasks)),  # the SDK serializes plain dicts as well
+                request=cast("list[ImportApiRequest]", list(tasks)),  # the SDK serializes plain dicts as well
                 return_task_ids=True,
                 request_options={"timeout_in_seconds": int(max(self.timeout_s, 300))},
             ),

@@ -18,12 +18,13 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   # pip takes the CPU wheel of torch from this machine's disk (uv does not see pip's find-links)
   "$VENV/bin/pip" install -q "torch==2.13.0"
   # The rest with uv when it installs (about a minute, against pip's 2-3 on 2 cores); pip otherwise.
+  # Bytecode compiled at install, as pip does, so the first runs do not compile it as they go.
   # constraints.txt: the exact versions the tests ran against (a fresh machine gets the same stack);
   # torch stays the installed CPU build: a package asking for a newer one fails here instead of
   # pulling GB of CUDA wheels.
   printf 'torch==2.13.0\n' > "$VENV/torch-constraint.txt"
   if "$VENV/bin/pip" install -q "uv==0.13.*" 2>/dev/null; then
-    install=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python" -c "$VENV/torch-constraint.txt")
+    install=("$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" -c "$VENV/torch-constraint.txt")
   else
     install=("$VENV/bin/pip" install -q -c "$VENV/torch-constraint.txt")
   fi

@@ -10,7 +10,8 @@ Measured on the held-out (test) trajectories of the warehouse (``progress_split`
 1. cold batched scoring: a fresh scorer with an empty embedding cache scores every step of every
    test trajectory in batches (every distinct screen line, action and instruction is encoded once):
    first as the process's first scoring (kernels and thread pools start during it), then in a
-   process past its first calls (a scorer warmed on made-up screens), as the baseline of 7 is;
+   process past its first calls (a scorer warmed on made-up screens), beside the encoder before
+   batch invariance (per-tensor int8) timed the same way;
 2. warm batched scoring: the same steps again (every segment cached; the fusion/head's cost);
 3. deployed batched scoring: a fresh scorer started from the training run's saved cache (the
    screens of the tasks it was trained on), then the test steps;

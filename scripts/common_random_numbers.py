@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     first, second = args.sources.split(",")
 
     from training.base.statistics import mcnemar_exact_p
+    from training.rl.runs import run_key_of_policy
     from warehouse.catalog import Warehouse
 
     warehouse = Warehouse(Path(args.home))
@@ -62,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         "USING (policy_id, evaluation) WHERE e.evaluation = 'held_out' AND e.policy_id IN (SELECT unnest(?))",
         [sorted(keying)],
     ).to_pylist()
-    # a run's policy is rl-<run key>-<sft> (training.rl.runs); rl_iterations keeps the run key
-    run_keys = {pid.removeprefix("rl-").removesuffix(f"-{sft}"): pid for pid in keying}
+    run_keys = {run_key_of_policy(pid, sft): pid for pid in keying}  # rl_iterations keeps the run key
     first_iteration = [
         row | {"policy_id": run_keys[row["run_key"]]}
         for row in warehouse.query(

@@ -32,7 +32,7 @@ from training.rl.report import (
     table_one,
     training_reward_auc,
 )
-from training.rl.runs import RL_CODE_VERSION, run_reward_model
+from training.rl.runs import RL_CODE_VERSION, run_key_of_policy, run_reward_model
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.purposes import EpisodePurpose
 from warehouse.storage import git_revision
@@ -102,7 +102,7 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     latest: dict[tuple[str, str, int, str, str | None, str | None], dict] = {}
     key_tags: dict[str, str | None] = {}
     for r in runs:
-        run_key = r["policy_id"].removeprefix("rl-").removesuffix(f"-{sft['policy_id']}")
+        run_key = run_key_of_policy(r["policy_id"], sft["policy_id"])
         model = r.pop("reward_model") or run_reward_model(warehouse, run_key) or ""
         pinned = r.pop("pinned")  # a pin to a model no flywheel round trained is still a run of its own
         r["run_key"] = run_key

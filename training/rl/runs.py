@@ -349,6 +349,16 @@ def reward_model_of(source: RewardSource) -> str | None:
     return str(model_id) if model_id else None
 
 
+def rl_policy_id(run_key: str, sft_policy_id: str) -> str:
+    """The policy id of an RL run's final checkpoint: ``rl-<run key>-<SFT policy id>``."""
+    return f"rl-{run_key}-{sft_policy_id}"
+
+
+def run_key_of_policy(policy_id: str, sft_policy_id: str) -> str:
+    """The run key inside an id made by :func:`rl_policy_id`."""
+    return policy_id.removeprefix("rl-").removesuffix(f"-{sft_policy_id}")
+
+
 def run_reward_model(warehouse: Warehouse, run_key: str, checkpoint: Path | None = None) -> str | None:
     """The reward model a run has trained against. With its ``checkpoint`` folder: the checkpoint's
     record, or (checkpoints written before they kept it) the lineage of its published iterations;
@@ -585,7 +595,7 @@ def _register_rl_policy(
     warehouse: Warehouse, settings: RLSettings, run: _RLRun, state: RunState, run_id: str
 ) -> dict[str, Any]:
     sft, run_key = run.sft, run.run_key
-    policy_id = f"rl-{run_key}-{sft['policy_id']}"
+    policy_id = rl_policy_id(run_key, sft["policy_id"])
     final = run.run_dir / "final"
     replace_dir_atomic(final, run.model.save)
     m = Materialization(

@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     results["batched_warm"] = _batched(cold, trajectories)
     print("batched, all cached:", results["batched_warm"], flush=True)
     # The cold figures below compare encoders in a process past its first calls (kernels and thread
-    # pools started, as in any scorer that has run before): each scorer starts with an empty cache.
-    _warm_up(RewardScorer.from_checkpoint(args.checkpoint))
+    # pools started, as in any scorer that has run before; the shared encoder has just run twice,
+    # the old one is warmed below): each scorer starts with an empty cache.
     results["batched_cold"] = _batched(RewardScorer.from_checkpoint(args.checkpoint), trajectories)
     print("batched, cold cache:", results["batched_cold"], flush=True)
 

@@ -1,4 +1,4 @@
-"""Training the LLM policy: ProgRM's multi-turn REINFORCE++ at the token level, and supervised warm-start.
+"""Training the LLM policy with RL: ProgRM's multi-turn REINFORCE++ at the token level.
 
 RL (ProgRM §2.4, Table 6; the multi-turn credit assignment of its ref. [27], Wen et al.). For a
 batch of episodes recorded by :class:`training.llm.policy.HFPolicy` (per turn: prompt and response
@@ -31,10 +31,7 @@ tokens (one allowed token) have log-prob 0 under both and carry no gradient. Unc
 does not trust the recorded log-probs and recomputes them with its own model before the update
 (for an actor that acts with other weights or another precision, e.g. an int8 copy).
 
-SFT (:func:`sft_step`): the negative log-likelihood of target answers (``<think>..</think>
-<action>CALL</action>`` then EOS) given the actor prompt, prompt tokens masked out; pairs come
-from successful trajectories (:func:`trajectory_sft_pairs`), so the LLM policy can start from a
-supervised model as ProgRM's actor does (10,000 SFT steps in the paper).
+The supervised warm-start that comes before RL is :mod:`training.llm.sft`.
 
 DeepSpeed: ``use_deepspeed=True`` wraps the policy with ``deepspeed.initialize``
 (:func:`deepspeed_engine`) using ``training/ds_zero3.json`` on a GPU (ZeRO-3, bf16) or
@@ -64,10 +61,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.llm.policy import TurnRecord, encode_prompt, response_logprobs
-from training.llm.prompts import HistoryEntry, action_to_call, build_messages, format_response
+from training.llm.policy import TurnRecord, response_logprobs
+from training.llm.sft import SFTExample, answer_nll
 from training.rl import estimators
-from warehouse.model import Action, ActionType, Screen
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DS_ZERO3 = REPO_ROOT / "training" / "ds_zero3.json"
@@ -491,109 +487,8 @@ class LLMLearner:
             total = sum(e.n_tokens for e in examples)
             value = 0.0
             for m, chunk in enumerate(micro):
-                loss = _nll(self.trained, chunk, self.pad_id) * (sum(e.n_tokens for e in chunk) / total)
+                loss = answer_nll(self.trained, chunk, self.pad_id) * (sum(e.n_tokens for e in chunk) / total)
                 self._micro_backward(loss, boundary=m == len(micro) - 1)
                 value += float(loss.detach())
             self.trained.train(was_training)
             return value
-
-
-# -- supervised warm-start ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SFTExample:
-    """A prompt and the answer to learn (target tokens end with EOS, so the model learns to stop)."""
-
-    prompt_ids: np.ndarray
-    target_ids: np.ndarray
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.target_ids.shape[0])
-
-
-def trajectory_sft_pairs(
-    instruction: str,
-    steps: Sequence[tuple[Screen, Action]],
-    *,
-    max_steps: int,
-    supported: frozenset[ActionType] | None = None,
-    thought: str = "",
-) -> list[tuple[list[dict[str, str]], str]]:
-    """(actor messages, target answer) for each step of a successful trajectory whose action can be
-    written in the prompt's language (a target among the numbered elements). Demonstrations carry
-    no reasoning, so the think block holds ``thought`` (empty by default)."""
-    pairs: list[tuple[list[dict[str, str]], str]] = []
-    history: list[HistoryEntry] = []
-    for t, (screen, action) in enumerate(steps):
-        messages, elements = build_messages(
-            instruction, screen, history, step_index=t, max_steps=max_steps, supported=supported
-        )
-        call = action_to_call(action, elements)
-        if call is not None:
-            pairs.append((messages, format_response(call, thought)))
-        history.append(HistoryEntry(action))
-    return pairs
-
-
-def sft_examples(tokenizer: Any, pairs: Sequence[tuple[list[dict[str, str]], str]]) -> list[SFTExample]:
-    """Tokenise (messages, answer) pairs: the prompt as the policy renders it, the answer + EOS."""
-    out = []
-    eos = tokenizer.eos_token_id
-    for messages, answer in pairs:
-        target = list(tokenizer(answer, add_special_tokens=False)["input_ids"])
-        if eos is not None:
-            target.append(eos)
-        out.append(SFTExample(encode_prompt(tokenizer, messages), np.asarray(target, dtype=np.int64)))
-    return out
-
-
-def _nll(model: torch.nn.Module, examples: Sequence[SFTExample], pad_id: int) -> torch.Tensor:
-    logp = response_logprobs(
-        model,
-        [e.prompt_ids for e in examples],
-        [e.target_ids for e in examples],
-        pad_id=pad_id,
-        micro_batch=len(examples),
-    )
-    return -torch.cat(logp).mean()
-
-
-def sft_loss(model: torch.nn.Module, examples: Sequence[SFTExample], *, pad_id: int = 0, micro_batch: int = 4) -> float:
-    """Mean negative log-likelihood per target token (no gradients)."""
-    total, tokens = 0.0, 0
-    with torch.inference_mode():
-        for i in range(0, len(examples), micro_batch):
-            chunk = examples[i : i + micro_batch]
-            n = sum(e.n_tokens for e in chunk)
-            total += float(_nll(model, chunk, pad_id)) * n
-            tokens += n
-    return total / max(1, tokens)
-
-
-def sft_step(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    examples: Sequence[SFTExample],
-    *,
-    pad_id: int = 0,
-    micro_batch: int = 4,
-    max_grad_norm: float = 1.0,
-) -> float:
-    """One supervised step: mean NLL of the target tokens given the prompt (prompt tokens masked),
-    accumulated over micro-batches, weighted by tokens; returns the loss before the step."""
-    was_training = model.training
-    model.train()
-    total = sum(e.n_tokens for e in examples)
-    value = 0.0
-    for i in range(0, len(examples), micro_batch):
-        chunk = examples[i : i + micro_batch]
-        loss = _nll(model, chunk, pad_id) * (sum(e.n_tokens for e in chunk) / total)
-        loss.backward()
-        value += float(loss.detach())
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    model.train(was_training)
-    return value

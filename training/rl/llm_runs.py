@@ -7,7 +7,7 @@ Every seed's agent is an LLM; on this CPU the one that can be had is SmolLM2-135
 place (:attr:`LLMRunSettings.model`). :func:`run_llm_agent` does, in order:
 
 1. **Base**: greedy held-out episodes of the pretrained model (``policies.kind = 'llm_base'``).
-2. **SFT** (ProgRM §3: the actor is supervised first; :func:`training.rl.llm_learner.sft_step`):
+2. **SFT** (ProgRM §3: the actor is supervised first; :mod:`training.llm.sft`):
    (actor prompt, the recorded action written as ProgRM Table 11's answer) pairs from successful
    expert episodes of the tasks (:func:`training.policy.store.imitation_trajectories`: human
    demonstrations and scripted-expert rollouts, never a policy's own or an evaluation episode),
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import resource
 import time
 from collections.abc import Sequence
@@ -44,13 +43,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from envs.miniwob.live import SUPPORTED_ACTIONS
 from envs.pool import EnvPool
-from envs.pool_jobs import BatchResult
-from envs.protocol import EpisodeRecord
 from envs.task_catalog import CatalogTask
 from training.base.pretrained import SMOLLM2_ALIAS
 from training.llm.policy import LLM_EPISODE_CLOCK_MS, HFPolicy, TurnRecord
+from training.llm.sft import sft_data, supervised_fine_tuning
 from training.policy.episodes import (
     Log,
     PoolFactory,
@@ -61,16 +58,12 @@ from training.policy.episodes import (
     run_episodes,
 )
 from training.policy.evaluation import EvalEpisode, eval_episode, sample_seeds
-from training.policy.store import HELD_OUT_SEED_BASE, TRAIN_SEED_BASE, imitation_trajectories
+from training.policy.store import HELD_OUT_SEED_BASE, TRAIN_SEED_BASE
+from training.rl.iterations import IterationTarget, IterationUpdate, SampledIteration, resume_run, run_iteration
 from training.rl.llm_learner import (
     LLMLearner,
     LLMLearnerSettings,
-    SFTExample,
     frozen_reference,
-    sft_examples,
-    sft_loss,
-    sft_step,
-    trajectory_sft_pairs,
 )
 from training.rl.rewards import REWARD_SOURCES, make_reward_source
 from training.rl.runs import RLStageError
@@ -78,7 +71,7 @@ from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.plotting import Markdown
 from warehouse.purposes import EpisodePurpose
 from warehouse.storage import git_revision, replace_dir_atomic
-from warehouse.tables_rl import POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
+from warehouse.tables_rl import POLICIES
 
 LLM_CODE_VERSION = "llm-rl-1"
 
@@ -148,25 +141,6 @@ def _digest(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def draw_minibatches(n_examples: int, steps: int, batch: int, seed: int) -> list[list[int]]:
-    """``steps`` minibatches of example indices: epochs of a seeded shuffle, cut into ``batch``-sized
-    pieces (the last piece of an epoch joins the next epoch's first, so every step has ``batch``
-    examples when there are that many)."""
-    if n_examples < 1:
-        raise ValueError("no SFT examples to draw from")
-    rng = random.Random(seed)
-    order: list[int] = []
-    out: list[list[int]] = []
-    for _ in range(steps):
-        while len(order) < min(batch, n_examples):
-            epoch = list(range(n_examples))
-            rng.shuffle(epoch)
-            order.extend(epoch)
-        out.append(order[: min(batch, n_examples)])
-        del order[: min(batch, n_examples)]
-    return out
-
-
 def llm_training_seeds(settings: LLMRunSettings, iteration: int) -> list[int]:
     """An iteration's task instances: a function of the RL seed and the iteration only (common random
     numbers across reward sources), in the CPU runs' training range, salted apart from them."""
@@ -208,31 +182,6 @@ def load_base_model(settings: LLMRunSettings, home: Path) -> tuple[Any, Any, str
         source = str(folder.resolve())
     weights = sum(float(p.detach().double().sum()) for p in model.parameters())
     return model.eval(), tokenizer, f"llm-base-{_digest([source, round(weights, 3)])}"
-
-
-def sft_data(warehouse: Warehouse, tasks: Sequence[CatalogTask], per_task: int, tokenizer: Any, max_tokens: int):
-    """The SFT examples of the tasks and how many steps could not be written (an action on an
-    element the prompt does not number) or were too long for the prompt budget."""
-    examples: list[SFTExample] = []
-    episodes, steps, unwritable, too_long = 0, 0, 0, 0
-    for task in tasks:
-        for trajectory in imitation_trajectories(warehouse, task.task_id, per_task):
-            episodes += 1
-            steps += trajectory.n_steps
-            pairs = trajectory_sft_pairs(
-                trajectory.instruction,
-                list(zip(trajectory.screens, trajectory.actions, strict=True)),
-                max_steps=task.max_steps,
-                supported=SUPPORTED_ACTIONS,
-            )
-            unwritable += trajectory.n_steps - len(pairs)
-            for example in sft_examples(tokenizer, pairs):
-                if example.prompt_ids.size + example.n_tokens > max_tokens:
-                    too_long += 1
-                else:
-                    examples.append(example)
-    counts = {"episodes": episodes, "steps": steps, "examples": len(examples)}
-    return examples, counts | {"unwritable_steps": unwritable, "too_long": too_long}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,8 +314,8 @@ def _evaluate(agent: _Agent, pool: EnvPool, policy_id: str, label: str) -> list[
 
 
 def _supervise(agent: _Agent) -> str:
-    """SFT of the base model on the tasks' expert episodes; registered as ``llm_sft``. A model
-    already trained with the same key is loaded instead of trained again."""
+    """SFT of the base model on the tasks' expert episodes (:mod:`training.llm.sft`); registered as
+    ``llm_sft``. A model already trained with the same key is loaded instead of trained again."""
     s, w = agent.settings, agent.warehouse
     sft_id = f"llm-sft-{s.sft_key(agent.base_id)}"
     folder = w.home / "policies" / "llm" / sft_id
@@ -377,17 +326,17 @@ def _supervise(agent: _Agent) -> str:
     examples, counts = sft_data(w, agent.tasks, s.sft_examples_per_task, agent.tokenizer, 3072)
     if not examples:
         raise RLStageError(f"no SFT example for {list(s.tasks)}: {counts} (import demonstrations first)")
-    held = examples[:: max(2, len(examples) // 32)][:32]  # a fixed probe of the loss, not a validation split
-    before = sft_loss(agent.model, held, pad_id=agent.pad_id)
-    optimizer = torch.optim.AdamW(agent.model.parameters(), lr=s.sft_learning_rate, betas=(0.9, 0.95))
-    started, losses = time.perf_counter(), []
-    torch.manual_seed(s.learner.seed)
-    for step, batch in enumerate(draw_minibatches(len(examples), s.sft_steps, s.sft_batch, s.learner.seed)):
-        losses.append(sft_step(agent.model, optimizer, [examples[i] for i in batch], pad_id=agent.pad_id))
-        if (step + 1) % 10 == 0 or step + 1 == s.sft_steps:
-            agent.log(f"SFT step {step + 1}/{s.sft_steps}: loss {np.mean(losses[-10:]):.3f}")
-    agent.model.eval()
-    after = sft_loss(agent.model, held, pad_id=agent.pad_id)
+    started = time.perf_counter()
+    before, after = supervised_fine_tuning(
+        agent.model,
+        examples,
+        steps=s.sft_steps,
+        batch=s.sft_batch,
+        learning_rate=s.sft_learning_rate,
+        seed=s.learner.seed,
+        pad_id=agent.pad_id,
+        log=agent.log,
+    )
     agent.log(
         f"SFT: {counts}; probe NLL per answer token {before:.3f} -> {after:.3f} ({time.perf_counter() - started:.0f} s)"
     )
@@ -422,6 +371,67 @@ def _load_weights(model: Any, folder: Path) -> None:
     model.eval()
 
 
+@dataclass
+class _LLMRun:
+    """An RL run of the LLM agent: the LLM family's :class:`~training.rl.iterations.PolicyTrainer`
+    (sample with the HF policy, update with :class:`~training.rl.llm_learner.LLMLearner`)."""
+
+    agent: _Agent
+    learner: LLMLearner
+    run_key: str
+    _turns: dict[str, list[TurnRecord]] = field(default_factory=dict, init=False, repr=False)
+    _sampling_note: str = field(default="", init=False, repr=False)  # the last sample's figures, for the log
+
+    def sample(self, pool: EnvPool, iteration: int) -> SampledIteration:
+        """An iteration's episodes on its training seeds, sampled at the run's temperature."""
+        s = self.agent.settings
+        acting_id = f"llm-rl:{self.run_key}:i{iteration:03d}"
+        policy = self.agent.policy(acting_id, greedy=False, record=True)
+        jobs = episode_jobs(self.agent.tasks, llm_training_seeds(s, iteration), acting_id, s.group_size)
+        result, rollout_s = run_episodes(
+            pool, jobs, policy, f"{self.run_key} iteration {iteration + 1}", self.agent.log
+        )
+        kept = [r for r in result.episodes if r.n_steps and len(policy.turns.get(r.episode_id, [])) == r.n_steps]
+        if not kept:
+            raise RLStageError(f"{self.run_key}: iteration {iteration} produced no usable episode")
+        self._turns = {r.episode_id: policy.turns[r.episode_id] for r in kept}
+        c = policy.counters
+        self._sampling_note = (
+            f", well-formed {c.format_ok_rate:.2f}, {c.generated_tokens / max(c.seconds, 1e-9):.1f} tokens/s"
+        )
+        return SampledIteration(
+            acting_id=acting_id,
+            result=result,
+            kept=kept,
+            rollouts=[policy.rollout(r) for r in kept],
+            step_logp=[[turn_logp(turn) for turn in self._turns[r.episode_id]] for r in kept],
+            step_candidates=[[None] * len(self._turns[r.episode_id]) for r in kept],
+            seconds=rollout_s,
+        )
+
+    def update(self, sample: SampledIteration, rewards: Sequence[np.ndarray]) -> IterationUpdate:
+        """One REINFORCE++ update on the episodes' turns (advantages per token: none per step)."""
+        stats = self.learner.update(
+            [(self._turns[r.episode_id], step_rewards) for r, step_rewards in zip(sample.kept, rewards, strict=True)]
+        )
+        return IterationUpdate(
+            loss=stats.loss,
+            kl_to_reference=stats.kl_to_reference,
+            clip_fraction=stats.clip_fraction,
+            note=self._sampling_note,
+        )
+
+    def save_weights(self, folder: Path) -> None:
+        """The model (``save_pretrained``) and the optimiser's state."""
+        self.agent.model.save_pretrained(folder)
+        torch.save(self.learner.optimizer.state_dict(), folder / "optimizer.pt")
+
+    def load_weights(self, folder: Path) -> None:
+        """Restore what :meth:`save_weights` wrote."""
+        _load_weights(self.agent.model, folder)
+        self.learner.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
+
+
 def _reinforce(agent: _Agent, pool: EnvPool, sft_id: str) -> str:
     """RL from the SFT model (see the module docstring); registered as ``llm_rl``."""
     s, w = agent.settings, agent.warehouse
@@ -432,143 +442,32 @@ def _reinforce(agent: _Agent, pool: EnvPool, sft_id: str) -> str:
     total = s.iterations * len(agent.tasks) * s.instances_per_task * s.group_size
     learner_settings = replace(s.learner, total_steps=max(1, total // s.learner.batch_turns))
     # no lock: sampling and updates take turns in this loop, so no actor sees half-updated weights
-    learner = LLMLearner(agent.model, reference, learner_settings, pad_id=agent.pad_id)
-    state = {"iteration": 0, "env_steps": 0}
-    if (run_dir / "checkpoint" / "state.json").is_file():
-        state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
-        _load_weights(agent.model, run_dir / "checkpoint")
-        learner.optimizer.load_state_dict(torch.load(run_dir / "checkpoint" / "optimizer.pt", weights_only=False))
-        agent.log(f"{run_key}: resuming after iteration {state['iteration']}")
+    run = _LLMRun(agent, LLMLearner(agent.model, reference, learner_settings, pad_id=agent.pad_id), run_key)
+    state = resume_run(run, source, run_dir / "checkpoint", run_key, agent.log)
     sft_folder = w.home / "policies" / "llm" / sft_id
-    lineage = [LineageInput(kind="asset", input_asset="llm_agent", path=w.relative(sft_folder), version=sft_id)]
-    for iteration in range(state["iteration"], s.iterations):
-        _iteration(agent, pool, learner, source, run_key, sft_id, iteration, state, lineage)
-
-        def save(folder: Path) -> None:
-            agent.model.save_pretrained(folder)
-            torch.save(learner.optimizer.state_dict(), folder / "optimizer.pt")
-            (folder / "state.json").write_text(json.dumps(state))
-
-        replace_dir_atomic(run_dir / "checkpoint", save)
+    target = IterationTarget(
+        asset="llm_agent",
+        code_version=f"{LLM_CODE_VERSION}+{git_revision()}",
+        partition_key=None,
+        dataset_prefix="llm_rl",
+        run_key=run_key,
+        reward_source=s.reward_source,
+        estimator="reinforce_pp",
+        rl_seed=s.rl_seed,
+        settings=asdict(s),
+        lineage=[LineageInput(kind="asset", input_asset="llm_agent", path=w.relative(sft_folder), version=sft_id)],
+        run_id=agent.run_id,
+        iterations=s.iterations,
+    )
+    for iteration in range(state.iteration, s.iterations):
+        run_iteration(
+            w, run, source, pool, target, state, iteration=iteration, checkpoint=run_dir / "checkpoint", log=agent.log
+        )
     rl_id = f"llm-rl-{run_key}"
     final = run_dir / "final"
     replace_dir_atomic(final, lambda d: (agent.model.save_pretrained(d), agent.tokenizer.save_pretrained(d)))
-    _register(agent, rl_id, "llm_rl", sft_id, final, {"run_key": run_key, "env_steps": state["env_steps"]})
+    _register(agent, rl_id, "llm_rl", sft_id, final, {"run_key": run_key, "env_steps": state.env_steps})
     return rl_id
-
-
-def _iteration(
-    agent: _Agent,
-    pool: EnvPool,
-    learner: LLMLearner,
-    source: Any,
-    run_key: str,
-    sft_id: str,
-    iteration: int,
-    state: dict,
-    lineage: list[LineageInput],
-) -> None:
-    """Sample, reward, update, publish one iteration; ``state`` counts it."""
-    s = agent.settings
-    acting_id = f"llm-rl:{run_key}:i{iteration:03d}"
-    policy = agent.policy(acting_id, greedy=False, record=True)
-    jobs = episode_jobs(agent.tasks, llm_training_seeds(s, iteration), acting_id, s.group_size)
-    result, rollout_s = run_episodes(pool, jobs, policy, f"{run_key} iteration {iteration + 1}", agent.log)
-    kept = [r for r in result.episodes if r.n_steps and len(policy.turns.get(r.episode_id, [])) == r.n_steps]
-    if not kept:
-        raise RLStageError(f"{run_key}: iteration {iteration} produced no usable episode")
-    started = time.perf_counter()
-    batch = source.rewards([policy.rollout(r) for r in kept], iteration)
-    reward_s = time.perf_counter() - started
-    stats = learner.update(
-        [(policy.turns[r.episode_id], rewards) for r, rewards in zip(kept, batch.rewards, strict=True)]
-    )
-    state["iteration"], state["env_steps"] = iteration + 1, state["env_steps"] + result.steps
-    seconds = (rollout_s, reward_s, stats.seconds)
-    _publish_llm_iteration(
-        agent, run_key, acting_id, iteration, result, kept, policy, batch, stats, seconds, state, lineage
-    )
-    c = policy.counters
-    tokens_per_s = c.generated_tokens / max(c.seconds, 1e-9)
-    agent.log(
-        f"{run_key} iteration {iteration + 1}/{s.iterations}: success {np.mean([r.success for r in kept]):.2f}, "
-        f"reward {np.mean([float(np.sum(x)) for x in batch.rewards]):.3f}, KL {stats.kl_to_reference:.4f}, "
-        f"well-formed {c.format_ok_rate:.2f}; rollout {rollout_s:.0f} s ({tokens_per_s:.1f} "
-        f"tokens/s), reward {reward_s:.1f} s, update {stats.seconds:.0f} s"
-    )
-
-
-def _publish_llm_iteration(
-    agent: _Agent,
-    run_key: str,
-    acting_id: str,
-    iteration: int,
-    result: BatchResult,
-    kept: Sequence[EpisodeRecord],
-    policy: HFPolicy,
-    batch: Any,
-    stats: Any,
-    seconds: tuple[float, float, float],
-    state: dict,
-    lineage: list[LineageInput],
-) -> None:
-    """One iteration into the RL tables, as a CPU run's (``rl_step_rewards.logp`` is the answer's
-    summed token log-probability; ``advantage`` stays empty: the LLM's advantages are per token)."""
-    s, w = agent.settings, agent.warehouse
-    m = Materialization(
-        asset="llm_agent",
-        run_id=agent.run_id,
-        partition_key=None,
-        code_version=f"{LLM_CODE_VERSION}+{git_revision()}",
-        parameters={"run_key": run_key, "iteration": iteration, "settings": asdict(s)},
-        inputs=lineage,
-    )
-    dataset = f"llm_rl/{run_key}/i{iteration:03d}"
-    success = float(np.mean([r.success for r in kept]))
-    row = {
-        "run_key": run_key,
-        "iteration": iteration,
-        "policy_id": acting_id,
-        "reward_source": s.reward_source,
-        "estimator": "reinforce_pp",
-        "rl_seed": s.rl_seed,
-        "episodes": len(kept),
-        "steps": sum(r.n_steps for r in kept),
-        "env_steps_total": state["env_steps"],
-        "success_rate": success,
-        "mean_env_return": float(np.mean([sum(x.env_reward for x in r.steps) for r in kept])),
-        "mean_reward": float(np.mean([float(np.sum(x)) for x in batch.rewards])),
-        "kl_to_reference": stats.kl_to_reference,
-        "entropy": None,
-        "loss": stats.loss,
-        "clip_fraction": stats.clip_fraction,
-        "value_loss": None,
-        "seconds_rollout": seconds[0],
-        "seconds_reward": seconds[1],
-        "seconds_update": seconds[2],
-        "reward_details": json.dumps(batch.details, sort_keys=True, default=str),
-        "created_at": datetime.now(UTC),
-    }
-    step_rows = [
-        {
-            "episode_id": r.episode_id,
-            "step_idx": t,
-            "run_key": run_key,
-            "iteration": iteration,
-            "reward_source": s.reward_source,
-            "reward": float(rewards[t]),
-            "advantage": None,
-            "logp": turn_logp(turn),
-            "n_candidates": None,
-        }
-        for r, rewards in zip(kept, batch.rewards, strict=True)
-        for t, turn in enumerate(policy.turns[r.episode_id])
-    ]
-    outputs = episode_outputs(w, result, dataset, m, agent.run_id, EpisodePurpose.RL_TRAINING) + [
-        w.stage_table("rl_iterations", dataset, pa.Table.from_pylist([row], schema=RL_ITERATIONS), m),
-        w.stage_table("rl_step_rewards", dataset, pa.Table.from_pylist(step_rows, schema=RL_STEP_REWARDS), m),
-    ]
-    w.publish(m, outputs)
 
 
 def llm_report(stages: Sequence[dict]) -> Markdown:

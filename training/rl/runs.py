@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -31,7 +30,6 @@ import pyarrow as pa
 import torch
 
 from envs.pool import EnvPool
-from envs.pool_jobs import BatchResult
 from envs.protocol import EpisodeRecord
 from envs.task_catalog import CatalogTask
 from training.base.states import StepState, describe_action
@@ -42,7 +40,6 @@ from training.policy.episodes import (
     PoolFactory,
     catalog_tasks,
     episode_jobs,
-    episode_outputs,
     run_episodes,
 )
 from training.policy.evaluation import (
@@ -57,6 +54,15 @@ from training.policy.store import (
 )
 from training.policy.task_blocks import DENSE_BLOCK, SPARSE_BLOCK, TASK_BLOCKS, task_blocks
 from training.reward_models.scoring import LocalScorer, load_scorer
+from training.rl.iterations import (
+    IterationTarget,
+    IterationUpdate,
+    RunState,
+    SampledIteration,
+    resume_run,
+    reward_model_of,
+    run_iteration,
+)
 from training.rl.learner import CriticState, EpisodeExperience, Learner, LearnerSettings, PRMCritic
 from training.rl.report import (
     learning_curves_plot,
@@ -69,15 +75,14 @@ from training.rl.rewards import (
     check_reward_source,
     make_reward_source,
 )
-from training.rl.rewards.admire import LLMMilestones, MilestoneStore, TaskMilestones
+from training.rl.rewards.admire import LLMMilestones
 from training.rl.rewards.base import text_trajectory
 from training.rl.rewards.composed import DECAY_RATE, DECAY_WEIGHT, parse_composition
 from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.checks import CheckOutcome
-from warehouse.purposes import EpisodePurpose
 from warehouse.storage import git_revision, replace_dir_atomic
-from warehouse.tables_rl import POLICIES, RL_ITERATIONS, RL_STEP_REWARDS
+from warehouse.tables_rl import POLICIES
 
 # 2: the ORM reward judges with its report's threshold; 3: the PRM pays 2 P(correct) - 1;
 # 4: common random numbers (an iteration's instances do not depend on the reward source);
@@ -211,30 +216,6 @@ def _now() -> datetime:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class RunState:
-    """What a checkpoint holds besides the weights."""
-
-    iteration: int = 0  # iterations completed
-    env_steps: int = 0
-    milestones: dict = field(default_factory=dict)
-    reward_model_id: str | None = None  # the model the rewards came from (None: no model, or an old checkpoint)
-
-
-def _save_checkpoint(path: Path, model: PolicyModel, learner: Learner, state: RunState) -> None:
-    def write(folder: Path) -> None:
-        model.save(folder)
-        torch.save(learner.state_dict(), folder / "learner.pt")
-        (folder / "state.json").write_text(json.dumps(asdict(state)))
-
-    replace_dir_atomic(path, write)
-
-
-def _restore_milestones(store: MilestoneStore, saved: dict) -> None:
-    for task, m in saved.items():
-        store.tasks[task] = TaskMilestones(m["milestones"], m["exemplar"], m["exemplar_steps"], m["version"])
-
-
 def _critic_states(record: EpisodeRecord, decisions: Sequence[StepDecision]) -> list[CriticState]:
     """Each step's state as the PRM reads it, with the policy's candidates there as the PRM reads
     actions (the critic judges those pairs, never a state without an action)."""
@@ -250,8 +231,11 @@ def _critic_states(record: EpisodeRecord, decisions: Sequence[StepDecision]) -> 
 
 @dataclass
 class _RLRun:
-    """What an RL run keeps across iterations: its SFT policy, the model, reward source, learner, folder."""
+    """An RL run of the learned CPU policy: its SFT policy, the model, reward source, learner and
+    folder; the CPU family's :class:`~training.rl.iterations.PolicyTrainer` (sample with
+    candidate scoring, update with :class:`~training.rl.learner.Learner`)."""
 
+    settings: RLSettings
     sft: dict
     tasks: list[CatalogTask]
     model: PolicyModel
@@ -260,11 +244,77 @@ class _RLRun:
     learner: Learner
     run_key: str
     run_dir: Path
+    log: Log = print
+    _decisions: dict[str, list[StepDecision]] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def checkpoint(self) -> Path:
         """The folder of the run's latest checkpoint."""
         return self.run_dir / "checkpoint"
+
+    def sample(self, pool: EnvPool, iteration: int) -> SampledIteration:
+        """An iteration's episodes on its training seeds, sampled at the run's temperature."""
+        settings, sft_id = self.settings, self.sft["policy_id"]
+        acting_id = f"rl:{self.run_key}:{sft_id}:i{iteration:03d}"
+        policy = LearnedPolicy(
+            self.model,
+            policy_id=acting_id,
+            temperature=settings.temperature,
+            record=True,
+            sampling_stream=sampling_stream(settings, sft_id, iteration),
+        )
+        jobs = episode_jobs(self.tasks, training_seeds(settings, sft_id, iteration), acting_id, settings.group_size)
+        result, rollout_s = run_episodes(pool, jobs, policy, f"{self.run_key} iteration {iteration + 1}", self.log)
+        # Only episodes with a recorded decision for every step can be learned from.
+        kept = [r for r in result.episodes if len(policy.decisions.get(r.episode_id, [])) == r.n_steps and r.n_steps]
+        if not kept:
+            raise RLStageError(f"{self.run_key}: iteration {iteration} produced no usable episode")
+        decisions = [policy.decisions[r.episode_id] for r in kept]
+        self._decisions = {r.episode_id: d for r, d in zip(kept, decisions, strict=True)}
+        return SampledIteration(
+            acting_id=acting_id,
+            result=result,
+            kept=kept,
+            rollouts=[
+                Rollout(r, descriptions=tuple(d.action_texts[d.chosen] for d in ds))
+                for r, ds in zip(kept, decisions, strict=True)
+            ],
+            step_logp=[[d.logp for d in ds] for ds in decisions],
+            step_candidates=[[d.n_candidates for d in ds] for ds in decisions],
+            seconds=rollout_s,
+        )
+
+    def update(self, sample: SampledIteration, rewards: Sequence[np.ndarray]) -> IterationUpdate:
+        """One update of the learner on the episodes' decisions, grouped by task instance."""
+        experience = [
+            EpisodeExperience(
+                decisions=self._decisions[r.episode_id],
+                rewards=np.asarray(step_rewards, dtype=np.float64),
+                group=f"{r.task_id}:{r.seed}",
+                states=_critic_states(r, self._decisions[r.episode_id]) if self.critic is not None else [],
+            )
+            for r, step_rewards in zip(sample.kept, rewards, strict=True)
+        ]
+        stats = self.learner.update(experience)
+        return IterationUpdate(
+            loss=stats.loss,
+            kl_to_reference=stats.kl_to_reference,
+            clip_fraction=stats.clip_fraction,
+            entropy=stats.entropy,
+            value_loss=stats.value_loss,
+            advantages=stats.advantages,
+            note=f", entropy {stats.entropy:.3f}",
+        )
+
+    def save_weights(self, folder: Path) -> None:
+        """The policy's weights and the learner's state (optimiser, critic)."""
+        self.model.save(folder)
+        torch.save(self.learner.state_dict(), folder / "learner.pt")
+
+    def load_weights(self, folder: Path) -> None:
+        """Restore what :meth:`save_weights` wrote (the encoder is the run's, shared)."""
+        self.model.copy_weights_from(PolicyModel.load(folder, encoder=self.model.encoder))
+        self.learner.load_state_dict(torch.load(folder / "learner.pt", weights_only=False))
 
 
 def run_rl(
@@ -278,23 +328,37 @@ def run_rl(
 ) -> dict[str, Any]:
     """One RL run from the SFT policy (see the module docstring); returns the asset's metadata."""
     torch.set_num_threads(2)
-    run = _prepare_rl_run(warehouse, settings, sft_policy_id)
-    state = _resume_rl_run(run, log)
+    run = _prepare_rl_run(warehouse, settings, sft_policy_id, log)
+    state = resume_run(run, run.source, run.checkpoint, run.run_key, log)
     lineage = run.source.lineage() + [
         LineageInput(
             kind="asset", input_asset="policy_sft", path=run.sft["checkpoint_path"], version=run.sft["policy_id"]
         )
     ]
+    target = IterationTarget(
+        asset="rl_run",
+        code_version=f"{RL_CODE_VERSION}+{git_revision()}",
+        partition_key=f"{settings.reward_source}|{seed_key(settings.block, settings.rl_seed)}",
+        dataset_prefix="rl",
+        run_key=run.run_key,
+        reward_source=settings.reward_source,
+        estimator=settings.estimator,
+        rl_seed=settings.rl_seed,
+        settings=asdict(settings),
+        lineage=lineage,
+        run_id=run_id,
+        iterations=settings.iterations,
+    )
     with pool_factory(settings.workers) as pool:
         for iteration in range(state.iteration, settings.iterations):
-            _run_iteration(
-                warehouse, settings, run, state, pool, iteration=iteration, lineage=lineage, run_id=run_id, log=log
+            run_iteration(
+                warehouse, run, run.source, pool, target, state, iteration=iteration, checkpoint=run.checkpoint, log=log
             )
     keep_policy_cache(run.model, warehouse.home)
     return _register_rl_policy(warehouse, settings, run, state, run_id)
 
 
-def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: str | None) -> _RLRun:
+def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: str | None, log: Log) -> _RLRun:
     """Load the SFT policy, its tasks, the reward source and the learner (a missing model fails here)."""
     sft = latest_policy(warehouse, "sft", sft_policy_id)
     tasks = catalog_tasks(task_blocks(sft)[settings.block])
@@ -339,14 +403,7 @@ def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: s
             raise RLStageError("PPO's critic is initialised from a local PRM checkpoint, not a service")
         critic = PRMCritic(prm.scorer, settings.learner.critic_learning_rate, settings.learner.critic_top_k)
     learner = Learner(model, reference, settings.learner, critic=critic)
-    return _RLRun(sft, tasks, model, source, critic, learner, run_key, run_dir)
-
-
-def reward_model_of(source: RewardSource) -> str | None:
-    """The reward model a source scores with, local or served (None: the outcome, ADMIRE)."""
-    scorer = getattr(source, "scorer", None)
-    model_id = getattr(scorer, "model_id", None)
-    return str(model_id) if model_id else None
+    return _RLRun(settings, sft, tasks, model, source, critic, learner, run_key, run_dir, log=log)
 
 
 def rl_policy_id(run_key: str, sft_policy_id: str) -> str:
@@ -378,79 +435,6 @@ def run_reward_model(warehouse: Warehouse, run_key: str, checkpoint: Path | None
     return rows[0]["input_version"] if rows else None
 
 
-def _resume_rl_run(run: _RLRun, log: Log) -> RunState:
-    """The run's state: from its last checkpoint (weights, learner, milestones restored), else a fresh one."""
-    checkpoint = run.checkpoint
-    if not (checkpoint / "state.json").exists():
-        return RunState(reward_model_id=reward_model_of(run.source))
-    resumed = PolicyModel.load(checkpoint, encoder=run.model.encoder)
-    run.model.copy_weights_from(resumed)
-    run.learner.load_state_dict(torch.load(checkpoint / "learner.pt", weights_only=False))
-    state = RunState(**json.loads((checkpoint / "state.json").read_text()))
-    state.reward_model_id = reward_model_of(run.source)  # the recorded one (see _prepare_rl_run)
-    store = getattr(run.source, "store", None)
-    if isinstance(store, MilestoneStore):
-        _restore_milestones(store, state.milestones)
-    log(f"{run.run_key}: resuming after iteration {state.iteration} ({state.env_steps} environment steps)")
-    return state
-
-
-def _run_iteration(
-    warehouse: Warehouse,
-    settings: RLSettings,
-    run: _RLRun,
-    state: RunState,
-    pool: EnvPool,
-    *,
-    iteration: int,
-    lineage: list[LineageInput],
-    run_id: str,
-    log: Log,
-) -> None:
-    """One iteration: sample episodes, reward them, update the policy, publish, then checkpoint."""
-    run_key = run.run_key
-    acting_id = f"rl:{run_key}:{run.sft['policy_id']}:i{iteration:03d}"
-    policy, result, kept, rollout_s = _sample_episodes(
-        settings, run, pool, iteration=iteration, acting_id=acting_id, log=log
-    )
-    rollouts = [
-        Rollout(r, descriptions=tuple(d.action_texts[d.chosen] for d in policy.decisions[r.episode_id])) for r in kept
-    ]
-    started = time.perf_counter()
-    batch = run.source.rewards(rollouts, iteration)
-    reward_s = time.perf_counter() - started
-    started = time.perf_counter()
-    stats = run.learner.update(_experience(run, policy, kept, batch.rewards))
-    update_s = time.perf_counter() - started
-    _advance_state(state, run.source, iteration=iteration, env_steps=result.steps)
-    _publish_iteration(
-        warehouse,
-        settings,
-        run_key=run_key,
-        acting_id=acting_id,
-        iteration=iteration,
-        result=result,
-        kept=kept,
-        decisions=[policy.decisions[r.episode_id] for r in kept],
-        rewards=batch.rewards,
-        advantages=stats.advantages,
-        stats={k: v for k, v in asdict(stats).items() if k != "advantages"},
-        details=batch.details,
-        seconds=(rollout_s, reward_s, update_s),
-        env_steps=state.env_steps,
-        lineage=lineage,
-        run_id=run_id,
-    )
-    _save_checkpoint(run.checkpoint, run.model, run.learner, state)
-    success = float(np.mean([r.success for r in kept]))
-    log(
-        f"{run_key} iteration {iteration + 1}/{settings.iterations}: success {success:.2f}, "
-        f"reward {np.mean([float(np.sum(x)) for x in batch.rewards]):.3f}, KL {stats.kl_to_reference:.4f}, "
-        f"entropy {stats.entropy:.3f}; rollout {rollout_s:.1f} s, reward {reward_s:.1f} s, "
-        f"update {update_s:.1f} s"
-    )
-
-
 def training_seeds(settings: RLSettings, sft_policy_id: str, iteration: int) -> list[int]:
     """The task instances of an iteration: fixed by the RL seed, the SFT policy the run starts from
     and the iteration, **not by the reward source or the estimator**, so that within an RL seed
@@ -470,125 +454,6 @@ def sampling_stream(settings: RLSettings, sft_policy_id: str, iteration: int) ->
     if not settings.common_sampling:
         return ""
     return f"rl|s{settings.rl_seed}|{sft_policy_id}|i{iteration:03d}"
-
-
-def _sample_episodes(
-    settings: RLSettings, run: _RLRun, pool: EnvPool, *, iteration: int, acting_id: str, log: Log
-) -> tuple[LearnedPolicy, BatchResult, list[EpisodeRecord], float]:
-    """Sample an iteration's episodes on training seeds: (acting policy, batch, usable episodes, seconds)."""
-    seeds = training_seeds(settings, run.sft["policy_id"], iteration)
-    policy = LearnedPolicy(
-        run.model,
-        policy_id=acting_id,
-        temperature=settings.temperature,
-        record=True,
-        sampling_stream=sampling_stream(settings, run.sft["policy_id"], iteration),
-    )
-    jobs = episode_jobs(run.tasks, seeds, acting_id, settings.group_size)
-    result, rollout_s = run_episodes(pool, jobs, policy, f"{run.run_key} iteration {iteration + 1}", log)
-    # Only episodes with a recorded decision for every step can be learned from.
-    kept = [r for r in result.episodes if len(policy.decisions.get(r.episode_id, [])) == r.n_steps and r.n_steps]
-    if not kept:
-        raise RLStageError(f"{run.run_key}: iteration {iteration} produced no usable episode")
-    return policy, result, kept, rollout_s
-
-
-def _experience(
-    run: _RLRun, policy: LearnedPolicy, kept: Sequence[EpisodeRecord], rewards: Sequence[np.ndarray]
-) -> list[EpisodeExperience]:
-    """The learner's input: each episode's decisions and per-step rewards, grouped by task instance."""
-    return [
-        EpisodeExperience(
-            decisions=policy.decisions[r.episode_id],
-            rewards=np.asarray(step_rewards, dtype=np.float64),
-            group=f"{r.task_id}:{r.seed}",
-            states=_critic_states(r, policy.decisions[r.episode_id]) if run.critic is not None else [],
-        )
-        for r, step_rewards in zip(kept, rewards, strict=True)
-    ]
-
-
-def _advance_state(state: RunState, source: RewardSource, *, iteration: int, env_steps: int) -> None:
-    """Count the iteration as done in ``state``, with the milestones ADMIRE's source has learned so far."""
-    state.iteration = iteration + 1
-    state.env_steps += env_steps
-    store = getattr(source, "store", None)
-    if isinstance(store, MilestoneStore):
-        state.milestones = {t: asdict(m) for t, m in store.tasks.items()}
-
-
-def _publish_iteration(
-    warehouse: Warehouse,
-    settings: RLSettings,
-    *,
-    run_key: str,
-    acting_id: str,
-    iteration: int,
-    result: BatchResult,
-    kept: Sequence[EpisodeRecord],
-    decisions: Sequence[Sequence[StepDecision]],
-    rewards: Sequence[np.ndarray],
-    advantages: Sequence[np.ndarray],
-    stats: dict,
-    details: dict,
-    seconds: tuple[float, float, float],
-    env_steps: int,
-    lineage: list[LineageInput],
-    run_id: str,
-) -> None:
-    m = Materialization(
-        asset="rl_run",
-        run_id=run_id,
-        partition_key=f"{settings.reward_source}|{seed_key(settings.block, settings.rl_seed)}",
-        code_version=f"{RL_CODE_VERSION}+{git_revision()}",
-        parameters={"run_key": run_key, "iteration": iteration, "settings": asdict(settings)},
-        inputs=lineage,
-    )
-    dataset = f"rl/{run_key}/i{iteration:03d}"
-    row = {
-        "run_key": run_key,
-        "iteration": iteration,
-        "policy_id": acting_id,
-        "reward_source": settings.reward_source,
-        "estimator": settings.estimator,
-        "rl_seed": settings.rl_seed,
-        "episodes": len(kept),
-        "steps": sum(r.n_steps for r in kept),
-        "env_steps_total": env_steps,
-        "success_rate": float(np.mean([r.success for r in kept])),
-        "mean_env_return": float(np.mean([sum(s.env_reward for s in r.steps) for r in kept])),
-        "mean_reward": float(np.mean([float(np.sum(x)) for x in rewards])),
-        "kl_to_reference": stats["kl_to_reference"],
-        "entropy": stats["entropy"],
-        "loss": stats["loss"],
-        "clip_fraction": stats["clip_fraction"],
-        "value_loss": stats["value_loss"],
-        "seconds_rollout": seconds[0],
-        "seconds_reward": seconds[1],
-        "seconds_update": seconds[2],
-        "reward_details": json.dumps(details, sort_keys=True),
-        "created_at": _now(),
-    }
-    step_rows = [
-        {
-            "episode_id": r.episode_id,
-            "step_idx": t,
-            "run_key": run_key,
-            "iteration": iteration,
-            "reward_source": settings.reward_source,
-            "reward": float(reward[t]),
-            "advantage": float(adv[t]) if t < len(adv) else None,
-            "logp": d.logp,
-            "n_candidates": d.n_candidates,
-        }
-        for r, ds, reward, adv in zip(kept, decisions, rewards, advantages, strict=True)
-        for t, d in enumerate(ds)
-    ]
-    outputs = episode_outputs(warehouse, result, dataset, m, run_id, EpisodePurpose.RL_TRAINING) + [
-        warehouse.stage_table("rl_iterations", dataset, pa.Table.from_pylist([row], schema=RL_ITERATIONS), m),
-        warehouse.stage_table("rl_step_rewards", dataset, pa.Table.from_pylist(step_rows, schema=RL_STEP_REWARDS), m),
-    ]
-    warehouse.publish(m, outputs)
 
 
 def _register_rl_policy(

@@ -363,7 +363,7 @@ def test_sft_targets_are_answers_the_constrained_policy_can_give(index, tiny_lm)
     """SFT teaches ``format_response(call)`` tokenised by the tokenizer: its forced prefix must be
     the grammar's canonical one, and every later token must be allowed, or SFT would put mass
     where the constrained policy cannot go."""
-    from training.rl.llm_learner import sft_examples
+    from training.llm.sft import sft_examples
 
     _, tokenizer = tiny_lm
     grammar = ActionGrammar.for_screen(index, ELEMENTS, MINIWOB_FUNCTIONS)

@@ -47,6 +47,7 @@ from training.llm.prompts import (
     numbered_elements,
     parse_response,
 )
+from training.llm.sft import sft_examples, sft_loss, sft_step, trajectory_sft_pairs
 from training.rl import estimators
 from training.rl.llm_learner import (
     DS_ZERO3,
@@ -55,10 +56,6 @@ from training.rl.llm_learner import (
     LLMLearnerSettings,
     frozen_reference,
     resolve_deepspeed_config,
-    sft_examples,
-    sft_loss,
-    sft_step,
-    trajectory_sft_pairs,
 )
 from training.rl.rewards.prm import format_rewards
 from warehouse.model import Action, ActionType
@@ -456,7 +453,8 @@ DEEPSPEED_SCRIPT = """
 import json, sys
 import numpy as np
 from training.llm.policy import HFPolicy
-from training.rl.llm_learner import LLMLearner, LLMLearnerSettings, frozen_reference, sft_examples
+from training.llm.sft import sft_examples
+from training.rl.llm_learner import LLMLearner, LLMLearnerSettings, frozen_reference
 from tests.training.llm.llm_fixtures import login_screen
 from tests.training.llm.test_llm_policy import _context
 import deepspeed

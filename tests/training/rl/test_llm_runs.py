@@ -11,10 +11,10 @@ from envs.miniwob.live import MiniWoBConfig
 from envs.pool import EnvPool
 from envs.pool_jobs import PoolConfig
 from training.llm.policy import TurnRecord
+from training.llm.sft import draw_minibatches
 from training.rl.llm_learner import LLMLearnerSettings
 from training.rl.llm_runs import (
     LLMRunSettings,
-    draw_minibatches,
     llm_report,
     llm_training_seeds,
     run_llm_agent,

@@ -154,6 +154,29 @@ def _flywheel_pins(round_: int | None, runs: list[str]) -> dict[str, str] | None
     return {r: round_models[kinds[r]] for r in runs}
 
 
+def _reward_model_pins(model_id: str, runs: list[str]) -> dict[str, str] | None:
+    """Every run pinned to the registered reward model ``model_id``; None after a one-line error (no
+    such model, a run whose source uses no model or a model of another kind)."""
+    from training.base.registry import model_by_id
+    from training.rl.rewards import SOURCE_MODEL_KIND
+    from training.rl.runs import RUN_VARIANTS
+    from warehouse.catalog import Warehouse
+
+    try:
+        model = model_by_id(Warehouse(), model_id)
+    except LookupError as exc:
+        print(f"stepwise rl: --reward-model: {exc}", file=sys.stderr)
+        return None
+    if other := [r for r in runs if SOURCE_MODEL_KIND[RUN_VARIANTS[r][0]] != model.kind]:
+        print(
+            f"stepwise rl: --reward-model {model_id} is of kind {model.kind}; {other} do not score with that kind "
+            f"(run them without --reward-model)",
+            file=sys.stderr,
+        )
+        return None
+    return dict.fromkeys(runs, model_id)
+
+
 def _unknown_runs(runs: list[str]) -> str | None:
     """What is wrong with ``--runs`` (one line), or None: no run, a malformed composed name (which
     part), or a name that is no run variant."""
@@ -203,7 +226,12 @@ def cmd_rl(args: argparse.Namespace) -> int:
     if bad_keys := sorted(set(seed_keys) - set(RL_SEEDS)):
         print(f"stepwise rl: --seed-keys {bad_keys} unknown; choose from {list(RL_SEEDS)}", file=sys.stderr)
         return 2
-    pinned = _flywheel_pins(args.flywheel_round, runs)
+    if args.reward_model and args.flywheel_round is not None:
+        print("stepwise rl: --reward-model and --flywheel-round both pin reward models; give one", file=sys.stderr)
+        return 2
+    pinned = (
+        _reward_model_pins(args.reward_model, runs) if args.reward_model else _flywheel_pins(args.flywheel_round, runs)
+    )
     if pinned is None:
         return 2
     reduced = RL_REDUCED if args.reduced else {"sft": {}, "run": {}, "evaluation": {}}
@@ -492,6 +520,13 @@ def _add_rl(sub: Any) -> None:
         default=None,
         help="train against the reward models this flywheel round trained (runs of their own, compared in the "
         "report with the same sources on today's models)",
+    )
+    p.add_argument(
+        "--reward-model",
+        default="",
+        help="train against this registered reward model (a models.model_id; every run's source must score with "
+        "its kind): runs of their own, where without it a run trains against the newest model of its kind, or "
+        "resumes against the one it started with",
     )
     p.add_argument("--iterations", type=int, default=0, help="RL iterations per run (0: the asset's default)")
     p.add_argument("--tasks", default="", help="comma-separated candidate tasks (default: every catalog task)")

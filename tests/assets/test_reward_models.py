@@ -129,8 +129,9 @@ def test_datasets_models_and_report_materialize_with_checks(tmp_path):
 
 
 @pytest.mark.e2e
-def test_stepwise_reward_models_command_trains_and_reports(tmp_path):
-    """``stepwise reward-models``: the three kinds the report compares, then the report, in one command."""
+def test_stepwise_reward_models_command_trains_and_reports(tmp_path, monkeypatch, capsys):
+    """``stepwise reward-models``: the three kinds the report compares, then the report, in one command;
+    ``stepwise rl --reward-model`` takes one of them only for runs that score with its kind."""
     import os
     import subprocess
     import sys
@@ -175,3 +176,14 @@ def test_stepwise_reward_models_command_trains_and_reports(tmp_path):
     assert all(kind in table for kind in ("orm", "progrm_lcs", "progrm_env")) and "key_step_progress_error" in table
     warehouse = Warehouse(home)
     assert warehouse.query("SELECT count(DISTINCT kind) AS n FROM models").to_pylist()[0]["n"] == 3
+    from pipelines.cli import main
+
+    orm_id = warehouse.query("SELECT model_id FROM models WHERE kind = 'orm'")[0][0].as_py()
+    monkeypatch.setenv("STEPWISE_HOME", str(home))
+    capsys.readouterr()
+    assert main(["rl", "--runs", "orm,progrm_env", "--reward-model", orm_id]) == 2
+    refusal = capsys.readouterr().err.strip()
+    assert refusal == (
+        f"stepwise rl: --reward-model {orm_id} is of kind orm; ['progrm_env'] do not score with that kind "
+        "(run them without --reward-model)"
+    ), refusal

@@ -112,7 +112,7 @@ def test_flywheel_refuses_bad_settings_and_an_empty_home(home, capsys):
 
 
 def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
-    """Seeds, flywheel pins and reward names (a malformed composed one says which part is wrong)
+    """Seeds, flywheel and reward-model pins, and reward names (a malformed composed one says which part is wrong)
     are checked before anything runs: one line on stderr, exit 2."""
     env = {"STEPWISE_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "HF_HUB_OFFLINE": "1"}
     env["PATH"] = "/usr/bin:/bin"
@@ -121,6 +121,8 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
         (["--runs", "orm", "--flywheel-round", "0"], "--flywheel-round >= 1"),
         (["--runs", "outcome,orm", "--flywheel-round", "1"], "['outcome'] use none"),
         (["--runs", "orm", "--flywheel-round", "1"], "flywheel round 1 trained no ['orm'] model (it has none"),
+        (["--runs", "orm", "--reward-model", "orm-0123456789abcdef"], "no reward model 'orm-0123456789abcdef'"),
+        (["--runs", "orm", "--reward-model", "orm-1", "--flywheel-round", "1"], "both pin reward models; give one"),
         (["--runs", "outcome,outcome+progrm_env:linear"], "unknown form 'linear'; choose one of shaped, decay"),
         (["--runs", "outcome+progrm"], "say how the source is added"),
         (["--runs", "progrm"], "or a composed reward outcome+<source>:<form>"),

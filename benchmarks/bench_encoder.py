@@ -1,7 +1,7 @@
 """Benchmark of the frozen segment encoder: what batch invariance costs, and what it buys.
 
     python benchmarks/bench_encoder.py [--home STEPWISE_HOME] [--texts 3000]
-    python benchmarks/bench_encoder.py --smoke      # a few hundred generated texts (the test suite)
+    python benchmarks/bench_encoder.py --smoke      # 96 generated texts (the test suite)
 
 Texts are the real segments the reward models encode (instruction, history actions, screen lines
 of the warehouse's trajectories, each distinct text once); without a warehouse, generated texts of
@@ -148,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--home", default=None, help="STEPWISE_HOME whose trajectories give the texts")
     parser.add_argument("--texts", type=int, default=3000, help="distinct texts to encode")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--smoke", action="store_true", help="a few hundred generated texts (seconds)")
+    parser.add_argument("--smoke", action="store_true", help="96 generated texts (two bulk batches; seconds)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    n = 200 if args.smoke else args.texts
+    n = 96 if args.smoke else args.texts
     texts = [] if args.smoke else warehouse_texts(args.home, n)
     source = "warehouse segments"
     if not texts:

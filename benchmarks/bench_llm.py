@@ -22,7 +22,7 @@ fine-tuning: the starting point of SFT and RL (issue 25).
 
 Run: ``.venv/bin/python benchmarks/bench_llm.py [--tasks click-option,enter-text] [--episodes 3]
 [--max-steps 6] [--max-new-tokens 48] [--precisions int8,bf16]``; ``--smoke`` runs one episode of
-one task with 3 steps and only the free and constrained rows (the test suite).
+one task with 3 steps of at most 24 new tokens and only the free and constrained rows (the test suite).
 """
 
 from __future__ import annotations
@@ -69,11 +69,13 @@ def main() -> int:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="one episode of one task, 3 steps, a temporary home; only the free and constrained rows",
+        help="one episode of one task, 3 steps of at most 24 new tokens, a temporary home; only the free and "
+        "constrained rows",
     )
     args = parser.parse_args()
     if args.smoke:
         args.tasks, args.episodes, args.max_steps = args.tasks.split(",")[0], 1, 3
+        args.max_new_tokens = min(args.max_new_tokens, 24)
         args.home = args.home or tempfile.mkdtemp(prefix="bench-llm-")
         args.precisions = "none" if "--precisions" not in sys.argv else args.precisions
     catalog = load_catalog("miniwob")

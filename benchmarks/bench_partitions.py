@@ -17,7 +17,7 @@ copy of ``--home`` (e.g. the home ``make demo`` leaves, 15k episodes) reduced to
 steps; with ``--demos`` the real demonstrations are imported into a fresh one instead.
 
     .venv/bin/python benchmarks/bench_partitions.py --home .stepwise
-    .venv/bin/python benchmarks/bench_partitions.py --smoke   # a few recordings, two families (the test suite)
+    .venv/bin/python benchmarks/bench_partitions.py --smoke   # a few recordings, one family (the test suite)
 """
 
 from __future__ import annotations
@@ -124,7 +124,9 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="a few recordings of four tasks (--demos), the first two families, --in-process (the test suite)",
+        help="a few recordings of four tasks (--demos), the first family only, --in-process (the test suite: the "
+        "script's paths, three run processes instead of five; tests/assets/test_label_partitions.py runs two "
+        "families at once for real)",
     )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_partitions_"))
@@ -134,7 +136,7 @@ def main() -> None:
             from _smoke import DEMOS_DIR, small_demos
 
             args.demos = small_demos(work / "demos", args.demos or DEMOS_DIR)
-            args.families = args.families or label_families()[:2]
+            args.families = args.families or label_families()[:1]
             args.in_process = True
         if args.demos:
             from envs.miniwob.demonstrations import import_demonstrations

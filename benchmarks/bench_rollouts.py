@@ -15,7 +15,7 @@ the actors, the extra hop and Ray's own processes cost on the same 2 cores, and 
 of the steps.
 
 Run: `.venv/bin/python benchmarks/bench_rollouts.py [--episodes 80] [--workers 1 2] [--backends local ray2-ep]
-[--json out.json]`; `--smoke` runs 4 episodes per run (the test suite).
+[--json out.json]`; `--smoke` runs 4 episodes per run, 2 workers (the test suite).
 The machine's load is printed with the figures: on a shared 2-core machine other work competes
 for the same cores as the browsers.
 """
@@ -176,12 +176,13 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="4 episodes per run, 1 and 2 workers; Ray per step on one node and whole episodes on two (each "
-        "Ray path and topology once: every cluster start costs ~20 s)",
+        help="4 episodes per run, the local pool with 2 workers only; Ray per step on one node and whole episodes "
+        "on two (each Ray path and topology once: every cluster start costs ~20 s)",
     )
     args = parser.parse_args()
     if args.smoke:
         args.episodes = min(args.episodes, 4)
+        args.workers = [max(args.workers)]  # one worker count takes the same code path as two
     if args.backends is None:
         args.backends = ["local", "ray1", "ray2-ep"] if args.smoke else ["local", *RAY_BACKENDS]
 

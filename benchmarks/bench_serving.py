@@ -245,12 +245,12 @@ def _bench(args, checkpoint: str) -> list[dict]:
                 burst["load_avg"] = round(os.getloadavg()[0], 2)
                 print(json.dumps(burst), flush=True)
                 rows.append(burst)
-                time.sleep(2)
+                time.sleep(args.settle_s)
         for level, clients in enumerate(args.clients):
             order = list(args.servers) if level % 2 == 0 else list(reversed(args.servers))
             for which in order:
                 rows.append(_measure(which, servers[which][2], clients, args, base=level * 10**6))
-                time.sleep(2)  # let the baseline's backlog drain before the next run
+                time.sleep(args.settle_s)  # let the baseline's backlog drain before the next run
     finally:
         for process, parent, _ in servers.values():
             parent.send("stop")
@@ -313,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         args.home = args.home or str(smoke_root("serving") / "home")
         args.clients, args.burst = [1, 4], [16]
         args.seconds, args.warmup = min(args.seconds, 1.5), min(args.warmup, 0.5)
+    # a pause between runs so a backlog drains; the smoke's runs are too small to leave one
+    args.settle_s = 0.2 if args.smoke else 2.0
 
     checkpoint, origin = _checkpoint(args)
     print(f"model: {checkpoint} ({origin}); {os.cpu_count()} CPUs, load average {os.getloadavg()}")

@@ -111,7 +111,7 @@ def demonstration_decisions(
     model: PolicyModel,
     trajectories: Iterable[Trajectory],
     specs: Mapping[str, TaskSpec],
-    max_steps: Mapping[str, int],
+    step_budgets: Mapping[str, int],
     *,
     validation_share: float = 0.1,
     seed: int = 0,
@@ -119,7 +119,8 @@ def demonstration_decisions(
     log_every_s: float = 30.0,
 ) -> SFTData:
     """The decisions of successful ``trajectories`` of tasks with a spec (instruction slots come
-    from the spec's template), split into train and validation by episode. ``log`` hears how far
+    from the spec's template), split into train and validation by episode; ``step_budgets`` holds each
+    task's episode step budget (a task without one: 12 or its length). ``log`` hears how far
     it is every ``log_every_s`` seconds (a terminal also gets a progress bar)."""
     data = SFTData()
     trajectories = list(trajectories)
@@ -141,7 +142,7 @@ def demonstration_decisions(
             seed=0,
             backend=spec.backend,
             supported_actions=frozenset(ActionType),
-            max_steps=max_steps.get(t.task_id, max(12, t.n_steps)),
+            max_steps=step_budgets.get(t.task_id, max(12, t.n_steps)),
             episode_id=t.episode_id,
         )
         data.episodes += 1

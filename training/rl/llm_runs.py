@@ -242,7 +242,9 @@ def run_llm_agent(
     return {"base": base_id, "sft": sft_id, "rl": rl_id, "stages": agent.stages, "peak_rss_mb": peak_rss_mb()}
 
 
-def _register(agent: _Agent, policy_id: str, kind: str, parent: str | None, checkpoint: Path, extra: dict) -> None:
+def _register(
+    agent: _Agent, policy_id: str, policy_kind: str, parent: str | None, checkpoint: Path, extra: dict
+) -> None:
     """A ``policies`` row for one stage of the agent (the checkpoint it can be loaded from)."""
     w, s = agent.warehouse, agent.settings
     m = Materialization(
@@ -254,10 +256,10 @@ def _register(agent: _Agent, policy_id: str, kind: str, parent: str | None, chec
     )
     row = {
         "policy_id": policy_id,
-        "kind": kind,
-        "reward_source": s.reward_source if kind == "llm_rl" else None,
-        "estimator": "reinforce_pp" if kind == "llm_rl" else None,
-        "rl_seed": s.rl_seed if kind == "llm_rl" else None,
+        "kind": policy_kind,
+        "reward_source": s.reward_source if policy_kind == "llm_rl" else None,
+        "estimator": "reinforce_pp" if policy_kind == "llm_rl" else None,
+        "rl_seed": s.rl_seed if policy_kind == "llm_rl" else None,
         "parent_policy_id": parent,
         "checkpoint_path": w.relative(checkpoint),
         "tasks": list(s.tasks),

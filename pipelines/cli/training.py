@@ -177,6 +177,23 @@ def _reward_model_pins(model_id: str, runs: list[str]) -> dict[str, str] | None:
     return dict.fromkeys(runs, model_id)
 
 
+LLM_PIN_REFUSAL = (
+    "--reward-model and --flywheel-round pin the learned policy's runs; the LLM agent trains against the "
+    "newest model of its source's kind"
+)
+
+
+def _pins(args: argparse.Namespace, runs: list[str]) -> dict[str, str] | None:
+    """Each run's pinned reward model from ``--reward-model`` or ``--flywheel-round`` (empty with
+    neither); None after a one-line error."""
+    if args.reward_model and args.flywheel_round is not None:
+        print("stepwise rl: --reward-model and --flywheel-round both pin reward models; give one", file=sys.stderr)
+        return None
+    if args.reward_model:
+        return _reward_model_pins(args.reward_model, runs)
+    return _flywheel_pins(args.flywheel_round, runs)
+
+
 def _unknown_runs(runs: list[str]) -> str | None:
     """What is wrong with ``--runs`` (one line), or None: no run, a malformed composed name (which
     part), or a name that is no run variant."""
@@ -203,6 +220,9 @@ def cmd_rl(args: argparse.Namespace) -> int:
     one run per reward source and seed with its held-out evaluation, then ProgRM Table 1. With
     ``--policy llm``: the LLM agent instead (:func:`cmd_rl_llm`)."""
     if args.policy == "llm":
+        if args.reward_model or args.flywheel_round is not None:
+            print(f"stepwise rl: {LLM_PIN_REFUSAL}", file=sys.stderr)
+            return 2
         return cmd_rl_llm(args)
     prepare_dagster_home()
     from dagster import DagsterInstance, MultiPartitionKey
@@ -226,13 +246,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
     if bad_keys := sorted(set(seed_keys) - set(RL_SEEDS)):
         print(f"stepwise rl: --seed-keys {bad_keys} unknown; choose from {list(RL_SEEDS)}", file=sys.stderr)
         return 2
-    if args.reward_model and args.flywheel_round is not None:
-        print("stepwise rl: --reward-model and --flywheel-round both pin reward models; give one", file=sys.stderr)
-        return 2
-    pinned = (
-        _reward_model_pins(args.reward_model, runs) if args.reward_model else _flywheel_pins(args.flywheel_round, runs)
-    )
-    if pinned is None:
+    if (pinned := _pins(args, runs)) is None:
         return 2
     reduced = RL_REDUCED if args.reduced else {"sft": {}, "run": {}, "evaluation": {}}
     sft_config = reduced["sft"] | ({"tasks": args.tasks.split(",")} if args.tasks else {})

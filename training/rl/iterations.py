@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,7 +31,7 @@ import pyarrow as pa
 from envs.pool import EnvPool
 from envs.pool_jobs import BatchResult
 from envs.protocol import EpisodeRecord
-from training.policy.episodes import episode_outputs
+from training.policy.episodes import Log, episode_outputs
 from training.policy.rollouts import Rollout
 from training.rl.rewards.admire import MilestoneStore, TaskMilestones
 from training.rl.rewards.base import RewardSource
@@ -39,8 +39,6 @@ from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.purposes import EpisodePurpose
 from warehouse.storage import replace_dir_atomic
 from warehouse.tables_rl import RL_ITERATIONS, RL_STEP_REWARDS
-
-Log = Callable[[str], None]
 
 
 @dataclass
@@ -60,7 +58,9 @@ class SampledIteration:
     ``kept`` are the episodes with a recorded decision for every step (only those can be learned
     from); ``rollouts`` are the same episodes as the reward source reads them, and ``step_logp`` /
     ``step_candidates`` their per-step log-probabilities and candidate counts (None where the
-    policy chooses among no enumerated candidates, as an LLM writes its answer)."""
+    policy chooses among no enumerated candidates, as an LLM writes its answer). ``decisions``
+    holds what the family's update learns from, per kept episode (the CPU policy's
+    ``StepDecision``s, the LLM's ``TurnRecord``s), and ``note`` its figures for the log line."""
 
     acting_id: str
     result: BatchResult
@@ -69,6 +69,8 @@ class SampledIteration:
     step_logp: list[list[float]]
     step_candidates: list[list[int | None]]
     seconds: float
+    decisions: list[Any] = field(default_factory=list)
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class PolicyTrainer(Protocol):
         ...
 
     def update(self, sample: SampledIteration, rewards: Sequence[np.ndarray]) -> IterationUpdate:
-        """One policy update from the sampled episodes and their per-step rewards."""
+        """One policy update from the sampled episodes (``sample.decisions``) and their per-step rewards."""
         ...
 
     def save_weights(self, folder: Path) -> None:
@@ -186,7 +188,7 @@ def run_iteration(
         f"{target.run_key} iteration {iteration + 1}/{target.iterations}: "
         f"success {np.mean([r.success for r in sample.kept]):.2f}, "
         f"reward {np.mean([float(np.sum(x)) for x in batch.rewards]):.3f}, KL {update.kl_to_reference:.4f}"
-        f"{update.note}; rollout {seconds[0]:.1f} s, reward {reward_s:.1f} s, update {update_s:.1f} s"
+        f"{update.note}{sample.note}; rollout {seconds[0]:.1f} s, reward {reward_s:.1f} s, update {update_s:.1f} s"
     )
 
 

@@ -477,7 +477,7 @@ class LLMLearner:
         return stats
 
     def sft_step(self, examples: Sequence[SFTExample]) -> float:
-        """One supervised step with this learner's optimiser (see :func:`sft_step`)."""
+        """One supervised step with this learner's optimiser (see :func:`training.llm.sft.sft_step`)."""
         with self.lock if self.lock is not None else nullcontext():
             was_training = self.model.training
             self.trained.train()

@@ -65,7 +65,7 @@ from training.rl.llm_learner import (
     LLMLearnerSettings,
     frozen_reference,
 )
-from training.rl.rewards import REWARD_SOURCES, make_reward_source
+from training.rl.rewards import REWARD_SOURCES, SOURCE_MODEL_KIND, make_reward_source
 from training.rl.runs import RLStageError
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.plotting import Markdown
@@ -381,8 +381,6 @@ class _LLMRun:
     agent: _Agent
     learner: LLMLearner
     run_key: str
-    _turns: dict[str, list[TurnRecord]] = field(default_factory=dict, init=False, repr=False)
-    _sampling_note: str = field(default="", init=False, repr=False)  # the last sample's figures, for the log
 
     def sample(self, pool: EnvPool, iteration: int) -> SampledIteration:
         """An iteration's episodes on its training seeds, sampled at the run's temperature."""
@@ -396,31 +394,25 @@ class _LLMRun:
         kept = [r for r in result.episodes if r.n_steps and len(policy.turns.get(r.episode_id, [])) == r.n_steps]
         if not kept:
             raise RLStageError(f"{self.run_key}: iteration {iteration} produced no usable episode")
-        self._turns = {r.episode_id: policy.turns[r.episode_id] for r in kept}
+        turns = [policy.turns[r.episode_id] for r in kept]
         c = policy.counters
-        self._sampling_note = (
-            f", well-formed {c.format_ok_rate:.2f}, {c.generated_tokens / max(c.seconds, 1e-9):.1f} tokens/s"
-        )
         return SampledIteration(
             acting_id=acting_id,
             result=result,
             kept=kept,
             rollouts=[policy.rollout(r) for r in kept],
-            step_logp=[[turn_logp(turn) for turn in self._turns[r.episode_id]] for r in kept],
-            step_candidates=[[None] * len(self._turns[r.episode_id]) for r in kept],
+            step_logp=[[turn_logp(turn) for turn in episode] for episode in turns],
+            step_candidates=[[None] * len(episode) for episode in turns],
             seconds=rollout_s,
+            decisions=turns,
+            note=f", well-formed {c.format_ok_rate:.2f}, {c.generated_tokens / max(c.seconds, 1e-9):.1f} tokens/s",
         )
 
     def update(self, sample: SampledIteration, rewards: Sequence[np.ndarray]) -> IterationUpdate:
         """One REINFORCE++ update on the episodes' turns (advantages per token: none per step)."""
-        stats = self.learner.update(
-            [(self._turns[r.episode_id], step_rewards) for r, step_rewards in zip(sample.kept, rewards, strict=True)]
-        )
+        stats = self.learner.update(list(zip(sample.decisions, rewards, strict=True)))
         return IterationUpdate(
-            loss=stats.loss,
-            kl_to_reference=stats.kl_to_reference,
-            clip_fraction=stats.clip_fraction,
-            note=self._sampling_note,
+            loss=stats.loss, kl_to_reference=stats.kl_to_reference, clip_fraction=stats.clip_fraction
         )
 
     def save_weights(self, folder: Path) -> None:
@@ -440,12 +432,21 @@ def _reinforce(agent: _Agent, pool: EnvPool, sft_id: str) -> str:
     run_key = s.rl_key(sft_id)
     run_dir = w.home / "policies" / "llm_rl" / run_key
     reference = frozen_reference(agent.model)
-    source = make_reward_source(s.reward_source, w, cache=_milestone_cache(s.reward_source), gamma=s.learner.gamma_turn)
+    checkpoint = run_dir / "checkpoint"
+    # a resumed run keeps the reward model its checkpoint recorded, as a CPU run does (not the newest)
+    recorded = json.loads((checkpoint / "state.json").read_text()) if (checkpoint / "state.json").is_file() else {}
+    source = make_reward_source(
+        s.reward_source,
+        w,
+        cache=_milestone_cache(s.reward_source),
+        gamma=s.learner.gamma_turn,
+        model_id=recorded.get("reward_model_id") if SOURCE_MODEL_KIND[s.reward_source] else None,
+    )
     total = s.iterations * len(agent.tasks) * s.instances_per_task * s.group_size
     learner_settings = replace(s.learner, total_steps=max(1, total // s.learner.batch_turns))
     # no lock: sampling and updates take turns in this loop, so no actor sees half-updated weights
     run = _LLMRun(agent, LLMLearner(agent.model, reference, learner_settings, pad_id=agent.pad_id), run_key)
-    state = resume_run(run, source, run_dir / "checkpoint", run_key, agent.log)
+    state = resume_run(run, source, checkpoint, run_key, agent.log)
     sft_folder = w.home / "policies" / "llm" / sft_id
     target = IterationTarget(
         asset="llm_agent",
@@ -462,9 +463,7 @@ def _reinforce(agent: _Agent, pool: EnvPool, sft_id: str) -> str:
         iterations=s.iterations,
     )
     for iteration in range(state.iteration, s.iterations):
-        run_iteration(
-            w, run, source, pool, target, state, iteration=iteration, checkpoint=run_dir / "checkpoint", log=agent.log
-        )
+        run_iteration(w, run, source, pool, target, state, iteration=iteration, checkpoint=checkpoint, log=agent.log)
     rl_id = f"llm-rl-{run_key}"
     final = run_dir / "final"
     replace_dir_atomic(final, lambda d: (agent.model.save_pretrained(d), agent.tokenizer.save_pretrained(d)))

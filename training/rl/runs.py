@@ -245,7 +245,6 @@ class _RLRun:
     run_key: str
     run_dir: Path
     log: Log = print
-    _decisions: dict[str, list[StepDecision]] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def checkpoint(self) -> Path:
@@ -270,7 +269,6 @@ class _RLRun:
         if not kept:
             raise RLStageError(f"{self.run_key}: iteration {iteration} produced no usable episode")
         decisions = [policy.decisions[r.episode_id] for r in kept]
-        self._decisions = {r.episode_id: d for r, d in zip(kept, decisions, strict=True)}
         return SampledIteration(
             acting_id=acting_id,
             result=result,
@@ -282,18 +280,19 @@ class _RLRun:
             step_logp=[[d.logp for d in ds] for ds in decisions],
             step_candidates=[[d.n_candidates for d in ds] for ds in decisions],
             seconds=rollout_s,
+            decisions=decisions,
         )
 
     def update(self, sample: SampledIteration, rewards: Sequence[np.ndarray]) -> IterationUpdate:
         """One update of the learner on the episodes' decisions, grouped by task instance."""
         experience = [
             EpisodeExperience(
-                decisions=self._decisions[r.episode_id],
+                decisions=decisions,
                 rewards=np.asarray(step_rewards, dtype=np.float64),
                 group=f"{r.task_id}:{r.seed}",
-                states=_critic_states(r, self._decisions[r.episode_id]) if self.critic is not None else [],
+                states=_critic_states(r, decisions) if self.critic is not None else [],
             )
-            for r, step_rewards in zip(sample.kept, rewards, strict=True)
+            for r, decisions, step_rewards in zip(sample.kept, sample.decisions, rewards, strict=True)
         ]
         stats = self.learner.update(experience)
         return IterationUpdate(

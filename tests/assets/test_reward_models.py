@@ -187,3 +187,7 @@ def test_stepwise_reward_models_command_trains_and_reports(tmp_path, monkeypatch
         f"stepwise rl: --reward-model {orm_id} is of kind orm; ['progrm_env'] do not score with that kind "
         "(run them without --reward-model)"
     ), refusal
+    # runs that score with the model's kind, composed ones included, are each pinned to it
+    from pipelines.cli.training import _reward_model_pins
+
+    assert _reward_model_pins(orm_id, ["orm", "outcome+orm:decay"]) == {"orm": orm_id, "outcome+orm:decay": orm_id}

@@ -69,7 +69,7 @@ class SampledIteration:
     step_logp: list[list[float]]
     step_candidates: list[list[int | None]]
     seconds: float
-    decisions: list[Any] = field(default_factory=list)
+    decisions: list[Any]
     note: str = ""
 
 
@@ -132,15 +132,21 @@ def reward_model_of(source: RewardSource) -> str | None:
     return str(model_id) if model_id else None
 
 
+def checkpoint_state(checkpoint: Path) -> RunState | None:
+    """The :class:`RunState` a checkpoint folder holds (its ``state.json``); None before the first
+    checkpoint. Older checkpoints lack the later fields, which keep their defaults."""
+    state_file = checkpoint / "state.json"
+    return RunState(**json.loads(state_file.read_text())) if state_file.exists() else None
+
+
 def resume_run(trainer: PolicyTrainer, source: RewardSource, checkpoint: Path, run_key: str, log: Log) -> RunState:
     """The run's state: from its last checkpoint (weights, optimiser and ADMIRE's milestones
     restored), else a fresh one. The reward model is the source's (the caller pins a resumed run's
-    source to the model its checkpoint recorded)."""
-    state_file = checkpoint / "state.json"
-    if not state_file.exists():
+    source to the model its checkpoint recorded: :func:`checkpoint_state`)."""
+    state = checkpoint_state(checkpoint)
+    if state is None:
         return RunState(reward_model_id=reward_model_of(source))
     trainer.load_weights(checkpoint)
-    state = RunState(**json.loads(state_file.read_text()))
     state.reward_model_id = reward_model_of(source)
     store = getattr(source, "store", None)
     if isinstance(store, MilestoneStore):
@@ -240,7 +246,7 @@ def publish_iteration(
         "reward_details": json.dumps(details, sort_keys=True, default=str),
         "created_at": datetime.now(UTC),
     }
-    advantages: Sequence[Sequence[float]] = [list(a) for a in update.advantages] or [[] for _ in kept]
+    advantages = list(update.advantages) or [np.empty(0)] * len(kept)
     step_rows = [
         {
             "episode_id": r.episode_id,

@@ -59,7 +59,14 @@ from training.policy.episodes import (
 )
 from training.policy.evaluation import EvalEpisode, eval_episode, sample_seeds
 from training.policy.store import HELD_OUT_SEED_BASE, TRAIN_SEED_BASE
-from training.rl.iterations import IterationTarget, IterationUpdate, SampledIteration, resume_run, run_iteration
+from training.rl.iterations import (
+    IterationTarget,
+    IterationUpdate,
+    SampledIteration,
+    checkpoint_state,
+    resume_run,
+    run_iteration,
+)
 from training.rl.llm_learner import (
     LLMLearner,
     LLMLearnerSettings,
@@ -434,13 +441,13 @@ def _reinforce(agent: _Agent, pool: EnvPool, sft_id: str) -> str:
     reference = frozen_reference(agent.model)
     checkpoint = run_dir / "checkpoint"
     # a resumed run keeps the reward model its checkpoint recorded, as a CPU run does (not the newest)
-    recorded = json.loads((checkpoint / "state.json").read_text()) if (checkpoint / "state.json").is_file() else {}
+    saved = checkpoint_state(checkpoint)
     source = make_reward_source(
         s.reward_source,
         w,
         cache=_milestone_cache(s.reward_source),
         gamma=s.learner.gamma_turn,
-        model_id=recorded.get("reward_model_id") if SOURCE_MODEL_KIND[s.reward_source] else None,
+        model_id=saved.reward_model_id if saved is not None and SOURCE_MODEL_KIND[s.reward_source] else None,
     )
     total = s.iterations * len(agent.tasks) * s.instances_per_task * s.group_size
     learner_settings = replace(s.learner, total_steps=max(1, total // s.learner.batch_turns))

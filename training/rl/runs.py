@@ -59,6 +59,7 @@ from training.rl.iterations import (
     IterationUpdate,
     RunState,
     SampledIteration,
+    checkpoint_state,
     resume_run,
     reward_model_of,
     run_iteration,
@@ -421,11 +422,11 @@ def run_reward_model(warehouse: Warehouse, run_key: str, checkpoint: Path | None
     None without a checkpoint (a new run, or one started over: the newest model). Without: the
     lineage alone (the report's question about a finished run)."""
     if checkpoint is not None:
-        state = checkpoint / "state.json"
-        if not state.exists():
+        saved = checkpoint_state(checkpoint)
+        if saved is None:
             return None
-        if recorded := json.loads(state.read_text()).get("reward_model_id"):
-            return str(recorded)
+        if saved.reward_model_id:
+            return saved.reward_model_id
     rows = warehouse.query(
         "SELECT input_version FROM lineage WHERE asset = 'rl_run' AND input_asset = 'reward_model' "
         "AND json_extract_string(parameters, '$.run_key') = ? ORDER BY created_at DESC LIMIT 1",

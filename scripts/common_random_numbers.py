@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no {args.block} REINFORCE++ runs of {first} or {second} in {args.home}", file=sys.stderr)
         return 2
     episodes = warehouse.query(
-        "SELECT e.policy_id, a.reward_source, a.rl_seed, e.task_id, e.seed, e.success FROM agent_eval_episodes e "
-        "JOIN (SELECT DISTINCT policy_id, evaluation, reward_source, rl_seed FROM agent_eval) a "
+        "SELECT e.policy_id, a.policy_label AS reward_source, a.rl_seed, e.task_id, e.seed, e.success "
+        "FROM agent_eval_episodes e "
+        "JOIN (SELECT DISTINCT policy_id, evaluation, policy_label, rl_seed FROM agent_eval) a "
         "USING (policy_id, evaluation) WHERE e.evaluation = 'held_out' AND e.policy_id IN (SELECT unnest(?))",
         [sorted(keying)],
     ).to_pylist()

@@ -47,9 +47,14 @@ from warehouse.storage import slug, stepwise_home, write_parquet_atomic
 # 5: flywheel_rounds' within-task AUC (auc_within_task and its interval).
 # 6: rm_examples.exploit (the RL runs' misranked episodes, issue 41 item 2).
 # 7: the joined view rl_episode_rewards (what each RL training episode was paid, summed).
-VIEWS_VERSION = "7"
+# 8: agent_eval.policy_label, which older files stored as reward_source (issue 40 item 5).
+VIEWS_VERSION = "8"
 #: Columns a view derives for rows written before the column existed (``coalesce(stored, derived)``).
 _DERIVED_COLUMNS: dict[str, dict[str, str]] = {"episodes": {"purpose": LEGACY_PURPOSE_SQL}}
+#: Columns renamed since a home may have been written (table -> old name -> new name): files written
+#: before the rename keep the old name, and the view reads it under the new one (the old name is gone
+#: from the view, so a query can use one name only).
+_RENAMED_COLUMNS: dict[str, dict[str, str]] = {"agent_eval": {"reward_source": "policy_label"}}
 #: Views over the tables' views, rebuilt with them: each human label with the LLM rationale of its
 #: current revision (GUI-Shepherd §3; ``rationale`` stays the annotator's own, optional one).
 _JOINED_VIEWS: dict[str, str] = {
@@ -467,13 +472,7 @@ class Warehouse:
             # The schema's empty file comes first: every column exists (files older than a column
             # read it as null) and the columns keep the schema's order.
             paths = [str(self._empty_file(table_name, schema)), *paths_by_table.pop(table_name, [])]
-            derived = _DERIVED_COLUMNS.get(table_name, {})
-            replace = ", ".join(f"coalesce({c}, {sql}) AS {c}" for c, sql in derived.items())
-            con.execute(
-                f"CREATE OR REPLACE VIEW {table_name} AS "
-                f"SELECT *{f' REPLACE ({replace})' if replace else ''} "
-                f"FROM read_parquet({_sql_list(paths)}, union_by_name = true)"
-            )
+            con.execute(f"CREATE OR REPLACE VIEW {table_name} AS {_table_view_sql(table_name, paths)}")
         for table_name, paths in paths_by_table.items():  # tables registered by later stages
             con.execute(
                 f"CREATE OR REPLACE VIEW {table_name} AS "
@@ -491,7 +490,11 @@ class Warehouse:
         return f"{self.home}#views-{VIEWS_VERSION}"
 
     def _empty_file(self, table_name: str, schema: pa.Schema) -> Path:
-        """A zero-row file of the table's schema (rewritten when the schema has changed since)."""
+        """A zero-row file of the table's schema (rewritten when the schema has changed since), with
+        the table's renamed columns under their old names too, so the view's SQL can name them
+        whether or not an older file still has them."""
+        for old_name, new_name in _RENAMED_COLUMNS.get(table_name, {}).items():
+            schema = schema.append(pa.field(old_name, schema.field(new_name).type))
         path = self.data_dir / "_empty" / f"{table_name}.parquet"
         if not path.exists() or not pq.read_schema(path).equals(schema, check_metadata=False):
             write_parquet_atomic(schema.empty_table(), path)
@@ -625,3 +628,15 @@ class Warehouse:
 
 def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+
+
+def _table_view_sql(table_name: str, paths: list[str]) -> str:
+    """The ``SELECT`` behind a table's view over its current files (the empty schema file first):
+    derived columns filled in for rows written before they existed, renamed columns read under their
+    new names from files written before the rename."""
+    derived = {c: f"coalesce({c}, {sql})" for c, sql in _DERIVED_COLUMNS.get(table_name, {}).items()}
+    renamed = _RENAMED_COLUMNS.get(table_name, {})
+    derived |= {new: f"coalesce({new}, {old})" for old, new in renamed.items()}
+    exclude = f" EXCLUDE ({', '.join(renamed)})" if renamed else ""
+    replace = f" REPLACE ({', '.join(f'{sql} AS {c}' for c, sql in derived.items())})" if derived else ""
+    return f"SELECT *{exclude}{replace} FROM read_parquet({_sql_list(paths)}, union_by_name = true)"

@@ -96,7 +96,7 @@ AGENT_EVAL = with_key(
             pa.field("evaluation", pa.string(), nullable=False),  # held_out | selection
             pa.field("task_id", pa.string(), nullable=False),
             ("task_family", pa.string()),
-            ("reward_source", pa.string()),  # the policy's (sft for the SFT policy)
+            ("policy_label", pa.string()),  # sft | an RL run's reward source | llm_base | llm_sft | llm_rl:<source>
             ("rl_seed", pa.int32()),
             ("episodes", pa.int32()),
             ("successes", pa.int32()),

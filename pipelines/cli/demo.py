@@ -248,7 +248,7 @@ def _demo_tables(warehouse, stages: tuple[str, ...]) -> None:
         print_table(
             warehouse.query(
                 "WITH sft AS (SELECT policy_id FROM policies WHERE kind = 'sft' ORDER BY created_at DESC LIMIT 1) "
-                "SELECT reward_source, count(*) AS tasks, sum(episodes) AS episodes, "
+                "SELECT policy_label, count(*) AS tasks, sum(episodes) AS episodes, "
                 "round(sum(successes) / sum(episodes), 3) AS success_rate, "
                 "round(avg(mean_env_return), 3) AS env_return "
                 "FROM agent_eval WHERE evaluation = 'held_out' AND (policy_id IN (SELECT policy_id FROM sft) OR "

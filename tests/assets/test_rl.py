@@ -118,8 +118,8 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
         "SELECT reward_source, count(*) AS n, count(DISTINCT iteration) AS d FROM rl_iterations GROUP BY 1"
     ).to_pylist()
     assert {r["reward_source"]: (r["n"], r["d"]) for r in iterations} == {run: (2, 2) for run in RUNS}
-    evaluated = warehouse.query("SELECT DISTINCT reward_source FROM agent_eval WHERE evaluation = 'held_out'")
-    assert set(evaluated.column("reward_source").to_pylist()) == {"sft", *RUNS}
+    evaluated = warehouse.query("SELECT DISTINCT policy_label FROM agent_eval WHERE evaluation = 'held_out'")
+    assert set(evaluated.column("policy_label").to_pylist()) == {"sft", *RUNS}
     # every RL episode is in the warehouse with its acting policy, and every step has its reward
     orphans = warehouse.query(
         "SELECT count(*) AS n FROM steps s JOIN episodes e USING (episode_id) WHERE e.policy_id LIKE 'rl:%' "

@@ -187,3 +187,33 @@ def test_a_home_from_before_a_column_existed_reads_it_as_null_or_inferred(tmp_pa
         "syn": "synthetic",
     }
     assert [c for c, _ in reopened.columns("episodes")] == EPISODES.names
+
+
+def test_a_column_renamed_since_a_home_was_written_reads_under_its_new_name(tmp_path):
+    """``agent_eval.reward_source`` held policy labels (``sft``, ``llm_base``) and is now
+    ``policy_label``: a file written before the rename is read under the new name beside a new file,
+    and the old name is gone from the view, so no query sees half the rows under each name."""
+    import pyarrow.parquet as pq
+
+    from warehouse.tables_rl import AGENT_EVAL
+
+    wh = Warehouse(tmp_path / "home")
+    row = {"evaluation": "held_out", "task_id": "a", "episodes": 4, "successes": 1}
+    m_old = Materialization(asset="old")
+    old = wh.stage_table(
+        "agent_eval", "old", pa.Table.from_pylist([row | {"policy_id": "sft-1"}], schema=AGENT_EVAL), m_old
+    )
+    wh.publish(m_old, [old])
+    # what a version before the rename wrote: the same schema, the label under the old name
+    before_rename = pa.schema([f.with_name("reward_source") if f.name == "policy_label" else f for f in AGENT_EVAL])
+    pq.write_table(
+        pa.Table.from_pylist([row | {"policy_id": "sft-1", "reward_source": "sft"}], schema=before_rename), old.path
+    )
+    m_new = Materialization(asset="new")
+    new_row = row | {"policy_id": "llm-1", "policy_label": "llm_base"}
+    wh.publish(m_new, [wh.stage_table("agent_eval", "new", pa.Table.from_pylist([new_row], schema=AGENT_EVAL), m_new)])
+
+    reopened = Warehouse(tmp_path / "home")
+    labels = reopened.query("SELECT policy_id, policy_label FROM agent_eval ORDER BY policy_id").to_pylist()
+    assert labels == [{"policy_id": "llm-1", "policy_label": "llm_base"}, {"policy_id": "sft-1", "policy_label": "sft"}]
+    assert [c for c, _ in reopened.columns("agent_eval")] == AGENT_EVAL.names

@@ -97,17 +97,18 @@ def evaluation_outputs(
     episodes: Sequence[EvalEpisode],
     evaluation: str,
     *,
-    reward_source: str,
+    policy_label: str,
     rl_seed: int | None,
     dataset: str,
     m: Materialization,
 ) -> list[TableOutput]:
     """Greedy evaluation episodes as ``agent_eval`` (per task: success, return, failure modes) and
-    ``agent_eval_episodes`` rows under ``evaluation`` (selection or held_out) and ``reward_source``."""
+    ``agent_eval_episodes`` rows under ``evaluation`` (selection or held_out) and ``policy_label`` (``sft``,
+    an RL run's reward source, ``llm_base``, ...)."""
     created = datetime.now(UTC)
     task_rows = [
         r
-        | {"evaluation": evaluation, "reward_source": reward_source, "rl_seed": rl_seed, "created_at": created}
+        | {"evaluation": evaluation, "policy_label": policy_label, "rl_seed": rl_seed, "created_at": created}
         | {"failure_modes": json.dumps(r["failure_modes"], sort_keys=True)}
         for r in per_task_rows(episodes)
     ]

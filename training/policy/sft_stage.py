@@ -144,7 +144,7 @@ def run_policy_sft(
         dataset = f"eval/{policy_id}/{evaluation}"
         outputs += episode_outputs(warehouse, batch, dataset, m, run_id, EpisodePurpose.EVALUATION)
         outputs += evaluation_outputs(
-            warehouse, episodes, evaluation, reward_source="sft", rl_seed=None, dataset=dataset, m=m
+            warehouse, episodes, evaluation, policy_label="sft", rl_seed=None, dataset=dataset, m=m
         )
     warehouse.publish(m, outputs)
     held_rate = float(np.mean([e.success for e in held])) if held else float("nan")

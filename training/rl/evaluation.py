@@ -70,7 +70,7 @@ def run_agent_evaluation(
         warehouse,
         episodes,
         "held_out",
-        reward_source=policy["reward_source"] or "sft",
+        policy_label=policy["reward_source"] or "sft",
         rl_seed=policy["rl_seed"],
         dataset=dataset,
         m=m,

@@ -298,7 +298,7 @@ def _evaluate(agent: _Agent, pool: EnvPool, policy_id: str, label: str) -> list[
     )
     dataset = f"eval/{policy_id}/held_out"
     outputs = episode_outputs(w, result, dataset, m, agent.run_id, EpisodePurpose.EVALUATION)
-    outputs += evaluation_outputs(w, episodes, "held_out", reward_source=label, rl_seed=None, dataset=dataset, m=m)
+    outputs += evaluation_outputs(w, episodes, "held_out", policy_label=label, rl_seed=None, dataset=dataset, m=m)
     w.publish(m, outputs)
     c = policy.counters
     stage = {

@@ -117,8 +117,8 @@ def test_base_sft_and_rl_of_an_llm_agent_on_live_miniwob(small_demos, tmp_path, 
     assert set(policies) == {"llm_base", "llm_sft", "llm_rl"}
     assert policies["llm_sft"]["parent_policy_id"] == result["base"]
     assert policies["llm_rl"]["parent_policy_id"] == result["sft"] and policies["llm_rl"]["env_steps"] > 0
-    evals = warehouse.query("SELECT policy_id, reward_source, episodes FROM agent_eval ORDER BY created_at").to_pylist()
-    assert [e["reward_source"] for e in evals] == ["llm_base", "llm_sft", "llm_rl:outcome"]
+    evals = warehouse.query("SELECT policy_id, policy_label, episodes FROM agent_eval ORDER BY created_at").to_pylist()
+    assert [e["policy_label"] for e in evals] == ["llm_base", "llm_sft", "llm_rl:outcome"]
     iterations = warehouse.query("SELECT * FROM rl_iterations ORDER BY iteration").to_pylist()
     assert [r["iteration"] for r in iterations] == [0, 1]
     steps = warehouse.query(

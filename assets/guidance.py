@@ -8,7 +8,7 @@ partition runs its sweep and replaces its own rows. ``guidance_report`` puts the
 Stage logic: :mod:`training.guidance.runs` (the evaluation) and :mod:`training.guidance.report`.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from dagster import (
     AssetCheckResult,
@@ -23,6 +23,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from assets.config import renamed_field
 from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import EnvPoolResource, WarehouseResource
 from training.guidance.report import check_best_of_n, report_markdown, report_plots, run_guidance_report
@@ -39,7 +40,10 @@ METHOD_PARTITIONS = StaticPartitionsDefinition(list(METHODS))
 
 
 class GuidanceEvaluationConfig(Config):
-    policy: str = Field(default="learned", description="learned (a policies row) | endpoint | hf (a local causal LM)")
+    policy_backend: str = Field(
+        default="learned", description="learned (a policies row) | endpoint | hf (a local causal LM)"
+    )
+    policy: str | None = Field(default=None, description="the old name of policy_backend (still accepted)")
     policy_id: str | None = Field(default=None, description="learned: this policy (default: the newest SFT policy)")
     policy_endpoint: str | None = Field(default=None, description="endpoint: an OpenAI-compatible base URL (.../v1)")
     policy_model: str = "default"
@@ -72,8 +76,9 @@ class GuidanceEvaluationConfig(Config):
     )
 
 
-def _settings(config: GuidanceEvaluationConfig) -> GuidanceSettings:
-    values = config.model_dump()
+def _settings(config: GuidanceEvaluationConfig, warn: Callable[[str], object] | None = None) -> GuidanceSettings:
+    values = config.model_dump(exclude={"policy"})
+    values["policy_backend"] = renamed_field(config, "policy", "policy_backend", warn)
     for name in ("tasks", "n_values", "verifiers", "judge_variants"):
         values[name] = tuple(values[name])
     return GuidanceSettings(**values)
@@ -97,7 +102,7 @@ def guidance_evaluation(
 ) -> MaterializeResult:
     wh = warehouse.get()
     try:
-        settings = _settings(config)
+        settings = _settings(config, context.log.warning)
         clock = settings.episode_clock_ms
         result = run_guidance_evaluation(
             wh,

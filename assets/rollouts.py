@@ -27,6 +27,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from assets.config import renamed_field
 from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import EnvPoolResource, WarehouseResource
 from envs.rollouts import (
@@ -58,7 +59,8 @@ ANDROID_PARTITIONS = MultiPartitionsDefinition(
 class RolloutConfig(Config):
     tasks: list[str] = Field(default=[], description="task ids within the partition's family; empty: all of them")
     episodes_per_task: int = Field(default=4, description="episodes per task (ignored when seeds are given)")
-    policy: str = Field(default="noisy_expert", description=f"exploration policy, one of {policy_names()}")
+    exploration_policy: str = Field(default="noisy_expert", description=f"one of {policy_names()}")
+    policy: str | None = Field(default=None, description="the old name of exploration_policy (still accepted)")
     noise: float = Field(default=0.2, description="noisy_expert: probability that a step wanders off the solution")
     workers: int = Field(default=2, description="episodes run at once (2 suits a 2-core machine)")
     base_seed: int = Field(default=0, description="seeds are base_seed + 10000 * batch number + episode index")
@@ -81,7 +83,7 @@ def _materialize(
         batch=keys["batch"],
         tasks=tuple(config.tasks),
         episodes_per_task=config.episodes_per_task,
-        policy=config.policy,
+        exploration_policy=renamed_field(config, "policy", "exploration_policy", context.log.warning),
         noise=config.noise,
         workers=config.workers,
         base_seed=config.base_seed,

@@ -65,7 +65,7 @@ class RolloutRequest:
     batch: str  # b00, b01, ...: fixes the seeds
     tasks: tuple[str, ...] = ()  # empty: every task of the family
     episodes_per_task: int = 4
-    policy: str = "noisy_expert"
+    exploration_policy: str = "noisy_expert"
     noise: float = 0.2
     workers: int = 2
     base_seed: int = 0
@@ -193,7 +193,7 @@ def run_rollout_batch(
         tasks: list[CatalogTask] = tasks_of_family(request.family, catalog, request.tasks)
     except KeyError as exc:
         raise RolloutError(str(exc)) from None
-    policy = policy or exploration_policy(request.policy, request.noise)
+    policy = policy or exploration_policy(request.exploration_policy, request.noise)
     supports = getattr(policy, "supports", None)
     skipped = [t.task_id for t in tasks if supports is not None and not supports(t.spec)]
     tasks = [t for t in tasks if t.task_id not in skipped]

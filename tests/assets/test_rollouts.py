@@ -252,7 +252,7 @@ def test_materialize_from_the_ui_launchpad(tmp_path):
                             "tasks": ["click-button-sequence"],
                             "episodes_per_task": 2,
                             "workers": 1,
-                            "policy": "random_walk",
+                            "exploration_policy": "random_walk",
                         }
                     }
                 }

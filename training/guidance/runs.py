@@ -69,7 +69,7 @@ from warehouse.tables_guidance import GUIDANCE_EPISODES, GUIDANCE_EVAL, GUIDANCE
 
 GUIDANCE_CODE_VERSION = "guidance-1"
 METHODS: tuple[str, ...] = ("base", "best_of_n", "oracle", "judge", "retry")
-POLICY_KINDS = ("learned", "endpoint", "hf")
+POLICY_BACKENDS = ("learned", "endpoint", "hf")
 
 Log = Callable[[str], None]
 PoolFactory = Callable[[int], AbstractContextManager[EnvPool]]
@@ -84,7 +84,9 @@ PoolFactory = Callable[[int], AbstractContextManager[EnvPool]]
 class GuidanceSettings:
     """What one evaluation runs; checked at construction (before any rollout)."""
 
-    policy: str = "learned"  # learned (a policies row) | endpoint (an OpenAI-compatible model) | hf (a local LM)
+    policy_backend: str = (
+        "learned"  # learned (a policies row) | endpoint (an OpenAI-compatible model) | hf (a local LM)
+    )
     policy_id: str | None = None  # learned: this policies row (default: the newest SFT policy)
     policy_endpoint: str | None = None  # endpoint: base URL
     policy_model: str = "default"
@@ -109,13 +111,15 @@ class GuidanceSettings:
     episode_max_time_ms: int | None = None  # MiniWoB++'s episode clock; None: see episode_clock_ms
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICY_KINDS:
-            raise GuidanceError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICY_KINDS)}")
-        if self.policy == "endpoint" and not self.policy_endpoint:
-            raise GuidanceError("policy 'endpoint' needs policy_endpoint (an OpenAI-compatible base URL)")
-        if self.policy == "hf" and not self.policy_path:
-            raise GuidanceError("policy 'hf' needs policy_path (a save_pretrained folder)")
-        if self.policy != "learned" and not self.tasks:
+        if self.policy_backend not in POLICY_BACKENDS:
+            raise GuidanceError(
+                f"unknown policy_backend {self.policy_backend!r}; choose one of {', '.join(POLICY_BACKENDS)}"
+            )
+        if self.policy_backend == "endpoint" and not self.policy_endpoint:
+            raise GuidanceError("policy_backend 'endpoint' needs policy_endpoint (an OpenAI-compatible base URL)")
+        if self.policy_backend == "hf" and not self.policy_path:
+            raise GuidanceError("policy_backend 'hf' needs policy_path (a save_pretrained folder)")
+        if self.policy_backend != "learned" and not self.tasks:
             raise GuidanceError("an LLM policy has no tasks of its own: name the tasks")
         bad_n = [n for n in (*self.n_values, self.judge_n, self.retry_n) if n < 1]
         if bad_n:
@@ -138,7 +142,7 @@ class GuidanceSettings:
         action and the evaluation measured the clock, not the judge."""
         if self.episode_max_time_ms is not None:
             return self.episode_max_time_ms
-        return LLM_EPISODE_CLOCK_MS if (self.endpoint or self.policy != "learned") else None
+        return LLM_EPISODE_CLOCK_MS if (self.endpoint or self.policy_backend != "learned") else None
 
     def judge_settings(self, variant: str = "full") -> JudgeSettings:
         return JudgeSettings.for_variant(
@@ -219,7 +223,7 @@ def load_proposer(
     names: list[str] = list(settings.tasks)
     lineage: list[LineageInput] = []
     proposer: Proposer
-    if settings.policy == "learned":
+    if settings.policy_backend == "learned":
         try:
             row = latest_policy(warehouse, "sft", settings.policy_id)
         except PolicyNotFoundError as exc:
@@ -230,7 +234,7 @@ def load_proposer(
         lineage.append(
             LineageInput(kind="asset", input_asset="policy_sft", path=row["checkpoint_path"], version=policy_id)
         )
-    elif settings.policy == "endpoint":
+    elif settings.policy_backend == "endpoint":
         from training.llm.policy import EndpointPolicy
 
         assert settings.policy_endpoint is not None

@@ -318,8 +318,8 @@ def test_bad_settings_are_refused_before_any_rollout(tiny_home):
         GuidanceSettings(n_values=(0, 3))
     with pytest.raises(GuidanceError, match="unknown verifier 'best'"):
         GuidanceSettings(verifiers=("best",))
-    with pytest.raises(GuidanceError, match="unknown policy"):
-        GuidanceSettings(policy="gpt")
+    with pytest.raises(GuidanceError, match="unknown policy_backend 'gpt'"):
+        GuidanceSettings(policy_backend="gpt")
     with pytest.raises(GuidanceError, match="ORM judges whether a whole trajectory"):
         make_verifier("orm")
     with pytest.raises(GuidanceError, match="unknown verifier"):
@@ -625,6 +625,6 @@ def test_an_llm_in_the_step_gets_an_episode_clock_it_can_finish_in():
     episode ended at its first action); the learned policy with local verifiers keeps the benchmark's."""
     assert GuidanceSettings().episode_clock_ms is None
     assert GuidanceSettings(endpoint="http://127.0.0.1:9/v1").episode_clock_ms == LLM_EPISODE_CLOCK_MS == 600_000
-    llm_policy = GuidanceSettings(policy="hf", policy_path="/models/x", tasks=("click-option",))
+    llm_policy = GuidanceSettings(policy_backend="hf", policy_path="/models/x", tasks=("click-option",))
     assert llm_policy.episode_clock_ms == LLM_EPISODE_CLOCK_MS
     assert GuidanceSettings(endpoint="http://127.0.0.1:9/v1", episode_max_time_ms=30_000).episode_clock_ms == 30_000

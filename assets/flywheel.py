@@ -143,7 +143,9 @@ class AlternativesConfig(Config):
     horizon: int = Field(default=0, description="steps of a continuation (0: the rest of the task's budget)")
     temperature: float = Field(default=1.0, description="sampling temperature of the continuations")
     sources: list[str] = Field(
-        default=list(SOURCE_PURPOSES), description="where states come from: policy_rollout, exploration, evaluation"
+        default=list(SOURCE_PURPOSES),
+        description="where states come from: policy_rollout, exploration, evaluation; also selection (the "
+        "policy's evaluation episodes on selection seeds: held-out states for guidance's abstention margin)",
     )
     tasks: list[str] = Field(default=[], description="task ids in the family; empty: the policy's own tasks there")
     all_tasks: bool = Field(default=False, description="every task of the family instead of the policy's own")

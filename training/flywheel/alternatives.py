@@ -17,6 +17,9 @@ States are sampled (seeded) from three sources: the proposing policy's own rollo
 (``policy_rollout``), the rollouts asset's expert episodes (``exploration``), both training data, and
 the policy's greedy evaluation episodes (``evaluation``: a fixed held-out set, sampled once, never
 trained on, on which the reward-model report measures how often a model picks the best candidate).
+On request a fourth, ``selection``: the policy's evaluation episodes on its selection seeds only,
+sampled once into a held-out set of their own, so that guidance can fit its abstention margin on
+states away from the held-out seeds it evaluates on (``training.guidance.abstention``).
 Human demonstrations have no seed and cannot be replayed.
 """
 
@@ -71,6 +74,11 @@ SOURCE_PURPOSES: tuple[str, ...] = (
     EpisodePurpose.EXPLORATION.value,
     EpisodePurpose.EVALUATION.value,
 )
+#: The proposer's evaluation episodes on its selection seeds (``eval:<policy>:selection:...``) as a
+#: source of their own: held-out states (purpose ``evaluation``) in a dataset of their own, sampled
+#: once, never on the held-out seeds guidance evaluates. Not a default source.
+SELECTION_SOURCE = "selection"
+SOURCES: tuple[str, ...] = (*SOURCE_PURPOSES, SELECTION_SOURCE)
 
 Log = Callable[[str], None]
 PoolFactory = Callable[[int], AbstractContextManager[EnvPool]]
@@ -85,7 +93,7 @@ class AlternativesRequest:
     """One (proposing policy, family, round) of alternatives.
 
     ``policy`` names the proposer as a collection does (``sft``, ``rl-<source>``, a policy id);
-    ``states_per_task`` states are sampled per task and source purpose; at each, the proposer's
+    ``states_per_task`` states are sampled per task and source (:data:`SOURCES`); at each, the proposer's
     ``top_k`` candidates (and the recorded action, when it is not among them) are replayed, each
     followed by ``continuations`` continuations of at most ``horizon`` steps (0: the rest of the
     task's step budget) sampled at ``temperature``."""
@@ -117,9 +125,9 @@ class AlternativesRequest:
             problems.append(f"temperature must be positive, got {self.temperature}")
         if self.workers < 1:
             problems.append(f"workers must be at least 1, got {self.workers}")
-        unknown = sorted(set(self.sources) - set(SOURCE_PURPOSES))
+        unknown = sorted(set(self.sources) - set(SOURCES))
         if unknown or not self.sources:
-            problems.append(f"sources must be among {list(SOURCE_PURPOSES)}, got {list(self.sources)}")
+            problems.append(f"sources must be among {list(SOURCES)}, got {list(self.sources)}")
         if problems:
             raise AlternativesError("; ".join(problems))
 
@@ -139,6 +147,11 @@ class SourceEpisode:
     purpose: str
     policy_id: str
     n_steps: int
+    source: str = ""  # the request's source it was drawn for (:data:`SOURCES`); empty: its purpose
+
+    @property
+    def sample_source(self) -> str:
+        return self.source or self.purpose
 
 
 def state_id(proposer_id: str, episode_id: str, step_idx: int) -> str:
@@ -150,8 +163,12 @@ def replayable_episodes(
 ) -> list[SourceEpisode]:
     """The episodes states may come from (see the module docstring), in episode order: the
     proposer's rollouts of ``request.round``, every expert rollout of the tasks, the proposer's
-    evaluation episodes; only live MiniWoB++ episodes with a seed."""
+    evaluation episodes (for ``selection``: those on selection seeds, once more under that source);
+    only live MiniWoB++ episodes with a seed."""
     rollout_ids = f"policy:{proposer_id}:%:r{request.round:02d}:%"
+    purposes = [s for s in request.sources if s != SELECTION_SOURCE]
+    if SELECTION_SOURCE in request.sources:
+        purposes.append(EpisodePurpose.EVALUATION.value)
     rows = warehouse.query(
         "SELECT episode_id, task_id, seed, purpose, coalesce(policy_id, '') AS policy_id, n_steps FROM episodes "
         "WHERE env_backend = 'miniwob' AND seed IS NOT NULL AND n_steps > 0 AND list_contains(?, task_id) "
@@ -160,14 +177,21 @@ def replayable_episodes(
         "  OR purpose = 'exploration'"
         "  OR (purpose = 'evaluation' AND policy_id = ?)) "
         "ORDER BY episode_id",
-        [list(task_ids), list(request.sources), proposer_id, rollout_ids, f"eval:{proposer_id}"],
+        [list(task_ids), purposes, proposer_id, rollout_ids, f"eval:{proposer_id}"],
     ).to_pylist()
-    return [SourceEpisode(**r) for r in rows]
+    episodes = [SourceEpisode(**r) for r in rows if r["purpose"] in request.sources]
+    if SELECTION_SOURCE in request.sources:
+        selection_ids = f"eval:{proposer_id}:{SELECTION_SOURCE}:"
+        episodes += [
+            SourceEpisode(**r, source=SELECTION_SOURCE) for r in rows if r["episode_id"].startswith(selection_ids)
+        ]
+    return episodes
 
 
-def held_out_dataset(proposer_id: str, family: str) -> str:
-    """The dataset of a proposer's held-out states in a family: written once, never replaced."""
-    return f"{ASSET_NAME}/{proposer_id}/{family}/held-out"
+def held_out_dataset(proposer_id: str, family: str, source: str = EpisodePurpose.EVALUATION.value) -> str:
+    """The dataset of a proposer's held-out states in a family: written once, never replaced
+    (``held-out``; ``selection`` for the states of the selection seeds' episodes)."""
+    return f"{ASSET_NAME}/{proposer_id}/{family}/{'selection' if source == SELECTION_SOURCE else 'held-out'}"
 
 
 def round_dataset(proposer_id: str, family: str, round_: int) -> str:
@@ -185,6 +209,15 @@ def taken_states(warehouse: Warehouse, proposer_id: str, round_: int) -> set[str
     return set(rows.column(0).to_pylist())
 
 
+def held_out_states(warehouse: Warehouse, proposer_id: str) -> set[str]:
+    """This proposer's held-out states already labelled (either held-out source): never drawn again."""
+    rows = warehouse.query(
+        "SELECT DISTINCT state_id FROM step_alternatives WHERE proposer_policy_id = ? AND purpose = 'evaluation'",
+        [proposer_id],
+    )
+    return set(rows.column(0).to_pylist())
+
+
 def sample_states(
     episodes: Sequence[SourceEpisode],
     per_task: int,
@@ -193,21 +226,25 @@ def sample_states(
     round_: int,
     taken: Collection[str] = (),
 ) -> list[tuple[SourceEpisode, int]]:
-    """Up to ``per_task`` states (episode, step) per task and source purpose, uniformly over the
-    steps of the episodes, seeded by (proposer, task, purpose, round); the evaluation purpose's
-    sample ignores the round (one fixed held-out set). States in ``taken`` are left out."""
+    """Up to ``per_task`` states (episode, step) per task and source, uniformly over the steps of
+    the episodes, seeded by (proposer, task, source, round); the held-out sources' samples ignore
+    the round (each one fixed set). States in ``taken`` are left out, and a state both held-out
+    sources drew is kept once, under ``evaluation``."""
     groups: dict[tuple[str, str], list[tuple[SourceEpisode, int]]] = defaultdict(list)
     for e in episodes:
         for t in range(e.n_steps):
             if state_id(proposer_id, e.episode_id, t) not in taken:
-                groups[(e.task_id, e.purpose)].append((e, t))
+                groups[(e.task_id, e.sample_source)].append((e, t))
     chosen: list[tuple[SourceEpisode, int]] = []
-    for (task_id, purpose), members in sorted(groups.items()):
-        salt = "held-out" if purpose == EpisodePurpose.EVALUATION.value else f"r{round_}"
-        rng = random.Random(f"{ASSET_NAME}|{proposer_id}|{task_id}|{purpose}|{salt}")
+    for (task_id, source), members in sorted(groups.items()):
+        salt = {EpisodePurpose.EVALUATION.value: "held-out", SELECTION_SOURCE: "selection"}.get(source, f"r{round_}")
+        rng = random.Random(f"{ASSET_NAME}|{proposer_id}|{task_id}|{source}|{salt}")
         picked = rng.sample(members, min(per_task, len(members)))
         chosen += sorted(picked, key=lambda s: (s[0].episode_id, s[1]))
-    return chosen
+    drawn_elsewhere = {(e.episode_id, t) for e, t in chosen if e.sample_source != SELECTION_SOURCE}
+    return [
+        (e, t) for e, t in chosen if e.sample_source != SELECTION_SOURCE or (e.episode_id, t) not in drawn_elsewhere
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,14 +576,22 @@ def run_alternatives(
     by_id = {t.task_id: t for t in tasks}
     model = load_policy_model(policy_row)
     model.scorer.eval()
-    taken = taken_states(warehouse, proposer_id, request.round)
-    held_out_done = warehouse.current_version(TABLE, held_out_dataset(proposer_id, request.family)) is not None
-    sources = tuple(s for s in request.sources if not (s == EpisodePurpose.EVALUATION.value and held_out_done))
+    taken = taken_states(warehouse, proposer_id, request.round) | held_out_states(warehouse, proposer_id)
+    held_out_sources = (EpisodePurpose.EVALUATION.value, SELECTION_SOURCE)
+    done = {
+        s
+        for s in held_out_sources
+        if warehouse.current_version(TABLE, held_out_dataset(proposer_id, request.family, s))
+    }
+    sources = tuple(s for s in request.sources if s not in done)
     if not sources:
         raise AlternativesError(
-            f"the held-out states of {proposer_id} in {request.family} exist already (they are sampled once)"
+            f"the held-out states of {proposer_id} in {request.family} exist already "
+            f"({', '.join(sorted(done))}: they are sampled once)"
         )
-    episodes = [e for e in replayable_episodes(warehouse, proposer_id, list(by_id), request) if e.purpose in sources]
+    episodes = [
+        e for e in replayable_episodes(warehouse, proposer_id, list(by_id), request) if e.sample_source in sources
+    ]
     sampled = sample_states(
         episodes, request.states_per_task, proposer_id=proposer_id, round_=request.round, taken=taken
     )
@@ -608,7 +653,10 @@ def run_alternatives(
             f"({dict(summary.diverged_by_task)}; docs/reproducibility.md lists the tasks that do not repeat); "
             "nothing to label, the replays_reproduce_states check says which tasks"
         )
-    materialization = _publish(warehouse, request, sources, policy_row, rows, summary, run_id, partition_key, tasks)
+    selection_states = {st.state_id for st in states if st.episode.sample_source == SELECTION_SOURCE}
+    materialization = _publish(
+        warehouse, request, sources, policy_row, rows, summary, run_id, partition_key, tasks, selection_states
+    )
     log(
         f"{summary.states_labelled} states labelled ({summary.states_dropped} dropped), "
         f"{summary.replays_diverged} of {summary.replays} replays diverged"
@@ -636,6 +684,7 @@ def _publish(
     run_id: str | None,
     partition_key: str | None,
     tasks: Sequence[CatalogTask],
+    selection_states: Collection[str] = (),
 ) -> str:
     proposer_id = policy_row["policy_id"]
     m = Materialization(
@@ -667,15 +716,22 @@ def _publish(
             ),
         ],
     )
-    # Held-out states in a dataset of their own, written once; training states in the round's
-    # (replaced by a rerun of the round, even by an empty one).
-    held_out = [r for r in rows if r["purpose"] == EpisodePurpose.EVALUATION.value]
-    training = [r for r in rows if r["purpose"] != EpisodePurpose.EVALUATION.value]
+    # Held-out states in a dataset of their own per held-out source, written once; training states
+    # in the round's (replaced by a rerun of the round, even by an empty one).
+    evaluation = EpisodePurpose.EVALUATION.value
+    training = [r for r in rows if r["purpose"] != evaluation]
     outputs = []
-    if held_out:
-        table = pa.Table.from_pylist(held_out, schema=STEP_ALTERNATIVES)
-        outputs.append(warehouse.stage_table(TABLE, held_out_dataset(proposer_id, request.family), table, m))
-    if any(s != EpisodePurpose.EVALUATION.value for s in sources):
+    for source in (evaluation, SELECTION_SOURCE):
+        held_out = [
+            r
+            for r in rows
+            if r["purpose"] == evaluation and (r["state_id"] in selection_states) == (source != evaluation)
+        ]
+        if held_out:
+            table = pa.Table.from_pylist(held_out, schema=STEP_ALTERNATIVES)
+            dataset = held_out_dataset(proposer_id, request.family, source)
+            outputs.append(warehouse.stage_table(TABLE, dataset, table, m))
+    if any(s not in (evaluation, SELECTION_SOURCE) for s in sources):
         table = pa.Table.from_pylist(training, schema=STEP_ALTERNATIVES)
         outputs.append(
             warehouse.stage_table(TABLE, round_dataset(proposer_id, request.family, request.round), table, m)

@@ -318,6 +318,16 @@ def test_states_are_sampled_per_task_and_source_seeded_and_the_held_out_set_is_f
     assert len(rest) == sum(e.n_steps for e in _episodes()) - len(one)
 
 
+def test_the_selection_source_is_sampled_on_its_own_and_a_state_both_held_out_sources_drew_is_kept_once():
+    selection = SourceEpisode("eval:p:selection:login-user:2000001", "login-user", 2000001, "evaluation", "eval:p", 4)
+    as_evaluation, as_selection = selection, SourceEpisode(**{**selection.__dict__, "source": "selection"})
+    drawn = sample_states([as_evaluation, as_selection], 4, proposer_id="p", round_=1)
+    assert [(e.sample_source, t) for e, t in drawn] == [("evaluation", t) for t in range(4)]  # kept once
+    alone = sample_states([as_selection], 2, proposer_id="p", round_=1)
+    assert alone == sample_states([as_selection], 2, proposer_id="p", round_=7)  # one fixed set, not by round
+    assert len(alone) == 2 and all(e.purpose == "evaluation" and e.sample_source == "selection" for e, _ in alone)
+
+
 @pytest.fixture(scope="module")
 def policy_model():
     from training.policy.learned import PolicyModel

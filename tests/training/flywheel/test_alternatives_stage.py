@@ -281,3 +281,41 @@ def test_a_task_whose_states_never_replay_publishes_no_rows_and_is_flagged_not_f
     assert checks["labels_in_range"].passed and checks["labels_in_range"].metadata["alternatives"] == 0
     assert not checks["replays_reproduce_states"].passed  # flagged (warn), with the task named
     assert checks["replays_reproduce_states"].metadata["diverged_by_task"] == {"login-user": summary["replays"]}
+
+
+def test_selection_seed_states_are_a_held_out_set_of_their_own_sampled_once_and_never_twice(home):
+    """Issue 42: guidance fits its abstention margin on held-out states away from the seeds it
+    evaluates; the ``selection`` source draws them from the proposer's selection-seed evaluations
+    into their own dataset, and no state lands in both held-out sets."""
+    episodes, steps = episode_tables(
+        [_record("eval:sft-a", "eval:sft-a:selection:login-user:2000000", 2000000, 5, EpisodePurpose.EVALUATION)[0]],
+        purpose=EpisodePurpose.EVALUATION,
+    )
+    m = Materialization(asset="policy_sft")
+    home.publish(
+        m, [home.stage_table("episodes", "selection", episodes, m), home.stage_table("steps", "sel", steps, m)]
+    )
+    pool = ScriptedPool()
+    selection = AlternativesRequest(
+        "sft", "miniwob-forms", states_per_task=20, top_k=2, continuations=2, sources=("selection",)
+    )
+    summary = _run(home, selection, pool, "run-s")
+    rows = _rows(home)
+    assert {r["episode_id"] for r in rows} == {"eval:sft-a:selection:login-user:2000000"}
+    assert {r["purpose"] for r in rows} == {"evaluation"} and summary["states_labelled"] == 5
+    assert home.current_version("step_alternatives", held_out_dataset("sft-a", "miniwob-forms", "selection"))
+    assert home.current_version("step_alternatives", held_out_dataset("sft-a", "miniwob-forms")) is None
+    with pytest.raises(AlternativesError, match=r"exist already \(selection: they are sampled once"):
+        _run(home, selection, None, None)
+    # the held-out source then takes every evaluation episode's states but the ones already labelled
+    _run(
+        home,
+        AlternativesRequest(
+            "sft", "miniwob-forms", states_per_task=20, top_k=2, continuations=2, sources=("evaluation",)
+        ),
+        pool,
+        "run-e",
+    )
+    held = home.query("SELECT DISTINCT episode_id FROM step_alternatives WHERE run_id = 'run-e'").column(0).to_pylist()
+    assert held == ["eval:sft-a:held_out:login-user:3000000"]
+    assert home.query("SELECT count(*) - count(DISTINCT alternative_id) FROM step_alternatives")[0][0].as_py() == 0

@@ -68,6 +68,10 @@ class RewardModelDatasetConfig(Config):
         description="step judges (prm, guidnav): also learn from the replayed alternatives at training states "
         "(step_alternatives); false: the executed steps only",
     )
+    excluded_tasks: list[str] = Field(
+        default=[],
+        description="tasks no example comes from, in any split (to judge a model on tasks it never saw)",
+    )
 
 
 @asset(

@@ -56,6 +56,8 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
     training = {"train_steps": args.train_steps, "profile": args.profile, "backbone": args.backbone}
     training |= {"threads": args.threads} if args.threads else {}
     training |= {"max_train_examples": args.max_train_examples} if args.max_train_examples else {}
+    excluded = [t.strip() for t in args.excluded_tasks.split(",") if t.strip()]
+    dataset_config = {"reward_model_datasets": {"config": {"excluded_tasks": excluded}}} if excluded else {}
     report_config: dict[str, Any] = {"max_trajectories": args.report_trajectories} if args.report_trajectories else {}
     compared = [m.strip() for m in args.compare_models.split(",") if m.strip()]
     report_config |= {"compare_models": compared} if compared else {}
@@ -71,7 +73,7 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
                 instance=instance,
                 partition_key=kind,
                 raise_on_error=False,
-                run_config=quiet | {"ops": {"reward_model": {"config": training}}},
+                run_config=quiet | {"ops": {"reward_model": {"config": training}} | dataset_config},
             )
             outcomes.append((f"reward_models[{kind}]", run.success))
         warehouse = Warehouse()
@@ -498,6 +500,11 @@ def _add_reward_models(sub: Any) -> None:
         default=0,
         help="the report on a fixed sample of this many trajectories per split (0: all; an LLM backbone scores "
         "a few steps a second on a CPU)",
+    )
+    p.add_argument(
+        "--excluded-tasks",
+        default="",
+        help="comma-separated tasks no example comes from (a model to judge on tasks it never saw)",
     )
     p.add_argument("--no-report", dest="report", action="store_false", help="train only")
     p.set_defaults(func=cmd_reward_models)

@@ -83,6 +83,10 @@ def build_reward_model_dataset(
     alternatives = read_alternatives(warehouse) if spec.state == "before_action" and options.alternatives else []
     if trajectories is None:
         trajectories = read_trajectories(warehouse, splits.keys(), progress=progress)
+    excluded = {e for e, t in trajectories.items() if t.task_id in set(options.excluded_tasks)}
+    if excluded:  # as if never collected: no example, no alternative, no TRL row of these tasks
+        trajectories = {e: t for e, t in trajectories.items() if e not in excluded}
+        splits = {e: info for e, info in splits.items() if e not in excluded}
     exploits = select_exploits(read_paid_episodes(warehouse))
     examples, stats = build_examples(
         kind,
@@ -95,6 +99,8 @@ def build_reward_model_dataset(
         exploit_episodes={e.episode_id for e in exploits},
     )
     examples = with_episode_purposes(warehouse, examples)
+    if excluded:
+        stats.dropped["episodes of excluded tasks"] = len(excluded)
     stats.examples_by_purpose = examples_by_purpose(examples)
     stats.exploits = exploits_in(examples, exploits)
     tables = ["episodes", "steps", "progress_split"] + (["progress_labels"] if needed else []) + human_tables

@@ -116,10 +116,13 @@ class DatasetOptions:
     anchor_outcome: bool = True
     # step judges: also the replayed alternatives at training states (step_alternatives)
     alternatives: bool = True
+    # tasks no example comes from, in any split: a model judged on tasks it never saw (issue 42)
+    excluded_tasks: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return {
             "alternatives": self.alternatives,
+            "excluded_tasks": sorted(self.excluded_tasks),
             "anchor_outcome": self.anchor_outcome,
             "lcs_method": self.lcs_method,
             "derived_from": self.derived_from,

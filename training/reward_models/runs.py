@@ -104,6 +104,7 @@ def dataset_options(
     sample_failed_steps: bool = True,
     anchor_outcome: bool = True,
     alternatives: bool = True,
+    excluded_tasks: Sequence[str] = (),
 ) -> DatasetOptions:
     """Dataset options from plain values (see :class:`training.reward_models.examples.DatasetOptions`)."""
     return DatasetOptions(
@@ -113,6 +114,7 @@ def dataset_options(
         sample_failed_steps=sample_failed_steps,
         anchor_outcome=anchor_outcome,
         alternatives=alternatives,
+        excluded_tasks=tuple(excluded_tasks),
     )
 
 

@@ -260,6 +260,28 @@ def _target(rng: np.random.Generator, budget: int, remaining: int, shape: float 
     return max(1, int(round(rng.gamma(shape, mean / shape))))
 
 
+def _plan_recordings(
+    pool: Sequence[Trajectory], start: int, target: int, outcome: bool
+) -> tuple[list[tuple[Trajectory, int]], int]:
+    """Recordings of ``pool`` from ``start`` on (wrapping) that make one trajectory of about ``target``
+    steps, as (recording, steps kept), and its length. A success: whole recordings, stopping at the
+    count that comes closest to the target. A failure: whole recordings, then the last one abandoned
+    before its end (see the module docstring); at the target exactly, the next one is abandoned at once."""
+    plan: list[tuple[Trajectory, int]] = []
+    length = 0
+    for k in range(10_000):
+        part = pool[(start + k) % len(pool)]
+        if outcome:
+            if plan and abs(length + part.n_steps - target) >= abs(length - target):
+                break
+        elif target - length < part.n_steps:
+            plan.append((part, target - length))
+            return plan, target
+        plan.append((part, part.n_steps))
+        length += part.n_steps
+    return plan, length
+
+
 def derive_paper_corpus(
     real: Sequence[Trajectory],
     *,
@@ -314,26 +336,7 @@ def derive_paper_corpus(
             if not pool:
                 raise ValueError(f"task {task} has no successful recording to build a successful trajectory from")
             target = _target(rng, budget, remaining)
-            start = int(rng.integers(len(pool)))
-            plan: list[tuple[Trajectory, int]] = []
-            length = 0
-            for k in range(10_000):
-                part = pool[(start + k) % len(pool)]
-                if outcome:
-                    # Whole recordings; stop at the count that comes closest to the target.
-                    if plan and abs(length + part.n_steps - target) >= abs(length - target):
-                        break
-                    plan.append((part, part.n_steps))
-                    length += part.n_steps
-                else:
-                    # Whole recordings, then the last one abandoned before its end (see the
-                    # module docstring); at the target exactly, the next one is abandoned at once.
-                    if target - length < part.n_steps:
-                        plan.append((part, target - length))
-                        length = target
-                        break
-                    plan.append((part, part.n_steps))
-                    length += part.n_steps
+            plan, length = _plan_recordings(pool, int(rng.integers(len(pool))), target, outcome)
             plans[slot] = plan
             lengths[slot] = length
             budget -= length
@@ -522,22 +525,7 @@ class ScaledCorpus:
             pool = self.successes[real_task] if outcome else self.by_task[real_task]
             mean = PAPER_SUCCESS_LENGTH if outcome else PAPER_FAILURE_LENGTH
             target = max(1, int(round(rng.gamma(2.0, mean / 2.0))))
-            start = int(rng.integers(len(pool)))
-            plan: list[tuple[Trajectory, int]] = []
-            length = 0
-            for k in range(10_000):
-                part = pool[(start + k) % len(pool)]
-                if outcome:
-                    if plan and abs(length + part.n_steps - target) >= abs(length - target):
-                        break
-                    plan.append((part, part.n_steps))
-                    length += part.n_steps
-                else:
-                    if target - length < part.n_steps:
-                        plan.append((part, target - length))
-                        break
-                    plan.append((part, part.n_steps))
-                    length += part.n_steps
+            plan, _ = _plan_recordings(pool, int(rng.integers(len(pool))), target, outcome)
             plans.append((outcome, plan))
         out: list[Trajectory] = []
         for copy in range(spec.copies):

@@ -209,6 +209,24 @@ def taken_states(warehouse: Warehouse, proposer_id: str, round_: int) -> set[str
     return set(rows.column(0).to_pylist())
 
 
+def sources_to_sample(warehouse: Warehouse, proposer_id: str, request: AlternativesRequest) -> tuple[str, ...]:
+    """The request's sources but the held-out ones already sampled for this proposer and family
+    (each held-out set is sampled once); an error when nothing is left."""
+    held_out_sources = (EpisodePurpose.EVALUATION.value, SELECTION_SOURCE)
+    done = {
+        s
+        for s in held_out_sources
+        if warehouse.current_version(TABLE, held_out_dataset(proposer_id, request.family, s))
+    }
+    sources = tuple(s for s in request.sources if s not in done)
+    if not sources:
+        raise AlternativesError(
+            f"the held-out states of {proposer_id} in {request.family} exist already "
+            f"({', '.join(sorted(done))}: they are sampled once)"
+        )
+    return sources
+
+
 def held_out_states(warehouse: Warehouse, proposer_id: str) -> set[str]:
     """This proposer's held-out states already labelled (either held-out source): never drawn again."""
     rows = warehouse.query(
@@ -577,18 +595,7 @@ def run_alternatives(
     model = load_policy_model(policy_row)
     model.scorer.eval()
     taken = taken_states(warehouse, proposer_id, request.round) | held_out_states(warehouse, proposer_id)
-    held_out_sources = (EpisodePurpose.EVALUATION.value, SELECTION_SOURCE)
-    done = {
-        s
-        for s in held_out_sources
-        if warehouse.current_version(TABLE, held_out_dataset(proposer_id, request.family, s))
-    }
-    sources = tuple(s for s in request.sources if s not in done)
-    if not sources:
-        raise AlternativesError(
-            f"the held-out states of {proposer_id} in {request.family} exist already "
-            f"({', '.join(sorted(done))}: they are sampled once)"
-        )
+    sources = sources_to_sample(warehouse, proposer_id, request)
     episodes = [
         e for e in replayable_episodes(warehouse, proposer_id, list(by_id), request) if e.sample_source in sources
     ]

@@ -22,7 +22,6 @@ The report reads them back: :mod:`training.guidance.report`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -55,6 +54,7 @@ from training.guidance.judge import VARIANTS, JudgeSettings
 from training.guidance.proposals import GuidanceError, LearnedProposer, LLMProposer, Proposer
 from training.guidance.reflection import AttemptGuidance, next_guidance, pass_at, reflect
 from training.guidance.registry import make_verifier
+from training.guidance.storage import evaluation_dataset, superseded_outputs
 from training.guidance.verifiers import VERIFIERS, Verifier
 from training.llm.chat_client import ChatClient, ChatEndpoint
 from training.llm.policy import LLM_EPISODE_CLOCK_MS
@@ -286,16 +286,6 @@ def episode_id_for(policy_id: str, label: str, task_id: str, seed: int, attempt:
     never share an episode id (settings without a trained verifier keep their old ids)."""
     setting = f"{label}@{model_id}" if model_id else label
     return f"guide:{policy_id}:{setting}:{task_id}:{seed}:a{attempt}"
-
-
-def evaluation_dataset(policy_id: str, method: str, model_ids: Sequence[str]) -> str:
-    """Where one method's evaluation is stored: one dataset per (policy, method, verifier models),
-    so a sweep with another reward model adds a dataset and a rerun with the same ones replaces it."""
-    models = sorted({m for m in model_ids if m})
-    if not models:
-        return f"guidance/{policy_id}/{method}"
-    digest = hashlib.sha256("|".join(models).encode()).hexdigest()[:12]
-    return f"guidance/{policy_id}/{method}/verifiers-{digest}"
 
 
 def run_setting(
@@ -599,7 +589,7 @@ def run_guidance_evaluation(
     )
     dataset = evaluation_dataset(policy_id, method, [r.verifier_model_id for r in results])
     rows = _evaluation_rows(results, method, settings, policy_id, base)
-    records = _publish_evaluation(warehouse, m, dataset, results, rows, run_id)
+    records = _publish_evaluation(warehouse, m, dataset, results, rows, run_id, (policy_id, method))
     return {
         "policy_id": policy_id,
         "method": method,
@@ -731,8 +721,10 @@ def _publish_evaluation(
     results: Sequence[SettingResult],
     rows: _EvaluationRows,
     run_id: str | None,
+    policy_and_method: tuple[str, str],
 ) -> list[EpisodeRecord]:
-    """Publish every setting's episodes, attempts and guidance rows as one version; returns the episodes."""
+    """Publish every setting's episodes, attempts and guidance rows as one version, and earlier
+    sweeps without what this one measured again (:func:`superseded_outputs`); returns the episodes."""
     records = [r for result in results for r, _ in result.records]
     merged = BatchResult(
         episodes=records,
@@ -755,5 +747,7 @@ def _publish_evaluation(
             "guidance_steps", dataset, pa.Table.from_pylist(rows.step_rows, schema=GUIDANCE_STEPS), m
         ),
     ]
+    measured = {(r.setting.label, r.verifier_model_id) for r in results}
+    outputs += superseded_outputs(warehouse, m, *policy_and_method, dataset, measured)
     warehouse.publish(m, outputs)
     return records

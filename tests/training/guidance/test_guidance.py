@@ -50,12 +50,12 @@ from training.guidance.runs import (
     LLM_EPISODE_CLOCK_MS,
     GuidanceSettings,
     episode_id_for,
-    evaluation_dataset,
     paired_delta,
     plan_settings,
     setting_rows,
     verifier_model_id,
 )
+from training.guidance.storage import evaluation_dataset
 from training.guidance.verifiers import EnsembleVerifier, StepView, Verdict, mean_rank, step_ranks
 from training.llm.chat_client import ChatClient, ChatEndpoint
 from warehouse.catalog import LineageInput, Warehouse
@@ -628,3 +628,89 @@ def test_an_llm_in_the_step_gets_an_episode_clock_it_can_finish_in():
     llm_policy = GuidanceSettings(policy_backend="hf", policy_path="/models/x", tasks=("click-option",))
     assert llm_policy.episode_clock_ms == LLM_EPISODE_CLOCK_MS
     assert GuidanceSettings(endpoint="http://127.0.0.1:9/v1", episode_max_time_ms=30_000).episode_clock_ms == 30_000
+
+
+def test_a_later_sweep_that_measures_a_setting_again_replaces_it_in_the_earlier_sweep(tmp_path):
+    """Found on a real home (issue 42): a sweep of prm and the ensemble, then one of prm and
+    progrm_env with the same models, stored prm:N=3's episodes twice (same ids, two datasets),
+    and the report counted both. Now the later publish restages the earlier sweep without it."""
+    import pyarrow as pa
+
+    from envs.pool_jobs import ROLLOUT_ATTEMPTS
+    from training.guidance.storage import superseded_outputs
+    from warehouse.catalog import Materialization
+    from warehouse.schema import EPISODES, STEPS
+    from warehouse.tables_guidance import GUIDANCE_EPISODES, GUIDANCE_EVAL, GUIDANCE_STEPS
+
+    wh = Warehouse(tmp_path / "home")
+
+    def publish(settings, wins):
+        m = Materialization(asset="guidance_evaluation")
+        dataset = evaluation_dataset("p", "best_of_n", [model for _, model in settings])
+        ids = {(s, model): [episode_id_for("p", s, "t", seed, 0, model) for seed in range(3)] for s, model in settings}
+        key = {"policy_id": "p", "task_id": "t", "method": "best_of_n"}
+        tables = {
+            "guidance_eval": pa.Table.from_pylist(
+                [key | {"setting": s, "verifier_model_id": model, "successes": wins} for s, model in settings],
+                schema=GUIDANCE_EVAL,
+            ),
+            "guidance_episodes": pa.Table.from_pylist(
+                [
+                    key
+                    | {
+                        "setting": s,
+                        "verifier_model_id": model,
+                        "seed": seed,
+                        "attempt": 0,
+                        "episode_id": e,
+                        "success": seed < wins,
+                    }
+                    for (s, model), es in ids.items()
+                    for seed, e in enumerate(es)
+                ],
+                schema=GUIDANCE_EPISODES,
+            ),  # fmt: skip
+            "guidance_steps": pa.Table.from_pylist(
+                [{"episode_id": e, "step_idx": 0} for es in ids.values() for e in es], schema=GUIDANCE_STEPS
+            ),
+            "episodes": pa.Table.from_pylist(
+                [
+                    {"episode_id": e, "task_id": "t", "source": "rollout", "success": True, "n_steps": 1}
+                    for es in ids.values()
+                    for e in es
+                ],
+                schema=EPISODES,
+            ),  # fmt: skip
+            "steps": pa.Table.from_pylist(
+                [
+                    {"episode_id": e, "step_idx": 0, "action_type": "CLICK", "action_text": "CLICK(a)"}
+                    for es in ids.values()
+                    for e in es
+                ],
+                schema=STEPS,  # fmt: skip
+            ),
+            "rollout_attempts": pa.Table.from_pylist(
+                [{"episode_id": e, "attempt": 0, "status": "completed"} for es in ids.values() for e in es],
+                schema=ROLLOUT_ATTEMPTS,
+            ),
+        }
+        outputs = [wh.stage_table(name, dataset, table, m) for name, table in tables.items()]
+        outputs += superseded_outputs(wh, m, "p", "best_of_n", dataset, set(ids))
+        wh.publish(m, outputs)
+
+    publish([("prm:N=3", "prm-a"), ("ensemble:N=3", "prm-a+penv-b")], wins=1)
+    publish([("prm:N=3", "prm-a"), ("progrm_env:N=3", "penv-b")], wins=2)
+    evals = wh.query("SELECT setting, verifier_model_id, successes FROM guidance_eval ORDER BY setting").to_pylist()
+    assert [(r["setting"], r["successes"]) for r in evals] == [
+        ("ensemble:N=3", 1),
+        ("prm:N=3", 2),
+        ("progrm_env:N=3", 2),
+    ]
+    for table, key in (("guidance_episodes", "setting, verifier_model_id, seed"), ("episodes", "episode_id"),
+                       ("steps", "episode_id, step_idx"), ("guidance_steps", "episode_id, step_idx"),
+                       ("rollout_attempts", "episode_id, attempt")):  # fmt: skip
+        n, unique = wh.query(f"SELECT count(*), count(DISTINCT ({key})) FROM {table}").to_pylist()[0].values()
+        assert n == unique == 9, table  # 3 settings x 3 seeds, each once
+    # a sweep that measures nothing the earlier ones did leaves them as they are
+    publish([("prm:N=3", "prm-c")], wins=3)
+    assert wh.query("SELECT count(*) AS n FROM guidance_eval").to_pylist()[0]["n"] == 4

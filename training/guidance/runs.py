@@ -54,7 +54,7 @@ from training.guidance.judge import VARIANTS, JudgeSettings
 from training.guidance.proposals import GuidanceError, LearnedProposer, LLMProposer, Proposer
 from training.guidance.reflection import AttemptGuidance, next_guidance, pass_at, reflect
 from training.guidance.registry import make_verifier
-from training.guidance.storage import evaluation_dataset, superseded_outputs
+from training.guidance.storage import sweep_outputs
 from training.guidance.verifiers import VERIFIERS, Verifier
 from training.llm.chat_client import ChatClient, ChatEndpoint
 from training.llm.policy import LLM_EPISODE_CLOCK_MS
@@ -62,7 +62,7 @@ from training.policy.evaluation import env_return, failure_mode, sample_seeds
 from training.policy.learned import PolicyModel
 from training.policy.store import HELD_OUT_SEED_BASE, PolicyNotFoundError, latest_policy
 from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS
-from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
+from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.purposes import EpisodePurpose
 from warehouse.storage import git_revision
 from warehouse.tables_guidance import GUIDANCE_EPISODES, GUIDANCE_EVAL, GUIDANCE_STEPS
@@ -587,9 +587,8 @@ def run_guidance_evaluation(
         },
         inputs=evaluation.lineage,
     )
-    dataset = evaluation_dataset(policy_id, method, [r.verifier_model_id for r in results])
     rows = _evaluation_rows(results, method, settings, policy_id, base)
-    records = _publish_evaluation(warehouse, m, dataset, results, rows, run_id, (policy_id, method))
+    records = _publish_evaluation(warehouse, m, results, rows, run_id, (policy_id, method))
     return {
         "policy_id": policy_id,
         "method": method,
@@ -717,14 +716,14 @@ def _setting_summary(result: SettingResult, overall: Mapping[str, Any]) -> dict[
 def _publish_evaluation(
     warehouse: Warehouse,
     m: Materialization,
-    dataset: str,
     results: Sequence[SettingResult],
     rows: _EvaluationRows,
     run_id: str | None,
     policy_and_method: tuple[str, str],
 ) -> list[EpisodeRecord]:
-    """Publish every setting's episodes, attempts and guidance rows as one version, and earlier
-    sweeps without what this one measured again (:func:`superseded_outputs`); returns the episodes."""
+    """Publish every setting's episodes, attempts and guidance rows as one version, with what
+    earlier sweeps stored that this one did not measure again (:func:`sweep_outputs`); returns the
+    episodes."""
     records = [r for result in results for r, _ in result.records]
     merged = BatchResult(
         episodes=records,
@@ -735,19 +734,15 @@ def _publish_evaluation(
         workers_replaced=0,
     )
     episodes_table, steps_table = episode_tables(records, run_id=run_id, purpose=EpisodePurpose.GUIDANCE_EVALUATION)
-    outputs: list[TableOutput] = [
-        warehouse.stage_table("episodes", dataset, episodes_table, m),
-        warehouse.stage_table("steps", dataset, steps_table, m),
-        warehouse.stage_table(ATTEMPTS_TABLE, dataset, merged.attempts_table(run_id), m),
-        warehouse.stage_table("guidance_eval", dataset, pa.Table.from_pylist(rows.eval_rows, schema=GUIDANCE_EVAL), m),
-        warehouse.stage_table(
-            "guidance_episodes", dataset, pa.Table.from_pylist(rows.episode_rows, schema=GUIDANCE_EPISODES), m
-        ),
-        warehouse.stage_table(
-            "guidance_steps", dataset, pa.Table.from_pylist(rows.step_rows, schema=GUIDANCE_STEPS), m
-        ),
-    ]
+    tables = {
+        "episodes": episodes_table,
+        "steps": steps_table,
+        ATTEMPTS_TABLE: merged.attempts_table(run_id),
+        "guidance_eval": pa.Table.from_pylist(rows.eval_rows, schema=GUIDANCE_EVAL),
+        "guidance_episodes": pa.Table.from_pylist(rows.episode_rows, schema=GUIDANCE_EPISODES),
+        "guidance_steps": pa.Table.from_pylist(rows.step_rows, schema=GUIDANCE_STEPS),
+    }
     measured = {(r.setting.label, r.verifier_model_id) for r in results}
-    outputs += superseded_outputs(warehouse, m, *policy_and_method, dataset, measured)
-    warehouse.publish(m, outputs)
+    models = [r.verifier_model_id for r in results]
+    warehouse.publish(m, sweep_outputs(warehouse, m, *policy_and_method, tables, measured, models))
     return records

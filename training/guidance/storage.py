@@ -1,13 +1,16 @@
 """Where guidance evaluations are stored, and how a rerun replaces what it measures again.
 
 One dataset per (policy, method, the sweep's verifier models) holds a sweep's six tables (episodes,
-steps, attempts, ``guidance_eval``, ``guidance_episodes``, ``guidance_steps``). Two sweeps of one
-policy and method can share a (setting, verifier model) without sharing their set of models: a
-sweep of ``prm`` and ``ensemble`` and a later one of ``prm`` and ``progrm_env`` both run ``prm:N=3``
-with the same PRM, and its episodes have the same ids in both. :func:`superseded_outputs` restages
-every other dataset of the policy and method without the (setting, model) pairs a run measures
-again, in the same publish: each pair keeps exactly one current result, the newest, and what
-the earlier sweep ran besides stays.
+steps, attempts, ``guidance_eval``, ``guidance_episodes``, ``guidance_steps``). A (setting,
+verifier model) pair keeps exactly one current result, the newest, and nothing else is lost:
+
+* a sweep's own dataset keeps what an earlier sweep with the same models stored besides
+  (:func:`rows_not_measured`, :func:`with_earlier_rows`): a sweep of N = 16 alone adds to the
+  N = 3 and 8 stored before instead of replacing them;
+* two sweeps can share a pair without sharing their set of models (``prm`` with the ensemble,
+  then ``prm`` with ``progrm_env``; its episodes have the same ids in both):
+  :func:`superseded_outputs` restages the other datasets of the policy and method without the
+  pairs a sweep measures again, in the same publish.
 """
 
 from __future__ import annotations
@@ -44,6 +47,27 @@ def evaluation_dataset(policy_id: str, method: str, model_ids: Sequence[str]) ->
     return f"guidance/{policy_id}/{method}/verifiers-{digest}"
 
 
+def sweep_outputs(
+    warehouse: Warehouse,
+    m: Materialization,
+    policy_id: str,
+    method: str,
+    tables: dict[str, pa.Table],
+    measured: Collection[tuple[str, str]],
+    model_ids: Sequence[str],
+) -> list[TableOutput]:
+    """A sweep's staged outputs: its own dataset (:func:`evaluation_dataset`) holding ``tables``
+    (the six of :data:`EVALUATION_TABLES`) after what an earlier sweep with the same models stored
+    besides, and the other datasets of the policy and method without what it measured again."""
+    dataset = evaluation_dataset(policy_id, method, model_ids)
+    earlier, _ = rows_not_measured(warehouse, dataset, measured)
+    outputs = [
+        warehouse.stage_table(name, dataset, with_earlier_rows(name, table, earlier), m)
+        for name, table in tables.items()
+    ]
+    return outputs + superseded_outputs(warehouse, m, policy_id, method, dataset, measured)
+
+
 def superseded_outputs(
     warehouse: Warehouse,
     m: Materialization,
@@ -56,28 +80,53 @@ def superseded_outputs(
     model) in ``measured``, restaged under ``m`` without those rows (and without their episodes'
     rows in the tables keyed by episode id); datasets that hold none are left as they are."""
     prefix = evaluation_dataset(policy_id, method, [])
-    measured = set(measured)
     outputs: list[TableOutput] = []
-    for other, _, path in warehouse.current_versions("guidance_eval"):
+    for other, _, _ in warehouse.current_versions("guidance_eval"):
         if other == dataset or not (other == prefix or other.startswith(prefix + "/")):
             continue
-        episodes = _read(warehouse, "guidance_episodes", other)
-        if episodes is None:
-            continue
-        repeated = _rows_of(episodes, measured)
-        if not any(repeated) and not any(_rows_of(pq.read_table(path), measured)):
-            continue
-        dropped = {e for e, r in zip(episodes["episode_id"].to_pylist(), repeated, strict=True) if r}
-        for table_name in EVALUATION_TABLES:
-            table = _read(warehouse, table_name, other)
-            if table is None:
-                continue
-            if table_name in _KEYED_BY_SETTING:
-                keep = [not r for r in _rows_of(table, measured)]
-            else:
-                keep = [e not in dropped for e in table["episode_id"].to_pylist()]
-            outputs.append(warehouse.stage_table(table_name, other, table.filter(pa.array(keep, pa.bool_())), m))
+        kept, removed = rows_not_measured(warehouse, other, measured)
+        if removed:
+            outputs += [warehouse.stage_table(name, other, table, m) for name, table in kept.items()]
     return outputs
+
+
+def rows_not_measured(
+    warehouse: Warehouse, dataset: str, measured: Collection[tuple[str, str]]
+) -> tuple[dict[str, pa.Table], bool]:
+    """The current tables of ``dataset`` (none if it does not exist) without the (setting, verifier
+    model) pairs in ``measured`` and their episodes, and whether any row was left out."""
+    pairs = set(measured)
+    episodes = _read(warehouse, "guidance_episodes", dataset)
+    dropped: set[str] = set()
+    if episodes is not None:
+        repeated = _rows_of(episodes, pairs)
+        dropped = {e for e, r in zip(episodes["episode_id"].to_pylist(), repeated, strict=True) if r}
+    kept: dict[str, pa.Table] = {}
+    removed = False
+    for table_name in EVALUATION_TABLES:
+        table = _read(warehouse, table_name, dataset)
+        if table is None:
+            continue
+        if table_name in _KEYED_BY_SETTING:
+            keep = [not r for r in _rows_of(table, pairs)]
+        else:
+            keep = [e not in dropped for e in table["episode_id"].to_pylist()]
+        removed = removed or not all(keep)
+        kept[table_name] = table.filter(pa.array(keep, pa.bool_()))
+    return kept, removed
+
+
+def with_earlier_rows(table_name: str, new: pa.Table, earlier: dict[str, pa.Table]) -> pa.Table:
+    """``new`` after the rows ``earlier`` kept of the same table (:func:`rows_not_measured`), in
+    ``new``'s schema (columns an older version did not write read as null)."""
+    old = earlier.get(table_name)
+    if old is None or old.num_rows == 0:
+        return new
+    columns = [
+        old.column(f.name).cast(f.type) if f.name in old.column_names else pa.nulls(old.num_rows, f.type)
+        for f in new.schema
+    ]
+    return pa.concat_tables([pa.Table.from_arrays(columns, schema=new.schema), new])
 
 
 def _read(warehouse: Warehouse, table_name: str, dataset: str) -> pa.Table | None:

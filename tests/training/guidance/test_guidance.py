@@ -633,11 +633,12 @@ def test_an_llm_in_the_step_gets_an_episode_clock_it_can_finish_in():
 def test_a_later_sweep_that_measures_a_setting_again_replaces_it_in_the_earlier_sweep(tmp_path):
     """Found on a real home (issue 42): a sweep of prm and the ensemble, then one of prm and
     progrm_env with the same models, stored prm:N=3's episodes twice (same ids, two datasets),
-    and the report counted both. Now the later publish restages the earlier sweep without it."""
+    and the report counted both. Now the later publish restages the earlier sweep without it; and
+    a sweep of one more N with the same models adds to its dataset instead of replacing it."""
     import pyarrow as pa
 
     from envs.pool_jobs import ROLLOUT_ATTEMPTS
-    from training.guidance.storage import superseded_outputs
+    from training.guidance.storage import sweep_outputs
     from warehouse.catalog import Materialization
     from warehouse.schema import EPISODES, STEPS
     from warehouse.tables_guidance import GUIDANCE_EPISODES, GUIDANCE_EVAL, GUIDANCE_STEPS
@@ -646,7 +647,6 @@ def test_a_later_sweep_that_measures_a_setting_again_replaces_it_in_the_earlier_
 
     def publish(settings, wins):
         m = Materialization(asset="guidance_evaluation")
-        dataset = evaluation_dataset("p", "best_of_n", [model for _, model in settings])
         ids = {(s, model): [episode_id_for("p", s, "t", seed, 0, model) for seed in range(3)] for s, model in settings}
         key = {"policy_id": "p", "task_id": "t", "method": "best_of_n"}
         tables = {
@@ -694,9 +694,7 @@ def test_a_later_sweep_that_measures_a_setting_again_replaces_it_in_the_earlier_
                 schema=ROLLOUT_ATTEMPTS,
             ),
         }
-        outputs = [wh.stage_table(name, dataset, table, m) for name, table in tables.items()]
-        outputs += superseded_outputs(wh, m, "p", "best_of_n", dataset, set(ids))
-        wh.publish(m, outputs)
+        wh.publish(m, sweep_outputs(wh, m, "p", "best_of_n", tables, set(ids), [model for _, model in settings]))
 
     publish([("prm:N=3", "prm-a"), ("ensemble:N=3", "prm-a+penv-b")], wins=1)
     publish([("prm:N=3", "prm-a"), ("progrm_env:N=3", "penv-b")], wins=2)
@@ -714,3 +712,10 @@ def test_a_later_sweep_that_measures_a_setting_again_replaces_it_in_the_earlier_
     # a sweep that measures nothing the earlier ones did leaves them as they are
     publish([("prm:N=3", "prm-c")], wins=3)
     assert wh.query("SELECT count(*) AS n FROM guidance_eval").to_pylist()[0]["n"] == 4
+    # one more N with a model already swept: added to that sweep's dataset, N = 3 kept
+    publish([("prm:N=16", "prm-c")], wins=0)
+    assert wh.query("SELECT setting FROM guidance_eval WHERE verifier_model_id = 'prm-c' ORDER BY 1").column(
+        0
+    ).to_pylist() == ["prm:N=16", "prm:N=3"]
+    counts = wh.query("SELECT count(*) AS n, count(DISTINCT episode_id) AS d FROM episodes").to_pylist()[0]
+    assert counts["n"] == counts["d"] == 15  # 5 (setting, model) pairs x 3 seeds

@@ -74,11 +74,13 @@ def fit_margin(scored: Sequence[tuple[Sequence[float], Sequence[float]]]) -> Mar
 
 
 def fit_verifier_margin(
-    warehouse: Warehouse, kind: str, scorer, excluded_instances: Collection[tuple[str, int]]
+    warehouse: Warehouse, kind: str, scorer, excluded_instances: Collection[tuple[str, int]], n: int | None = None
 ) -> MarginFit:
     """:func:`fit_margin` for the reward model ``scorer`` of ``kind`` on the warehouse's held-out
     states with alternatives, leaving out states of episodes on the evaluation's (task, seed)
-    instances; a clear error when there is none (run the flywheel's ``step_alternatives`` first)."""
+    instances; with ``n``, each state as best-of-``n`` sees it (the proposer's top ``n`` candidates
+    only: a margin fitted on three candidates over-trusted the verifier at N = 16, README
+    "Guidance"); a clear error when there is none (run the flywheel's ``step_alternatives`` first)."""
     states = read_held_out_states(warehouse) if warehouse.has_table("step_alternatives") else []
     instances = {}
     if states:
@@ -89,6 +91,8 @@ def fit_verifier_margin(
         instances = {r["episode_id"]: (r["task_id"], int(r["seed"])) for r in rows}
     excluded = set(excluded_instances)
     states = [s for s in states if s.episode_id in instances and instances[s.episode_id] not in excluded]
+    if n is not None:
+        states = [seen for s in states if (seen := s.proposals(n)) is not None]
     if not states:
         raise GuidanceError(
             "abstention fits its margin on held-out states with alternatives (step_alternatives, purpose "

@@ -638,9 +638,10 @@ def _fit_margins(
         scorer = getattr(getattr(verifier, "scorer", None), "scorer", None)
         if scorer is None or setting.verifier is None:
             raise GuidanceError(f"{setting.label}: abstention needs a reward-model verifier")
-        fit = fit_verifier_margin(warehouse, setting.verifier, scorer, evaluated)
+        fit = fit_verifier_margin(warehouse, setting.verifier, scorer, evaluated, setting.n)
         log(
-            f"{setting.label}: margin {fit.margin:.4f} fitted on {fit.states} held-out states (mean value "
+            f"{setting.label}: margin {fit.margin:.4f} fitted on {fit.states} held-out states, their top "
+            f"{setting.n} candidates (mean value "
             f"{fit.value:.3f}; the policy alone {fit.policy_value:.3f}, the verifier's argmax "
             f"{fit.verifier_value:.3f}; overrides {100 * fit.overridden:.0f}% of states)"
         )

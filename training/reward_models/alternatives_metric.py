@@ -60,10 +60,28 @@ class HeldOutState:
     descriptions: tuple[str, ...]
     values: tuple[float, ...]
     matches_plan: tuple[bool | None, ...]
+    policy_ranks: tuple[int | None, ...] = ()  # the proposer's rank of each candidate (None: never proposed)
 
     @property
     def informative(self) -> bool:
         return len(self.values) >= 2 and len(set(self.values)) > 1
+
+    def proposals(self, n: int) -> HeldOutState | None:
+        """The state as best-of-N sees it with the proposer's top ``n``: the candidates it ranked
+        below ``n``, in order (a recorded action it never proposed is left out); None when that
+        leaves nothing to choose between (fewer than two, or all of one value)."""
+        keep = [i for i, r in enumerate(self.policy_ranks or range(len(self.values))) if r is not None and r < n]
+        state = HeldOutState(
+            self.state_id,
+            self.episode_id,
+            self.step_idx,
+            self.family,
+            tuple(self.descriptions[i] for i in keep),
+            tuple(self.values[i] for i in keep),
+            tuple(self.matches_plan[i] for i in keep),
+            tuple(self.policy_ranks[i] for i in keep) if self.policy_ranks else (),
+        )
+        return state if keep and keep[0] == 0 and state.informative else None
 
     def best(self) -> set[int]:
         top = max(self.values)
@@ -75,7 +93,7 @@ def read_held_out_states(warehouse: Warehouse) -> list[HeldOutState]:
     value is unknown are left out, the order of the rest kept (candidate 0 stays first when known)."""
     rows = warehouse.query(
         "SELECT state_id, episode_id, step_idx, coalesce(task_family, 'unknown') AS family, candidate, "
-        "action_description, mc_value, matches_plan FROM step_alternatives "
+        "action_description, mc_value, matches_plan, policy_rank FROM step_alternatives "
         "WHERE purpose = 'evaluation' AND mc_value IS NOT NULL ORDER BY state_id, candidate"
     ).to_pylist()
     grouped: dict[str, list[dict]] = {}
@@ -93,6 +111,7 @@ def read_held_out_states(warehouse: Warehouse) -> list[HeldOutState]:
             tuple(m["action_description"] or "" for m in members),
             tuple(float(m["mc_value"]) for m in members),
             tuple(m["matches_plan"] for m in members),
+            tuple(m["policy_rank"] for m in members),
         )
         if state.informative:
             states.append(state)

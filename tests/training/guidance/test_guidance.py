@@ -387,6 +387,25 @@ def test_the_margin_is_fitted_where_the_candidates_values_are_known():
         fit_margin([])
 
 
+def test_a_margin_for_best_of_n_is_fitted_on_the_candidates_best_of_n_would_see():
+    """The held-out states hold the proposer's top k and the recorded action when it is not among
+    them; best-of-N scores the top N only. A state seen at N keeps the candidates ranked below N."""
+    from training.reward_models.alternatives_metric import HeldOutState
+
+    state = HeldOutState(
+        "s", "e", 2, "f", ("a0", "a1", "a2", "rec"), (0.0, 1.0, 0.5, 1.0), (None,) * 4, policy_ranks=(0, 1, 2, None)
+    )
+    at_two = state.proposals(2)
+    assert at_two is not None and at_two.descriptions == ("a0", "a1") and at_two.values == (0.0, 1.0)
+    at_eight = state.proposals(8)
+    assert at_eight is not None and at_eight.descriptions == ("a0", "a1", "a2")  # never the unproposed one
+    assert state.proposals(1) is None  # nothing to choose between
+    equal = HeldOutState("s", "e", 2, "f", ("a0", "a1", "rec"), (1.0, 1.0, 0.0), (None,) * 3, policy_ranks=(0, 1, None))
+    assert equal.proposals(3) is None  # the candidates it would see are all of one value
+    unknown = HeldOutState("s", "e", 2, "f", ("a0", "a1", "a2"), (0.0, 1.0, 0.5), (None,) * 3)  # ranks not read
+    assert unknown.proposals(2) is not None and unknown.proposals(2).values == (0.0, 1.0)
+
+
 def test_abstaining_settings_are_planned_for_reward_model_verifiers_and_need_held_out_states(tmp_path):
     settings = GuidanceSettings(n_values=(1, 3), verifiers=("prm", "oracle"), with_abstention=True)
     labels = [s.label for s in plan_settings("best_of_n", settings)]

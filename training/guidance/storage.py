@@ -39,7 +39,8 @@ _KEYED_BY_SETTING = ("guidance_eval", "guidance_episodes")
 
 def evaluation_dataset(policy_id: str, method: str, model_ids: Sequence[str]) -> str:
     """Where one method's evaluation is stored: one dataset per (policy, method, verifier models),
-    so a sweep with another reward model adds a dataset and a rerun with the same ones replaces it."""
+    so a sweep with another reward model adds a dataset, and one with the same models adds to it
+    (:func:`sweep_outputs`)."""
     models = sorted({m for m in model_ids if m})
     if not models:
         return f"guidance/{policy_id}/{method}"

@@ -424,7 +424,7 @@ def test_sweeps_with_two_models_of_one_verifier_are_stored_and_reported_side_by_
 
     assert verifier_model_id(None) == "" and verifier_model_id(_Verifier(None)) == ""
     assert verifier_model_id(_Verifier("prm-b", "prm-a", "prm-b")) == "prm-a+prm-b"
-    # the second model gets its own dataset and episode ids; a rerun with the same model replaces
+    # the second model gets its own dataset and episode ids; a sweep with the same model shares one
     first, second = evaluation_dataset("p", "best_of_n", ["prm-a", ""]), evaluation_dataset("p", "best_of_n", ["prm-b"])
     assert first != second and first == evaluation_dataset("p", "best_of_n", ["", "prm-a"])
     assert evaluation_dataset("p", "base", [""]) == "guidance/p/base"  # no verifier: the old name

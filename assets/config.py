@@ -11,7 +11,9 @@ from dagster import Config, Failure
 def renamed_field(config: Config, old: str, new: str, warn: Callable[[str], object] | None = None) -> Any:
     """The value of config field ``new``, which was called ``old`` before: a saved run config that
     still sets ``old`` keeps working (with a warning through ``warn``, a logger method), and one that
-    sets both to different values is refused, naming both, rather than one silently winning."""
+    sets both to different values is refused, naming both, rather than one silently winning. One
+    case cannot be told apart: ``new`` set to its default beside ``old`` (Dagster fills in defaults),
+    which uses ``old``, with the warning."""
     old_value, new_value = getattr(config, old), getattr(config, new)
     if old_value is None:
         return new_value

@@ -3,7 +3,8 @@ seeds of the task catalog: best-of-N with a reward model (GUI-Shepherd Alg. 2, G
 the oracle upper bound, the GUI-PRA judge and its ablations, reflect-and-retry (GuidNav §3.3).
 
 ``guidance_evaluation`` is partitioned by method (base, best_of_n, oracle, judge, retry); each
-partition runs its sweep and replaces its own rows. ``guidance_report`` puts them side by side.
+partition runs its sweep and replaces the rows of the (setting, model) pairs it measures again.
+``guidance_report`` puts them side by side.
 
 Stage logic: :mod:`training.guidance.runs` (the evaluation) and :mod:`training.guidance.report`.
 """

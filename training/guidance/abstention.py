@@ -91,8 +91,13 @@ def fit_verifier_margin(
         instances = {r["episode_id"]: (r["task_id"], int(r["seed"])) for r in rows}
     excluded = set(excluded_instances)
     states = [s for s in states if s.episode_id in instances and instances[s.episode_id] not in excluded]
-    if n is not None:
+    if n is not None and states:
         states = [seen for s in states if (seen := s.proposals(n)) is not None]
+        if not states:
+            raise GuidanceError(
+                f"no held-out state outside the evaluated instances has two candidates of different value "
+                f"among the proposer's top {n}: label more states (step_alternatives, sources [selection])"
+            )
     if not states:
         raise GuidanceError(
             "abstention fits its margin on held-out states with alternatives (step_alternatives, purpose "

@@ -15,7 +15,8 @@ the report.
 
   Models load and settings are checked before any rollout. Everything lands in
   ``guidance_eval`` / ``guidance_episodes`` / ``guidance_steps`` and, as trajectories, in
-  ``episodes`` / ``steps`` (one publish per method, replacing that method's previous version).
+  ``episodes`` / ``steps`` (one publish per method; the (setting, model) pairs it measures again
+  replace their earlier rows, the rest stay: ``training.guidance.storage``).
 
 The report reads them back: :mod:`training.guidance.report`.
 """
@@ -54,7 +55,7 @@ from training.guidance.judge import VARIANTS, JudgeSettings
 from training.guidance.proposals import GuidanceError, LearnedProposer, LLMProposer, Proposer
 from training.guidance.reflection import AttemptGuidance, next_guidance, pass_at, reflect
 from training.guidance.registry import make_verifier
-from training.guidance.storage import sweep_outputs
+from training.guidance.storage import EVALUATION_TABLES, evaluation_dataset, sweep_outputs
 from training.guidance.verifiers import VERIFIERS, Verifier
 from training.llm.chat_client import ChatClient, ChatEndpoint
 from training.llm.policy import LLM_EPISODE_CLOCK_MS
@@ -745,5 +746,7 @@ def _publish_evaluation(
     }
     measured = {(r.setting.label, r.verifier_model_id) for r in results}
     models = [r.verifier_model_id for r in results]
-    warehouse.publish(m, sweep_outputs(warehouse, m, *policy_and_method, tables, measured, models))
+    # taken before the datasets are read: two sweeps of one method never drop each other's rows
+    guard = warehouse.guard(EVALUATION_TABLES, [evaluation_dataset(*policy_and_method, [])])
+    warehouse.publish(m, sweep_outputs(warehouse, m, *policy_and_method, tables, measured, models), guard=guard)
     return records

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from envs.rollouts import ATTEMPTS_TABLE
 from warehouse.catalog import Materialization, TableOutput, Warehouse
+from warehouse.schema import TABLE_SCHEMAS
 
 #: The tables a guidance evaluation writes under its dataset.
 EVALUATION_TABLES: tuple[str, ...] = (
@@ -61,12 +62,17 @@ def sweep_outputs(
     (the six of :data:`EVALUATION_TABLES`) after what an earlier sweep with the same models stored
     besides, and the other datasets of the policy and method without what it measured again."""
     dataset = evaluation_dataset(policy_id, method, model_ids)
-    earlier, _ = rows_not_measured(warehouse, dataset, measured)
+    # the ids this sweep writes: earlier rows under them go, whether or not their episode completed
+    # then (a lost episode has attempts but no guidance_episodes row)
+    written = {
+        e for name in ("episodes", ATTEMPTS_TABLE) if name in tables for e in tables[name]["episode_id"].to_pylist()
+    }
+    earlier, _ = rows_not_measured(warehouse, dataset, measured, written)
     outputs = [
         warehouse.stage_table(name, dataset, with_earlier_rows(name, table, earlier), m)
         for name, table in tables.items()
     ]
-    return outputs + superseded_outputs(warehouse, m, policy_id, method, dataset, measured)
+    return outputs + superseded_outputs(warehouse, m, policy_id, method, dataset, measured, written)
 
 
 def superseded_outputs(
@@ -76,32 +82,35 @@ def superseded_outputs(
     method: str,
     dataset: str,
     measured: Collection[tuple[str, str]],
+    written: Collection[str] = (),
 ) -> list[TableOutput]:
     """The other current datasets of ``policy_id`` and ``method`` that hold a (setting, verifier
     model) in ``measured``, restaged under ``m`` without those rows (and without their episodes'
-    rows in the tables keyed by episode id); datasets that hold none are left as they are."""
+    rows, or rows under an episode id in ``written``, in the tables keyed by episode id); datasets
+    that hold none are left as they are."""
     prefix = evaluation_dataset(policy_id, method, [])
     outputs: list[TableOutput] = []
     for other, _, _ in warehouse.current_versions("guidance_eval"):
         if other == dataset or not (other == prefix or other.startswith(prefix + "/")):
             continue
-        kept, removed = rows_not_measured(warehouse, other, measured)
+        kept, removed = rows_not_measured(warehouse, other, measured, written)
         if removed:
             outputs += [warehouse.stage_table(name, other, table, m) for name, table in kept.items()]
     return outputs
 
 
 def rows_not_measured(
-    warehouse: Warehouse, dataset: str, measured: Collection[tuple[str, str]]
+    warehouse: Warehouse, dataset: str, measured: Collection[tuple[str, str]], written: Collection[str] = ()
 ) -> tuple[dict[str, pa.Table], bool]:
-    """The current tables of ``dataset`` (none if it does not exist) without the (setting, verifier
-    model) pairs in ``measured`` and their episodes, and whether any row was left out."""
+    """The current tables of ``dataset`` (none if it does not exist), in today's schemas, without
+    the (setting, verifier model) pairs in ``measured``, their episodes and any row under an episode
+    id in ``written``; and whether any row was left out."""
     pairs = set(measured)
     episodes = _read(warehouse, "guidance_episodes", dataset)
-    dropped: set[str] = set()
+    dropped: set[str] = set(written)
     if episodes is not None:
         repeated = _rows_of(episodes, pairs)
-        dropped = {e for e, r in zip(episodes["episode_id"].to_pylist(), repeated, strict=True) if r}
+        dropped |= {e for e, r in zip(episodes["episode_id"].to_pylist(), repeated, strict=True) if r}
     kept: dict[str, pa.Table] = {}
     removed = False
     for table_name in EVALUATION_TABLES:
@@ -123,16 +132,30 @@ def with_earlier_rows(table_name: str, new: pa.Table, earlier: dict[str, pa.Tabl
     old = earlier.get(table_name)
     if old is None or old.num_rows == 0:
         return new
-    columns = [
-        old.column(f.name).cast(f.type) if f.name in old.column_names else pa.nulls(old.num_rows, f.type)
-        for f in new.schema
-    ]
-    return pa.concat_tables([pa.Table.from_arrays(columns, schema=new.schema), new])
+    return pa.concat_tables([_in_schema(old, new.schema), new])
 
 
 def _read(warehouse: Warehouse, table_name: str, dataset: str) -> pa.Table | None:
+    """A dataset's current version of a table in today's schema (a file written before a column
+    existed gets it: null, or '' for ``verifier_model_id``, which sweeps before it lacked)."""
     version = warehouse.current_version(table_name, dataset)
-    return pq.read_table(version[1]) if version else None
+    if not version:
+        return None
+    table = pq.read_table(version[1])
+    schema = TABLE_SCHEMAS.get(table_name)
+    return _in_schema(table, schema) if schema is not None else table
+
+
+def _in_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    columns = []
+    for f in schema:
+        if f.name in table.column_names:
+            columns.append(table.column(f.name).cast(f.type))
+        elif f.name == "verifier_model_id":
+            columns.append(pa.array([""] * table.num_rows, f.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _rows_of(table: pa.Table, pairs: Collection[tuple[str, str]]) -> list[bool]:

@@ -83,6 +83,9 @@ def build_reward_model_dataset(
     alternatives = read_alternatives(warehouse) if spec.state == "before_action" and options.alternatives else []
     if trajectories is None:
         trajectories = read_trajectories(warehouse, splits.keys(), progress=progress)
+    unknown = sorted(set(options.excluded_tasks) - {t.task_id for t in trajectories.values()})
+    if unknown:  # a typo would give a dataset that still holds the task while lineage says it does not
+        raise ValueError(f"excluded_tasks: no episode of {unknown} in the reward-model split")
     excluded = {e for e, t in trajectories.items() if t.task_id in set(options.excluded_tasks)}
     if excluded:  # as if never collected: no example, no alternative, no TRL row of these tasks
         trajectories = {e: t for e, t in trajectories.items() if e not in excluded}

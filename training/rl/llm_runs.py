@@ -22,7 +22,7 @@ place (:attr:`LLMRunSettings.model`). :func:`run_llm_agent` does, in order:
    the final model close the run (``llm_rl``).
 
 Evaluations land in ``agent_eval`` / ``agent_eval_episodes`` (evaluation ``held_out``;
-``reward_source`` ``llm_base``, ``llm_sft`` or ``llm_rl:<source>``). ProgRM Table 1
+``policy_label`` ``llm_base``, ``llm_sft`` or ``llm_rl:<source>``). ProgRM Table 1
 (:func:`training.rl.evaluation.run_rl_report`) reads the CPU policy's ``rl`` runs only;
 :func:`llm_report` compares the three stages of an LLM agent on the same held-out seeds.
 """

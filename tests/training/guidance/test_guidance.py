@@ -664,9 +664,11 @@ def test_a_later_sweep_that_measures_a_setting_again_replaces_it_in_the_earlier_
 
     wh = Warehouse(tmp_path / "home")
 
-    def publish(settings, wins):
+    def publish(settings, wins, lost=None):
+        """One sweep; ``lost``: a (setting, model) whose seed-9 episode the pool lost (attempts only)."""
         m = Materialization(asset="guidance_evaluation")
         ids = {(s, model): [episode_id_for("p", s, "t", seed, 0, model) for seed in range(3)] for s, model in settings}
+        lost_ids = [episode_id_for("p", lost[0], "t", 9, 0, lost[1])] if lost else []
         key = {"policy_id": "p", "task_id": "t", "method": "best_of_n"}
         tables = {
             "guidance_eval": pa.Table.from_pylist(
@@ -709,14 +711,15 @@ def test_a_later_sweep_that_measures_a_setting_again_replaces_it_in_the_earlier_
                 schema=STEPS,  # fmt: skip
             ),
             "rollout_attempts": pa.Table.from_pylist(
-                [{"episode_id": e, "attempt": 0, "status": "completed"} for es in ids.values() for e in es],
+                [{"episode_id": e, "attempt": 0, "status": "completed"} for es in ids.values() for e in es]
+                + [{"episode_id": e, "attempt": 0, "status": "aborted"} for e in lost_ids],
                 schema=ROLLOUT_ATTEMPTS,
             ),
         }
         wh.publish(m, sweep_outputs(wh, m, "p", "best_of_n", tables, set(ids), [model for _, model in settings]))
 
-    publish([("prm:N=3", "prm-a"), ("ensemble:N=3", "prm-a+penv-b")], wins=1)
-    publish([("prm:N=3", "prm-a"), ("progrm_env:N=3", "penv-b")], wins=2)
+    publish([("prm:N=3", "prm-a"), ("ensemble:N=3", "prm-a+penv-b")], wins=1, lost=("prm:N=3", "prm-a"))
+    publish([("prm:N=3", "prm-a"), ("progrm_env:N=3", "penv-b")], wins=2, lost=("prm:N=3", "prm-a"))
     evals = wh.query("SELECT setting, verifier_model_id, successes FROM guidance_eval ORDER BY setting").to_pylist()
     assert [(r["setting"], r["successes"]) for r in evals] == [
         ("ensemble:N=3", 1),
@@ -727,7 +730,8 @@ def test_a_later_sweep_that_measures_a_setting_again_replaces_it_in_the_earlier_
                        ("steps", "episode_id, step_idx"), ("guidance_steps", "episode_id, step_idx"),
                        ("rollout_attempts", "episode_id, attempt")):  # fmt: skip
         n, unique = wh.query(f"SELECT count(*), count(DISTINCT ({key})) FROM {table}").to_pylist()[0].values()
-        assert n == unique == 9, table  # 3 settings x 3 seeds, each once
+        expected = 10 if table == "rollout_attempts" else 9  # the lost episode's attempt, once
+        assert n == unique == expected, table  # 3 settings x 3 seeds, each once
     # a sweep that measures nothing the earlier ones did leaves them as they are
     publish([("prm:N=3", "prm-c")], wins=3)
     assert wh.query("SELECT count(*) AS n FROM guidance_eval").to_pylist()[0]["n"] == 4
@@ -738,3 +742,46 @@ def test_a_later_sweep_that_measures_a_setting_again_replaces_it_in_the_earlier_
     ).to_pylist() == ["prm:N=16", "prm:N=3"]
     counts = wh.query("SELECT count(*) AS n, count(DISTINCT episode_id) AS d FROM episodes").to_pylist()[0]
     assert counts["n"] == counts["d"] == 15  # 5 (setting, model) pairs x 3 seeds
+
+
+def test_a_sweep_on_a_home_written_before_verifier_model_ids_keeps_the_old_rows(tmp_path):
+    """Guidance files written before ``verifier_model_id`` existed lack the column (and their
+    dataset is the method's plain name): a new sweep reads them in today's schema, '' as their
+    model, and neither crashes nor drops them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from training.guidance.storage import sweep_outputs
+    from warehouse.catalog import Materialization
+    from warehouse.tables_guidance import GUIDANCE_EPISODES, GUIDANCE_EVAL
+
+    wh = Warehouse(tmp_path / "home")
+    key = {"policy_id": "p", "task_id": "t", "method": "best_of_n", "setting": "prm:N=3", "verifier_model_id": ""}
+    old_id = episode_id_for("p", "prm:N=3", "t", 0, 0)
+    m = Materialization(asset="guidance_evaluation")
+    outs = [
+        wh.stage_table("guidance_eval", "guidance/p/best_of_n", pa.Table.from_pylist([key], schema=GUIDANCE_EVAL), m),
+        wh.stage_table(
+            "guidance_episodes",
+            "guidance/p/best_of_n",
+            pa.Table.from_pylist([key | {"seed": 0, "attempt": 0, "episode_id": old_id}], schema=GUIDANCE_EPISODES),
+            m,
+        ),
+    ]
+    wh.publish(m, outs)
+    for out in outs:  # what a version before the column wrote
+        pq.write_table(pq.read_table(out.path).drop_columns(["verifier_model_id"]), out.path)
+    new = {"policy_id": "p", "task_id": "t", "method": "best_of_n", "setting": "prm:N=3", "verifier_model_id": "prm-a"}
+    m2 = Materialization(asset="guidance_evaluation")
+    tables = {
+        "guidance_eval": pa.Table.from_pylist([new], schema=GUIDANCE_EVAL),
+        "guidance_episodes": pa.Table.from_pylist(
+            [new | {"seed": 0, "attempt": 0, "episode_id": episode_id_for("p", "prm:N=3", "t", 0, 0, "prm-a")}],
+            schema=GUIDANCE_EPISODES,
+        ),
+    }
+    wh.publish(m2, sweep_outputs(wh, m2, "p", "best_of_n", tables, {("prm:N=3", "prm-a")}, ["prm-a"]))
+    rows = wh.query(
+        "SELECT setting, coalesce(verifier_model_id, '') AS v FROM guidance_episodes ORDER BY 2"
+    ).to_pylist()
+    assert rows == [{"setting": "prm:N=3", "v": ""}, {"setting": "prm:N=3", "v": "prm-a"}]

@@ -369,3 +369,7 @@ def test_excluded_tasks_give_no_example_so_a_model_can_be_judged_on_tasks_it_nev
     assert without.stats.dropped["episodes of excluded tasks"] == excluded_episodes > 0
     assert without.trl_stepwise.num_rows < full.trl_stepwise.num_rows
     assert DatasetOptions(excluded_tasks=("b", "a")).to_json()["excluded_tasks"] == ["a", "b"]
+    with pytest.raises(ValueError, match=r"excluded_tasks: no episode of \['no-such-task'\]"):
+        build_reward_model_dataset(
+            warehouse, "prm", trajectories=trajectories, options=DatasetOptions(excluded_tasks=("no-such-task",))
+        )

@@ -85,8 +85,9 @@ PoolFactory = Callable[[int], AbstractContextManager[EnvPool]]
 class GuidanceSettings:
     """What one evaluation runs; checked at construction (before any rollout)."""
 
-    # learned (a policies row) | endpoint (an OpenAI-compatible model) | hf (a local LM)
-    policy_backend: str = "learned"
+    policy_backend: str = (
+        "learned"  # learned (a policies row) | endpoint (an OpenAI-compatible model) | hf (a local LM)
+    )
     policy_id: str | None = None  # learned: this policies row (default: the newest SFT policy)
     policy_endpoint: str | None = None  # endpoint: base URL
     policy_model: str = "default"

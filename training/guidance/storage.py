@@ -114,7 +114,7 @@ def rows_not_measured(
     kept: dict[str, pa.Table] = {}
     removed = False
     for table_name in EVALUATION_TABLES:
-        table = episodes if table_name == "guidance_episodes" else _read(warehouse, table_name, dataset)
+        table = _read(warehouse, table_name, dataset)
         if table is None:
             continue
         if table_name in _KEYED_BY_SETTING:

@@ -10,7 +10,7 @@ Stage logic: :mod:`training.flywheel`.
 """
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from dagster import (
     AssetCheckExecutionContext,
@@ -32,6 +32,7 @@ from pydantic import Field
 from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import EnvPoolResource, WarehouseResource
 from envs.rollouts import ATTEMPTS_TABLE, ROLLOUT_ATTEMPTS, families
+from training.flywheel.alternative_labels import RecordingLabels
 from training.flywheel.alternatives import (
     ALTERNATIVES_VERSION,
     SOURCE_PURPOSES,
@@ -150,6 +151,12 @@ class AlternativesConfig(Config):
     tasks: list[str] = Field(default=[], description="task ids in the family; empty: the policy's own tasks there")
     all_tasks: bool = Field(default=False, description="every task of the family instead of the policy's own")
     workers: int = Field(default=2, description="replays run at once")
+    recording_labels: str = Field(
+        default="diverged",
+        description="where candidates are labelled from the recording instead of by replay (the plan's step, "
+        "the field a typed value belongs to, the recorded continuation): diverged (states no replay reproduced), "
+        "always (no browser starts), never (such states are dropped)",
+    )
 
 
 @asset(
@@ -163,7 +170,8 @@ class AlternativesConfig(Config):
         "Alternatives at one state (GuidNav self-play, Math-Shepherd Monte-Carlo labels): at states sampled from "
         "the policy's rollouts, expert rollouts and (held out) its evaluation episodes, the policy's top-k "
         "candidates, each carried out by deterministic replay and labelled by the plan's next step, the milestones "
-        "it reaches and the success of m continuations. Replays that do not reproduce the state are dropped."
+        "it reaches and the success of m continuations. Where no replay reproduces a state, its candidates are "
+        "labelled from the recording (labelled_by = 'recording')."
     ),
 )
 def step_alternatives(
@@ -189,6 +197,7 @@ def step_alternatives(
             tasks=tuple(config.tasks),
             all_tasks=config.all_tasks,
             workers=config.workers,
+            recording_labels=cast(RecordingLabels, config.recording_labels),
         )
 
     summary = _run_partition(context, wh, env_pool, run_alternatives, request)

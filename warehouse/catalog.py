@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from warehouse.purposes import LEGACY_PURPOSE_SQL
 from warehouse.schema import TABLE_SCHEMAS
 from warehouse.storage import slug, stepwise_home, write_parquet_atomic
+from warehouse.tables_training import LABELLED_BY_REPLAY
 
 #: Bumped when the views change shape (a column added to a schema, a derived column): a catalog
 #: whose views were built by another version rebuilds them on opening.
@@ -48,9 +49,13 @@ from warehouse.storage import slug, stepwise_home, write_parquet_atomic
 # 6: rm_examples.exploit (the RL runs' misranked episodes, issue 41 item 2).
 # 7: the joined view rl_episode_rewards (what each RL training episode was paid, summed).
 # 8: agent_eval.policy_label, which older files stored as reward_source (issue 40 item 5).
-VIEWS_VERSION = "8"
+# 9: step_alternatives.labelled_by (replay, or from the recording: issue 42 item 2) and field_match.
+VIEWS_VERSION = "9"
 #: Columns a view derives for rows written before the column existed (``coalesce(stored, derived)``).
-_DERIVED_COLUMNS: dict[str, dict[str, str]] = {"episodes": {"purpose": LEGACY_PURPOSE_SQL}}
+_DERIVED_COLUMNS: dict[str, dict[str, str]] = {
+    "episodes": {"purpose": LEGACY_PURPOSE_SQL},
+    "step_alternatives": {"labelled_by": f"'{LABELLED_BY_REPLAY}'"},  # every row before 9 was replayed
+}
 #: Columns renamed since a home may have been written (table -> old name -> new name): files written
 #: before the rename keep the old name, and the view reads it under the new one (the old name is gone
 #: from the view, so a query can use one name only).

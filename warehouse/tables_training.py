@@ -249,6 +249,11 @@ FLYWHEEL_ROUNDS = with_key(
 # deterministic replay (same seed, same recorded prefix) and labelled by (a) the task plan's next
 # step, (b) what the candidate itself reached and (c) the success of m continuations by the policy
 # (Math-Shepherd's Monte-Carlo estimate). Replays that did not reproduce the state are dropped.
+#: How a ``step_alternatives`` row was labelled: its candidate carried out by replay, or, where no
+#: replay reproduced the state, from the recorded episode alone (``training.flywheel.recording_labels``).
+LABELLED_BY_REPLAY = "replay"
+LABELLED_BY_RECORDING = "recording"
+
 STEP_ALTERNATIVES = with_key(
     pa.schema(
         [
@@ -281,6 +286,8 @@ STEP_ALTERNATIVES = with_key(
             ("mc_value", pa.float64()),  # successes / continuations; the outcome itself where the step ended it
             ("repeatable", pa.bool_()),  # every replay of the candidate's step gave the same result
             ("replay_ms", pa.float64()),  # mean time to reach the state and carry the candidate out
+            ("labelled_by", pa.string()),  # 'replay', or 'recording' where no replay reproduced the state
+            ("field_match", pa.bool_()),  # an INPUT of a field's value into that field's box (False: another's)
             ("run_id", pa.string()),
             ("created_at", pa.timestamp("us", tz="UTC")),
         ]

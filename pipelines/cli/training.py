@@ -342,6 +342,7 @@ def cmd_flywheel(args: argparse.Namespace) -> int:
             "top_k": args.top_k,
             "continuations": args.continuations,
             "horizon": args.horizon,
+            "recording_labels": args.recording_labels,
         }
         AlternativesRequest("sft", "f", **alternatives)  # bad values: one line, before any run
     except AlternativesError as exc:
@@ -600,6 +601,12 @@ def _add_flywheel(sub: Any) -> None:
     p.add_argument("--top-k", type=int, default=4, help="the policy's candidates replayed at each state")
     p.add_argument("--continuations", type=int, default=4, help="m: the policy's continuations after each candidate")
     p.add_argument("--horizon", type=int, default=0, help="steps of a continuation (0: the rest of the step budget)")
+    p.add_argument(
+        "--recording-labels",
+        default="diverged",
+        help="label candidates from the recording instead of by replay: diverged (states no replay reproduced), "
+        "always (no replay), never",
+    )
     p.add_argument("--train-steps", type=int, default=-1, help="optimizer steps per model (-1: the profile's)")
     p.add_argument("--max-train-examples", type=int, default=0, help="a fixed sample of the training examples")
     p.add_argument("--report-trajectories", type=int, default=0, help="a sample of the report's demonstration split")

@@ -94,6 +94,11 @@ def test_every_method_materializes_and_the_report_reads_them_back(small_demos, t
     for setting in ("base", "prm:N=3", "oracle:N=3", "judge:full:N=3", "judge:no_memory:N=3", "retry:R=1"):
         assert f"| {setting} |" in text
     assert "N sweep" in text and "pass@2" in text
+    # the PRM of this home learned from no alternatives: every evaluated task is one it never saw a
+    # candidate of, and the report says so per task (issue 42 item 2)
+    states_table = text.split("Training states with candidates each verifier learned from")[1].split("\n\n")[1]
+    task_rows = [line for line in states_table.splitlines() if line.startswith("| ") and "`" not in line]
+    assert task_rows and all(line.endswith("| 0 + 0 |") for line in task_rows)
 
     warehouse = Warehouse(home)
     rows = warehouse.query(

@@ -217,3 +217,35 @@ def test_a_column_renamed_since_a_home_was_written_reads_under_its_new_name(tmp_
     labels = reopened.query("SELECT policy_id, policy_label FROM agent_eval ORDER BY policy_id").to_pylist()
     assert labels == [{"policy_id": "llm-1", "policy_label": "llm_base"}, {"policy_id": "sft-1", "policy_label": "sft"}]
     assert [c for c, _ in reopened.columns("agent_eval")] == AGENT_EVAL.names
+
+
+def test_alternatives_written_before_labelled_by_existed_read_as_replayed(tmp_path):
+    """Every ``step_alternatives`` row before views version 9 was labelled by replay; a file without
+    the column reads ``labelled_by = 'replay'`` beside a new file's rows labelled from the recording."""
+    import pyarrow.parquet as pq
+
+    from warehouse.tables_training import STEP_ALTERNATIVES
+
+    wh = Warehouse(tmp_path / "home")
+
+    def row(candidate: int, **extra) -> dict:
+        return {"alternative_id": f"s:{candidate}", "state_id": "s", "episode_id": "e", "step_idx": 0} | {
+            "candidate": candidate,
+            **extra,
+        }
+
+    m_old = Materialization(asset="old")
+    old = wh.stage_table("step_alternatives", "old", pa.Table.from_pylist([row(0)], schema=STEP_ALTERNATIVES), m_old)
+    wh.publish(m_old, [old])
+    before = pa.schema([f for f in STEP_ALTERNATIVES if f.name not in ("labelled_by", "field_match")])
+    pq.write_table(pa.Table.from_pylist([row(0)], schema=before), old.path)
+    m_new = Materialization(asset="new")
+    new = pa.Table.from_pylist([row(1, labelled_by="recording", field_match=False)], schema=STEP_ALTERNATIVES)
+    wh.publish(m_new, [wh.stage_table("step_alternatives", "new", new, m_new)])
+
+    reopened = Warehouse(tmp_path / "home")
+    got = reopened.query("SELECT candidate, labelled_by, field_match FROM step_alternatives ORDER BY candidate")
+    assert got.to_pylist() == [
+        {"candidate": 0, "labelled_by": "replay", "field_match": None},
+        {"candidate": 1, "labelled_by": "recording", "field_match": False},
+    ]

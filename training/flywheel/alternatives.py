@@ -31,8 +31,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,13 +39,23 @@ import pyarrow as pa
 import torch
 
 from envs.miniwob.live import SUPPORTED_ACTIONS
-from envs.policies import PlanTracker, SolutionError, expand_solution, same_action
+from envs.policies import PlanTracker, SolutionError, expand_solution
 from envs.pool import EnvPool
 from envs.pool_jobs import EpisodeJob
 from envs.protocol import EpisodeContext
 from envs.rollouts import ProgressLog
 from envs.task_catalog import CatalogTask
 from training.base.states import describe_action
+from training.flywheel.alternative_labels import (
+    RECORDING_LABELS,
+    AlternativesSummary,
+    CandidateAction,
+    RecordingLabels,
+    SourceEpisode,
+    StateToLabel,
+    alternative_rows,
+    recording_rows,
+)
 from training.flywheel.collection import (
     CollectionError,
     CollectionRequest,
@@ -96,7 +105,10 @@ class AlternativesRequest:
     ``states_per_task`` states are sampled per task and source (:data:`SOURCES`); at each, the proposer's
     ``top_k`` candidates (and the recorded action, when it is not among them) are replayed, each
     followed by ``continuations`` continuations of at most ``horizon`` steps (0: the rest of the
-    task's step budget) sampled at ``temperature``."""
+    task's step budget) sampled at ``temperature``. ``recording_labels`` says where candidates are
+    labelled from the recording instead (:mod:`training.flywheel.alternative_labels`): at states no
+    replay reproduced (``diverged``), at every state without starting a browser (``always``), or
+    never (such states are dropped)."""
 
     policy: str
     family: str
@@ -110,6 +122,7 @@ class AlternativesRequest:
     tasks: tuple[str, ...] = ()
     all_tasks: bool = False
     workers: int = 2
+    recording_labels: RecordingLabels = "diverged"
 
     def __post_init__(self) -> None:
         problems = []
@@ -125,6 +138,8 @@ class AlternativesRequest:
             problems.append(f"temperature must be positive, got {self.temperature}")
         if self.workers < 1:
             problems.append(f"workers must be at least 1, got {self.workers}")
+        if self.recording_labels not in RECORDING_LABELS:
+            problems.append(f"recording_labels must be one of {list(RECORDING_LABELS)}, got {self.recording_labels!r}")
         unknown = sorted(set(self.sources) - set(SOURCES))
         if unknown or not self.sources:
             problems.append(f"sources must be among {list(SOURCES)}, got {list(self.sources)}")
@@ -135,23 +150,6 @@ class AlternativesRequest:
 # ---------------------------------------------------------------------------------------------
 # Which states
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SourceEpisode:
-    """A recorded episode that can be replayed: live MiniWoB++, its seed known."""
-
-    episode_id: str
-    task_id: str
-    seed: int
-    purpose: str
-    policy_id: str
-    n_steps: int
-    source: str = ""  # the request's source it was drawn for (:data:`SOURCES`); empty: its purpose
-
-    @property
-    def sample_source(self) -> str:
-        return self.source or self.purpose
 
 
 def state_id(proposer_id: str, episode_id: str, step_idx: int) -> str:
@@ -270,18 +268,6 @@ def sample_states(
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CandidateAction:
-    """One alternative: the action, its place in the state's list (0: the policy's argmax), its
-    rank and log-probability under the proposer (None for a recorded action it never proposed)."""
-
-    index: int
-    action: Action
-    policy_rank: int | None
-    policy_logp: float | None
-    is_recorded: bool
-
-
 def propose(
     model: PolicyModel,
     context: EpisodeContext,
@@ -335,24 +321,6 @@ def planned_action(
     return wanted
 
 
-@dataclass(frozen=True)
-class StateToLabel:
-    """A sampled state with its candidates, ready to be replayed."""
-
-    state_id: str
-    episode: SourceEpisode
-    step_idx: int
-    family: str
-    instruction: str
-    prefix: tuple[Action, ...]
-    screens: tuple[Screen, ...]  # o_0..o_t as recorded
-    milestones_reached: int  # milestones the recorded prefix reached
-    candidates: tuple[CandidateAction, ...]
-    descriptions: tuple[str, ...]  # each candidate as reward models read it
-    planned: Action | None
-    max_steps: int  # the task's step budget
-
-
 def states_to_label(
     model: PolicyModel,
     sampled: Sequence[tuple[SourceEpisode, int]],
@@ -395,6 +363,10 @@ def states_to_label(
                 descriptions=tuple(describe_action(c.action, screen) for c in candidates),
                 planned=planned_action(context, traj.screens, traj.actions, episode_problems, t),
                 max_steps=task.max_steps,
+                fields={str(k): str(v) for k, v in traj.fields.items() if v is not None},
+                recorded_success=traj.success,
+                recorded_steps=traj.n_steps,
+                recorded_milestones=tuple((traj.milestones_hit or ())[t] if t < len(traj.milestones_hit or ()) else ()),
             )
         )
     return out
@@ -427,144 +399,6 @@ def replay_jobs(
                 plans[job_id] = plan
                 serves[job_id] = (state.state_id, c.index)
     return jobs, plans, serves
-
-
-@dataclass
-class AlternativesSummary:
-    """What a run labelled and what it dropped, and what replays cost."""
-
-    states_sampled: int = 0
-    states_labelled: int = 0
-    states_dropped: int = 0  # no replay of any candidate reproduced the state
-    candidates_labelled: int = 0
-    candidates_dropped: int = 0
-    replays: int = 0
-    replays_diverged: int = 0  # the state was not reproduced: counted, dropped
-    replays_lost: int = 0  # the environment failed past its retries
-    not_repeatable: int = 0  # candidates whose step gave different results across replays
-    diverged_by_task: Counter = field(default_factory=Counter)
-    replay_ms: list[float] = field(default_factory=list)
-    live_step_ms: list[float] = field(default_factory=list)
-    by_purpose: Counter = field(default_factory=Counter)
-    seconds: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        def median(values: list[float]) -> float | None:
-            return float(np.median(values)) if values else None
-
-        return {
-            "states_sampled": self.states_sampled,
-            "states_labelled": self.states_labelled,
-            "states_dropped": self.states_dropped,
-            "candidates_labelled": self.candidates_labelled,
-            "candidates_dropped": self.candidates_dropped,
-            "replays": self.replays,
-            "replays_diverged": self.replays_diverged,
-            "replays_lost": self.replays_lost,
-            "not_repeatable": self.not_repeatable,
-            "diverged_by_task": dict(sorted(self.diverged_by_task.items())),
-            "states_by_purpose": dict(sorted(self.by_purpose.items())),
-            "replay_ms_median": median(self.replay_ms),
-            "live_step_ms_median": median(self.live_step_ms),
-            "replay_cost_in_live_steps": (
-                median(self.replay_ms) / median(self.live_step_ms)  # type: ignore[operator]
-                if self.replay_ms and self.live_step_ms
-                else None
-            ),
-            "seconds": round(self.seconds, 1),
-        }
-
-
-def monte_carlo_value(outcomes: Sequence[ReplayOutcome], *, last_step: bool = False) -> float | None:
-    """A candidate's value (Math-Shepherd's soft estimate): 1 or 0 where its own step ended the
-    episode (the outcome is known), 0 where it took the task's last step (``last_step``) without
-    ending it (the episode failed there, out of steps), else the share of its continuations that
-    succeeded; None when nothing continued after it (m = 0)."""
-    if not outcomes:
-        return None
-    first = outcomes[0]
-    if first.ended:
-        return 1.0 if first.ended_success else 0.0
-    if last_step:
-        return 0.0
-    continued = [o for o in outcomes if o.continued]
-    if not continued:
-        return None
-    return sum(o.success for o in continued) / len(continued)
-
-
-def _repeatable(outcomes: Sequence[ReplayOutcome]) -> bool:
-    facts = {(o.milestones_hit, o.ended, o.ended_success, o.problem) for o in outcomes}
-    return len(facts) <= 1
-
-
-def alternative_rows(
-    states: Sequence[StateToLabel],
-    outcomes: Mapping[tuple[str, int], Sequence[ReplayOutcome]],
-    *,
-    proposer_id: str,
-    round_: int,
-    run_id: str | None,
-    summary: AlternativesSummary,
-) -> list[dict[str, Any]]:
-    """``step_alternatives`` rows of the candidates that at least one replay labelled; states and
-    candidates without one are counted in ``summary`` and left out."""
-    created = datetime.now(UTC)
-    rows: list[dict[str, Any]] = []
-    for state in states:
-        kept = 0
-        for c, description in zip(state.candidates, state.descriptions, strict=True):
-            got = outcomes.get((state.state_id, c.index), ())
-            if not got:
-                summary.candidates_dropped += 1
-                continue
-            kept += 1
-            first = got[0]
-            continued = [o for o in got if o.continued]
-            repeatable = _repeatable(got)
-            summary.not_repeatable += not repeatable
-            rows.append(
-                {
-                    "alternative_id": f"{state.state_id}:{c.index}",
-                    "state_id": state.state_id,
-                    "episode_id": state.episode.episode_id,
-                    "step_idx": state.step_idx,
-                    "task_id": state.episode.task_id,
-                    "task_family": state.family,
-                    "seed": state.episode.seed,
-                    "purpose": state.episode.purpose,
-                    "source_policy_id": state.episode.policy_id,
-                    "proposer_policy_id": proposer_id,
-                    "round": round_,
-                    "candidate": c.index,
-                    "policy_rank": c.policy_rank,
-                    "policy_logp": c.policy_logp,
-                    "action_type": c.action.type.value,
-                    "action_text": c.action.canonical_text(),
-                    "action_description": description,
-                    "is_recorded": c.is_recorded,
-                    "planned_action": state.planned.canonical_text() if state.planned is not None else None,
-                    "matches_plan": same_action(c.action, state.planned) if state.planned is not None else None,
-                    "milestones_hit": list(first.milestones_hit),
-                    "ended": first.ended,
-                    "ended_success": first.ended_success,
-                    "step_problem": first.problem,
-                    "continuations": len(continued),
-                    "continuation_successes": sum(o.success for o in continued),
-                    "mc_value": monte_carlo_value(got, last_step=state.step_idx + 1 >= state.max_steps),
-                    "repeatable": repeatable,
-                    "replay_ms": float(np.mean([o.replay_ms for o in got])),
-                    "run_id": run_id,
-                    "created_at": created,
-                }
-            )
-        summary.candidates_labelled += kept
-        if kept:
-            summary.states_labelled += 1
-            summary.by_purpose[state.episode.purpose] += 1
-        else:
-            summary.states_dropped += 1
-    return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -618,36 +452,22 @@ def run_alternatives(
         proposer_id=proposer_id,
         top_k=request.top_k,
     )
-    jobs, plans, serves = replay_jobs(states, by_id, continuations=request.continuations, horizon=request.horizon)
-    log(
-        f"{len(states)} states of {len(ids)} episodes ({dict(Counter(e.purpose for e, _ in sampled))}), "
-        f"{sum(len(s.candidates) for s in states)} candidates, {len(jobs)} replays; proposer {proposer_id}"
-    )
-    continuation = LearnedPolicy(model, policy_id=f"continue:{proposer_id}", temperature=request.temperature)
-    with pool_factory(request.workers) as pool:
-        result = pool.run(jobs, ReplayPolicy(plans, continuation), on_episode=ProgressLog(log, ASSET_NAME))
-    summary = AlternativesSummary(states_sampled=len(states), replays=len(jobs))
-    outcomes: dict[tuple[str, int], list[ReplayOutcome]] = defaultdict(list)
-    task_of = {job.episode_id: job.task.task_id for job in jobs}
-    for record in result.episodes:
-        try:
-            outcome = replay_outcome(record)
-        except ReplayDiverged:
-            summary.replays_diverged += 1
-            summary.diverged_by_task[record.task_id] += 1
-            continue
-        outcomes[serves[record.episode_id]].append(outcome)
-        summary.replay_ms.append(outcome.replay_ms)
-        summary.live_step_ms += outcome.live_step_ms
-    for job, reason in result.lost:
-        if reason.startswith(DIVERGED):
-            summary.replays_diverged += 1
-            summary.diverged_by_task[task_of[job.episode_id]] += 1
-        else:
-            summary.replays_lost += 1
+    log(f"{len(states)} states of {len(ids)} episodes ({dict(Counter(e.purpose for e, _ in sampled))})")
+    to_replay = [] if request.recording_labels == "always" else states
+    outcomes, summary = _replay(pool_factory, request, model, proposer_id, to_replay, by_id, log)
+    summary.states_sampled = len(states)
     rows = alternative_rows(
-        states, outcomes, proposer_id=proposer_id, round_=request.round, run_id=run_id, summary=summary
+        to_replay, outcomes, proposer_id=proposer_id, round_=request.round, run_id=run_id, summary=summary
     )
+    if request.recording_labels != "never":
+        replayed = {r["state_id"] for r in rows}
+        unreplayed = [st for st in states if st.state_id not in replayed]
+        if to_replay:  # alternative_rows counted these as dropped; they are labelled from the recording
+            summary.states_dropped -= len(unreplayed)
+            summary.candidates_dropped -= sum(len(st.candidates) for st in unreplayed)
+        rows += recording_rows(
+            unreplayed, proposer_id=proposer_id, round_=request.round, run_id=run_id, summary=summary
+        )
     summary.seconds = time.perf_counter() - started
     if not rows and (summary.replays_lost or not summary.replays_diverged):
         raise AlternativesError(
@@ -666,9 +486,53 @@ def run_alternatives(
     )
     log(
         f"{summary.states_labelled} states labelled ({summary.states_dropped} dropped), "
-        f"{summary.replays_diverged} of {summary.replays} replays diverged"
+        f"{summary.replays_diverged} of {summary.replays} replays diverged; "
+        f"{summary.states_from_recording} states labelled from the recording ({dict(summary.from_recording_by_task)})"
     )
     return {"policy_id": proposer_id, "materialization_id": materialization, **summary.to_json()}
+
+
+def _replay(
+    pool_factory: PoolFactory,
+    request: AlternativesRequest,
+    model: PolicyModel,
+    proposer_id: str,
+    states: Sequence[StateToLabel],
+    by_id: Mapping[str, CatalogTask],
+    log: Log,
+) -> tuple[dict[tuple[str, int], list[ReplayOutcome]], AlternativesSummary]:
+    """Replay every candidate of ``states`` on the pool (no browser starts when there is none) and
+    collect each (state, candidate)'s outcomes; diverged and lost replays are counted."""
+    jobs, plans, serves = replay_jobs(states, by_id, continuations=request.continuations, horizon=request.horizon)
+    log(
+        f"{len(states)} states to replay, {sum(len(s.candidates) for s in states)} candidates, {len(jobs)} replays; "
+        f"proposer {proposer_id}"
+    )
+    summary = AlternativesSummary(replays=len(jobs))
+    outcomes: dict[tuple[str, int], list[ReplayOutcome]] = defaultdict(list)
+    if not jobs:
+        return outcomes, summary
+    continuation = LearnedPolicy(model, policy_id=f"continue:{proposer_id}", temperature=request.temperature)
+    with pool_factory(request.workers) as pool:
+        result = pool.run(jobs, ReplayPolicy(plans, continuation), on_episode=ProgressLog(log, ASSET_NAME))
+    task_of = {job.episode_id: job.task.task_id for job in jobs}
+    for record in result.episodes:
+        try:
+            outcome = replay_outcome(record)
+        except ReplayDiverged:
+            summary.replays_diverged += 1
+            summary.diverged_by_task[record.task_id] += 1
+            continue
+        outcomes[serves[record.episode_id]].append(outcome)
+        summary.replay_ms.append(outcome.replay_ms)
+        summary.live_step_ms += outcome.live_step_ms
+    for job, reason in result.lost:
+        if reason.startswith(DIVERGED):
+            summary.replays_diverged += 1
+            summary.diverged_by_task[task_of[job.episode_id]] += 1
+        else:
+            summary.replays_lost += 1
+    return outcomes, summary
 
 
 def _step_problems(warehouse: Warehouse, episode_ids: Sequence[str]) -> dict[str, list[str | None]]:
@@ -711,6 +575,7 @@ def _publish(
             "horizon": request.horizon,
             "temperature": request.temperature,
             "sources": list(request.sources),
+            "recording_labels": request.recording_labels,
             "summary": summary.to_json(),
         },
         inputs=[
@@ -787,6 +652,7 @@ def check_alternatives_run(warehouse: Warehouse, run_id: str) -> dict[str, Check
                 "diverged_share": round(share, 4),
                 "diverged_by_task": summary.get("diverged_by_task", {}),
                 "states_dropped": summary.get("states_dropped"),
+                "states_from_recording": summary.get("states_from_recording"),
             },
         ),
     }

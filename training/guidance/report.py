@@ -45,7 +45,24 @@ def run_guidance_report(warehouse: Warehouse, policy_id: str | None = None) -> d
         raise
     except Exception as exc:  # noqa: BLE001 - the views do not exist yet
         raise GuidanceError(f"no guidance evaluation yet ({exc})") from None
-    return guidance_report(policy_id, evals, episodes, steps)
+    report = guidance_report(policy_id, evals, episodes, steps)
+    report["verifier_states"] = verifier_candidate_states(warehouse, sorted({_sweep_key(e)[1] for e in evals} - {""}))
+    return report
+
+
+def verifier_candidate_states(warehouse: Warehouse, model_ids: Sequence[str]) -> dict[str, dict[str, dict[str, int]]]:
+    """For each verifier model, per task, how many training states with candidates it learned from,
+    by how they were labelled (``replay`` | ``recording``; issue 42 item 2): read from the stats of the
+    ``rm_examples`` version it was trained on. Models trained before those stats existed are left out."""
+    if not model_ids or not warehouse.has_table("models"):
+        return {}
+    rows = warehouse.query(
+        "SELECT m.model_id, l.parameters->'stats'->'alternative_states_by_task' AS states FROM models m "
+        "JOIN lineage_materializations l ON l.materialization_id = m.dataset_materialization_id "
+        "WHERE list_contains(?, m.model_id)",
+        [list(model_ids)],
+    ).to_pylist()
+    return {r["model_id"]: json.loads(r["states"]) for r in rows if r["states"] is not None}
 
 
 _META_KEYS = ("policy_id", "setting", "verifier_model_id", "method", "verifier", "n", "variant", "judge_mode")
@@ -156,6 +173,7 @@ def report_markdown(report: Mapping[str, Any]) -> Markdown:
                 )
                 cells.append(_pct(hit["success_rate"]) if hit else "")
             lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    lines += _verifier_states_lines(report)
     retry = [r for r in rows if r["method"] == "retry" and r["pass_at"]]
     for r in retry:
         passes = json.loads(r["pass_at"])
@@ -164,6 +182,30 @@ def report_markdown(report: Mapping[str, Any]) -> Markdown:
             f"{r['setting']}: " + ", ".join(f"pass@{k} {_pct(v)}" for k, v in passes.items()) + " (pass@k: k attempts)",
         ]
     return Markdown("\n".join(lines))
+
+
+def _verifier_states_lines(report: Mapping[str, Any]) -> list[str]:
+    """Per evaluated task, the training states with candidates each verifier model saw (replayed +
+    labelled from the recording): a task at 0 is one the verifier ranks candidates of unseen."""
+    seen = report.get("verifier_states") or {}
+    if not seen:
+        return []
+    models = sorted(seen)
+    lines = [
+        "",
+        "Training states with candidates each verifier learned from, per task (replayed + from the recording; "
+        "0: it never saw a candidate of that task):",
+        "",
+        "| task | " + " | ".join(f"`{m}`" for m in models) + " |",
+        "|---|" + "---:|" * len(models),
+    ]
+    for task in report["tasks"]:
+        cells = []
+        for m in models:
+            by = seen[m].get(task, {})
+            cells.append(f"{by.get('replay', 0)} + {by.get('recording', 0)}")
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def report_plots(report: Mapping[str, Any], folder: Path) -> dict[str, Markdown]:

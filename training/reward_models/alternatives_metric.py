@@ -42,7 +42,7 @@ from training.base.statistics import (
 )
 from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS, model_names
 from warehouse.catalog import Warehouse
-from warehouse.tables_training import RM_ALTERNATIVE_TOP1
+from warehouse.tables_training import LABELLED_BY_REPLAY, RM_ALTERNATIVE_TOP1
 
 ALL_FAMILIES = "all"
 #: The kinds that can choose among candidates.
@@ -90,11 +90,13 @@ class HeldOutState:
 
 def read_held_out_states(warehouse: Warehouse) -> list[HeldOutState]:
     """The informative held-out states (see the module docstring), in state order; candidates whose
-    value is unknown are left out, the order of the rest kept (candidate 0 stays first when known)."""
+    value is unknown are left out, the order of the rest kept (candidate 0 stays first when known).
+    Replayed candidates only: one labelled from the recording has no measured value to rank by."""
     rows = warehouse.query(
         "SELECT state_id, episode_id, step_idx, coalesce(task_family, 'unknown') AS family, candidate, "
         "action_description, mc_value, matches_plan, policy_rank FROM step_alternatives "
-        "WHERE purpose = 'evaluation' AND mc_value IS NOT NULL ORDER BY state_id, candidate"
+        f"WHERE purpose = 'evaluation' AND mc_value IS NOT NULL AND labelled_by = '{LABELLED_BY_REPLAY}' "
+        "ORDER BY state_id, candidate"
     ).to_pylist()
     grouped: dict[str, list[dict]] = {}
     for r in rows:

@@ -21,6 +21,7 @@ from training.reward_models.labels import (
     alternative_verdict,
     derive_step_verdicts,
     outcome_anchored_progress,
+    recording_verdict,
     sampled_steps,
 )
 from training.reward_models.prompts import (
@@ -31,7 +32,7 @@ from training.reward_models.prompts import (
     approx_token_count,
     render_prompt,
 )
-from warehouse.tables_training import RM_EXAMPLES, RM_TRL_STEPWISE
+from warehouse.tables_training import LABELLED_BY_RECORDING, LABELLED_BY_REPLAY, RM_EXAMPLES, RM_TRL_STEPWISE
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,33 @@ class AlternativeLabel:
     ended: bool = False
     ended_success: bool = False
     milestones_hit: tuple[str, ...] = ()
+    labelled_by: str = LABELLED_BY_REPLAY  # or from the recording, where no replay reproduced the state
+    is_recorded: bool = False
+    matches_plan: bool | None = None
+    field_match: bool | None = None
+
+    def verdict(self) -> Verdict:
+        """Step correctness: by its replays (:func:`alternative_verdict`), or from the recording
+        (:func:`recording_verdict`)."""
+        if self.labelled_by == LABELLED_BY_RECORDING:
+            return recording_verdict(
+                is_recorded=self.is_recorded,
+                matches_plan=self.matches_plan,
+                field_match=self.field_match,
+                mc_value=self.mc_value,
+            )
+        return alternative_verdict(
+            self.mc_value, ended=self.ended, ended_success=self.ended_success, milestones_hit=self.milestones_hit
+        )
+
+    def reward(self) -> float | None:
+        """GuidNav's scalar target: by its replays (:func:`alternative_reward`), or from the recording
+        (1 for a right step, 0 for a wrong one, None where the recording cannot tell)."""
+        if self.labelled_by == LABELLED_BY_RECORDING:
+            return {"positive": 1.0, "negative": 0.0}.get(self.verdict())
+        return alternative_reward(
+            self.mc_value, ended=self.ended, ended_success=self.ended_success, milestones_hit=self.milestones_hit
+        )
 
 
 @dataclass
@@ -86,9 +114,19 @@ class DatasetStats:
     # the RL runs' misranked episodes this dataset holds (training.reward_models.exploits):
     # episodes of each kind, and their examples per split
     exploits: dict[str, Any] = field(default_factory=dict)
+    # task -> how its candidates were labelled (replay | recording) -> states in the train split with
+    # at least one candidate example: which tasks a verifier saw candidates of (issue 42 item 2)
+    alternative_states: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+
+    def alternative_states_by_task(self) -> dict[str, dict[str, int]]:
+        return {
+            task: {how: len(states) for how, states in sorted(by.items())}
+            for task, by in sorted(self.alternative_states.items())
+        }
 
     def to_json(self) -> dict:
         return {
+            "alternative_states_by_task": self.alternative_states_by_task(),
             "examples_by_purpose": self.examples_by_purpose,
             "exploits": self.exploits,
             "kind": self.kind,
@@ -411,24 +449,23 @@ def _add_alternative_examples(
             out.stats.dropped["alternative at a step the episode does not have"] += 1
             continue
         if target == "step_correctness":
-            verdict = alternative_verdict(
-                a.mc_value, ended=a.ended, ended_success=a.ended_success, milestones_hit=a.milestones_hit
-            )
+            verdict = a.verdict()
             if verdict == "unsure":
                 out.stats.dropped["unsure (alternatives)"] += 1
                 continue
             label = 1.0 if verdict == "positive" else 0.0
         else:
-            reward = alternative_reward(
-                a.mc_value, ended=a.ended, ended_success=a.ended_success, milestones_hit=a.milestones_hit
-            )
+            reward = a.reward()
             if reward is None:
                 out.stats.dropped["no estimate (alternatives)"] += 1
                 continue
             label = reward
         before = action_state(traj, a.step_idx)
         state = StepState(before.instruction, before.history, before.screen_lines, a.description)
-        source = "alternatives:monte_carlo" if a.mc_value is not None and not a.ended else "alternatives:step"
+        if a.labelled_by == LABELLED_BY_RECORDING:
+            source = "alternatives:recording"
+        else:
+            source = "alternatives:monte_carlo" if a.mc_value is not None and not a.ended else "alternatives:step"
         value = a.mc_value if a.mc_value is not None else label
         out.add(
             traj,
@@ -443,6 +480,9 @@ def _add_alternative_examples(
             group_id=a.state_id,
             rank_value=float(value),
         )
+        if info.split == "train":
+            by_source = out.stats.alternative_states.setdefault(traj.task_id, {})
+            by_source.setdefault(a.labelled_by, set()).add(a.state_id)
 
 
 def _count_examples_by_split(stats: DatasetStats, rows: Mapping[str, list]) -> None:

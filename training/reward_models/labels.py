@@ -134,6 +134,30 @@ def alternative_reward(
     return 1.0 if milestones_hit else None
 
 
+def recording_verdict(
+    *,
+    is_recorded: bool,
+    matches_plan: bool | None,
+    field_match: bool | None,
+    mc_value: float | None,
+) -> Verdict:
+    """Step correctness of a candidate labelled from the recording, where no replay reproduced its
+    state (``step_alternatives.labelled_by = 'recording'``; ``training.flywheel.recording_labels``),
+    strongest evidence first: a task field's value typed into another field's box is wrong; the task
+    plan's next step is right; the recorded action is judged by its own continuation (``mc_value``,
+    Math-Shepherd Eq. 2 with one sample: did the episode succeed after it); any other candidate where
+    the plan wanted something else is wrong; the rest is ``unsure`` (filtered, as GUI-Shepherd's)."""
+    if field_match is False:
+        return "negative"
+    if matches_plan is True:
+        return "positive"
+    if is_recorded and mc_value is not None:
+        return "positive" if mc_value > 0 else "negative"
+    if matches_plan is False:
+        return "negative"
+    return "unsure"
+
+
 def sampled_steps(episode_id: str, n_steps: int, n_sampled: int | None) -> list[int]:
     """Which steps of a trajectory to keep when ``n_sampled`` of ``n_steps`` are kept (ProgRM
     App. C samples failed trajectories' steps to balance success:failure ~1:1).

@@ -98,13 +98,15 @@ def read_human_verdicts(warehouse: Warehouse) -> tuple[dict[tuple[str, int], tup
 
 
 def read_alternatives(warehouse: Warehouse) -> list[AlternativeLabel]:
-    """The replayed alternatives (``step_alternatives``) at states of training episodes only: those
-    at states of evaluation episodes are the held-out set the report measures on, never trained on."""
+    """The alternatives (``step_alternatives``: replayed, or labelled from the recording where no replay
+    reproduced the state) at states of training episodes only: those at states of evaluation
+    episodes are the held-out set the report measures on, never trained on."""
     if not warehouse.has_table("step_alternatives"):
         return []
     rows = warehouse.query(
         "SELECT alternative_id, state_id, episode_id, step_idx, action_description, mc_value, ended, ended_success, "
-        f"milestones_hit FROM step_alternatives WHERE {purpose_filter('purpose')} ORDER BY alternative_id"
+        "milestones_hit, labelled_by, is_recorded, matches_plan, field_match "
+        f"FROM step_alternatives WHERE {purpose_filter('purpose')} ORDER BY alternative_id"
     ).to_pylist()
     return [
         AlternativeLabel(
@@ -117,6 +119,10 @@ def read_alternatives(warehouse: Warehouse) -> list[AlternativeLabel]:
             ended=bool(r["ended"]),
             ended_success=bool(r["ended_success"]),
             milestones_hit=tuple(r["milestones_hit"] or ()),
+            labelled_by=r["labelled_by"],
+            is_recorded=bool(r["is_recorded"]),
+            matches_plan=r["matches_plan"],
+            field_match=r["field_match"],
         )
         for r in rows
     ]

@@ -164,6 +164,7 @@ def build_dataset(
         "label_sources": summary["label_sources"],
         "label_versions": summary["label_versions"],
         "examples_by_purpose": summary["examples_by_purpose"],
+        "alternative_states_by_task": summary["alternative_states_by_task"],
         "human_labels_present": summary["human_labels_present"],
         "inputs": [f"{i.input_asset}@{i.input_materialization_id}" for i in dataset.inputs],
         "seconds": float(time.time() - started),

@@ -23,15 +23,13 @@ from envs.protocol import (
     screen_signature,
 )
 from envs.task_catalog import load_catalog
+from training.flywheel.alternative_labels import AlternativesSummary, alternative_rows, monte_carlo_value
 from training.flywheel.alternatives import (
     AlternativesError,
     AlternativesRequest,
-    AlternativesSummary,
     CandidateAction,
     SourceEpisode,
     StateToLabel,
-    alternative_rows,
-    monte_carlo_value,
     planned_action,
     propose,
     replay_jobs,

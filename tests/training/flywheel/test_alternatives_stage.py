@@ -196,10 +196,24 @@ def test_states_come_from_the_rounds_rollouts_and_the_policys_evaluations_and_la
         home, request, lambda workers: pool, run_id="run-1", partition_key=None, log=lambda m: None
     )
     rows = _rows(home)
-    episodes = {r["episode_id"] for r in rows}
+    replayed = [r for r in rows if r["labelled_by"] == "replay"]
     # the round's own rollouts and the proposer's own evaluation; not round 2's, not another policy's
-    assert episodes == {"policy:sft-a:login-user:r01:4010000", "eval:sft-a:held_out:login-user:3000000"}
-    assert summary["replays_diverged"] > 0 and summary["states_dropped"] == 3  # the seed-13 episode's 3 states
+    assert {r["episode_id"] for r in replayed} == {
+        "policy:sft-a:login-user:r01:4010000",
+        "eval:sft-a:held_out:login-user:3000000",
+    }
+    # the seed-13 episode's 3 states, which no replay reproduced, are labelled from the recording
+    assert summary["replays_diverged"] > 0 and summary["states_dropped"] == 0
+    assert summary["states_from_recording"] == 3 and summary["from_recording_by_task"] == {"login-user": 3}
+    from_recording = [r for r in rows if r["labelled_by"] == "recording"]
+    assert {(r["episode_id"], r["step_idx"]) for r in from_recording} == {
+        ("policy:sft-a:login-user:r01:13", t) for t in range(3)
+    }
+    for r in from_recording:  # that episode failed: its own actions' one continuation did not succeed
+        assert (r["continuations"], r["continuation_successes"], r["mc_value"]) == (
+            (1, 0, 0.0) if r["is_recorded"] else (0, 0, None)
+        )
+        assert r["replay_ms"] is None and r["repeatable"] is None
     assert home.current_version("step_alternatives", held_out_dataset("sft-a", "miniwob-forms"))
     assert home.current_version("step_alternatives", round_dataset("sft-a", "miniwob-forms", 1))
     held = [r for r in rows if r["purpose"] == "evaluation"]
@@ -209,6 +223,7 @@ def test_states_come_from_the_rounds_rollouts_and_the_policys_evaluations_and_la
         assert r["planned_action"] is not None
         if r["is_recorded"]:
             assert r["matches_plan"]  # the recorded episodes followed the plan
+        if r["is_recorded"] and r["labelled_by"] == "replay":
             assert r["continuations"] == (2 if r["step_idx"] < 4 else 0)  # the last step ends the episode
     last = next(r for r in rows if r["is_recorded"] and r["step_idx"] == 4)
     assert last["ended"] and last["ended_success"] and last["continuations"] == 0
@@ -223,7 +238,7 @@ def test_states_come_from_the_rounds_rollouts_and_the_policys_evaluations_and_la
     rerun = _rows(home)
     assert [(r["alternative_id"], r["mc_value"]) for r in rerun] == [(r["alternative_id"], r["mc_value"]) for r in rows]
     assert {(r["purpose"], r["run_id"]) for r in rerun} == {("evaluation", "run-1"), ("policy_rollout", "run-2")}
-    assert again["states_by_purpose"] == {"policy_rollout": 5}  # the seed-13 states dropped again
+    assert again["states_by_purpose"] == {"policy_rollout": 8}  # the seed-13 states from the recording again
     assert home.query("SELECT count(*) - count(DISTINCT alternative_id) FROM step_alternatives")[0][0].as_py() == 0
     # the next round: its own rollouts, nothing already labelled
     run_alternatives(
@@ -267,20 +282,68 @@ class NothingRepeatsPool(ScriptedPool):
         return super().run([replace(job, seed=13) for job in jobs], policy)
 
 
-def test_a_task_whose_states_never_replay_publishes_no_rows_and_is_flagged_not_failed(home):
+def test_a_task_whose_states_never_replay_is_labelled_from_the_recording_and_flagged_not_failed(home):
     """Where every replay diverges the page does not repeat: a property of the task, which the
     warn-level check names, not an error that fails the run (it failed `make demo` when SFT chose
-    choose-date-easy). Lost replays (a worker died) still fail it."""
+    choose-date-easy). Its candidates are labelled from the recording (issue 42 item 2), so a
+    verifier trained on the round has seen candidates of that task."""
     request = AlternativesRequest("sft", "miniwob-forms", round=1, states_per_task=20, top_k=2, continuations=2)
+    summary = _run(home, request, NothingRepeatsPool(), "run-1")
+    assert summary["replays"] > 0 and summary["replays_diverged"] == summary["replays"]
+    rows = _rows(home)
+    assert rows and {r["labelled_by"] for r in rows} == {"recording"}
+    assert summary["states_from_recording"] == summary["states_labelled"] == len({r["state_id"] for r in rows})
+    checks = check_alternatives_run(home, "run-1")
+    assert checks["labels_in_range"].passed and checks["labels_in_range"].metadata["alternatives"] == len(rows)
+    assert not checks["replays_reproduce_states"].passed  # still flagged (warn): the page does not repeat
+    assert checks["replays_reproduce_states"].metadata["states_from_recording"] == summary["states_from_recording"]
+
+
+def test_recording_labels_never_publishes_no_rows_where_no_replay_reproduced_a_state(home):
+    """The behaviour before issue 42 item 2, on request: such states are dropped and counted."""
+    request = AlternativesRequest(
+        "sft", "miniwob-forms", round=1, states_per_task=20, top_k=2, continuations=2, recording_labels="never"
+    )
     summary = run_alternatives(
         home, request, lambda workers: NothingRepeatsPool(), run_id="run-1", partition_key=None, log=lambda m: None
     )
     assert summary["replays"] > 0 and summary["replays_diverged"] == summary["replays"]
     assert summary["diverged_by_task"] == {"login-user": summary["replays"]}
+    assert summary["states_from_recording"] == 0 and summary["states_dropped"] == summary["states_sampled"]
     checks = check_alternatives_run(home, "run-1")
     assert checks["labels_in_range"].passed and checks["labels_in_range"].metadata["alternatives"] == 0
     assert not checks["replays_reproduce_states"].passed  # flagged (warn), with the task named
     assert checks["replays_reproduce_states"].metadata["diverged_by_task"] == {"login-user": summary["replays"]}
+
+
+def test_recording_labels_always_starts_no_browser_and_the_reward_models_read_what_it_labelled(home):
+    """``always``: every state labelled from its recording, no environment started. The labels are
+    what the recording shows: the plan's step is right, the password typed into the username box
+    is wrong (its field), the recorded action is judged by how its episode ended."""
+    from training.reward_models.readers import read_alternatives
+
+    request = AlternativesRequest(
+        "sft", "miniwob-forms", round=1, states_per_task=20, top_k=8, recording_labels="always"
+    )
+    summary = _run(home, request, None, "run-a")
+    assert summary["replays"] == 0 and summary["states_from_recording"] == summary["states_sampled"] == 13
+    rows = _rows(home)
+    assert {r["labelled_by"] for r in rows} == {"recording"}
+    wrong_box = [r for r in rows if r["action_type"] == "INPUT" and r["field_match"] is False]
+    assert wrong_box, "the top 8 at the username box include the password typed into it"
+    for r in wrong_box:
+        assert r["action_text"] == 'INPUT(textbox#username, "x1")'
+    right_box = [r for r in rows if r["field_match"] is True]
+    assert right_box and all('"ada"' in r["action_text"] for r in right_box if "#username" in r["action_text"])
+    verdicts = {a.alternative_id: a.verdict() for a in read_alternatives(home)}  # training rows only
+    assert verdicts and set(verdicts) == {r["alternative_id"] for r in rows if r["purpose"] != "evaluation"}
+    by_id = {r["alternative_id"]: r for r in rows}
+    for alternative_id, verdict in verdicts.items():
+        r = by_id[alternative_id]
+        if r["field_match"] is False or (r["matches_plan"] is False and not r["is_recorded"]):
+            assert verdict == "negative", r
+        elif r["matches_plan"]:
+            assert verdict == "positive", r
 
 
 def test_selection_seed_states_are_a_held_out_set_of_their_own_sampled_once_and_never_twice(home):

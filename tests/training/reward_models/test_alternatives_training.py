@@ -145,6 +145,9 @@ def test_alternatives_become_grouped_examples_of_the_step_judges(home_with_alter
     assert not {(r["episode_id"], r["step_idx"]) for r in derived} & replayed
     assert len(derived) == len([r for r in plain if (r["episode_id"], r["step_idx"]) not in replayed])
     assert prm.stats.dropped["derived verdict replaced by alternatives' labels"] > 0
+    # which tasks the model saw candidates of, and how they were labelled (rows before the column: replayed)
+    train_states = {r["group_id"] for r in alt if r["split"] == "train"}
+    assert train_states and prm.summary()["alternative_states_by_task"] == {"login-user": {"replay": len(train_states)}}
     assert "step_alternatives" in {i.input_asset for i in prm.inputs}
     assert {r["split"] for r in alt} <= {"train", "validation", "test"}
     guidnav = build_reward_model_dataset(warehouse, "guidnav").examples.to_pylist()
@@ -224,3 +227,39 @@ def test_a_limit_on_examples_takes_a_seeded_sample_with_whole_groups_not_the_fir
         assert sample["group_id"].to_pylist().count(g) == groups.count(g)  # whole
     assert split_table(table, "train", 100)["episode"].to_pylist() == picked  # seeded
     assert split_table(table, "train", None).num_rows == n == split_table(table, "train", 10**6).num_rows
+
+
+def test_candidates_labelled_from_the_recording_train_the_step_judges_by_the_recordings_evidence(tmp_path):
+    """Issue 42 item 2: where no replay reproduced a state, its candidates come labelled from the
+    recording. The PRM learns them as the recording judges them (the plan's step right, another
+    action wrong, a candidate nothing decides left out), under their own label source, and the
+    dataset counts the states per task by how they were labelled."""
+    warehouse = build_tiny_warehouse(tmp_path / "home", n_login=16, n_button=8)
+    rows = []
+    for r in _alternatives(warehouse):
+        plan = r["is_recorded"] if r["candidate"] == 0 or r["step_idx"] < 2 else None  # no plan at step 2's Login
+        rows.append(
+            r
+            | {
+                "labelled_by": "recording",
+                "matches_plan": plan,
+                "mc_value": None,
+                "continuations": 0,
+                "continuation_successes": 0,
+                "is_recorded": False,  # nothing here continued: only the plan decides
+            }
+        )
+    _publish(warehouse, rows)
+    prm = build_reward_model_dataset(warehouse, "prm")
+    alt = [r for r in prm.examples.to_pylist() if r["group_id"] is not None]
+    assert alt and {r["label_source"] for r in alt} == {"alternatives:recording"}
+    by_id = {r["alternative_id"]: r for r in rows}
+    for example in alt:
+        source = by_id[example["example_id"].removeprefix("prm:alt:")]
+        assert example["label"] == (1.0 if source["matches_plan"] else 0.0)
+        assert source["matches_plan"] is not None  # the undecided ones are dropped as unsure
+    assert prm.stats.dropped["unsure (alternatives)"] == sum(
+        1 for r in rows if r["matches_plan"] is None and r["purpose"] != "evaluation"
+    )
+    train_states = {r["group_id"] for r in alt if r["split"] == "train"}
+    assert prm.summary()["alternative_states_by_task"] == {"login-user": {"recording": len(train_states)}}

@@ -20,7 +20,10 @@ trained on, on which the reward-model report measures how often a model picks th
 On request a fourth, ``selection``: the policy's evaluation episodes on its selection seeds only,
 sampled once into a held-out set of their own, so that guidance can fit its abstention margin on
 states away from the held-out seeds it evaluates on (``training.guidance.abstention``).
-Human demonstrations have no seed and cannot be replayed.
+Human demonstrations have no seed and cannot be replayed. Where no replay reproduces a state (a page
+that does not repeat), its candidates are labelled from the recording instead
+(:mod:`training.flywheel.alternative_labels`: the plan's step, the field a typed value belongs to,
+the recorded action's own continuation), so a task whose pages do not replay still has candidates.
 """
 
 from __future__ import annotations

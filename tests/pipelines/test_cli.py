@@ -102,6 +102,7 @@ def test_flywheel_refuses_bad_settings_and_an_empty_home(home, capsys):
         (["--alternative-policies", "sft,mine"], "--alternative-policies from"),
         (["--top-k", "1"], "top_k must be at least 2"),
         (["--continuations", "-2"], "continuations and horizon must be 0 or more"),
+        (["--recording-labels", "sometimes"], "recording_labels must be one of ['diverged', 'always', 'never']"),
     ):
         code, _, stderr = run_in_process(capsys, "flywheel", *args)
         assert code == 2 and message in stderr, (args, stderr)

@@ -30,7 +30,7 @@ def _labels(home: Path, request, workers: int) -> dict[str, dict]:  # noqa: ANN0
     from envs.pool_jobs import PoolConfig
     from envs.ray_pool import make_pool
     from training.flywheel.alternatives import run_alternatives
-    from training.reward_models.examples import AlternativeLabel
+    from training.reward_models.readers import alternative_label
     from warehouse.catalog import Warehouse
 
     warehouse = Warehouse(home)
@@ -45,25 +45,14 @@ def _labels(home: Path, request, workers: int) -> dict[str, dict]:  # noqa: ANN0
     rows = warehouse.query(
         "SELECT * FROM step_alternatives WHERE run_id = ?", [f"agreement-{request.recording_labels}"]
     ).to_pylist()
-    out = {}
-    for r in rows:
-        label = AlternativeLabel(
-            alternative_id=r["alternative_id"],
-            state_id=r["state_id"],
-            episode_id=r["episode_id"],
-            step_idx=r["step_idx"],
-            description=r["action_description"] or "",
-            mc_value=r["mc_value"],
-            ended=bool(r["ended"]),
-            ended_success=bool(r["ended_success"]),
-            milestones_hit=tuple(r["milestones_hit"] or ()),
-            labelled_by=r["labelled_by"],
-            is_recorded=bool(r["is_recorded"]),
-            matches_plan=r["matches_plan"],
-            field_match=r["field_match"],
-        )
-        out[r["alternative_id"]] = {"verdict": label.verdict(), "task": r["task_id"], "recorded": r["is_recorded"]}
-    return out
+    return {
+        r["alternative_id"]: {
+            "verdict": alternative_label(r).verdict(),
+            "task": r["task_id"],
+            "recorded": r["is_recorded"],
+        }
+        for r in rows
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

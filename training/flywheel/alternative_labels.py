@@ -92,7 +92,6 @@ class StateToLabel:
     max_steps: int  # the task's step budget
     fields: Mapping[str, str] = field(default_factory=dict)  # the task's fields (which value goes where)
     recorded_success: bool = False  # how the recorded episode ended, after the recorded action
-    recorded_steps: int = 0  # the recorded episode's length
     recorded_milestones: tuple[str, ...] = ()  # the milestones the recorded action's own step reached
 
 
@@ -323,7 +322,7 @@ def recording_rows(
     rows: list[dict[str, Any]] = []
     for state in states:
         ended, ended_success, value = recorded_continuation(
-            state.recorded_success, state.step_idx, state.recorded_steps
+            state.recorded_success, state.step_idx, state.episode.n_steps
         )
         for c, description in zip(state.candidates, state.descriptions, strict=True):
             rows.append(

@@ -350,6 +350,7 @@ def states_to_label(
             episode_id=episode.episode_id,
         )
         screen = traj.screens[t]
+        hits = traj.milestones_hit or ()
         candidates = propose(model, context, screen, traj.actions[:t], traj.actions[t], top_k)
         episode_problems = problems.get(episode.episode_id) or [None] * traj.n_steps
         out.append(
@@ -361,15 +362,14 @@ def states_to_label(
                 instruction=traj.instruction,
                 prefix=tuple(traj.actions[:t]),
                 screens=tuple(traj.screens[: t + 1]),
-                milestones_reached=sum(len(hits) for hits in (traj.milestones_hit or ())[:t]),
+                milestones_reached=sum(len(step_hits) for step_hits in hits[:t]),
                 candidates=tuple(candidates),
                 descriptions=tuple(describe_action(c.action, screen) for c in candidates),
                 planned=planned_action(context, traj.screens, traj.actions, episode_problems, t),
                 max_steps=task.max_steps,
                 fields={str(k): str(v) for k, v in traj.fields.items() if v is not None},
                 recorded_success=traj.success,
-                recorded_steps=traj.n_steps,
-                recorded_milestones=tuple((traj.milestones_hit or ())[t] if t < len(traj.milestones_hit or ()) else ()),
+                recorded_milestones=tuple(hits[t]) if t < len(hits) else (),
             )
         )
     return out
@@ -459,18 +459,18 @@ def run_alternatives(
     to_replay = [] if request.recording_labels == "always" else states
     outcomes, summary = _replay(pool_factory, request, model, proposer_id, to_replay, by_id, log)
     summary.states_sampled = len(states)
+    reproduced = {state_id for state_id, _ in outcomes}
+    if request.recording_labels == "never":
+        replayed, from_recording = to_replay, []  # alternative_rows counts the unreproduced as dropped
+    else:
+        replayed = [st for st in to_replay if st.state_id in reproduced]
+        from_recording = [st for st in states if st.state_id not in reproduced]
     rows = alternative_rows(
-        to_replay, outcomes, proposer_id=proposer_id, round_=request.round, run_id=run_id, summary=summary
+        replayed, outcomes, proposer_id=proposer_id, round_=request.round, run_id=run_id, summary=summary
     )
-    if request.recording_labels != "never":
-        replayed = {r["state_id"] for r in rows}
-        unreplayed = [st for st in states if st.state_id not in replayed]
-        if to_replay:  # alternative_rows counted these as dropped; they are labelled from the recording
-            summary.states_dropped -= len(unreplayed)
-            summary.candidates_dropped -= sum(len(st.candidates) for st in unreplayed)
-        rows += recording_rows(
-            unreplayed, proposer_id=proposer_id, round_=request.round, run_id=run_id, summary=summary
-        )
+    rows += recording_rows(
+        from_recording, proposer_id=proposer_id, round_=request.round, run_id=run_id, summary=summary
+    )
     summary.seconds = time.perf_counter() - started
     if not rows and (summary.replays_lost or not summary.replays_diverged):
         raise AlternativesError(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import pyarrow as pa
 
@@ -108,24 +109,26 @@ def read_alternatives(warehouse: Warehouse) -> list[AlternativeLabel]:
         "milestones_hit, labelled_by, is_recorded, matches_plan, field_match "
         f"FROM step_alternatives WHERE {purpose_filter('purpose')} ORDER BY alternative_id"
     ).to_pylist()
-    return [
-        AlternativeLabel(
-            alternative_id=r["alternative_id"],
-            state_id=r["state_id"],
-            episode_id=r["episode_id"],
-            step_idx=int(r["step_idx"]),
-            description=r["action_description"] or "",
-            mc_value=r["mc_value"],
-            ended=bool(r["ended"]),
-            ended_success=bool(r["ended_success"]),
-            milestones_hit=tuple(r["milestones_hit"] or ()),
-            labelled_by=r["labelled_by"],
-            is_recorded=bool(r["is_recorded"]),
-            matches_plan=r["matches_plan"],
-            field_match=r["field_match"],
-        )
-        for r in rows
-    ]
+    return [alternative_label(r) for r in rows]
+
+
+def alternative_label(row: Mapping[str, Any]) -> AlternativeLabel:
+    """A ``step_alternatives`` row as the step judges read it (:meth:`AlternativeLabel.verdict`)."""
+    return AlternativeLabel(
+        alternative_id=row["alternative_id"],
+        state_id=row["state_id"],
+        episode_id=row["episode_id"],
+        step_idx=int(row["step_idx"]),
+        description=row["action_description"] or "",
+        mc_value=row["mc_value"],
+        ended=bool(row["ended"]),
+        ended_success=bool(row["ended_success"]),
+        milestones_hit=tuple(row["milestones_hit"] or ()),
+        labelled_by=row["labelled_by"],
+        is_recorded=bool(row["is_recorded"]),
+        matches_plan=row["matches_plan"],
+        field_match=row["field_match"],
+    )
 
 
 def read_trajectories(

@@ -15,7 +15,8 @@ the actors, the extra hop and Ray's own processes cost on the same 2 cores, and 
 of the steps.
 
 Run: `.venv/bin/python benchmarks/bench_rollouts.py [--episodes 80] [--workers 1 2] [--backends local ray2-ep]
-[--json out.json]`; `--smoke` runs 4 episodes per run, 2 workers (the test suite).
+[--json out.json]`; `--smoke` runs 4 episodes per run, 2 workers (the test suite). Last, what
+starting a pool costs: its workers started by a fork server (the default) against ``spawn``.
 The machine's load is printed with the figures: on a shared 2-core machine other work competes
 for the same cores as the browsers.
 """
@@ -80,6 +81,42 @@ def cpu_seconds(pool: EnvPool, cluster: LocalRayCluster | None = None) -> dict[i
         except psutil.Error:
             continue
     return totals
+
+
+def machine_cpu_seconds() -> float:
+    """Busy CPU seconds of the whole machine so far (``/proc/stat``): a fork server's workers are
+    not this process's children, so only the machine's count sees all of a pool start."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle, iowait = fields[3], fields[4]
+    return (sum(fields) - idle - iowait) / os.sysconf("SC_CLK_TCK")
+
+
+def pool_start_costs(workers: int, trials: int) -> dict[str, list[tuple[float, float]]]:
+    """(wall s, machine CPU s) of starting and closing a local pool of ``workers`` Chromium workers,
+    ``trials`` times with each start method: ``spawn`` (each worker imports selenium, miniwob,
+    pyarrow and PIL itself) against the fork server (``envs.pool_worker.worker_context``: imported
+    once; its first trial includes starting the server)."""
+    costs: dict[str, list[tuple[float, float]]] = {}
+    for method in ("spawn", "forkserver"):
+        for _ in range(trials):
+            wall, cpu = time.perf_counter(), machine_cpu_seconds()
+            with EnvPool(MiniWoBConfig(), PoolConfig(workers=workers, spares=0), start_method=method):
+                pass
+            costs.setdefault(method, []).append((time.perf_counter() - wall, machine_cpu_seconds() - cpu))
+    return costs
+
+
+def report_pool_start(costs: dict[str, list[tuple[float, float]]], workers: int) -> None:
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    print(f"pool start and close, {workers} workers (machine CPU, load included), {len(costs['spawn'])} trial(s) each:")
+    for method, runs in costs.items():
+        label = "baseline: spawn" if method == "spawn" else "fork server (default)"
+        print(
+            f"  {label:<22} wall {mean([w for w, _ in runs]):5.2f} s  CPU {mean([c for _, c in runs]):5.2f} s  "
+            f"({', '.join(f'{c:.2f}' for _, c in runs)})"
+        )
 
 
 def run(workers: int, episodes: int, tasks: list, noise: float, backend: str = "local") -> dict:
@@ -228,6 +265,8 @@ def main() -> None:
         f"load average during the run {two['load_average']:.1f} on {os.cpu_count()} CPUs"
     )
     report_ray(results)
+    if "local" in args.backends:
+        report_pool_start(pool_start_costs(max(args.workers), 1 if args.smoke else 4), max(args.workers))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

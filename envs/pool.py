@@ -24,7 +24,6 @@ job at most), every attempt, and the jobs that could not be completed.
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import threading
 import time
 from collections import Counter, deque
@@ -47,7 +46,7 @@ from envs.pool_jobs import (
     first_line,
     run_job,
 )
-from envs.pool_worker import PoolWorker, ProcessWorker, RemoteEnv
+from envs.pool_worker import PoolWorker, ProcessWorker, RemoteEnv, worker_context
 from envs.protocol import (
     EpisodeRecord,
     Policy,
@@ -78,7 +77,9 @@ class EnvPool:
 
     ``env_configs``: one config (every worker builds the same environment, e.g. a Chromium), or a
     sequence of configs each used by at most one live worker at a time (e.g. one per Android
-    device; ``workers + spares`` should not exceed their number).
+    device; ``workers + spares`` should not exceed their number). ``start_method``: how worker
+    processes start (:func:`envs.pool_worker.worker_context`: a fork server with the workers'
+    imports preloaded, or ``spawn``).
     """
 
     def __init__(
@@ -87,6 +88,7 @@ class EnvPool:
         config: PoolConfig | None = None,
         *,
         log: Callable[[str], None] | None = None,
+        start_method: str = "forkserver",
     ) -> None:
         self.config = config or PoolConfig()
         if isinstance(env_configs, Sequence):
@@ -98,7 +100,7 @@ class EnvPool:
             self._configs = [env_configs]
             self._exclusive = False
         self._log = log or (lambda message: None)
-        self._ctx = multiprocessing.get_context("spawn")
+        self._ctx = worker_context(start_method)
         self._lock = threading.Lock()
         self._ready: deque[PoolWorker] = deque()
         self._ready_cv = threading.Condition(self._lock)

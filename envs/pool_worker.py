@@ -5,9 +5,11 @@ group), and the parent's handle on it, which drives it over a pipe with a timeou
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import shutil
 import signal
+import tempfile
 import threading
 import time
 from typing import Any, Protocol
@@ -25,11 +27,57 @@ from envs.protocol import (
 from envs.tasks import TaskSpec, TaskSpecError
 from warehouse.model import Action, ActionType
 
+#: What a worker imports (selenium, miniwob and gymnasium, PIL, pyarrow): loaded once by the fork
+#: server, so a worker forked from it starts with them. Under ``spawn`` every worker imported them
+#: again, 1.5-2 s of CPU each, paid by every pool an RL iteration, an evaluation or a test starts.
+WORKER_PRELOAD = ("envs.pool_worker", "envs.miniwob.live")
 
-def _worker_main(conn: Any, env_config: EnvConfig, worker_id: str, parent_pid: int | None = None) -> None:
-    """Serve one environment over ``conn`` until told to close or the parent goes away."""
+
+def worker_context(start_method: str = "forkserver") -> Any:
+    """The multiprocessing context pool workers start in: by default a fork server that preloaded
+    :data:`WORKER_PRELOAD` (started once per process, at the first pool), ``spawn`` where the
+    platform has no fork server or where asked (``benchmarks/bench_rollouts.py`` compares the two).
+    Workers never fork the pool's process itself: it may hold threads, torch state and DuckDB files."""
+    if start_method not in ("forkserver", "spawn"):
+        raise ValueError(f"start_method must be forkserver or spawn, got {start_method!r}")
+    if start_method == "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(WORKER_PRELOAD))
+    return context
+
+
+def _take_parent_state(environ: dict[str, str] | None, cwd: str | None) -> None:
+    """A forked worker starts with the fork server's environment and folder, as they were when the
+    server started; take the parent's as they are now (what ``spawn`` gave): e.g. a ``TMPDIR`` set
+    for this pool's browsers. ``tempfile`` forgets the folder it chose from the old environment."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
+        tempfile.tempdir = None
+    if cwd is not None:
+        with contextlib.suppress(OSError):
+            os.chdir(cwd)
+
+
+def _worker_main(
+    conn: Any,
+    env_config: EnvConfig,
+    worker_id: str,
+    parent_pid: int | None = None,
+    *,
+    watch_parent: bool = True,
+    environ: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> None:
+    """Serve one environment over ``conn`` until told to close or the parent goes away.
+
+    ``parent_pid``: the process whose death ends this worker; ``None`` with ``watch_parent``: this
+    process's parent as it is now (a fork server's worker: the server, which exits when the pool's
+    process dies). ``environ``, ``cwd``: the pool process's, taken over first."""
     os.setsid()  # own process group: the parent kills the worker and its browser/adb children at once
-    if parent_pid is not None:
+    _take_parent_state(environ, cwd)
+    if watch_parent:
         # A parent killed with SIGKILL (an OOM kill, a terminated run) cannot stop us: a watchdog
         # ends this worker's whole group (browser included) when the parent is gone. Workers are
         # started from the pool's threads, so the kernel's parent-death signal (tied to the forking
@@ -127,9 +175,13 @@ class ProcessWorker:
         self.id = worker_id
         self.config_index = config_index
         self.conn, child = ctx.Pipe()
+        forked = ctx.get_start_method() == "forkserver"
         self.process = ctx.Process(
             target=_worker_main,
-            args=(child, env_config, worker_id, os.getpid()),
+            # a fork server's worker is the server's child: it watches the server (which ends with
+            # this process) and takes this process's environment and folder
+            args=(child, env_config, worker_id, None if forked else os.getpid()),
+            kwargs={"environ": dict(os.environ), "cwd": os.getcwd()} if forked else {},
             name=f"stepwise-{worker_id}",
             daemon=True,
         )

@@ -248,3 +248,30 @@ def test_a_worker_killed_from_two_threads_at_once_is_killed_once():
     for thread in threads:
         thread.join(30)
     assert closes == [1] and not worker.alive and not worker.process.is_alive()
+
+
+def test_workers_come_from_the_fork_server_with_the_pools_environment_as_it_is_now(monkeypatch):
+    """Pool workers are forked by a fork server that preloaded their imports, not spawned, and they
+    take the pool process's environment as it is when they start (a TMPDIR or variable set after
+    the server started reaches the browser); ``spawn`` is still there on request."""
+    import os
+
+    from envs.pool_worker import worker_context
+
+    with EnvPool(MiniWoBConfig(), PoolConfig(workers=1, spares=0)):
+        pass  # the fork server runs from here on, with the environment it started with
+    monkeypatch.setenv("STEPWISE_POOL_TEST_MARK", "set-after-the-server-started")
+    monkeypatch.setenv("TMPDIR", tempfile.mkdtemp(prefix="pool-env-", dir="/tmp"))
+    for method, forked in (("forkserver", True), ("spawn", False)):
+        with EnvPool(MiniWoBConfig(), PoolConfig(workers=1, spares=0), start_method=method) as pool:
+            (worker,) = pool.status()
+            process = psutil.Process(worker["pid"])
+            assert (process.ppid() != os.getpid()) == forked, method  # a fork server's child, or ours
+            browsers = [p for p in process.children(recursive=True) if p.name() in ("chromium", "chrome")]
+            assert browsers, method
+            environ = browsers[0].environ()
+            assert environ.get("STEPWISE_POOL_TEST_MARK") == "set-after-the-server-started", method
+            assert environ.get("TMPDIR") == os.environ["TMPDIR"], method
+    assert worker_context().get_start_method() == "forkserver"
+    with pytest.raises(ValueError, match="forkserver or spawn"):
+        worker_context("fork")

@@ -66,23 +66,21 @@ def _worker_main(
     worker_id: str,
     parent_pid: int | None = None,
     *,
-    watch_parent: bool = True,
     environ: dict[str, str] | None = None,
     cwd: str | None = None,
 ) -> None:
     """Serve one environment over ``conn`` until told to close or the parent goes away.
 
-    ``parent_pid``: the process whose death ends this worker; ``None`` with ``watch_parent``: this
-    process's parent as it is now (a fork server's worker: the server, which exits when the pool's
+    ``parent_pid``: the process whose death ends this worker; ``None``: this process's parent as it
+    is now (a fork server's worker: the server, which exits when the pool's
     process dies). ``environ``, ``cwd``: the pool process's, taken over first."""
     os.setsid()  # own process group: the parent kills the worker and its browser/adb children at once
     _take_parent_state(environ, cwd)
-    if watch_parent:
-        # A parent killed with SIGKILL (an OOM kill, a terminated run) cannot stop us: a watchdog
-        # ends this worker's whole group (browser included) when the parent is gone. Workers are
-        # started from the pool's threads, so the kernel's parent-death signal (tied to the forking
-        # thread) is not used.
-        die_with_parent(parent_pid, use_prctl=False, kill_group=True)
+    # A parent killed with SIGKILL (an OOM kill, a terminated run) cannot stop us: a watchdog
+    # ends this worker's whole group (browser included) when the parent is gone. Workers are
+    # started from the pool's threads, so the kernel's parent-death signal (tied to the forking
+    # thread) is not used.
+    die_with_parent(parent_pid, use_prctl=False, kill_group=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
     def _terminate(signum: int, frame: Any) -> None:

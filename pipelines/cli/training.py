@@ -530,7 +530,7 @@ def _add_rl(sub: Any) -> None:
     p.add_argument(
         "--llm-held-out-seeds", dest="llm_held_out_seeds", type=int, default=None, help="--policy llm: held-out seeds"
     )
-    p.add_argument("--seeds", type=int, default=3, help="RL seeds per run (1-5): the partitions s0 .. s<seeds-1>")
+    p.add_argument("--seeds", type=int, default=3, help="RL seeds per run (1-10): the partitions s0 .. s<seeds-1>")
     p.add_argument(
         "--seed-keys",
         default="",

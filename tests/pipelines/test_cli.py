@@ -118,7 +118,7 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
     env = {"STEPWISE_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "HF_HUB_OFFLINE": "1"}
     env["PATH"] = "/usr/bin:/bin"
     for args, message in (
-        (["--seed-keys", "s0,s9"], "--seed-keys ['s9'] unknown"),
+        (["--seed-keys", "s0,s10"], "--seed-keys ['s10'] unknown"),
         (["--runs", "orm", "--flywheel-round", "0"], "--flywheel-round >= 1"),
         (["--runs", "outcome,orm", "--flywheel-round", "1"], "['outcome'] use none"),
         (["--runs", "orm", "--flywheel-round", "1"], "flywheel round 1 trained no ['orm'] model (it has none"),
@@ -132,8 +132,8 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
         code, _, stderr = run_in_process(capsys, "rl", *args)
         assert code == 2 and message in stderr, (args, stderr)
         assert len(stderr.strip().splitlines()) == 1, stderr
-    out = subprocess.run([STEPWISE, "rl", "--seed-keys", "s0,s9"], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 2 and out.stderr.strip() == "stepwise rl: --seed-keys ['s9'] unknown; choose from " + str(
+    out = subprocess.run([STEPWISE, "rl", "--seed-keys", "s0,s10"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 2 and out.stderr.strip() == "stepwise rl: --seed-keys ['s10'] unknown; choose from " + str(
         list(RL_SEEDS)
     ), out.stderr
 

@@ -132,10 +132,11 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
         code, _, stderr = run_in_process(capsys, "rl", *args)
         assert code == 2 and message in stderr, (args, stderr)
         assert len(stderr.strip().splitlines()) == 1, stderr
-    out = subprocess.run([STEPWISE, "rl", "--seed-keys", "s0,s10"], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 2 and out.stderr.strip() == "stepwise rl: --seed-keys ['s10'] unknown; choose from " + str(
-        list(RL_SEEDS)
-    ), out.stderr
+    out = subprocess.run(
+        [STEPWISE, "rl", "--seed-keys", "s0,s10"], capture_output=True, text=True, env=env, timeout=300
+    )
+    unknown = "stepwise rl: --seed-keys ['s10'] unknown; choose from " + str(list(RL_SEEDS))
+    assert out.returncode == 2 and out.stderr.strip() == unknown, out.stderr
 
 
 def test_the_summary_gives_a_check_one_line_and_shows_any_failed_run(capsys):

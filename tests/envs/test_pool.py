@@ -250,6 +250,19 @@ def test_a_worker_killed_from_two_threads_at_once_is_killed_once():
     assert closes == [1] and not worker.alive and not worker.process.is_alive()
 
 
+def _browser_environs(worker: psutil.Process) -> list[dict[str, str]]:
+    """The environments of a worker's Chromium processes. Chromium starts and ends helper
+    processes of its own at any time: one that ends between the listing and the read is skipped."""
+    environs = []
+    for child in worker.children(recursive=True):
+        try:
+            if child.name() in ("chromium", "chrome"):
+                environs.append(child.environ())
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return environs
+
+
 def test_workers_come_from_the_fork_server_with_the_pools_environment_as_it_is_now(monkeypatch):
     """Pool workers are forked by a fork server that preloaded their imports, not spawned, and they
     take the pool process's environment as it is when they start (a TMPDIR or variable set after
@@ -267,9 +280,9 @@ def test_workers_come_from_the_fork_server_with_the_pools_environment_as_it_is_n
             (worker,) = pool.status()
             process = psutil.Process(worker["pid"])
             assert (process.ppid() != os.getpid()) == forked, method  # a fork server's child, or ours
-            browsers = [p for p in process.children(recursive=True) if p.name() in ("chromium", "chrome")]
-            assert browsers, method
-            environ = browsers[0].environ()
+            browser_environs = _browser_environs(process)
+            assert browser_environs, method
+            environ = browser_environs[0]
             assert environ.get("STEPWISE_POOL_TEST_MARK") == "set-after-the-server-started", method
             assert environ.get("TMPDIR") == os.environ["TMPDIR"], method
     assert worker_context().get_start_method() == "forkserver"

@@ -32,6 +32,7 @@ from training.policy.episodes import PolicyStageError
 from training.policy.sft import SFTSettings
 from training.policy.sft_stage import SFT_CODE_VERSION, PolicySettings, check_sft_policy, run_policy_sft
 from training.policy.store import PolicyNotFoundError
+from training.rl.advice import advice_summary
 from training.rl.evaluation import run_agent_evaluation, run_rl_report
 from training.rl.report import check_table_one, learning_curves_by_actor, report_markdown, report_plot
 from training.rl.runs import (
@@ -271,7 +272,8 @@ def rl_report(
         "success_plot": report_plot(report, wh.home / "plots" / "rl" / "table_one.png"),
         "learning_curves": learning_curves_by_actor(report["curves"], wh.home / "plots" / "rl" / "learning_curves.png"),
     }
-    yield MaterializeResult(metadata=to_metadata({"table_one": report_markdown(report)} | plots))
+    advice = {f"which_reward_{block['block']}": advice_summary(block) for block in report["advice"]}
+    yield MaterializeResult(metadata=to_metadata({"table_one": report_markdown(report)} | advice | plots))
     for name, outcome in check_table_one(report).items():
         yield check_result(outcome, check_name=name, warn_only=True)
 

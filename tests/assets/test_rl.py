@@ -105,6 +105,10 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
     )
     assert set(judged) == set(RUNS) and sum(r["episodes"] for r in judged.values()) == rl_episodes
     assert "reward AUC vs success" in table
+    # which reward to use, from these runs' own tests: one seed per run, so it says it is provisional
+    assert table.startswith("**Which reward to use here (dense block)**") and "- provisional: 4 row(s)" in table
+    which = report.asset_materializations_for_node("rl_report")[0].metadata["which_reward_dense"].value
+    assert which.startswith("with the exact outcome: ") and which.endswith("(provisional: fewer than 5 RL seeds)")
     # the composed source (outcome + ProgRM-Env, shaped) is compared with its learned part alone
     versus = {(c["actor"], c["versus"]) for c in run_rl_report(Warehouse(home))["comparisons"]}
     assert {("outcome+progrm_env:shaped", "progrm_env"), ("outcome+progrm_env:shaped", "outcome")} <= versus

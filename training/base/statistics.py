@@ -6,7 +6,7 @@
 * :func:`bootstrap_interval` and :func:`seed_bootstrap_interval`: a success rate's interval over
   episodes, and over RL seeds and their episodes (two levels).
 * :func:`mcnemar_exact_p` and :func:`paired_comparison`: two judges or two policies on the same
-  items, by their discordant pairs.
+  items, by their discordant pairs; :func:`holm_adjusted` when one report makes several such claims.
 
 Every resampling is seeded, so the same data give the same intervals.
 """
@@ -31,6 +31,21 @@ def mcnemar_exact_p(wins: int, losses: int) -> float:
         return 1.0
     tail = sum(math.comb(n, k) for k in range(min(wins, losses) + 1))
     return min(1.0, 2 * tail / 2**n)
+
+
+def holm_adjusted(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment (Holm 1979, "A simple sequentially rejective multiple test
+    procedure"): the i-th smallest of m p-values becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``,
+    in the input's order. Rejecting where the adjusted value is under alpha keeps the chance of any
+    false claim among the m at most alpha, whatever their dependence. nan stays nan and does not
+    count towards m."""
+    present = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    adjusted = [math.nan] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(present):
+        running = max(running, min(1.0, (len(present) - rank) * p))
+        adjusted[i] = running
+    return adjusted
 
 
 def p_value_text(p: float | None) -> str:

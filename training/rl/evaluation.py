@@ -24,6 +24,7 @@ from training.policy.evaluation import per_task_rows, sample_seeds
 from training.policy.learned import PolicyModel
 from training.policy.store import HELD_OUT_SEED_BASE, keep_policy_cache, latest_policy, warm_policy_cache
 from training.policy.task_blocks import DENSE_BLOCK, sparse_block_rule, task_blocks
+from training.rl.advice import reward_advice
 from training.rl.report import (
     exploits_by_actor,
     reward_by_ending,
@@ -130,6 +131,7 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     report["sparse_rule"] = sparse_block_rule(sft)
     report["curves"] = _report_curves(warehouse, list(latest.values()))
     report["hacking_alarms"] = reward_hacking_alarms(report)
+    report["advice"] = reward_advice(report)
     return report
 
 

@@ -31,6 +31,7 @@ from training.policy.task_blocks import (
 )
 from training.reward_models.exploits import PAID_FAILURE, UNPAID_SUCCESS, PaidEpisode, select_exploits
 from training.reward_models.kinds import PROGRESS_KINDS
+from training.rl.advice import advice_markdown
 from training.rl.rewards.composed import parse_composition
 from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
 from warehouse.checks import CheckOutcome
@@ -507,10 +508,12 @@ def _family_cell(success: float, env_return: float) -> str:
 
 
 def report_markdown(report: dict[str, Any]) -> Markdown:
-    """The report as markdown tables (Table 1's layout, then the paired tests)."""
+    """The report as markdown: which reward to use here (:mod:`training.rl.advice`, where the report
+    has ``advice``), then the tables (Table 1's layout, the paired tests, the rewards' own rankings
+    and alarms, the power calculation, failure modes)."""
     families = report["families"]
     head = ["actor", "seeds", "SR (95% CI)", "Rwd (95% CI)"] + [f"{f} SR / Rwd" for f in families] + ["env steps"]
-    lines = []
+    lines = advice_markdown(report.get("advice", []))
     if report.get("sparse_rule") and any(r.get("block") == SPARSE_BLOCK for r in report["rows"]):
         rule = SPARSE_RULES.get(report["sparse_rule"], report["sparse_rule"])
         lines += [f"Sparse block chosen by the {report['sparse_rule']} rule: {rule}.", ""]

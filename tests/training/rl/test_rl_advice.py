@@ -1,0 +1,179 @@
+"""Which reward to use, from a report's own rows and paired tests (training.rl.advice)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from training.base.statistics import holm_adjusted
+from training.rl.advice import (
+    BETTER,
+    NO_DIFFERENCE,
+    NOT_RUN,
+    UNRESOLVED,
+    WITHIN_MARGIN,
+    WORSE,
+    advice_markdown,
+    advice_summary,
+    judge_comparison,
+    reward_advice,
+    uses_exact_outcome,
+)
+from training.rl.report import report_markdown, table_one
+
+
+def test_holm_adjustment_by_hand():
+    # sorted: 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1 = 0.04, but never below the one before: 0.06)
+    adjusted = holm_adjusted([0.04, 0.01, math.nan, 0.03])
+    assert adjusted[:2] == pytest.approx([0.06, 0.03]) and adjusted[3] == pytest.approx(0.06)
+    assert math.isnan(adjusted[2])
+    assert holm_adjusted([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm_adjusted([]) == []
+
+
+def test_which_sources_need_the_exact_outcome():
+    assert uses_exact_outcome("outcome") and uses_exact_outcome("admire")
+    assert uses_exact_outcome("outcome+progrm_env:shaped") and uses_exact_outcome("outcome+prm:decay")
+    assert not any(uses_exact_outcome(s) for s in ("orm", "progrm_env", "progrm_lcs", "prm", "guidnav"))
+
+
+def test_judging_one_comparison():
+    def c(difference: float, low: float, high: float) -> dict:
+        return {"difference": difference, "difference_low": low, "difference_high": high}
+
+    margin = 0.05
+    assert judge_comparison(c(0.03, 0.01, 0.05), 0.01, margin=margin) == BETTER
+    assert judge_comparison(c(-0.04, -0.11, 0.03), 0.007, margin=margin) == WORSE  # significant: the sign decides
+    assert judge_comparison(c(-0.01, -0.04, 0.02), 0.5, margin=margin) == WITHIN_MARGIN
+    assert judge_comparison(c(-0.01, -0.066, 0.042), 0.54, margin=margin) == UNRESOLVED
+    assert judge_comparison(c(0.03, 0.01, 0.05), 0.06, margin=margin) == WITHIN_MARGIN  # not significant after Holm
+    assert judge_comparison(c(0.03, -0.01, 0.05), 0.2, margin=None) == NO_DIFFERENCE
+    assert judge_comparison(None, math.nan, margin=margin) == NOT_RUN
+
+
+def _row(actor: str, source: str | None, success: float, seeds: int = 5, block: str = "dense") -> dict:
+    return {"actor": actor, "reward_source": source, "estimator": "reinforce_pp", "block": block, "seeds": seeds,
+            "success_rate": success}  # fmt: skip
+
+
+def _cmp(actor: str, versus: str, difference: float, low: float, high: float, p: float) -> dict:
+    return {"actor": actor, "versus": versus, "difference": difference, "difference_low": low,
+            "difference_high": high, "mcnemar_p": p}  # fmt: skip
+
+
+def test_with_the_outcome_the_outcome_unless_a_reward_beat_it_and_without_it_the_best_clean_learned_reward():
+    report = {
+        "rows": [
+            _row("SFT", None, 0.50),
+            _row("outcome", "outcome", 0.70),
+            _row("outcome+progrm_env:shaped", "outcome+progrm_env:shaped", 0.70),
+            _row("outcome+prm:decay", "outcome+prm:decay", 0.62),
+            _row("orm", "orm", 0.62),
+            _row("progrm_env", "progrm_env", 0.66),  # higher than the ORM, but its reward is gamed
+            _row("progrm_lcs", "progrm_lcs", 0.52, seeds=2),
+        ],
+        "comparisons": [
+            _cmp("outcome", "SFT", 0.20, 0.15, 0.25, 1e-6),
+            _cmp("outcome+progrm_env:shaped", "SFT", 0.20, 0.15, 0.25, 1e-6),
+            _cmp("outcome+progrm_env:shaped", "outcome", 0.0, -0.01, 0.0, 1.0),
+            _cmp("outcome+prm:decay", "SFT", 0.12, 0.07, 0.17, 1e-4),
+            _cmp("outcome+prm:decay", "outcome", -0.08, -0.10, -0.05, 1e-5),
+            _cmp("orm", "SFT", 0.12, 0.05, 0.18, 1e-4),
+            _cmp("orm", "outcome", -0.08, -0.15, -0.02, 1e-3),
+            _cmp("progrm_env", "SFT", 0.16, 0.08, 0.22, 1e-5),
+            _cmp("progrm_lcs", "SFT", 0.02, -0.05, 0.08, 0.4),
+            _cmp("orm", "progrm_env", -0.04, -0.1, 0.02, 0.2),  # neither outcome nor SFT: not part of the advice
+        ],
+        "hacking_alarms": [
+            {"actor": "progrm_env", "alarms": ["paid 'no submission' 1.29 (30 episodes), success 1.25"]},
+            {"actor": "orm", "alarms": []},
+        ],
+    }
+    (block,) = reward_advice(report)
+    assert block["block"] == "dense" and block["outcome_actor"] == "outcome" and block["sft_actor"] == "SFT"
+    assert block["tests"] == 9
+    assert block["with_outcome"]["actor"] == "outcome"
+    assert block["safe_to_add"] == ["outcome+progrm_env:shaped"]
+    assert block["worse_than_outcome"] == ["outcome+prm:decay", "orm"]
+    assert block["without_outcome"]["actor"] == "orm"  # progrm_env is higher but raised an alarm
+    assert block["provisional"] == ["progrm_lcs"]
+    judged = {r["actor"]: r for r in block["rows"]}
+    assert judged["progrm_lcs"]["versus_sft"]["judgement"] == NO_DIFFERENCE
+    assert judged["progrm_env"]["versus_outcome"] is None
+    assert judged["orm"]["versus_outcome"]["adjusted_p"] == pytest.approx(3e-3)  # 7th smallest of 9: x (9 - 7 + 1)
+    text = "\n".join(advice_markdown([block]))
+    assert "with the exact outcome: **outcome** (no reward beat it)" in text
+    assert "without one: **orm**" in text and "provisional: 1 row(s)" in text
+    assert "| progrm_env | 5 | 66.0 | - | +16.0 [+8.0, +22.0], p <0.001: better | yes |" in text
+    assert advice_summary(block) == (
+        "with the exact outcome: outcome; without one: orm (provisional: fewer than 5 RL seeds)"
+    )
+
+    # a composed reward that beats the outcome after Holm is what a user with an outcome should take
+    report["rows"][3] = _row("outcome+prm:decay", "outcome+prm:decay", 0.78)
+    report["comparisons"][4] = _cmp("outcome+prm:decay", "outcome", 0.08, 0.04, 0.12, 1e-5)
+    (block,) = reward_advice(report)
+    assert block["with_outcome"]["actor"] == "outcome+prm:decay" and block["worse_than_outcome"] == ["orm"]
+
+    # the same lead at p = 0.02, no longer significant once adjusted for the block's nine tests (the
+    # 7th smallest: x 3 = 0.06): the outcome stays
+    report["comparisons"][4] = _cmp("outcome+prm:decay", "outcome", 0.08, 0.04, 0.12, 0.02)
+    (block,) = reward_advice(report)
+    assert block["with_outcome"]["actor"] == "outcome"
+    assert {r["actor"]: r for r in block["rows"]}["outcome+prm:decay"]["versus_outcome"]["judgement"] == WITHIN_MARGIN
+
+
+def test_no_outcome_run_and_no_learned_reward_that_beat_sft_say_so():
+    report = {
+        "rows": [_row("SFT", None, 0.5), _row("orm", "orm", 0.45), _row("SFT [sparse]", None, 0.0, block="sparse")],
+        "comparisons": [_cmp("orm", "SFT", -0.05, -0.12, 0.02, 0.3)],
+    }
+    (block,) = reward_advice(report)  # the sparse block has no RL row: no advice for it
+    assert block["with_outcome"] == {"actor": None, "why": "no outcome run in this block to compare with"}
+    assert block["without_outcome"]["actor"] is None and "beat SFT" in block["without_outcome"]["why"]
+
+
+def test_the_report_opens_with_the_advice_of_each_block():
+    """table_one's rows and comparisons feed the advice as they are (hand-made held-out episodes:
+    SFT solves 10 of 40 seeds per task, the outcome 30, the ORM 20, on 5 RL seeds)."""
+    tasks, seeds = ("click-tab-2", "enter-text"), range(40)
+
+    def episodes(policy_id: str, solved_seeds: int) -> list[dict]:
+        return [
+            {
+                "policy_id": policy_id,
+                "task_id": t,
+                "task_family": "f",
+                "seed": s,
+                "success": s < solved_seeds,
+                "env_return": 1.0 if s < solved_seeds else -1.0,
+                "failure_mode": None,
+            }  # fmt: skip
+            for t in tasks
+            for s in seeds
+        ]
+
+    by_policy = {"sft": episodes("sft", 10)}
+    runs = []
+    for source, solved in (("outcome", 30), ("orm", 20)):
+        for rl_seed in range(5):
+            pid = f"{source}{rl_seed}"
+            by_policy[pid] = episodes(pid, solved)
+            runs.append(
+                {
+                    "policy_id": pid,
+                    "reward_source": source,
+                    "estimator": "reinforce_pp",
+                    "rl_seed": rl_seed,
+                    "env_steps": 10,
+                }  # fmt: skip
+            )
+    report = table_one("sft", runs, by_policy)
+    report["advice"] = reward_advice(report)
+    (block,) = report["advice"]
+    assert block["with_outcome"]["actor"] == "outcome" and block["worse_than_outcome"] == ["orm"]
+    assert block["without_outcome"]["actor"] == "orm" and not block["provisional"]
+    text = str(report_markdown(report))
+    assert text.startswith("**Which reward to use here (dense block)**")
+    assert text.index("Which reward to use here") < text.index("| actor | seeds | SR (95% CI)")

@@ -1,0 +1,237 @@
+"""Which reward to use, read from a home's own Table 1 (pure).
+
+The README's "Which reward to use" answers for the runs in it; a user who runs ``stepwise rl`` on
+their own tasks needs the same answer for theirs. :func:`reward_advice` takes the report of
+:func:`training.rl.report.table_one` (with its hacking alarms) and, per task block:
+
+* judges every RL row against the **exact outcome** run of its block and against **SFT**, by the
+  paired McNemar tests the report already made, Holm-adjusted over every test the block's advice
+  rests on (:func:`training.base.statistics.holm_adjusted`), so that "better" is not the luckiest
+  of many comparisons;
+* vetoes a row whose reward raised a hacking alarm (:func:`training.rl.report.reward_hacking_alarms`):
+  its agents may be learning what the reward pays rather than the task;
+* recommends one reward to a user **with** an exact outcome (the outcome itself unless a row beat
+  it, issue 41's dense target: composed rewards within :data:`NON_INFERIORITY_MARGIN` of it are
+  listed as safe to add) and one to a user **without** one (the best row that uses no exact outcome
+  and beat SFT, or none);
+* marks the advice provisional where a row has fewer than :data:`ADVICE_MIN_SEEDS` RL seeds (issue
+  41 item 6 asks for at least five: between-seed spread is the largest source of error here).
+
+Nothing here reads the warehouse; ``run_rl_report`` adds the result to the report as ``advice``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from training.base.statistics import holm_adjusted, p_value_text
+from training.rl.rewards.composed import parse_composition
+
+#: Family-wise error rate of the advice's claims (Holm over each block's tests).
+ADVICE_ALPHA = 0.05
+#: Issue 41's dense target: a composed reward is "no worse than the outcome" when the 95% interval
+#: of its paired difference stays above minus this share.
+NON_INFERIORITY_MARGIN = 0.05
+#: Fewer RL seeds than this per row and the advice says it is provisional (issue 41 item 6).
+ADVICE_MIN_SEEDS = 5
+
+#: Sources that pay the exact outcome themselves, besides ``outcome`` and the composed
+#: ``outcome+<source>:<form>``: ADMIRE adds its milestone reward to the outcome (Alg. 1).
+OUTCOME_PAYING_SOURCES: frozenset[str] = frozenset({"outcome", "admire"})
+
+BETTER, WORSE, WITHIN_MARGIN, UNRESOLVED, NO_DIFFERENCE, NOT_RUN = (
+    "better",
+    "worse",
+    f"within {100 * NON_INFERIORITY_MARGIN:.0f} points",
+    "unresolved",
+    "no difference shown",
+    "not run",
+)
+
+
+def uses_exact_outcome(reward_source: str) -> bool:
+    """Whether a reward source needs the environment's exact outcome: a user without one cannot use it."""
+    return reward_source in OUTCOME_PAYING_SOURCES or parse_composition(reward_source) is not None
+
+
+def judge_comparison(comparison: Mapping[str, Any] | None, adjusted_p: float, *, margin: float | None) -> str:
+    """One paired comparison in words: :data:`BETTER` or :data:`WORSE` where the Holm-adjusted McNemar
+    p is under :data:`ADVICE_ALPHA` (the direction from the paired difference); otherwise, with a
+    ``margin``, :data:`WITHIN_MARGIN` where the difference's 95% lower bound is above ``-margin``
+    and :data:`UNRESOLVED` where it is not; without one, :data:`NO_DIFFERENCE`."""
+    if comparison is None:
+        return NOT_RUN
+    difference = comparison.get("difference", float("nan"))
+    if adjusted_p < ADVICE_ALPHA and difference == difference and difference != 0:
+        return BETTER if difference > 0 else WORSE
+    if margin is None:
+        return NO_DIFFERENCE
+    low = comparison.get("difference_low", float("nan"))
+    return WITHIN_MARGIN if low == low and low > -margin else UNRESOLVED
+
+
+def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per block that has RL rows, the judged rows and the two recommendations (see the module's
+    docstring). Each block: ``block``, ``outcome_actor`` (None where no outcome run), ``tests`` (how
+    many p-values Holm adjusted over), ``rows`` (per RL row: ``actor``, ``reward_source``,
+    ``seeds``, ``success_rate``, ``uses_exact_outcome``, ``alarms``, and for ``versus_outcome`` and
+    ``versus_sft`` the comparison's ``difference``/``difference_low``/``difference_high``, the raw
+    and adjusted p and the ``judgement``), ``with_outcome`` and ``without_outcome`` (the actor
+    recommended, or None, with ``why``), ``safe_to_add``, ``worse_than_outcome`` and
+    ``provisional`` (the rows with too few seeds)."""
+    rows = {r["actor"]: r for r in report["rows"]}
+    alarms = {a["actor"]: list(a["alarms"]) for a in report.get("hacking_alarms", [])}
+    blocks: dict[str, list[Mapping[str, Any]]] = {}
+    for r in report["rows"]:
+        if r.get("reward_source"):
+            blocks.setdefault(r["block"], []).append(r)
+    advice = []
+    for block, rl_rows in blocks.items():
+        outcome_actor = next(
+            (r["actor"] for r in rl_rows if r["reward_source"] == "outcome" and r.get("estimator") == "reinforce_pp"),
+            None,
+        )
+        sft_actor = next((a for a, r in rows.items() if not r.get("reward_source") and r.get("block") == block), None)
+        found: list[tuple[str, str, Mapping[str, Any]]] = []
+        for c in report["comparisons"]:
+            if c["actor"] not in {r["actor"] for r in rl_rows}:
+                continue
+            if outcome_actor and c["versus"] == outcome_actor and c["actor"] != outcome_actor:
+                found.append((c["actor"], "versus_outcome", c))
+            elif sft_actor and c["versus"] == sft_actor:
+                found.append((c["actor"], "versus_sft", c))
+        adjusted = holm_adjusted([float(c["mcnemar_p"]) for _, _, c in found])
+        judged: dict[str, dict[str, Any]] = {
+            r["actor"]: {
+                "actor": r["actor"],
+                "reward_source": r["reward_source"],
+                "seeds": r["seeds"],
+                "success_rate": r["success_rate"],
+                "uses_exact_outcome": uses_exact_outcome(r["reward_source"]),
+                "alarms": alarms.get(r["actor"], []),
+                "versus_outcome": None,
+                "versus_sft": None,
+            }
+            for r in rl_rows
+        }
+        for (actor, side, c), p in zip(found, adjusted, strict=True):
+            judged[actor][side] = {
+                "difference": c.get("difference", float("nan")),
+                "difference_low": c.get("difference_low", float("nan")),
+                "difference_high": c.get("difference_high", float("nan")),
+                "mcnemar_p": float(c["mcnemar_p"]),
+                "adjusted_p": p,
+                "judgement": judge_comparison(
+                    c, p, margin=NON_INFERIORITY_MARGIN if side == "versus_outcome" else None
+                ),
+            }
+        advice.append(_recommend(block, outcome_actor, sft_actor, list(judged.values()), len(found)))
+    return advice
+
+
+def _judgement(row: Mapping[str, Any], side: str) -> str:
+    return row[side]["judgement"] if row[side] else NOT_RUN
+
+
+def _recommend(
+    block: str, outcome_actor: str | None, sft_actor: str | None, rows: Sequence[dict[str, Any]], tests: int
+) -> dict[str, Any]:
+    """The block's two recommendations from its judged rows (highest held-out success among the
+    qualifying rows; a row with an alarm never qualifies)."""
+    clean = [r for r in rows if not r["alarms"]]
+    beat_outcome = [r for r in clean if _judgement(r, "versus_outcome") == BETTER]
+    learned_beat_sft = [r for r in clean if not r["uses_exact_outcome"] and _judgement(r, "versus_sft") == BETTER]
+    with_outcome: dict[str, Any]
+    if outcome_actor is None:
+        with_outcome = {"actor": None, "why": "no outcome run in this block to compare with"}
+    elif beat_outcome:
+        best = max(beat_outcome, key=lambda r: r["success_rate"])
+        with_outcome = {"actor": best["actor"], "why": "beat the exact outcome, alarm silent"}
+    else:
+        with_outcome = {"actor": outcome_actor, "why": "no reward beat it"}
+    if learned_beat_sft:
+        best = max(learned_beat_sft, key=lambda r: r["success_rate"])
+        without_outcome: dict[str, Any] = {"actor": best["actor"], "why": "beat SFT without the outcome, alarm silent"}
+    elif any(not r["uses_exact_outcome"] for r in rows):
+        without_outcome = {"actor": None, "why": "no reward without the exact outcome beat SFT with its alarm silent"}
+    else:
+        without_outcome = {"actor": None, "why": "no reward without the exact outcome was run"}
+    return {
+        "block": block,
+        "outcome_actor": outcome_actor,
+        "sft_actor": sft_actor,
+        "tests": tests,
+        "rows": sorted(rows, key=lambda r: -r["success_rate"]),
+        "with_outcome": with_outcome,
+        "without_outcome": without_outcome,
+        "safe_to_add": [
+            r["actor"]
+            for r in clean
+            if parse_composition(r["reward_source"]) and _judgement(r, "versus_outcome") == WITHIN_MARGIN
+        ],
+        "worse_than_outcome": [r["actor"] for r in rows if _judgement(r, "versus_outcome") == WORSE],
+        "provisional": [r["actor"] for r in rows if r["seeds"] < ADVICE_MIN_SEEDS],
+    }
+
+
+def advice_summary(block: Mapping[str, Any]) -> str:
+    """One block's advice in one line (the ``rl_report`` asset's ``which_reward_<block>`` metadata)."""
+    provisional = f" (provisional: fewer than {ADVICE_MIN_SEEDS} RL seeds)" if block["provisional"] else ""
+    return (
+        f"with the exact outcome: {block['with_outcome']['actor'] or 'no advice'}; "
+        f"without one: {block['without_outcome']['actor'] or 'none'}{provisional}"
+    )
+
+
+def _comparison_cell(judged: Mapping[str, Any] | None) -> str:
+    if not judged:
+        return "-"
+    d, low, high = (100 * judged[k] for k in ("difference", "difference_low", "difference_high"))
+    return f"{d:+.1f} [{low:+.1f}, {high:+.1f}], p {p_value_text(judged['adjusted_p'])}: {judged['judgement']}"
+
+
+def advice_markdown(advice: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The advice as the report prints it, first: per block, the two recommendations in a sentence
+    each, then the judged rows."""
+    lines: list[str] = []
+    for block in advice:
+        with_outcome, without = block["with_outcome"], block["without_outcome"]
+        lines += [
+            f"**Which reward to use here ({block['block']} block)**, from the paired tests below, "
+            f"Holm-adjusted over this block's {block['tests']} tests (family-wise alpha {ADVICE_ALPHA}); "
+            "a row with a reward-hacking alarm is never recommended:",
+            "",
+            f"- with the exact outcome: **{with_outcome['actor'] or 'no advice'}** ({with_outcome['why']})"
+            + (
+                f"; safe to add, within the margin and alarm silent: {', '.join(block['safe_to_add'])}"
+                if block["safe_to_add"]
+                else ""
+            )
+            + (f"; worse than it: {', '.join(block['worse_than_outcome'])}" if block["worse_than_outcome"] else ""),
+            f"- without one: **{without['actor'] or 'none'}** ({without['why']})",
+        ]
+        if block["provisional"]:
+            lines.append(
+                f"- provisional: {len(block['provisional'])} row(s) have fewer than {ADVICE_MIN_SEEDS} RL seeds "
+                f"({', '.join(block['provisional'])}); between-seed spread dominates with fewer"
+            )
+        sft = block["sft_actor"] or "SFT"
+        lines += [
+            "",
+            "| reward | RL seeds | held-out success % | vs the outcome, points [95%], Holm p "
+            f"| vs {sft}, points [95%], Holm p | alarm |",
+            "|---|---:|---:|---|---|---|",
+        ]
+        for r in block["rows"]:
+            cells = [
+                r["actor"],
+                str(r["seeds"]),
+                f"{100 * r['success_rate']:.1f}",
+                _comparison_cell(r["versus_outcome"]),
+                _comparison_cell(r["versus_sft"]),
+                "yes" if r["alarms"] else "none",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines

@@ -4,10 +4,12 @@ The README's "Which reward to use" answers for the runs in it; a user who runs `
 their own tasks needs the same answer for theirs. :func:`reward_advice` takes the report of
 :func:`training.rl.report.table_one` (with its hacking alarms) and, per task block:
 
-* judges every RL row against the **exact outcome** run of its block and against **SFT**, by the
-  paired McNemar tests the report already made, Holm-adjusted over every test the block's advice
-  rests on (:func:`training.base.statistics.holm_adjusted`), so that "better" is not the luckiest
-  of many comparisons;
+* judges every REINFORCE++ row against the **exact outcome** run of its block and against
+  **SFT** (:func:`judge_comparison`): "better" or "worse" needs the paired McNemar test the report
+  already made, Holm-adjusted over every test the block's advice reads
+  (:func:`training.base.statistics.holm_adjusted`, so that "better" is not the luckiest of many
+  comparisons), **and** the paired difference's interval over RL seeds on one side of 0 (McNemar
+  treats episodes as independent; the episodes of one RL seed share its training);
 * vetoes a row whose reward raised a hacking alarm (:func:`training.rl.report.reward_hacking_alarms`):
   its agents may be learning what the reward pays rather than the task;
 * recommends one reward to a user **with** an exact outcome (the outcome itself unless a row beat
@@ -22,6 +24,7 @@ Nothing here reads the warehouse; ``run_rl_report`` adds the result to the repor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -56,46 +59,54 @@ def uses_exact_outcome(reward_source: str) -> bool:
 
 
 def judge_comparison(comparison: Mapping[str, Any] | None, adjusted_p: float, *, margin: float | None) -> str:
-    """One paired comparison in words: :data:`BETTER` or :data:`WORSE` where the Holm-adjusted McNemar
-    p is under :data:`ADVICE_ALPHA` (the direction from the paired difference); otherwise, with a
-    ``margin``, :data:`WITHIN_MARGIN` where the difference's 95% lower bound is above ``-margin``
-    and :data:`UNRESOLVED` where it is not; without one, :data:`NO_DIFFERENCE`."""
-    if comparison is None:
+    """One paired comparison in words. :data:`BETTER` or :data:`WORSE` only where **both** tests
+    agree: the Holm-adjusted McNemar p is under :data:`ADVICE_ALPHA` (episodes paired on task,
+    seed and RL seed, treated as independent) **and** the 95% interval of the paired difference over
+    RL seeds (:func:`training.base.statistics.paired_difference`, which keeps the spread between
+    seeds that McNemar ignores) excludes 0 on that side. Otherwise, with a ``margin``,
+    :data:`WITHIN_MARGIN` where that interval's lower bound is above ``-margin`` (unadjusted: Holm
+    covers the McNemar claims only) and :data:`UNRESOLVED` where it is not; without one,
+    :data:`NO_DIFFERENCE`. :data:`NOT_RUN` for a comparison with no paired episodes."""
+    if comparison is None or not comparison.get("pairs", 1):
         return NOT_RUN
-    difference = comparison.get("difference", float("nan"))
-    if adjusted_p < ADVICE_ALPHA and difference == difference and difference != 0:
-        return BETTER if difference > 0 else WORSE
+    difference, low, high = (comparison.get(k, math.nan) for k in ("difference", "difference_low", "difference_high"))
+    if adjusted_p < ADVICE_ALPHA and low > 0:
+        return BETTER
+    if adjusted_p < ADVICE_ALPHA and high < 0:
+        return WORSE
     if margin is None:
         return NO_DIFFERENCE
-    low = comparison.get("difference_low", float("nan"))
-    return WITHIN_MARGIN if low == low and low > -margin else UNRESOLVED
+    return WITHIN_MARGIN if low > -margin else UNRESOLVED
 
 
 def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per block that has RL rows, the judged rows and the two recommendations (see the module's
-    docstring). Each block: ``block``, ``outcome_actor`` (None where no outcome run), ``tests`` (how
-    many p-values Holm adjusted over), ``rows`` (per RL row: ``actor``, ``reward_source``,
-    ``seeds``, ``success_rate``, ``uses_exact_outcome``, ``alarms``, and for ``versus_outcome`` and
-    ``versus_sft`` the comparison's ``difference``/``difference_low``/``difference_high``, the raw
-    and adjusted p and the ``judgement``), ``with_outcome`` and ``without_outcome`` (the actor
-    recommended, or None, with ``why``), ``safe_to_add``, ``worse_than_outcome`` and
-    ``provisional`` (the rows with too few seeds)."""
+    """Per block that has REINFORCE++ rows, the judged rows and the two recommendations (see the
+    module's docstring). Rows of another estimator (``admire_grpo``, ``prm_ppo``) change the learner
+    as well as the reward, so they stay in the table and out of the advice.
+
+    Each block: ``block``, ``outcome_actor`` and ``sft_actor`` (None where the block has none),
+    ``tests`` (how many p-values Holm adjusted over: each row's comparison with the outcome and with
+    SFT that has paired episodes), ``rows`` (per row: ``actor``, ``reward_source``,
+    ``reward_model_tag``, ``seeds``, ``success_rate``, ``uses_exact_outcome``, ``alarms``, and for
+    ``versus_outcome`` and ``versus_sft`` the comparison's ``difference``, ``difference_low``,
+    ``difference_high``, ``pairs``, the raw and adjusted p and the ``judgement``), ``with_outcome``
+    and ``without_outcome`` (the ``actor`` recommended or None, and ``why``), ``safe_to_add``,
+    ``worse_than_outcome`` and ``provisional`` (the rows with too few seeds)."""
     rows = {r["actor"]: r for r in report["rows"]}
     alarms = {a["actor"]: list(a["alarms"]) for a in report.get("hacking_alarms", [])}
     blocks: dict[str, list[Mapping[str, Any]]] = {}
     for r in report["rows"]:
-        if r.get("reward_source"):
+        if r.get("reward_source") and r.get("estimator") == "reinforce_pp":
             blocks.setdefault(r["block"], []).append(r)
     advice = []
     for block, rl_rows in blocks.items():
-        outcome_actor = next(
-            (r["actor"] for r in rl_rows if r["reward_source"] == "outcome" and r.get("estimator") == "reinforce_pp"),
-            None,
-        )
+        actors = {r["actor"] for r in rl_rows}
+        # the outcome never has a reward model, so its row carries no tag
+        outcome_actor = next((r["actor"] for r in rl_rows if r["reward_source"] == "outcome"), None)
         sft_actor = next((a for a, r in rows.items() if not r.get("reward_source") and r.get("block") == block), None)
         found: list[tuple[str, str, Mapping[str, Any]]] = []
         for c in report["comparisons"]:
-            if c["actor"] not in {r["actor"] for r in rl_rows}:
+            if c["actor"] not in actors or not c.get("pairs") or math.isnan(float(c["mcnemar_p"])):
                 continue
             if outcome_actor and c["versus"] == outcome_actor and c["actor"] != outcome_actor:
                 found.append((c["actor"], "versus_outcome", c))
@@ -106,6 +117,7 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             r["actor"]: {
                 "actor": r["actor"],
                 "reward_source": r["reward_source"],
+                "reward_model_tag": r.get("reward_model_tag"),
                 "seeds": r["seeds"],
                 "success_rate": r["success_rate"],
                 "uses_exact_outcome": uses_exact_outcome(r["reward_source"]),
@@ -117,9 +129,10 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         }
         for (actor, side, c), p in zip(found, adjusted, strict=True):
             judged[actor][side] = {
-                "difference": c.get("difference", float("nan")),
-                "difference_low": c.get("difference_low", float("nan")),
-                "difference_high": c.get("difference_high", float("nan")),
+                "difference": c.get("difference", math.nan),
+                "difference_low": c.get("difference_low", math.nan),
+                "difference_high": c.get("difference_high", math.nan),
+                "pairs": c["pairs"],
                 "mcnemar_p": float(c["mcnemar_p"]),
                 "adjusted_p": p,
                 "judgement": judge_comparison(
@@ -134,11 +147,20 @@ def _judgement(row: Mapping[str, Any], side: str) -> str:
     return row[side]["judgement"] if row[side] else NOT_RUN
 
 
+def _by_success(row: Mapping[str, Any]) -> float:
+    """Sort key: held-out success, a row without any (no episodes) last."""
+    rate = float(row["success_rate"])
+    return -math.inf if math.isnan(rate) else rate
+
+
 def _recommend(
     block: str, outcome_actor: str | None, sft_actor: str | None, rows: Sequence[dict[str, Any]], tests: int
 ) -> dict[str, Any]:
-    """The block's two recommendations from its judged rows (highest held-out success among the
-    qualifying rows; a row with an alarm never qualifies)."""
+    """The block's two recommendations from its judged rows: among the rows that qualify, the one of
+    highest held-out success (a ranking by point estimate: they are not tested against each other).
+    A learned or composed row with an alarm never qualifies; the exact outcome cannot be gamed, so
+    its alarm (a training return rising while held-out success falls: over-fitting) is only named."""
+    by_actor = {r["actor"]: r for r in rows}
     clean = [r for r in rows if not r["alarms"]]
     beat_outcome = [r for r in clean if _judgement(r, "versus_outcome") == BETTER]
     learned_beat_sft = [r for r in clean if not r["uses_exact_outcome"] and _judgement(r, "versus_sft") == BETTER]
@@ -146,13 +168,26 @@ def _recommend(
     if outcome_actor is None:
         with_outcome = {"actor": None, "why": "no outcome run in this block to compare with"}
     elif beat_outcome:
-        best = max(beat_outcome, key=lambda r: r["success_rate"])
+        best = max(beat_outcome, key=_by_success)
         with_outcome = {"actor": best["actor"], "why": "beat the exact outcome, alarm silent"}
     else:
-        with_outcome = {"actor": outcome_actor, "why": "no reward beat it"}
+        over_fitting = "; its own alarm: " + "; ".join(by_actor[outcome_actor]["alarms"])
+        with_outcome = {
+            "actor": outcome_actor,
+            "why": "no reward beat it" + (over_fitting if by_actor[outcome_actor]["alarms"] else ""),
+        }
+    without_outcome: dict[str, Any]
     if learned_beat_sft:
-        best = max(learned_beat_sft, key=lambda r: r["success_rate"])
-        without_outcome: dict[str, Any] = {"actor": best["actor"], "why": "beat SFT without the outcome, alarm silent"}
+        best = max(learned_beat_sft, key=_by_success)
+        why = "beat SFT without the outcome, alarm silent"
+        if (best.get("reward_model_tag") or "").startswith("flywheel"):
+            why += (
+                "; its model was retrained on the agent's episodes labelled with success (here by the "
+                "environment; without a checker, by annotators)"
+            )
+        without_outcome = {"actor": best["actor"], "why": why}
+    elif sft_actor is None:
+        without_outcome = {"actor": None, "why": "no SFT row in this block to compare with"}
     elif any(not r["uses_exact_outcome"] for r in rows):
         without_outcome = {"actor": None, "why": "no reward without the exact outcome beat SFT with its alarm silent"}
     else:
@@ -162,7 +197,7 @@ def _recommend(
         "outcome_actor": outcome_actor,
         "sft_actor": sft_actor,
         "tests": tests,
-        "rows": sorted(rows, key=lambda r: -r["success_rate"]),
+        "rows": sorted(rows, key=_by_success, reverse=True),
         "with_outcome": with_outcome,
         "without_outcome": without_outcome,
         "safe_to_add": [
@@ -188,7 +223,8 @@ def _comparison_cell(judged: Mapping[str, Any] | None) -> str:
     if not judged:
         return "-"
     d, low, high = (100 * judged[k] for k in ("difference", "difference_low", "difference_high"))
-    return f"{d:+.1f} [{low:+.1f}, {high:+.1f}], p {p_value_text(judged['adjusted_p'])}: {judged['judgement']}"
+    p = p_value_text(judged["adjusted_p"])
+    return f"{d:+.1f} [{low:+.1f}, {high:+.1f}], Holm p {p}: {judged['judgement']}"
 
 
 def advice_markdown(advice: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -198,9 +234,12 @@ def advice_markdown(advice: Sequence[Mapping[str, Any]]) -> list[str]:
     for block in advice:
         with_outcome, without = block["with_outcome"], block["without_outcome"]
         lines += [
-            f"**Which reward to use here ({block['block']} block)**, from the paired tests below, "
-            f"Holm-adjusted over this block's {block['tests']} tests (family-wise alpha {ADVICE_ALPHA}); "
-            "a row with a reward-hacking alarm is never recommended:",
+            f"**Which reward to use here ({block['block']} block)**, REINFORCE++ rows. Better or worse: "
+            f"McNemar's p Holm-adjusted over this block's {block['tests']} tests under {ADVICE_ALPHA} "
+            "**and** the 95% interval over RL seeds on one side of 0; within "
+            f"{100 * NON_INFERIORITY_MARGIN:.0f} points: that interval's lower bound above "
+            f"-{100 * NON_INFERIORITY_MARGIN:.0f} (not adjusted). A learned or composed reward with a "
+            "reward-hacking alarm is never recommended; the best qualifying row is chosen by its point estimate:",
             "",
             f"- with the exact outcome: **{with_outcome['actor'] or 'no advice'}** ({with_outcome['why']})"
             + (
@@ -219,8 +258,8 @@ def advice_markdown(advice: Sequence[Mapping[str, Any]]) -> list[str]:
         sft = block["sft_actor"] or "SFT"
         lines += [
             "",
-            "| reward | RL seeds | held-out success % | vs the outcome, points [95%], Holm p "
-            f"| vs {sft}, points [95%], Holm p | alarm |",
+            "| reward | RL seeds | held-out success % | vs the outcome, points [95% over RL seeds], McNemar "
+            f"| vs {sft}, points [95% over RL seeds], McNemar | alarm |",
             "|---|---:|---:|---|---|---|",
         ]
         for r in block["rows"]:

@@ -160,6 +160,7 @@ def table_one(
             "actor": label,
             "reward_source": run["reward_source"] if run else None,
             "estimator": run["estimator"] if run else None,
+            "reward_model_tag": run.get("reward_model_tag") if run else None,
             "block": (run.get("block") or DENSE_BLOCK) if run else block,
             "seeds": len(seeds),
             "seed_success": [float(np.mean([e["success"] for e in g])) for g in seeds],

@@ -44,22 +44,26 @@ def test_judging_one_comparison():
 
     margin = 0.05
     assert judge_comparison(c(0.03, 0.01, 0.05), 0.01, margin=margin) == BETTER
-    assert judge_comparison(c(-0.04, -0.11, 0.03), 0.007, margin=margin) == WORSE  # significant: the sign decides
+    assert judge_comparison(c(-0.14, -0.26, -0.05), 0.001, margin=margin) == WORSE
+    # McNemar alone says worse (p 0.007), the interval over RL seeds reaches +3: not shown either way
+    assert judge_comparison(c(-0.04, -0.112, 0.03), 0.007, margin=margin) == UNRESOLVED
+    assert judge_comparison(c(-0.04, -0.112, 0.03), 0.007, margin=None) == NO_DIFFERENCE
     assert judge_comparison(c(-0.01, -0.04, 0.02), 0.5, margin=margin) == WITHIN_MARGIN
     assert judge_comparison(c(-0.01, -0.066, 0.042), 0.54, margin=margin) == UNRESOLVED
     assert judge_comparison(c(0.03, 0.01, 0.05), 0.06, margin=margin) == WITHIN_MARGIN  # not significant after Holm
     assert judge_comparison(c(0.03, -0.01, 0.05), 0.2, margin=None) == NO_DIFFERENCE
     assert judge_comparison(None, math.nan, margin=margin) == NOT_RUN
+    assert judge_comparison(c(0.0, 0.0, 0.0) | {"pairs": 0}, 1.0, margin=margin) == NOT_RUN
 
 
-def _row(actor: str, source: str | None, success: float, seeds: int = 5, block: str = "dense") -> dict:
+def _row(actor: str, source: str | None, success: float, seeds: int = 5, block: str = "dense", **extra: str) -> dict:
     return {"actor": actor, "reward_source": source, "estimator": "reinforce_pp", "block": block, "seeds": seeds,
-            "success_rate": success}  # fmt: skip
+            "success_rate": success} | extra  # fmt: skip
 
 
-def _cmp(actor: str, versus: str, difference: float, low: float, high: float, p: float) -> dict:
+def _cmp(actor: str, versus: str, difference: float, low: float, high: float, p: float, pairs: int = 500) -> dict:
     return {"actor": actor, "versus": versus, "difference": difference, "difference_low": low,
-            "difference_high": high, "mcnemar_p": p}  # fmt: skip
+            "difference_high": high, "mcnemar_p": p, "pairs": pairs}  # fmt: skip
 
 
 def test_with_the_outcome_the_outcome_unless_a_reward_beat_it_and_without_it_the_best_clean_learned_reward():
@@ -105,7 +109,7 @@ def test_with_the_outcome_the_outcome_unless_a_reward_beat_it_and_without_it_the
     text = "\n".join(advice_markdown([block]))
     assert "with the exact outcome: **outcome** (no reward beat it)" in text
     assert "without one: **orm**" in text and "provisional: 1 row(s)" in text
-    assert "| progrm_env | 5 | 66.0 | - | +16.0 [+8.0, +22.0], p <0.001: better | yes |" in text
+    assert "| progrm_env | 5 | 66.0 | - | +16.0 [+8.0, +22.0], Holm p <0.001: better | yes |" in text
     assert advice_summary(block) == (
         "with the exact outcome: outcome; without one: orm (provisional: fewer than 5 RL seeds)"
     )
@@ -177,3 +181,45 @@ def test_the_report_opens_with_the_advice_of_each_block():
     text = str(report_markdown(report))
     assert text.startswith("**Which reward to use here (dense block)**")
     assert text.index("Which reward to use here") < text.index("| actor | seeds | SR (95% CI)")
+
+
+def test_other_estimators_empty_comparisons_and_blocks_without_sft_stay_out_of_the_advice():
+    report = {
+        "rows": [
+            _row("SFT", None, 0.5),
+            _row("outcome", "outcome", 0.7),
+            _row("orm · flywheel r2", "orm", 0.65, reward_model_tag="flywheel r2"),
+            {**_row("outcome (grpo)", "outcome", 0.9), "estimator": "grpo"},  # another learner: table only
+            _row("progrm_env", "progrm_env", float("nan"), seeds=0),  # no evaluated episodes yet
+            _row("outcome [sparse]", "outcome", 0.02, block="sparse"),
+            _row("orm [sparse]", "orm", 0.06, block="sparse"),
+        ],
+        "comparisons": [
+            _cmp("outcome", "SFT", 0.2, 0.15, 0.25, 1e-6),
+            _cmp("orm · flywheel r2", "SFT", 0.15, 0.1, 0.2, 1e-5),
+            _cmp("orm · flywheel r2", "outcome", -0.05, -0.08, -0.02, 0.01),
+            _cmp("outcome (grpo)", "outcome", 0.2, 0.15, 0.25, 1e-6),
+            _cmp("progrm_env", "SFT", math.nan, math.nan, math.nan, 1.0, pairs=0),
+            _cmp("orm [sparse]", "outcome [sparse]", 0.04, 0.01, 0.07, 0.004),
+        ],
+        "hacking_alarms": [{"actor": "outcome", "alarms": ["training return +0.2 while held-out success fell"]}],
+    }
+    dense, sparse = reward_advice(report)
+    assert [r["actor"] for r in dense["rows"]] == ["outcome", "orm · flywheel r2", "progrm_env"]
+    assert dense["tests"] == 3  # the empty comparison and the other estimator's are not in the family
+    assert (
+        dense["with_outcome"]["actor"] == "outcome" and "its own alarm: training return" in dense["with_outcome"]["why"]
+    )
+    assert dense["worse_than_outcome"] == ["orm · flywheel r2"]  # 0.01 x 2 = 0.02, interval below 0
+    assert dense["without_outcome"]["actor"] == "orm · flywheel r2"
+    assert "labelled with success" in dense["without_outcome"]["why"]  # the flywheel needs success labels
+    assert {r["actor"]: r for r in dense["rows"]}["progrm_env"]["versus_sft"] is None
+    # the sparse block: Holm over its own single test, no SFT row to judge the learned reward by
+    assert sparse["tests"] == 1 and sparse["sft_actor"] is None
+    assert sparse["with_outcome"]["actor"] == "orm [sparse]"  # beat the outcome, alarm silent
+    assert sparse["without_outcome"] == {"actor": None, "why": "no SFT row in this block to compare with"}
+
+    # an alarm vetoes a row that beat the outcome
+    report["hacking_alarms"].append({"actor": "orm [sparse]", "alarms": ["paid 'no submission' as much as success"]})
+    _, sparse = reward_advice(report)
+    assert sparse["with_outcome"]["actor"] == "outcome [sparse]"

@@ -39,6 +39,10 @@ NON_INFERIORITY_MARGIN = 0.05
 #: Fewer RL seeds than this per row and the advice says it is provisional (issue 41 item 6).
 ADVICE_MIN_SEEDS = 5
 
+#: How the report tags a run whose reward model a flywheel round trained (``flywheel r2``); a run
+#: pinned to another model is tagged ``model <id>`` (``training.rl.evaluation.run_rl_report``).
+FLYWHEEL_TAG_PREFIX = "flywheel r"
+
 #: Sources that pay the exact outcome themselves, besides ``outcome`` and the composed
 #: ``outcome+<source>:<form>``: ADMIRE adds its milestone reward to the outcome (Alg. 1).
 OUTCOME_PAYING_SOURCES: frozenset[str] = frozenset({"outcome", "admire"})
@@ -180,7 +184,7 @@ def _recommend(
     if learned_beat_sft:
         best = max(learned_beat_sft, key=_by_success)
         why = "beat SFT without the outcome, alarm silent"
-        if (best.get("reward_model_tag") or "").startswith("flywheel"):
+        if (best.get("reward_model_tag") or "").startswith(FLYWHEEL_TAG_PREFIX):
             why += (
                 "; its model was retrained on the agent's episodes labelled with success (here by the "
                 "environment; without a checker, by annotators)"

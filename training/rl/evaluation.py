@@ -24,7 +24,7 @@ from training.policy.evaluation import per_task_rows, sample_seeds
 from training.policy.learned import PolicyModel
 from training.policy.store import HELD_OUT_SEED_BASE, keep_policy_cache, latest_policy, warm_policy_cache
 from training.policy.task_blocks import DENSE_BLOCK, sparse_block_rule, task_blocks
-from training.rl.advice import reward_advice
+from training.rl.advice import FLYWHEEL_TAG_PREFIX, reward_advice
 from training.rl.report import (
     exploits_by_actor,
     reward_by_ending,
@@ -164,7 +164,7 @@ def reward_model_tags(warehouse: Warehouse) -> dict[str, str]:
     rows = warehouse.query(
         "SELECT model_id, min(round) AS round FROM flywheel_rounds GROUP BY model_id HAVING min(round) >= 1"
     ).to_pylist()
-    return {r["model_id"]: f"flywheel r{r['round']}" for r in rows}
+    return {r["model_id"]: f"{FLYWHEEL_TAG_PREFIX}{r['round']}" for r in rows}
 
 
 def flywheel_round_models(warehouse: Warehouse, round_: int) -> dict[str, str]:

@@ -31,7 +31,7 @@ from training.policy.task_blocks import (
 )
 from training.reward_models.exploits import PAID_FAILURE, UNPAID_SUCCESS, PaidEpisode, select_exploits
 from training.reward_models.kinds import PROGRESS_KINDS
-from training.rl.advice import advice_markdown
+from training.rl.advice import FLYWHEEL_TAG_PREFIX, advice_markdown
 from training.rl.rewards.composed import parse_composition
 from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
 from warehouse.checks import CheckOutcome
@@ -229,13 +229,27 @@ def _paired(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str, float
 def compared_runs(groups: Collection[str], run: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The runs a row of ``run``'s group is paired with besides SFT: the block's ORM (ProgRM's
     baseline, its model from the same place) and the outcome (ADMIRE's and GUI-Shepherd's); the same
-    source with today's models when its model came from a flywheel round; a composed source's
-    learned part alone."""
+    source with today's models when its model came from a flywheel round, and, given ``groups`` as
+    a mapping of labels to their runs, the same source pinned to a model no flywheel round trained
+    (``model <id>``: e.g. the demonstration-trained model, pinned after a round replaced it); a
+    composed source's learned part alone."""
     block = run.get("block") or DENSE_BLOCK
     tag = run.get("reward_model_tag")
     others = [block_orm(groups, block, tag), {"reward_source": "outcome", "estimator": "reinforce_pp", "block": block}]
     if tag:
         others.append({**run, "reward_model_tag": None})
+    if tag and tag.startswith(FLYWHEEL_TAG_PREFIX) and isinstance(groups, Mapping):
+        same = ("reward_source", "estimator", "orm_rule")
+        for members in groups.values():
+            other = members[0]
+            other_tag = other.get("reward_model_tag") or ""
+            if (
+                other_tag
+                and not other_tag.startswith(FLYWHEEL_TAG_PREFIX)
+                and (other.get("block") or DENSE_BLOCK) == block
+                and all(other.get(k) == run.get(k) for k in same)
+            ):
+                others.append(dict(other))
     if composition := parse_composition(run["reward_source"]):
         others.append({**run, "reward_source": composition.source, "estimator": "reinforce_pp"})
     return others

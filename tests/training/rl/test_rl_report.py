@@ -371,6 +371,33 @@ def test_the_design_says_what_each_block_can_detect(report: dict) -> None:
     assert "smallest difference detected" in report_markdown(report)
 
 
+def test_a_flywheel_row_is_compared_with_the_same_source_pinned_to_a_model_no_round_trained():
+    """After a round replaced a kind's model, its demonstration-trained model can still be pinned
+    (``--reward-model <id>``: tagged ``model <id>``): the round's row is paired with that row too,
+    and not with another source's, a flywheel round's or another block's."""
+    base = {"estimator": "reinforce_pp", "rl_seed": 0, "env_steps": 1}
+    runs = [
+        base | {"policy_id": "orm_fw", "reward_source": "orm", "reward_model_tag": "flywheel r2"},
+        base | {"policy_id": "orm_demo", "reward_source": "orm", "reward_model_tag": "model orm-demo"},
+        base | {"policy_id": "orm_r1", "reward_source": "orm", "reward_model_tag": "flywheel r1"},
+        base | {"policy_id": "env_demo", "reward_source": "progrm_env", "reward_model_tag": "model env-demo"},
+        base
+        | {"policy_id": "orm_sparse", "reward_source": "orm", "reward_model_tag": "model orm-demo", "block": "sparse"},
+    ]
+    by_policy = {p: _episodes(p, _solved(n)) for p, n in [("sft", 2), ("orm_fw", 9), ("orm_demo", 3), ("orm_r1", 5),
+                                                          ("env_demo", 4), ("orm_sparse", 1)]}  # fmt: skip
+    report = table_one("sft", runs, by_policy)
+    versus = {c["versus"] for c in report["comparisons"] if c["actor"] == "orm · flywheel r2"}
+    assert "orm · model orm-demo" in versus
+    assert not versus & {"orm · flywheel r1", "progrm_env · model env-demo", "orm · model orm-demo [sparse]"}
+    pinned = next(
+        c for c in report["comparisons"] if (c["actor"], c["versus"]) == ("orm · flywheel r2", "orm · model orm-demo")
+    )
+    assert pinned["pairs"] == 20 and pinned["only_a"] == 12 and pinned["only_b"] == 0
+    # the pinned row itself is not paired back with the round's (it is not a flywheel row)
+    assert not any(c["actor"] == "orm · model orm-demo" and "flywheel" in c["versus"] for c in report["comparisons"])
+
+
 def test_runs_on_flywheel_models_are_their_own_rows_compared_with_todays_models():
     """A source trained against a flywheel round's reward model is a row of its own (not averaged
     with the same source on today's model), compared with that source on today's model (the

@@ -70,6 +70,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     outcomes: list[tuple[str, bool]] = []
     checks: list = []  # asset-check evaluations of every run
+    advice: list[str] = []  # the RL report's "which reward to use here", one line per block
 
     stage_started: dict[str, float] = {}  # stage name -> when it began (its time: until the next one began)
 
@@ -126,7 +127,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                         },
                     )
                 stage(4, "RL", "ProgRM Table 1")
-                run("rl_report_job", "rl_report")
+                if run("rl_report_job", "rl_report"):
+                    advice = _which_reward(instance)
         if "flywheel" in stages and all(ok for _, ok in outcomes):
             from pipelines.flywheel import FlywheelSettings, run_flywheel
 
@@ -141,8 +143,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
             run_flywheel(Warehouse(), 1, settings, run, print)
     all_ok = all(ok for _, ok in outcomes)
-    _print_demosummary(all_ok, time.perf_counter() - started, stage_started, outcomes, checks, main_ok, stages)
+    _print_demosummary(all_ok, time.perf_counter() - started, stage_started, outcomes, checks, main_ok, stages, advice)
     return 0 if all_ok else 1
+
+
+def _which_reward(instance: Any) -> list[str]:
+    """The ``which_reward_<block>`` lines of the latest ``rl_report`` materialization (the report's
+    advice, ``training/rl/advice.py``), as ``<block> block: ...``."""
+    from dagster import AssetKey
+
+    event = instance.get_latest_materialization_event(AssetKey("rl_report"))
+    if event is None or event.asset_materialization is None:
+        return []
+    metadata = event.asset_materialization.metadata
+    prefix = "which_reward_"
+    return [
+        f"{key.removeprefix(prefix)} block: {value.value}" for key, value in metadata.items() if key.startswith(prefix)
+    ]
 
 
 def _print_demosummary(
@@ -153,9 +170,10 @@ def _print_demosummary(
     checks: list,
     main_ok: bool,
     stages: tuple[str, ...],
+    advice: list[str],
 ) -> None:
-    """The demo's closing summary: verdict, stage times, each run, the data checks, the tables
-    and where to look next."""
+    """The demo's closing summary: verdict, stage times, each run, the data checks, the tables,
+    which reward the RL report advises and where to look next."""
     from warehouse.catalog import Warehouse
 
     finished = time.perf_counter()
@@ -173,6 +191,8 @@ def _print_demosummary(
     print_checks(checks)
     if main_ok:
         _demo_tables(warehouse, stages)
+    for line in advice:
+        print(f"   which reward (rl_report), {line}")
     views = "episodes, steps, progress_labels, recipes, label_quality, rm_metrics, agent_eval, rl_iterations, lineage"
     print(f"   warehouse: {warehouse.db_path} (views: {views}, ...)")
     print(f"   plots:     {warehouse.home / 'plots'}")

@@ -32,7 +32,7 @@ from training.policy.episodes import PolicyStageError
 from training.policy.sft import SFTSettings
 from training.policy.sft_stage import SFT_CODE_VERSION, PolicySettings, check_sft_policy, run_policy_sft
 from training.policy.store import PolicyNotFoundError
-from training.rl.advice import advice_summary
+from training.rl.advice import advice_metadata
 from training.rl.evaluation import run_agent_evaluation, run_rl_report
 from training.rl.report import check_table_one, learning_curves_by_actor, report_markdown, report_plot
 from training.rl.runs import (
@@ -255,10 +255,9 @@ def agent_evaluation(
     ],
     code_version=RL_CODE_VERSION,
     kinds={"duckdb", "matplotlib"},
-    description="ProgRM Table 1 on live MiniWoB++: held-out success and cumulative environment reward per reward "
-    "source (95% intervals: a bootstrap over RL seeds and episodes), per task family, paired McNemar tests against "
-    "SFT, the learned ORM and the outcome reward, "
-    "failure modes.",
+    description="Which reward to use here (per block, from the paired tests), then ProgRM Table 1 on live MiniWoB++: "
+    "held-out success and environment reward per source (95% intervals over RL seeds and episodes), per task family, "
+    "paired McNemar tests against SFT, the learned ORM and the outcome, failure modes.",
 )
 def rl_report(
     context: AssetExecutionContext, warehouse: WarehouseResource
@@ -272,7 +271,7 @@ def rl_report(
         "success_plot": report_plot(report, wh.home / "plots" / "rl" / "table_one.png"),
         "learning_curves": learning_curves_by_actor(report["curves"], wh.home / "plots" / "rl" / "learning_curves.png"),
     }
-    advice = {f"which_reward_{block['block']}": advice_summary(block) for block in report["advice"]}
+    advice = advice_metadata(report["advice"])  # which reward to use, a line per block
     yield MaterializeResult(metadata=to_metadata({"table_one": report_markdown(report)} | advice | plots))
     for name, outcome in check_table_one(report).items():
         yield check_result(outcome, check_name=name, warn_only=True)

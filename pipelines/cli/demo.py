@@ -152,11 +152,12 @@ def _which_reward(instance: Any) -> list[str]:
     advice, ``training/rl/advice.py``), as ``<block> block: ...``."""
     from dagster import AssetKey
 
+    from training.rl.advice import ADVICE_METADATA_PREFIX as prefix
+
     event = instance.get_latest_materialization_event(AssetKey("rl_report"))
     if event is None or event.asset_materialization is None:
         return []
     metadata = event.asset_materialization.metadata
-    prefix = "which_reward_"
     return [
         f"{key.removeprefix(prefix)} block: {value.value}" for key, value in metadata.items() if key.startswith(prefix)
     ]

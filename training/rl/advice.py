@@ -214,6 +214,15 @@ def _recommend(
     }
 
 
+#: The ``rl_report`` asset's metadata key of a block's advice line is this prefix and the block.
+ADVICE_METADATA_PREFIX = "which_reward_"
+
+
+def advice_metadata(advice: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Each block's :func:`advice_summary` under ``which_reward_<block>``."""
+    return {f"{ADVICE_METADATA_PREFIX}{block['block']}": advice_summary(block) for block in advice}
+
+
 def advice_summary(block: Mapping[str, Any]) -> str:
     """One block's advice in one line (the ``rl_report`` asset's ``which_reward_<block>`` metadata)."""
     provisional = f" (provisional: fewer than {ADVICE_MIN_SEEDS} RL seeds)" if block["provisional"] else ""

@@ -73,7 +73,7 @@ def judge_comparison(comparison: Mapping[str, Any] | None, adjusted_p: float, *,
     :data:`NO_DIFFERENCE`. :data:`NOT_RUN` for a comparison with no paired episodes."""
     if comparison is None or not comparison.get("pairs", 1):
         return NOT_RUN
-    difference, low, high = (comparison.get(k, math.nan) for k in ("difference", "difference_low", "difference_high"))
+    low, high = comparison.get("difference_low", math.nan), comparison.get("difference_high", math.nan)
     if adjusted_p < ADVICE_ALPHA and low > 0:
         return BETTER
     if adjusted_p < ADVICE_ALPHA and high < 0:

@@ -226,19 +226,19 @@ def _paired(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str, float
     return paired_comparison(a, b) | {"difference": difference, "difference_low": low, "difference_high": high}
 
 
-def compared_runs(groups: Collection[str], run: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The runs a row of ``run``'s group is paired with besides SFT: the block's ORM (ProgRM's
-    baseline, its model from the same place) and the outcome (ADMIRE's and GUI-Shepherd's); the same
-    source with today's models when its model came from a flywheel round, and, given ``groups`` as
-    a mapping of labels to their runs, the same source pinned to a model no flywheel round trained
-    (``model <id>``: e.g. the demonstration-trained model, pinned after a round replaced it); a
-    composed source's learned part alone."""
+def compared_runs(groups: Mapping[str, Sequence[Mapping[str, Any]]], run: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The runs a row of ``run``'s group is paired with besides SFT (``groups``: the report's runs by
+    row label): the block's ORM (ProgRM's baseline, its model from the same place) and the outcome
+    (ADMIRE's and GUI-Shepherd's); the same source with today's models when its model came from a
+    flywheel round, and the same source pinned to a model no flywheel round trained (``model <id>``:
+    e.g. the demonstration-trained model, pinned after a round replaced it); a composed source's
+    learned part alone."""
     block = run.get("block") or DENSE_BLOCK
     tag = run.get("reward_model_tag")
     others = [block_orm(groups, block, tag), {"reward_source": "outcome", "estimator": "reinforce_pp", "block": block}]
     if tag:
         others.append({**run, "reward_model_tag": None})
-    if tag and tag.startswith(FLYWHEEL_TAG_PREFIX) and isinstance(groups, Mapping):
+    if tag and tag.startswith(FLYWHEEL_TAG_PREFIX):
         same = ("reward_source", "estimator", "orm_rule")
         for members in groups.values():
             other = members[0]

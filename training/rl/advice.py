@@ -17,7 +17,10 @@ their own tasks needs the same answer for theirs. :func:`reward_advice` takes th
   listed as safe to add) and one to a user **without** one (the best row that uses no exact outcome
   and beat SFT, or none);
 * marks the advice provisional where a row has fewer than :data:`ADVICE_MIN_SEEDS` RL seeds (issue
-  41 item 6 asks for at least five: between-seed spread is the largest source of error here).
+  41 item 6 asks for at least five: between-seed spread is the largest source of error here);
+* says so where no run of a block beat its SFT row, the exact outcome's included (a block at the
+  floor, such as the unsolved sparse fallback): there "within 5 points of the outcome" only means
+  that both stayed where SFT was, and tells a user nothing about the reward.
 
 Nothing here reads the warehouse; ``run_rl_report`` adds the result to the report as ``advice``.
 """
@@ -95,7 +98,8 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     ``versus_outcome`` and ``versus_sft`` the comparison's ``difference``, ``difference_low``,
     ``difference_high``, ``pairs``, the raw and adjusted p and the ``judgement``), ``with_outcome``
     and ``without_outcome`` (the ``actor`` recommended or None, and ``why``), ``safe_to_add``,
-    ``worse_than_outcome`` and ``provisional`` (the rows with too few seeds)."""
+    ``worse_than_outcome``, ``provisional`` (the rows with too few seeds) and ``no_run_beat_sft``
+    (True where the block has an SFT row, some row was compared with it, and none was better)."""
     rows = {r["actor"]: r for r in report["rows"]}
     alarms = {a["actor"]: list(a["alarms"]) for a in report.get("hacking_alarms", [])}
     blocks: dict[str, list[Mapping[str, Any]]] = {}
@@ -196,6 +200,7 @@ def _recommend(
         without_outcome = {"actor": None, "why": "no reward without the exact outcome beat SFT with its alarm silent"}
     else:
         without_outcome = {"actor": None, "why": "no reward without the exact outcome was run"}
+    compared_with_sft = [r for r in rows if r["versus_sft"]]
     return {
         "block": block,
         "outcome_actor": outcome_actor,
@@ -211,6 +216,8 @@ def _recommend(
         ],
         "worse_than_outcome": [r["actor"] for r in rows if _judgement(r, "versus_outcome") == WORSE],
         "provisional": [r["actor"] for r in rows if r["seeds"] < ADVICE_MIN_SEEDS],
+        "no_run_beat_sft": bool(compared_with_sft)
+        and not any(_judgement(r, "versus_sft") == BETTER for r in compared_with_sft),
     }
 
 
@@ -225,10 +232,11 @@ def advice_metadata(advice: Sequence[Mapping[str, Any]]) -> dict[str, str]:
 
 def advice_summary(block: Mapping[str, Any]) -> str:
     """One block's advice in one line (the ``rl_report`` asset's ``which_reward_<block>`` metadata)."""
+    floor = "; no run beat SFT here" if block.get("no_run_beat_sft") else ""
     provisional = f" (provisional: fewer than {ADVICE_MIN_SEEDS} RL seeds)" if block["provisional"] else ""
     return (
         f"with the exact outcome: {block['with_outcome']['actor'] or 'no advice'}; "
-        f"without one: {block['without_outcome']['actor'] or 'none'}{provisional}"
+        f"without one: {block['without_outcome']['actor'] or 'none'}{floor}{provisional}"
     )
 
 
@@ -263,6 +271,12 @@ def advice_markdown(advice: Sequence[Mapping[str, Any]]) -> list[str]:
             + (f"; worse than it: {', '.join(block['worse_than_outcome'])}" if block["worse_than_outcome"] else ""),
             f"- without one: **{without['actor'] or 'none'}** ({without['why']})",
         ]
+        if block.get("no_run_beat_sft"):
+            lines.append(
+                f"- **no run beat {block['sft_actor']}** on this block, the exact outcome's included: RL did not "
+                "learn these tasks here, so a reward within the margin of the outcome only stayed where SFT "
+                "was; the comparison says nothing about the reward until some run leaves SFT's level"
+            )
         if block["provisional"]:
             lines.append(
                 f"- provisional: {len(block['provisional'])} row(s) have fewer than {ADVICE_MIN_SEEDS} RL seeds "

@@ -223,3 +223,36 @@ def test_other_estimators_empty_comparisons_and_blocks_without_sft_stay_out_of_t
     report["hacking_alarms"].append({"actor": "orm [sparse]", "alarms": ["paid 'no submission' as much as success"]})
     _, sparse = reward_advice(report)
     assert sparse["with_outcome"]["actor"] == "outcome [sparse]"
+
+
+def test_a_block_where_no_run_beat_sft_says_so_instead_of_calling_rewards_safe():
+    """This stop's sparse block, as measured (375 paired held-out episodes per row): the outcome 2
+    successes, the decaying bonus the same 2, the shaped form 0, SFT 0. Every composed row is
+    "within 5 points" of the outcome, which at the floor says nothing about the reward."""
+    report = {
+        "rows": [
+            _row("SFT [sparse]", None, 0.0, block="sparse"),
+            _row("outcome [sparse]", "outcome", 2 / 375, block="sparse"),
+            _row("outcome+progrm_env:decay [sparse]", "outcome+progrm_env:decay", 2 / 375, block="sparse"),
+            _row("outcome+progrm_env:shaped [sparse]", "outcome+progrm_env:shaped", 0.0, block="sparse"),
+        ],
+        "comparisons": [
+            _cmp("outcome [sparse]", "SFT [sparse]", 0.005, 0.0, 0.019, 0.5, pairs=375),
+            _cmp("outcome+progrm_env:decay [sparse]", "SFT [sparse]", 0.005, 0.0, 0.019, 0.5, pairs=375),
+            _cmp("outcome+progrm_env:decay [sparse]", "outcome [sparse]", 0.0, 0.0, 0.0, 1.0, pairs=375),
+            _cmp("outcome+progrm_env:shaped [sparse]", "SFT [sparse]", 0.0, 0.0, 0.0, 1.0, pairs=375),
+            _cmp("outcome+progrm_env:shaped [sparse]", "outcome [sparse]", -0.005, -0.019, 0.0, 0.5, pairs=375),
+        ],
+    }
+    (block,) = reward_advice(report)
+    assert block["no_run_beat_sft"] and block["with_outcome"]["actor"] == "outcome [sparse]"
+    assert len(block["safe_to_add"]) == 2  # within the margin, as judged...
+    text = "\n".join(advice_markdown([block]))
+    assert "- **no run beat SFT [sparse]** on this block" in text  # ...and qualified right below
+    assert advice_summary(block) == "with the exact outcome: outcome [sparse]; without one: none; no run beat SFT here"
+
+    # once a run leaves SFT's level (here the outcome, by a margin both tests agree on), the note goes
+    report["comparisons"][0] = _cmp("outcome [sparse]", "SFT [sparse]", 0.2, 0.12, 0.28, 1e-8, pairs=375)
+    (block,) = reward_advice(report)
+    assert not block["no_run_beat_sft"] and "no run beat" not in "\n".join(advice_markdown([block]))
+    assert not reward_advice({"rows": [_row("outcome", "outcome", 0.5)], "comparisons": []})[0]["no_run_beat_sft"]

@@ -246,7 +246,10 @@ def cmd_rl(args: argparse.Namespace) -> int:
         return 2
     seed_keys = [k.strip() for k in args.seed_keys.split(",") if k.strip()] or list(RL_SEEDS[: args.seeds])
     if bad_keys := sorted(set(seed_keys) - set(RL_SEEDS)):
-        print(f"stepwise rl: --seed-keys {bad_keys} unknown; choose from {list(RL_SEEDS)}", file=sys.stderr)
+        # a partition key as the UI shows it (sparse-s5): the block comes from --block, not the key
+        prefixed = any(k.partition("-")[2] in RL_SEEDS for k in bad_keys)
+        hint = " (name the RL seed alone: --block adds the block's prefix to the partition)" if prefixed else ""
+        print(f"stepwise rl: --seed-keys {bad_keys} unknown; choose from {list(RL_SEEDS)}{hint}", file=sys.stderr)
         return 2
     if (pinned := _pins(args, runs)) is None:
         return 2

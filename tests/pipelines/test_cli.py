@@ -119,6 +119,7 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
     env["PATH"] = "/usr/bin:/bin"
     for args, message in (
         (["--seed-keys", "s0,s10"], "--seed-keys ['s10'] unknown"),
+        (["--block", "sparse", "--seed-keys", "sparse-s5"], "(name the RL seed alone: --block adds the block's"),
         (["--runs", "orm", "--flywheel-round", "0"], "--flywheel-round >= 1"),
         (["--runs", "outcome,orm", "--flywheel-round", "1"], "['outcome'] use none"),
         (["--runs", "orm", "--flywheel-round", "1"], "flywheel round 1 trained no ['orm'] model (it has none"),

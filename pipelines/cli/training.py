@@ -196,6 +196,18 @@ def _pins(args: argparse.Namespace, runs: list[str]) -> dict[str, str] | None:
     return _flywheel_pins(args.flywheel_round, runs)
 
 
+def _names_a_block(seed_key: str) -> bool:
+    """Whether ``seed_key`` is a partition key with a block's prefix (``sparse-s5``, as
+    ``training.rl.runs.split_seed_key`` parses them), rather than an RL seed."""
+    from training.policy.task_blocks import DENSE_BLOCK
+    from training.rl.runs import split_seed_key
+
+    try:
+        return split_seed_key(seed_key)[0] != DENSE_BLOCK
+    except ValueError:
+        return False
+
+
 def _unknown_runs(runs: list[str]) -> str | None:
     """What is wrong with ``--runs`` (one line), or None: no run, a malformed composed name (which
     part), or a name that is no run variant."""
@@ -247,7 +259,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
     seed_keys = [k.strip() for k in args.seed_keys.split(",") if k.strip()] or list(RL_SEEDS[: args.seeds])
     if bad_keys := sorted(set(seed_keys) - set(RL_SEEDS)):
         # a partition key as the UI shows it (sparse-s5): the block comes from --block, not the key
-        prefixed = any(k.partition("-")[2] in RL_SEEDS for k in bad_keys)
+        prefixed = any(_names_a_block(k) for k in bad_keys)
         hint = " (name the RL seed alone: --block adds the block's prefix to the partition)" if prefixed else ""
         print(f"stepwise rl: --seed-keys {bad_keys} unknown; choose from {list(RL_SEEDS)}{hint}", file=sys.stderr)
         return 2

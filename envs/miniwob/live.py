@@ -137,34 +137,45 @@ setTimeout(function () { done(__stepwiseState()); }, 0);
 # event reached the page, which takes it at a later frame. So the wheel is sent without a duration
 # and this script waits, frame by frame, until the page has received it (``wheels`` above
 # arguments[0], the count on the last screen) and the scroll it causes has been applied: a scroll
-# event (``scrolls`` above arguments[1]; the compositor scrolls and the page learns of it at a
-# frame: the wheel's own or, rarely, the next one). Where nothing under the wheel's point
-# (arguments[2], [3]) can scroll its way (arguments[4]: down when positive), the wait ends one
-# frame after the wheel arrived, else after WHEEL_FRAMES frames without a scroll event (the end of
-# a scroll range the check took for open). Then queued timers run and the state is read: the
-# screen the 150 ms wait showed (headless Chromium does not animate a wheel's scroll), in a frame
-# or two. After arguments[5] ms the state is read whatever arrived.
+# event (``scrolls`` above arguments[1]). The scroll is not the wheel's own doing: the browser
+# process turns the wheel, once the page has handled it, into scroll gestures for the compositor,
+# so under load the scroll event can come many frames after the wheel; where something under the
+# wheel's point (arguments[2], [3]) can scroll its way (arguments[4]: down when positive), the wait
+# is for that event, not for a number of frames. Where nothing can, the wait ends one frame after
+# the wheel arrived. Then queued timers run and the state is read: the screen the 150 ms wait
+# showed (headless Chromium does not animate a wheel's scroll), in a frame or two. After
+# arguments[5] ms the state is read whatever arrived.
 _AFTER_WHEEL_SCRIPT = (
     _STATE_JS
     + """
 var wheels = arguments[0], scrolls = arguments[1], x = arguments[2], y = arguments[3], down = arguments[4] > 0;
 var limit = arguments[5], done = arguments[arguments.length - 1], over = false, since = null;
-// Could anything at (x, y) scroll that way? When unsure, yes: that only waits longer.
+var NOT_USER_SCROLLABLE = {hidden: true, clip: true};
+// Can the viewport scroll? Its overflow is the root's, or the body's where the root's is visible.
+function viewportScrolls() {
+  var root = window.getComputedStyle(document.documentElement).overflowY;
+  var which = root !== 'visible' ? root : (document.body ? window.getComputedStyle(document.body).overflowY : root);
+  return !NOT_USER_SCROLLABLE[which];
+}
+// Would a wheel at (x, y) scroll anything that way? When unsure (an iframe), yes: that only
+// waits longer, up to the limit.
 function scrollable() {
   var start = document.elementFromPoint(x, y);
-  if (!start) { return true; }
+  if (!start) {
+    var page = document.scrollingElement;
+    return viewportScrolls() && (down ? page.scrollHeight - page.clientHeight - page.scrollTop : page.scrollTop) >= 1;
+  }
   for (var el = start; el; el = el.parentElement) {
-    if (el.tagName === 'IFRAME' || el.tagName === 'SELECT' || el.tagName === 'TEXTAREA') { return true; }
+    if (el.tagName === 'IFRAME') { return true; }
     var room = down ? el.scrollHeight - el.clientHeight - el.scrollTop : el.scrollTop;
-    if (room > 0 && el.scrollHeight > el.clientHeight) {
-      var overflow = window.getComputedStyle(el).overflowY;
-      if (overflow !== 'visible' && overflow !== 'hidden' && overflow !== 'clip') { return true; }
-      if (el === document.scrollingElement || el === document.body) { return true; }
-    }
+    if (room < 1) { continue; }
+    if (el === document.scrollingElement || el === document.body) { return viewportScrolls(); }
+    var overflow = window.getComputedStyle(el).overflowY;
+    if (overflow !== 'visible' && !NOT_USER_SCROLLABLE[overflow]) { return true; }
   }
   return false;
 }
-var frames = scrollable() ? arguments[6] : 1;
+var open = scrollable();
 function finish() {
   if (over) { return; }
   over = true;
@@ -173,7 +184,7 @@ function finish() {
 function poll() {
   if (over) { return; }
   if (since === null && window.__stepwiseWheels > wheels) { since = 0; }
-  if (since !== null && (window.__stepwiseScrolls > scrolls || since >= frames)) { finish(); return; }
+  if (since !== null && (window.__stepwiseScrolls > scrolls || (!open && since >= 1))) { finish(); return; }
   if (since !== null) { since++; }
   requestAnimationFrame(poll);
 }
@@ -233,7 +244,6 @@ return {ready: true, utterance: (typeof u === 'string') ? u : u.utterance,
 )
 READY_POLL_S, READY_ATTEMPTS = 0.05, 40  # tasks that build their page asynchronously
 WHEEL_WAIT_MS = 1000  # how long a scroll waits at most for its wheel event and its scroll
-WHEEL_FRAMES = 4  # frames after its wheel event a scroll waits for the page to scroll, where it can
 
 _ACTION_CONFIG = ActionSpaceConfig.get_preset("all_supported")
 _ACTION_CONFIG.screen_width, _ACTION_CONFIG.screen_height = TASK_WIDTH, TASK_HEIGHT
@@ -398,7 +408,7 @@ class NativeAction:
             chain = ActionChains(driver, duration=0)
             chain.w3c_actions.wheel_action.scroll(x=x, y=y, delta_y=delta)
             chain.w3c_actions.perform()
-            state = driver.execute_async_script(_AFTER_WHEEL_SCRIPT, *seen, x, y, delta, WHEEL_WAIT_MS, WHEEL_FRAMES)
+            state = driver.execute_async_script(_AFTER_WHEEL_SCRIPT, *seen, x, y, delta, WHEEL_WAIT_MS)
             return parse_state(state)
         fields: dict[str, Any] = {"action_type": _ACTION_INDEX[self.type]}
         if self.ref is not None:

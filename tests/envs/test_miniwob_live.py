@@ -286,7 +286,11 @@ def test_a_scroll_shows_the_screens_that_waiting_out_the_wheel_showed(miniwob_en
             assert result.problem is None
             screens.append(result.screen)
             time.sleep(0.15)
-            assert miniwob_env._to_screen(miniwob_env._state()) == result.screen, (task_id, direction, live._SCROLLS)
+            later = miniwob_env._to_screen(miniwob_env._state())
+            # On a failure, say what moved after the scroll returned (which elements, where).
+            pairs = zip(result.screen.elements, later.elements, strict=False)
+            moved = [(a.ref, a.bounds, b.bounds) for a, b in pairs if a != b]
+            assert later == result.screen, (task_id, direction, live._SCROLLS, moved[:5])
         return screens
 
     # Which scrolls move the page (either way): every one; the inbox's first only; none, where

@@ -141,15 +141,16 @@ setTimeout(function () { done(__stepwiseState()); }, 0);
 # process turns the wheel, once the page has handled it, into scroll gestures for the compositor,
 # so under load the scroll event can come many frames after the wheel; where something under the
 # wheel's point (arguments[2], [3]) can scroll its way (arguments[4]: down when positive), the wait
-# is for that event, not for a number of frames. Where nothing can, the wait ends one frame after
-# the wheel arrived. Then queued timers run and the state is read: the screen the 150 ms wait
-# showed (headless Chromium does not animate a wheel's scroll), in a frame or two. After
-# arguments[5] ms the state is read whatever arrived.
+# is for that event, up to arguments[6] ms after the wheel arrived, not for a number of frames.
+# Where nothing can, the wait ends one frame after the wheel arrived. Then queued timers run and
+# the state is read: the screen the 150 ms wait showed (headless Chromium does not animate a
+# wheel's scroll), in a frame or two. After arguments[5] ms the state is read whatever arrived.
 _AFTER_WHEEL_SCRIPT = (
     _STATE_JS
     + """
 var wheels = arguments[0], scrolls = arguments[1], x = arguments[2], y = arguments[3], down = arguments[4] > 0;
-var limit = arguments[5], done = arguments[arguments.length - 1], over = false, since = null;
+var limit = arguments[5], scrollWait = arguments[6], done = arguments[arguments.length - 1];
+var over = false, since = null, arrived = null;
 var NOT_USER_SCROLLABLE = {hidden: true, clip: true};
 // Can the viewport scroll? Its overflow is the root's, or the body's where the root's is visible.
 function viewportScrolls() {
@@ -165,30 +166,40 @@ function scrollable() {
     var page = document.scrollingElement;
     return viewportScrolls() && (down ? page.scrollHeight - page.clientHeight - page.scrollTop : page.scrollTop) >= 1;
   }
+  var rootVisible = window.getComputedStyle(document.documentElement).overflowY === 'visible';
   for (var el = start; el; el = el.parentElement) {
     if (el.tagName === 'IFRAME') { return true; }
     var room = down ? el.scrollHeight - el.clientHeight - el.scrollTop : el.scrollTop;
     if (room < 1) { continue; }
-    if (el === document.scrollingElement || el === document.body) { return viewportScrolls(); }
+    if (el === document.scrollingElement) { return viewportScrolls(); }
+    // A body whose overflow went to the viewport does not scroll itself: content overflowing a
+    // body of fixed height (the task's 210 px) scrolls nothing while the viewport has room for it.
+    if (el === document.body && rootVisible) { continue; }
     var overflow = window.getComputedStyle(el).overflowY;
     if (overflow !== 'visible' && !NOT_USER_SCROLLABLE[overflow]) { return true; }
   }
   return false;
 }
 var open = scrollable();
-function finish() {
+// How the wait ended, for tests and diagnosis: 'scroll', 'nothing to scroll', 'no scroll came'
+// (one was expected: the check above was wrong, or the scroll came later than scrollWait) or
+// 'limit' (the wheel itself never arrived).
+function finish(how) {
   if (over) { return; }
   over = true;
+  window.__stepwiseScrollEnd = how;
   setTimeout(function () { done(__stepwiseState()); }, 0);
 }
 function poll() {
   if (over) { return; }
-  if (since === null && window.__stepwiseWheels > wheels) { since = 0; }
-  if (since !== null && (window.__stepwiseScrolls > scrolls || (!open && since >= 1))) { finish(); return; }
+  if (since === null && window.__stepwiseWheels > wheels) { since = 0; arrived = performance.now(); }
+  if (since !== null && window.__stepwiseScrolls > scrolls) { finish('scroll'); return; }
+  if (since !== null && !open && since >= 1) { finish('nothing to scroll'); return; }
+  if (since !== null && open && performance.now() - arrived >= scrollWait) { finish('no scroll came'); return; }
   if (since !== null) { since++; }
   requestAnimationFrame(poll);
 }
-setTimeout(finish, limit);
+setTimeout(function () { finish('limit'); }, limit);
 poll();
 """
 )
@@ -244,6 +255,7 @@ return {ready: true, utterance: (typeof u === 'string') ? u : u.utterance,
 )
 READY_POLL_S, READY_ATTEMPTS = 0.05, 40  # tasks that build their page asynchronously
 WHEEL_WAIT_MS = 1000  # how long a scroll waits at most for its wheel event and its scroll
+SCROLL_WAIT_MS = 300  # how long after its wheel arrived a scroll waits for the page to scroll, where it can
 
 _ACTION_CONFIG = ActionSpaceConfig.get_preset("all_supported")
 _ACTION_CONFIG.screen_width, _ACTION_CONFIG.screen_height = TASK_WIDTH, TASK_HEIGHT
@@ -408,7 +420,7 @@ class NativeAction:
             chain = ActionChains(driver, duration=0)
             chain.w3c_actions.wheel_action.scroll(x=x, y=y, delta_y=delta)
             chain.w3c_actions.perform()
-            state = driver.execute_async_script(_AFTER_WHEEL_SCRIPT, *seen, x, y, delta, WHEEL_WAIT_MS)
+            state = driver.execute_async_script(_AFTER_WHEEL_SCRIPT, *seen, x, y, delta, WHEEL_WAIT_MS, SCROLL_WAIT_MS)
             return parse_state(state)
         fields: dict[str, Any] = {"action_type": _ACTION_INDEX[self.type]}
         if self.ref is not None:

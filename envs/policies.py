@@ -75,14 +75,17 @@ _NON_TARGETS = frozenset({"body"})
 
 def clickable_elements(screen: Screen) -> list[UIElement]:
     """Elements a click could reasonably aim at: flagged clickable, or leaves that show something
-    (web pages make spans and divs clickable: links in text, e-mail rows, icons), with an area."""
+    (web pages make spans and divs clickable: links in text, e-mail rows, icons), with an area.
+    A leaf named only by its id counts: icons and cells carry nothing else (the forward form's
+    send icon, ``span#send-forward``; tic-tac-toe's ``span#ttt-4``), and without them a task
+    whose last click is such an icon cannot be done, nor its demonstrations learned."""
     parents = {e.parent_ref for e in screen.elements}
     return [
         e
         for e in screen.elements
         if e.area > 0
         and e.role not in _NON_TARGETS
-        and (e.clickable or (e.ref not in parents and (e.text or e.classes or e.description)))
+        and (e.clickable or (e.ref not in parents and (e.text or e.classes or e.description or e.element_id)))
     ]
 
 

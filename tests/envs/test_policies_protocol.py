@@ -9,6 +9,7 @@ from envs.policies import (
     NoisyExpertPolicy,
     RandomWalkPolicy,
     SolutionError,
+    clickable_elements,
     expand_solution,
     find_target,
     make_policy,
@@ -201,6 +202,25 @@ def test_noisy_expert_is_reproducible_and_noisy():
     other = policy.start(context(seed=8))
     assert [other.act(login_screen()).canonical_text() for _ in range(8)] != runs[0]
     assert policy.policy_id == "noisy_expert(noise=0.5,skip=0,typo=0)" and make_policy("expert").policy_id == "expert"
+
+
+def test_a_leaf_named_only_by_its_id_is_a_click_target():
+    """The forward form's send icon is a span with an id and nothing else: the demonstrations click
+    it to finish, so a policy that is not offered it can neither learn nor do the task."""
+
+    def leaf(ref: str, **kw) -> UIElement:
+        return UIElement(ref=ref, role="span", bounds=(0.0, 0.0, 12.0, 12.0), parent_ref="2", depth=2, **kw)
+
+    screen = Screen(
+        (
+            UIElement(ref="1", role="body", bounds=(0.0, 0.0, 160.0, 210.0)),
+            UIElement(ref="2", role="div", element_id="forward", bounds=(0, 50, 160, 210), parent_ref="1", depth=1),
+            leaf("3", element_id="send-forward"),
+            leaf("4"),  # shows nothing a policy could name
+            UIElement(ref="5", role="span", element_id="hidden", bounds=(0.0, 0.0, 0.0, 0.0), parent_ref="2", depth=2),
+        )
+    )
+    assert [e.ref for e in clickable_elements(screen)] == ["3"]
 
 
 def test_random_walk_only_uses_supported_actions():

@@ -429,7 +429,9 @@ def test_sft_lowers_the_loss_of_a_demonstrated_answer(tiny_causal_lm_path):
     assert losses[0] == pytest.approx(start, rel=1e-4)  # the loss before the first step
     assert sft_loss(model, examples) < start - 0.3 and losses[-1] < losses[0]
     learner = LLMLearner(model, frozen_reference(model), LLMLearnerSettings(learning_rate=3e-3, micro_batch=2))
-    assert learner.sft_step(examples) > learner.sft_step(examples)  # the learner's own optimiser, too
+    # the learner's own optimiser, too: a fresh Adam's first steps may overshoot, so a few of them
+    learner_losses = [learner.sft_step(examples) for _ in range(4)]
+    assert learner_losses[-1] < learner_losses[0], learner_losses
 
 
 # -- DeepSpeed ---------------------------------------------------------------------------------------

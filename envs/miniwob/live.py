@@ -152,29 +152,23 @@ var wheels = arguments[0], scrolls = arguments[1], x = arguments[2], y = argumen
 var limit = arguments[5], scrollWait = arguments[6], done = arguments[arguments.length - 1];
 var over = false, since = null, arrived = null;
 var NOT_USER_SCROLLABLE = {hidden: true, clip: true};
-// Can the viewport scroll? Its overflow is the root's, or the body's where the root's is visible.
-function viewportScrolls() {
-  var root = window.getComputedStyle(document.documentElement).overflowY;
-  var which = root !== 'visible' ? root : (document.body ? window.getComputedStyle(document.body).overflowY : root);
-  return !NOT_USER_SCROLLABLE[which];
-}
 // Would a wheel at (x, y) scroll anything that way? When unsure (an iframe), yes: that only
-// waits longer, up to the limit.
+// waits longer, up to the limit. Off the elements, only the viewport can.
 function scrollable() {
-  var start = document.elementFromPoint(x, y);
-  if (!start) {
-    var page = document.scrollingElement;
-    return viewportScrolls() && (down ? page.scrollHeight - page.clientHeight - page.scrollTop : page.scrollTop) >= 1;
-  }
-  var rootVisible = window.getComputedStyle(document.documentElement).overflowY === 'visible';
-  for (var el = start; el; el = el.parentElement) {
+  var rootOverflow = window.getComputedStyle(document.documentElement).overflowY;
+  for (var el = document.elementFromPoint(x, y) || document.scrollingElement; el; el = el.parentElement) {
     if (el.tagName === 'IFRAME') { return true; }
     var room = down ? el.scrollHeight - el.clientHeight - el.scrollTop : el.scrollTop;
     if (room < 1) { continue; }
-    if (el === document.scrollingElement) { return viewportScrolls(); }
+    if (el === document.scrollingElement) {
+      // The viewport's overflow is the root's, or the body's where the root's is visible.
+      var body = document.body, fromRoot = rootOverflow !== 'visible' || !body;
+      var viewport = fromRoot ? rootOverflow : window.getComputedStyle(body).overflowY;
+      return !NOT_USER_SCROLLABLE[viewport];
+    }
     // A body whose overflow went to the viewport does not scroll itself: content overflowing a
     // body of fixed height (the task's 210 px) scrolls nothing while the viewport has room for it.
-    if (el === document.body && rootVisible) { continue; }
+    if (el === document.body && rootOverflow === 'visible') { continue; }
     var overflow = window.getComputedStyle(el).overflowY;
     if (overflow !== 'visible' && !NOT_USER_SCROLLABLE[overflow]) { return true; }
   }

@@ -7,6 +7,7 @@ import pytest
 from envs.miniwob.live import dom_elements_to_screen, miniwob_key, to_miniwob_actions
 from envs.policies import ScriptedPolicy, make_policy
 from envs.protocol import InvalidAction, episode_slots, milestone_track_matches, run_episode
+from envs.spec_evaluation import element_matches
 from envs.task_catalog import load_catalog
 from envs.tasks import TaskSpecError, task_spec_from_mapping
 from warehouse.model import Action, ActionType, UIElement
@@ -275,14 +276,14 @@ def test_a_scroll_over_a_body_overflowing_its_fixed_height_expects_no_scroll(min
     time on the sparse block)."""
     observation = miniwob_env.reset(catalog["email-inbox-forward-nl"].spec, 3)
 
-    def element(screen, **wanted):
-        return next(e for e in screen.elements if all(v in getattr(e, k) for k, v in wanted.items()))
+    def element(screen, selector):  # a task spec's selector, as the expert reads it
+        return next(e for e in screen.elements if element_matches(e, selector, observation.fields))
 
-    sender = element(observation.screen, classes="email-sender", text=observation.fields["by"])
+    sender = element(observation.screen, {"classes_contains": "email-sender", "text": "{by}"})
     opened = miniwob_env.step(Action(ActionType.CLICK, sender)).screen
-    miniwob_env.step(Action(ActionType.CLICK, element(opened, classes="email-forward")))
+    miniwob_env.step(Action(ActionType.CLICK, element(opened, {"classes_contains": "email-forward"})))
     form = miniwob_env._to_screen(miniwob_env._state())  # the form's icons come after the click's screen
-    result = miniwob_env.step(Action(ActionType.SCROLL, element(form, element_id="forward-text"), direction="DOWN"))
+    result = miniwob_env.step(Action(ActionType.SCROLL, by_id(form, "forward-text"), direction="DOWN"))
     driver = miniwob_env._instance.driver
     assert driver.execute_script("return document.body.scrollHeight > document.body.clientHeight")
     assert driver.execute_script("return window.__stepwiseScrollEnd") == "nothing to scroll"

@@ -48,6 +48,7 @@ MINIWOB_FAMILIES: Mapping[str, tuple[str, ...]] = {
         "click-checkboxes-large",
         "click-checkboxes-transfer",
         "click-dialog-2",
+        "click-shades",
     ),
     "miniwob-navigation": (
         "click-collapsible",

@@ -4,10 +4,17 @@ Both the recorded human demonstrations and the live benchmark describe the page 
 nodes with a tag, a stable ``ref``, geometry, id, classes, text and value. Text nodes (tag ``t``)
 are folded into their parent's text, so a label reads "furious" rather than being an empty box
 with an anonymous child.
+
+A leaf with no text whose background is an opaque, saturated colour (a swatch: click-shades'
+squares, click-color's buttons) is described by that colour's basic name (``colour_name``), what a
+person or a screen-reading agent would see; the recordings and the live page carry it as
+``bgColor``. Without it such a task cannot be told apart from its distractors in the screen.
 """
 
 from __future__ import annotations
 
+import colorsys
+import re
 from typing import Any
 
 from warehouse.model import Screen, UIElement
@@ -50,6 +57,41 @@ _CLICKABLE_ROLES = frozenset(
     }
 )
 TEXT_NODE_TAGS = frozenset({"t"})
+_RGB = re.compile(r"rgba?\(\s*([^)]*)\)")
+# Basic colour names by hue (degrees): each name holds hues from its start up to the next start.
+_HUE_NAMES: tuple[tuple[float, str], ...] = (
+    (0.0, "red"),
+    (15.0, "orange"),
+    (45.0, "yellow"),
+    (70.0, "green"),
+    (165.0, "cyan"),
+    (195.0, "blue"),
+    (255.0, "purple"),
+    (315.0, "pink"),
+    (345.0, "red"),
+)
+MIN_SATURATION = 0.25  # below: a grey, named by no hue
+LIGHTNESS_RANGE = (0.08, 0.92)  # outside: near black or near white, whatever the hue
+
+
+def colour_name(css_colour: str | None) -> str:
+    """The basic name (red, orange, yellow, green, cyan, blue, purple, pink) of a CSS ``rgb()`` /
+    ``rgba()`` colour by its hue in HSL, or "" for a grey, a near-black or near-white, a colour that
+    is not fully opaque, or text that is not such a colour."""
+    match = _RGB.fullmatch((css_colour or "").strip())
+    if match is None:
+        return ""
+    try:
+        parts = [float(p) for p in match.group(1).split(",")]
+    except ValueError:
+        return ""
+    if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] < 1.0):
+        return ""
+    hue, lightness, saturation = colorsys.rgb_to_hls(*(min(max(p, 0.0), 255.0) / 255.0 for p in parts[:3]))
+    if saturation < MIN_SATURATION or not LIGHTNESS_RANGE[0] <= lightness <= LIGHTNESS_RANGE[1]:
+        return ""
+    degrees = hue * 360.0
+    return next(name for start, name in reversed(_HUE_NAMES) if degrees >= start)
 
 
 def role_of(tag: str) -> str:
@@ -93,13 +135,16 @@ def dom_to_screen(root: dict[str, Any], screenshot_path: str | None = None) -> S
         raw_value = node.get("value")
         checked = bool(raw_value) if role in ("checkbox", "radio") and isinstance(raw_value, bool) else None
         value = None if raw_value is None or isinstance(raw_value, bool) else str(raw_value)
+        text = " ".join(" ".join(text_parts).split())
+        swatch = "" if text or element_children else colour_name(node.get("bgColor"))
         elements.append(
             UIElement(
                 ref=ref,
                 role=role,
-                text=" ".join(" ".join(text_parts).split()),
+                text=text,
                 element_id=str(node.get("id") or ""),
                 classes=str(node.get("classes") or ""),
+                description=swatch,
                 value=value,
                 bounds=(left, top, left + width, top + height),
                 clickable=role in _CLICKABLE_ROLES,

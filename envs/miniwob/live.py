@@ -60,7 +60,7 @@ from miniwob.selenium_instance import HTML_DIR, SeleniumInstance
 from selenium.webdriver.common.action_chains import ActionChains
 
 from envs.miniwob.dom import _CLICKABLE_ROLES as CLICKABLE_ROLES
-from envs.miniwob.dom import EDITABLE_ROLES, TEXT_NODE_TAGS, dom_to_screen, role_of
+from envs.miniwob.dom import EDITABLE_ROLES, TEXT_NODE_TAGS, colour_name, dom_to_screen, role_of
 from envs.protocol import InvalidAction, MilestoneTracker, Observation, StepResult, resolve_target
 from envs.tasks import TaskSpec, TaskSpecError
 from warehouse.model import Action, ActionType, Screen, UIElement
@@ -327,6 +327,7 @@ def dom_elements_to_screen(dom_elements: Sequence[Mapping[str, Any]], screenshot
             text_parts[ref].insert(0, own)
     depth: dict[int, int] = {}
     elements: list[UIElement] = []
+    has_children = {int(by_ref[ref]["parent"]) for ref in order}
     for ref in order:
         raw = by_ref[ref]
         parent = int(raw["parent"])
@@ -342,13 +343,15 @@ def dom_elements_to_screen(dom_elements: Sequence[Mapping[str, Any]], screenshot
         left, top = number(raw["left"]), number(raw["top"])
         flags = raw.get("flags")
         focused = bool(flags[0]) if flags is not None and len(flags) else False
+        text = " ".join(" ".join(text_parts[ref]).split())
         elements.append(
             UIElement(
                 ref=str(ref),
                 role=role,
-                text=" ".join(" ".join(text_parts[ref]).split()),
+                text=text,
                 element_id=str(raw.get("id") or ""),
                 classes=str(raw.get("classes") or ""),
+                description="" if text or ref in has_children else _gym_colour_name(raw.get("bg_color")),
                 value=value,
                 bounds=(left, top, left + number(raw["width"]), top + number(raw["height"])),
                 clickable=role in CLICKABLE_ROLES,
@@ -360,6 +363,15 @@ def dom_elements_to_screen(dom_elements: Sequence[Mapping[str, Any]], screenshot
             )
         )
     return Screen(tuple(elements), screenshot_path)
+
+
+def _gym_colour_name(rgba: Any) -> str:
+    """``dom.colour_name`` of the gymnasium observation's ``bg_color`` (RGBA floats in [0, 1])."""
+    try:
+        r, g, b, a = (float(v) for v in rgba)
+    except (TypeError, ValueError):
+        return ""
+    return colour_name(f"rgba({r * 255:.0f}, {g * 255:.0f}, {b * 255:.0f}, {a:g})")
 
 
 def parse_state(text: str) -> dict[str, Any]:

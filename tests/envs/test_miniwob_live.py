@@ -34,20 +34,27 @@ def test_live_screens_look_like_the_demonstrations(miniwob_env, catalog):
     assert len({e.ref for e in screen.elements}) == len(screen.elements)
 
 
-def test_gym_observation_converts_to_the_same_screen(miniwob_env, catalog):
-    """The flat ``dom_elements`` of miniwob's gymnasium env give the screen our env reads directly."""
+@pytest.mark.parametrize("task_id", ["click-option", "click-shades"])
+def test_gym_observation_converts_to_the_same_screen(miniwob_env, catalog, task_id):
+    """The flat ``dom_elements`` of miniwob's gymnasium env give the screen our env reads directly
+    (click-shades: the swatches' colours, from ``bg_color`` there and ``bgColor`` here)."""
     from miniwob.environment import MiniWoBEnvironment
 
-    gym_env = MiniWoBEnvironment(subdomain="click-option")
+    gym_env = MiniWoBEnvironment(subdomain=task_id)
     try:
         observation, _ = gym_env.reset(seed=11, options={"record_screenshots": False})
         flat = dom_elements_to_screen(observation["dom_elements"])
     finally:
         gym_env.close()
-    ours = miniwob_env.reset(catalog["click-option"].spec, 11).screen
+    ours = miniwob_env.reset(catalog[task_id].spec, 11).screen
+    if task_id == "click-shades":
+        assert sorted({e.description for e in ours.elements if e.role == "span"}) == ["blue", "green", "red"]
 
     def key(e: UIElement):
-        return (e.role, e.text, e.element_id, e.classes, e.value, e.checked, e.depth, tuple(round(b) for b in e.bounds))
+        return (
+            (e.role, e.text, e.element_id, e.classes, e.description, e.value, e.checked, e.depth),
+            tuple(round(b) for b in e.bounds),
+        )
 
     assert [key(e) for e in flat.elements] == [key(e) for e in ours.elements]
 

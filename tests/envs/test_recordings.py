@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.miniwob.dom import dom_to_screen
+from envs.miniwob.dom import colour_name, dom_to_screen
 from envs.miniwob.recordings import (
     RecordingError,
     events_to_steps,
@@ -237,3 +237,76 @@ def test_label_click_echo_is_one_step():
     steps, _ = events_to_steps(states)
     assert [s.action.canonical_text() for s in steps] == ['CLICK(label "remember")'] * 2
     assert [s.time_ms for s in steps] == [100, 900]
+
+
+@pytest.mark.parametrize(
+    ("css", "name"),
+    [
+        ("rgb(35, 138, 35)", "green"),  # click-shades' recorded squares, hsl(120 / 0 / 240, 30-90%, 30-90%)
+        ("rgb(206, 206, 248)", "blue"),
+        ("rgb(238, 114, 114)", "red"),
+        ("rgb(147, 77, 77)", "red"),
+        ("rgba(255, 165, 0, 1)", "orange"),
+        ("rgb(255, 255, 0)", "yellow"),
+        ("rgb(0, 200, 200)", "cyan"),
+        ("rgb(128, 0, 128)", "purple"),
+        ("rgb(255, 105, 180)", "pink"),
+        ("rgb(250, 5, 40)", "red"),  # hue 352: red wraps past 345
+        ("rgb(221, 221, 221)", ""),  # a grey button
+        ("rgb(85, 85, 85)", ""),
+        ("rgb(250, 245, 245)", ""),  # near white, however tinted
+        ("rgb(10, 0, 0)", ""),  # near black
+        ("rgba(0, 0, 0, 0)", ""),  # transparent
+        ("rgba(0, 128, 0, 0.5)", ""),  # not opaque: what shows depends on what is behind
+        ("", ""),
+        (None, ""),
+        ("green", ""),  # a name, not what a computed style gives
+        ("rgb(1, 2)", ""),
+        ("rgb(a, b, c)", ""),
+    ],
+)
+def test_colour_name_names_saturated_opaque_colours_by_hue(css, name):
+    assert colour_name(css) == name
+
+
+def test_a_text_less_leaf_is_described_by_its_background_colour():
+    root = {
+        "tag": "DIV",
+        "ref": 1,
+        "left": 0,
+        "top": 0,
+        "width": 160,
+        "height": 210,
+        "bgColor": "rgb(0, 128, 0)",  # has children: not a swatch
+        "children": [
+            {"tag": "SPAN", "ref": 2, "left": 0, "top": 0, "width": 12, "height": 12, "bgColor": "rgb(35, 138, 35)"},
+            {
+                "tag": "SPAN",
+                "ref": 3,
+                "left": 0,
+                "top": 0,
+                "width": 12,
+                "height": 12,
+                "bgColor": "rgb(15, 15, 183)",
+                "text": "Go",
+            },  # has text: the text describes it
+            {
+                "tag": "BUTTON",
+                "ref": 4,
+                "left": 0,
+                "top": 0,
+                "width": 12,
+                "height": 12,
+                "bgColor": "rgb(221, 221, 221)",
+            },
+            {"tag": "SPAN", "ref": 5, "left": 0, "top": 0, "width": 12, "height": 12},  # no colour recorded
+        ],
+    }
+    screen = dom_to_screen(root)
+    assert [(e.ref, e.description) for e in screen.elements] == [
+        ("1", ""),
+        ("2", "green"),
+        ("3", ""),
+        ("4", ""),
+        ("5", ""),
+    ]

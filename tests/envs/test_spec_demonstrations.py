@@ -163,3 +163,20 @@ def test_validate_specs_on_the_recordings(transfer, social):
     assert not by_task["click-checkboxes-transfer"].slot_gaps  # no `{first}` left to go unfilled
     assert not by_task["social-media"].unreached and not by_task["social-media"].failures_all_complete
     assert by_task["login-user"].episodes == 0  # none given
+
+
+def test_click_shades_successes_select_a_shade_then_submit(demos_dir):
+    """The squares' colours come from the recording's ``bgColor`` (``envs.miniwob.dom.colour_name``);
+    without them no square matches ``description: "{color}"`` and no success reaches a milestone."""
+    spec = load_task_spec(SPECS / "click-shades.yaml")
+    shades = recorded(demos_dir, "click-shades", ("2017-10-16_second-turk",))
+    assert len(shades) == 32 and all(t.success for t in shades)
+    assert all(complete(spec, shades))
+    for t in shades:
+        colour = t.instruction.split("shades of ")[1].split()[0]
+        squares = [a.target.description for a in t.actions[:-1] if a.target is not None and a.target.role == "span"]
+        assert squares and set(squares) == {colour}  # humans clicked squares of the asked colour (and the area)
+        track = replay_milestones(spec, t)
+        # a square selected before the submit, the submit the last step (recorded clicks at a
+        # square's edge can name the area around it, so the first key step is not pinned here)
+        assert track.key_steps[0] < track.key_steps[-1] == t.n_steps - 1

@@ -228,6 +228,15 @@ def test_markdown_has_one_row_per_actor_and_comparison(report: dict) -> None:
     assert "click SR / Rwd" in text and "type SR / Rwd" in text
 
 
+def test_each_rows_successes_are_counted_per_task_over_its_seeds(report: dict) -> None:
+    rows = {r["actor"]: r for r in report["rows"]}
+    assert rows["SFT"]["task_successes"] == {"click-tab-2": [4, 10], "enter-text": [4, 10]}
+    assert rows["outcome"]["task_successes"] == {"click-tab-2": [10, 20], "enter-text": [10, 20]}
+    text = str(report_markdown(report))
+    assert "| dense block: held-out successes / episodes | click-tab-2 | enter-text |" in text
+    assert "| progrm_lcs | 9 / 10 | 9 / 10 |" in text and "| SFT | 4 / 10 | 4 / 10 |" in text
+
+
 def test_no_episodes_gives_nan_not_an_error() -> None:
     report = table_one("sft", [], {})
     assert len(report["rows"]) == 1 and math.isnan(report["rows"][0]["success_rate"])

@@ -16,7 +16,7 @@ policy generalises across instances and the sentence encodings are computed once
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -125,6 +125,19 @@ def _field_identity(element: UIElement, screen_records: Sequence[Mapping]) -> se
     return _tokens(" ".join([element.element_id, element.classes, element.description, context]))
 
 
+def _still_there(action: Action, on_screen: Collection[str]) -> str | None:
+    """The ref of a past action's target where that element is still on the screen, else None.
+
+    Repeats (``repeats_in_history``, ``repeats_last_action``) are the same action text on the same
+    element: several elements can share one text (click-shades' squares of one colour are all
+    ``span "<color>"``) and a click on a second is not a repeat of the first. An element no longer
+    on the screen (re-rendered under a new ref, or an action without a target) cannot be told from
+    its successor, so any candidate of the same text repeats it."""
+    if action.target is None or action.target.ref not in on_screen:
+        return None
+    return action.target.ref
+
+
 def _names_a_value(text: str, values: Mapping[str, str]) -> bool:
     folded = text.casefold().strip()
     return bool(folded) and any(v.casefold() == folded or _value_pattern(v).search(text) for v in values.values())
@@ -148,11 +161,11 @@ def enumerate_candidates(
     position = {e.ref: i / max(1, len(screen.elements) - 1) for i, e in enumerate(screen.elements)}
     focused = screen.focused()
     focused_filled = 1.0 if focused is not None and focused.editable and (focused.value or "") else 0.0
-    done_before: dict[str, int] = {}
+    on_screen = {e.ref for e in screen.elements}
+    done_before: dict[str, list[str | None]] = {}
     for past in history:
-        key = past.canonical_text()
-        done_before[key] = done_before.get(key, 0) + 1
-    last = history[-1].canonical_text() if history else None
+        done_before.setdefault(past.canonical_text(), []).append(_still_there(past, on_screen))
+    last = (history[-1].canonical_text(), _still_there(history[-1], on_screen)) if history else None
     progress = step_index / max(1, max_steps)
 
     actions: list[Action] = [Action(ActionType.CLICK, target=e) for e in clickable_elements(screen)]
@@ -178,7 +191,8 @@ def enumerate_candidates(
         fits = 0.0
         if target is not None and slot_name is not None:
             fits = 1.0 if _tokens(slot_name.replace("_", " ")) & _field_identity(target, records) else 0.0
-        repeats = done_before.get(canonical, 0)
+        ref = target.ref if target is not None else None
+        repeats = sum(past is None or past == ref for past in done_before.get(canonical, ()))
         features = [
             *(1.0 if action.type is t else 0.0 for t in CANDIDATE_TYPES),
             *_role_features(target.role if target else None),
@@ -189,7 +203,7 @@ def enumerate_candidates(
             1.0 if target is not None and typed is not None and (target.value or "") == typed else 0.0,
             1.0 if target is not None and target.editable and not (target.value or "") else 0.0,
             min(repeats, 3) / 3,
-            1.0 if canonical == last else 0.0,
+            1.0 if last is not None and canonical == last[0] and (last[1] is None or last[1] == ref) else 0.0,
             1.0 if target is not None and target.focused else 0.0,
             1.0 if target is not None and target.checked is True else 0.0,
             1.0 if target is not None and target.checked is False else 0.0,

@@ -22,7 +22,7 @@ from training.policy.candidates import (
 from training.policy.learned import LearnedPolicy, PolicyModel, sampling_key
 from training.policy.network import grouped_entropy, grouped_log_softmax
 from training.policy.sft import SFTSettings, demonstration_decisions, matching_candidate, train_sft
-from warehouse.model import Action, ActionType, Screen
+from warehouse.model import Action, ActionType, Screen, UIElement
 from warehouse.trajectories import Trajectory
 
 LOGIN = load_catalog("miniwob")["login-user"]
@@ -92,6 +92,35 @@ def test_repetition_and_field_state_show_in_the_features():
         2 / 3
     )
     assert history_text([typed], INSTRUCTION, SLOTS) == 'INPUT(textbox#username, "<username>")'
+
+
+def test_a_click_on_another_element_of_the_same_text_is_not_a_repeat():
+    """click-shades: every square of the asked colour reads ``span "<color>"``; a click on a second
+    square repeats nothing, a click on the same one again does, and so does a click on an element of
+    that text when the one clicked before has left the screen (re-rendered: it cannot be told apart)."""
+    squares = [
+        UIElement(ref=str(i), role="span", description=colour, bounds=(20.0 * i, 0.0, 20.0 * i + 12, 12.0), depth=1)
+        for i, colour in enumerate(["green", "red", "green", "green"], start=1)
+    ]
+    submit = UIElement(ref="9", role="button", text="Submit", element_id="submit", bounds=(0.0, 40.0, 60.0, 60.0))
+    screen = Screen((UIElement(ref="0", role="body", bounds=(0.0, 0.0, 200.0, 200.0)), *squares, submit))
+    instruction, slots = "Select all the shades of green and press Submit.", {"color": "green"}
+    first = Action(ActionType.CLICK, squares[0])
+
+    def features(history, on=screen):
+        candidates = enumerate_candidates(on, instruction, slots, history, step_index=len(history), max_steps=14)
+        by_ref = {c.action.target.ref: c for c in candidates if c.action.target is not None}
+        return {
+            ref: (_feature(c, "repeats_in_history"), _feature(c, "repeats_last_action"), c.text)
+            for ref, c in by_ref.items()
+        }
+
+    after_one = features([first])
+    assert after_one["1"] == (pytest.approx(1 / 3), 1.0, 'CLICK(span "<color>")')  # the same square again
+    assert after_one["3"] == (0.0, 0.0, 'CLICK(span "<color>")') == after_one["4"]  # another green square
+    assert after_one["2"][:2] == (0.0, 0.0)
+    gone = Screen(tuple(e for e in screen.elements if e.ref != "1"))  # the clicked square re-rendered away
+    assert features([first], gone)["3"][:2] == (pytest.approx(1 / 3), 1.0)
 
 
 def test_a_long_screen_keeps_the_fixed_tail_of_candidates():

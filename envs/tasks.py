@@ -167,14 +167,6 @@ class TaskSpec:
     solution: tuple[Mapping[str, Any], ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
     path: str | None = None
-    declared_fields: tuple[str, ...] = ()  # the spec's ``fields:``: recorded fields it names as slots
-
-    @property
-    def slot_names(self) -> frozenset[str]:
-        """The slots the spec names: its instruction template's groups and its declared fields
-        (what its predicates may use; an episode may record more fields than these)."""
-        groups = set(self.instruction.groupindex) if self.instruction is not None else set()
-        return frozenset(groups | set(self.declared_fields))
 
     def slots(self, instruction: str, fields: Mapping[str, Any] | None = None) -> dict[str, str] | None:
         """The instruction's slot values: the template's named groups, plus the fields the
@@ -381,7 +373,6 @@ def task_spec_from_mapping(raw: Any, source: str = "<spec>") -> TaskSpec:
         solution=tuple(solution or ()),
         extra={k: v for k, v in raw.items() if k not in known},
         path=source,
-        declared_fields=tuple(declared_fields),
     )
 
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from envs.policies import clickable_elements, editable_elements
-from envs.tasks import TaskSpec
 from training.base.states import action_in_context, instruction_match, target_context
 from warehouse.model import Action, ActionType, Screen, UIElement
 
@@ -81,19 +80,6 @@ class Candidate:
     action: Action
     text: str
     features: tuple[float, ...]
-
-
-def named_slots(spec: TaskSpec, slots: Mapping[str, str]) -> dict[str, str]:
-    """The slots a policy writes its texts relative to: those the task's spec names (its template's
-    groups and declared fields, ``TaskSpec.slot_names``), whatever else the episode recorded.
-
-    A live MiniWoB++ episode records the benchmark's own fields beside the template's groups, often
-    the same value under another name (click-tab-2: ``link`` and ``target``; enter-text: ``text``
-    and ``target``; the checkbox tasks' ``button: submit``), and most recorded demonstrations carry
-    no fields. With every recorded field the same instruction read "<target>" live and "<link>" in
-    the demonstrations SFT learned from, on 24 of 33 catalog tasks."""
-    names = spec.slot_names
-    return {name: value for name, value in slots.items() if name in names}
 
 
 def instruction_values(instruction: str, slots: Mapping[str, str]) -> dict[str, str]:

@@ -38,7 +38,6 @@ from training.policy.candidates import (
     Candidate,
     enumerate_candidates,
     history_text,
-    named_slots,
     relative_instruction,
 )
 from training.policy.network import CandidateScorer, ScorerConfig, grouped_entropy, grouped_log_softmax
@@ -109,13 +108,12 @@ class PolicyModel:
         self, screen: Screen, context: EpisodeContext, history: Sequence[Action], step_index: int
     ) -> tuple[list[Candidate], list[str]]:
         """The candidates of a state, and the texts the encoder sees: instruction, history, candidates."""
-        slots = named_slots(context.task, context.slots)
         candidates = enumerate_candidates(
-            screen, context.instruction, slots, history, step_index=step_index, max_steps=context.max_steps
+            screen, context.instruction, context.slots, history, step_index=step_index, max_steps=context.max_steps
         )
         texts = [
-            relative_instruction(context.instruction, slots),
-            history_text(history, context.instruction, slots) or "(start)",
+            relative_instruction(context.instruction, context.slots),
+            history_text(history, context.instruction, context.slots) or "(start)",
             *(c.text for c in candidates),
         ]
         return candidates, texts

@@ -159,57 +159,6 @@ def _context(episode_id: str = "e1") -> EpisodeContext:
     )
 
 
-@pytest.mark.parametrize(
-    ("task_id", "instruction", "live_fields", "relative"),
-    [
-        (
-            "click-tab-2",
-            'Switch between the tabs to find and click on the link "Cursus".',
-            {"target": "Cursus", "link": "Cursus"},  # in the order a live episode records them
-            'Switch between the tabs to find and click on the link "<link>".',
-        ),
-        (
-            "click-checkboxes-transfer",
-            "Select fg, AU and click Submit.",
-            {"button": "submit"},
-            "Select <words> and click Submit.",
-        ),
-        (
-            "email-inbox-forward-nl",
-            "Give Leoline the message you received from Daphna,",
-            {"by": "Daphna", "to": "Leoline", "task_variant": "x"},
-            "Give <to> the message you received from <by>,",
-        ),
-    ],
-)
-def test_the_policy_reads_an_instruction_alike_live_and_in_a_demonstration(
-    model, task_id, instruction, live_fields, relative
-):
-    """A live episode records MiniWoB++'s own fields beside the template's groups (click-tab-2's
-    ``target`` is its ``link``); a recorded demonstration usually records none. The policy's texts
-    name only the slots the spec names, so SFT's demonstrations and the live episodes read alike."""
-    spec = load_catalog("miniwob")[task_id].spec
-    screen = _button_screen(["Cursus", "Submit"])
-
-    def texts(fields):
-        slots = spec.slots(instruction, fields) or {}
-        context = EpisodeContext(
-            task=spec,
-            instruction=instruction,
-            slots=slots,
-            seed=0,
-            backend="miniwob",
-            supported_actions=frozenset(ActionType),
-            max_steps=10,
-            episode_id="e",
-        )
-        return model.state_texts(screen, context, [], 0)[1]
-
-    demonstrated = {k: v for k, v in live_fields.items() if k in spec.slot_names}  # nl tasks record theirs
-    assert texts(live_fields) == texts(demonstrated)
-    assert texts(live_fields)[0] == relative
-
-
 def test_the_policy_acts_greedily_or_by_sampling_and_records_its_decisions(model):
     screen = _login_screen(None, None, None)
     greedy = LearnedPolicy(model, greedy=True, record=True)

@@ -172,8 +172,12 @@ class TaskSpec:
         """The instruction's slot values: the template's named groups, plus the fields the
         environment recorded with the episode (MiniWoB++ records them for natural-language tasks).
         None when the instruction fits neither."""
+        # in name order: where two slots hold one value, the first names it in the policy's texts
+        # (training.policy.candidates.relative_text), whatever order the fields were recorded in
         recorded = {
-            str(k): str(v) for k, v in (fields or {}).items() if v is not None and k not in EPISODE_METADATA_FIELDS
+            str(k): str(v)
+            for k, v in sorted((fields or {}).items(), key=lambda item: str(item[0]))
+            if v is not None and k not in EPISODE_METADATA_FIELDS
         }
         if self.instruction is None:
             return recorded

@@ -54,13 +54,13 @@ from typing import Any
 
 from miniwob.action import ActionSpaceConfig, ActionTypes
 from miniwob.constants import TASK_HEIGHT, TASK_WIDTH, WEBDRIVER_SPECIAL_KEYS
-from miniwob.fields import get_field_extractor
 from miniwob.selenium_actions import execute_action_on_chromedriver, execute_press_key
 from miniwob.selenium_instance import HTML_DIR, SeleniumInstance
 from selenium.webdriver.common.action_chains import ActionChains
 
 from envs.miniwob.dom import _CLICKABLE_ROLES as CLICKABLE_ROLES
 from envs.miniwob.dom import EDITABLE_ROLES, TEXT_NODE_TAGS, colour_name, dom_to_screen, role_of
+from envs.miniwob.fields import utterance_fields
 from envs.protocol import InvalidAction, MilestoneTracker, Observation, StepResult, resolve_target
 from envs.tasks import TaskSpec, TaskSpecError
 from warehouse.model import Action, ActionType, Screen, UIElement
@@ -260,17 +260,6 @@ _MODIFIER_PREFIX = {"ctrl": "C-", "control": "C-", "shift": "S-", "alt": "A-", "
 def available_tasks() -> list[str]:
     """Every MiniWoB++ task the installed package ships (one HTML page each)."""
     return sorted(p.stem for p in TASK_PAGES.glob("*.html"))
-
-
-def utterance_fields(task_id: str, utterance: str, stated: Mapping[str, Any] | None) -> dict[str, str]:
-    """The task's fields: those the page states, else miniwob's field extractor's, else none."""
-    if stated:
-        return {str(k): str(v) for k, v in stated.items() if v is not None}
-    try:
-        pairs = get_field_extractor(task_id)(utterance)
-    except (KeyError, ValueError):  # no extractor for this task, or an utterance it does not parse
-        return {}
-    return {str(k): str(v) for k, v in pairs}
 
 
 # -- DOM -> screen ---------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from envs.miniwob.dom import EDITABLE_ROLES, dom_to_screen
+from envs.miniwob.fields import utterance_fields
 from envs.protocol import EpisodeRecord, StepRecord
 from warehouse.model import Action, ActionType, Screen
 
@@ -649,15 +650,19 @@ def _recording_to_episode(recording: dict[str, Any], task_hint: str) -> DemoEpis
     if abs(duration) >= 2**62:  # fits the warehouse's int64
         duration = steps[-1].time_ms if steps else 0
     decayed = recording.get("reward")
-    fields = recording.get("fields")
+    task_id = recorded_task_name(recording) or task_hint
+    stated = recording.get("fields")
+    # the fields a live episode of the task gets (envs.miniwob.fields), where the recording has none
+    stated = stated if isinstance(stated, dict) else None
+    fields = utterance_fields(task_id, recording["utterance"], stated) if task_id is not None else stated
     return DemoEpisode(
-        task_id=recorded_task_name(recording) or task_hint,
+        task_id=task_id,
         instruction=recording["utterance"],
         raw_reward=float(recording["rawReward"]),
         decayed_reward=float(decayed) if isinstance(decayed, (int, float)) and not isinstance(decayed, bool) else None,
         steps=steps,
         duration_ms=duration,
-        fields=fields if isinstance(fields, dict) else None,
+        fields=fields or None,
         problems=problems,
     )
 

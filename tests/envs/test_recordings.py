@@ -13,6 +13,7 @@ from envs.miniwob.recordings import (
     read_recording_bytes,
     recording_to_episode,
 )
+from envs.task_catalog import load_catalog
 from warehouse.model import ActionType
 
 
@@ -309,4 +310,29 @@ def test_a_text_less_leaf_is_described_by_its_background_colour():
         ("3", ""),
         ("4", ""),
         ("5", ""),
+    ]
+
+
+def test_a_recording_gets_the_fields_a_live_episode_of_its_task_gets(demos_dir: Path):
+    """The recordings of most tasks carry no fields; a live episode gets miniwob's (click-tab-2:
+    ``target``, the link). Without them the policy read the same instruction as "<link>" in SFT's
+    demonstrations and as "<target>" live. A recording that states its fields keeps them."""
+
+    def first(batch, task):
+        data, _ = read_recording_bytes(sorted((demos_dir / batch / task).glob("*.json.gz"))[0])
+        return recording_to_episode(parse_recording_json(data), task)
+
+    tab = first("2017-10-16_second-turk", "click-tab-2")
+    link = tab.instruction.split('"')[1]
+    assert tab.fields == {"target": link}
+    spec = load_catalog("miniwob")["click-tab-2"].spec
+    live = {"target": link}  # what envs.miniwob.live records for this instance
+    assert (
+        spec.slots(tab.instruction, tab.fields) == spec.slots(tab.instruction, live) == {"target": link, "link": link}
+    )
+    forward = first("2017-10-16_second-turk", "email-inbox-forward-nl")
+    assert set(forward.fields or {}) == {"by", "to"}  # stated by the page, as recorded
+    assert spec.slots("x", {"b": "1", "a": "2"}) is not None and list(spec.slots("x", {"b": "1", "a": "2"})) == [
+        "a",
+        "b",
     ]

@@ -87,7 +87,13 @@ def colour_name(css_colour: str | None) -> str:
         return ""
     if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] < 1.0):
         return ""
-    hue, lightness, saturation = colorsys.rgb_to_hls(*(min(max(p, 0.0), 255.0) / 255.0 for p in parts[:3]))
+    red, green, blue = (p / 255.0 for p in parts[:3])
+    return rgb_colour_name(red, green, blue)
+
+
+def rgb_colour_name(red: float, green: float, blue: float) -> str:
+    """``colour_name`` of an opaque colour given as RGB fractions in [0, 1] (clipped there)."""
+    hue, lightness, saturation = colorsys.rgb_to_hls(*(min(max(c, 0.0), 1.0) for c in (red, green, blue)))
     if saturation < MIN_SATURATION or not LIGHTNESS_RANGE[0] <= lightness <= LIGHTNESS_RANGE[1]:
         return ""
     degrees = hue * 360.0

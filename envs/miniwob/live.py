@@ -59,7 +59,7 @@ from miniwob.selenium_instance import HTML_DIR, SeleniumInstance
 from selenium.webdriver.common.action_chains import ActionChains
 
 from envs.miniwob.dom import _CLICKABLE_ROLES as CLICKABLE_ROLES
-from envs.miniwob.dom import EDITABLE_ROLES, TEXT_NODE_TAGS, colour_name, dom_to_screen, role_of
+from envs.miniwob.dom import EDITABLE_ROLES, TEXT_NODE_TAGS, dom_to_screen, rgb_colour_name, role_of
 from envs.miniwob.fields import utterance_fields
 from envs.protocol import InvalidAction, MilestoneTracker, Observation, StepResult, resolve_target
 from envs.tasks import TaskSpec, TaskSpecError
@@ -357,10 +357,10 @@ def dom_elements_to_screen(dom_elements: Sequence[Mapping[str, Any]], screenshot
 def _gym_colour_name(rgba: Any) -> str:
     """``dom.colour_name`` of the gymnasium observation's ``bg_color`` (RGBA floats in [0, 1])."""
     try:
-        r, g, b, a = (float(v) for v in rgba)
+        red, green, blue, alpha = (float(v) for v in rgba)
     except (TypeError, ValueError):
         return ""
-    return colour_name(f"rgba({r * 255:.0f}, {g * 255:.0f}, {b * 255:.0f}, {a:g})")
+    return rgb_colour_name(red, green, blue) if alpha >= 1.0 else ""
 
 
 def parse_state(text: str) -> dict[str, Any]:

@@ -188,8 +188,9 @@ def test_a_live_episode_and_a_demonstration_name_the_instructions_values_alike(m
     differ = {}
     for task_id, task in catalog.items():
         observation = miniwob_env.reset(task.spec, 7)
-        stated = observation.fields if task_id in ("email-inbox-forward-nl", "email-inbox-nl-turk") else None
-        recorded = utterance_fields(task_id, observation.instruction, stated)  # nl recordings state theirs
+        # natural-language tasks (no instruction template) state their fields, and so do their recordings
+        stated = observation.fields if task.spec.instruction is None else None
+        recorded = utterance_fields(task_id, observation.instruction, stated)
         live = relative_instruction(
             observation.instruction, task.spec.slots(observation.instruction, observation.fields) or {}
         )

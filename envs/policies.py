@@ -36,7 +36,9 @@ SELECTOR is the task-spec selector (``envs.tasks``: role, text, text_contains, e
 classes_contains, description). Among the matches, ``nth: k`` picks the k-th (0-based; negative:
 from the end), ``ordinal: "{n}"`` the n-th (1-based, may name a slot: "Check the 2nd box");
 ``after: SELECTOR`` keeps only matches that come after (in document order) the first element
-matching it: "the textbox after the label Genre", "the share button after @annis".
+matching it: "the textbox after the label Genre", "the share button after @annis"; ``before:
+SELECTOR`` keeps only those before it (with ``nth: -1``, the nearest: a textbox whose label
+follows it).
 ``for_each`` repeats the step for each item of a slot split by ``split`` (default ","), bound to
 ``{item}``; ``repeat: "{n}"`` repeats it n times (the absolute value; 0 times when the slot is
 absent: ``(?:-(?P<down>\d+)|(?P<up>\d+))`` then picks one of two steps); ``when`` (a task-spec
@@ -201,6 +203,7 @@ class PlanStep:
     target: Mapping[str, Any] | None = None
     nth: int = 0
     after: Mapping[str, Any] | None = None
+    before: Mapping[str, Any] | None = None
     text: str | None = None
     direction: str | None = None
     optional: bool = False
@@ -261,6 +264,7 @@ def expand_solution(spec: TaskSpec, slots: Mapping[str, str]) -> list[PlanStep]:
                     target=None if target is None else dict(target),
                     nth=nth,
                     after=raw.get("after"),
+                    before=raw.get("before"),
                     text=None if raw.get("text") is None else render(raw["text"], bound),
                     direction=None if raw.get("direction") is None else str(raw["direction"]).upper(),
                     optional=bool(raw.get("optional", False)),
@@ -281,6 +285,11 @@ def find_target(screen: Screen, step: PlanStep) -> UIElement | None:
         if anchor is None:
             return None
         elements = elements[anchor + 1 :]
+    if step.before is not None:
+        anchor = next((i for i, e in enumerate(elements) if element_matches(e, step.before, step.slots)), None)
+        if anchor is None:
+            return None
+        elements = elements[:anchor]
     matches = [e for e in elements if element_matches(e, step.target, step.slots)]
     if not matches:
         return None

@@ -39,6 +39,7 @@ MINIWOB_FAMILIES: Mapping[str, tuple[str, ...]] = {
         "choose-list",
         "form-sequence-2",
         "multi-orderings",
+        "multi-layouts",
     ),
     "miniwob-choice": (
         "click-button-sequence",

@@ -167,6 +167,19 @@ def test_after_picks_the_element_following_its_anchor():
     assert find_target(screen, step).ref == "4"
 
 
+def test_before_with_nth_minus_one_picks_the_element_its_anchor_follows():
+    """multi-layouts' layout 5 puts each header after its textbox: the textbox before "Genre" is the
+    one right before it, not the first on the page; an absent anchor finds nothing."""
+    director, genre = element("2", "div", "Director"), element("4", "div", "Genre")
+    screen = Screen((element("1", "textbox"), director, element("3", "textbox"), genre))
+    raw_step = {"action": "INPUT", "target": {"role": "textbox"}, "before": {"text": "Genre"}, "text": "x"}
+    spec = task_spec_from_mapping({**LOGIN_RAW_NO_TEMPLATE, "solution": [{**raw_step, "nth": -1}, raw_step]})
+    nearest, first = expand_solution(spec, {})
+    assert find_target(screen, nearest).ref == "3"
+    assert find_target(screen, first).ref == "1"
+    assert find_target(Screen(screen.elements[:3]), nearest) is None
+
+
 def test_expert_without_noise_follows_the_solution():
     actor = make_policy("expert").start(context())
     screen = login_screen()

@@ -180,3 +180,26 @@ def test_click_shades_successes_select_a_shade_then_submit(demos_dir):
         # a square selected before the submit, the submit the last step (recorded clicks at a
         # square's edge can name the area around it, so the first key step is not pinned here)
         assert track.key_steps[0] < track.key_steps[-1] == t.n_steps - 1
+
+
+def test_multi_layouts_successes_reach_every_milestone_and_a_value_in_the_wrong_box_does_not(demos_dir):
+    """multi-layouts' five layouts put a row's header before or after its textbox; ``within`` tells
+    the boxes apart. Every recorded success counts its three fields and the submit; the same
+    episodes read with the genre and the director swapped hold those values in the wrong boxes and
+    never have every field entered."""
+    import dataclasses
+
+    spec = load_task_spec(SPECS / "multi-layouts.yaml")
+    layouts = recorded(demos_dir, "multi-layouts", ("2017-10-16_second-turk",))
+    assert len(layouts) == 32 and all(t.success for t in layouts)
+    assert all(complete(spec, layouts))
+    headers = {e.classes or e.role for t in layouts for e in t.screens[0].elements if e.text == "Genre"}
+    assert {"div", "th", "ui-label"} <= headers  # the recordings cover layouts 2, 3 and 5 at least
+    swapped = []
+    for t in layouts:
+        genre, director, year = t.fields["genre"], t.fields["director"], t.fields["year"]
+        instruction = f"Search for {director} movies directed by {genre} from year {year}."
+        fields = {**t.fields, "genre": director, "director": genre}
+        swapped.append(dataclasses.replace(t, instruction=instruction, fields=fields))
+    assert spec.slots(swapped[0].instruction, swapped[0].fields)["genre"] == layouts[0].fields["director"]
+    assert not any(replay_milestones(spec, t).reached >= 3 for t in swapped)

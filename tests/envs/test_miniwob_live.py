@@ -117,6 +117,40 @@ def test_an_episode_with_failed_steps_records_them_and_goes_on(miniwob_env, cata
     assert milestone_track_matches(record, spec)
 
 
+@pytest.mark.parametrize("task_id, icon", [("email-inbox-delete", "trash"), ("email-inbox-important", "star")])
+def test_an_inbox_rows_icon_reaches_every_milestone_and_another_rows_none(miniwob_env, catalog, task_id, icon):
+    """The page accepts the icon of the sender's row in the inbox, without opening the e-mail (the
+    learned agent's usual path); the specs once asked for the e-mail opened first, so those
+    successes reached no milestone. The icon of another sender's row fails the episode and reaches none."""
+    spec = catalog[task_id].spec
+
+    def row_icon(sender_is_named: bool):
+        def act(screen, context):
+            rows = [
+                e
+                for e in screen.elements
+                if icon in e.classes.split()
+                and element_matches(e, {"within": {"classes_contains": "email-sender"}}, context.slots, screen)
+                and element_matches(
+                    e, {"within": {"classes_contains": "email-sender", "text": "{name}"}}, context.slots, screen
+                )
+                == sender_is_named
+            ]
+            return Action(ActionType.CLICK, rows[0])
+
+        return act
+
+    def wait(screen, context):  # the icons are images the first screen has not laid out yet
+        return Action(ActionType.NOTHING)
+
+    right = run_episode(miniwob_env, ScriptedPolicy([wait, row_icon(True)]), spec, 5, episode_id="r", max_steps=2)
+    assert right.success and right.milestones_reached == right.n_milestones == 2
+    assert right.steps[-1].milestones_hit == tuple(m.name for m in spec.milestones)
+    assert milestone_track_matches(right, spec)
+    wrong = run_episode(miniwob_env, ScriptedPolicy([wait, row_icon(False)]), spec, 5, episode_id="w", max_steps=2)
+    assert not wrong.success and wrong.steps[-1].done and wrong.milestones_reached == 0
+
+
 def test_refs_stay_unique_when_an_episode_follows_a_finished_one(miniwob_env, catalog):
     """Regression: reading the DOM after an episode ended used to lend its refs to the next episode."""
     spec = catalog["click-option"].spec

@@ -12,6 +12,7 @@ bounds below leave room for those, and ``stepwise specs validate`` lists them.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -187,8 +188,6 @@ def test_multi_layouts_successes_reach_every_milestone_and_a_value_in_the_wrong_
     the boxes apart. Every recorded success counts its three fields and the submit; the same
     episodes read with the genre and the director swapped hold those values in the wrong boxes and
     never have every field entered."""
-    import dataclasses
-
     spec = load_task_spec(SPECS / "multi-layouts.yaml")
     layouts = recorded(demos_dir, "multi-layouts", ("2017-10-16_second-turk",))
     assert len(layouts) == 32 and all(t.success for t in layouts)
@@ -203,3 +202,44 @@ def test_multi_layouts_successes_reach_every_milestone_and_a_value_in_the_wrong_
         swapped.append(dataclasses.replace(t, instruction=instruction, fields=fields))
     assert spec.slots(swapped[0].instruction, swapped[0].fields)["genre"] == layouts[0].fields["director"]
     assert not any(replay_milestones(spec, t).reached >= 3 for t in swapped)
+
+
+def test_social_media_counts_a_post_below_the_task_area_reached_by_its_menu():
+    """The learned agent clicks by ref, so it opens the menu of a post below the task area, where no
+    element is visible; 34 of its 71 held-out successes did and reached no milestone after "the
+    user's tweet in view". A click on the user's post's "more" counts as the tweet in view and its
+    menu open; the same clicks on another user's post count nothing."""
+    from warehouse.model import Action, Screen, UIElement
+
+    def el(ref, role, parent, depth, top, text="", classes=""):
+        return UIElement(
+            ref, role, text, classes=classes, bounds=(0.0, top, 150.0, top + 15), parent_ref=parent, depth=depth
+        )
+
+    posts = [
+        el("1", "body", None, 0, 0.0),
+        el("2", "div", "1", 1, 10.0, classes="media"),
+        el("3", "span", "2", 2, 10.0, "@ada", "username"),
+        el("4", "span", "2", 2, 30.0, classes="more"),
+        el("5", "div", "1", 1, 240.0, classes="media"),  # below the 210 px task area
+        el("6", "span", "5", 2, 240.0, "@bob", "username"),
+        el("7", "span", "5", 2, 260.0, classes="more"),
+    ]
+    posts[0] = dataclasses.replace(posts[0], bounds=(0.0, 0.0, 160.0, 210.0))
+    with_menu = Screen((*posts, el("8", "ul", "7", 3, 280.0), el("9", "li", "8", 4, 290.0, "Mute @bob", "menu-user")))
+    spec = load_task_spec(SPECS / "social-media.yaml")
+    instruction = 'For the user @bob, click on the "Mute" button'
+
+    def replayed(more: str, success: bool) -> int:
+        clicks = (Action(ActionType.CLICK, by_ref(with_menu, more)), Action(ActionType.CLICK, by_ref(with_menu, "9")))
+        trajectory = Trajectory(
+            "e", "social-media", instruction, "rollout", success, clicks, (Screen(tuple(posts)), with_menu)
+        )
+        return replay_milestones(spec, trajectory).reached
+
+    assert replayed("7", success=True) == 3
+    assert replayed("4", success=False) == 0
+
+
+def by_ref(screen, ref):
+    return next(e for e in screen.elements if e.ref == ref)

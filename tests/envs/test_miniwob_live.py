@@ -151,6 +151,46 @@ def test_an_inbox_rows_icon_reaches_every_milestone_and_another_rows_none(miniwo
     assert not wrong.success and wrong.steps[-1].done and wrong.milestones_reached == 0
 
 
+def test_a_folders_expander_and_a_reply_caption_reach_their_milestones(miniwob_env, catalog):
+    """Clicks the pages take on a part of the element the specs once named (the learned agent's
+    paths, which left its successes short of the last milestone): navigate-tree's folder expander
+    succeeds as a click on the folder's row; email-inbox-nl-turk's "Reply" caption opens the reply
+    form as the icon does."""
+    tree = catalog["navigate-tree"].spec
+
+    def expander_of(name_slot_is_target: bool):
+        def act(screen, context):
+            folders = [e for e in screen.elements if "folder" in e.classes.split()]
+            rows = {e.parent_ref for e in folders if (e.text == context.slots["name"]) == name_slot_is_target}
+            return Action(
+                ActionType.CLICK, next(e for e in screen.elements if "hitarea" in e.classes and e.parent_ref in rows)
+            )
+
+        return act
+
+    # seed 1: the target is a folder ("Truman") shown collapsed at the start
+    right = run_episode(miniwob_env, ScriptedPolicy([expander_of(True)]), tree, 1, episode_id="t", max_steps=1)
+    assert right.success and right.milestones_reached == 2 and milestone_track_matches(right, tree)
+    other = run_episode(miniwob_env, ScriptedPolicy([expander_of(False)]), tree, 1, episode_id="o", max_steps=1)
+    assert not other.success and other.milestones_reached < 2
+
+    turk = catalog["email-inbox-nl-turk"].spec
+    script = [
+        lambda s, c: Action(ActionType.CLICK, next(e for e in s.elements if e.text == c.slots["by"])),
+        lambda s, c: Action(ActionType.CLICK, next(e for e in s.elements if e.text == "Reply" and e.role == "div")),
+        lambda s, c: Action(ActionType.INPUT, by_id(s, "reply-text"), c.slots["message"]),
+        lambda s, c: Action(ActionType.CLICK, by_id(s, "send-reply")),
+    ]
+    reply = run_episode(miniwob_env, ScriptedPolicy(script), turk, 3, episode_id="r", max_steps=4)  # seed 3: a reply
+    assert [s.milestones_hit for s in reply.steps] == [
+        ("sender's email in view",),
+        ("action chosen",),
+        (),
+        ("done",),
+    ]
+    assert reply.success and milestone_track_matches(reply, turk)
+
+
 def test_refs_stay_unique_when_an_episode_follows_a_finished_one(miniwob_env, catalog):
     """Regression: reading the DOM after an episode ended used to lend its refs to the next episode."""
     spec = catalog["click-option"].spec

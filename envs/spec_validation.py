@@ -46,6 +46,7 @@ from envs.tasks import (
     spec_for,
 )
 from warehouse.model import Action, ActionType, Screen
+from warehouse.purposes import purpose_filter
 from warehouse.trajectories import Trajectory, load_trajectories
 
 if TYPE_CHECKING:
@@ -116,6 +117,34 @@ class TaskReport:
         """Every failure reaches the last milestone: the milestones do not tell failures apart."""
         return bool(self.failures and self.milestones and self.milestones[-1].failures == self.failures)
 
+    def reached_histogram(self, success: bool) -> list[int]:
+        """How many successful (or failed) episodes reach exactly k milestones, k = 0..n."""
+        total = self.successes if success else self.failures
+        at_least = [total, *(m.successes if success else m.failures for m in self.milestones), 0]
+        return [at_least[k] - at_least[k + 1] for k in range(len(self.milestones) + 1)]
+
+    @property
+    def outcome_pairs(self) -> int:
+        """(success, failure) pairs of this task: the weight of its AUC in :meth:`ValidationReport.within_task_auc`."""
+        return self.successes * self.failures
+
+    @property
+    def outcome_auc(self) -> float:
+        """How well the milestones reached tell successes from failures: the probability that a
+        success reaches more of them than a failure (ties half), nan without both. The number
+        reached is what ProgRM's environment-milestone label says at an episode's last step
+        (ProgRM §2.2: progress rises evenly over the milestones), so this is the AUC a perfect
+        ProgRM-Env model would reach on these episodes."""
+        if not self.outcome_pairs:
+            return float("nan")
+        wins, failures_below = 0.0, 0
+        for reached_by_successes, reached_by_failures in zip(
+            self.reached_histogram(True), self.reached_histogram(False), strict=True
+        ):
+            wins += reached_by_successes * (failures_below + 0.5 * reached_by_failures)
+            failures_below += reached_by_failures
+        return wins / self.outcome_pairs
+
 
 @dataclass(frozen=True)
 class ValidationReport:
@@ -124,6 +153,15 @@ class ValidationReport:
     folder: str
     errors: tuple[SpecLoadError, ...]
     tasks: tuple[TaskReport, ...]
+
+    @property
+    def within_task_auc(self) -> float:
+        """:meth:`TaskReport.outcome_auc` over every task with both outcomes, each weighted by its
+        (success, failure) pairs: a success outranks a failure of its own task (nan without any)."""
+        pairs = sum(t.outcome_pairs for t in self.tasks)
+        if not pairs:
+            return float("nan")
+        return sum(t.outcome_auc * t.outcome_pairs for t in self.tasks if t.outcome_pairs) / pairs
 
     def problems(self) -> list[str]:
         """Every problem, one line each: ``ERROR`` (a spec did not load) or ``WARNING``."""
@@ -319,16 +357,28 @@ def validate_task(spec: TaskSpec, trajectories: Iterable[Trajectory]) -> TaskRep
     )
 
 
-def warehouse_episodes(warehouse: Warehouse, source: str = "human_demo") -> LoadEpisodes:
+def warehouse_episodes(
+    warehouse: Warehouse, source: str = "human_demo", *, purpose: str | None = None, per_task: int | None = None
+) -> LoadEpisodes:
     """``load`` for ``validate_specs``: a task's recorded episodes of one source in the warehouse,
-    by task id or by variant (``task_fields.task_variant``, e.g. email-inbox-nl-turk)."""
+    by task id or by variant (``task_fields.task_variant``, e.g. email-inbox-nl-turk).
+
+    ``purpose`` keeps one episode purpose (``evaluation``: the agent's held-out episodes, which
+    take paths the demonstrations never took); ``per_task`` replays at most that many episodes of
+    each task, a sample fixed by the episode ids (the same episodes on every run)."""
+    where = "(e.task_id = ? OR json_extract_string(e.task_fields, '$.task_variant') = ?) AND e.source = ?"
+    if purpose is not None:
+        where += f" AND {purpose_filter('e.purpose', (purpose,))}"
+    if per_task is not None:
+        if per_task < 1:
+            raise ValueError(f"per_task must be at least 1, not {per_task}")
+        where = (
+            f"e.episode_id IN (SELECT e.episode_id FROM episodes e WHERE {where} "
+            f"ORDER BY md5(e.episode_id), e.episode_id LIMIT {int(per_task)})"
+        )
 
     def load(task_id: str) -> Iterator[Trajectory]:
-        return load_trajectories(
-            warehouse,
-            "(e.task_id = ? OR json_extract_string(e.task_fields, '$.task_variant') = ?) AND e.source = ?",
-            [task_id, task_id, source],
-        )
+        return load_trajectories(warehouse, where, [task_id, task_id, source])
 
     return load
 
@@ -357,7 +407,14 @@ def format_report(report: ValidationReport) -> str:
         reach = ", ".join(
             f"{m.name} {_percent(task.success_share(m))} ({m.failures}/{task.failures})" for m in task.milestones
         )
-        lines.append(f"  {task.task_id}: {task.successes} successes, {task.failures} failures: {reach}")
+        auc = f"; AUC {task.outcome_auc:.3f}" if task.outcome_pairs else ""
+        lines.append(f"  {task.task_id}: {task.successes} successes, {task.failures} failures: {reach}{auc}")
+    if report.within_task_auc == report.within_task_auc:
+        tasks = sum(1 for t in report.tasks if t.outcome_pairs)
+        lines.append(
+            f"milestones reached tell successes from failures within their task at AUC {report.within_task_auc:.3f} "
+            f"({tasks} tasks with both; the AUC a perfect ProgRM-Env model would reach on these episodes)"
+        )
     return "\n".join(lines)
 
 

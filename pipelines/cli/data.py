@@ -182,7 +182,15 @@ def cmd_specs_validate(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         print(f"stepwise specs validate: not a folder: {folder}", file=sys.stderr)
         return 2
-    load = None if args.no_replay else warehouse_episodes(Warehouse(), source=args.source)
+    try:
+        load = (
+            None
+            if args.no_replay
+            else warehouse_episodes(Warehouse(), source=args.source, purpose=args.purpose, per_task=args.per_task)
+        )
+    except ValueError as exc:
+        print(f"stepwise specs validate: {exc}", file=sys.stderr)
+        return 2
     report = validate_specs(folder, load=load)
     print(format_report(report))
     return 1 if report.errors else 0
@@ -256,6 +264,12 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("folder", help="a folder of task specs (YAML), e.g. envs/task_specs/miniwob")
     p.add_argument("--source", default="human_demo", help="episodes to replay (episodes.source)")
+    p.add_argument(
+        "--purpose",
+        default=None,
+        help="only episodes of this purpose, e.g. evaluation (the agent's held-out episodes: --source rollout)",
+    )
+    p.add_argument("--per-task", type=int, default=None, help="replay at most N episodes per task (a fixed sample)")
     p.add_argument("--no-replay", action="store_true", help="only load the specs")
     p.set_defaults(func=cmd_specs_validate)
     p = sub.add_parser("figures", help="the README's tables, printed from the warehouse as markdown")

@@ -195,9 +195,34 @@ def test_episodes_from_a_warehouse_by_task_or_variant(home, tmp_path):
     assert sorted(t.episode_id for t in load("click-link")) == ["demo:1", "demo:2", "demo:3"]
     assert [t.episode_id for t in load("click-link-nl")] == ["demo:3"]
     assert [t.episode_id for t in warehouse_episodes(warehouse, "rollout")("click-link")] == ["roll:1"]
+    assert not list(warehouse_episodes(warehouse, "rollout", purpose="evaluation")("click-link"))
+    assert [t.episode_id for t in warehouse_episodes(warehouse, purpose="demonstration")("click-link-nl")] == ["demo:3"]
+    sample = [t.episode_id for t in warehouse_episodes(warehouse, per_task=2)("click-link")]
+    assert len(sample) == 2 and sample == [
+        t.episode_id for t in warehouse_episodes(warehouse, per_task=2)("click-link")
+    ]
+    with pytest.raises(ValueError, match="unknown episode purposes"):
+        warehouse_episodes(warehouse, purpose="holiday")
     report = validate_specs(tmp_path, [demos[0]], load=load)  # given and loaded: counted once
     by_task = {t.task_id: t for t in report.tasks}
     assert (by_task["click-link"].successes, by_task["click-link"].failures) == (1, 1)  # demo:3 is the variant's
     assert by_task["click-link-nl"].successes == 1
     text = format_report(report)
     assert "click-link: 1 successes, 1 failures: link in view 100% (1/1)" in text and "no problems" not in text
+
+
+def test_outcome_auc_is_the_milestone_labels_ranking_of_successes_over_failures():
+    """Successes reach 1, 2, 2 of two milestones and failures 1, 2: of the 6 (success, failure)
+    pairs the success is ahead in 2 and level in 3, AUC (2 + 3 / 2) / 6; pooled with a task whose
+    one success outranks its one failure, weighted by pairs: (3.5 + 1) / 7."""
+    from envs.spec_validation import MilestoneReach, TaskReport, ValidationReport
+
+    two = TaskReport("a", "a.yaml", 3, 2, (MilestoneReach(0, "m0", 3, 2), MilestoneReach(1, "m1", 2, 1)))
+    assert two.reached_histogram(True) == [0, 1, 2] and two.reached_histogram(False) == [0, 1, 1]
+    assert two.outcome_auc == pytest.approx(3.5 / 6)
+    one = TaskReport("b", "b.yaml", 1, 1, (MilestoneReach(0, "m0", 1, 0),))
+    only_successes = TaskReport("c", "c.yaml", 4, 0, (MilestoneReach(0, "m0", 2, 0),))
+    assert one.outcome_auc == 1.0 and only_successes.outcome_auc != only_successes.outcome_auc  # nan
+    report = ValidationReport("specs", (), (two, one, only_successes))
+    assert report.within_task_auc == pytest.approx(4.5 / 7)
+    assert "within their task at AUC 0.643 (2 tasks with both" in format_report(report)

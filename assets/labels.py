@@ -35,7 +35,9 @@ from dagster import (
 from pydantic import Field
 
 from annotation.progress.labels import (
+    LABEL_MODE_HELP,
     LABELS_CODE_VERSION,
+    REPLAY_MILESTONES_HELP,
     check_improved_beats_paper,
     check_progress_labels,
     default_specs_dir,
@@ -83,12 +85,9 @@ class LabelConfig(Config):
     task_specs_dir: str = Field(default_factory=default_specs_dir, description="folder of task specs (YAML)")
     embedder: str = Field(default="minilm", description="minilm (the real Sentence-BERT) | hashing (quick runs)")
     theta: float = Field(default=0.6, description="θ_L of ProgRM §2.2: recipe group similarity threshold")
-    mode: Literal["incremental", "full"] = Field(
-        default="incremental",
-        description="incremental: new episodes against the stored recipe libraries (a task's rebuilt when its "
-        "successes grew by max(2, 10%); families without one from scratch) | full: the families from scratch",
-    )
+    mode: Literal["incremental", "full"] = Field(default="incremental", description=LABEL_MODE_HELP)
     ray_address: str | None = Field(default=None, description=RAY_FAMILIES_HELP)
+    replay_milestones: bool = Field(default=False, description=REPLAY_MILESTONES_HELP)
 
 
 class SplitConfig(Config):
@@ -161,6 +160,7 @@ def recipes_and_progress_labels(
         run_id=context.run_id,
         log=context.log.info,
         map_families=ray_family_map(config.ray_address),
+        replay_milestones=config.replay_milestones,
     )
     yield MaterializeResult(
         asset_key="recipe_library",

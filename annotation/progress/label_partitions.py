@@ -63,6 +63,17 @@ def has_library(warehouse: Warehouse, family: str) -> bool:
     return bool(family_paths(warehouse, "recipe_library_state", family))
 
 
+#: The labels' options, in words for a config or a command line.
+LABEL_MODE_HELP = (
+    "incremental: new episodes against the stored recipe libraries (a task's rebuilt when its successes grew "
+    "by max(2, 10%); families without one from scratch) | full: the families from scratch"
+)
+REPLAY_MILESTONES_HELP = (
+    "full mode: milestone labels from the task specs replayed on every episode, not from the milestones "
+    "rollouts recorded online (after a spec fix)"
+)
+
+
 def run_label_partitions(
     warehouse: Warehouse,
     families: Sequence[str],
@@ -75,6 +86,7 @@ def run_label_partitions(
     log: Log = print,
     asset: str = "progress_labels",
     map_families: FamilyMap | None = None,
+    replay_milestones: bool = False,
 ) -> LabelSummary:
     """The labels stage for a set of label families (the Dagster partitions of a run).
 
@@ -86,9 +98,15 @@ def run_label_partitions(
 
     ``map_families(update_family, families)``: how the families to bring up to date run when there
     are several (e.g. as tasks on a Ray cluster: the labels asset's ``ray_address``); each calls
-    :func:`update_family` on its own, so the rows are those of running them one after another."""
+    :func:`update_family` on its own, so the rows are those of running them one after another.
+
+    ``replay_milestones`` (full mode only): milestone labels from the specs replayed on every
+    episode, not from those rollouts recorded online; for a home whose specs were fixed after its
+    rollouts (``stepwise specs validate --source rollout`` shows where they disagree)."""
     if mode not in ("full", "incremental"):
         raise ValueError(f"unknown labels mode {mode!r} (full | incremental)")
+    if replay_milestones and mode != "full":
+        raise ValueError("replaying milestones relabels every episode: it needs mode full, not incremental")
     unknown = sorted(set(families) - set(label_families()))
     if unknown:
         raise ValueError(f"unknown label families {unknown}; the families are {label_families()}")
@@ -108,6 +126,7 @@ def run_label_partitions(
                 theta=theta,
                 run_id=run_id,
                 log=log,
+                replay_milestones=replay_milestones,
             )
         )
     stale = [f for f in wanted if f not in fresh]

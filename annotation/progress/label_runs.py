@@ -282,12 +282,15 @@ def run_labeling(
     batch_episodes: int = 4000,
     embed_scope: EmbedScope = "corpus",
     spill_dir: str | Path | None = None,
+    replay_milestones: bool = False,
 ) -> LabelSummary:
     """Recipes and LCS labels (paper and improved modes) plus milestone labels for every episode of
     the given label families (default: all), from scratch; publishes the stage's tables for those
     families together. Streams batches of whole tasks (at most ``batch_episodes`` episodes unless
     one task has more) and writes rows as they are produced; with ``embed_scope="corpus"`` the rows
-    are exactly those of the all-at-once :func:`annotation.progress.labeling.lcs_labels`."""
+    are exactly those of the all-at-once :func:`annotation.progress.labeling.lcs_labels`.
+    ``replay_milestones``: milestone labels from the specs replayed on every episode, not from the
+    milestones rollouts recorded online (after a spec fix; recorded in the parameters)."""
 
     specs = load_task_specs(specs_dir or default_specs_dir())
     all_families = families is None
@@ -307,6 +310,7 @@ def run_labeling(
             "mode": "full",
             "batch_episodes": batch_episodes,
             "embed_scope": embed_scope,
+            "milestones": "replayed" if replay_milestones else "recorded online where there",
         },
         inputs=warehouse.current_inputs(["episodes", "steps"]) + spec_inputs(specs),
     )
@@ -335,6 +339,7 @@ def run_labeling(
             embed_scope=embed_scope,
             spill_dir=Path(spill_dir) if spill_dir else None,
             keep_trajectories=_plot_candidate(rng, 0.02),
+            replay_milestones=replay_milestones,
         ):
             _write_batch(out, family_of_batch[result.index], result, m.materialization_id, {})
             sample.extend(result.trajectories)

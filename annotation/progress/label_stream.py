@@ -123,6 +123,7 @@ def stream_labels(
     spill_dir: Path | None = None,
     keep_trajectories: Callable[[Trajectory], bool] | None = None,
     version_of: Mapping[str, int] | None = None,
+    replay_milestones: bool = False,
 ) -> Iterator[BatchLabels]:
     """Labels (LCS per method, and milestones when ``specs`` is given) of every batch of whole
     tasks, yielded as soon as each is done (see the module docstring for the two scopes).
@@ -132,13 +133,15 @@ def stream_labels(
     then the LCS labels. ``keep_trajectories`` selects trajectories to hand back with their
     batch (screens included), e.g. a few to plot. ``version_of``: the library version of
     rebuilt tasks, named by their recipe ids (:func:`annotation.progress.labeling.recipe_id`).
+    ``replay_milestones``: milestone labels from the specs replayed, not from the milestones
+    recorded online (:func:`annotation.progress.labeling.env_labels`).
     """
     if embed_scope == "batch":
         for index, batch in enumerate(batches):
             prepared = _prepare_batch(index, batch, methods, rare_share)
             out = BatchLabels(index, prepared.task_ids, prepared.episodes)
             if specs is not None:
-                out.env = env_labels(batch, specs)
+                out.env = env_labels(batch, specs, replay_milestones=replay_milestones)
             if keep_trajectories is not None:
                 out.trajectories = [t for t in batch if keep_trajectories(t)]
             del batch
@@ -170,7 +173,7 @@ def stream_labels(
                 texts[method] |= prepared.by_method[method].texts()
             first = BatchLabels(index, prepared.task_ids, prepared.episodes)
             if specs is not None:
-                first.env = env_labels(batch, specs)
+                first.env = env_labels(batch, specs, replay_milestones=replay_milestones)
             if keep_trajectories is not None:
                 first.trajectories = [t for t in batch if keep_trajectories(t)]
             del batch

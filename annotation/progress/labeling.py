@@ -350,11 +350,17 @@ def generalise_rare_target_texts(
     return out
 
 
-def milestone_hits(trajectory: Trajectory, spec: TaskSpec | None) -> tuple[tuple[str, ...], ...] | None:
+def milestone_hits(
+    trajectory: Trajectory, spec: TaskSpec | None, *, replay: bool = False
+) -> tuple[tuple[str, ...], ...] | None:
     """Milestones reached at each step: recorded online if the episode has them, else evaluated from
     the spec over the recorded screens (screen after a step = the next step's screen; after the
-    last step, the last screen recorded)."""
-    if trajectory.milestones_hit is not None:
+    last step, the last screen recorded).
+
+    ``replay``: evaluate the spec even where milestones were recorded online (when it has screens
+    to read): after a spec was fixed, episodes rolled out under the old one carry the old spec's
+    milestones, which the labels would otherwise keep."""
+    if trajectory.milestones_hit is not None and not (replay and spec is not None and trajectory.screens):
         return trajectory.milestones_hit
     if spec is None:
         return None
@@ -384,16 +390,19 @@ def _with_known_effect(screen: Screen, action: Action) -> Screen:
     )
 
 
-def env_labels(trajectories: Iterable[Trajectory], specs: Mapping[str, TaskSpec]) -> LabelRun:
+def env_labels(
+    trajectories: Iterable[Trajectory], specs: Mapping[str, TaskSpec], *, replay_milestones: bool = False
+) -> LabelRun:
     """Environment-milestone labels (ProgRM §2.2 last paragraph): key steps reach a new milestone,
-    progress rises evenly over the task's milestones."""
+    progress rises evenly over the task's milestones. ``replay_milestones``: the specs' milestones
+    replayed on every episode with screens, not the ones recorded online (:func:`milestone_hits`)."""
     run = LabelRun()
     for trajectory in trajectories:
         spec = spec_for(specs, trajectory.task_id, trajectory.fields)
         if spec is None and trajectory.milestones_hit is None:
             continue
         try:
-            hits = milestone_hits(trajectory, spec)
+            hits = milestone_hits(trajectory, spec, replay=replay_milestones)
         except TaskSpecError as exc:
             run.unlabelled[trajectory.episode_id] = str(exc)
             continue

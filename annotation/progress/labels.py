@@ -19,6 +19,8 @@ import pyarrow as pa
 
 from annotation.progress.label_io import default_specs_dir as default_specs_dir
 from annotation.progress.label_io import label_families as label_families
+from annotation.progress.label_partitions import LABEL_MODE_HELP as LABEL_MODE_HELP
+from annotation.progress.label_partitions import REPLAY_MILESTONES_HELP as REPLAY_MILESTONES_HELP
 from annotation.progress.label_partitions import episodes_version as episodes_version
 from annotation.progress.label_partitions import families_with_new_episodes as families_with_new_episodes
 from annotation.progress.label_partitions import family_labels_version as family_labels_version

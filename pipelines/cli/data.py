@@ -123,7 +123,13 @@ def cmd_label(args: argparse.Namespace) -> int:
         if args.synthesize:
             run_synthesis(warehouse, seed=args.seed)
         summary = run_label_partitions(
-            warehouse, families, mode=args.mode, specs_dir=args.tasks, embedder=args.embedder, theta=args.theta
+            warehouse,
+            families,
+            mode=args.mode,
+            specs_dir=args.tasks,
+            embedder=args.embedder,
+            theta=args.theta,
+            replay_milestones=args.replay_milestones,
         )
         run_split(warehouse, by=args.split_by, seed=args.seed)
     except (TaskSpecError, ValueError, ConcurrentPublishError) as exc:
@@ -231,6 +237,11 @@ def add_commands(sub: Any) -> None:
         default="full",
         choices=["full", "incremental"],
         help="full: relabel from scratch (default); incremental: label only new episodes against the stored recipes",
+    )
+    p.add_argument(
+        "--replay-milestones",
+        action="store_true",
+        help="replay the task specs' milestones on every episode instead of those recorded online (after a spec fix)",
     )
     p.add_argument("--split-by", default="goal", choices=["goal", "task"])
     p.add_argument("--seed", type=int, default=0)

@@ -1,5 +1,6 @@
 """Improved-mode rewriting and cleaning, LCS and milestone labels, quality metrics, synthesis."""
 
+import dataclasses
 import random
 
 import pytest
@@ -11,7 +12,7 @@ from annotation.progress.instruction_relative import (
     relative_action,
     relative_text,
 )
-from annotation.progress.labeling import env_labels, label_quality, lcs_labels
+from annotation.progress.labeling import env_labels, label_quality, lcs_labels, milestone_hits
 from annotation.progress.split import training_split
 from annotation.progress.synthesis import (
     insert_noop,
@@ -207,3 +208,33 @@ def test_empty_trajectories_and_unknown_action_types_are_reported_not_fatal():
     assert "empty trajectory" in run.unlabelled["e"] and "login-user" in run.unlabelled["e"]
     assert "unknown action type" in run.step_notes["w"]
     assert {r["episode_id"] for r in run.label_rows} >= {"a", "b", "c", "f", "w"}
+
+
+def test_replayed_milestones_replace_those_recorded_under_an_older_spec():
+    """A rollout recorded online under an older spec that knew only the username: its labels keep
+    that record by default; with ``replay_milestones`` they follow the spec in hand. Without screens
+    there is nothing to replay, and the record stays."""
+    rollout = dataclasses.replace(
+        login_trajectory("r", "vanda", "x1"), source="rollout", milestones_hit=((), ("user",), (), ())
+    )
+
+    def progress(run):
+        return [r["progress"] for r in run.label_rows]
+
+    specs = {"login-user": LOGIN_SPEC}
+    assert progress(env_labels([rollout], specs)) == [0.0] + [pytest.approx(1 / 3)] * 3
+    assert progress(env_labels([rollout], specs, replay_milestones=True)) == [
+        0.0,
+        pytest.approx(1 / 3),
+        pytest.approx(2 / 3),
+        1.0,
+    ]
+    blind = dataclasses.replace(rollout, screens=())
+    assert milestone_hits(blind, LOGIN_SPEC, replay=True) == rollout.milestones_hit
+
+
+def test_replaying_milestones_needs_a_full_run():
+    from annotation.progress.label_partitions import run_label_partitions
+
+    with pytest.raises(ValueError, match="needs mode full"):
+        run_label_partitions(None, ["miniwob-forms"], mode="incremental", replay_milestones=True)  # type: ignore[arg-type]

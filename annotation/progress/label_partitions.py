@@ -69,8 +69,8 @@ LABEL_MODE_HELP = (
     "by max(2, 10%); families without one from scratch) | full: the families from scratch"
 )
 REPLAY_MILESTONES_HELP = (
-    "full mode: milestone labels from the task specs replayed on every episode, not from the milestones "
-    "rollouts recorded online (after a spec fix)"
+    "milestone labels of the episodes a run labels from the task specs replayed, not from the milestones "
+    "rollouts recorded online: keep it on for a home whose specs were fixed after its rollouts"
 )
 
 
@@ -100,13 +100,12 @@ def run_label_partitions(
     are several (e.g. as tasks on a Ray cluster: the labels asset's ``ray_address``); each calls
     :func:`update_family` on its own, so the rows are those of running them one after another.
 
-    ``replay_milestones`` (full mode only): milestone labels from the specs replayed on every
-    episode, not from those rollouts recorded online; for a home whose specs were fixed after its
-    rollouts (``stepwise specs validate --source rollout`` shows where they disagree)."""
+    ``replay_milestones``: the episodes this run labels get milestone labels from the specs replayed,
+    not from the milestones rollouts recorded online: for a home whose specs were fixed after its
+    rollouts. A run without it labels the episodes it touches (new ones; every episode of a rebuilt
+    task) from the recorded milestones again, so such a home keeps it on (the asset's config)."""
     if mode not in ("full", "incremental"):
         raise ValueError(f"unknown labels mode {mode!r} (full | incremental)")
-    if replay_milestones and mode != "full":
-        raise ValueError("replaying milestones relabels every episode: it needs mode full, not incremental")
     unknown = sorted(set(families) - set(label_families()))
     if unknown:
         raise ValueError(f"unknown label families {unknown}; the families are {label_families()}")
@@ -139,6 +138,7 @@ def run_label_partitions(
             embedder=embedder,
             theta=theta,
             run_id=run_id,
+            replay_milestones=replay_milestones,
         )
         log(f"bringing {len(stale)} label families up to date at once: {', '.join(stale)}")
         summaries += map_families(job, stale)
@@ -154,6 +154,7 @@ def run_label_partitions(
                 theta=theta,
                 run_id=run_id,
                 log=log,
+                replay_milestones=replay_milestones,
             )
         )
     return merge_summaries(summaries)

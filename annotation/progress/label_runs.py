@@ -268,6 +268,11 @@ def _plots(warehouse: Warehouse, out: _Outputs, sample: list[Trajectory]) -> dic
 # -- full runs ------------------------------------------------------------------------------------
 
 
+def _milestone_source(replay_milestones: bool) -> str:
+    """Where a run's milestone labels came from, for its parameters."""
+    return "replayed from the specs" if replay_milestones else "recorded online where there, else replayed"
+
+
 def run_labeling(
     warehouse: Warehouse,
     *,
@@ -310,7 +315,7 @@ def run_labeling(
             "mode": "full",
             "batch_episodes": batch_episodes,
             "embed_scope": embed_scope,
-            "milestones": "replayed" if replay_milestones else "recorded online where there",
+            "milestones": _milestone_source(replay_milestones),
         },
         inputs=warehouse.current_inputs(["episodes", "steps"]) + spec_inputs(specs),
     )
@@ -357,8 +362,8 @@ def run_labeling(
             f"{len(out.summary.tasks_without_recipe.get(method, {}))} tasks without recipe"
         )
     log(
-        f"env: {out.summary.label_rows.get('env', 0)} step labels from {len(specs)} task specs and recorded "
-        f"milestones; {out.summary.episodes} episodes in {out.summary.batches} batches"
+        f"env: {out.summary.label_rows.get('env', 0)} step labels from {len(specs)} task specs, milestones "
+        f"{_milestone_source(replay_milestones)}; {out.summary.episodes} episodes in {out.summary.batches} batches"
     )
     out.summary.materialization_id = m.materialization_id
     out.summary.outputs = {table: str(warehouse.data_dir / table) for table in LABEL_TABLES}
@@ -433,11 +438,14 @@ def run_family_labels(
     rebuild_share: float = 0.1,
     rebuild_at_least: int = 2,
     asset: str = "family_progress_labels",
+    replay_milestones: bool = False,
 ) -> LabelSummary:
     """Bring one label family's labels up to date (see the module docstring). ``mode="full"``
     relabels the family from scratch; ``"incremental"`` (default) labels only what is new,
     rebuilding the recipe libraries of tasks whose recipe-eligible successes grew by at least
-    ``max(rebuild_at_least, rebuild_share x the successes they were built from)``."""
+    ``max(rebuild_at_least, rebuild_share x the successes they were built from)``.
+    ``replay_milestones``: the episodes this run labels get milestones replayed from the specs
+    (:func:`run_labeling`); the labels it leaves alone keep theirs."""
 
     guard = warehouse.guard(LABEL_TABLES, [family_dataset(family)])
     states_table = _read(
@@ -456,19 +464,25 @@ def run_family_labels(
             families=[family],
             asset=asset,
             partition_key=family,
+            replay_milestones=replay_milestones,
         )
     specs = load_task_specs(specs_dir or default_specs_dir())
     states = {(r["task_id"], r["method"]): LibraryState.from_row(r) for r in states_table.to_pylist()}
     update = _plan_family_update(warehouse, family, states, rebuild_share, rebuild_at_least)
     m = _family_update_materialization(warehouse, family, update, states, specs, asset, run_id, theta, embedder)
+    m.parameters["milestones"] = _milestone_source(replay_milestones)
     log(update.describe(family))
     out = _Outputs(warehouse, m, [family], suffix=".new" if update.compact else f"/+{update.free[0]}")
     embed = make_embedder(embedder)
     try:
         if update.incremental_ids:
-            _label_against_stored_libraries(warehouse, out, family, update.incremental_ids, states, specs, embed)
+            _label_against_stored_libraries(
+                warehouse, out, family, update.incremental_ids, states, specs, embed, replay_milestones
+            )
         if update.rebuild:
-            _relabel_rebuilt_tasks(warehouse, out, family, update.rebuild, update.version_of, specs, embed, theta)
+            _relabel_rebuilt_tasks(
+                warehouse, out, family, update.rebuild, update.version_of, specs, embed, theta, replay_milestones
+            )
         outputs = out.close()
     except BaseException:
         out.abort()
@@ -594,11 +608,12 @@ def _label_against_stored_libraries(
     states: Mapping[tuple[str, str], LibraryState],
     specs: Mapping[str, TaskSpec],
     embed: TextEmbedder | HashingTextEmbedder,
+    replay_milestones: bool,
 ) -> None:
     """Label new episodes of tasks whose library stays against that library (cost: the batch), and ledger them."""
     batch = list(load_trajectories(warehouse, "list_contains(?, e.episode_id)", [episode_ids]))
     out.summary.episodes += len(batch)
-    out.env(family, env_labels(batch, specs))
+    out.env(family, env_labels(batch, specs, replay_milestones=replay_milestones))
     for method in LCS_METHODS:
         task_states = {t.task_id: states[(t.task_id, method)] for t in batch}
         out.lcs(family, method, label_against_library(batch, task_states, embed, method))
@@ -615,11 +630,13 @@ def _relabel_rebuilt_tasks(
     specs: Mapping[str, TaskSpec],
     embed: TextEmbedder | HashingTextEmbedder,
     theta: float,
+    replay_milestones: bool,
 ) -> None:
     """Relabel the rebuilt tasks whole, batch by batch, with their libraries' next versions, and ledger them."""
     mid = out.m.materialization_id
     rebuilt_batches = iter_task_batches(warehouse, f"list_contains(?, e.task_id) AND {purpose_filter()}", [rebuild])
-    for result, batch_trajectories in _with_batches(rebuilt_batches, embed, specs, theta, version_of):
+    batches = _with_batches(rebuilt_batches, embed, specs, theta, version_of, replay_milestones)
+    for result, batch_trajectories in batches:
         out.summary.episodes += result.episodes
         _write_batch(out, family, result, mid, version_of)
         versions = {task: dict.fromkeys(LCS_METHODS, version_of[task]) for task in result.task_ids}
@@ -632,10 +649,19 @@ def _with_batches(
     specs: Mapping[str, TaskSpec],
     theta: float,
     version_of: Mapping[str, int],
+    replay_milestones: bool = False,
 ) -> Iterator[tuple[BatchLabels, list[Trajectory]]]:
     """Stream-label rebuilt tasks batch by batch (each batch embeds its own texts), with the batch."""
     for batch in batches:
-        for result in stream_labels([batch], embed, specs, theta=theta, embed_scope="batch", version_of=version_of):
+        for result in stream_labels(
+            [batch],
+            embed,
+            specs,
+            theta=theta,
+            embed_scope="batch",
+            version_of=version_of,
+            replay_milestones=replay_milestones,
+        ):
             yield result, batch
 
 

@@ -359,11 +359,23 @@ def milestone_hits(
 
     ``replay``: evaluate the spec even where milestones were recorded online (when it has screens
     to read): after a spec was fixed, episodes rolled out under the old one carry the old spec's
-    milestones, which the labels would otherwise keep."""
-    if trajectory.milestones_hit is not None and not (replay and spec is not None and trajectory.screens):
-        return trajectory.milestones_hit
+    milestones, which the labels would otherwise keep. An instruction the spec's template no longer
+    fits keeps its recorded milestones (without a record it raises TaskSpecError, as always)."""
+    recorded = trajectory.milestones_hit
+    if recorded is not None and not (replay and spec is not None and trajectory.screens):
+        return recorded
     if spec is None:
         return None
+    if recorded is not None:
+        try:
+            return _replayed_hits(trajectory, spec)
+        except TaskSpecError:
+            return recorded
+    return _replayed_hits(trajectory, spec)
+
+
+def _replayed_hits(trajectory: Trajectory, spec: TaskSpec) -> tuple[tuple[str, ...], ...]:
+    """The spec's milestones along the recorded screens (:func:`milestone_hits`)."""
     # After the last step the recording ends (MiniWoB++ resets the page): the last screen seen,
     # with the last action's own effect where it is known (typed text lands in its field), stands in.
     screens_after = (

@@ -162,3 +162,38 @@ def test_the_labelled_check_counts_the_families_a_run_labelled(tmp_path):
     run_family_labels(warehouse, "miniwob-forms", embedder="hashing", log=lambda _m: None)
     assert check_progress_labels(warehouse, ["miniwob-forms"])[labelled].passed
     assert check_progress_labels(warehouse)[labelled].passed
+
+
+def test_replay_milestones_reaches_every_path_that_labels(tmp_path, monkeypatch):
+    """``replay_milestones`` reaches the milestone labels of a full run, of new episodes labelled
+    against stored libraries and of a rebuilt task's episodes: an incremental run without it would
+    label them from the recorded milestones again."""
+    import annotation.progress.label_runs as label_runs
+    import annotation.progress.label_stream as label_stream
+
+    seen: list[bool] = []
+
+    def spy(trajectories, specs, *, replay_milestones=False):
+        seen.append(replay_milestones)
+        return env_labels(trajectories, specs, replay_milestones=replay_milestones)
+
+    monkeypatch.setattr(label_runs, "env_labels", spy)
+    monkeypatch.setattr(label_stream, "env_labels", spy)
+    home = tmp_path / "home"
+    publish_tiny_episodes(home, "first", "", seed=7, n_login=12, n_button=8)
+    warehouse = Warehouse(home)
+    quiet = lambda _message: None  # noqa: E731
+    run_labeling(warehouse, embedder="hashing", log=quiet, replay_milestones=True)
+    assert seen and all(seen)
+    seen.clear()
+    publish_tiny_episodes(home, "second", "new-", seed=8, n_login=4, n_button=2)  # against the libraries
+    run_family_labels(
+        warehouse, "miniwob-forms", embedder="hashing", log=quiet, rebuild_at_least=100, replay_milestones=True
+    )
+    publish_tiny_episodes(home, "third", "newer-", seed=9, n_login=8, n_button=2)  # a rebuilt task
+    summary = run_family_labels(warehouse, "miniwob-forms", embedder="hashing", log=quiet, replay_milestones=True)
+    assert summary.incremental["rebuilt_tasks"] and len(seen) >= 2 and all(seen)
+    params = warehouse.query(
+        "SELECT parameters->>'milestones' AS m FROM lineage_materializations WHERE asset LIKE '%progress_labels%'"
+    ).column("m")
+    assert set(params.to_pylist()) == {"replayed from the specs"}

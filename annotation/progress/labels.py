@@ -155,7 +155,8 @@ def run_label_report(
     )
     if not trajectories:
         log(f"no episodes of the tasks with specs in {specs_dir} ({', '.join(tasks)})")
-    truth = env_labels(trajectories, specs)
+    # The specs in ``specs_dir`` are the truth, not the ones a rollout recorded its milestones under.
+    truth = env_labels(trajectories, specs, replay_milestones=True)
     lcs_rows = warehouse.query(
         "SELECT l.episode_id, l.step_idx, l.method, l.progress, l.is_key_step FROM progress_labels l "
         "JOIN episodes e USING (episode_id) WHERE l.source = 'lcs' AND list_contains(?, e.task_id) "

@@ -34,6 +34,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from envs.spec_evaluation import MilestoneTrack, track_milestones
 from envs.tasks import (
     ITEM_SLOT,
@@ -47,6 +49,7 @@ from envs.tasks import (
 )
 from warehouse.model import Action, ActionType, Screen
 from warehouse.purposes import purpose_filter
+from warehouse.statistics import roc_auc, within_group_auc
 from warehouse.trajectories import Trajectory, load_trajectories
 
 if TYPE_CHECKING:
@@ -128,6 +131,11 @@ class TaskReport:
         """(success, failure) pairs of this task: the weight of its AUC in :meth:`ValidationReport.within_task_auc`."""
         return self.successes * self.failures
 
+    def reached_counts(self, success: bool) -> np.ndarray:
+        """How many milestones each successful (or failed) episode reaches, one entry per episode."""
+        histogram = self.reached_histogram(success)
+        return np.repeat(np.arange(len(histogram)), histogram)
+
     @property
     def outcome_auc(self) -> float:
         """How well the milestones reached tell successes from failures: the probability that a
@@ -135,15 +143,9 @@ class TaskReport:
         reached is what ProgRM's environment-milestone label says at an episode's last step
         (ProgRM §2.2: progress rises evenly over the milestones), so this is the AUC a perfect
         ProgRM-Env model would reach on these episodes."""
-        if not self.outcome_pairs:
-            return float("nan")
-        wins, failures_below = 0.0, 0
-        for reached_by_successes, reached_by_failures in zip(
-            self.reached_histogram(True), self.reached_histogram(False), strict=True
-        ):
-            wins += reached_by_successes * (failures_below + 0.5 * reached_by_failures)
-            failures_below += reached_by_failures
-        return wins / self.outcome_pairs
+        successes, failures = self.reached_counts(True), self.reached_counts(False)
+        is_success = np.concatenate([np.ones(len(successes), dtype=bool), np.zeros(len(failures), dtype=bool)])
+        return roc_auc(np.concatenate([successes, failures]), is_success)
 
 
 @dataclass(frozen=True)
@@ -158,10 +160,16 @@ class ValidationReport:
     def within_task_auc(self) -> float:
         """:meth:`TaskReport.outcome_auc` over every task with both outcomes, each weighted by its
         (success, failure) pairs: a success outranks a failure of its own task (nan without any)."""
-        pairs = sum(t.outcome_pairs for t in self.tasks)
-        if not pairs:
+        reached, success, tasks = [], [], []
+        for task in self.tasks:
+            for outcome in (True, False):
+                counts = task.reached_counts(outcome)
+                reached.append(counts)
+                success.append(np.full(len(counts), outcome))
+                tasks.append(np.full(len(counts), task.task_id, dtype=object))
+        if not reached:
             return float("nan")
-        return sum(t.outcome_auc * t.outcome_pairs for t in self.tasks if t.outcome_pairs) / pairs
+        return within_group_auc(np.concatenate(reached), np.concatenate(success), np.concatenate(tasks))
 
     def problems(self) -> list[str]:
         """Every problem, one line each: ``ERROR`` (a spec did not load) or ``WARNING``."""

@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     first, second = args.sources.split(",")
 
-    from training.base.statistics import mcnemar_exact_p
     from training.rl.runs import run_key_of_policy
     from warehouse.catalog import Warehouse
+    from warehouse.statistics import mcnemar_exact_p
 
     warehouse = Warehouse(Path(args.home))
     sft = warehouse.query(

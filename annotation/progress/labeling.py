@@ -31,9 +31,9 @@ from annotation.progress.key_steps import TrajectoryLabels, label_corpus, milest
 from annotation.progress.recipes import DEFAULT_THETA, Episode, Grouping, TaskRecipes
 from annotation.progress.soft_lcs import SOFT_TEXT_TYPES
 from annotation.progress.text_similarity import Embed, normalise_text
-from envs.spec_evaluation import track_milestones
+from envs.spec_validation import replay_milestones
 from envs.tasks import TaskSpec, TaskSpecError, spec_for
-from warehouse.model import Action, ActionType, Screen
+from warehouse.model import Action, ActionType
 from warehouse.trajectories import Trajectory
 
 LcsMethod = Literal["paper", "improved"]
@@ -376,30 +376,7 @@ def milestone_hits(
 
 def _replayed_hits(trajectory: Trajectory, spec: TaskSpec) -> tuple[tuple[str, ...], ...]:
     """The spec's milestones along the recorded screens (:func:`milestone_hits`)."""
-    # After the last step the recording ends (MiniWoB++ resets the page): the last screen seen,
-    # with the last action's own effect where it is known (typed text lands in its field), stands in.
-    screens_after = (
-        [*trajectory.screens[1:], _with_known_effect(trajectory.screens[-1], trajectory.actions[-1])]
-        if trajectory.screens
-        else []
-    )
-    track = track_milestones(
-        spec,
-        trajectory.instruction,
-        zip(screens_after, trajectory.actions, strict=False),
-        success=trajectory.success,
-        fields=trajectory.fields,
-    )
-    return track.hits
-
-
-def _with_known_effect(screen: Screen, action: Action) -> Screen:
-    if action.type is not ActionType.INPUT or action.target is None:
-        return screen
-    return Screen(
-        tuple(replace(e, value=action.text) if e.ref == action.target.ref else e for e in screen.elements),
-        screen.screenshot_path,
-    )
+    return replay_milestones(spec, trajectory).hits
 
 
 def env_labels(

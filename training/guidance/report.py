@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from training.base.statistics import p_value_text
 from training.guidance.proposals import GuidanceError
 from training.guidance.runs import METHODS, setting_rows
 from warehouse.catalog import Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
+from warehouse.statistics import p_value_text
 
 
 def run_guidance_report(warehouse: Warehouse, policy_id: str | None = None) -> dict[str, Any]:

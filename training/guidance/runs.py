@@ -43,12 +43,6 @@ from envs.pool_jobs import BatchResult, EpisodeJob
 from envs.protocol import EpisodeRecord, episode_tables
 from envs.rollouts import ATTEMPTS_TABLE, ProgressLog
 from envs.task_catalog import CatalogTask, load_catalog
-from training.base.statistics import (
-    bootstrap_interval,
-    bootstrap_rows,
-    paired_comparison,
-    percentile_interval,
-)
 from training.guidance.abstention import MarginFit, fit_verifier_margin, margin_label
 from training.guidance.agent import GuidedPolicy, StepLog
 from training.guidance.judge import VARIANTS, JudgeSettings
@@ -65,6 +59,12 @@ from training.policy.store import HELD_OUT_SEED_BASE, PolicyNotFoundError, lates
 from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.purposes import EpisodePurpose
+from warehouse.statistics import (
+    bootstrap_interval,
+    bootstrap_rows,
+    paired_comparison,
+    percentile_interval,
+)
 from warehouse.storage import git_revision
 from warehouse.tables_guidance import GUIDANCE_EPISODES, GUIDANCE_EVAL, GUIDANCE_STEPS
 

@@ -11,7 +11,7 @@
   :mod:`training.base.encoder`) and the LLM profile.
 * :mod:`~training.reward_models.train`: Hugging Face Trainer (``python -m training.reward_models.train``).
 * :mod:`~training.reward_models.evaluate`: the held-out report (ProgRM Tables 2-3); the registry of
-  trained models is :mod:`training.base.registry`, the statistics :mod:`training.base.statistics`.
+  trained models is :mod:`training.base.registry`, the statistics :mod:`warehouse.statistics`.
 * :mod:`~training.reward_models.serving` / :mod:`~training.reward_models.serving_app`: batch
   scoring and its HTTP service.
 * :mod:`~training.reward_models.runs`: the stage (datasets, training runs, report) the assets call.

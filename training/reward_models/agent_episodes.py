@@ -8,7 +8,7 @@ on **held-out agent episodes**: the greedy episodes that evaluate SFT and RL che
 (``warehouse.purposes``), so no model has seen these episodes or their task instances.
 
 Each model gives an episode one score (:func:`episode_score`), and the AUC of those scores against
-the environment's success (Mann-Whitney, :func:`training.base.statistics.roc_auc`) is
+the environment's success (Mann-Whitney, :func:`warehouse.statistics.roc_auc`) is
 reported per task family and overall, with a stratified bootstrap interval
 (:func:`bootstrap_auc`), seeded, so the same episodes and models give the same figures; and over
 all episodes within their own task (:data:`WITHIN_TASK`), which a pooled AUC can overstate by
@@ -29,7 +29,6 @@ from annotation.progress.key_steps import milestone_progress
 from envs.task_catalog import load_catalog
 from training.base.registry import key_kind
 from training.base.states import TextTrajectory
-from training.base.statistics import bootstrap_auc
 from training.reward_models.evaluate import predict_trajectories
 from training.reward_models.examples import EpisodeLabels
 from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS, model_names
@@ -37,6 +36,7 @@ from training.reward_models.metrics import key_step_progress_error
 from warehouse.catalog import Warehouse
 from warehouse.plotting import Markdown, figure_markdown, pyplot
 from warehouse.purposes import EpisodePurpose, purpose_filter
+from warehouse.statistics import bootstrap_auc
 from warehouse.tables_training import RM_AGENT_AUC
 
 #: The episodes judged: greedy evaluation episodes of trained policies (never trained on).

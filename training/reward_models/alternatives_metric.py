@@ -33,15 +33,15 @@ import pyarrow as pa
 
 from training.base.registry import key_kind
 from training.base.states import StepState, TextTrajectory, action_state
-from training.base.statistics import (
+from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS, model_names
+from warehouse.catalog import Warehouse
+from warehouse.statistics import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
     bootstrap_rows,
     mcnemar_exact_p,
     percentile_interval,
 )
-from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS, model_names
-from warehouse.catalog import Warehouse
 from warehouse.tables_training import LABELLED_BY_REPLAY, RM_ALTERNATIVE_TOP1
 
 ALL_FAMILIES = "all"

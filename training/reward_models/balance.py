@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from training.base.statistics import within_group_auc
+from warehouse.statistics import within_group_auc
 
 #: A task is balanced only where each outcome has at least this many episodes: weighing two failed
 #: episodes 25 times each would fit those two, not failure.

@@ -19,7 +19,6 @@ import numpy as np
 
 from training.base.registry import ModelRecord, key_kind, report_keys
 from training.base.states import StepState, TextTrajectory
-from training.base.statistics import p_value_text
 from training.reward_models.examples import EpisodeLabels
 from training.reward_models.kinds import (
     DISPLAY_NAMES,
@@ -41,6 +40,7 @@ from training.reward_models.metrics import (
     success_judgement,
 )
 from warehouse.plotting import integer_ticks
+from warehouse.statistics import p_value_text
 
 log = logging.getLogger(__name__)
 

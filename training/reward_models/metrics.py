@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.base.statistics import mcnemar_exact_p, roc_auc
 from training.reward_models.examples import EpisodeLabels
+from warehouse.statistics import mcnemar_exact_p, roc_auc
 
 
 def _safe_div(a: float, b: float) -> float:

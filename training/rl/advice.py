@@ -7,7 +7,7 @@ their own tasks needs the same answer for theirs. :func:`reward_advice` takes th
 * judges every REINFORCE++ row against the **exact outcome** run of its block and against
   **SFT** (:func:`judge_comparison`): "better" or "worse" needs the paired McNemar test the report
   already made, Holm-adjusted over every test the block's advice reads
-  (:func:`training.base.statistics.holm_adjusted`, so that "better" is not the luckiest of many
+  (:func:`warehouse.statistics.holm_adjusted`, so that "better" is not the luckiest of many
   comparisons), **and** the paired difference's interval over RL seeds on one side of 0 (McNemar
   treats episodes as independent; the episodes of one RL seed share its training);
 * vetoes a row whose reward raised a hacking alarm (:func:`training.rl.report.reward_hacking_alarms`):
@@ -31,8 +31,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from training.base.statistics import holm_adjusted, p_value_text
 from training.rl.rewards.composed import parse_composition
+from warehouse.statistics import holm_adjusted, p_value_text
 
 #: Family-wise error rate of the advice's claims (Holm over each block's tests).
 ADVICE_ALPHA = 0.05
@@ -69,7 +69,7 @@ def judge_comparison(comparison: Mapping[str, Any] | None, adjusted_p: float, *,
     """One paired comparison in words. :data:`BETTER` or :data:`WORSE` only where **both** tests
     agree: the Holm-adjusted McNemar p is under :data:`ADVICE_ALPHA` (episodes paired on task,
     seed and RL seed, treated as independent) **and** the 95% interval of the paired difference over
-    RL seeds (:func:`training.base.statistics.paired_difference`, which keeps the spread between
+    RL seeds (:func:`warehouse.statistics.paired_difference`, which keeps the spread between
     seeds that McNemar ignores) excludes 0 on that side. Otherwise, with a ``margin``,
     :data:`WITHIN_MARGIN` where that interval's lower bound is above ``-margin`` (unadjusted: Holm
     covers the McNemar claims only) and :data:`UNRESOLVED` where it is not; without one,

@@ -16,13 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from training.base.statistics import (
-    bootstrap_auc,
-    p_value_text,
-    paired_comparison,
-    paired_difference,
-    seed_bootstrap_interval,
-)
 from training.policy.evaluation import FAILURE_MODES
 from training.policy.task_blocks import (
     DENSE_BLOCK,
@@ -36,6 +29,13 @@ from training.rl.rewards.composed import parse_composition
 from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
+from warehouse.statistics import (
+    bootstrap_auc,
+    p_value_text,
+    paired_comparison,
+    paired_difference,
+    seed_bootstrap_interval,
+)
 
 
 def learning_curves_plot(rows: Sequence[dict], path: Path) -> Markdown:
@@ -425,7 +425,7 @@ def training_reward_auc(episodes: Sequence[Mapping[str, Any]]) -> list[dict[str,
     episode of its RL seeds, with a bootstrap 95% interval (successes and failures resampled
     apart). An exact outcome reward gives 1; a reward no better than chance, 0.5. With each
     episode's ``task_id``, also the AUC within tasks (``within_task_auc``,
-    :func:`training.base.statistics.within_group_auc`): a reward that pays an easy
+    :func:`warehouse.statistics.within_group_auc`): a reward that pays an easy
     task more than a hard one ranks well pooled and may still not tell a success from a failure of
     the same task.
 

@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from training.base.statistics import bootstrap_auc, within_group_auc
 from training.reward_models.agent_episodes import (
     ALL_FAMILIES,
     UNSEEN_CHECKPOINTS,
@@ -21,6 +20,7 @@ from training.reward_models.agent_episodes import (
     milestone_labels,
     per_task_auc_plot,
 )
+from warehouse.statistics import bootstrap_auc, within_group_auc
 from warehouse.tables_training import RM_AGENT_AUC
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.base.statistics import roc_auc
 from training.reward_models.balance import (
     episode_scores,
     has_within_task_contrast,
@@ -14,6 +13,7 @@ from training.reward_models.balance import (
 )
 from training.reward_models.models import reward_loss
 from training.reward_models.train_data import SplitEpisodes, resolve_selection, selection_episodes
+from warehouse.statistics import roc_auc
 
 
 def _examples(spec: dict[str, tuple[int, int]], steps: int = 2):

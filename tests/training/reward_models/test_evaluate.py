@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from training.base.states import TextStep, TextTrajectory
-from training.base.statistics import mcnemar_exact_p, roc_auc
 from training.reward_models.evaluate import (
     PAIRED_COLUMNS,
     EvaluationSet,
@@ -25,6 +24,7 @@ from training.reward_models.metrics import (
     paired_success_comparison,
     success_judgement,
 )
+from warehouse.statistics import mcnemar_exact_p, roc_auc
 
 
 def test_success_judgement_counts_and_rates():
@@ -245,7 +245,7 @@ def _reference_roc_auc(s: np.ndarray, y: np.ndarray) -> float:
 def test_the_fast_aucs_and_their_bootstraps_give_the_reference_bits():
     """The AUC by pair counting, the draws by ``integers`` and the bootstrap built on them give the
     bits of the rank-sum AUC over ``rng.choice`` draws, so reports made before stay the same."""
-    from training.base.statistics import bootstrap_auc, percentile_interval, within_group_auc
+    from warehouse.statistics import bootstrap_auc, percentile_interval, within_group_auc
 
     rng = np.random.default_rng(3)
     for trial in range(300):

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from training.base.statistics import holm_adjusted
 from training.rl.advice import (
     BETTER,
     NO_DIFFERENCE,
@@ -21,6 +20,7 @@ from training.rl.advice import (
     uses_exact_outcome,
 )
 from training.rl.report import report_markdown, table_one
+from warehouse.statistics import holm_adjusted
 
 
 def test_holm_adjustment_by_hand():

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from training.base.statistics import paired_difference
 from training.rl.report import (
     FIRST_TABLE_SEED_SD,
     check_table_one,
@@ -21,6 +20,7 @@ from training.rl.report import (
     table_one,
     training_reward_auc,
 )
+from warehouse.statistics import paired_difference
 
 TASKS = [("click-tab-2", "click"), ("enter-text", "type")]
 SEEDS = range(10)
@@ -117,7 +117,7 @@ def test_the_paired_difference_interval_is_over_rl_seeds():
 
 def test_intervals_stay_within_the_rates_range_whatever_the_seeds():
     """Three seeds far apart: a t-interval printed "33.3 [-49.5, 116.1]"; the bootstrap stays in [0, 1]."""
-    from training.base.statistics import seed_bootstrap_interval
+    from warehouse.statistics import seed_bootstrap_interval
 
     mean, low, high = seed_bootstrap_interval([[1.0] * 10, [0.0] * 10, [0.0] * 10])
     assert mean == pytest.approx(1 / 3) and 0.0 <= low < mean < high <= 1.0
@@ -503,7 +503,7 @@ def test_the_hacking_alarm_flags_a_rising_return_with_falling_success_and_a_rewa
 def test_every_report_prints_a_p_value_one_way():
     """One rule for p-values in every table (RL report, guidance, reward-model report): three
     decimals, "<0.001" below (never "0.000"), "n/a" where there is no test."""
-    from training.base.statistics import p_value_text
+    from warehouse.statistics import p_value_text
 
     assert [p_value_text(p) for p in (0.0, 0.0004, 0.001, 0.0456, 1.0, float("nan"), None)] == [
         "<0.001",

@@ -183,20 +183,25 @@ def cmd_specs_validate(args: argparse.Namespace) -> int:
     """Load a folder of task specs and replay the recorded episodes of each task against them."""
     from envs.spec_validation import format_report, validate_specs, warehouse_episodes
     from warehouse.catalog import Warehouse
+    from warehouse.purposes import EpisodePurpose
 
     folder = Path(args.folder)
+    purposes = [p.value for p in EpisodePurpose]
+    problem = None
     if not folder.is_dir():
-        print(f"stepwise specs validate: not a folder: {folder}", file=sys.stderr)
+        problem = f"not a folder: {folder}"
+    elif args.per_task is not None and args.per_task < 1:
+        problem = f"--per-task must be at least 1, not {args.per_task}"
+    elif args.purpose is not None and args.purpose not in purposes:
+        problem = f"unknown --purpose {args.purpose!r}; known: {', '.join(purposes)}"
+    if problem is not None:  # before the home is opened (and so created)
+        print(f"stepwise specs validate: {problem}", file=sys.stderr)
         return 2
-    try:
-        load = (
-            None
-            if args.no_replay
-            else warehouse_episodes(Warehouse(), source=args.source, purpose=args.purpose, per_task=args.per_task)
-        )
-    except ValueError as exc:
-        print(f"stepwise specs validate: {exc}", file=sys.stderr)
-        return 2
+    load = (
+        None
+        if args.no_replay
+        else warehouse_episodes(Warehouse(), source=args.source, purpose=args.purpose, per_task=args.per_task)
+    )
     report = validate_specs(folder, load=load)
     print(format_report(report))
     return 1 if report.errors else 0

@@ -192,3 +192,15 @@ def test_reward_models_refuses_an_unknown_compared_model_before_training(home, c
     assert "--compare-models: no reward model 'orm-nowhere' in the models table" in err
     assert len(err.strip().splitlines()) == 1
     assert not Warehouse(home).has_table("models")  # nothing was trained
+
+
+def test_specs_validate_refuses_bad_arguments_before_it_opens_the_home(home, capsys):
+    """One line each, exit 2, and the home is not created by a refused call."""
+    for args, message in (
+        (["envs/task_specs/nowhere"], "not a folder"),
+        (["envs/task_specs/miniwob", "--per-task", "0"], "--per-task must be at least 1, not 0"),
+        (["envs/task_specs/miniwob", "--purpose", "holiday"], "unknown --purpose 'holiday'; known: demonstration"),
+    ):
+        code, _, stderr = run_in_process(capsys, "specs", "validate", *args)
+        assert code == 2 and message in stderr and stderr.strip().count("\n") == 0, (args, stderr)
+    assert not home.exists()

@@ -40,7 +40,7 @@ from envs.spec_evaluation import evaluate
 from envs.tasks import TaskSpec, TaskSpecError
 from warehouse.model import Action, ActionType, Screen, UIElement
 from warehouse.purposes import EpisodePurpose
-from warehouse.schema import EPISODES, STEPS, append_step
+from warehouse.schema import EPISODES, STEPS, append_step, element_records
 
 SOURCE_ROLLOUT = "rollout"
 
@@ -376,7 +376,7 @@ class EpisodeRecord:
     policy_id: str
     backend: str
     steps: tuple[StepRecord, ...]
-    final_screen: Screen  # the screen after the last action (not stored in the warehouse)
+    final_screen: Screen  # the screen after the last action (episodes.final_screen)
     fields: Mapping[str, str]  # the benchmark's own slot values, where it states them
     slots: Mapping[str, str]  # the instruction's slot values (template groups, then fields)
     success: bool
@@ -390,6 +390,7 @@ class EpisodeRecord:
     created_at: datetime
     attempt: int = 0
     worker_id: str | None = None
+    spec_digest: str | None = None  # the TaskSpec.milestone_digest of the spec that recorded milestones_hit
 
     @property
     def n_steps(self) -> int:
@@ -557,6 +558,7 @@ def run_episode(
         created_at=begun.created_at,
         attempt=attempt,
         worker_id=worker_id,
+        spec_digest=task.milestone_digest,
     )
 
 
@@ -600,6 +602,8 @@ def episode_tables(
             "import_root": None,
             "created_at": record.created_at,
             "run_id": run_id,
+            "final_screen": element_records(record.final_screen),
+            "spec_digest": record.spec_digest,
         }
         for name in episodes:  # columns added to the schema later stay null here
             episodes[name].append(row.get(name))

@@ -11,9 +11,11 @@ satisfies tells nothing apart. So, per task::
     exit_code = 1 if report.errors else 0
 
 Replaying follows the ground truth of the labels (``annotation.progress.labeling.milestone_hits``): the
-screen after a step is the next step's screen; after the last step, the last screen recorded with
-the last action's own effect where it is known (typed text lands in its field). Milestones
-recorded online (rollouts) are not used: the point is to check the specs in hand.
+screen after a step is the next step's screen; after the last step, the final screen where the
+rollout stored it (``episodes.final_screen``: the replay then sees what the online tracker saw), else
+the last screen recorded with the last action's own effect where it is known (typed text lands in
+its field). Milestones recorded online (rollouts) are not used: the point is to check the specs in
+hand.
 
 Warnings: a milestone no successful episode reaches; every failure reaching the last milestone;
 recorded instructions the template does not fit; a slot a milestone names that the instruction of
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +103,12 @@ class TaskReport:
     slot_gaps: tuple[SlotGap, ...] = ()
     stale_recorded: int = 0  # episodes whose milestones recorded online name none of the spec's
     stale_example: str | None = None
+    recorded: int = 0  # replayed episodes that carry milestones recorded online (rollouts)
+    recorded_differ: int = 0  # ... whose record differs from the replay at some step
+    recorded_differ_example: str | None = None
+    recorded_other_version: int = 0  # ... recorded under another version of the spec (labels replay these)
+    recorded_differ_same_version: int = 0  # ... differing although recorded under this very spec
+    recorded_differ_other_version: int = 0  # ... differing, recorded under another version (expected)
 
     @property
     def episodes(self) -> int:
@@ -191,6 +199,12 @@ class ValidationReport:
                     f"WARNING {at}: field 'instruction' does not fit {task.unfit} recorded instruction(s), "
                     f"e.g. {task.unfit_example!r} (those episodes have no ground truth)"
                 )
+            if task.recorded_differ_same_version:
+                lines.append(
+                    f"WARNING {at}: {task.recorded_differ_same_version} episode(s) recorded under this very spec "
+                    f"have milestones recorded online that the replay does not reproduce (e.g. "
+                    f"{task.recorded_differ_example}): the replay and the online tracker disagree"
+                )
             if task.stale_recorded:
                 lines.append(
                     f"WARNING {at}: {task.stale_recorded} episode(s) carry milestones recorded online under "
@@ -220,7 +234,13 @@ def replay_milestones(spec: TaskSpec, trajectory: Trajectory) -> MilestoneTrack:
     docstring). Raises TaskSpecError when the instruction does not fit the spec's template."""
     if not trajectory.screens:
         return track_milestones(spec, trajectory.instruction, [], trajectory.success, trajectory.fields)
-    last = _with_known_effect(trajectory.screens[-1], trajectory.actions[-1]) if trajectory.actions else None
+    last: Screen | None
+    if trajectory.final_screen is not None:  # what the online tracker saw: the replay is exact
+        last = trajectory.final_screen
+    elif trajectory.actions:
+        last = _with_known_effect(trajectory.screens[-1], trajectory.actions[-1])
+    else:
+        last = None
     screens_after: list[Screen | None] = [*trajectory.screens[1:], last]
     steps: list[tuple[Screen | None, Action | None]] = list(zip(screens_after, trajectory.actions, strict=False))
     return track_milestones(spec, trajectory.instruction, steps, success=trajectory.success, fields=trajectory.fields)
@@ -326,6 +346,7 @@ def validate_task(spec: TaskSpec, trajectories: Iterable[Trajectory]) -> TaskRep
     gaps: dict[str, list[str]] = defaultdict(list)  # slot -> instructions leaving it unfilled
     names = {m.name for m in spec.milestones}
     stale: list[str] = []
+    comparison = _RecordComparison()
     for trajectory in trajectories:
         recorded = {n for hits in trajectory.milestones_hit or () for n in hits}
         if recorded - names:
@@ -339,6 +360,8 @@ def validate_task(spec: TaskSpec, trajectories: Iterable[Trajectory]) -> TaskRep
             if slot not in slots:
                 gaps[slot].append(trajectory.instruction)
         track = replay_milestones(spec, trajectory)
+        if trajectory.milestones_hit is not None:
+            comparison.add(trajectory, spec, track)
         counts = reached_s if trajectory.success else reached_f
         if trajectory.success:
             successes += 1
@@ -362,7 +385,34 @@ def validate_task(spec: TaskSpec, trajectories: Iterable[Trajectory]) -> TaskRep
         slot_gaps=tuple(SlotGap(s, tuple(uses[s]), len(v), v[0]) for s, v in sorted(gaps.items())),
         stale_recorded=len(stale),
         stale_example=stale[0] if stale else None,
+        recorded=comparison.recorded,
+        recorded_differ=len(comparison.differ),
+        recorded_differ_example=comparison.differ[0] if comparison.differ else None,
+        recorded_other_version=comparison.other_version,
+        recorded_differ_same_version=comparison.differ_same_version,
+        recorded_differ_other_version=comparison.differ_other_version,
     )
+
+
+@dataclass
+class _RecordComparison:
+    """Milestones recorded online against the replay of the spec in hand, over a task's episodes."""
+
+    recorded: int = 0
+    differ: list[str] = field(default_factory=list)
+    other_version: int = 0
+    differ_same_version: int = 0
+    differ_other_version: int = 0
+
+    def add(self, trajectory: Trajectory, spec: TaskSpec, track: MilestoneTrack) -> None:
+        self.recorded += 1
+        same_version = trajectory.spec_digest == spec.milestone_digest
+        other_version = trajectory.spec_digest is not None and not same_version
+        self.other_version += other_version
+        if track.hits != trajectory.milestones_hit:
+            self.differ.append(trajectory.episode_id)
+            self.differ_same_version += same_version
+            self.differ_other_version += other_version
 
 
 def warehouse_episodes(
@@ -417,6 +467,7 @@ def format_report(report: ValidationReport) -> str:
         )
         auc = f"; AUC {task.outcome_auc:.3f}" if task.outcome_pairs else ""
         lines.append(f"  {task.task_id}: {task.successes} successes, {task.failures} failures: {reach}{auc}")
+    lines += _record_comparison_lines(report)
     if report.within_task_auc == report.within_task_auc:
         tasks = sum(1 for t in report.tasks if t.outcome_pairs)
         lines.append(
@@ -424,6 +475,31 @@ def format_report(report: ValidationReport) -> str:
             f"({tasks} tasks with both; the AUC a perfect ProgRM-Env model would reach on these episodes)"
         )
     return "\n".join(lines)
+
+
+def _record_comparison_lines(report: ValidationReport) -> list[str]:
+    """Milestones recorded online against the replay: a line per task where they differ, one in all."""
+    recorded = sum(t.recorded for t in report.tasks)
+    if not recorded:
+        return []
+    lines = []
+    for task in report.tasks:
+        if task.recorded_differ:
+            unversioned = task.recorded_differ - task.recorded_differ_same_version - task.recorded_differ_other_version
+            lines.append(
+                f"  {task.task_id}: the replay differs from the milestones recorded online in {task.recorded_differ} "
+                f"of {task.recorded} episodes (e.g. {task.recorded_differ_example}): "
+                f"{task.recorded_differ_other_version} recorded under another version of the spec, "
+                f"{unversioned} with no version stored, {task.recorded_differ_same_version} under this one"
+            )
+    differ = sum(t.recorded_differ for t in report.tasks)
+    other = sum(t.recorded_other_version for t in report.tasks)
+    lines.append(
+        f"milestones recorded online: the replay reproduces them in {recorded - differ} of {recorded} episodes; "
+        f"{other} were recorded under another version of their spec (labels replay those; "
+        "`stepwise label --replay-milestones` replays the episodes with no version stored too)"
+    )
+    return lines
 
 
 def _percent(share: float) -> str:

@@ -80,11 +80,13 @@ before anything is built from them.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +169,19 @@ class TaskSpec:
     solution: tuple[Mapping[str, Any], ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
     path: str | None = None
+
+    @cached_property
+    def milestone_digest(self) -> str:
+        """A short hash of what decides the milestones reached (the instruction template and the
+        milestones' names and predicates; not the solution, app or file name): a rollout stores it
+        with the milestones it recorded online, so labels can tell which episodes were recorded
+        under another version of the spec and replay those (``annotation.progress.labeling``)."""
+        content = {
+            "instruction": self.instruction.pattern if self.instruction is not None else None,
+            "milestones": [[m.name, m.when] for m in self.milestones],
+        }
+        canonical = json.dumps(content, sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def slots(self, instruction: str, fields: Mapping[str, Any] | None = None) -> dict[str, str] | None:
         """The instruction's slot values: the template's named groups, plus the fields the

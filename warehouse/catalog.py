@@ -50,7 +50,8 @@ from warehouse.tables_training import LABELLED_BY_REPLAY
 # 7: the joined view rl_episode_rewards (what each RL training episode was paid, summed).
 # 8: agent_eval.policy_label, which older files stored as reward_source (issue 40 item 5).
 # 9: step_alternatives.labelled_by (replay, or from the recording: issue 42 item 2) and field_match.
-VIEWS_VERSION = "9"
+# 10: episodes.final_screen and episodes.spec_digest (the spec version behind recorded milestones).
+VIEWS_VERSION = "10"
 #: Columns a view derives for rows written before the column existed (``coalesce(stored, derived)``).
 _DERIVED_COLUMNS: dict[str, dict[str, str]] = {
     "episodes": {"purpose": LEGACY_PURPOSE_SQL},

@@ -57,6 +57,11 @@ EPISODES = with_key(
             ("import_root", pa.string()),
             ("created_at", pa.timestamp("us", tz="UTC")),
             ("run_id", pa.string()),
+            # Rollouts: the screen after the last action (the steps hold the screen before each),
+            # which the online milestones saw, and the spec version that recorded them
+            # (envs.tasks.TaskSpec.milestone_digest); null for recordings and older rollouts.
+            ("final_screen", pa.list_(ELEMENT_TYPE)),
+            ("spec_digest", pa.string()),
         ]
     ),
     "episode_id",

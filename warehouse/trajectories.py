@@ -13,7 +13,7 @@ import pyarrow as pa
 from warehouse.catalog import Warehouse
 from warehouse.model import Action, ActionType, Screen, UIElement
 from warehouse.purposes import EpisodePurpose
-from warehouse.schema import EPISODES, STEPS, append_step
+from warehouse.schema import EPISODES, STEPS, append_step, element_records
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,8 @@ class Trajectory:
     milestones_hit: tuple[tuple[str, ...], ...] | None = None  # online milestone hits, when recorded
     fields: dict[str, Any] = field(default_factory=dict)
     parent_episode_id: str | None = None
+    final_screen: Screen | None = None  # the screen after the last action, where the rollout stored it
+    spec_digest: str | None = None  # the spec version that recorded ``milestones_hit`` (rollouts)
 
     @property
     def n_steps(self) -> int:
@@ -115,7 +117,8 @@ def screens_from_arrow(column: pa.ChunkedArray) -> list[Screen]:
 
 
 _EPISODE_COLUMNS = (
-    "e.episode_id, e.task_id, e.instruction, e.task_fields, e.source, e.success, e.parent_episode_id, e.n_steps"
+    "e.episode_id, e.task_id, e.instruction, e.task_fields, e.source, e.success, e.parent_episode_id, e.n_steps, "
+    "e.spec_digest"
 )
 
 
@@ -148,9 +151,11 @@ def _trajectories(warehouse: Warehouse, batch: list[dict], with_screens: bool) -
         + " FROM steps WHERE list_contains(?, episode_id) ORDER BY episode_id, step_idx",
         [ids],
     )
+    final_screens: dict[str, Screen] = {}
     if with_screens:
         all_screens = screens_from_arrow(steps_table.column("screen"))
         steps_table = steps_table.drop_columns(["screen"])
+        final_screens = _final_screens(warehouse, ids)
     else:
         all_screens = [Screen(())] * steps_table.num_rows
     rows = steps_table.to_pylist()
@@ -174,7 +179,19 @@ def _trajectories(warehouse: Warehouse, batch: list[dict], with_screens: bool) -
             milestones_hit=milestones,
             fields=json.loads(e["task_fields"]) if e.get("task_fields") else {},
             parent_episode_id=e.get("parent_episode_id"),
+            final_screen=final_screens.get(e["episode_id"]),
+            spec_digest=e.get("spec_digest"),
         )
+
+
+def _final_screens(warehouse: Warehouse, ids: list[str]) -> dict[str, Screen]:
+    """Episode id -> the final screen stored with it (episodes without one are left out)."""
+    table = warehouse.query(
+        "SELECT episode_id, final_screen FROM episodes WHERE final_screen IS NOT NULL AND list_contains(?, episode_id)",
+        [ids],
+    )
+    screens = screens_from_arrow(table.column("final_screen")) if table.num_rows else []
+    return dict(zip(table.column("episode_id").to_pylist(), screens, strict=True))
 
 
 def iter_task_batches(
@@ -262,6 +279,8 @@ def trajectories_to_tables(
                 "import_root": None,
                 "created_at": created_at,
                 "run_id": run_id,
+                "final_screen": element_records(t.final_screen) if t.final_screen is not None else None,
+                "spec_digest": t.spec_digest,
             }
         )
         for idx, (action, screen) in enumerate(zip(t.actions, t.screens, strict=False)):

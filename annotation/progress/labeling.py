@@ -354,24 +354,31 @@ def milestone_hits(
     trajectory: Trajectory, spec: TaskSpec | None, *, replay: bool = False
 ) -> tuple[tuple[str, ...], ...] | None:
     """Milestones reached at each step: recorded online if the episode has them, else evaluated from
-    the spec over the recorded screens (screen after a step = the next step's screen; after the
-    last step, the last screen recorded).
+    the spec over the recorded screens (``envs.spec_validation.replay_milestones``: screen after a
+    step = the next step's screen; after the last step, the stored final screen, else the last
+    screen recorded).
 
-    ``replay``: evaluate the spec even where milestones were recorded online (when it has screens
-    to read): after a spec was fixed, episodes rolled out under the old one carry the old spec's
-    milestones, which the labels would otherwise keep. An instruction the spec's template no longer
-    fits keeps its recorded milestones (without a record it raises TaskSpecError, as always)."""
+    Recorded milestones are replaced by the replay when they are stale: the episode stored the
+    digest of the spec that recorded them (``Trajectory.spec_digest``) and ``spec`` has another
+    (the spec was fixed after the rollout). ``replay``: replay even where the record cannot be
+    checked (rollouts stored before digests were). Either way only where there are screens to read;
+    an instruction the spec's template no longer fits keeps its recorded milestones (without a
+    record it raises TaskSpecError, as always)."""
     recorded = trajectory.milestones_hit
-    if recorded is not None and not (replay and spec is not None and trajectory.screens):
+    if recorded is None:
+        return _replayed_hits(trajectory, spec) if spec is not None else None
+    if spec is None or not trajectory.screens or not (replay or recorded_under_other_spec(trajectory, spec)):
         return recorded
-    if spec is None:
-        return None
-    if recorded is not None:
-        try:
-            return _replayed_hits(trajectory, spec)
-        except TaskSpecError:
-            return recorded
-    return _replayed_hits(trajectory, spec)
+    try:
+        return _replayed_hits(trajectory, spec)
+    except TaskSpecError:
+        return recorded
+
+
+def recorded_under_other_spec(trajectory: Trajectory, spec: TaskSpec) -> bool:
+    """Were the episode's milestones recorded under a version of the spec other than ``spec``? False
+    where the episode did not store the version (recordings; rollouts stored before it was)."""
+    return trajectory.spec_digest is not None and trajectory.spec_digest != spec.milestone_digest
 
 
 def _replayed_hits(trajectory: Trajectory, spec: TaskSpec) -> tuple[tuple[str, ...], ...]:

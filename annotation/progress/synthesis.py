@@ -28,6 +28,8 @@ def _synthetic(parent: Trajectory, generator: str, index: int, **changes) -> Tra
         source=f"synthetic:{generator}",
         parent_episode_id=parent.episode_id,
         milestones_hit=None,
+        final_screen=None,  # the parent's last screen is not where these steps end
+        spec_digest=None,
         **changes,
     )
 

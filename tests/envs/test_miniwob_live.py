@@ -1,5 +1,6 @@
 """MiniWoB++ in real Chromium: screens, the action mapping, failed steps, milestones, the catalog."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,44 @@ def test_a_folders_expander_and_a_reply_caption_reach_their_milestones(miniwob_e
         ("done",),
     ]
     assert reply.success and milestone_track_matches(reply, turk)
+
+
+def test_a_stored_rollout_replays_to_its_online_milestones_where_only_the_final_screen_shows_them(
+    miniwob_env, catalog, tmp_path
+):
+    """click-collapsible-2-nodelay, the expert stopped by the step budget right after the click that
+    opens the link's section. Online the section is open at that step (the screen after it shows the
+    link); the steps store the screens before each action, so only the stored final screen lets a
+    replay from the warehouse see it, as it now does (without it, one milestone short)."""
+    from envs.protocol import episode_tables
+    from envs.spec_validation import replay_milestones
+    from warehouse.catalog import Materialization, Warehouse
+    from warehouse.purposes import EpisodePurpose
+    from warehouse.trajectories import load_trajectories
+
+    spec = catalog["click-collapsible-2-nodelay"].spec
+    expert = make_policy("expert")
+    stopped = []
+    for seed in (1, 2, 3):
+        whole = run_episode(miniwob_env, expert, spec, seed, episode_id=f"whole-{seed}", max_steps=10)
+        opened = next(t for t, s in enumerate(whole.steps) if s.milestones_hit)
+        stopped.append(run_episode(miniwob_env, expert, spec, seed, episode_id=f"cut-{seed}", max_steps=opened + 1))
+    for record in stopped:
+        assert record.end_reason == "max_steps" and record.steps[-1].milestones_hit == ("section with the link open",)
+
+    warehouse = Warehouse(tmp_path / "home")
+    episodes, steps = episode_tables(stopped, purpose=EpisodePurpose.EXPLORATION)
+    m = Materialization(asset="rollouts")
+    warehouse.publish(
+        m, [warehouse.stage_table("episodes", "t", episodes, m), warehouse.stage_table("steps", "t", steps, m)]
+    )
+    stored = list(load_trajectories(warehouse))
+    assert len(stored) == 3
+    for trajectory in stored:
+        assert trajectory.spec_digest == spec.milestone_digest and trajectory.final_screen is not None
+        assert replay_milestones(spec, trajectory).hits == trajectory.milestones_hit
+        without = replay_milestones(spec, dataclasses.replace(trajectory, final_screen=None))
+        assert without.reached == 0
 
 
 def test_refs_stay_unique_when_an_episode_follows_a_finished_one(miniwob_env, catalog):

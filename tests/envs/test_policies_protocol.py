@@ -319,10 +319,13 @@ def test_episode_tables_fit_the_warehouse_schema():
         50.0,
         12,
         datetime.now(UTC),
+        spec_digest="5f1d0c9e2b7a4d36",
     )
     episodes, step_table = episode_tables([record], run_id="r1", purpose=EpisodePurpose.EXPLORATION)
     assert episodes.schema.equals(EPISODES) and step_table.schema.equals(STEPS)
     row = episodes.to_pylist()[0]
+    assert row["spec_digest"] == "5f1d0c9e2b7a4d36"
+    assert [e["ref"] for e in row["final_screen"]] == [e.ref for e in screen.elements]
     assert row["source"] == "rollout" and row["n_steps"] == 3 and row["task_fields"] == '{"user": "ada"}'
     rows = step_table.to_pylist()
     assert [r["milestones_hit"] for r in rows] == [["user typed"], [], ["submitted"]]

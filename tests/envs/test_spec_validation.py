@@ -226,3 +226,48 @@ def test_outcome_auc_is_the_milestone_labels_ranking_of_successes_over_failures(
     report = ValidationReport("specs", (), (two, one, only_successes))
     assert report.within_task_auc == pytest.approx(4.5 / 7)
     assert "within their task at AUC 0.643 (2 tasks with both" in format_report(report)
+
+
+def test_milestones_recorded_online_are_compared_with_the_replay_by_spec_version(folder):
+    """Four rollouts of one task: a record the replay reproduces, and three it does not, recorded
+    under another version of the spec (expected: the spec changed), with no version stored (older
+    rollouts), and under this very spec (the replay and the online tracker disagree: warned)."""
+    from envs.tasks import load_task_spec
+
+    digest = load_task_spec(folder / "click-link.yaml").milestone_digest
+    right = (("link in view", "link clicked"),)
+    wrong = ((),)
+
+    def rollout(episode_id: str, hits, spec_digest: str | None) -> Trajectory:
+        return episode(
+            episode_id,
+            'Click the link "a"',
+            ["a"],
+            False,
+            source="rollout",
+            milestones_hit=hits,
+            spec_digest=spec_digest,
+        )
+
+    episodes = [
+        rollout("agree", right, digest),
+        rollout("older-spec", wrong, "0" * 16),
+        rollout("unversioned", wrong, None),
+        rollout("same-spec", wrong, digest),
+    ]
+    report = validate_specs(folder, episodes)
+    (task,) = [t for t in report.tasks if t.task_id == "click-link"]
+    assert (task.recorded, task.recorded_differ, task.recorded_differ_example) == (4, 3, "older-spec")
+    assert (task.recorded_other_version, task.recorded_differ_other_version) == (1, 1)
+    assert task.recorded_differ_same_version == 1
+    problems = [p for p in report.problems() if "click-link.yaml" in p]
+    assert any("1 episode(s) recorded under this very spec" in p for p in problems)
+    text = format_report(report)
+    assert (
+        "differs from the milestones recorded online in 3 of 4 episodes (e.g. older-spec): 1 recorded under "
+        "another version of the spec, 1 with no version stored, 1 under this one" in text
+    )
+    assert "the replay reproduces them in 1 of 4 episodes; 1 were recorded under another version" in text
+    agreeing = validate_specs(folder, [rollout("agree", right, digest)])
+    assert not any("recorded online" in p for p in agreeing.problems())
+    assert "the replay reproduces them in 1 of 1 episodes; 0 were recorded" in format_report(agreeing)

@@ -168,6 +168,9 @@ def test_synthesis_kinds_and_parents():
     assert walk.source == "synthetic:random_walk" and not walk.success and walk.n_steps >= 1
     inserted = insert_noop(a, rng)
     assert inserted.success and inserted.n_steps in (a.n_steps + 1, a.n_steps + 2)
+    rollout = dataclasses.replace(a, source="rollout", final_screen=a.screens[-1], spec_digest="0123456789abcdef")
+    child = insert_noop(rollout, rng)  # its steps end elsewhere, and no spec recorded its milestones
+    assert child.final_screen is None and child.spec_digest is None and child.milestones_hit is None
     removed = remove_noops(b)
     assert removed.success and removed.n_steps == 3 and removed.parent_episode_id == "b"
     assert remove_noops(login_trajectory("c", "lyda", "ESE")) is not None  # its focus click has no effect
@@ -233,3 +236,83 @@ def test_replayed_milestones_replace_those_recorded_under_an_older_spec():
     assert milestone_hits(blind, LOGIN_SPEC, replay=True) == rollout.milestones_hit
     unfit = dataclasses.replace(rollout, instruction="Log in, please")  # the template does not fit it
     assert milestone_hits(unfit, LOGIN_SPEC, replay=True) == rollout.milestones_hit
+
+
+#: An older version of LOGIN_SPEC, which knew only the username.
+USER_ONLY_SPEC = task_spec_from_mapping(
+    {
+        "task_id": "login-user",
+        "instruction": 'Enter the username "(?P<username>[^"]*)" and the password "(?P<password>[^"]*)"',
+        "milestones": [
+            {"name": "user", "when": {"field_value": {"element": {"element_id": "username"}, "equals": "{username}"}}}
+        ],
+    }
+)
+
+
+def test_milestones_recorded_under_another_version_of_the_spec_are_replayed_and_this_versions_kept():
+    """A rollout stores the digest of the spec that recorded its milestones: the labels replay the
+    spec in hand exactly where that digest is another's, without being asked to, and keep the
+    record where it is the same spec's (the record is deliberately short of the replay here, so
+    the test sees which one the labels used)."""
+    recorded = ((), ("user",), (), ())
+    rollout = dataclasses.replace(
+        login_trajectory("r", "vanda", "x1"), source="rollout", milestones_hit=recorded, spec_digest=None
+    )
+    assert USER_ONLY_SPEC.milestone_digest != LOGIN_SPEC.milestone_digest
+    stale = dataclasses.replace(rollout, spec_digest=USER_ONLY_SPEC.milestone_digest)
+    current = dataclasses.replace(rollout, spec_digest=LOGIN_SPEC.milestone_digest)
+    replayed = ((), ("user",), ("pass",), ("login",))
+    assert milestone_hits(stale, LOGIN_SPEC) == replayed
+    assert milestone_hits(current, LOGIN_SPEC) == recorded
+    assert milestone_hits(rollout, LOGIN_SPEC) == recorded  # no digest stored: nothing says it is stale
+    assert milestone_hits(current, LOGIN_SPEC, replay=True) == replayed
+    run = env_labels([stale, dataclasses.replace(current, episode_id="k")], {"login-user": LOGIN_SPEC})
+    by_episode: dict[str, list[float]] = {}
+    for row in run.label_rows:
+        by_episode.setdefault(row["episode_id"], []).append(row["progress"])
+    assert by_episode["r"] == [0.0, pytest.approx(1 / 3), pytest.approx(2 / 3), 1.0]
+    assert by_episode["k"] == [0.0] + [pytest.approx(1 / 3)] * 3
+
+
+def test_the_replay_reads_the_final_screen_a_rollout_stored():
+    """After the last step the replay reads the stored final screen, what the online tracker saw;
+    without one, the last screen before the action stands in (it cannot show what a click opened)."""
+    spec = task_spec_from_mapping(
+        {
+            "task_id": "login-user",
+            "instruction": LOGIN_SPEC.instruction.pattern,
+            "milestones": [{"name": "welcome", "when": {"visible": {"text": "Welcome"}}}],
+        }
+    )
+    trajectory = dataclasses.replace(login_trajectory("w", "vanda", "x1"), source="rollout")
+    welcome = Screen((ROOT, UIElement(ref="9", role="text", text="Welcome", bounds=(5, 20, 120, 40), depth=1)))
+    assert milestone_hits(trajectory, spec) == ((), (), (), ())
+    assert milestone_hits(dataclasses.replace(trajectory, final_screen=welcome), spec) == ((), (), (), ("welcome",))
+
+
+def test_digests_follow_what_decides_the_milestones():
+    """The digest changes with a milestone's name or predicate and with the instruction template, and
+    not with the solution or the file the spec came from; the same spec loaded twice has the same one."""
+    mapping = {
+        "task_id": "login-user",
+        "instruction": 'Enter the username "(?P<username>[^"]*)"',
+        "milestones": [
+            {"name": "user", "when": {"field_value": {"element": {"element_id": "username"}, "equals": "{username}"}}}
+        ],
+    }
+    digest = task_spec_from_mapping(mapping).milestone_digest
+    assert task_spec_from_mapping(dict(mapping)).milestone_digest == digest and len(digest) == 16
+    assert task_spec_from_mapping(mapping, source="elsewhere.yaml").milestone_digest == digest
+    with_solution = {**mapping, "solution": [{"click": {"element_id": "subbtn"}}]}
+    assert task_spec_from_mapping(with_solution).milestone_digest == digest
+    renamed = {**mapping, "milestones": [{**mapping["milestones"][0], "name": "username"}]}
+    other_field = {
+        **mapping,
+        "milestones": [
+            {"name": "user", "when": {"field_value": {"element": {"element_id": "user"}, "equals": "{username}"}}}
+        ],
+    }
+    other_template = {**mapping, "instruction": 'Type the username "(?P<username>[^"]*)"'}
+    others = {task_spec_from_mapping(m).milestone_digest for m in (renamed, other_field, other_template)}
+    assert len(others) == 3 and digest not in others

@@ -13,6 +13,7 @@ from envs.policies import NoisyExpertPolicy
 from envs.pool import EnvPool
 from envs.pool_jobs import EpisodeJob, PoolConfig, plan_jobs
 from envs.protocol import episode_tables, restore_by_steps, screen_signature
+from envs.spec_validation import replay_milestones
 from envs.task_catalog import load_catalog
 from training.flywheel.replay import DIVERGED, ReplayPlan, ReplayPolicy, replay_outcome
 from training.policy.learned import LearnedPolicy, PolicyModel
@@ -40,6 +41,12 @@ def test_recorded_episodes_replay_step_by_step_and_another_state_is_refused(tmp_
         )
         stored = {t.episode_id: t for t in load_trajectories(warehouse)}  # screens as the warehouse keeps them
         live = {r.episode_id: r for r in recorded.episodes}
+        for episode_id, traj in stored.items():  # the final screen and the spec version are stored: an exact replay
+            spec = catalog[traj.task_id].spec
+            assert traj.final_screen is not None
+            assert screen_signature(traj.final_screen) == screen_signature(live[episode_id].final_screen)
+            assert traj.spec_digest == spec.milestone_digest
+            assert replay_milestones(spec, traj).hits == traj.milestones_hit
 
         # every step of every episode: reach its state again and carry the recorded action out
         plans: dict[str, ReplayPlan] = {}

@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from annotation.progress.labeling import milestone_hits
 from envs.miniwob.live import SUPPORTED_ACTIONS
 from envs.policies import PlanTracker, SolutionError, expand_solution
 from envs.pool import EnvPool
@@ -350,7 +351,7 @@ def states_to_label(
             episode_id=episode.episode_id,
         )
         screen = traj.screens[t]
-        hits = traj.milestones_hit or ()
+        hits = milestone_hits(traj, task.spec) or ()  # replayed where recorded under another spec version
         candidates = propose(model, context, screen, traj.actions[:t], traj.actions[t], top_k)
         episode_problems = problems.get(episode.episode_id) or [None] * traj.n_steps
         out.append(

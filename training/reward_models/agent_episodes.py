@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from annotation.progress.key_steps import milestone_progress
+from annotation.progress.labeling import milestone_hits
 from envs.task_catalog import load_catalog
 from training.base.registry import key_kind
 from training.base.states import TextTrajectory
@@ -38,6 +39,7 @@ from warehouse.plotting import Markdown, figure_markdown, pyplot
 from warehouse.purposes import EpisodePurpose, purpose_filter
 from warehouse.statistics import bootstrap_auc
 from warehouse.tables_training import RM_AGENT_AUC
+from warehouse.trajectories import load_trajectories
 
 #: The episodes judged: greedy evaluation episodes of trained policies (never trained on).
 AGENT_EPISODE_SET = "agent_evaluation"
@@ -76,7 +78,7 @@ class AgentEpisode:
 
 
 def milestone_labels(task_id: str, milestones_hit: Sequence[Sequence[str] | None]) -> EpisodeLabels | None:
-    """ProgRM_Env's labels of an agent episode from the milestones recorded online (§2.2: a key step
+    """ProgRM_Env's labels of an agent episode from the milestones it reached (§2.2: a key step
     reaches a new milestone, progress rises evenly), computed here because evaluation episodes are
     never labelled by the labels stage; None when the task has no spec or no milestone was reached."""
     task = load_catalog("miniwob").get(task_id)
@@ -93,15 +95,18 @@ def milestone_labels(task_id: str, milestones_hit: Sequence[Sequence[str] | None
 def read_agent_episodes(warehouse: Warehouse) -> list[AgentEpisode]:
     """The held-out agent episodes (see the module docstring), in episode order. An evaluation
     episode's ``policy_id`` is ``eval:<checkpoint>``; ``checkpoint_seen`` says whether that
-    checkpoint also made policy rollouts (same policy, other seeds)."""
+    checkpoint also made policy rollouts (same policy, other seeds). Their milestone labels come
+    from the milestones recorded online, replayed from the catalog's spec where the episode was
+    recorded under another version of it (``annotation.progress.labeling.milestone_hits``)."""
     rows = warehouse.query(
-        "SELECT episode_id, task_id, coalesce(task_family, 'unknown') AS family, policy_id, success, "
+        "SELECT episode_id, task_id, coalesce(task_family, 'unknown') AS family, policy_id, success, spec_digest, "
         "EXISTS (SELECT 1 FROM episodes r WHERE r.purpose = 'policy_rollout' "
         "AND 'eval:' || r.policy_id = e.policy_id) AS seen, "
         "(SELECT list(s.milestones_hit ORDER BY s.step_idx) FROM steps s WHERE s.episode_id = e.episode_id) AS hits "
         f"FROM episodes e WHERE {purpose_filter('e.purpose', (EpisodePurpose.EVALUATION.value,))} "
         "AND n_steps > 0 ORDER BY episode_id"
     ).to_pylist()
+    replayed = _replayed_stale_hits(warehouse, rows)
     return [
         AgentEpisode(
             r["episode_id"],
@@ -110,10 +115,31 @@ def read_agent_episodes(warehouse: Warehouse) -> list[AgentEpisode]:
             r["policy_id"] or "",
             r["success"],
             bool(r["seen"]),
-            milestone_labels(r["task_id"], r["hits"] or []),
+            milestone_labels(r["task_id"], replayed.get(r["episode_id"], r["hits"] or [])),
         )
         for r in rows
     ]
+
+
+def _replayed_stale_hits(warehouse: Warehouse, rows: Sequence[Mapping]) -> dict[str, tuple[tuple[str, ...], ...]]:
+    """Episode id -> its milestones replayed from the catalog's spec, for the rows recorded under
+    another version of that spec (read with their screens; the others are not read again)."""
+    catalog = load_catalog("miniwob")
+    stale = [
+        r["episode_id"]
+        for r in rows
+        if r["spec_digest"] is not None
+        and r["task_id"] in catalog
+        and r["spec_digest"] != catalog[r["task_id"]].spec.milestone_digest
+    ]
+    if not stale:
+        return {}
+    replayed = {}
+    for trajectory in load_trajectories(warehouse, "e.episode_id IN (SELECT unnest(?))", [stale]):
+        hits = milestone_hits(trajectory, catalog[trajectory.task_id].spec)
+        if hits is not None:
+            replayed[trajectory.episode_id] = hits
+    return replayed
 
 
 def auc_rows(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -174,3 +175,40 @@ def test_key_step_error_on_agent_episodes_from_online_milestones():
     assert rows["progrm_env"]["key_step_error"] == pytest.approx((1 / 6 + 1 / 6 + 0.1) / 3)
     assert rows["progrm_env"]["key_steps"] == 3
     assert rows["orm"]["key_step_error"] is None  # not a progress model
+
+
+def test_agent_episodes_recorded_under_another_spec_version_get_replayed_milestone_labels(home):
+    """Three held-out login-user episodes that typed both fields and clicked login, each with an
+    online record that knew only the username: recorded under another version of the spec, the
+    labels come from the catalog's spec replayed on the stored screens (three key steps); under
+    this version, or with no version stored, from the record (one)."""
+    from datetime import UTC, datetime
+
+    from envs.task_catalog import load_catalog
+    from tests.annotation.progress.test_labeling import login_trajectory
+    from training.reward_models.agent_episodes import read_agent_episodes
+    from warehouse.catalog import Materialization, Warehouse
+    from warehouse.purposes import EpisodePurpose
+    from warehouse.trajectories import trajectories_to_tables
+
+    current = load_catalog("miniwob")["login-user"].spec.milestone_digest
+    base = login_trajectory("x", "vanda", "x1")
+    base = dataclasses.replace(base, instruction=base.instruction.rstrip("."), source="rollout")
+    record = ((), ("username typed",), (), ())
+    episodes = [
+        dataclasses.replace(base, episode_id=f"eval:p:{name}", milestones_hit=record, spec_digest=digest)
+        for name, digest in (("older", "0" * 16), ("current", current), ("unversioned", None))
+    ]
+    warehouse = Warehouse(home)
+    tables = trajectories_to_tables(
+        episodes, created_at=datetime.now(UTC), run_id=None, purpose=EpisodePurpose.EVALUATION
+    )
+    m = Materialization(asset="policy_evaluation")
+    warehouse.publish(
+        m, [warehouse.stage_table(n, "eval", t, m) for n, t in zip(("episodes", "steps"), tables, strict=True)]
+    )
+    labels = {e.episode_id: e.milestones for e in read_agent_episodes(warehouse)}
+    assert labels["eval:p:older"].is_key_step == (False, True, True, True)
+    assert labels["eval:p:older"].progress == pytest.approx((0.0, 1 / 3, 2 / 3, 1.0))
+    for kept in ("eval:p:current", "eval:p:unversioned"):
+        assert labels[kept].is_key_step == (False, True, False, False)

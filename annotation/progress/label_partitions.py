@@ -70,7 +70,8 @@ LABEL_MODE_HELP = (
 )
 REPLAY_MILESTONES_HELP = (
     "milestone labels of the episodes a run labels from the task specs replayed, not from the milestones "
-    "rollouts recorded online: keep it on for a home whose specs were fixed after its rollouts"
+    "rollouts recorded online (episodes that stored another spec version are replayed either way): keep it on "
+    "for a home whose rollouts were stored without spec versions and whose specs were fixed after them"
 )
 
 

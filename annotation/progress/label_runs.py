@@ -270,7 +270,9 @@ def _plots(warehouse: Warehouse, out: _Outputs, sample: list[Trajectory]) -> dic
 
 def _milestone_source(replay_milestones: bool) -> str:
     """Where a run's milestone labels came from, for its parameters."""
-    return "replayed from the specs" if replay_milestones else "recorded online where there, else replayed"
+    if replay_milestones:
+        return "replayed from the specs"
+    return "recorded online where there and recorded under the spec in hand, else replayed"
 
 
 def run_labeling(

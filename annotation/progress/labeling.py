@@ -390,8 +390,9 @@ def env_labels(
     trajectories: Iterable[Trajectory], specs: Mapping[str, TaskSpec], *, replay_milestones: bool = False
 ) -> LabelRun:
     """Environment-milestone labels (ProgRM §2.2 last paragraph): key steps reach a new milestone,
-    progress rises evenly over the task's milestones. ``replay_milestones``: the specs' milestones
-    replayed on every episode with screens, not the ones recorded online (:func:`milestone_hits`)."""
+    progress rises evenly over the task's milestones. Milestones recorded online are used where the
+    episode stored the version of the spec in hand, or none; the spec is replayed where it stored
+    another. ``replay_milestones``: replayed on every episode with screens (:func:`milestone_hits`)."""
     run = LabelRun()
     for trajectory in trajectories:
         spec = spec_for(specs, trajectory.task_id, trajectory.fields)

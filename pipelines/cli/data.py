@@ -246,7 +246,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--replay-milestones",
         action="store_true",
-        help="replay the task specs' milestones on every episode instead of those recorded online (after a spec fix)",
+        help="replay the task specs' milestones on every episode instead of those recorded online (after a spec "
+        "fix, for rollouts stored without spec versions; those that stored another version are replayed anyway)",
     )
     p.add_argument("--split-by", default="goal", choices=["goal", "task"])
     p.add_argument("--seed", type=int, default=0)

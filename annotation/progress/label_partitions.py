@@ -180,6 +180,8 @@ def merge_summaries(summaries: Sequence[LabelSummary]) -> LabelSummary:
             merged.recipes[key] = merged.recipes.get(key, 0) + n
         for key, n in s.unlabelled.items():
             merged.unlabelled[key] = merged.unlabelled.get(key, 0) + n
+        for key, n in s.milestone_origins.items():
+            merged.milestone_origins[key] = merged.milestone_origins.get(key, 0) + n
         for key, notes in s.tasks_without_recipe.items():
             merged.tasks_without_recipe.setdefault(key, {}).update(notes)
         merged.plots.update(s.plots)

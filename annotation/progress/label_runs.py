@@ -45,7 +45,15 @@ from annotation.progress.label_state import (
     needs_rebuild,
 )
 from annotation.progress.label_stream import BatchLabels, EmbedScope, stream_labels
-from annotation.progress.labeling import LABEL_VERSION, LCS_METHODS, RECIPE_SOURCES, LabelColumns, LabelRun, env_labels
+from annotation.progress.labeling import (
+    FROM_UNVERSIONED_RECORD,
+    LABEL_VERSION,
+    LCS_METHODS,
+    RECIPE_SOURCES,
+    LabelColumns,
+    LabelRun,
+    env_labels,
+)
 from annotation.progress.plots import label_distribution_plot_from_counts, progress_curves_plot
 from annotation.progress.text_similarity import HashingTextEmbedder, TextEmbedder
 from envs.task_catalog import MINIWOB_FAMILIES
@@ -124,6 +132,7 @@ class LabelSummary:
     families: list[str] = field(default_factory=list)
     batches: int = 0
     incremental: dict = field(default_factory=dict)  # what an incremental run did
+    milestone_origins: dict[str, int] = field(default_factory=dict)  # env labels: episodes by their milestones' origin
 
 
 # -- writing --------------------------------------------------------------------------------------
@@ -183,6 +192,8 @@ class _Outputs:
 
     def env(self, family: str, run: LabelRun) -> None:
         self.labels(family, run.labels)
+        for origin, n in run.milestone_origins.items():
+            self.summary.milestone_origins[origin] = self.summary.milestone_origins.get(origin, 0) + n
         self.rows(
             "label_notes",
             family,
@@ -266,6 +277,19 @@ def _plots(warehouse: Warehouse, out: _Outputs, sample: list[Trajectory]) -> dic
 
 
 # -- full runs ------------------------------------------------------------------------------------
+
+
+def milestone_origins_line(origins: Mapping[str, int]) -> str:
+    """Where the environment labels' milestones came from, one line; it says what to do about
+    records that stored no spec version (they are used as recorded)."""
+    counts = ", ".join(f"{n} {origin}" for origin, n in sorted(origins.items())) or "none"
+    line = f"env: episodes by the origin of their milestones: {counts}"
+    if origins.get(FROM_UNVERSIONED_RECORD):
+        line += (
+            f"; the {origins[FROM_UNVERSIONED_RECORD]} without a stored spec version cannot be checked against "
+            "the specs in hand: if those changed since their rollouts, label with --replay-milestones"
+        )
+    return line
 
 
 def _milestone_source(replay_milestones: bool) -> str:
@@ -367,6 +391,7 @@ def run_labeling(
         f"env: {out.summary.label_rows.get('env', 0)} step labels from {len(specs)} task specs, milestones "
         f"{_milestone_source(replay_milestones)}; {out.summary.episodes} episodes in {out.summary.batches} batches"
     )
+    log(milestone_origins_line(out.summary.milestone_origins))
     out.summary.materialization_id = m.materialization_id
     out.summary.outputs = {table: str(warehouse.data_dir / table) for table in LABEL_TABLES}
     out.summary.plots = _plots(warehouse, out, sample[:400])
@@ -494,6 +519,7 @@ def run_family_labels(
     warehouse.publish(m, outputs, guard=guard)
     out.summary.materialization_id = m.materialization_id
     out.summary.incremental = update.report()
+    log(milestone_origins_line(out.summary.milestone_origins))
     out.summary.outputs = {table: str(warehouse.data_dir / table) for table in LABEL_TABLES}
     return out.summary
 

@@ -109,6 +109,7 @@ class LabelRun:
     task_notes: dict[str, str] = field(default_factory=dict)  # task id -> why it has no recipe
     step_notes: dict[str, str] = field(default_factory=dict)  # episode id -> odd steps it holds
     recipes: dict[str, TaskRecipes] = field(default_factory=dict)  # the recipe libraries behind the rows
+    milestone_origins: dict[str, int] = field(default_factory=dict)  # env labels: episodes by where they came from
 
     @property
     def label_rows(self) -> list[dict]:
@@ -350,6 +351,13 @@ def generalise_rare_target_texts(
     return out
 
 
+#: Where an episode's milestone labels came from (:func:`milestones_with_origin`), as label runs count them.
+FROM_RECORD = "recorded online"
+FROM_UNVERSIONED_RECORD = "recorded online, spec version not stored"
+REPLAYED_STALE = "replayed: recorded under another spec version"
+REPLAYED = "replayed"
+
+
 def milestone_hits(
     trajectory: Trajectory, spec: TaskSpec | None, *, replay: bool = False
 ) -> tuple[tuple[str, ...], ...] | None:
@@ -364,15 +372,25 @@ def milestone_hits(
     checked (rollouts stored before digests were). Either way only where there are screens to read;
     an instruction the spec's template no longer fits keeps its recorded milestones (without a
     record it raises TaskSpecError, as always)."""
+    return milestones_with_origin(trajectory, spec, replay=replay)[0]
+
+
+def milestones_with_origin(
+    trajectory: Trajectory, spec: TaskSpec | None, *, replay: bool = False
+) -> tuple[tuple[tuple[str, ...], ...] | None, str]:
+    """:func:`milestone_hits` and where they came from (``FROM_RECORD``, ``FROM_UNVERSIONED_RECORD``,
+    ``REPLAYED_STALE`` or ``REPLAYED``)."""
     recorded = trajectory.milestones_hit
     if recorded is None:
-        return _replayed_hits(trajectory, spec) if spec is not None else None
-    if spec is None or not trajectory.screens or not (replay or recorded_under_other_spec(trajectory, spec)):
-        return recorded
+        return (_replayed_hits(trajectory, spec) if spec is not None else None), REPLAYED
+    kept = FROM_UNVERSIONED_RECORD if trajectory.spec_digest is None else FROM_RECORD
+    stale = spec is not None and recorded_under_other_spec(trajectory, spec)
+    if spec is None or not trajectory.screens or not (replay or stale):
+        return recorded, kept
     try:
-        return _replayed_hits(trajectory, spec)
+        return _replayed_hits(trajectory, spec), REPLAYED_STALE if stale else REPLAYED
     except TaskSpecError:
-        return recorded
+        return recorded, kept
 
 
 def recorded_under_other_spec(trajectory: Trajectory, spec: TaskSpec) -> bool:
@@ -399,11 +417,12 @@ def env_labels(
         if spec is None and trajectory.milestones_hit is None:
             continue
         try:
-            hits = milestone_hits(trajectory, spec, replay=replay_milestones)
+            hits, origin = milestones_with_origin(trajectory, spec, replay=replay_milestones)
         except TaskSpecError as exc:
             run.unlabelled[trajectory.episode_id] = str(exc)
             continue
         assert hits is not None  # there is a spec or recorded hits (checked above)
+        run.milestone_origins[origin] = run.milestone_origins.get(origin, 0) + 1
         ordered = [m.name for m in spec.milestones] if spec else _order_of_first_hits(hits)
         progress, is_key = milestone_progress(hits, ordered)
         n = trajectory.n_steps

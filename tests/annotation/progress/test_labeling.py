@@ -12,7 +12,17 @@ from annotation.progress.instruction_relative import (
     relative_action,
     relative_text,
 )
-from annotation.progress.labeling import env_labels, label_quality, lcs_labels, milestone_hits
+from annotation.progress.label_runs import milestone_origins_line
+from annotation.progress.labeling import (
+    FROM_RECORD,
+    FROM_UNVERSIONED_RECORD,
+    REPLAYED,
+    REPLAYED_STALE,
+    env_labels,
+    label_quality,
+    lcs_labels,
+    milestone_hits,
+)
 from annotation.progress.split import training_split
 from annotation.progress.synthesis import (
     insert_noop,
@@ -273,6 +283,15 @@ def test_milestones_recorded_under_another_version_of_the_spec_are_replayed_and_
         by_episode.setdefault(row["episode_id"], []).append(row["progress"])
     assert by_episode["r"] == [0.0, pytest.approx(1 / 3), pytest.approx(2 / 3), 1.0]
     assert by_episode["k"] == [0.0] + [pytest.approx(1 / 3)] * 3
+    # a run counts where its milestones came from, and says what an unversioned record needs
+    run = env_labels(
+        [stale, current, dataclasses.replace(rollout, episode_id="u"), corpus()[0]], {"login-user": LOGIN_SPEC}
+    )
+    assert run.milestone_origins == {REPLAYED_STALE: 1, FROM_RECORD: 1, FROM_UNVERSIONED_RECORD: 1, REPLAYED: 1}
+    line = milestone_origins_line(run.milestone_origins)
+    assert "1 recorded online, 1 recorded online, spec version not stored, 1 replayed, " in line
+    assert "the 1 without a stored spec version cannot be checked" in line and "--replay-milestones" in line
+    assert "--replay-milestones" not in milestone_origins_line({FROM_RECORD: 3})
 
 
 def test_the_replay_reads_the_final_screen_a_rollout_stored():

@@ -41,8 +41,7 @@ from envs.tasks import TaskSpec, TaskSpecError
 from warehouse.model import Action, ActionType, Screen, UIElement
 from warehouse.purposes import EpisodePurpose
 from warehouse.schema import EPISODES, STEPS, append_step, element_records
-
-SOURCE_ROLLOUT = "rollout"
+from warehouse.trajectories import ROLLOUT_SOURCE
 
 # Why an episode ended (EpisodeRecord.end_reason).
 END_SUCCESS = "success"  # the environment reported success
@@ -586,7 +585,7 @@ def episode_tables(
             "task_id": record.task_id,
             "task_family": record.family,
             "instruction": record.instruction,
-            "source": SOURCE_ROLLOUT,
+            "source": ROLLOUT_SOURCE,
             "purpose": EpisodePurpose(purpose).value,
             "parent_episode_id": None,
             "policy_id": record.policy_id,

@@ -108,6 +108,7 @@ class TaskReport:
     recorded_differ_example: str | None = None
     recorded_other_version: int = 0  # ... recorded under another version of the spec (labels replay these)
     recorded_differ_same_version: int = 0  # ... differing although recorded under this very spec
+    recorded_differ_same_version_example: str | None = None
     recorded_differ_other_version: int = 0  # ... differing, recorded under another version (expected)
 
     @property
@@ -203,7 +204,7 @@ class ValidationReport:
                 lines.append(
                     f"WARNING {at}: {task.recorded_differ_same_version} episode(s) recorded under this very spec "
                     f"have milestones recorded online that the replay does not reproduce (e.g. "
-                    f"{task.recorded_differ_example}): the replay and the online tracker disagree"
+                    f"{task.recorded_differ_same_version_example}): the replay and the online tracker disagree"
                 )
             if task.stale_recorded:
                 lines.append(
@@ -235,14 +236,16 @@ def replay_milestones(spec: TaskSpec, trajectory: Trajectory) -> MilestoneTrack:
     if not trajectory.screens:
         return track_milestones(spec, trajectory.instruction, [], trajectory.success, trajectory.fields)
     last: Screen | None
-    if trajectory.final_screen is not None:  # what the online tracker saw: the replay is exact
+    if trajectory.final_screen is not None:  # what the online tracker saw
         last = trajectory.final_screen
     elif trajectory.actions:
         last = _with_known_effect(trajectory.screens[-1], trajectory.actions[-1])
     else:
         last = None
     screens_after: list[Screen | None] = [*trajectory.screens[1:], last]
-    steps: list[tuple[Screen | None, Action | None]] = list(zip(screens_after, trajectory.actions, strict=False))
+    # a step whose action failed is checked without it, as the online tracker checks it
+    actions = [None if i in trajectory.failed_steps else a for i, a in enumerate(trajectory.actions)]
+    steps: list[tuple[Screen | None, Action | None]] = list(zip(screens_after, actions, strict=False))
     return track_milestones(spec, trajectory.instruction, steps, success=trajectory.success, fields=trajectory.fields)
 
 
@@ -389,7 +392,10 @@ def validate_task(spec: TaskSpec, trajectories: Iterable[Trajectory]) -> TaskRep
         recorded_differ=len(comparison.differ),
         recorded_differ_example=comparison.differ[0] if comparison.differ else None,
         recorded_other_version=comparison.other_version,
-        recorded_differ_same_version=comparison.differ_same_version,
+        recorded_differ_same_version=len(comparison.differ_same_version),
+        recorded_differ_same_version_example=comparison.differ_same_version[0]
+        if comparison.differ_same_version
+        else None,
         recorded_differ_other_version=comparison.differ_other_version,
     )
 
@@ -401,7 +407,7 @@ class _RecordComparison:
     recorded: int = 0
     differ: list[str] = field(default_factory=list)
     other_version: int = 0
-    differ_same_version: int = 0
+    differ_same_version: list[str] = field(default_factory=list)
     differ_other_version: int = 0
 
     def add(self, trajectory: Trajectory, spec: TaskSpec, track: MilestoneTrack) -> None:
@@ -411,7 +417,8 @@ class _RecordComparison:
         self.other_version += other_version
         if track.hits != trajectory.milestones_hit:
             self.differ.append(trajectory.episode_id)
-            self.differ_same_version += same_version
+            if same_version:
+                self.differ_same_version.append(trajectory.episode_id)
             self.differ_other_version += other_version
 
 

@@ -152,6 +152,12 @@ class TaskSpecError(ValueError):
         super().__init__(" ".join(part.strip() for part in str(message).splitlines() if part.strip()))
 
 
+#: What the milestone predicates mean (``envs.spec_evaluation``), part of every
+#: :attr:`TaskSpec.milestone_digest`: bump it when a change there makes a spec reach other milestones
+#: on the same screens, so the milestones rollouts recorded before count as recorded under another spec.
+MILESTONE_SEMANTICS_VERSION = "1"
+
+
 @dataclass(frozen=True)
 class Milestone:
     name: str
@@ -172,11 +178,13 @@ class TaskSpec:
 
     @cached_property
     def milestone_digest(self) -> str:
-        """A short hash of what decides the milestones reached (the instruction template and the
-        milestones' names and predicates; not the solution, app or file name): a rollout stores it
+        """A short hash of what decides the milestones reached (the instruction template, the
+        milestones' names and predicates, and :data:`MILESTONE_SEMANTICS_VERSION`; not the solution,
+        app or file name): a rollout stores it
         with the milestones it recorded online, so labels can tell which episodes were recorded
         under another version of the spec and replay those (``annotation.progress.labeling``)."""
         content = {
+            "semantics": MILESTONE_SEMANTICS_VERSION,
             "instruction": self.instruction.pattern if self.instruction is not None else None,
             "milestones": [[m.name, m.when] for m in self.milestones],
         }

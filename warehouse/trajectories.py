@@ -30,6 +30,9 @@ class Trajectory:
     parent_episode_id: str | None = None
     final_screen: Screen | None = None  # the screen after the last action, where the rollout stored it
     spec_digest: str | None = None  # the spec version that recorded ``milestones_hit`` (rollouts)
+    # steps whose action the environment did not carry out (a rollout's ``steps.problem``; a
+    # recording's problem is the importer's, and its action did happen)
+    failed_steps: frozenset[int] = frozenset()
 
     @property
     def n_steps(self) -> int:
@@ -75,6 +78,10 @@ def _text_argument(action_text: str) -> str | None:
 
 
 _ELEMENT_FIELDS = [f.name for f in fields(UIElement)]
+#: ``episodes.source`` of live rollouts (``envs.protocol.episode_tables``): their ``steps.problem`` is a failed action.
+ROLLOUT_SOURCE = "rollout"
+#: ``steps.problem`` written back for a failed step by :func:`trajectories_to_tables` (the text is not kept).
+FAILED_STEP_PROBLEM = "the action was not carried out"
 
 
 def _python_values(array: pa.Array) -> list:
@@ -146,7 +153,7 @@ def _trajectories(warehouse: Warehouse, batch: list[dict], with_screens: bool) -
     ids = [e["episode_id"] for e in batch]
     steps_table = warehouse.query(
         "SELECT episode_id, step_idx, action_type, action_text, target_ref, target_role, target_text, "
-        "target_element_id, target_bounds, input_text, scroll_direction, milestones_hit"
+        "target_element_id, target_bounds, input_text, scroll_direction, milestones_hit, problem"
         + (", screen" if with_screens else "")
         + " FROM steps WHERE list_contains(?, episode_id) ORDER BY episode_id, step_idx",
         [ids],
@@ -181,6 +188,9 @@ def _trajectories(warehouse: Warehouse, batch: list[dict], with_screens: bool) -
             parent_episode_id=e.get("parent_episode_id"),
             final_screen=final_screens.get(e["episode_id"]),
             spec_digest=e.get("spec_digest"),
+            failed_steps=frozenset(i for i, (r, _) in enumerate(steps) if r["problem"] is not None)
+            if e["source"] == ROLLOUT_SOURCE
+            else frozenset(),
         )
 
 
@@ -292,5 +302,6 @@ def trajectories_to_tables(
                 screen,
                 milestones_hit=list(t.milestones_hit[idx]) if t.milestones_hit else None,
                 done=idx == t.n_steps - 1,
+                problem=FAILED_STEP_PROBLEM if idx in t.failed_steps else None,
             )
     return pa.Table.from_pylist(episodes, schema=EPISODES), pa.Table.from_pydict(steps, schema=STEPS)

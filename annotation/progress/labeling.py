@@ -8,7 +8,8 @@ Pure functions over :class:`warehouse.trajectories.Trajectory`; assets and the C
 * ``improved`` mode first cleans garbage steps and rewrites actions relative to the instruction
   (:mod:`annotation.progress.instruction_relative`), then runs the same machinery.
 * ``env`` labels come from environment milestones: recorded online (rollouts) or evaluated from
-  a task spec over the recorded screens (demonstrations).
+  a task spec over the recorded screens (demonstrations, and rollouts recorded under another
+  version of the spec: :func:`milestone_hits`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ from warehouse.trajectories import Trajectory
 LcsMethod = Literal["paper", "improved"]
 LCS_METHODS: tuple[LcsMethod, ...] = ("paper", "improved")
 RECIPE_SOURCES = frozenset({"human_demo", "rollout"})  # synthetic trajectories never make recipes
-LABEL_VERSION = "labels-1"
+# labels-2: milestones replayed where recorded under another spec version, with the stored final screen
+# and without the actions of failed steps
+LABEL_VERSION = "labels-2"
 
 
 @dataclass
@@ -355,6 +358,7 @@ def generalise_rare_target_texts(
 FROM_RECORD = "recorded online"
 FROM_UNVERSIONED_RECORD = "recorded online, spec version not stored"
 REPLAYED_STALE = "replayed: recorded under another spec version"
+KEPT_STALE = "recorded under another spec version, kept: nothing to replay"
 REPLAYED = "replayed"
 
 
@@ -379,12 +383,13 @@ def milestones_with_origin(
     trajectory: Trajectory, spec: TaskSpec | None, *, replay: bool = False
 ) -> tuple[tuple[tuple[str, ...], ...] | None, str]:
     """:func:`milestone_hits` and where they came from (``FROM_RECORD``, ``FROM_UNVERSIONED_RECORD``,
-    ``REPLAYED_STALE`` or ``REPLAYED``)."""
+    ``REPLAYED_STALE``, ``KEPT_STALE``: stale, without screens or with an instruction the template no
+    longer fits, or ``REPLAYED``)."""
     recorded = trajectory.milestones_hit
     if recorded is None:
         return (_replayed_hits(trajectory, spec) if spec is not None else None), REPLAYED
-    kept = FROM_UNVERSIONED_RECORD if trajectory.spec_digest is None else FROM_RECORD
     stale = spec is not None and recorded_under_other_spec(trajectory, spec)
+    kept = KEPT_STALE if stale else FROM_UNVERSIONED_RECORD if trajectory.spec_digest is None else FROM_RECORD
     if spec is None or not trajectory.screens or not (replay or stale):
         return recorded, kept
     try:

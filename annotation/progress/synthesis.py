@@ -30,6 +30,7 @@ def _synthetic(parent: Trajectory, generator: str, index: int, **changes) -> Tra
         milestones_hit=None,
         final_screen=None,  # the parent's last screen is not where these steps end
         spec_digest=None,
+        failed_steps=frozenset(),  # the steps moved
         **changes,
     )
 

@@ -92,6 +92,7 @@ def trace(result) -> dict[str, Any]:
             e.end_reason,
             e.milestones_reached,
             e.attempt,
+            e.spec_digest,
         )
         for e in result.episodes
     }
@@ -231,6 +232,8 @@ def test_episodes_run_on_both_nodes_and_match_the_local_pool(cluster, jobs):
     with EnvPool(MiniWoBConfig(), PoolConfig(workers=2, spares=0)) as pool:
         local = pool.run(jobs, expert)
     assert nodes == {"127.0.0.2", "127.0.0.3"}
+    digests = {job.episode_id: job.task.milestone_digest for job in jobs}
+    assert {e.episode_id: e.spec_digest for e in on_actors.episodes} == digests  # it travels back from the actors
     for result in (on_actors, again, per_step):
         assert_nothing_lost_or_duplicated(result, jobs)
         assert trace(result) == trace(local)

@@ -4,6 +4,7 @@ text; episodes from a warehouse (by task or variant, one source)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -259,9 +260,9 @@ def test_milestones_recorded_online_are_compared_with_the_replay_by_spec_version
     (task,) = [t for t in report.tasks if t.task_id == "click-link"]
     assert (task.recorded, task.recorded_differ, task.recorded_differ_example) == (4, 3, "older-spec")
     assert (task.recorded_other_version, task.recorded_differ_other_version) == (1, 1)
-    assert task.recorded_differ_same_version == 1
+    assert (task.recorded_differ_same_version, task.recorded_differ_same_version_example) == (1, "same-spec")
     problems = [p for p in report.problems() if "click-link.yaml" in p]
-    assert any("1 episode(s) recorded under this very spec" in p for p in problems)
+    assert any("1 episode(s) recorded under this very spec" in p and "e.g. same-spec" in p for p in problems)
     text = format_report(report)
     assert (
         "differs from the milestones recorded online in 3 of 4 episodes (e.g. older-spec): 1 recorded under "
@@ -271,3 +272,16 @@ def test_milestones_recorded_online_are_compared_with_the_replay_by_spec_version
     agreeing = validate_specs(folder, [rollout("agree", right, digest)])
     assert not any("recorded online" in p for p in agreeing.problems())
     assert "the replay reproduces them in 1 of 1 episodes; 0 were recorded" in format_report(agreeing)
+
+
+def test_a_failed_step_is_replayed_without_its_action_as_the_online_tracker_checks_it(folder):
+    """A rollout whose click on the link did not happen (the environment refused it: a target not on
+    the screen): online the step is checked without the action, so the click milestone is not
+    reached, and the replay from the warehouse must not reach it either."""
+    from envs.tasks import load_task_spec
+
+    spec = load_task_spec(folder / "click-link.yaml")
+    clicked = episode("f", 'Click the link "a"', ["a"], False, source="rollout")
+    assert replay_milestones(spec, clicked).reached == 2
+    failed = replace(clicked, failed_steps=frozenset({0}))
+    assert replay_milestones(spec, failed).hits == (("link in view",),)

@@ -77,10 +77,13 @@ class AgentEpisode:
     milestones: EpisodeLabels | None = None  # environment-milestone progress, where it reached one
 
 
-def milestone_labels(task_id: str, milestones_hit: Sequence[Sequence[str] | None]) -> EpisodeLabels | None:
+def milestone_labels(
+    task_id: str, milestones_hit: Sequence[Sequence[str] | None], label_version: str = "env-online"
+) -> EpisodeLabels | None:
     """ProgRM_Env's labels of an agent episode from the milestones it reached (§2.2: a key step
     reaches a new milestone, progress rises evenly), computed here because evaluation episodes are
-    never labelled by the labels stage; None when the task has no spec or no milestone was reached."""
+    never labelled by the labels stage; None when the task has no spec or no milestone was reached.
+    ``label_version`` names where the milestones came from: ``env-online`` (recorded) or ``env-replayed``."""
     task = load_catalog("miniwob").get(task_id)
     if task is None or not task.spec.milestones:
         return None
@@ -89,7 +92,7 @@ def milestone_labels(task_id: str, milestones_hit: Sequence[Sequence[str] | None
     )
     if not is_key.any():
         return None
-    return EpisodeLabels(tuple(progress.tolist()), tuple(is_key.tolist()), "env-online")
+    return EpisodeLabels(tuple(progress.tolist()), tuple(is_key.tolist()), label_version)
 
 
 def read_agent_episodes(warehouse: Warehouse) -> list[AgentEpisode]:
@@ -115,7 +118,9 @@ def read_agent_episodes(warehouse: Warehouse) -> list[AgentEpisode]:
             r["policy_id"] or "",
             r["success"],
             bool(r["seen"]),
-            milestone_labels(r["task_id"], replayed.get(r["episode_id"], r["hits"] or [])),
+            milestone_labels(r["task_id"], replayed[r["episode_id"]], "env-replayed")
+            if r["episode_id"] in replayed
+            else milestone_labels(r["task_id"], r["hits"] or []),
         )
         for r in rows
     ]

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from annotation.progress.label_partitions import unlabelled_episodes
+from annotation.progress.label_partitions import merge_summaries, unlabelled_episodes
 from annotation.progress.label_runs import run_family_labels, run_labeling
 from annotation.progress.label_state import LibraryState, label_against_library, library_states, needs_rebuild
 from annotation.progress.label_stream import stream_labels
@@ -183,8 +183,17 @@ def test_replay_milestones_reaches_every_path_that_labels(tmp_path, monkeypatch)
     publish_tiny_episodes(home, "first", "", seed=7, n_login=12, n_button=8)
     warehouse = Warehouse(home)
     quiet = lambda _message: None  # noqa: E731
-    run_labeling(warehouse, embedder="hashing", log=quiet, replay_milestones=True)
+    full = run_labeling(warehouse, embedder="hashing", log=quiet, replay_milestones=True)
     assert seen and all(seen)
+    # every episode the env labels cover is counted once, by where its milestones came from
+    env_episodes = (
+        warehouse.query("SELECT count(DISTINCT episode_id) FROM progress_labels WHERE source = 'env'")
+        .column(0)[0]
+        .as_py()
+    )
+    assert set(full.milestone_origins) == {"replayed"} and full.milestone_origins["replayed"] == env_episodes > 0
+    twice = merge_summaries([full, full])
+    assert twice.milestone_origins == {"replayed": 2 * env_episodes}
     seen.clear()
     publish_tiny_episodes(home, "second", "new-", seed=8, n_login=4, n_button=2)  # against the libraries
     run_family_labels(

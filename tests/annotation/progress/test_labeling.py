@@ -16,12 +16,14 @@ from annotation.progress.label_runs import milestone_origins_line
 from annotation.progress.labeling import (
     FROM_RECORD,
     FROM_UNVERSIONED_RECORD,
+    KEPT_STALE,
     REPLAYED,
     REPLAYED_STALE,
     env_labels,
     label_quality,
     lcs_labels,
     milestone_hits,
+    milestones_with_origin,
 )
 from annotation.progress.split import training_split
 from annotation.progress.synthesis import (
@@ -276,6 +278,8 @@ def test_milestones_recorded_under_another_version_of_the_spec_are_replayed_and_
     assert milestone_hits(stale, LOGIN_SPEC) == replayed
     assert milestone_hits(current, LOGIN_SPEC) == recorded
     assert milestone_hits(rollout, LOGIN_SPEC) == recorded  # no digest stored: nothing says it is stale
+    blind_stale = dataclasses.replace(stale, screens=())
+    assert milestones_with_origin(blind_stale, LOGIN_SPEC) == (recorded, KEPT_STALE)  # nothing to replay
     assert milestone_hits(current, LOGIN_SPEC, replay=True) == replayed
     run = env_labels([stale, dataclasses.replace(current, episode_id="k")], {"login-user": LOGIN_SPEC})
     by_episode: dict[str, list[float]] = {}
@@ -335,3 +339,15 @@ def test_digests_follow_what_decides_the_milestones():
     other_template = {**mapping, "instruction": 'Type the username "(?P<username>[^"]*)"'}
     others = {task_spec_from_mapping(m).milestone_digest for m in (renamed, other_field, other_template)}
     assert len(others) == 3 and digest not in others
+
+
+def test_a_new_meaning_of_the_predicates_makes_every_record_stale(monkeypatch):
+    """Bumping the predicates' semantics version changes every spec's digest, so milestones recorded
+    before count as recorded under another spec and are replayed."""
+    import envs.tasks
+
+    before = task_spec_from_mapping({"task_id": "t", "milestones": [{"name": "m", "when": {"visible": {"text": "x"}}}]})
+    digest = before.milestone_digest
+    monkeypatch.setattr(envs.tasks, "MILESTONE_SEMANTICS_VERSION", "next")
+    after = task_spec_from_mapping({"task_id": "t", "milestones": [{"name": "m", "when": {"visible": {"text": "x"}}}]})
+    assert after.milestone_digest != digest

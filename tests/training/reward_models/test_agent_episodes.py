@@ -210,5 +210,6 @@ def test_agent_episodes_recorded_under_another_spec_version_get_replayed_milesto
     labels = {e.episode_id: e.milestones for e in read_agent_episodes(warehouse)}
     assert labels["eval:p:older"].is_key_step == (False, True, True, True)
     assert labels["eval:p:older"].progress == pytest.approx((0.0, 1 / 3, 2 / 3, 1.0))
+    assert labels["eval:p:older"].label_version == "env-replayed"
     for kept in ("eval:p:current", "eval:p:unversioned"):
-        assert labels[kept].is_key_step == (False, True, False, False)
+        assert labels[kept].is_key_step == (False, True, False, False) and labels[kept].label_version == "env-online"

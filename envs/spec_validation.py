@@ -89,6 +89,31 @@ class SlotGap:
     example: str  # one such instruction
 
 
+#: How the spec version a record was made under relates to the spec in hand (``TaskSpec.is_other_version``).
+THIS_VERSION, OTHER_VERSION, NO_VERSION = "this version", "another version", "no version stored"
+
+
+@dataclass
+class RecordComparison:
+    """Milestones recorded online against the replay of the spec in hand, over a task's episodes."""
+
+    recorded: int = 0  # replayed episodes that carry milestones recorded online (rollouts)
+    other_version: int = 0  # ... recorded under another version of the spec (labels replay these)
+    differ: list[tuple[str, str]] = field(default_factory=list)  # (episode id, version) where they differ
+
+    def add(self, trajectory: Trajectory, spec: TaskSpec, track: MilestoneTrack) -> None:
+        digest = trajectory.spec_digest
+        version = NO_VERSION if digest is None else OTHER_VERSION if spec.is_other_version(digest) else THIS_VERSION
+        self.recorded += 1
+        self.other_version += version == OTHER_VERSION
+        if track.hits != trajectory.milestones_hit:
+            self.differ.append((trajectory.episode_id, version))
+
+    def differing(self, version: str | None = None) -> list[str]:
+        """The episodes whose record the replay does not reproduce (recorded under ``version``)."""
+        return [episode for episode, v in self.differ if version is None or v == version]
+
+
 @dataclass(frozen=True)
 class TaskReport:
     """One spec against the recorded episodes of its task."""
@@ -103,13 +128,7 @@ class TaskReport:
     slot_gaps: tuple[SlotGap, ...] = ()
     stale_recorded: int = 0  # episodes whose milestones recorded online name none of the spec's
     stale_example: str | None = None
-    recorded: int = 0  # replayed episodes that carry milestones recorded online (rollouts)
-    recorded_differ: int = 0  # ... whose record differs from the replay at some step
-    recorded_differ_example: str | None = None
-    recorded_other_version: int = 0  # ... recorded under another version of the spec (labels replay these)
-    recorded_differ_same_version: int = 0  # ... differing although recorded under this very spec
-    recorded_differ_same_version_example: str | None = None
-    recorded_differ_other_version: int = 0  # ... differing, recorded under another version (expected)
+    records: RecordComparison = field(default_factory=lambda: RecordComparison())
 
     @property
     def episodes(self) -> int:
@@ -200,11 +219,11 @@ class ValidationReport:
                     f"WARNING {at}: field 'instruction' does not fit {task.unfit} recorded instruction(s), "
                     f"e.g. {task.unfit_example!r} (those episodes have no ground truth)"
                 )
-            if task.recorded_differ_same_version:
+            if same_version := task.records.differing(THIS_VERSION):
                 lines.append(
-                    f"WARNING {at}: {task.recorded_differ_same_version} episode(s) recorded under this very spec "
+                    f"WARNING {at}: {len(same_version)} episode(s) recorded under this very spec "
                     f"have milestones recorded online that the replay does not reproduce (e.g. "
-                    f"{task.recorded_differ_same_version_example}): the replay and the online tracker disagree"
+                    f"{same_version[0]}): the replay and the online tracker disagree"
                 )
             if task.stale_recorded:
                 lines.append(
@@ -349,7 +368,7 @@ def validate_task(spec: TaskSpec, trajectories: Iterable[Trajectory]) -> TaskRep
     gaps: dict[str, list[str]] = defaultdict(list)  # slot -> instructions leaving it unfilled
     names = {m.name for m in spec.milestones}
     stale: list[str] = []
-    comparison = _RecordComparison()
+    comparison = RecordComparison()
     for trajectory in trajectories:
         recorded = {n for hits in trajectory.milestones_hit or () for n in hits}
         if recorded - names:
@@ -388,38 +407,8 @@ def validate_task(spec: TaskSpec, trajectories: Iterable[Trajectory]) -> TaskRep
         slot_gaps=tuple(SlotGap(s, tuple(uses[s]), len(v), v[0]) for s, v in sorted(gaps.items())),
         stale_recorded=len(stale),
         stale_example=stale[0] if stale else None,
-        recorded=comparison.recorded,
-        recorded_differ=len(comparison.differ),
-        recorded_differ_example=comparison.differ[0] if comparison.differ else None,
-        recorded_other_version=comparison.other_version,
-        recorded_differ_same_version=len(comparison.differ_same_version),
-        recorded_differ_same_version_example=comparison.differ_same_version[0]
-        if comparison.differ_same_version
-        else None,
-        recorded_differ_other_version=comparison.differ_other_version,
+        records=comparison,
     )
-
-
-@dataclass
-class _RecordComparison:
-    """Milestones recorded online against the replay of the spec in hand, over a task's episodes."""
-
-    recorded: int = 0
-    differ: list[str] = field(default_factory=list)
-    other_version: int = 0
-    differ_same_version: list[str] = field(default_factory=list)
-    differ_other_version: int = 0
-
-    def add(self, trajectory: Trajectory, spec: TaskSpec, track: MilestoneTrack) -> None:
-        self.recorded += 1
-        same_version = trajectory.spec_digest == spec.milestone_digest
-        other_version = trajectory.spec_digest is not None and not same_version
-        self.other_version += other_version
-        if track.hits != trajectory.milestones_hit:
-            self.differ.append(trajectory.episode_id)
-            if same_version:
-                self.differ_same_version.append(trajectory.episode_id)
-            self.differ_other_version += other_version
 
 
 def warehouse_episodes(
@@ -486,23 +475,28 @@ def format_report(report: ValidationReport) -> str:
 
 def _record_comparison_lines(report: ValidationReport) -> list[str]:
     """Milestones recorded online against the replay: a line per task where they differ, one in all."""
-    recorded = sum(t.recorded for t in report.tasks)
+    recorded = sum(t.records.recorded for t in report.tasks)
     if not recorded:
         return []
     lines = []
     for task in report.tasks:
-        if task.recorded_differ:
-            unversioned = task.recorded_differ - task.recorded_differ_same_version - task.recorded_differ_other_version
-            lines.append(
-                f"  {task.task_id}: the replay differs from the milestones recorded online in {task.recorded_differ} "
-                f"of {task.recorded} episodes (e.g. {task.recorded_differ_example}): "
-                f"{task.recorded_differ_other_version} recorded under another version of the spec, "
-                f"{unversioned} with no version stored, {task.recorded_differ_same_version} under this one"
+        if differ := task.records.differing():
+            by_version = ", ".join(
+                f"{len(task.records.differing(v))} {label}"
+                for v, label in (
+                    (OTHER_VERSION, "recorded under another version of the spec"),
+                    (NO_VERSION, "with no version stored"),
+                    (THIS_VERSION, "under this one"),
+                )
             )
-    differ = sum(t.recorded_differ for t in report.tasks)
-    other = sum(t.recorded_other_version for t in report.tasks)
+            lines.append(
+                f"  {task.task_id}: the replay differs from the milestones recorded online in {len(differ)} "
+                f"of {task.records.recorded} episodes (e.g. {differ[0]}): {by_version}"
+            )
+    differ_total = sum(len(t.records.differ) for t in report.tasks)
+    other = sum(t.records.other_version for t in report.tasks)
     lines.append(
-        f"milestones recorded online: the replay reproduces them in {recorded - differ} of {recorded} episodes; "
+        f"milestones recorded online: the replay reproduces them in {recorded - differ_total} of {recorded} episodes; "
         f"{other} were recorded under another version of their spec (labels replay those; "
         "`stepwise label --replay-milestones` replays the episodes with no version stored too)"
     )

@@ -191,6 +191,12 @@ class TaskSpec:
         canonical = json.dumps(content, sort_keys=True, ensure_ascii=False, default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
+    def is_other_version(self, digest: str | None) -> bool:
+        """Were milestones stored with ``digest`` recorded under another version of this spec (its
+        :attr:`milestone_digest` has changed since)? False where no digest was stored (recordings;
+        rollouts stored before digests were), as such a record cannot be checked."""
+        return digest is not None and digest != self.milestone_digest
+
     def slots(self, instruction: str, fields: Mapping[str, Any] | None = None) -> dict[str, str] | None:
         """The instruction's slot values: the template's named groups, plus the fields the
         environment recorded with the episode (MiniWoB++ records them for natural-language tasks).

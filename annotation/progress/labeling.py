@@ -388,7 +388,7 @@ def milestones_with_origin(
     recorded = trajectory.milestones_hit
     if recorded is None:
         return (_replayed_hits(trajectory, spec) if spec is not None else None), REPLAYED
-    stale = spec is not None and recorded_under_other_spec(trajectory, spec)
+    stale = spec is not None and spec.is_other_version(trajectory.spec_digest)
     kept = KEPT_STALE if stale else FROM_UNVERSIONED_RECORD if trajectory.spec_digest is None else FROM_RECORD
     if spec is None or not trajectory.screens or not (replay or stale):
         return recorded, kept
@@ -396,12 +396,6 @@ def milestones_with_origin(
         return _replayed_hits(trajectory, spec), REPLAYED_STALE if stale else REPLAYED
     except TaskSpecError:
         return recorded, kept
-
-
-def recorded_under_other_spec(trajectory: Trajectory, spec: TaskSpec) -> bool:
-    """Were the episode's milestones recorded under a version of the spec other than ``spec``? False
-    where the episode did not store the version (recordings; rollouts stored before it was)."""
-    return trajectory.spec_digest is not None and trajectory.spec_digest != spec.milestone_digest
 
 
 def _replayed_hits(trajectory: Trajectory, spec: TaskSpec) -> tuple[tuple[str, ...], ...]:

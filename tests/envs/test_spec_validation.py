@@ -10,6 +10,9 @@ from datetime import UTC, datetime
 import pytest
 
 from envs.spec_validation import (
+    NO_VERSION,
+    OTHER_VERSION,
+    THIS_VERSION,
     format_report,
     milestone_slot_uses,
     replay_milestones,
@@ -258,9 +261,11 @@ def test_milestones_recorded_online_are_compared_with_the_replay_by_spec_version
     ]
     report = validate_specs(folder, episodes)
     (task,) = [t for t in report.tasks if t.task_id == "click-link"]
-    assert (task.recorded, task.recorded_differ, task.recorded_differ_example) == (4, 3, "older-spec")
-    assert (task.recorded_other_version, task.recorded_differ_other_version) == (1, 1)
-    assert (task.recorded_differ_same_version, task.recorded_differ_same_version_example) == (1, "same-spec")
+    assert (task.records.recorded, task.records.other_version) == (4, 1)
+    assert task.records.differing() == ["older-spec", "unversioned", "same-spec"]
+    assert task.records.differing(THIS_VERSION) == ["same-spec"]
+    assert task.records.differing(OTHER_VERSION) == ["older-spec"]
+    assert task.records.differing(NO_VERSION) == ["unversioned"]
     problems = [p for p in report.problems() if "click-link.yaml" in p]
     assert any("1 episode(s) recorded under this very spec" in p and "e.g. same-spec" in p for p in problems)
     text = format_report(report)

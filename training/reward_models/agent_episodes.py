@@ -133,9 +133,7 @@ def _replayed_stale_hits(warehouse: Warehouse, rows: Sequence[Mapping]) -> dict[
     stale = [
         r["episode_id"]
         for r in rows
-        if r["spec_digest"] is not None
-        and r["task_id"] in catalog
-        and r["spec_digest"] != catalog[r["task_id"]].spec.milestone_digest
+        if r["task_id"] in catalog and catalog[r["task_id"]].spec.is_other_version(r["spec_digest"])
     ]
     if not stale:
         return {}

@@ -43,7 +43,8 @@ class TextStep:
 @dataclass(frozen=True)
 class TextTrajectory:
     """A trajectory as reward models see it. ``final_screen_lines``: the screen after the last
-    action, when the recorder kept it (the warehouse does not; RL callers may send it)."""
+    action, when the recorder kept it (rollouts store it in the warehouse since views version 10;
+    recordings and older rollouts do not; RL and serving callers may send it)."""
 
     episode_id: str
     task_id: str

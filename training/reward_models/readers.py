@@ -138,7 +138,9 @@ def read_trajectories(
     batch_rows: int = 4096,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, TextTrajectory]:
-    """Episodes and their steps as :class:`TextTrajectory` objects (screens rendered to lines).
+    """Episodes and their steps as :class:`TextTrajectory` objects (screens rendered to lines), with
+    the screen after the last action where the episode stored one (rollouts: RL scores its episodes
+    with it too, ``training.rl.rewards.base``, so a model is trained on what it is served).
 
     ``episode_ids`` restricts the read (e.g. one split); steps are converted in batches so the
     screens of the whole corpus never exist as Python objects at once.
@@ -162,6 +164,19 @@ def read_trajectories(
     )
     from warehouse.trajectories import screens_from_arrow
 
+    finals = warehouse.query(
+        f"SELECT e.episode_id, e.final_screen FROM episodes e {where} "
+        + ("AND" if where else "WHERE")
+        + " e.final_screen IS NOT NULL",
+        params,
+    )
+    final_screens = dict(
+        zip(
+            finals.column("episode_id").to_pylist(),
+            (screen_lines(s) for s in screens_from_arrow(finals.column("final_screen"))),
+            strict=True,
+        )
+    )
     steps: dict[str, list[TextStep]] = defaultdict(list)
     done = 0
     for batch in steps_table.to_batches(max_chunksize=batch_rows):
@@ -187,6 +202,7 @@ def read_trajectories(
             instruction=e["instruction"] or "",
             steps=tuple(steps.get(episode_id, ())),
             success=e["success"],
+            final_screen_lines=final_screens.get(episode_id),
         )
         for episode_id, e in episodes.items()
     }

@@ -51,7 +51,8 @@ from warehouse.tables_training import LABELLED_BY_REPLAY
 # 8: agent_eval.policy_label, which older files stored as reward_source (issue 40 item 5).
 # 9: step_alternatives.labelled_by (replay, or from the recording: issue 42 item 2) and field_match.
 # 10: episodes.final_screen and episodes.spec_digest (the spec version behind recorded milestones).
-VIEWS_VERSION = "10"
+# 11: label_ledger.spec_digest (the spec version an episode's env labels were made with).
+VIEWS_VERSION = "11"
 #: Columns a view derives for rows written before the column existed (``coalesce(stored, derived)``).
 _DERIVED_COLUMNS: dict[str, dict[str, str]] = {
     "episodes": {"purpose": LEGACY_PURPOSE_SQL},

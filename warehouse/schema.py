@@ -255,6 +255,10 @@ LABEL_LEDGER = with_key(
             ("recipe_eligible", pa.bool_()),
             ("library_versions", pa.string()),  # JSON {method: version} that labelled it
             ("labelled_by", pa.string()),  # materialization id
+            # the milestone digest of the spec its env labels were made with ('' without a spec;
+            # null: labelled before the ledger recorded it): an incremental run relabels a task whose
+            # spec changed since
+            ("spec_digest", pa.string()),
         ]
     ),
     "episode_id",

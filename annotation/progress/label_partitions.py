@@ -66,7 +66,8 @@ def has_library(warehouse: Warehouse, family: str) -> bool:
 #: The labels' options, in words for a config or a command line.
 LABEL_MODE_HELP = (
     "incremental: new episodes against the stored recipe libraries (a task's rebuilt when its successes grew "
-    "by max(2, 10%); families without one from scratch) | full: the families from scratch"
+    "by max(2, 10%) or its spec changed since it was labelled; families without one from scratch) | full: the "
+    "families from scratch"
 )
 REPLAY_MILESTONES_HELP = (
     "milestone labels of the episodes a run labels from the task specs replayed, not from the milestones "

@@ -11,7 +11,8 @@ append to. SQL readers see the union, one ``progress_labels`` table as before.
   writing rows as they come: same rows as the all-at-once path.
 * :func:`run_family_labels` brings one family up to date (the partitioned asset): episodes not
   yet in the family's ledger are labelled against the stored recipe libraries; tasks whose
-  successes changed enough are rebuilt (relabelled whole, library version + 1); if anything
+  successes changed enough, or whose spec changed since their episodes were labelled (the ledger's
+  ``spec_digest``), are rebuilt (relabelled whole, library version + 1); if anything
   was rebuilt or removed, or the delta slots are full, the family is compacted into a new base.
 """
 
@@ -28,6 +29,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from annotation.progress.label_io import (
     OTHER_FAMILY,
@@ -57,7 +59,7 @@ from annotation.progress.labeling import (
 from annotation.progress.plots import label_distribution_plot_from_counts, progress_curves_plot
 from annotation.progress.text_similarity import HashingTextEmbedder, TextEmbedder
 from envs.task_catalog import MINIWOB_FAMILIES
-from envs.tasks import TaskSpec, load_task_specs
+from envs.tasks import TASK_VARIANT_FIELD, TaskSpec, load_task_specs, spec_for
 from warehouse.catalog import LineageInput, Materialization, TableOutput, Warehouse
 from warehouse.purposes import purpose_filter
 from warehouse.schema import LABEL_LEDGER, LABEL_NOTES, LIBRARY_STATE, PROGRESS_LABELS, RECIPES
@@ -208,7 +210,16 @@ class _Outputs:
             w.abort()
 
 
-def _ledger_rows(trajectories: Iterable[Trajectory], versions: Mapping[str, Mapping], mid: str) -> list[dict]:
+def labelled_spec_digest(specs: Mapping[str, TaskSpec], task_id: str, variant: str | None) -> str:
+    """What the ledger records of the spec an episode's env labels are made with: its
+    ``milestone_digest`` ('' where the episode has no spec), by variant as ``spec_for`` chooses."""
+    spec = spec_for(specs, task_id, {TASK_VARIANT_FIELD: variant} if variant else None)
+    return spec.milestone_digest if spec is not None else ""
+
+
+def _ledger_rows(
+    trajectories: Iterable[Trajectory], versions: Mapping[str, Mapping], mid: str, specs: Mapping[str, TaskSpec]
+) -> list[dict]:
     return [
         {
             "episode_id": t.episode_id,
@@ -220,6 +231,7 @@ def _ledger_rows(trajectories: Iterable[Trajectory], versions: Mapping[str, Mapp
                 dict(versions.get(t.task_id) or dict.fromkeys(LCS_METHODS, 1)), sort_keys=True
             ),
             "labelled_by": mid,
+            "spec_digest": labelled_spec_digest(specs, t.task_id, t.fields.get(TASK_VARIANT_FIELD)),
         }
         for t in trajectories
     ]
@@ -358,7 +370,7 @@ def run_labeling(
             for batch in iter_task_batches(warehouse, fam_where, fam_params, max_episodes=batch_episodes):
                 family_of_batch.append(fam)
                 out.summary.episodes += len(batch)
-                out.rows("label_ledger", fam, _ledger_rows(batch, {}, m.materialization_id))
+                out.rows("label_ledger", fam, _ledger_rows(batch, {}, m.materialization_id, specs))
                 yield batch
 
     try:
@@ -470,7 +482,8 @@ def run_family_labels(
     """Bring one label family's labels up to date (see the module docstring). ``mode="full"``
     relabels the family from scratch; ``"incremental"`` (default) labels only what is new,
     rebuilding the recipe libraries of tasks whose recipe-eligible successes grew by at least
-    ``max(rebuild_at_least, rebuild_share x the successes they were built from)``.
+    ``max(rebuild_at_least, rebuild_share x the successes they were built from)``, and of tasks
+    whose spec changed since their episodes were labelled.
     ``replay_milestones``: the episodes this run labels get milestones replayed from the specs
     (:func:`run_labeling`); the labels it leaves alone keep theirs."""
 
@@ -495,10 +508,16 @@ def run_family_labels(
         )
     specs = load_task_specs(specs_dir or default_specs_dir())
     states = {(r["task_id"], r["method"]): LibraryState.from_row(r) for r in states_table.to_pylist()}
-    update = _plan_family_update(warehouse, family, states, rebuild_share, rebuild_at_least)
+    update = _plan_family_update(warehouse, family, states, specs, rebuild_share, rebuild_at_least)
     m = _family_update_materialization(warehouse, family, update, states, specs, asset, run_id, theta, embedder)
     m.parameters["milestones"] = _milestone_source(replay_milestones)
     log(update.describe(family))
+    if update.unversioned:
+        log(
+            f"{family}: {update.unversioned} episodes were labelled before the label ledger recorded their spec "
+            "versions: a spec changed since is not seen for them; a full run (`stepwise label`, the asset's "
+            "`mode: full`) relabels them once"
+        )
     out = _Outputs(warehouse, m, [family], suffix=".new" if update.compact else f"/+{update.free[0]}")
     embed = make_embedder(embedder)
     try:
@@ -535,6 +554,8 @@ class _FamilyUpdate:
     free: list[int]  # delta slots without rows
     compact: bool  # whether the family is compacted into a new base (else written to delta slot free[0])
     version_of: dict[str, int]  # the new library version of each rebuilt task
+    spec_changed: list[str] = field(default_factory=list)  # rebuilt because their spec changed since labelled
+    unversioned: int = 0  # labelled episodes whose ledger row has no spec version (labelled before it was kept)
 
     def report(self) -> dict:
         """The run's counts, as recorded in the materialization and the summary."""
@@ -542,6 +563,7 @@ class _FamilyUpdate:
             "new_episodes": len(self.new_rows),
             "labelled_against_library": len(self.incremental_ids),
             "rebuilt_tasks": {task: self.version_of[task] for task in self.rebuild},
+            "spec_changed_tasks": self.spec_changed,
             "removed_episodes": len(self.removed),
             "compacted": self.compact,
         }
@@ -551,7 +573,9 @@ class _FamilyUpdate:
         rebuild = self.rebuild
         return (
             f"{family}: {len(self.new_rows)} new episodes ({len(self.incremental_ids)} against the stored recipes), "
-            f"{len(rebuild)} tasks rebuilt {rebuild[:5]}{'...' if len(rebuild) > 5 else ''}, "
+            f"{len(rebuild)} tasks rebuilt {rebuild[:5]}{'...' if len(rebuild) > 5 else ''}"
+            + (f" ({len(self.spec_changed)} for a changed spec)" if self.spec_changed else "")
+            + ", "
             f"{len(self.removed)} removed; {'compacting' if self.compact else f'delta slot +{self.free[0]}'}"
         )
 
@@ -560,30 +584,48 @@ def _plan_family_update(
     warehouse: Warehouse,
     family: str,
     states: Mapping[tuple[str, str], LibraryState],
+    specs: Mapping[str, TaskSpec],
     rebuild_share: float,
     rebuild_at_least: int,
 ) -> _FamilyUpdate:
-    """Compare the family's episodes with its ledger and decide what to label, rebuild and compact."""
+    """Compare the family's episodes with its ledger and decide what to label, rebuild and compact.
+    A task is rebuilt when its new recipe-eligible successes call for it (``needs_rebuild``), or when
+    the spec its labelled episodes were labelled with is no longer the one in hand (its milestone
+    labels are stale: every episode of it, recorded or not, is labelled from the spec)."""
     fam_where, fam_params = family_where([family])
     ledger_paths = list(family_paths(warehouse, "label_ledger", family).values())
-    known = _read(ledger_paths, "SELECT episode_id FROM {files}", LABEL_LEDGER).column("episode_id").to_pylist()
+    labelled_with = _ledger_spec_digests(ledger_paths)
     current = warehouse.query(
-        f"SELECT e.episode_id, e.task_id, e.success, e.source FROM episodes e WHERE {fam_where}", fam_params
+        "SELECT e.episode_id, e.task_id, e.success, e.source, "
+        f"json_extract_string(e.task_fields, '$.{TASK_VARIANT_FIELD}') AS variant FROM episodes e WHERE {fam_where}",
+        fam_params,
     ).to_pylist()
-    known_set = set(known)
+    known_set = set(labelled_with)
+    spec_changed = sorted(
+        {
+            r["task_id"]
+            for r in current
+            if labelled_with.get(r["episode_id"]) is not None
+            and labelled_with[r["episode_id"]] != labelled_spec_digest(specs, r["task_id"], r["variant"])
+        }
+    )
+    unversioned = sum(1 for r in current if r["episode_id"] in known_set and labelled_with[r["episode_id"]] is None)
     new_rows = [r for r in current if r["episode_id"] not in known_set]
     removed = known_set - {r["episode_id"] for r in current}
     new_successes = Counter(r["task_id"] for r in new_rows if r["success"] and r["source"] in RECIPE_SOURCES)
     new_tasks = sorted({r["task_id"] for r in new_rows})
     rebuild = sorted(
-        task
-        for task in new_tasks
-        if any(
-            needs_rebuild(
-                states.get((task, method)), new_successes[task], share=rebuild_share, at_least=rebuild_at_least
+        {
+            task
+            for task in new_tasks
+            if any(
+                needs_rebuild(
+                    states.get((task, method)), new_successes[task], share=rebuild_share, at_least=rebuild_at_least
+                )
+                for method in LCS_METHODS
             )
-            for method in LCS_METHODS
-        )
+        }
+        | set(spec_changed)
     )
     incremental_ids = [r["episode_id"] for r in new_rows if r["task_id"] not in set(rebuild)]
     used = _slot_rows(warehouse, family)
@@ -593,7 +635,19 @@ def _plan_family_update(
         task: max((states[(task, m)].version for m in LCS_METHODS if (task, m) in states), default=0) + 1
         for task in rebuild
     }
-    return _FamilyUpdate(new_rows, removed, rebuild, incremental_ids, free, compact, version_of)
+    return _FamilyUpdate(
+        new_rows, removed, rebuild, incremental_ids, free, compact, version_of, spec_changed, unversioned
+    )
+
+
+def _ledger_spec_digests(paths: Sequence[Path]) -> dict[str, str | None]:
+    """Episode id -> the spec digest its ledger row recorded (None for rows written before the
+    ledger kept it, including whole files without the column)."""
+    if not any("spec_digest" in pq.read_schema(p).names for p in paths):
+        table = _read(paths, "SELECT episode_id FROM {files}", LABEL_LEDGER)
+        return dict.fromkeys(table.column("episode_id").to_pylist())
+    table = _read(paths, "SELECT episode_id, spec_digest FROM {files}", LABEL_LEDGER)
+    return dict(zip(table.column("episode_id").to_pylist(), table.column("spec_digest").to_pylist(), strict=True))
 
 
 def _family_update_materialization(
@@ -646,7 +700,7 @@ def _label_against_stored_libraries(
         task_states = {t.task_id: states[(t.task_id, method)] for t in batch}
         out.lcs(family, method, label_against_library(batch, task_states, embed, method))
     versions = {t.task_id: {mm: states[(t.task_id, mm)].version for mm in LCS_METHODS} for t in batch}
-    out.rows("label_ledger", family, _ledger_rows(batch, versions, out.m.materialization_id))
+    out.rows("label_ledger", family, _ledger_rows(batch, versions, out.m.materialization_id, specs))
 
 
 def _relabel_rebuilt_tasks(
@@ -668,7 +722,7 @@ def _relabel_rebuilt_tasks(
         out.summary.episodes += result.episodes
         _write_batch(out, family, result, mid, version_of)
         versions = {task: dict.fromkeys(LCS_METHODS, version_of[task]) for task in result.task_ids}
-        out.rows("label_ledger", family, _ledger_rows(batch_trajectories, versions, mid))
+        out.rows("label_ledger", family, _ledger_rows(batch_trajectories, versions, mid, specs))
 
 
 def _with_batches(

@@ -3,12 +3,16 @@ against the stored recipe library; a family's labels are brought up to date incr
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from annotation.progress.label_partitions import merge_summaries, unlabelled_episodes
-from annotation.progress.label_runs import run_family_labels, run_labeling
+from annotation.progress.label_runs import _ledger_spec_digests, run_family_labels, run_labeling
 from annotation.progress.label_state import LibraryState, label_against_library, library_states, needs_rebuild
 from annotation.progress.label_stream import stream_labels
 from annotation.progress.labeling import LCS_METHODS, env_labels, lcs_labels, prepare_lcs
@@ -206,3 +210,74 @@ def test_replay_milestones_reaches_every_path_that_labels(tmp_path, monkeypatch)
         "SELECT parameters->>'milestones' AS m FROM lineage_materializations WHERE asset LIKE '%progress_labels%'"
     ).column("m")
     assert set(params.to_pylist()) == {"replayed from the specs"}
+
+
+def test_an_incremental_run_relabels_a_task_whose_spec_changed_and_only_that_task(tmp_path):
+    """Every episode's milestone labels come from its task's spec, recorded or not: after the spec
+    changes, an incremental run with no new episode rebuilds that task (and no other), and the
+    next run, with the ledger up to date, has nothing to do."""
+    specs_dir = tmp_path / "specs"
+    shutil.copytree(default_specs_dir(), specs_dir)
+    home = tmp_path / "home"
+    publish_tiny_episodes(home, "first", "", seed=7, n_login=12, n_button=8)
+    warehouse = Warehouse(home)
+    quiet = lambda _message: None  # noqa: E731
+    run_labeling(warehouse, embedder="hashing", log=quiet, specs_dir=specs_dir)
+    unchanged = run_family_labels(warehouse, "miniwob-forms", embedder="hashing", log=quiet, specs_dir=specs_dir)
+    assert not unchanged.incremental["rebuilt_tasks"] and unchanged.incremental["spec_changed_tasks"] == []
+
+    login = specs_dir / "miniwob" / "login-user.yaml"
+    mapping = yaml.safe_load(login.read_text())
+    mapping["milestones"] = mapping["milestones"][:2]  # "login clicked" is no milestone any more
+    login.write_text(yaml.safe_dump(mapping))
+    messages: list[str] = []
+    summary = run_family_labels(
+        warehouse, "miniwob-forms", embedder="hashing", log=messages.append, specs_dir=specs_dir
+    )
+    assert summary.incremental["spec_changed_tasks"] == ["login-user"]
+    assert summary.incremental["rebuilt_tasks"] == {"login-user": 2} and summary.incremental["new_episodes"] == 0
+    assert any("1 for a changed spec" in m for m in messages)
+    trajectories = list(load_trajectories(warehouse, "e.task_id = 'login-user'"))
+    expected = env_labels(trajectories, load_task_specs(specs_dir)).label_rows
+    stored = warehouse.query(
+        "SELECT l.episode_id, step_idx, progress FROM progress_labels l JOIN episodes e USING (episode_id) "
+        "WHERE l.source = 'env' AND e.task_id = 'login-user' ORDER BY l.episode_id, step_idx"
+    ).to_pylist()
+    assert stored == sorted(
+        ({k: r[k] for k in ("episode_id", "step_idx", "progress")} for r in expected),
+        key=lambda r: (r["episode_id"], r["step_idx"]),
+    )
+    assert any(r["progress"] == 0.5 for r in stored)  # two milestones now: halves, where there were thirds
+    for table in ("progress_labels", "recipes", "label_notes", "label_ledger"):
+        assert check_unique_key(warehouse, table).passed, table
+    again = run_family_labels(warehouse, "miniwob-forms", embedder="hashing", log=quiet, specs_dir=specs_dir)
+    assert not again.incremental["rebuilt_tasks"]
+
+
+def test_ledgers_written_before_spec_versions_read_as_unknown(tmp_path):
+    """A ledger file without the column, beside one with it: its episodes' versions are unknown
+    (None), not a change."""
+    old, new = tmp_path / "old.parquet", tmp_path / "new.parquet"
+    pq.write_table(pa.table({"episode_id": ["a"], "task_id": ["t"]}), old)
+    pq.write_table(pa.table({"episode_id": ["b", "c"], "task_id": ["t", "t"], "spec_digest": ["d1", ""]}), new)
+    assert _ledger_spec_digests([old]) == {"a": None}
+    assert _ledger_spec_digests([old, new]) == {"a": None, "b": "d1", "c": ""}
+    assert _ledger_spec_digests([]) == {}
+
+
+def test_an_incremental_run_says_which_labelled_episodes_have_no_spec_version(tmp_path, monkeypatch):
+    """Labels made before the ledger kept spec versions: no rebuild (a change cannot be seen), and
+    the run says so, naming the full run that settles it."""
+    import annotation.progress.label_runs as label_runs
+
+    home = tmp_path / "home"
+    publish_tiny_episodes(home, "first", "", seed=7, n_login=12, n_button=8)
+    warehouse = Warehouse(home)
+    with monkeypatch.context() as patch:
+        patch.setattr(label_runs, "labelled_spec_digest", lambda *_args: None)  # as an older ledger has it
+        run_labeling(warehouse, embedder="hashing", log=lambda _m: None)
+    forms = warehouse.query("SELECT count(*) FROM label_ledger WHERE label_family = 'miniwob-forms'").column(0)[0]
+    messages: list[str] = []
+    summary = run_family_labels(warehouse, "miniwob-forms", embedder="hashing", log=messages.append)
+    assert not summary.incremental["rebuilt_tasks"]
+    assert any(f"{forms.as_py()} episodes were labelled before" in m and "full run" in m for m in messages)

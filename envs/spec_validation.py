@@ -251,7 +251,12 @@ class ValidationReport:
 
 def replay_milestones(spec: TaskSpec, trajectory: Trajectory) -> MilestoneTrack:
     """The spec's milestones along a recorded trajectory, with the labels' replay semantics (module
-    docstring). Raises TaskSpecError when the instruction does not fit the spec's template."""
+    docstring). Raises TaskSpecError when the instruction does not fit the spec's template, and
+    ValueError for a trajectory loaded without its screens (its placeholders would reach nothing)."""
+    if not trajectory.screens_loaded:
+        raise ValueError(
+            f"episode {trajectory.episode_id}: loaded without its screens (with_screens=False): nothing to replay"
+        )
     if not trajectory.screens:
         return track_milestones(spec, trajectory.instruction, [], trajectory.success, trajectory.fields)
     last: Screen | None

@@ -33,6 +33,9 @@ class Trajectory:
     # steps whose action the environment did not carry out (a rollout's ``steps.problem``; a
     # recording's problem is the importer's, and its action did happen)
     failed_steps: frozenset[int] = frozenset()
+    # False when loaded without its screens (``load_trajectories(with_screens=False)``): each step's
+    # screen is then an empty placeholder, which must not be read as what the page showed
+    screens_loaded: bool = True
 
     @property
     def n_steps(self) -> int:
@@ -191,6 +194,7 @@ def _trajectories(warehouse: Warehouse, batch: list[dict], with_screens: bool) -
             failed_steps=frozenset(i for i, (r, _) in enumerate(steps) if r["problem"] is not None)
             if e["source"] == ROLLOUT_SOURCE
             else frozenset(),
+            screens_loaded=with_screens,
         )
 
 

@@ -390,7 +390,7 @@ def milestones_with_origin(
         return (_replayed_hits(trajectory, spec) if spec is not None else None), REPLAYED
     stale = spec is not None and spec.is_other_version(trajectory.spec_digest)
     kept = KEPT_STALE if stale else FROM_UNVERSIONED_RECORD if trajectory.spec_digest is None else FROM_RECORD
-    if spec is None or not trajectory.screens or not (replay or stale):
+    if spec is None or not (trajectory.screens and trajectory.screens_loaded) or not (replay or stale):
         return recorded, kept
     try:
         return _replayed_hits(trajectory, spec), REPLAYED_STALE if stale else REPLAYED

@@ -280,6 +280,13 @@ def test_milestones_recorded_under_another_version_of_the_spec_are_replayed_and_
     assert milestone_hits(rollout, LOGIN_SPEC) == recorded  # no digest stored: nothing says it is stale
     blind_stale = dataclasses.replace(stale, screens=())
     assert milestones_with_origin(blind_stale, LOGIN_SPEC) == (recorded, KEPT_STALE)  # nothing to replay
+    # loaded without its screens (placeholders): kept as well, never replayed over blank screens
+    unloaded = dataclasses.replace(
+        stale, screens=tuple(Screen(()) for _ in stale.screens), final_screen=None, screens_loaded=False
+    )
+    assert milestones_with_origin(unloaded, LOGIN_SPEC) == (recorded, KEPT_STALE)
+    with pytest.raises(ValueError, match="episode r: loaded without its screens"):
+        milestone_hits(dataclasses.replace(unloaded, milestones_hit=None), LOGIN_SPEC)
     assert milestone_hits(current, LOGIN_SPEC, replay=True) == replayed
     run = env_labels([stale, dataclasses.replace(current, episode_id="k")], {"login-user": LOGIN_SPEC})
     by_episode: dict[str, list[float]] = {}

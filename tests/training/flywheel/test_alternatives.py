@@ -35,6 +35,7 @@ from training.flywheel.alternatives import (
     replay_jobs,
     sample_states,
     state_id,
+    states_to_label,
 )
 from training.flywheel.replay import (
     ReplayDiverged,
@@ -46,7 +47,7 @@ from training.flywheel.replay import (
 from warehouse.model import Action, ActionType, Screen, UIElement
 from warehouse.schema import STEPS, append_step
 from warehouse.tables_training import STEP_ALTERNATIVES
-from warehouse.trajectories import screens_from_arrow
+from warehouse.trajectories import Trajectory, screens_from_arrow
 
 LOGIN = load_catalog("miniwob")["login-user"]
 INSTRUCTION = 'Enter the username "ada" and the password "x1" into the text fields and press login'
@@ -348,6 +349,44 @@ def test_candidates_are_the_policys_top_k_and_the_recorded_action_when_it_is_not
     unknown = Action(ActionType.INPUT, el(screen, "password"), text="typo!")  # no candidate types it
     extra = propose(policy_model, context(), screen, [], unknown, 2)
     assert extra[-1].action == unknown and extra[-1].policy_rank is None and extra[-1].policy_logp is None
+
+
+def test_a_sampled_states_milestones_are_replayed_where_the_episode_recorded_them_under_another_spec(
+    policy_model,
+):
+    """The milestones reached before a sampled state (what the label's progress starts from) are
+    the spec's replay when the rollout stored another spec version, and its record when it stored
+    this one (the record here is deliberately empty, so the test sees which was used)."""
+    s0, s1 = login_screen(), login_screen(focused="username")
+    s2 = login_screen("ada", None, "username")
+    actions = (
+        Action(ActionType.CLICK, el(s0, "username")),
+        Action(ActionType.INPUT, el(s1, "username"), text="ada"),
+        Action(ActionType.CLICK, el(s2, "password")),
+    )
+    recorded = Trajectory(
+        episode_id="ep",
+        task_id="login-user",
+        instruction=INSTRUCTION,
+        source="rollout",
+        success=False,
+        actions=actions,
+        screens=(s0, s1, s2),
+        milestones_hit=((), (), ()),
+        fields=SLOTS,
+        spec_digest=LOGIN.spec.milestone_digest,
+    )
+    stale = replace(recorded, spec_digest="0" * 16)
+    sampled = [(SourceEpisode("ep", "login-user", 7, "policy_rollout", "p", 3), 2)]
+
+    def reached(trajectory: Trajectory) -> int:
+        (state,) = states_to_label(
+            policy_model, sampled, {"ep": trajectory}, {}, {"login-user": LOGIN}, proposer_id="p", top_k=2
+        )
+        return state.milestones_reached
+
+    assert reached(recorded) == 0
+    assert reached(stale) == 1  # "username typed" after the second action
 
 
 def test_the_plans_step_follows_the_recorded_prefix():

@@ -41,9 +41,8 @@ from annotation.progress.labels import (
     check_improved_beats_paper,
     check_progress_labels,
     default_specs_dir,
-    episodes_version,
-    families_with_new_episodes,
     family_labels_version,
+    label_backlog,
     label_families,
     run_label_partitions,
     run_label_quality_report,
@@ -255,33 +254,31 @@ label_families_job = define_asset_job(
     minimum_interval_seconds=60,
     default_status=DefaultSensorStatus.STOPPED,
     description="Asks for a labels run of every label family with episodes not labelled yet (e.g. a batch of "
-    "rollouts): new episodes are labelled against the stored recipe libraries, incrementally. A family with a run "
-    "in flight waits; a failed run is asked for again when episodes or the family's labels change.",
+    "rollouts), or labelled under a task spec changed since: new episodes are labelled against the stored recipe "
+    "libraries, tasks whose spec changed relabelled whole. A family with a run in flight waits; a failed run is "
+    "asked for again when episodes, specs or the family's labels change.",
 )
 def new_episodes_to_label(context: SensorEvaluationContext, warehouse: WarehouseResource):
     wh = warehouse.get()
-    pending = families_with_new_episodes(wh)
-    if not pending:
-        return SkipReason("every episode is labelled")
+    backlog = label_backlog(wh, default_specs_dir())
+    if not backlog.families:
+        return SkipReason("every episode is labelled, under the specs in hand")
     busy = {
         run.tags.get("dagster/partition")
         for run in context.instance.get_runs(
             RunsFilter(job_name=label_families_job.name, statuses=IN_FLIGHT), limit=100
         )
     }
-    context.log.info(
-        f"episodes not labelled yet, by label family: {pending}; runs in flight: {sorted(b for b in busy if b)}"
-    )
-    episodes = episodes_version(wh)
+    context.log.info(f"{backlog.describe()}; runs in flight: {sorted(b for b in busy if b)}")
     requests = [
         RunRequest(
             partition_key=family,
-            # One request per state of the episodes and of the family's labels: a run that failed is
-            # asked for again once either changes (or from the UI), never in a loop.
-            run_key=f"{family}@{episodes}@{family_labels_version(wh, family)}",
-            tags={"stepwise/trigger": "new_episodes_to_label", "stepwise/new_episodes": str(n)},
+            # One request per state of the episodes, the specs and the family's labels: a run that
+            # failed is asked for again once one of them changes (or from the UI), never in a loop.
+            run_key=f"{family}@{backlog.version}@{family_labels_version(wh, family)}",
+            tags={"stepwise/trigger": "new_episodes_to_label", **backlog.tags(family)},
         )
-        for family, n in pending.items()
+        for family in backlog.families
         if family not in busy  # a second run of a family would only be refused when it publishes
     ]
     return SensorResult(run_requests=requests) if requests else SkipReason("every family with new episodes is running")

@@ -1,5 +1,6 @@
 """The labels stage by label family (the Dagster partitions): which families have episodes not
-labelled yet (what the ``new_episodes_to_label`` sensor asks), and a run over a set of families:
+labelled yet, or labelled under a task spec changed since (what the ``new_episodes_to_label``
+sensor asks), and a run over a set of families:
 those without a stored recipe library labelled from scratch in one pass, the others brought up to
 date one by one or side by side (:func:`run_label_partitions`; processes or Ray tasks through
 ``map_families``). The labelling itself: :mod:`annotation.progress.label_runs`."""
@@ -7,8 +8,10 @@ date one by one or side by side (:func:`run_label_partitions`; processes or Ray 
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +21,11 @@ from annotation.progress.label_runs import (
     Log,
     family_paths,
     family_versions,
+    labelled_spec_digest,
     run_family_labels,
     run_labeling,
 )
+from envs.tasks import TaskSpec, load_task_specs
 from warehouse.catalog import Warehouse
 from warehouse.purposes import purpose_filter
 
@@ -45,6 +50,66 @@ def families_with_new_episodes(warehouse: Warehouse) -> dict[str, int]:
     for row in rows:
         counts[label_family(row["task_id"])] += int(row["n"])
     return dict(sorted(counts.items()))
+
+
+def families_with_changed_specs(warehouse: Warehouse, specs: Mapping[str, TaskSpec]) -> dict[str, int]:
+    """Label families with labelled episodes whose spec changed since (the label ledger's
+    ``spec_digest`` is not that of the spec in hand: ``label_runs.labelled_spec_digest``), and how
+    many: an incremental run of such a family relabels those tasks. Ledger rows written before the
+    ledger kept versions do not count: a change cannot be seen for them."""
+    rows = warehouse.query(
+        "SELECT l.task_id, json_extract_string(e.task_fields, '$.task_variant') AS variant, l.spec_digest, "
+        "count(*) AS n FROM label_ledger l JOIN episodes e USING (episode_id) "
+        "WHERE l.spec_digest IS NOT NULL GROUP BY ALL"
+    ).to_pylist()
+    counts: Counter[str] = Counter()
+    for row in rows:
+        if row["spec_digest"] != labelled_spec_digest(specs, row["task_id"], row["variant"]):
+            counts[label_family(row["task_id"])] += int(row["n"])
+    return dict(sorted(counts.items()))
+
+
+def specs_version(specs: Mapping[str, TaskSpec]) -> str:
+    """A short hash of every spec's milestone digest: changes exactly when some spec's milestones do."""
+    digests = "\n".join(f"{key}={spec.milestone_digest}" for key, spec in sorted(specs.items()))
+    return hashlib.sha256(digests.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class LabelBacklog:
+    """What the ``new_episodes_to_label`` sensor asks for: per label family, its episodes not
+    labelled yet and those labelled under a spec changed since; ``version``: the state of the
+    episodes and the specs it was read from (part of a request's run key)."""
+
+    new: dict[str, int]
+    spec_changed: dict[str, int]
+    version: str
+
+    @property
+    def families(self) -> list[str]:
+        return sorted(set(self.new) | set(self.spec_changed))
+
+    def describe(self) -> str:
+        return (
+            f"episodes not labelled yet, by label family: {self.new}; "
+            f"labelled under a spec changed since: {self.spec_changed}"
+        )
+
+    def tags(self, family: str) -> dict[str, str]:
+        return {
+            "stepwise/new_episodes": str(self.new.get(family, 0)),
+            "stepwise/spec_changed_episodes": str(self.spec_changed.get(family, 0)),
+        }
+
+
+def label_backlog(warehouse: Warehouse, specs_dir: str | Path) -> LabelBacklog:
+    """The families a labels run would change (:class:`LabelBacklog`), with the specs in ``specs_dir``."""
+    specs = load_task_specs(specs_dir)
+    return LabelBacklog(
+        families_with_new_episodes(warehouse),
+        families_with_changed_specs(warehouse, specs),
+        f"{episodes_version(warehouse)}@specs-{specs_version(specs)}",
+    )
 
 
 def episodes_version(warehouse: Warehouse) -> str:

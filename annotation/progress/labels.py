@@ -24,6 +24,7 @@ from annotation.progress.label_partitions import REPLAY_MILESTONES_HELP as REPLA
 from annotation.progress.label_partitions import episodes_version as episodes_version
 from annotation.progress.label_partitions import families_with_new_episodes as families_with_new_episodes
 from annotation.progress.label_partitions import family_labels_version as family_labels_version
+from annotation.progress.label_partitions import label_backlog as label_backlog
 from annotation.progress.label_partitions import run_label_partitions as run_label_partitions
 from annotation.progress.label_runs import LABELS_CODE_VERSION as LABELS_CODE_VERSION
 from annotation.progress.label_runs import LabelSummary as LabelSummary

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from dagster import (
     DagsterInstance,
     DagsterRun,
@@ -21,7 +23,8 @@ from dagster import (
     materialize,
 )
 
-from annotation.progress.label_partitions import families_with_new_episodes
+from annotation.progress.label_io import default_specs_dir
+from annotation.progress.label_partitions import families_with_changed_specs, families_with_new_episodes
 from assets.labels import (
     LABEL_ASSETS,
     LABEL_CHECKS,
@@ -31,6 +34,7 @@ from assets.labels import (
     recipes_and_progress_labels,
 )
 from assets.resources import WarehouseResource
+from envs.tasks import load_task_specs
 from tests.annotation.helpers import publish_tiny_episodes
 from warehouse.catalog import Warehouse
 
@@ -121,6 +125,38 @@ def test_a_family_partition_labels_only_its_new_episodes(tmp_path):
     assert [r.partition_key for r in _sensor(home).run_requests] == ["other"]
     checks = {e.check_name: e.passed for e in forms.get_asset_check_evaluations()}
     assert checks and all(checks.values()), checks
+
+
+def test_the_sensor_asks_for_the_family_whose_spec_changed_and_the_run_settles_it(tmp_path, monkeypatch):
+    """A spec edited after its task's episodes were labelled: the sensor asks for that family's run
+    (and no other), keyed by the specs' version; the incremental run relabels the task and the
+    sensor is quiet again."""
+    specs_dir = tmp_path / "specs"
+    shutil.copytree(default_specs_dir(), specs_dir)
+    monkeypatch.setenv("STEPWISE_TASK_SPECS", str(specs_dir))
+    home = tmp_path / "home"
+    publish_tiny_episodes(home, "first", "", seed=7, n_login=12, n_button=8)
+    assert _labels(home).success
+    assert isinstance(_sensor(home), SkipReason)
+
+    login = specs_dir / "miniwob" / "login-user.yaml"
+    mapping = yaml.safe_load(login.read_text())
+    mapping["milestones"] = mapping["milestones"][:2]
+    login.write_text(yaml.safe_dump(mapping))
+    warehouse = Warehouse(home)
+    assert families_with_changed_specs(warehouse, load_task_specs(specs_dir)) == {"miniwob-forms": 12}
+    (request,) = _sensor(home).run_requests
+    assert request.partition_key == "miniwob-forms"
+    assert request.tags["stepwise/spec_changed_episodes"] == "12" and request.tags["stepwise/new_episodes"] == "0"
+    assert _labels(home, partition_key="miniwob-forms").success
+    parameters = json.loads(
+        warehouse.query(
+            "SELECT parameters FROM lineage_materializations WHERE asset = 'progress_labels' "
+            "ORDER BY created_at DESC LIMIT 1"
+        ).to_pylist()[0]["parameters"]
+    )
+    assert parameters["spec_changed_tasks"] == ["login-user"]
+    assert isinstance(_sensor(home), SkipReason)
 
 
 def test_unknown_mode_and_family_are_refused(tmp_path):

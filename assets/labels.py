@@ -281,7 +281,7 @@ def new_episodes_to_label(context: SensorEvaluationContext, warehouse: Warehouse
         for family in backlog.families
         if family not in busy  # a second run of a family would only be refused when it publishes
     ]
-    return SensorResult(run_requests=requests) if requests else SkipReason("every family with new episodes is running")
+    return SensorResult(run_requests=requests) if requests else SkipReason("every family to label is running")
 
 
 LABEL_ASSETS = [synthetic_trajectories, recipes_and_progress_labels, progress_split, label_quality_report]

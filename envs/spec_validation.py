@@ -128,7 +128,7 @@ class TaskReport:
     slot_gaps: tuple[SlotGap, ...] = ()
     stale_recorded: int = 0  # episodes whose milestones recorded online name none of the spec's
     stale_example: str | None = None
-    records: RecordComparison = field(default_factory=lambda: RecordComparison())
+    records: RecordComparison = field(default_factory=RecordComparison)
 
     @property
     def episodes(self) -> int:

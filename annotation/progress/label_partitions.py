@@ -21,11 +21,11 @@ from annotation.progress.label_runs import (
     Log,
     family_paths,
     family_versions,
-    labelled_spec_digest,
+    labelled_under_other_spec,
     run_family_labels,
     run_labeling,
 )
-from envs.tasks import TaskSpec, load_task_specs
+from envs.tasks import TaskSpec, TaskSpecError, load_task_specs
 from warehouse.catalog import Warehouse
 from warehouse.purposes import purpose_filter
 
@@ -54,7 +54,7 @@ def families_with_new_episodes(warehouse: Warehouse) -> dict[str, int]:
 
 def families_with_changed_specs(warehouse: Warehouse, specs: Mapping[str, TaskSpec]) -> dict[str, int]:
     """Label families with labelled episodes whose spec changed since (the label ledger's
-    ``spec_digest`` is not that of the spec in hand: ``label_runs.labelled_spec_digest``), and how
+    ``spec_digest`` is not that of the spec in hand: ``label_runs.labelled_under_other_spec``), and how
     many: an incremental run of such a family relabels those tasks. Ledger rows written before the
     ledger kept versions do not count: a change cannot be seen for them."""
     rows = warehouse.query(
@@ -64,7 +64,7 @@ def families_with_changed_specs(warehouse: Warehouse, specs: Mapping[str, TaskSp
     ).to_pylist()
     counts: Counter[str] = Counter()
     for row in rows:
-        if row["spec_digest"] != labelled_spec_digest(specs, row["task_id"], row["variant"]):
+        if labelled_under_other_spec(row["spec_digest"], specs, row["task_id"], row["variant"]):
             counts[label_family(row["task_id"])] += int(row["n"])
     return dict(sorted(counts.items()))
 
@@ -84,16 +84,15 @@ class LabelBacklog:
     new: dict[str, int]
     spec_changed: dict[str, int]
     version: str
+    spec_error: str | None = None  # the specs could not be read: spec changes are not looked for
 
     @property
     def families(self) -> list[str]:
         return sorted(set(self.new) | set(self.spec_changed))
 
     def describe(self) -> str:
-        return (
-            f"episodes not labelled yet, by label family: {self.new}; "
-            f"labelled under a spec changed since: {self.spec_changed}"
-        )
+        changed = f"specs unreadable ({self.spec_error})" if self.spec_error else self.spec_changed
+        return f"episodes not labelled yet, by label family: {self.new}; labelled under a spec changed since: {changed}"
 
     def tags(self, family: str) -> dict[str, str]:
         return {
@@ -103,8 +102,13 @@ class LabelBacklog:
 
 
 def label_backlog(warehouse: Warehouse, specs_dir: str | Path) -> LabelBacklog:
-    """The families a labels run would change (:class:`LabelBacklog`), with the specs in ``specs_dir``."""
-    specs = load_task_specs(specs_dir)
+    """The families a labels run would change (:class:`LabelBacklog`), with the specs in ``specs_dir``
+    (a spec that does not load leaves the new episodes' requests alone and says why)."""
+    try:
+        specs = load_task_specs(specs_dir)
+    except (TaskSpecError, OSError) as exc:
+        version = f"{episodes_version(warehouse)}@specs-unreadable"
+        return LabelBacklog(families_with_new_episodes(warehouse), {}, version, spec_error=str(exc))
     return LabelBacklog(
         families_with_new_episodes(warehouse),
         families_with_changed_specs(warehouse, specs),

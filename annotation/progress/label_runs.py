@@ -29,7 +29,6 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from annotation.progress.label_io import (
     OTHER_FAMILY,
@@ -66,7 +65,8 @@ from warehouse.schema import LABEL_LEDGER, LABEL_NOTES, LIBRARY_STATE, PROGRESS_
 from warehouse.storage import git_revision
 from warehouse.trajectories import Trajectory, iter_task_batches, load_trajectories
 
-LABELS_CODE_VERSION = "labels-2"
+# 3: the ledger keeps each episode's spec version; incremental runs rebuild tasks whose spec changed
+LABELS_CODE_VERSION = "labels-3"
 DELTA_SLOTS = 8
 Log = Callable[[str], None]
 
@@ -215,6 +215,15 @@ def labelled_spec_digest(specs: Mapping[str, TaskSpec], task_id: str, variant: s
     ``milestone_digest`` ('' where the episode has no spec), by variant as ``spec_for`` chooses."""
     spec = spec_for(specs, task_id, {TASK_VARIANT_FIELD: variant} if variant else None)
     return spec.milestone_digest if spec is not None else ""
+
+
+def labelled_under_other_spec(
+    digest: str | None, specs: Mapping[str, TaskSpec], task_id: str, variant: str | None
+) -> bool:
+    """Were an episode's labels made under another spec than the one in hand? ``digest``: its
+    ledger row's ``spec_digest``; None (labelled before the ledger kept it) is never a change, as
+    none can be seen."""
+    return digest is not None and digest != labelled_spec_digest(specs, task_id, variant)
 
 
 def _ledger_rows(
@@ -454,14 +463,22 @@ def _slot_rows(warehouse: Warehouse, family: str) -> dict[str, int]:
 
 
 def _read(paths: Iterable[Path | str], sql: str, schema: pa.Schema) -> pa.Table:
-    """``sql`` over the union of these Parquet files (``{files}``); over an empty table of
-    ``schema`` when there is none."""
-    files = [str(p) for p in paths]
+    """``sql`` over the union of these Parquet files (``{files}``), every column of ``schema``
+    present (:func:`_union_source`)."""
     with duckdb.connect() as con:
-        empty = schema.empty_table()
-        con.register("empty_table", empty)
-        source = f"read_parquet({_sql_list(files)}, union_by_name = true)" if files else "empty_table"
-        return con.sql(sql.replace("{files}", source)).to_arrow_table()
+        return con.sql(sql.replace("{files}", _union_source(con, [str(p) for p in paths], schema))).to_arrow_table()
+
+
+def _union_source(con: duckdb.DuckDBPyConnection, files: Sequence[str], schema: pa.Schema) -> str:
+    """A SQL source over these Parquet files with every column of ``schema``: a file written before
+    a column existed (an older home) reads it as null, as the warehouse's views do."""
+    con.register("schema_rows", schema.empty_table())
+    if not files:
+        return "schema_rows"
+    return (
+        "(SELECT * FROM schema_rows UNION ALL BY NAME "
+        f"SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true))"
+    )
 
 
 def run_family_labels(
@@ -605,11 +622,9 @@ def _plan_family_update(
         {
             r["task_id"]
             for r in current
-            if labelled_with.get(r["episode_id"]) is not None
-            and labelled_with[r["episode_id"]] != labelled_spec_digest(specs, r["task_id"], r["variant"])
+            if labelled_under_other_spec(labelled_with.get(r["episode_id"]), specs, r["task_id"], r["variant"])
         }
     )
-    unversioned = sum(1 for r in current if r["episode_id"] in known_set and labelled_with[r["episode_id"]] is None)
     new_rows = [r for r in current if r["episode_id"] not in known_set]
     removed = known_set - {r["episode_id"] for r in current}
     new_successes = Counter(r["task_id"] for r in new_rows if r["success"] and r["source"] in RECIPE_SOURCES)
@@ -628,6 +643,12 @@ def _plan_family_update(
         | set(spec_changed)
     )
     incremental_ids = [r["episode_id"] for r in new_rows if r["task_id"] not in set(rebuild)]
+    # labelled without a spec version and not relabelled by this run (a rebuilt task's are)
+    unversioned = sum(
+        1
+        for r in current
+        if r["episode_id"] in known_set and labelled_with[r["episode_id"]] is None and r["task_id"] not in rebuild
+    )
     used = _slot_rows(warehouse, family)
     free = [k for k in range(DELTA_SLOTS) if not used.get(f"{family_dataset(family)}/+{k}")]
     compact = bool(rebuild or removed or not free)
@@ -643,9 +664,6 @@ def _plan_family_update(
 def _ledger_spec_digests(paths: Sequence[Path]) -> dict[str, str | None]:
     """Episode id -> the spec digest its ledger row recorded (None for rows written before the
     ledger kept it, including whole files without the column)."""
-    if not any("spec_digest" in pq.read_schema(p).names for p in paths):
-        table = _read(paths, "SELECT episode_id FROM {files}", LABEL_LEDGER)
-        return dict.fromkeys(table.column("episode_id").to_pylist())
     table = _read(paths, "SELECT episode_id, spec_digest FROM {files}", LABEL_LEDGER)
     return dict(zip(table.column("episode_id").to_pylist(), table.column("spec_digest").to_pylist(), strict=True))
 
@@ -799,10 +817,7 @@ def _compact(
             con.register("dropped", pa.table({"episode_id": pa.array(dropped, pa.string())}))
             parts = []
             if old:
-                parts.append(
-                    f"SELECT {columns} FROM read_parquet({_sql_list(old)}, union_by_name = true) "
-                    f"WHERE NOT ({_DROP[table]})"
-                )
+                parts.append(f"SELECT {columns} FROM {_union_source(con, old, schema)} WHERE NOT ({_DROP[table]})")
             parts.append(f"SELECT {columns} FROM read_parquet({_sql_list([str(new.path)])})")
             con.execute(f"COPY ({' UNION ALL '.join(parts)}) TO {_sql_list([str(tmp)])[1:-1]} (FORMAT parquet)")
             counted = con.execute(f"SELECT count(*) FROM read_parquet({_sql_list([str(tmp)])})").fetchone()

@@ -24,7 +24,7 @@ from dagster import (
 )
 
 from annotation.progress.label_io import default_specs_dir
-from annotation.progress.label_partitions import families_with_changed_specs, families_with_new_episodes
+from annotation.progress.label_partitions import families_with_changed_specs, families_with_new_episodes, label_backlog
 from assets.labels import (
     LABEL_ASSETS,
     LABEL_CHECKS,
@@ -157,6 +157,15 @@ def test_the_sensor_asks_for_the_family_whose_spec_changed_and_the_run_settles_i
     )
     assert parameters["spec_changed_tasks"] == ["login-user"]
     assert isinstance(_sensor(home), SkipReason)
+
+    # a spec that does not load: the sensor still asks for the new episodes' runs, and says why it
+    # looks for no spec change
+    (specs_dir / "miniwob" / "broken.yaml").write_text("task_id: [")
+    publish_tiny_episodes(home, "second", "new-", seed=8, n_login=4, n_button=2)
+    assert sorted(r.partition_key for r in _sensor(home).run_requests) == ["miniwob-forms", "other"]
+    backlog = label_backlog(warehouse, specs_dir)
+    assert backlog.spec_changed == {} and "broken.yaml" in (backlog.spec_error or "")
+    assert "specs unreadable" in backlog.describe()
 
 
 def test_unknown_mode_and_family_are_refused(tmp_path):

@@ -58,13 +58,15 @@ if TYPE_CHECKING:
 
 DATASETS_ASSET = "reward_model_datasets"
 MODEL_ASSET = "reward_model"
-# 2: rm_examples.exploit, the RL runs' misranked episodes (issue 41 item 2)
-DATASET_CODE_VERSION = "rm-datasets-2"
+# 2: rm_examples.exploit, the RL runs' misranked episodes (issue 41 item 2); 3: a rollout's stored
+# final screen is the state after its last action (as RL scores it)
+DATASET_CODE_VERSION = "rm-datasets-3"
 # 2: early stopping on validation loss, best checkpoint exported; 3: within-task balancing, and
 # selection by the validation episodes' within-task AUC where it exists (issue 41 item 2); 4: the
 # examples of misranked RL episodes weigh --exploit_weight (2) in the loss
 MODEL_CODE_VERSION = "rm-train-4"
-REPORT_CODE_VERSION = "rm-report-1"
+# 2: held-out episodes scored with their stored final screen
+REPORT_CODE_VERSION = "rm-report-2"
 
 #: Upstream assets of the label stage (annotation/progress/labels.py).
 UPSTREAM_LABEL_ASSETS = ("progress_labels", "progress_split")

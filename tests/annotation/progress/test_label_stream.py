@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from annotation.progress.label_partitions import merge_summaries, unlabelled_episodes
-from annotation.progress.label_runs import _ledger_spec_digests, run_family_labels, run_labeling
+from annotation.progress.label_runs import _ledger_spec_digests, family_paths, run_family_labels, run_labeling
 from annotation.progress.label_state import LibraryState, label_against_library, library_states, needs_rebuild
 from annotation.progress.label_stream import stream_labels
 from annotation.progress.labeling import LCS_METHODS, env_labels, lcs_labels, prepare_lcs
@@ -265,19 +265,31 @@ def test_ledgers_written_before_spec_versions_read_as_unknown(tmp_path):
     assert _ledger_spec_digests([]) == {}
 
 
-def test_an_incremental_run_says_which_labelled_episodes_have_no_spec_version(tmp_path, monkeypatch):
-    """Labels made before the ledger kept spec versions: no rebuild (a change cannot be seen), and
-    the run says so, naming the full run that settles it."""
-    import annotation.progress.label_runs as label_runs
-
+def test_a_home_whose_ledger_predates_spec_versions_labels_incrementally_and_says_what_it_cannot_check(tmp_path):
+    """Ledger files written before the column existed: an incremental run reads their versions as
+    unknown (no rebuild for them; the run counts them and names the full run that settles them),
+    and a run that compacts the family over those files works (the column reads as null)."""
     home = tmp_path / "home"
     publish_tiny_episodes(home, "first", "", seed=7, n_login=12, n_button=8)
     warehouse = Warehouse(home)
-    with monkeypatch.context() as patch:
-        patch.setattr(label_runs, "labelled_spec_digest", lambda *_args: None)  # as an older ledger has it
-        run_labeling(warehouse, embedder="hashing", log=lambda _m: None)
+    run_labeling(warehouse, embedder="hashing", log=lambda _m: None)
+    for path in family_paths(warehouse, "label_ledger", "miniwob-forms").values():
+        pq.write_table(pq.read_table(path).drop(["spec_digest"]), path)  # as an older home wrote it
     forms = warehouse.query("SELECT count(*) FROM label_ledger WHERE label_family = 'miniwob-forms'").column(0)[0]
+    publish_tiny_episodes(home, "second", "new-", seed=8, n_login=4, n_button=2)
     messages: list[str] = []
-    summary = run_family_labels(warehouse, "miniwob-forms", embedder="hashing", log=messages.append)
-    assert not summary.incremental["rebuilt_tasks"]
+    summary = run_family_labels(
+        warehouse, "miniwob-forms", embedder="hashing", log=messages.append, rebuild_at_least=100
+    )
+    assert not summary.incremental["rebuilt_tasks"] and not summary.incremental["compacted"]
     assert any(f"{forms.as_py()} episodes were labelled before" in m and "full run" in m for m in messages)
+    # enough new successes to rebuild login-user: the family is compacted over the old files
+    publish_tiny_episodes(home, "third", "newer-", seed=9, n_login=8, n_button=2)
+    messages.clear()
+    summary = run_family_labels(warehouse, "miniwob-forms", embedder="hashing", log=messages.append)
+    assert summary.incremental["rebuilt_tasks"] == {"login-user": 2} and summary.incremental["compacted"]
+    assert not any("labelled before" in m for m in messages)  # the rebuilt task's episodes are versioned now
+    ledger = warehouse.query("SELECT spec_digest FROM label_ledger WHERE label_family = 'miniwob-forms'")
+    assert None not in ledger.column("spec_digest").to_pylist()
+    for table in ("progress_labels", "label_ledger"):
+        assert check_unique_key(warehouse, table).passed, table

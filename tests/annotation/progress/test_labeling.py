@@ -346,6 +346,10 @@ def test_digests_follow_what_decides_the_milestones():
     other_template = {**mapping, "instruction": 'Type the username "(?P<username>[^"]*)"'}
     others = {task_spec_from_mapping(m).milestone_digest for m in (renamed, other_field, other_template)}
     assert len(others) == 3 and digest not in others
+    # a record is of another version exactly when it stored a digest and not this one
+    spec = task_spec_from_mapping(mapping)
+    assert not spec.is_other_version(digest) and not spec.is_other_version(None)
+    assert all(spec.is_other_version(other) for other in others)
 
 
 def test_a_new_meaning_of_the_predicates_makes_every_record_stale(monkeypatch):

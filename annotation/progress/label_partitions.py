@@ -3,7 +3,8 @@ labelled yet, or labelled under a task spec changed since (what the ``new_episod
 sensor asks), and a run over a set of families:
 those without a stored recipe library labelled from scratch in one pass, the others brought up to
 date one by one or side by side (:func:`run_label_partitions`; processes or Ray tasks through
-``map_families``). The labelling itself: :mod:`annotation.progress.label_runs`."""
+``map_families``). The labelling itself: :mod:`annotation.progress.label_runs` (full runs) and
+:mod:`annotation.progress.label_increments` (incremental ones)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from annotation.progress.label_increments import family_paths, family_versions, run_family_labels
 from annotation.progress.label_io import label_families, label_family
-from annotation.progress.label_runs import (
-    LabelSummary,
-    Log,
-    family_paths,
-    family_versions,
-    labelled_under_other_spec,
-    run_family_labels,
-    run_labeling,
-)
+from annotation.progress.label_runs import LabelSummary, Log, labelled_under_other_spec, run_labeling
 from envs.tasks import TaskSpec, TaskSpecError, load_task_specs
 from warehouse.catalog import Warehouse
 from warehouse.purposes import purpose_filter

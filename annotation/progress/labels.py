@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from annotation.progress.label_increments import run_family_labels as run_family_labels
 from annotation.progress.label_io import default_specs_dir as default_specs_dir
 from annotation.progress.label_io import label_families as label_families
 from annotation.progress.label_partitions import LABEL_MODE_HELP as LABEL_MODE_HELP
@@ -30,7 +31,6 @@ from annotation.progress.label_runs import LABELS_CODE_VERSION as LABELS_CODE_VE
 from annotation.progress.label_runs import LabelSummary as LabelSummary
 from annotation.progress.label_runs import family_where, spec_inputs
 from annotation.progress.label_runs import make_embedder as make_embedder
-from annotation.progress.label_runs import run_family_labels as run_family_labels
 from annotation.progress.label_runs import run_labeling as run_labeling
 from annotation.progress.labeling import LabelQuality, env_labels, label_quality
 from annotation.progress.plots import quality_plot

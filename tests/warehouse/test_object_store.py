@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from annotation.progress.label_runs import run_family_labels, run_labeling
+from annotation.progress.label_increments import run_family_labels
+from annotation.progress.label_runs import run_labeling
 from tests.annotation.helpers import publish_tiny_episodes
 from warehouse.catalog import ConcurrentPublishError, Warehouse
 from warehouse.object_store import MANIFEST, connect, open_store, pull, push

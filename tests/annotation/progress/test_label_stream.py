@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from annotation.progress.label_increments import _ledger_spec_digests, family_paths, run_family_labels
 from annotation.progress.label_partitions import merge_summaries, unlabelled_episodes
-from annotation.progress.label_runs import _ledger_spec_digests, family_paths, run_family_labels, run_labeling
+from annotation.progress.label_runs import run_labeling
 from annotation.progress.label_state import LibraryState, label_against_library, library_states, needs_rebuild
 from annotation.progress.label_stream import stream_labels
 from annotation.progress.labeling import LCS_METHODS, env_labels, lcs_labels, prepare_lcs
@@ -172,7 +173,7 @@ def test_replay_milestones_reaches_every_path_that_labels(tmp_path, monkeypatch)
     """``replay_milestones`` reaches the milestone labels of a full run, of new episodes labelled
     against stored libraries and of a rebuilt task's episodes: an incremental run without it would
     label them from the recorded milestones again."""
-    import annotation.progress.label_runs as label_runs
+    import annotation.progress.label_increments as label_increments
     import annotation.progress.label_stream as label_stream
 
     seen: list[bool] = []
@@ -181,7 +182,7 @@ def test_replay_milestones_reaches_every_path_that_labels(tmp_path, monkeypatch)
         seen.append(replay_milestones)
         return env_labels(trajectories, specs, replay_milestones=replay_milestones)
 
-    monkeypatch.setattr(label_runs, "env_labels", spy)
+    monkeypatch.setattr(label_increments, "env_labels", spy)
     monkeypatch.setattr(label_stream, "env_labels", spy)
     home = tmp_path / "home"
     publish_tiny_episodes(home, "first", "", seed=7, n_login=12, n_button=8)

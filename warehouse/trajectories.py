@@ -161,11 +161,11 @@ def _trajectories(warehouse: Warehouse, batch: list[dict], with_screens: bool) -
         + " FROM steps WHERE list_contains(?, episode_id) ORDER BY episode_id, step_idx",
         [ids],
     )
-    final_screens: dict[str, Screen] = {}
+    stored_finals: dict[str, Screen] = {}
     if with_screens:
         all_screens = screens_from_arrow(steps_table.column("screen"))
         steps_table = steps_table.drop_columns(["screen"])
-        final_screens = _final_screens(warehouse, ids)
+        stored_finals = final_screens(warehouse, ids)
     else:
         all_screens = [Screen(())] * steps_table.num_rows
     rows = steps_table.to_pylist()
@@ -189,7 +189,7 @@ def _trajectories(warehouse: Warehouse, batch: list[dict], with_screens: bool) -
             milestones_hit=milestones,
             fields=json.loads(e["task_fields"]) if e.get("task_fields") else {},
             parent_episode_id=e.get("parent_episode_id"),
-            final_screen=final_screens.get(e["episode_id"]),
+            final_screen=stored_finals.get(e["episode_id"]),
             spec_digest=e.get("spec_digest"),
             failed_steps=frozenset(i for i, (r, _) in enumerate(steps) if r["problem"] is not None)
             if e["source"] == ROLLOUT_SOURCE
@@ -198,11 +198,12 @@ def _trajectories(warehouse: Warehouse, batch: list[dict], with_screens: bool) -
         )
 
 
-def _final_screens(warehouse: Warehouse, ids: list[str]) -> dict[str, Screen]:
-    """Episode id -> the final screen stored with it (episodes without one are left out)."""
+def final_screens(warehouse: Warehouse, ids: list[str] | None = None) -> dict[str, Screen]:
+    """Episode id -> the final screen stored with it, for these episodes (default: all); episodes
+    without one are left out."""
+    where, params = ("AND list_contains(?, episode_id)", [ids]) if ids is not None else ("", None)
     table = warehouse.query(
-        "SELECT episode_id, final_screen FROM episodes WHERE final_screen IS NOT NULL AND list_contains(?, episode_id)",
-        [ids],
+        f"SELECT episode_id, final_screen FROM episodes WHERE final_screen IS NOT NULL {where}", params
     )
     screens = screens_from_arrow(table.column("final_screen")) if table.num_rows else []
     return dict(zip(table.column("episode_id").to_pylist(), screens, strict=True))

@@ -146,8 +146,8 @@ def read_trajectories(
     screens of the whole corpus never exist as Python objects at once.
     """
     where, params = "", []
-    if episode_ids is not None:
-        ids = sorted(set(episode_ids))
+    ids = sorted(set(episode_ids)) if episode_ids is not None else None
+    if ids is not None:
         if not ids:
             return {}
         where, params = "WHERE e.episode_id IN (SELECT unnest(?))", [ids]
@@ -162,21 +162,12 @@ def read_trajectories(
         f"JOIN episodes e USING (episode_id) {where} ORDER BY s.episode_id, s.step_idx",
         params,
     )
+    from warehouse.trajectories import final_screens as stored_final_screens
     from warehouse.trajectories import screens_from_arrow
 
-    finals = warehouse.query(
-        f"SELECT e.episode_id, e.final_screen FROM episodes e {where} "
-        + ("AND" if where else "WHERE")
-        + " e.final_screen IS NOT NULL",
-        params,
-    )
-    final_screens = dict(
-        zip(
-            finals.column("episode_id").to_pylist(),
-            (screen_lines(s) for s in screens_from_arrow(finals.column("final_screen"))),
-            strict=True,
-        )
-    )
+    final_screens = {
+        episode_id: screen_lines(screen) for episode_id, screen in stored_final_screens(warehouse, ids).items()
+    }
     steps: dict[str, list[TextStep]] = defaultdict(list)
     done = 0
     for batch in steps_table.to_batches(max_chunksize=batch_rows):

@@ -40,6 +40,7 @@ MINIWOB_FAMILIES: Mapping[str, tuple[str, ...]] = {
         "form-sequence-2",
         "multi-orderings",
         "multi-layouts",
+        "guess-number",
     ),
     "miniwob-choice": (
         "click-button-sequence",

@@ -243,3 +243,32 @@ def test_social_media_counts_a_post_below_the_task_area_reached_by_its_menu():
 
 def by_ref(screen, ref):
     return next(e for e in screen.elements if e.ref == ref)
+
+
+def test_guess_number_successes_reach_every_milestone_and_their_guesses_are_candidates(demos_dir):
+    """guess-number: every recorded success enters a number, submits it and ends on the right one;
+    the same episodes read as failures (every recording is a success) miss the last milestone and
+    keep the first two. Every number a person typed that lies in the
+    instruction's range ("between 0-9") is a candidate the learned policy can type on that screen
+    (``training.policy.candidates.range_values``); before, it had no typing candidate there."""
+    from training.policy.candidates import enumerate_candidates
+    from training.policy.sft import matching_candidate
+
+    spec = load_task_spec(SPECS / "guess-number.yaml")
+    guesses = recorded(demos_dir, "guess-number", ("2017-10-16_second-turk",))
+    successes = [t for t in guesses if t.success]
+    assert len(successes) == 32
+    assert all(complete(spec, successes))
+    wrong = [replay_milestones(spec, dataclasses.replace(t, success=False)).reached for t in successes]
+    assert wrong == [2] * len(successes)
+    typed = 0
+    for t in successes:
+        for step, (screen, action) in enumerate(zip(t.screens, t.actions, strict=True)):
+            if action.type is not ActionType.INPUT or not (action.text or "").isdigit():
+                continue
+            candidates = enumerate_candidates(
+                screen, t.instruction, {}, t.actions[:step], step_index=step, max_steps=44
+            )
+            assert matching_candidate(action, candidates) is not None, (t.episode_id, step, action.text)
+            typed += 1
+    assert typed >= 20  # people typed their guesses as often as they clicked the field's arrows

@@ -2,8 +2,9 @@
 instruction, with the scalar features its scorer reads.
 
 At every step the policy enumerates: a click on every element a click can aim at, typing each of
-the instruction's values into every editable field, Enter, scrolling down and up, and waiting
-(``NOTHING``). The scorer (:mod:`training.policy.network`) picks among them.
+the instruction's values (and each whole number of a small range it names, :func:`range_values`)
+into every editable field, Enter, scrolling down and up, and waiting (``NOTHING``). The scorer
+(:mod:`training.policy.network`) picks among them.
 
 Texts are written *relative to the instruction* (as the improved LCS mode does): every value the
 instruction names, a slot of the task's instruction template (``username``, ``target``, ...) or a
@@ -70,6 +71,11 @@ N_FEATURES = len(FEATURE_NAMES)
 SLOT_PATTERN = re.compile(r"<[a-z0-9_]+>")
 _QUOTED = re.compile(r'"([^"]+)"')
 _TOKEN = re.compile(r"[a-z0-9]+")
+# "between 0-9", "between 1 and 5", "from 3 to 7": a range of whole numbers the instruction names
+_NUMBER_RANGE = re.compile(r"\b(?:between|from)\s+(-?\d{1,4})\s*(?:-|to|and)\s*(-?\d{1,4})\b", re.IGNORECASE)
+#: The most numbers :func:`range_values` offers (a wider range names none: typing every number of
+#: 1-1000 is not a candidate set a scorer can choose from).
+MAX_RANGE_VALUES = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +98,22 @@ def instruction_values(instruction: str, slots: Mapping[str, str]) -> dict[str, 
             values["quoted" if i == 0 else f"quoted_{i + 1}"] = phrase
             known.add(phrase.casefold())
     return values
+
+
+def range_values(instruction: str) -> tuple[str, ...]:
+    """Every whole number of the small ranges the instruction names, in order ("Guess the number
+    between 0-9": "0" ... "9"), for the typing candidates.
+
+    guess-number asks for a number the instruction names only by its bounds, so without these the
+    policy could type nothing there (docs/rl.md, "Task blocks"). A range of more than
+    :data:`MAX_RANGE_VALUES` numbers gives none. These are not instruction values: texts keep them
+    as they are, not as slot names."""
+    numbers: dict[str, None] = {}
+    for match in _NUMBER_RANGE.finditer(instruction):
+        low, high = sorted((int(match.group(1)), int(match.group(2))))
+        if high - low + 1 <= MAX_RANGE_VALUES:
+            numbers.update(dict.fromkeys(str(n) for n in range(low, high + 1)))
+    return tuple(numbers)
 
 
 @lru_cache(maxsize=65536)
@@ -169,8 +191,9 @@ def enumerate_candidates(
     progress = step_index / max(1, max_steps)
 
     actions: list[Action] = [Action(ActionType.CLICK, target=e) for e in clickable_elements(screen)]
+    typed_values = list(dict.fromkeys([*values.values(), *range_values(instruction)]))
     for field in editable_elements(screen):
-        actions += [Action(ActionType.INPUT, target=field, text=v) for v in dict.fromkeys(values.values())]
+        actions += [Action(ActionType.INPUT, target=field, text=v) for v in typed_values]
     actions += [
         Action(ActionType.PRESS_KEY, text="Enter"),
         Action(ActionType.SCROLL, direction="DOWN"),

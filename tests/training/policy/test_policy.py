@@ -16,6 +16,7 @@ from training.policy.candidates import (
     enumerate_candidates,
     history_text,
     instruction_values,
+    range_values,
     relative_instruction,
     relative_text,
 )
@@ -121,6 +122,28 @@ def test_a_click_on_another_element_of_the_same_text_is_not_a_repeat():
     assert after_one["2"][:2] == (0.0, 0.0)
     gone = Screen(tuple(e for e in screen.elements if e.ref != "1"))  # the clicked square re-rendered away
     assert features([first], gone)["3"][:2] == (pytest.approx(1 / 3), 1.0)
+
+
+def test_a_number_the_instruction_names_by_its_range_can_be_typed():
+    """guess-number names its answer only by a range ("between 0-9"): the policy can type every
+    number of it into the number field, and the texts keep the numbers (they are not slots). Before,
+    it could type nothing there."""
+    instruction = "Guess the number between 0-9 and press Submit. Use the feedback below to find the right number."
+    assert range_values(instruction) == tuple(str(n) for n in range(10))
+    assert range_values("Pick one from 3 to 5, or between 7 and 8") == ("3", "4", "5", "7", "8")
+    assert range_values("Enter a number between 1 and 1000") == ()  # too many to choose from
+    assert range_values(INSTRUCTION) == ()
+    field = UIElement(ref="2", role="number", element_id="tt", editable=True, bounds=(0.0, 20.0, 80.0, 38.0), depth=1)
+    submit = UIElement(ref="3", role="button", text="Submit", element_id="subbtn", bounds=(0.0, 40.0, 60.0, 58.0))
+    feedback = UIElement(ref="4", role="div", text="The number is higher than 4.", bounds=(0.0, 60.0, 200.0, 78.0))
+    screen = Screen((UIElement(ref="1", role="body", bounds=(0.0, 0.0, 200.0, 200.0)), field, submit, feedback))
+    guessed = Action(ActionType.INPUT, field, text="4")
+    candidates = enumerate_candidates(screen, instruction, {}, [guessed], step_index=2, max_steps=44)
+    typed = {c.action.text: c for c in candidates if c.action.type is ActionType.INPUT}
+    assert list(typed) == [str(n) for n in range(10)]
+    assert typed["7"].text.endswith('"7")') and "<" not in typed["7"].text
+    assert _feature(typed["4"], "repeats_in_history") > 0 and _feature(typed["7"], "repeats_in_history") == 0
+    assert matching_candidate(guessed, candidates) is not None
 
 
 def test_a_long_screen_keeps_the_fixed_tail_of_candidates():

@@ -70,7 +70,7 @@ from warehouse.plotting import Markdown, figure_markdown, pyplot
 from warehouse.schema import EPISODES, QUARANTINE, SOURCE_FILES, STEPS, same_type
 from warehouse.storage import REPO_ROOT, git_revision
 
-IMPORTER_VERSION = "demos-4"
+IMPORTER_VERSION = "demos-5"  # demos-5: a click that steps a number field is an INPUT
 ASSET_NAME = "human_demonstrations"
 
 

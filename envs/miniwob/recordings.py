@@ -8,7 +8,10 @@ text. This module rebuilds those actions:
 * mousedown ... mouseup ... click  -> CLICK on the element under the pointer at mousedown
   (a drag, e.g. selecting text to copy, is a CLICK on where it started, marked in ``detail``);
   a dblclick is folded into the click before it, and so is the click a browser dispatches itself
-  at the same point right after (clicking a <label> clicks its checkbox too).
+  at the same point right after (clicking a <label> clicks its checkbox too). A click on a number
+  field that changed its value (its arrows step it: guess-number, form-sequence-2) is an
+  INPUT(text = the value after), the step an agent takes to set a field: its screen after is the
+  same, and a CLICK, which only focuses, would teach SFT to click the field without end.
 * a run of key events on one focused element -> INPUT(text = the element's value after the run)
   when the value changed (typing, pasting, deleting), else PRESS_KEY(the keys pressed);
   a trailing Enter becomes its own PRESS_KEY("Enter").
@@ -464,6 +467,10 @@ def _has_point(params: dict[str, Any]) -> bool:
     return isinstance(x, (int, float)) and isinstance(y, (int, float)) and (x, y) != (0, 0)
 
 
+NUMBER_ROLE = "number"  # envs.miniwob.dom's role of <input type="number">
+STEPPED_DETAIL = "set with the number field's arrows"
+
+
 def _pointer_step(
     down: _Event, up: _Event | None, last: _Event, screens: _ScreenCache, problems: list[EventProblem]
 ) -> DemoStep:
@@ -488,6 +495,17 @@ def _pointer_step(
                 detail = f"drag to ({ux}, {uy})"
     if last.type == "dblclick":
         detail = "double click" if detail is None else f"{detail}, double click"
+    if target.role == NUMBER_ROLE and detail is None:
+        after = screens.get(last.dom_after).by_ref(target.ref)
+        new_value = (after.value if after is not None else None) or ""
+        if new_value != (target.value or ""):
+            return DemoStep(
+                Action(ActionType.INPUT, target=target, text=new_value, detail=STEPPED_DETAIL),
+                screen,
+                down.time_ms,
+                down.index,
+                last.index,
+            )
     return DemoStep(
         Action(ActionType.CLICK, target=target, detail=detail), screen, down.time_ms, down.index, last.index
     )

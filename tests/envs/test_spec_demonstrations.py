@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from envs.miniwob.recordings import RecordingError, parse_recording_json, read_recording_bytes, recording_to_episode
+from envs.miniwob.recordings import (
+    STEPPED_DETAIL,
+    RecordingError,
+    parse_recording_json,
+    read_recording_bytes,
+    recording_to_episode,
+)
 from envs.spec_validation import replay_milestones, validate_specs
 from envs.tasks import TaskSpec, load_task_spec, task_spec_from_mapping
 from warehouse.model import ActionType
@@ -251,7 +257,7 @@ def test_guess_number_successes_reach_every_milestone_and_their_guesses_are_cand
     keep the first two. Every number a person typed that lies in the
     instruction's range ("between 0-9") is a candidate the learned policy can type on that screen
     (``training.policy.candidates.range_values``); before, it had no typing candidate there."""
-    from training.policy.candidates import enumerate_candidates
+    from training.policy.candidates import enumerate_candidates, range_values
     from training.policy.sft import matching_candidate
 
     spec = load_task_spec(SPECS / "guess-number.yaml")
@@ -261,14 +267,19 @@ def test_guess_number_successes_reach_every_milestone_and_their_guesses_are_cand
     assert all(complete(spec, successes))
     wrong = [replay_milestones(spec, dataclasses.replace(t, success=False)).reached for t in successes]
     assert wrong == [2] * len(successes)
-    typed = 0
+    in_range = set(range_values(successes[0].instruction))
+    assert in_range == {str(n) for n in range(10)}
+    typed = stepped = 0
     for t in successes:
         for step, (screen, action) in enumerate(zip(t.screens, t.actions, strict=True)):
-            if action.type is not ActionType.INPUT or not (action.text or "").isdigit():
+            if action.type is not ActionType.INPUT or action.text not in in_range:  # some stepped to 10
                 continue
             candidates = enumerate_candidates(
                 screen, t.instruction, {}, t.actions[:step], step_index=step, max_steps=44
             )
             assert matching_candidate(action, candidates) is not None, (t.episode_id, step, action.text)
             typed += 1
-    assert typed >= 20  # people typed their guesses as often as they clicked the field's arrows
+            stepped += action.detail == STEPPED_DETAIL
+    assert typed >= 100 and stepped >= 50  # people typed their guesses, or stepped to them with the arrows
+    clicks = [a for t in successes for a in t.actions if a.type is ActionType.CLICK and a.target.role == "number"]
+    assert clicks  # a click that only focused the field stays a click

@@ -9,7 +9,7 @@ text. This module rebuilds those actions:
   (a drag, e.g. selecting text to copy, is a CLICK on where it started, marked in ``detail``);
   a dblclick is folded into the click before it, and so is the click a browser dispatches itself
   at the same point right after (clicking a <label> clicks its checkbox too). A click on a number
-  field that changed its value (its arrows step it: guess-number, form-sequence-2) is an
+  field that changed its value (its arrows step it; of the recordings, only guess-number's) is an
   INPUT(text = the value after), the step an agent takes to set a field: its screen after is the
   same, and a CLICK, which only focuses, would teach SFT to click the field without end.
 * a run of key events on one focused element -> INPUT(text = the element's value after the run)
@@ -39,7 +39,7 @@ import numpy as np
 from envs.miniwob.dom import EDITABLE_ROLES, dom_to_screen
 from envs.miniwob.fields import utterance_fields
 from envs.protocol import EpisodeRecord, StepRecord
-from warehouse.model import Action, ActionType, Screen
+from warehouse.model import Action, ActionType, Screen, UIElement
 
 MOUSE_EVENTS = frozenset({"mousedown", "mouseup", "click", "dblclick"})
 KEY_EVENTS = frozenset({"keydown", "keypress", "keyup"})
@@ -496,8 +496,7 @@ def _pointer_step(
     if last.type == "dblclick":
         detail = "double click" if detail is None else f"{detail}, double click"
     if target.role == NUMBER_ROLE and detail is None:
-        after = screens.get(last.dom_after).by_ref(target.ref)
-        new_value = (after.value if after is not None else None) or ""
+        new_value = _value_after(target, last, screens)
         if new_value != (target.value or ""):
             return DemoStep(
                 Action(ActionType.INPUT, target=target, text=new_value, detail=STEPPED_DETAIL),
@@ -545,6 +544,12 @@ def _key_steps(run: list[_Event], screens: _ScreenCache) -> list[DemoStep]:
     return steps
 
 
+def _value_after(element: UIElement, event: _Event, screens: _ScreenCache) -> str:
+    """The value ``element`` holds once ``event`` was handled ("" when empty or gone)."""
+    after = screens.get(event.dom_after).by_ref(element.ref)
+    return (after.value if after is not None else None) or ""
+
+
 def _focused_ref(screen: Screen) -> str | None:
     focused = screen.focused()
     return focused.ref if focused is not None else None
@@ -558,9 +563,8 @@ def _key_segment_steps(segment: list[_Event], screens: _ScreenCache) -> list[Dem
     ends_with_enter = _key_code(downs[-1].params, "keyCode") == ENTER_KEY
     steps: list[DemoStep] = []
     if target is not None and target.role in EDITABLE_ROLES:
-        after_element = screens.get(last.dom_after).by_ref(target.ref)
         old_value = target.value or ""
-        new_value = (after_element.value if after_element is not None else None) or ""
+        new_value = _value_after(target, last, screens)
         if new_value != old_value:
             steps.append(
                 DemoStep(

@@ -100,6 +100,7 @@ def instruction_values(instruction: str, slots: Mapping[str, str]) -> dict[str, 
     return values
 
 
+@lru_cache(maxsize=4096)  # called at every step with the episode's one instruction
 def range_values(instruction: str) -> tuple[str, ...]:
     """Every whole number of the small ranges the instruction names, in order ("Guess the number
     between 0-9": "0" ... "9"), for the typing candidates.

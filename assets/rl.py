@@ -70,6 +70,11 @@ class PolicySFTConfig(Config):
         default=True,
         description="when no long task has SFT success in (0, 15%], the sparse block is the long tasks at 0 instead",
     )
+    sparse_sampled: bool = Field(
+        default=True,
+        description="the sparse rule reads the long tasks' SFT success sampling at temperature 1 (as RL's first "
+        "iteration) on their selection seeds before the greedy rates",
+    )
     max_episodes_per_task: int = Field(default=400, description="successful trajectories per task used for SFT")
     workers: int = 2
 
@@ -139,18 +144,10 @@ def _settings(context: AssetExecutionContext, config: RLRunConfig):
 def policy_sft(
     context: AssetExecutionContext, config: PolicySFTConfig, warehouse: WarehouseResource, env_pool: EnvPoolResource
 ) -> MaterializeResult:
-    settings = PolicySettings(
+    settings = PolicySettings(  # every other config field is the PolicySettings field of its name
         tasks=tuple(config.tasks),
         sft=SFTSettings(epochs=config.epochs),
-        selection_seeds=config.selection_seeds,
-        sparse_selection_seeds=config.sparse_selection_seeds,
-        held_out_seeds=config.held_out_seeds,
-        max_tasks=config.max_tasks,
-        low=config.low,
-        high=config.high,
-        sparse_fallback_unsolved=config.sparse_fallback_unsolved,
-        max_episodes_per_task=config.max_episodes_per_task,
-        workers=config.workers,
+        **config.model_dump(exclude={"tasks", "epochs"}),
     )
     wh = warehouse.get()
     try:

@@ -93,7 +93,7 @@ AGENT_EVAL = with_key(
     pa.schema(
         [
             pa.field("policy_id", pa.string(), nullable=False),
-            pa.field("evaluation", pa.string(), nullable=False),  # held_out | selection
+            pa.field("evaluation", pa.string(), nullable=False),  # held_out | selection | selection_sampled
             pa.field("task_id", pa.string(), nullable=False),
             ("task_family", pa.string()),
             ("policy_label", pa.string()),  # sft | an RL run's reward source | llm_base | llm_sft | llm_rl:<source>

@@ -144,10 +144,17 @@ def evaluate_policy(
     evaluation: str,
     log: Log,
     extra_seeds: Mapping[str, Sequence[int]] | None = None,
+    sampling_stream: str | None = None,
 ) -> tuple[BatchResult, list[EvalEpisode]]:
     """Greedy episodes of ``model`` on ``seeds`` of every task, and on ``extra_seeds[task]`` of
-    the tasks named there (in the same pass over the pool)."""
-    policy = LearnedPolicy(model, policy_id=f"eval:{policy_id}", greedy=True)
+    the tasks named there (in the same pass over the pool). With a ``sampling_stream`` the policy
+    samples at temperature 1 instead, as RL does, its draws keyed by the stream and the episode's
+    instance (:func:`~training.policy.learned.sampling_key`), so not by the policy id: the same
+    model draws the same actions whatever id its materialization gave it."""
+    greedy = sampling_stream is None
+    policy = LearnedPolicy(
+        model, policy_id=f"eval:{policy_id}", greedy=greedy, temperature=1.0, sampling_stream=sampling_stream or ""
+    )
     prefix = f"eval:{policy_id}:{evaluation}"
     jobs = episode_jobs(tasks, seeds, prefix)
     for task in tasks:

@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from envs.pool import EnvPool
+from envs.pool_jobs import BatchResult
 from envs.task_catalog import CatalogTask, load_catalog
 from training.policy.episodes import (
     Log,
@@ -27,7 +29,7 @@ from training.policy.episodes import (
     evaluate_policy,
     evaluation_outputs,
 )
-from training.policy.evaluation import per_task_rows, sample_seeds
+from training.policy.evaluation import EvalEpisode, per_task_rows, sample_seeds
 from training.policy.learned import PolicyModel
 from training.policy.sft import SFTData, SFTResult, SFTSettings, demonstration_decisions, train_sft
 from training.policy.store import (
@@ -49,7 +51,12 @@ from warehouse.trajectories import Trajectory
 #: The policy_sft asset's code version. The SFT stage kept the RL stage's version ("rl-6") when it
 #: moved out of ``training/rl/runs.py``, so no home's SFT policy reads as stale; bump it on a change
 #: to what SFT trains or how it chooses tasks.
-SFT_CODE_VERSION = "rl-6"
+SFT_CODE_VERSION = "rl-7"
+
+#: The evaluation name of SFT's sampled episodes on the long tasks' selection seeds, and their
+#: sampling stream (fixed: the draws depend on the model and the instance, not on the policy id).
+SAMPLED_SELECTION = "selection_sampled"
+SAMPLED_SELECTION_STREAM = "selection-sampled"
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,10 @@ class PolicySettings:
     sparse_min_solution_steps: float = 5.0  # ... and the demonstrations' median solution at least this long
     # none in (0, sparse_high]: the long tasks greedy SFT never solved (success 0) instead (sparse_block)
     sparse_fallback_unsolved: bool = True
+    # the sparse rule reads the long tasks' success when SFT samples at temperature 1 on their selection
+    # seeds (what RL's first iteration sees) before the greedy rates (sparse_block; stop 63: greedy 9%,
+    # sampled 57.5% on guess-number); false: greedy rates alone, as policies before it
+    sparse_sampled: bool = True
     held_out_seeds: int = 25  # greedy evaluation episodes per chosen task
     workers: int = 2
     max_episodes_per_task: int = 400  # demonstrations per task used for SFT (the large crowd tasks dominate otherwise)
@@ -106,10 +117,14 @@ def run_policy_sft(
             model, policy_id, tasks, selection_seeds, pool, evaluation="selection", log=log, extra_seeds=extra_seeds
         )
         rates = {row["task_id"]: row["success_rate"] for row in per_task_rows(selection)}
-        chosen, sparse, sparse_rule = _task_blocks_by_rule(warehouse, settings, rates)
+        sampled_result, sampled = _sampled_selection(model, policy_id, warehouse, settings, tasks, pool, log)
+        sampled_rates = {row["task_id"]: row["success_rate"] for row in per_task_rows(sampled)}
+        chosen, sparse, sparse_rule = _task_blocks_by_rule(
+            warehouse, settings, rates, sampled_rates if settings.sparse_sampled else None
+        )
         log(
-            f"SFT success on selection seeds: {rates}; experiment tasks: {chosen}; "
-            f"sparse block ({sparse_rule} rule): {sparse}"
+            f"SFT success on selection seeds: {rates}; sampling at temperature 1 (long tasks): {sampled_rates}; "
+            f"experiment tasks: {chosen}; sparse block ({sparse_rule} rule): {sparse}"
         )
         held_result, held = evaluate_policy(  # both blocks: every RL run is paired with SFT on its tasks
             model,
@@ -131,6 +146,7 @@ def run_policy_sft(
             {
                 "settings": asdict(settings),
                 "selection_success": rates,
+                "sampled_selection_success": sampled_rates,
                 # pre-registered before any RL run: the blocks' rules and what they chose
                 "task_blocks": {"dense": chosen, "sparse": sparse, "sparse_rule": sparse_rule},
             },
@@ -140,7 +156,13 @@ def run_policy_sft(
         "run_id": run_id,
     }
     outputs = [warehouse.stage_table("policies", policy_id, pa.Table.from_pylist([policy_row], schema=POLICIES), m)]
-    for evaluation, batch, episodes in (("selection", selection_result, selection), ("held_out", held_result, held)):
+    for evaluation, batch, episodes in (
+        ("selection", selection_result, selection),
+        (SAMPLED_SELECTION, sampled_result, sampled),
+        ("held_out", held_result, held),
+    ):
+        if batch is None:
+            continue  # no long task, or sparse_sampled off: nothing sampled
         dataset = f"eval/{policy_id}/{evaluation}"
         outputs += episode_outputs(warehouse, batch, dataset, m, run_id, EpisodePurpose.EVALUATION)
         outputs += evaluation_outputs(
@@ -153,6 +175,7 @@ def run_policy_sft(
         "checkpoint": checkpoint,
         "tasks": chosen,
         "selection_success": rates,
+        "sampled_selection_success": sampled_rates,
         "held_out_success": held_rate,
         "sft_examples": len(data.train),
         "matched_share": data.matched_share,
@@ -161,7 +184,7 @@ def run_policy_sft(
         "sft_seconds": result.seconds,
         "sft_curves": _sft_plot(result, warehouse.home / "plots" / "rl" / f"{policy_id}_sft.png"),
         "selection_plot": _selection_plot(
-            rates, chosen, settings, warehouse.home / "plots" / "rl" / f"{policy_id}_tasks.png"
+            rates, sampled_rates, chosen, settings, warehouse.home / "plots" / "rl" / f"{policy_id}_tasks.png"
         ),
     }
 
@@ -227,10 +250,13 @@ def _imitation_data(warehouse: Warehouse, settings: PolicySettings) -> tuple[lis
 
 
 def _task_blocks_by_rule(
-    warehouse: Warehouse, settings: PolicySettings, rates: dict[str, float]
+    warehouse: Warehouse,
+    settings: PolicySettings,
+    rates: dict[str, float],
+    sampled_rates: dict[str, float] | None,
 ) -> tuple[list[str], list[str], str]:
-    """The dense and the sparse block, each by its rule, from SFT's success on the selection seeds,
-    and the rule that chose the sparse one."""
+    """The dense and the sparse block, each by its rule, from SFT's success on the selection seeds
+    (greedy, and sampling on the long tasks), and the rule that chose the sparse one."""
     dense = choose_tasks(rates, settings.low, settings.high, settings.max_tasks)
     sparse, rule = sparse_block(
         rates,
@@ -239,8 +265,42 @@ def _task_blocks_by_rule(
         min_steps=settings.sparse_min_solution_steps,
         max_tasks=settings.max_tasks,
         fallback=settings.sparse_fallback_unsolved,
+        sampled_rates=sampled_rates,
     )
     return dense, sparse, rule
+
+
+def _sampled_selection(
+    model: PolicyModel,
+    policy_id: str,
+    warehouse: Warehouse,
+    settings: PolicySettings,
+    tasks: Sequence[CatalogTask],
+    pool: EnvPool,
+    log: Log,
+) -> tuple[BatchResult | None, list[EvalEpisode]]:
+    """SFT sampling at temperature 1 on every long task's selection seeds (the sparse rule's
+    candidates, the same seeds as their greedy episodes), keyed by :data:`SAMPLED_SELECTION_STREAM`;
+    nothing when ``settings.sparse_sampled`` is off or no task is long."""
+    if not settings.sparse_sampled:
+        return None, []
+    steps = demonstration_solution_steps(warehouse)
+    long_tasks = [t for t in tasks if steps.get(t.task_id, 0.0) >= settings.sparse_min_solution_steps]
+    if not long_tasks:
+        return None, []
+    seeds = sample_seeds(SELECTION_SEED_BASE, settings.selection_seeds, "selection")
+    extra = long_task_selection_seeds(warehouse, settings, long_tasks, seeds)
+    return evaluate_policy(
+        model,
+        policy_id,
+        long_tasks,
+        seeds,
+        pool,
+        evaluation=SAMPLED_SELECTION,
+        log=log,
+        extra_seeds=extra,
+        sampling_stream=SAMPLED_SELECTION_STREAM,
+    )
 
 
 def demonstration_solution_steps(warehouse: Warehouse) -> dict[str, float]:
@@ -271,15 +331,24 @@ def _sft_plot(result: Any, path: Path) -> Markdown:
     return figure_markdown(fig, path, "SFT curves")
 
 
-def _selection_plot(rates: dict[str, float], chosen: Sequence[str], settings: PolicySettings, path: Path) -> Markdown:
+def _selection_plot(
+    rates: dict[str, float],
+    sampled_rates: dict[str, float],
+    chosen: Sequence[str],
+    settings: PolicySettings,
+    path: Path,
+) -> Markdown:
     plt = pyplot()
     names = sorted(rates, key=lambda t: rates[t])
     fig, ax = plt.subplots(figsize=(7, max(3, 0.25 * len(names))))
     ax.barh(names, [rates[n] for n in names], color=["#1f77b4" if n in chosen else "#bbb" for n in names])
+    if sampled_rates:
+        sampled = [n for n in names if n in sampled_rates]
+        ax.scatter([sampled_rates[n] for n in sampled], sampled, color="#d62728", marker="x", zorder=3)
     ax.axvline(settings.low, color="#999", linestyle=":")
     ax.axvline(settings.high, color="#999", linestyle=":")
     ax.set_xlim(0, 1)
-    ax.set_xlabel("SFT success on selection seeds (blue: chosen for RL)")
+    ax.set_xlabel("SFT success on selection seeds, greedy (blue: dense block) and sampled (red x: long tasks)")
     ax.tick_params(axis="y", labelsize=7)
     fig.tight_layout()
     return figure_markdown(fig, path, "task selection")

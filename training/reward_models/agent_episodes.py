@@ -3,8 +3,9 @@
 A reward model is only as useful to RL and to best-of-N as its ranking of the *policy's* episodes:
 a model that scores a policy's successes above its failures gives a usable signal, one at AUC 0.5
 gives noise however well it does on held-out demonstrations. This module measures exactly that
-on **held-out agent episodes**: the greedy episodes that evaluate SFT and RL checkpoints
-(``episodes.purpose = 'evaluation'``, held-out and selection seeds). No training table holds them
+on **held-out agent episodes**: the episodes that evaluate SFT and RL checkpoints
+(``episodes.purpose = 'evaluation'``: greedy on held-out and selection seeds, and SFT sampling at
+temperature 1 on the long tasks' selection seeds). No training table holds them
 (``warehouse.purposes``), so no model has seen these episodes or their task instances.
 
 Each model gives an episode one score (:func:`episode_score`), and the AUC of those scores against

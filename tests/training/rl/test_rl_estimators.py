@@ -175,6 +175,32 @@ def test_an_empty_sparse_block_falls_back_to_the_long_tasks_sft_never_solved():
     assert sparse_block_rule({"parameters": "{}"}) == SPARSE_RULE_STRICT  # policies before the fallback
 
 
+def test_the_sparse_rule_reads_sampled_success_first_then_the_greedy_rules():
+    """What RL's first iteration samples decides whether a task is sparse for RL: a long task SFT
+    solves greedily 9% of the time may sample at 57% (guess-number, stop 63), and one greedy never
+    solves may sample at 5%."""
+    from training.policy.task_blocks import (
+        SPARSE_RULE_SAMPLED,
+        SPARSE_RULE_STRICT,
+        SPARSE_RULE_UNSOLVED,
+        sparse_block,
+    )
+
+    steps = {"guess": 20.0, "spinner": 16.0, "flight": 12.0, "short": 2.0}
+    greedy = {"guess": 0.09, "spinner": 0.0, "flight": 0.0, "short": 0.0}
+    sampled = {"guess": 0.57, "spinner": 0.05, "flight": 0.12, "short": 0.03}
+    # hardest first by the sampled rate; a short task never qualifies; greedy 9% is not sparse for RL
+    assert sparse_block(greedy, steps, sampled_rates=sampled) == (["spinner", "flight"], SPARSE_RULE_SAMPLED)
+    assert sparse_block(greedy, steps, sampled_rates=sampled, max_tasks=1) == (["spinner"], SPARSE_RULE_SAMPLED)
+    # nothing samples in (0, 15%]: the greedy rules choose, as without sampled rates
+    flat = {"guess": 0.57, "spinner": 0.0, "flight": 0.4}
+    assert sparse_block(greedy, steps, sampled_rates=flat) == (["guess"], SPARSE_RULE_STRICT)
+    assert sparse_block(greedy, steps, sampled_rates=flat) == sparse_block(greedy, steps)
+    no_strict = greedy | {"guess": 0.3}
+    assert sparse_block(no_strict, steps, sampled_rates=flat) == (["flight", "spinner"], SPARSE_RULE_UNSOLVED)
+    assert sparse_block(greedy, steps, sampled_rates={}) == (["guess"], SPARSE_RULE_STRICT)
+
+
 def test_a_run_trains_on_its_block_of_the_sft_policys_pre_registered_tasks():
     import json
 

@@ -59,8 +59,8 @@ class PolicySFTConfig(Config):
     )
     sparse_selection_seeds: int = Field(
         default=100,
-        description="greedy selection episodes per long task (the sparse rule's candidates), the first "
-        "selection_seeds included: rates near zero resolved (at most selection_seeds: none extra)",
+        description="selection episodes per long task (the sparse rule's candidates; greedy, and sampled with "
+        "sparse_sampled), the first selection_seeds among them: rates near zero resolved (<= selection_seeds: none)",
     )
     held_out_seeds: int = Field(default=25, description="greedy held-out evaluation episodes per chosen task")
     max_tasks: int = Field(default=4, description="tasks of the experiment")

@@ -1,7 +1,8 @@
 """The SFT stage: the learned CPU policy trained by SFT on the warehouse's successful
 demonstrations and rollouts of the catalog tasks, evaluated greedily on *selection* seeds of every
-task to choose the RL experiment's task blocks (:mod:`training.policy.task_blocks`), then on
-*held-out* seeds of those tasks; the policy, its evaluations and their episodes are published in
+task (and sampling at temperature 1 on the long tasks' selection seeds, the sparse rule's reading
+of what RL will see) to choose the RL experiment's task blocks (:mod:`training.policy.task_blocks`),
+then on *held-out* seeds of those tasks; the policy, its evaluations and their episodes are published in
 one materialization (ProgRM §3: the SFT row of Table 1 and the start of every RL run)."""
 
 from __future__ import annotations

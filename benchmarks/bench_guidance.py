@@ -46,6 +46,7 @@ from training.guidance.verifiers import StepView, context_of  # noqa: E402
 from training.policy.learned import PolicyModel  # noqa: E402
 from training.policy.store import latest_policy  # noqa: E402
 from warehouse.catalog import Warehouse  # noqa: E402
+from warehouse.purposes import greedy_evaluation_filter
 from warehouse.trajectories import load_trajectories  # noqa: E402
 
 N_VALUES = (1, 3, 5, 8, 16)
@@ -56,7 +57,7 @@ def _states(warehouse: Warehouse, policy: dict, count: int) -> list[tuple]:
     out = []
     for t in load_trajectories(
         warehouse,
-        "e.policy_id = ? AND e.task_id IN (SELECT unnest(?))",
+        f"e.policy_id = ? AND e.task_id IN (SELECT unnest(?)) AND {greedy_evaluation_filter('e.episode_id')}",
         [f"eval:{policy['policy_id']}", policy["tasks"]],
     ):
         spec = catalog[t.task_id].spec

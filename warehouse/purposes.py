@@ -25,7 +25,7 @@ class EpisodePurpose(StrEnum):
     SYNTHETIC = "synthetic"  # an edit of a real episode (ProgRM App. B's negative synthesis)
     POLICY_ROLLOUT = "policy_rollout"  # a policy checkpoint sampled at temperature to collect training data
     RL_TRAINING = "rl_training"  # an RL iteration's sampled episodes (training seeds)
-    EVALUATION = "evaluation"  # greedy episodes that measure a policy (selection or held-out seeds)
+    EVALUATION = "evaluation"  # episodes that measure a policy: greedy (selection, held-out seeds), SAMPLED_SELECTION
     GUIDANCE_EVALUATION = "guidance_evaluation"  # a reward-guided agent on held-out seeds
 
 
@@ -56,6 +56,18 @@ LEGACY_PURPOSE_SQL = """CASE
     WHEN episode_id LIKE 'guide:%' THEN 'guidance_evaluation'
     WHEN episode_id LIKE 'rl:%' THEN 'rl_training'
     ELSE 'exploration' END"""
+
+
+#: The evaluation name, and the episode-id part (``eval:<policy>:selection_sampled:<task>:<seed>``),
+#: of an SFT policy's episodes *sampled* at temperature 1 on the long tasks' selection seeds: the
+#: sparse rule's reading of what RL will see. They measure (purpose evaluation) but are not greedy;
+#: what judges a policy's greedy behaviour leaves them out (:func:`greedy_evaluation_filter`).
+SAMPLED_SELECTION = "selection_sampled"
+
+
+def greedy_evaluation_filter(column: str = "e.episode_id") -> str:
+    """A SQL condition leaving out the :data:`SAMPLED_SELECTION` episodes by their id."""
+    return f"{column} NOT LIKE 'eval:%:{SAMPLED_SELECTION}:%'"
 
 
 def purpose_filter(column: str = "e.purpose", purposes: tuple[str, ...] = TRAINING_PURPOSES) -> str:

@@ -72,7 +72,7 @@ from training.policy.learned import LearnedPolicy, PolicyModel, StepDecision
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.model import Action, Screen
-from warehouse.purposes import EpisodePurpose
+from warehouse.purposes import EpisodePurpose, greedy_evaluation_filter
 from warehouse.storage import git_revision
 from warehouse.tables_training import STEP_ALTERNATIVES
 from warehouse.trajectories import Trajectory, load_trajectories
@@ -177,7 +177,7 @@ def replayable_episodes(
         "AND list_contains(?, purpose) AND ("
         "  (purpose = 'policy_rollout' AND policy_id = ? AND episode_id LIKE ?)"
         "  OR purpose = 'exploration'"
-        "  OR (purpose = 'evaluation' AND policy_id = ?)) "
+        f"  OR (purpose = 'evaluation' AND policy_id = ? AND {greedy_evaluation_filter('episode_id')})) "
         "ORDER BY episode_id",
         [list(task_ids), purposes, proposer_id, rollout_ids, f"eval:{proposer_id}"],
     ).to_pylist()

@@ -44,7 +44,7 @@ from training.policy.task_blocks import choose_tasks, sparse_block, task_blocks
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
-from warehouse.purposes import EpisodePurpose
+from warehouse.purposes import SAMPLED_SELECTION, EpisodePurpose
 from warehouse.storage import git_revision, replace_dir_atomic
 from warehouse.tables_rl import POLICIES
 from warehouse.trajectories import Trajectory
@@ -54,9 +54,9 @@ from warehouse.trajectories import Trajectory
 #: to what SFT trains or how it chooses tasks.
 SFT_CODE_VERSION = "rl-7"
 
-#: The evaluation name of SFT's sampled episodes on the long tasks' selection seeds, and their
-#: sampling stream (fixed: the draws depend on the model and the instance, not on the policy id).
-SAMPLED_SELECTION = "selection_sampled"
+#: The sampling stream of SFT's sampled episodes on the long tasks' selection seeds (evaluation
+#: :data:`~warehouse.purposes.SAMPLED_SELECTION`): fixed, so the draws depend on the model and the
+#: instance, not on the policy id.
 SAMPLED_SELECTION_STREAM = "selection-sampled"
 
 

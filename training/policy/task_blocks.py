@@ -22,6 +22,9 @@ SPARSE_BLOCK = "sparse"
 SPARSE_RULE_SAMPLED = "sampled"
 
 
+SPARSE_RULE_SAMPLED_UNSOLVED = "sampled_unsolved"
+
+
 SPARSE_RULE_STRICT = "strict"
 
 
@@ -31,6 +34,8 @@ SPARSE_RULE_UNSOLVED = "unsolved"
 SPARSE_RULES: dict[str, str] = {
     SPARSE_RULE_SAMPLED: "SFT success sampling at temperature 1 (as RL's first iteration does) in (0, 15%] on the "
     "selection seeds and a median solution of >= 5 steps",
+    SPARSE_RULE_SAMPLED_UNSOLVED: "none sampled in (0, 15%]: the long tasks (median solution >= 5 steps) SFT "
+    "never solved even sampling at temperature 1",
     SPARSE_RULE_STRICT: "SFT success in (0, 15%] on the selection seeds and a median solution of >= 5 steps",
     SPARSE_RULE_UNSOLVED: "none was in (0, 15%]: the long tasks (median solution >= 5 steps) greedy SFT never solved",
 }
@@ -90,16 +95,22 @@ def sparse_block(
     ProgRM's argument). Both rules are fixed before any run; the policy records which one chose.
 
     ``sampled_rates`` (the long tasks' success when SFT *samples* at temperature 1, as RL's first
-    iteration does) comes first when given: greedy success is not what RL sees. On guess-number
-    greedy SFT succeeded on 9 of 100 selection seeds and RL's first sampled iteration on 57.5% of its
-    episodes (stop 63), so a block chosen on greedy rates need not be sparse for RL. When no long
-    task samples in (0, ``high``], the greedy rules above choose."""
+    iteration does) replace the greedy rates when given: greedy success is not what RL sees. On
+    guess-number greedy SFT succeeded on 9 of 100 selection seeds and RL's first sampled iteration
+    on 57.5% of its episodes (stop 63), so a block chosen on greedy rates need not be sparse for RL.
+    The same two rules then read the sampled rates (``sampled``, then with ``fallback`` the long
+    tasks SFT never solved even sampling, ``sampled_unsolved``), so no task that samples above
+    ``high`` can join the block."""
     if sampled_rates is not None:
         sampled = choose_sparse_tasks(
             sampled_rates, solution_steps, high=high, min_steps=min_steps, max_tasks=max_tasks
         )
-        if sampled:
+        if sampled or not fallback:
             return sampled, SPARSE_RULE_SAMPLED
+        never = choose_sparse_tasks(
+            sampled_rates, solution_steps, high=high, min_steps=min_steps, max_tasks=max_tasks, include_unsolved=True
+        )
+        return never, SPARSE_RULE_SAMPLED_UNSOLVED
     strict = choose_sparse_tasks(rates, solution_steps, high=high, min_steps=min_steps, max_tasks=max_tasks)
     if strict or not fallback:
         return strict, SPARSE_RULE_STRICT

@@ -3,9 +3,9 @@
 A reward model is only as useful to RL and to best-of-N as its ranking of the *policy's* episodes:
 a model that scores a policy's successes above its failures gives a usable signal, one at AUC 0.5
 gives noise however well it does on held-out demonstrations. This module measures exactly that
-on **held-out agent episodes**: the episodes that evaluate SFT and RL checkpoints
-(``episodes.purpose = 'evaluation'``: greedy on held-out and selection seeds, and SFT sampling at
-temperature 1 on the long tasks' selection seeds). No training table holds them
+on **held-out agent episodes**: the greedy episodes that evaluate SFT and RL checkpoints
+(``episodes.purpose = 'evaluation'``, held-out and selection seeds; not the SFT policy's sampled
+selection episodes, which repeat the long tasks' instances). No training table holds them
 (``warehouse.purposes``), so no model has seen these episodes or their task instances.
 
 Each model gives an episode one score (:func:`episode_score`), and the AUC of those scores against
@@ -37,7 +37,7 @@ from training.reward_models.kinds import PROGRESS_KINDS, STEP_JUDGE_KINDS, model
 from training.reward_models.metrics import key_step_progress_error
 from warehouse.catalog import Warehouse
 from warehouse.plotting import Markdown, figure_markdown, pyplot
-from warehouse.purposes import EpisodePurpose, purpose_filter
+from warehouse.purposes import EpisodePurpose, greedy_evaluation_filter, purpose_filter
 from warehouse.statistics import bootstrap_auc
 from warehouse.tables_training import RM_AGENT_AUC
 from warehouse.trajectories import load_trajectories
@@ -108,7 +108,7 @@ def read_agent_episodes(warehouse: Warehouse) -> list[AgentEpisode]:
         "AND 'eval:' || r.policy_id = e.policy_id) AS seen, "
         "(SELECT list(s.milestones_hit ORDER BY s.step_idx) FROM steps s WHERE s.episode_id = e.episode_id) AS hits "
         f"FROM episodes e WHERE {purpose_filter('e.purpose', (EpisodePurpose.EVALUATION.value,))} "
-        "AND n_steps > 0 ORDER BY episode_id"
+        f"AND {greedy_evaluation_filter('e.episode_id')} AND n_steps > 0 ORDER BY episode_id"
     ).to_pylist()
     replayed = _replayed_stale_hits(warehouse, rows)
     return [

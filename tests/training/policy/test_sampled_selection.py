@@ -17,14 +17,15 @@ from training.policy.episodes import catalog_tasks, evaluate_policy
 from training.policy.learned import PolicyModel
 from training.policy.sft import SFTSettings
 from training.policy.sft_stage import (
-    SAMPLED_SELECTION,
     SAMPLED_SELECTION_STREAM,
     PolicySettings,
     demonstration_solution_steps,
     run_policy_sft,
 )
-from training.policy.task_blocks import sparse_block
+from training.policy.task_blocks import SPARSE_RULE_SAMPLED, SPARSE_RULE_SAMPLED_UNSOLVED, sparse_block
+from training.reward_models.agent_episodes import read_agent_episodes
 from warehouse.catalog import Warehouse
+from warehouse.purposes import SAMPLED_SELECTION
 
 pytestmark = pytest.mark.e2e
 
@@ -59,29 +60,35 @@ def test_sft_samples_the_long_tasks_and_the_draws_do_not_depend_on_the_policy_id
     rate = sum(r["success"] for r in sampled) / len(sampled)
     assert result["sampled_selection_success"] == {"login-user": rate}
 
-    # the policy records the sampled rates and the rule that chose its sparse block from them
+    # the policy records the sampled rates, and the sparse block is chosen from the episodes' rate
     parameters = json.loads(
         warehouse.query("SELECT parameters FROM policies WHERE policy_id = ?", [policy_id]).to_pylist()[0]["parameters"]
     )
     assert parameters["sampled_selection_success"] == {"login-user": rate}
     blocks = parameters["task_blocks"]
+    assert blocks["sparse_rule"] in (SPARSE_RULE_SAMPLED, SPARSE_RULE_SAMPLED_UNSOLVED)
     expected = sparse_block(
         parameters["selection_success"],
         demonstration_solution_steps(warehouse),
         min_steps=1.0,
-        sampled_rates=parameters["sampled_selection_success"],
+        sampled_rates={"login-user": rate},
     )
-    assert (blocks["sparse"], blocks["sparse_rule"]) == (expected[0], expected[1])
+    assert (blocks["sparse"], blocks["sparse_rule"]) == expected
+
+    def actions(evaluation: str) -> dict[tuple[str, int], str]:
+        rows = warehouse.query(
+            "SELECT episode_id, step_idx, action_text FROM steps WHERE episode_id LIKE ?",
+            [f"eval:{policy_id}:{evaluation}:%"],
+        ).to_pylist()
+        return {(r["episode_id"].rsplit(":", 1)[-1], r["step_idx"]): r["action_text"] for r in rows}
+
+    stored = actions(SAMPLED_SELECTION)
+    assert stored and stored != actions("selection")  # sampled, not the greedy episodes again
+    # what judges greedy behaviour (reward models on agent episodes) leaves the sampled ones out
+    judged = {e.episode_id for e in read_agent_episodes(warehouse)}
+    assert judged and not any(SAMPLED_SELECTION in e for e in judged)
 
     # the same checkpoint under another id draws the same actions on the same instances
-    stored = {
-        (r["episode_id"].rsplit(":", 1)[-1], r["step_idx"]): r["action_text"]
-        for r in warehouse.query(
-            "SELECT episode_id, step_idx, action_text FROM steps WHERE episode_id LIKE ?",
-            [f"eval:{policy_id}:{SAMPLED_SELECTION}:%"],
-        ).to_pylist()
-    }
-    assert stored
     model = PolicyModel.load(result["checkpoint"])
     with pool_factory(1) as pool:
         again, _ = evaluate_policy(

@@ -175,14 +175,14 @@ def test_an_empty_sparse_block_falls_back_to_the_long_tasks_sft_never_solved():
     assert sparse_block_rule({"parameters": "{}"}) == SPARSE_RULE_STRICT  # policies before the fallback
 
 
-def test_the_sparse_rule_reads_sampled_success_first_then_the_greedy_rules():
+def test_the_sparse_rule_reads_sampled_success_when_there_is_some():
     """What RL's first iteration samples decides whether a task is sparse for RL: a long task SFT
     solves greedily 9% of the time may sample at 57% (guess-number, stop 63), and one greedy never
-    solves may sample at 5%."""
+    solves may sample at 5%. With sampled rates no task that samples above 15% joins the block."""
     from training.policy.task_blocks import (
         SPARSE_RULE_SAMPLED,
+        SPARSE_RULE_SAMPLED_UNSOLVED,
         SPARSE_RULE_STRICT,
-        SPARSE_RULE_UNSOLVED,
         sparse_block,
     )
 
@@ -192,13 +192,12 @@ def test_the_sparse_rule_reads_sampled_success_first_then_the_greedy_rules():
     # hardest first by the sampled rate; a short task never qualifies; greedy 9% is not sparse for RL
     assert sparse_block(greedy, steps, sampled_rates=sampled) == (["spinner", "flight"], SPARSE_RULE_SAMPLED)
     assert sparse_block(greedy, steps, sampled_rates=sampled, max_tasks=1) == (["spinner"], SPARSE_RULE_SAMPLED)
-    # nothing samples in (0, 15%]: the greedy rules choose, as without sampled rates
+    # nothing samples in (0, 15%]: the long tasks never solved even sampling, not greedy's 9%
     flat = {"guess": 0.57, "spinner": 0.0, "flight": 0.4}
-    assert sparse_block(greedy, steps, sampled_rates=flat) == (["guess"], SPARSE_RULE_STRICT)
-    assert sparse_block(greedy, steps, sampled_rates=flat) == sparse_block(greedy, steps)
-    no_strict = greedy | {"guess": 0.3}
-    assert sparse_block(no_strict, steps, sampled_rates=flat) == (["flight", "spinner"], SPARSE_RULE_UNSOLVED)
-    assert sparse_block(greedy, steps, sampled_rates={}) == (["guess"], SPARSE_RULE_STRICT)
+    assert sparse_block(greedy, steps) == (["guess"], SPARSE_RULE_STRICT)  # greedy rates alone
+    assert sparse_block(greedy, steps, sampled_rates=flat) == (["spinner"], SPARSE_RULE_SAMPLED_UNSOLVED)
+    assert sparse_block(greedy, steps, sampled_rates=flat, fallback=False) == ([], SPARSE_RULE_SAMPLED)
+    assert sparse_block(greedy, steps, sampled_rates={"guess": 0.5}) == ([], SPARSE_RULE_SAMPLED_UNSOLVED)
 
 
 def test_a_run_trains_on_its_block_of_the_sft_policys_pre_registered_tasks():

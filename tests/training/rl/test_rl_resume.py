@@ -63,6 +63,8 @@ def test_a_killed_run_resumes_and_loses_no_iteration(small_demos, tmp_path):
             sft=SFTSettings(epochs=3),
             selection_seeds=2,
             sparse_selection_seeds=0,
+            sparse_min_solution_steps=1.0,  # login-user is long here, and
+            sparse_sampled=False,  # not sampled: no selection_sampled episodes (checked below)
             held_out_seeds=2,
             low=-1,
             high=2,
@@ -71,6 +73,8 @@ def test_a_killed_run_resumes_and_loses_no_iteration(small_demos, tmp_path):
         run_id="sft",
         log=lambda _: None,
     )
+    sampled = warehouse.query("SELECT count(*) AS n FROM agent_eval WHERE evaluation = 'selection_sampled'")
+    assert sampled.to_pylist()[0]["n"] == 0
     script = tmp_path / "run.py"
     script.write_text(RUN)
     env = os.environ | {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}

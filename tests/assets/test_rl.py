@@ -21,6 +21,7 @@ from training.policy.store import POLICY_ROLLOUT_SEED_BASE
 from training.rl.evaluation import run_rl_report
 from training.rl.export import export_rl_data
 from warehouse.catalog import Warehouse
+from warehouse.purposes import SAMPLED_SELECTION, greedy_evaluation_filter
 
 pytestmark = pytest.mark.e2e
 
@@ -223,10 +224,14 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
         run_config={"ops": {"reward_model_report": {"config": {"kinds": ["progrm_env"], "latency_calls": 3}}}},
     )
     assert report.success
-    evaluation = warehouse.query("SELECT count(*) FROM episodes WHERE purpose = 'evaluation' AND n_steps > 0")[0][0]
+    # every greedy evaluation episode; SFT's sampled selection episodes (on the long tasks) are not greedy
+    evaluated_episodes = "SELECT count(*) FROM episodes e WHERE purpose = 'evaluation' AND n_steps > 0 AND "
+    evaluation = warehouse.query(evaluated_episodes + greedy_evaluation_filter("e.episode_id"))[0][0]
+    sampled = warehouse.query(evaluated_episodes + f"e.episode_id LIKE '%:{SAMPLED_SELECTION}:%'")[0][0]
     aucs = {r["family"]: r for r in warehouse.query("SELECT * FROM rm_agent_auc WHERE kind = 'progrm_env'").to_pylist()}
     assert {"all", "miniwob-forms", "miniwob-apps"} <= set(aucs)
     assert aucs["all"]["episodes"] == evaluation.as_py() and aucs["all"]["policies"] == 1 + len(RUNS)
+    assert sampled.as_py() > 0  # there were some to leave out
     assert (
         "On held-out agent episodes"
         in report.asset_materializations_for_node("reward_model_report")[0].metadata["report"].value

@@ -8,7 +8,7 @@ one materialization (ProgRM §3: the SFT row of Table 1 and the start of every R
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -113,15 +113,19 @@ def run_policy_sft(
     selection_seeds = sample_seeds(SELECTION_SEED_BASE, settings.selection_seeds, "selection")
     held_out = sample_seeds(HELD_OUT_SEED_BASE, settings.held_out_seeds, "held_out")
     extra_seeds = long_task_selection_seeds(warehouse, settings, tasks, selection_seeds)
+    solution_steps = demonstration_solution_steps(warehouse)
+    long_tasks = [t for t in tasks if solution_steps.get(t.task_id, 0.0) >= settings.sparse_min_solution_steps]
     with pool_factory(settings.workers) as pool:
         selection_result, selection = evaluate_policy(
             model, policy_id, tasks, selection_seeds, pool, evaluation="selection", log=log, extra_seeds=extra_seeds
         )
         rates = {row["task_id"]: row["success_rate"] for row in per_task_rows(selection)}
-        sampled_result, sampled = _sampled_selection(model, policy_id, warehouse, settings, tasks, pool, log)
+        sampled_result, sampled = _sampled_selection(
+            model, policy_id, settings, long_tasks, selection_seeds, extra_seeds, pool, log
+        )
         sampled_rates = {row["task_id"]: row["success_rate"] for row in per_task_rows(sampled)}
         chosen, sparse, sparse_rule = _task_blocks_by_rule(
-            warehouse, settings, rates, sampled_rates if settings.sparse_sampled else None
+            settings, rates, solution_steps, sampled_rates if settings.sparse_sampled else None
         )
         log(
             f"SFT success on selection seeds: {rates}; sampling at temperature 1 (long tasks): {sampled_rates}; "
@@ -251,9 +255,9 @@ def _imitation_data(warehouse: Warehouse, settings: PolicySettings) -> tuple[lis
 
 
 def _task_blocks_by_rule(
-    warehouse: Warehouse,
     settings: PolicySettings,
     rates: dict[str, float],
+    solution_steps: dict[str, float],
     sampled_rates: dict[str, float] | None,
 ) -> tuple[list[str], list[str], str]:
     """The dense and the sparse block, each by its rule, from SFT's success on the selection seeds
@@ -261,7 +265,7 @@ def _task_blocks_by_rule(
     dense = choose_tasks(rates, settings.low, settings.high, settings.max_tasks)
     sparse, rule = sparse_block(
         rates,
-        demonstration_solution_steps(warehouse),
+        solution_steps,
         high=settings.sparse_high,
         min_steps=settings.sparse_min_solution_steps,
         max_tasks=settings.max_tasks,
@@ -274,32 +278,28 @@ def _task_blocks_by_rule(
 def _sampled_selection(
     model: PolicyModel,
     policy_id: str,
-    warehouse: Warehouse,
     settings: PolicySettings,
-    tasks: Sequence[CatalogTask],
+    long_tasks: Sequence[CatalogTask],
+    selection_seeds: Sequence[int],
+    extra_seeds: Mapping[str, Sequence[int]],
     pool: EnvPool,
     log: Log,
 ) -> tuple[BatchResult | None, list[EvalEpisode]]:
-    """SFT sampling at temperature 1 on every long task's selection seeds (the sparse rule's
-    candidates, the same seeds as their greedy episodes), keyed by :data:`SAMPLED_SELECTION_STREAM`;
-    nothing when ``settings.sparse_sampled`` is off or no task is long."""
-    if not settings.sparse_sampled:
+    """SFT sampling at temperature 1 on the long tasks' selection seeds (the sparse rule's
+    candidates, the same seeds as their greedy episodes: ``selection_seeds`` and their
+    ``extra_seeds``), keyed by :data:`SAMPLED_SELECTION_STREAM`; nothing when
+    ``settings.sparse_sampled`` is off or no task is long."""
+    if not settings.sparse_sampled or not long_tasks:
         return None, []
-    steps = demonstration_solution_steps(warehouse)
-    long_tasks = [t for t in tasks if steps.get(t.task_id, 0.0) >= settings.sparse_min_solution_steps]
-    if not long_tasks:
-        return None, []
-    seeds = sample_seeds(SELECTION_SEED_BASE, settings.selection_seeds, "selection")
-    extra = long_task_selection_seeds(warehouse, settings, long_tasks, seeds)
     return evaluate_policy(
         model,
         policy_id,
         long_tasks,
-        seeds,
+        selection_seeds,
         pool,
         evaluation=SAMPLED_SELECTION,
         log=log,
-        extra_seeds=extra,
+        extra_seeds=extra_seeds,
         sampling_stream=SAMPLED_SELECTION_STREAM,
     )
 

@@ -101,23 +101,15 @@ def sparse_block(
     The same two rules then read the sampled rates (``sampled``, then with ``fallback`` the long
     tasks SFT never solved even sampling, ``sampled_unsolved``), so no task that samples above
     ``high`` can join the block."""
-    if sampled_rates is not None:
-        sampled = choose_sparse_tasks(
-            sampled_rates, solution_steps, high=high, min_steps=min_steps, max_tasks=max_tasks
-        )
-        if sampled or not fallback:
-            return sampled, SPARSE_RULE_SAMPLED
-        never = choose_sparse_tasks(
-            sampled_rates, solution_steps, high=high, min_steps=min_steps, max_tasks=max_tasks, include_unsolved=True
-        )
-        return never, SPARSE_RULE_SAMPLED_UNSOLVED
-    strict = choose_sparse_tasks(rates, solution_steps, high=high, min_steps=min_steps, max_tasks=max_tasks)
-    if strict or not fallback:
-        return strict, SPARSE_RULE_STRICT
-    unsolved = choose_sparse_tasks(
-        rates, solution_steps, high=high, min_steps=min_steps, max_tasks=max_tasks, include_unsolved=True
+    sampled = sampled_rates is not None
+    read = sampled_rates if sampled_rates is not None else rates
+    rare = choose_sparse_tasks(read, solution_steps, high=high, min_steps=min_steps, max_tasks=max_tasks)
+    if rare or not fallback:
+        return rare, SPARSE_RULE_SAMPLED if sampled else SPARSE_RULE_STRICT
+    never = choose_sparse_tasks(
+        read, solution_steps, high=high, min_steps=min_steps, max_tasks=max_tasks, include_unsolved=True
     )
-    return unsolved, SPARSE_RULE_UNSOLVED
+    return never, SPARSE_RULE_SAMPLED_UNSOLVED if sampled else SPARSE_RULE_UNSOLVED
 
 
 def _recorded_blocks(sft: Mapping[str, Any]) -> dict[str, Any]:

@@ -141,25 +141,9 @@ def run_policy_sft(
             log=log,
         )
     keep_policy_cache(model, warehouse.home)
-    policy_row = {
-        "policy_id": policy_id,
-        "kind": "sft",
-        "checkpoint_path": warehouse.relative(checkpoint),
-        "tasks": chosen,
-        "env_steps": 0,
-        "parameters": json.dumps(
-            {
-                "settings": asdict(settings),
-                "selection_success": rates,
-                "sampled_selection_success": sampled_rates,
-                # pre-registered before any RL run: the blocks' rules and what they chose
-                "task_blocks": {"dense": chosen, "sparse": sparse, "sparse_rule": sparse_rule},
-            },
-            default=str,
-        ),
-        "created_at": datetime.now(UTC),
-        "run_id": run_id,
-    }
+    policy_row = _policy_row(
+        warehouse, settings, policy_id, checkpoint, run_id, rates, sampled_rates, (chosen, sparse, sparse_rule)
+    )
     outputs = [warehouse.stage_table("policies", policy_id, pa.Table.from_pylist([policy_row], schema=POLICIES), m)]
     for evaluation, batch, episodes in (
         ("selection", selection_result, selection),
@@ -191,6 +175,39 @@ def run_policy_sft(
         "selection_plot": _selection_plot(
             rates, sampled_rates, chosen, settings, warehouse.home / "plots" / "rl" / f"{policy_id}_tasks.png"
         ),
+    }
+
+
+def _policy_row(
+    warehouse: Warehouse,
+    settings: PolicySettings,
+    policy_id: str,
+    checkpoint: Path,
+    run_id: str,
+    rates: dict[str, float],
+    sampled_rates: dict[str, float],
+    blocks: tuple[list[str], list[str], str],
+) -> dict[str, Any]:
+    """The policies row of an SFT policy: its settings, selection rates and the task blocks chosen."""
+    chosen, sparse, sparse_rule = blocks
+    return {
+        "policy_id": policy_id,
+        "kind": "sft",
+        "checkpoint_path": warehouse.relative(checkpoint),
+        "tasks": chosen,
+        "env_steps": 0,
+        "parameters": json.dumps(
+            {
+                "settings": asdict(settings),
+                "selection_success": rates,
+                "sampled_selection_success": sampled_rates,
+                # pre-registered before any RL run: the blocks' rules and what they chose
+                "task_blocks": {"dense": chosen, "sparse": sparse, "sparse_rule": sparse_rule},
+            },
+            default=str,
+        ),
+        "created_at": datetime.now(UTC),
+        "run_id": run_id,
     }
 
 

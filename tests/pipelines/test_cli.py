@@ -118,7 +118,7 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
     env = {"STEPWISE_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "HF_HUB_OFFLINE": "1"}
     env["PATH"] = "/usr/bin:/bin"
     for args, message in (
-        (["--seed-keys", "s0,s10"], "--seed-keys ['s10'] unknown"),
+        (["--seed-keys", "s0,s20"], "--seed-keys ['s20'] unknown"),
         (["--block", "sparse", "--seed-keys", "sparse-s5"], "(name the RL seed alone: --block adds the block's"),
         (["--runs", "orm", "--flywheel-round", "0"], "--flywheel-round >= 1"),
         (["--runs", "outcome,orm", "--flywheel-round", "1"], "['outcome'] use none"),
@@ -134,9 +134,9 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
         assert code == 2 and message in stderr, (args, stderr)
         assert len(stderr.strip().splitlines()) == 1, stderr
     out = subprocess.run(
-        [STEPWISE, "rl", "--seed-keys", "s0,s10"], capture_output=True, text=True, env=env, timeout=300
+        [STEPWISE, "rl", "--seed-keys", "s0,s20"], capture_output=True, text=True, env=env, timeout=300
     )
-    unknown = "stepwise rl: --seed-keys ['s10'] unknown; choose from " + str(list(RL_SEEDS))
+    unknown = "stepwise rl: --seed-keys ['s20'] unknown; choose from " + str(list(RL_SEEDS))
     assert out.returncode == 2 and out.stderr.strip() == unknown, out.stderr
 
 

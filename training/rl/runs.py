@@ -102,8 +102,9 @@ RUN_VARIANTS: dict[str, tuple[str, str]] = {
 #: The Table-1 experiment: every source with the same estimator.
 TABLE_ONE_VARIANTS: tuple[str, ...] = ("outcome", "orm", "progrm_lcs", "progrm_env", "prm", "admire")
 #: RL seeds (the rl_run partitions): the Table-1 issue asks five on the sparse block, three elsewhere;
-#: s5 .. s9 are there to replicate a finding on seeds it was not found on.
-RL_SEEDS: tuple[str, ...] = tuple(f"s{n}" for n in range(10))
+#: s5 .. s9 are there to replicate a finding on seeds it was not found on, and s10 .. s19 (added
+#: after stop 64 had used s0 .. s9 on the sparse block) to replicate it again, registered first.
+RL_SEEDS: tuple[str, ...] = tuple(f"s{n}" for n in range(20))
 
 
 #: The rl_run partitions' second dimension (issue 41 item 7): an RL seed on the dense block (``s0``,

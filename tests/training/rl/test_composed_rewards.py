@@ -18,6 +18,7 @@ from training.rl.rewards.composed import (
     episode_potentials,
     parse_composition,
     shaping_rewards,
+    shuffled_step_scores,
 )
 from training.rl.rewards.outcome import OutcomeReward
 from training.rl.rewards.prm import StepJudgeReward
@@ -130,3 +131,42 @@ def test_decayed_prm_adds_its_judgement_with_a_weight_that_fades(trained_prm):
         for total, plain, d in zip(batch.rewards, outcome, dense, strict=True):
             assert np.allclose(total, plain + 0.3 * 0.5**iteration * d)
         assert batch.details["shaping_weight"] == pytest.approx(0.3 * 0.5**iteration)
+
+
+def test_the_shuffled_control_keeps_the_batchs_scores_and_lengths_and_breaks_which_state_has_which():
+    scores = [[0.1, 0.2, 0.3], [0.9], [], [0.4, 0.5, 0.6, 0.7, 0.8]]
+    shuffled = shuffled_step_scores(scores, [3, 7])
+    assert [len(s) for s in shuffled] == [3, 1, 0, 5]
+    assert sorted(np.concatenate(shuffled).tolist()) == sorted(sum(scores, []))
+    assert [s.tolist() for s in shuffled_step_scores(scores, [3, 7])] == [s.tolist() for s in shuffled]
+    moved = [shuffled_step_scores(scores, [3, seed]) for seed in range(20)]
+    assert any(np.concatenate(m).tolist() != sum(scores, []) for m in moved)  # a permutation, not the identity
+    assert len({tuple(np.concatenate(m).tolist()) for m in moved}) > 1  # the seed decides it
+    assert shuffled_step_scores([], [0]) == []
+
+
+def test_shuffled_shaping_still_pays_only_the_outcome_and_is_the_same_when_scored_again(trained_progrm):
+    """The control with a real model: each episode's shaping still telescopes to 0 (the outcome decides),
+    its potentials are the batch's scores in another order, and a second scoring of the same batch
+    (a resumed run) gives the same rewards; another iteration permutes differently."""
+    scorer = LocalScorer(trained_progrm)
+    rollouts = [_rollout("success"), _rollout("stopped", 2, "e2"), _rollout("wrong_user", 1, "e1")]
+    gamma = 0.9
+    source = ComposedReward(Composition("progrm_env", "shuffled"), ProgressReward(scorer), scorer, gamma=gamma)
+    batch = source.rewards(rollouts, iteration=3)
+    outcome = OutcomeReward().rewards(rollouts, 3).rewards
+    for shuffled, plain in zip(batch.rewards, outcome, strict=True):
+        assert discounted_returns(shuffled, gamma)[0] == pytest.approx(discounted_returns(plain, gamma)[0], abs=1e-9)
+    scores = np.concatenate([s.scores for s in scorer.score([text_trajectory(r.record) for r in rollouts])])
+    # the potentials the control used, recovered from its shaping (Phi(s_0) = 0, Phi(s_{t+1}) =
+    # (F_t + Phi(s_t)) / gamma; the terminal one is 0): each is one of the batch's scores
+    used = []
+    for shuffled, plain in zip(batch.rewards, outcome, strict=True):
+        phi = 0.0
+        for f in (shuffled - plain)[:-1]:
+            phi = (f + phi) / gamma
+            used.append(phi)
+    assert used and all(np.isclose(scores, u, atol=1e-9).any() for u in used)
+    again = source.rewards(rollouts, iteration=3)
+    assert all(np.array_equal(a, b) for a, b in zip(batch.rewards, again.rewards, strict=True))
+    assert check_reward_source("outcome+progrm_env:shuffled") is None

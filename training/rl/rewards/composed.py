@@ -18,10 +18,17 @@ papers add their dense signal to the outcome instead; two ways of doing so are o
   with ``d_t`` the source's own step reward (a progress gain, a PRM judgement with its format
   reward, ...) and ``E`` the training iteration: the dense term leads early and fades. ADMIRE's
   asymmetric credit is specific to milestones and stays with the ``admire`` source.
+* ``shuffled``: a control for ``shaped``, not a reward to train with. The same model's step scores,
+  permuted among all the states of the batch before they are made potentials, so the returns carry
+  a ``-Phi`` term with the same values and spread but no information about the state it is paid in.
+  REINFORCE++ normalises a batch's returns together, so shaping also changes the scale every other
+  term of a batch is divided by; if ``shuffled`` helps as much as ``shaped``, that scale is what
+  helped, not the model.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,7 +41,7 @@ from training.rl.rewards.base import RewardBatch, RewardSource, text_trajectory
 from training.rl.rewards.outcome import OutcomeReward
 from warehouse.catalog import LineageInput
 
-COMPOSITION_FORMS: tuple[str, ...] = ("shaped", "decay")
+COMPOSITION_FORMS: tuple[str, ...] = ("shaped", "decay", "shuffled")
 #: The learned sources that compose with the outcome (ADMIRE already adds its milestones to it).
 COMPOSABLE_SOURCES: tuple[str, ...] = ("orm", "progrm_lcs", "progrm_env", "prm", "guidnav")
 #: ADMIRE App. A.1.2: the bonus's initial weight and its decay per training iteration.
@@ -97,6 +104,16 @@ def episode_potentials(step_scores: Sequence[float] | np.ndarray) -> np.ndarray:
     return np.concatenate([[0.0], np.asarray(step_scores, dtype=np.float64)])
 
 
+def shuffled_step_scores(step_scores: Sequence[Sequence[float] | np.ndarray], seed: Sequence[int]) -> list[np.ndarray]:
+    """The ``shuffled`` control's step scores: the batch's scores pooled over its episodes, permuted
+    by a generator seeded with ``seed``, and dealt back in the episodes' lengths. The multiset of
+    scores (so the spread of the ``-Phi`` term in the returns) is kept; which state has which is not."""
+    lengths = [len(s) for s in step_scores]
+    pooled = np.concatenate([np.asarray(s, dtype=np.float64) for s in step_scores] or [np.zeros(0)])
+    permuted = np.random.default_rng(list(seed)).permutation(pooled)
+    return np.split(permuted, np.cumsum(lengths)[:-1]) if lengths else []
+
+
 def decayed_weight(iteration: int, weight: float = DECAY_WEIGHT, rate: float = DECAY_RATE) -> float:
     """ADMIRE's curriculum coefficient ``lambda_0 * gamma^E`` at training iteration ``E`` (0-based)."""
     if iteration < 0:
@@ -124,10 +141,13 @@ class ComposedReward:
 
     def rewards(self, rollouts: Sequence[Rollout], iteration: int) -> RewardBatch:
         base = self.outcome.rewards(rollouts, iteration)
-        if self.composition.form == "shaped":
+        if self.composition.form in ("shaped", "shuffled"):
             scored = self.scorer.score([text_trajectory(r.record) for r in rollouts])
-            extra = [shaping_rewards(episode_potentials(s.scores), self.gamma) for s in scored]
-            details = {"shaping_weight": 1.0, "mean_final_potential": _mean([s.scores[-1] for s in scored if s.scores])}
+            scores = [np.asarray(s.scores, dtype=np.float64) for s in scored]
+            if self.composition.form == "shuffled":
+                scores = shuffled_step_scores(scores, _batch_seed(rollouts, iteration))
+            extra = [shaping_rewards(episode_potentials(s), self.gamma) for s in scores]
+            details = {"shaping_weight": 1.0, "mean_final_potential": _mean([s[-1] for s in scores if s.size])}
         else:
             dense = self.dense.rewards(rollouts, iteration)
             coefficient = decayed_weight(iteration, self.weight, self.rate)
@@ -140,6 +160,13 @@ class ComposedReward:
 
     def lineage(self) -> list[LineageInput]:
         return self.dense.lineage()
+
+
+def _batch_seed(rollouts: Sequence[Rollout], iteration: int) -> list[int]:
+    """The ``shuffled`` control's permutation seed: the iteration and the batch's episode ids, so the
+    same batch is permuted the same way when it is scored again (a resumed run)."""
+    digest = hashlib.sha256("\n".join(r.record.episode_id for r in rollouts).encode()).digest()
+    return [iteration, int.from_bytes(digest[:8], "little")]
 
 
 def _mean(values: Sequence[float]) -> float:

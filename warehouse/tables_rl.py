@@ -26,7 +26,7 @@ POLICIES = with_key(
             pa.field("policy_id", pa.string(), nullable=False),
             pa.field("kind", pa.string(), nullable=False),  # sft | rl | llm_base | llm_sft | llm_rl
             ("reward_source", pa.string()),  # outcome | orm | progrm_lcs | progrm_env | prm | guidnav | admire
-            ("estimator", pa.string()),  # reinforce_pp | grpo | rloo | ppo
+            ("estimator", pa.string()),  # reinforce_pp | reinforce_pp_kl_apart | grpo | rloo | ppo
             ("rl_seed", pa.int32()),
             ("parent_policy_id", pa.string()),  # the SFT policy an RL run started from
             ("checkpoint_path", pa.string()),  # relative to the home

@@ -9,6 +9,9 @@ tokens per turn, and the token-level functions below spread a turn's reward over
   clipped surrogate. ProgRM's multi-turn variant (after Wen et al., its ref. [27]) discounts
   between turns with ``gamma_turn`` and within a turn with ``gamma_token``; the paper states
   gamma 0.9 without saying which, and we read it as the inter-turn discount.
+* REINFORCE++ with the KL kept apart (``reinforce_pp_kl_apart``, ours, not a paper's): the same,
+  except that only the rewards' returns are normalised and the KL penalty's returns are added at
+  their coefficient's scale (see :func:`reinforce_pp_kl_apart_advantages` for why).
 * Step-level GRPO (ADMIRE Eqs. 12-13): a step's advantage is its immediate total reward,
   z-scored over every step of the group of trajectories that share one instruction.
 * RLOO: a trajectory's return minus the mean return of the other trajectories of its group.
@@ -83,6 +86,38 @@ def reinforce_pp_advantages(
     out, start = [], 0
     for g in returns:
         out.append(flat[start : start + len(g)])
+        start += len(g)
+    return out
+
+
+def reinforce_pp_kl_apart_advantages(
+    rewards: Sequence[Numbers],
+    logp_old: Sequence[Numbers],
+    logp_ref: Sequence[Numbers],
+    *,
+    gamma: float = GAMMA,
+    kl_coef: float = KL_COEF,
+) -> list[np.ndarray]:
+    """REINFORCE++ advantages with the KL penalty outside the batch normalisation: the rewards'
+    discounted returns normalised over the batch, plus the discounted returns of
+    ``-kl_coef * (log pi_old - log pi_ref)`` as they are.
+
+    Why: :func:`reinforce_pp_advantages` normalises the sum. In a batch where every episode earns
+    the same reward (a sparse task's usual batch: no success), the sum's spread is the KL term's
+    alone, and normalising scales it to unit size, so each such batch takes a full step back
+    towards the reference policy (with kl_coef 0.01 and a KL near 0.03 a step, about a thousand
+    times the penalty's declared size). Here that batch moves only by the penalty itself, and a
+    batch with rewards that differ is led by them as before."""
+    reward_returns = [discounted_returns(np.asarray(r, dtype=np.float64), gamma) for r in rewards]
+    kl_returns = [
+        discounted_returns(-kl_coef * kl_penalty(lo, lr), gamma) for lo, lr in zip(logp_old, logp_ref, strict=True)
+    ]
+    if len(kl_returns) != len(reward_returns):
+        raise ValueError(f"{len(reward_returns)} episodes' rewards but {len(kl_returns)} episodes' log-probabilities")
+    flat = normalise(np.concatenate(reward_returns)) if reward_returns else np.zeros(0)
+    out, start = [], 0
+    for g, kl in zip(reward_returns, kl_returns, strict=True):
+        out.append(flat[start : start + len(g)] + kl)
         start += len(g)
     return out
 

@@ -23,7 +23,7 @@ from training.policy.learned import PolicyModel, StepDecision
 from training.reward_models.models import RewardScorer, collate_segments, segment_features
 from training.rl import estimators
 
-ESTIMATORS = ("reinforce_pp", "grpo", "rloo", "ppo")
+ESTIMATORS = ("reinforce_pp", "reinforce_pp_kl_apart", "grpo", "rloo", "ppo")
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,10 @@ class Learner:
         rewards = [e.rewards for e in episodes]
         if s.estimator == "reinforce_pp":
             return estimators.reinforce_pp_advantages(
+                rewards, logp_old, logp_ref, gamma=s.gamma, kl_coef=s.kl_coef
+            ), None
+        if s.estimator == "reinforce_pp_kl_apart":
+            return estimators.reinforce_pp_kl_apart_advantages(
                 rewards, logp_old, logp_ref, gamma=s.gamma, kl_coef=s.kl_coef
             ), None
         if s.estimator == "grpo":

@@ -98,6 +98,8 @@ RUN_VARIANTS: dict[str, tuple[str, str]] = {
     "admire_grpo": ("admire", "grpo"),
     "prm_ppo": ("prm", "ppo"),
     "outcome_rloo": ("outcome", "rloo"),
+    # the outcome with REINFORCE++'s KL penalty kept out of the batch normalisation (estimators.py)
+    "outcome_kl_apart": ("outcome", "reinforce_pp_kl_apart"),
 }
 #: The Table-1 experiment: every source with the same estimator.
 TABLE_ONE_VARIANTS: tuple[str, ...] = ("outcome", "orm", "progrm_lcs", "progrm_env", "prm", "admire")

@@ -16,6 +16,7 @@ from training.rl.estimators import (
     normalise,
     ppo_clip_loss,
     reinforce_pp_advantages,
+    reinforce_pp_kl_apart_advantages,
     rloo_advantages,
     value_loss,
 )
@@ -49,6 +50,45 @@ def test_reinforce_pp_by_hand():
     expected = (returns - returns.mean()) / returns.std()
     assert np.allclose(np.concatenate(adv), expected, atol=1e-6)
     assert [len(a) for a in adv] == [2, 1]
+
+
+def test_reinforce_pp_with_the_kl_apart_by_hand():
+    # The batch above: reward returns [0.5, 1.0, 0.0] (G0 = 0 + 0.5 * 1), normalised; the KL's own
+    # returns [-0.1 + 0.5 * 0, 0, 0] = [-0.1, 0, 0] added as they are.
+    adv = reinforce_pp_kl_apart_advantages(
+        [[0.0, 1.0], [0.0]], [[-1.0, -0.5], [-0.3]], [[-2.0, -0.5], [-0.3]], gamma=0.5, kl_coef=0.1
+    )
+    returns = np.array([0.5, 1.0, 0.0])
+    expected = (returns - returns.mean()) / returns.std() + np.array([-0.1, 0.0, 0.0])
+    assert np.allclose(np.concatenate(adv), expected, atol=1e-6)
+    assert [len(a) for a in adv] == [2, 1]
+
+
+def test_a_batch_without_a_success_steps_by_the_kl_penalty_not_by_a_unit_step():
+    """A sparse task's usual batch: every episode fails, the policy has moved from the reference.
+    REINFORCE++ normalises the KL term alone to unit size; with the KL apart it stays at its size;
+    with no KL (the first iteration) both take no step."""
+    rng = np.random.default_rng(0)
+    rewards = [np.zeros(n) for n in (3, 5, 2, 4)]
+    logp_ref = [rng.normal(-1.0, 0.3, len(r)) for r in rewards]
+    logp_old = [lr + rng.normal(0.0, 0.05, len(lr)) for lr in logp_ref]
+    published = np.concatenate(reinforce_pp_advantages(rewards, logp_old, logp_ref, gamma=0.9, kl_coef=0.01))
+    apart = np.concatenate(reinforce_pp_kl_apart_advantages(rewards, logp_old, logp_ref, gamma=0.9, kl_coef=0.01))
+    assert published.std() == pytest.approx(1.0, abs=1e-3)  # the penalty blown up to a unit step
+    assert np.abs(apart).max() < 0.01
+    kl_only = np.concatenate(
+        [discounted_returns(-0.01 * kl_penalty(o, r), 0.9) for o, r in zip(logp_old, logp_ref, strict=True)]
+    )
+    assert np.allclose(apart, kl_only)
+    at_reference = reinforce_pp_kl_apart_advantages(rewards, logp_ref, logp_ref, gamma=0.9, kl_coef=0.01)
+    assert all(np.all(a == 0) for a in at_reference)
+    # with rewards that differ and no KL, the two are the same estimator
+    rewards[1][-1] = 1.0
+    same = reinforce_pp_kl_apart_advantages(rewards, logp_ref, logp_ref, gamma=0.9, kl_coef=0.01)
+    ref = reinforce_pp_advantages(rewards, logp_ref, logp_ref, gamma=0.9, kl_coef=0.01)
+    assert all(np.allclose(a, b) for a, b in zip(same, ref, strict=True))
+    with pytest.raises(ValueError):
+        reinforce_pp_kl_apart_advantages(rewards, logp_old[:2], logp_ref[:2])
 
 
 def test_multi_turn_token_returns_by_hand():

@@ -44,7 +44,7 @@ def _p_good(model: PolicyModel, decision) -> float:
     return float(torch.exp(logp[decision.action_texts.index(GOOD)]))
 
 
-@pytest.mark.parametrize("estimator", ["reinforce_pp", "grpo", "rloo"])
+@pytest.mark.parametrize("estimator", ["reinforce_pp", "reinforce_pp_kl_apart", "grpo", "rloo"])
 def test_each_estimator_raises_the_probability_of_the_rewarded_action(base, estimator):
     model = base.frozen_copy()
     for p in model.scorer.parameters():

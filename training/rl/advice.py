@@ -31,7 +31,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from training.rl.rewards.composed import parse_composition
+from training.rl.rewards.composed import is_control, parse_composition
 from warehouse.statistics import holm_adjusted, p_value_text
 
 #: Family-wise error rate of the advice's claims (Holm over each block's tests).
@@ -89,7 +89,8 @@ def judge_comparison(comparison: Mapping[str, Any] | None, adjusted_p: float, *,
 def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per block that has REINFORCE++ rows, the judged rows and the two recommendations (see the
     module's docstring). Rows of another estimator (``admire_grpo``, ``prm_ppo``) change the learner
-    as well as the reward, so they stay in the table and out of the advice.
+    as well as the reward, so they stay in the table and out of the advice; so do controls
+    (``outcome+<source>:shuffled``), which no user should train with.
 
     Each block: ``block``, ``outcome_actor`` and ``sft_actor`` (None where the block has none),
     ``tests`` (how many p-values Holm adjusted over: each row's comparison with the outcome and with
@@ -104,7 +105,7 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     alarms = {a["actor"]: list(a["alarms"]) for a in report.get("hacking_alarms", [])}
     blocks: dict[str, list[Mapping[str, Any]]] = {}
     for r in report["rows"]:
-        if r.get("reward_source") and r.get("estimator") == "reinforce_pp":
+        if r.get("reward_source") and r.get("estimator") == "reinforce_pp" and not is_control(r["reward_source"]):
             blocks.setdefault(r["block"], []).append(r)
     advice = []
     for block, rl_rows in blocks.items():

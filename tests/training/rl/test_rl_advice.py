@@ -190,6 +190,7 @@ def test_other_estimators_empty_comparisons_and_blocks_without_sft_stay_out_of_t
             _row("outcome", "outcome", 0.7),
             _row("orm · flywheel r2", "orm", 0.65, reward_model_tag="flywheel r2"),
             {**_row("outcome (grpo)", "outcome", 0.9), "estimator": "grpo"},  # another learner: table only
+            _row("outcome+progrm_env:shuffled", "outcome+progrm_env:shuffled", 0.95),  # a control: table only
             _row("progrm_env", "progrm_env", float("nan"), seeds=0),  # no evaluated episodes yet
             _row("outcome [sparse]", "outcome", 0.02, block="sparse"),
             _row("orm [sparse]", "orm", 0.06, block="sparse"),
@@ -199,6 +200,7 @@ def test_other_estimators_empty_comparisons_and_blocks_without_sft_stay_out_of_t
             _cmp("orm · flywheel r2", "SFT", 0.15, 0.1, 0.2, 1e-5),
             _cmp("orm · flywheel r2", "outcome", -0.05, -0.08, -0.02, 0.01),
             _cmp("outcome (grpo)", "outcome", 0.2, 0.15, 0.25, 1e-6),
+            _cmp("outcome+progrm_env:shuffled", "outcome", 0.25, 0.2, 0.3, 1e-7),
             _cmp("progrm_env", "SFT", math.nan, math.nan, math.nan, 1.0, pairs=0),
             _cmp("orm [sparse]", "outcome [sparse]", 0.04, 0.01, 0.07, 0.004),
         ],
@@ -206,7 +208,7 @@ def test_other_estimators_empty_comparisons_and_blocks_without_sft_stay_out_of_t
     }
     dense, sparse = reward_advice(report)
     assert [r["actor"] for r in dense["rows"]] == ["outcome", "orm · flywheel r2", "progrm_env"]
-    assert dense["tests"] == 3  # the empty comparison and the other estimator's are not in the family
+    assert dense["tests"] == 3  # the empty comparison, the other estimator's and the control's are not in the family
     assert (
         dense["with_outcome"]["actor"] == "outcome" and "its own alarm: training return" in dense["with_outcome"]["why"]
     )

@@ -42,6 +42,8 @@ from training.rl.rewards.outcome import OutcomeReward
 from warehouse.catalog import LineageInput
 
 COMPOSITION_FORMS: tuple[str, ...] = ("shaped", "decay", "shuffled")
+#: Forms that are experimental controls, not rewards to train with (the advice never recommends one).
+CONTROL_FORMS: tuple[str, ...] = ("shuffled",)
 #: The learned sources that compose with the outcome (ADMIRE already adds its milestones to it).
 COMPOSABLE_SOURCES: tuple[str, ...] = ("orm", "progrm_lcs", "progrm_env", "prm", "guidnav")
 #: ADMIRE App. A.1.2: the bonus's initial weight and its decay per training iteration.
@@ -83,6 +85,12 @@ def parse_composition(name: str) -> Composition | None:
     if form not in COMPOSITION_FORMS:
         raise ValueError(f"reward {name!r}: unknown form {form!r}; choose one of {', '.join(COMPOSITION_FORMS)}")
     return Composition(source, form)
+
+
+def is_control(name: str) -> bool:
+    """Whether a reward source is an experimental control (a composed source in a :data:`CONTROL_FORMS` form)."""
+    composition = parse_composition(name) if "+" in name else None
+    return composition is not None and composition.form in CONTROL_FORMS
 
 
 def shaping_rewards(potentials: Sequence[float] | np.ndarray, gamma: float) -> np.ndarray:

@@ -531,8 +531,8 @@ def _add_rl(sub: Any) -> None:
     p.add_argument(
         "--runs",
         default=RL_DEFAULT_RUNS,
-        help="comma-separated runs: a reward source (REINFORCE++) or a variant such as admire_grpo, prm_ppo "
-        "(with --policy llm: one reward source, default outcome)",
+        help="comma-separated runs: a reward source (REINFORCE++) or a variant such as admire_grpo, prm_ppo, "
+        "outcome_kl_apart (with --policy llm: one reward source, default outcome)",
     )
     p.add_argument(
         "--policy",
@@ -545,7 +545,7 @@ def _add_rl(sub: Any) -> None:
     p.add_argument(
         "--llm-held-out-seeds", dest="llm_held_out_seeds", type=int, default=None, help="--policy llm: held-out seeds"
     )
-    p.add_argument("--seeds", type=int, default=3, help="RL seeds per run (1-10): the partitions s0 .. s<seeds-1>")
+    p.add_argument("--seeds", type=int, default=3, help="RL seeds per run (1-20): the partitions s0 .. s<seeds-1>")
     p.add_argument(
         "--seed-keys",
         default="",

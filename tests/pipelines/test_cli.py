@@ -126,7 +126,10 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
         (["--runs", "orm", "--reward-model", "orm-0123456789abcdef"], "no reward model 'orm-0123456789abcdef'"),
         (["--runs", "orm", "--reward-model", "orm-1", "--flywheel-round", "1"], "both pin reward models; give one"),
         (["--policy", "llm", "--reward-model", "orm-1"], "pin the learned policy's runs; the LLM agent"),
-        (["--runs", "outcome,outcome+progrm_env:linear"], "unknown form 'linear'; choose one of shaped, decay"),
+        (
+            ["--runs", "outcome,outcome+progrm_env:linear"],
+            "unknown form 'linear'; choose one of shaped, decay, shuffled",
+        ),
         (["--runs", "outcome+progrm"], "say how the source is added"),
         (["--runs", "progrm"], "or a composed reward outcome+<source>:<form>"),
     ):

@@ -25,7 +25,7 @@ from training.policy.task_blocks import (
 from training.reward_models.exploits import PAID_FAILURE, UNPAID_SUCCESS, PaidEpisode, select_exploits
 from training.reward_models.kinds import PROGRESS_KINDS
 from training.rl.advice import FLYWHEEL_TAG_PREFIX, advice_markdown
-from training.rl.rewards.composed import parse_composition
+from training.rl.rewards.composed import CONTROL_FORMS, Composition, parse_composition
 from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
@@ -260,7 +260,7 @@ def compared_runs(groups: Mapping[str, Sequence[Mapping[str, Any]]], run: Mappin
     (ADMIRE's and GUI-Shepherd's); the same source with today's models when its model came from a
     flywheel round, and the same source pinned to a model no flywheel round trained (``model <id>``:
     e.g. the demonstration-trained model, pinned after a round replaced it); a composed source's
-    learned part alone."""
+    learned part alone, and a control (``outcome+<source>:shuffled``) the shaped form it controls for."""
     block = run.get("block") or DENSE_BLOCK
     tag = run.get("reward_model_tag")
     others = [block_orm(groups, block, tag), {"reward_source": "outcome", "estimator": "reinforce_pp", "block": block}]
@@ -280,6 +280,8 @@ def compared_runs(groups: Mapping[str, Sequence[Mapping[str, Any]]], run: Mappin
                 others.append(dict(other))
     if composition := parse_composition(run["reward_source"]):
         others.append({**run, "reward_source": composition.source, "estimator": "reinforce_pp"})
+        if composition.form in CONTROL_FORMS:  # a control is read against what it controls for
+            others.append({**run, "reward_source": Composition(composition.source, "shaped").name})
     return others
 
 

@@ -148,7 +148,8 @@ def test_the_shuffled_control_keeps_the_batchs_scores_and_lengths_and_breaks_whi
 def test_shuffled_shaping_still_pays_only_the_outcome_and_is_the_same_when_scored_again(trained_progrm):
     """The control with a real model: each episode's shaping still telescopes to 0 (the outcome decides),
     its potentials are the batch's scores in another order, and a second scoring of the same batch
-    (a resumed run) gives the same rewards; another iteration permutes differently."""
+    (a resumed run) gives the same rewards; other iterations permute differently, and it is not the
+    shaped form under another name."""
     scorer = LocalScorer(trained_progrm)
     rollouts = [_rollout("success"), _rollout("stopped", 2, "e2"), _rollout("wrong_user", 1, "e1")]
     gamma = 0.9
@@ -169,4 +170,14 @@ def test_shuffled_shaping_still_pays_only_the_outcome_and_is_the_same_when_score
     assert used and all(np.isclose(scores, u, atol=1e-9).any() for u in used)
     again = source.rewards(rollouts, iteration=3)
     assert all(np.array_equal(a, b) for a, b in zip(batch.rewards, again.rewards, strict=True))
+
+    def same(a, b):
+        return all(np.allclose(x, y) for x, y in zip(a.rewards, b.rewards, strict=True))
+
+    shaped = ComposedReward(Composition("progrm_env", "shaped"), ProgressReward(scorer), scorer, gamma=gamma)
+    # not the shaped form under another name: over a few iterations some permutation moves a potential
+    assert not all(same(source.rewards(rollouts, i), shaped.rewards(rollouts, i)) for i in range(6))
+    assert not all(same(source.rewards(rollouts, i), batch) for i in range(4, 10))  # the iteration reseeds it
+    # what it reports of the potentials is the model's own (unshuffled) last score
+    assert batch.details["mean_final_potential"] == shaped.rewards(rollouts, 3).details["mean_final_potential"]
     assert check_reward_source("outcome+progrm_env:shuffled") is None

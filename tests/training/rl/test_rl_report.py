@@ -407,6 +407,26 @@ def test_a_flywheel_row_is_compared_with_the_same_source_pinned_to_a_model_no_ro
     assert not any(c["actor"] == "orm · model orm-demo" and "flywheel" in c["versus"] for c in report["comparisons"])
 
 
+def test_a_control_is_compared_with_the_shaped_form_it_controls_for():
+    """``outcome+<source>:shuffled`` is paired with ``outcome+<source>:shaped`` (the comparison its
+    control exists for), besides the outcome and its learned part alone; the shaped row is not
+    paired with the control in turn."""
+    base = {"estimator": "reinforce_pp", "rl_seed": 0, "env_steps": 1, "block": "sparse"}
+    runs = [
+        base | {"policy_id": "out", "reward_source": "outcome"},
+        base | {"policy_id": "shaped", "reward_source": "outcome+progrm_env:shaped"},
+        base | {"policy_id": "shuffled", "reward_source": "outcome+progrm_env:shuffled"},
+    ]
+    by_policy = {p: _episodes(p, _solved(n)) for p, n in [("sft", 1), ("out", 1), ("shaped", 6), ("shuffled", 3)]}
+    report = table_one("sft", runs, by_policy)
+    versus = {c["versus"]: c for c in report["comparisons"] if c["actor"] == "outcome+progrm_env:shuffled [sparse]"}
+    assert {"outcome [sparse]", "outcome+progrm_env:shaped [sparse]"} <= set(versus)
+    assert versus["outcome+progrm_env:shaped [sparse]"]["only_b"] == 3 * len(TASKS)  # shaped solved 6 a task, it 3
+    assert not any(
+        c["actor"] == "outcome+progrm_env:shaped [sparse]" and "shuffled" in c["versus"] for c in report["comparisons"]
+    )
+
+
 def test_runs_on_flywheel_models_are_their_own_rows_compared_with_todays_models():
     """A source trained against a flywheel round's reward model is a row of its own (not averaged
     with the same source on today's model), compared with that source on today's model (the

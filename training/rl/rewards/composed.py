@@ -1,8 +1,9 @@
-"""A learned reward added to the exact outcome, in one of two declared forms.
+"""A learned reward added to the exact outcome, in one of two declared forms (and a control).
 
 Every learned source alone replaces the outcome, and an agent can be paid for what only looks
 like success (a ProgRM model pays a never-submitted episode nearly what it pays a success). The
-papers add their dense signal to the outcome instead; two ways of doing so are offered, named
+papers add their dense signal to the outcome instead; two ways of doing so are offered (and a
+control for the first), named
 ``outcome+<source>:<form>`` (e.g. ``outcome+progrm_env:shaped``, ``outcome+prm:decay``):
 
 * ``shaped``: potential-based shaping (Ng, Harada & Russell 1999, Thm. 1),
@@ -20,7 +21,9 @@ papers add their dense signal to the outcome instead; two ways of doing so are o
   asymmetric credit is specific to milestones and stays with the ``admire`` source.
 * ``shuffled``: a control for ``shaped``, not a reward to train with. The same model's step scores,
   permuted among all the states of the batch before they are made potentials, so the returns carry
-  a ``-Phi`` term with the same values and spread but no information about the state it is paid in.
+  a ``-Phi`` term drawn from the same scores but with no information about the state it is paid in.
+  Its pool holds every episode's last score too, which ``shaped`` never pays (the terminal potential
+  is 0), so the values it pays are close to, not exactly, ``shaped``'s (stop 65's runs used this pool).
   REINFORCE++ normalises a batch's returns together, so shaping also changes the scale every other
   term of a batch is divided by; if ``shuffled`` helps as much as ``shaped``, that scale is what
   helped, not the model.
@@ -79,7 +82,10 @@ def parse_composition(name: str) -> Composition | None:
     if base != "outcome":
         raise ValueError(f"reward {name!r}: a composed reward adds a learned source to the outcome: outcome+<source>")
     if not colon:
-        raise ValueError(f"reward {name!r}: say how the source is added: {name}:shaped or {name}:decay")
+        raise ValueError(
+            f"reward {name!r}: say how the source is added: "
+            f"{name}:shaped or {name}:decay (or {name}:shuffled, a control)"
+        )
     if source not in COMPOSABLE_SOURCES:
         raise ValueError(f"reward {name!r}: unknown source {source!r}; choose one of {', '.join(COMPOSABLE_SOURCES)}")
     if form not in COMPOSITION_FORMS:
@@ -152,10 +158,10 @@ class ComposedReward:
         if self.composition.form in ("shaped", "shuffled"):
             scored = self.scorer.score([text_trajectory(r.record) for r in rollouts])
             scores = [np.asarray(s.scores, dtype=np.float64) for s in scored]
+            details = {"shaping_weight": 1.0, "mean_final_potential": _mean([s[-1] for s in scores if s.size])}
             if self.composition.form == "shuffled":
                 scores = shuffled_step_scores(scores, _batch_seed(rollouts, iteration))
             extra = [shaping_rewards(episode_potentials(s), self.gamma) for s in scores]
-            details = {"shaping_weight": 1.0, "mean_final_potential": _mean([s[-1] for s in scores if s.size])}
         else:
             dense = self.dense.rewards(rollouts, iteration)
             coefficient = decayed_weight(iteration, self.weight, self.rate)

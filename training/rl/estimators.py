@@ -65,6 +65,14 @@ def normalise(values: np.ndarray, eps: float = EPS) -> np.ndarray:
     return (values - values.mean()) / (std + eps)
 
 
+def normalise_together(per_episode: Sequence[Numbers], eps: float = EPS) -> list[np.ndarray]:
+    """:func:`normalise` over the values of every episode at once (one mean, one spread for the
+    batch or group), given back split as the episodes were."""
+    arrays = [np.asarray(v, dtype=np.float64) for v in per_episode]
+    flat = normalise(np.concatenate(arrays), eps) if arrays else np.zeros(0)
+    return np.split(flat, np.cumsum([a.size for a in arrays])[:-1]) if arrays else []
+
+
 def reinforce_pp_advantages(
     rewards: Sequence[Numbers],
     logp_old: Sequence[Numbers],
@@ -82,12 +90,7 @@ def reinforce_pp_advantages(
         discounted_returns(np.asarray(r, dtype=np.float64) - kl_coef * kl_penalty(lo, lr), gamma)
         for r, lo, lr in zip(rewards, logp_old, logp_ref, strict=True)
     ]
-    flat = normalise(np.concatenate(returns)) if returns else np.zeros(0)
-    out, start = [], 0
-    for g in returns:
-        out.append(flat[start : start + len(g)])
-        start += len(g)
-    return out
+    return normalise_together(returns)
 
 
 def reinforce_pp_kl_apart_advantages(
@@ -115,12 +118,7 @@ def reinforce_pp_kl_apart_advantages(
     ]
     if len(kl_returns) != len(reward_returns):
         raise ValueError(f"{len(reward_returns)} episodes' rewards but {len(kl_returns)} episodes' log-probabilities")
-    flat = normalise(np.concatenate(reward_returns)) if reward_returns else np.zeros(0)
-    out, start = [], 0
-    for g, kl in zip(reward_returns, kl_returns, strict=True):
-        out.append(flat[start : start + len(g)] + kl)
-        start += len(g)
-    return out
+    return [g + kl for g, kl in zip(normalise_together(reward_returns), kl_returns, strict=True)]
 
 
 def multi_turn_token_returns(
@@ -159,13 +157,7 @@ def multi_turn_token_returns(
 def grpo_step_advantages(group_rewards: Sequence[Numbers], eps: float = EPS) -> list[np.ndarray]:
     """Step-level GRPO (ADMIRE Eq. 13): A_t^i = (R_t^i - mean(R)) / std(R), R = every step's
     immediate total reward over all trajectories of one group (one instruction). No discount."""
-    flat = np.concatenate([np.asarray(r, dtype=np.float64) for r in group_rewards]) if group_rewards else np.zeros(0)
-    normalised = normalise(flat, eps)
-    out, start = [], 0
-    for r in group_rewards:
-        out.append(normalised[start : start + len(r)])
-        start += len(r)
-    return out
+    return normalise_together(group_rewards, eps)
 
 
 def rloo_advantages(group_returns: Sequence[float]) -> np.ndarray:

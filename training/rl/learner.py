@@ -233,12 +233,7 @@ class Learner:
             adv, target = estimators.gae(e.rewards, values, gamma=s.gamma, lam=s.gae_lambda)
             out.append(adv)
             targets.append(target)
-        flat = estimators.normalise(np.concatenate(out)) if out else np.zeros(0)
-        normalised, start = [], 0
-        for a in out:
-            normalised.append(flat[start : start + len(a)])
-            start += len(a)
-        return normalised, np.concatenate(targets) if targets else np.zeros(0)
+        return estimators.normalise_together(out), np.concatenate(targets) if targets else np.zeros(0)
 
     def update(self, episodes: Sequence[EpisodeExperience]) -> UpdateStats:
         """One iteration's update; returns its figures."""

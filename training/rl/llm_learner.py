@@ -366,13 +366,11 @@ class LLMLearner:
         # REINFORCE++'s batch normalisation over the tokens that are actions of the policy: forced
         # tokens (return still carried through them) would shift the mean and shrink the spread
         picked = [g[c] for g, c in zip(flat_returns, chosen, strict=True)]
-        normalised = estimators.normalise(np.concatenate(picked)) if picked else np.zeros(0)
-        advantages, offset = [], 0
-        for g, c in zip(flat_returns, chosen, strict=True):
+        advantages = []
+        for g, c, normalised in zip(flat_returns, chosen, estimators.normalise_together(picked), strict=True):
             advantage = np.zeros(g.size)
-            advantage[c] = normalised[offset : offset + int(c.sum())]
+            advantage[c] = normalised
             advantages.append(advantage)
-            offset += int(c.sum())
         return PreparedBatch(turns, logp_old, logp_ref, kl, returns, advantages, chosen)
 
     # -- optimisation ----------------------------------------------------------------------------

@@ -212,19 +212,20 @@ def _unknown_runs(runs: list[str]) -> str | None:
     """What is wrong with ``--runs`` (one line), or None: no run, a malformed composed name (which
     part), or a name that is no run variant."""
     from training.rl.rewards.composed import COMPOSABLE_SOURCES, COMPOSITION_FORMS, parse_composition
-    from training.rl.runs import RUN_VARIANTS
+    from training.rl.runs import KL_APART_SUFFIX, RUN_VARIANTS
 
     unknown = sorted(set(runs) - set(RUN_VARIANTS))
     for composed in (r for r in unknown if "+" in r):
         try:
-            parse_composition(composed)
+            parse_composition(composed.removesuffix(KL_APART_SUFFIX))
         except ValueError as exc:  # which part of the name is wrong
             return str(exc)
     if unknown or not runs:
-        singles = [r for r in RUN_VARIANTS if "+" not in r]
+        singles = [r for r in RUN_VARIANTS if "+" not in r and not r.endswith(KL_APART_SUFFIX)]
         return (
             f"unknown run(s) {unknown}; choose from {singles} or a composed reward outcome+<source>:<form> "
-            f"(source: {', '.join(COMPOSABLE_SOURCES)}; form: {', '.join(COMPOSITION_FORMS)})"
+            f"(source: {', '.join(COMPOSABLE_SOURCES)}; form: {', '.join(COMPOSITION_FORMS)}), any of them "
+            f"with {KL_APART_SUFFIX} for REINFORCE++ with its KL penalty kept out of the batch normalisation"
         )
     return None
 
@@ -531,8 +532,9 @@ def _add_rl(sub: Any) -> None:
     p.add_argument(
         "--runs",
         default=RL_DEFAULT_RUNS,
-        help="comma-separated runs: a reward source (REINFORCE++) or a variant such as admire_grpo, prm_ppo, "
-        "outcome_kl_apart (with --policy llm: one reward source, default outcome)",
+        help="comma-separated runs: a reward source (REINFORCE++), the same with _kl_apart (REINFORCE++ with "
+        "its KL penalty kept out of the batch normalisation: outcome_kl_apart, outcome+progrm_env:shaped_kl_apart) "
+        "or a variant such as admire_grpo, prm_ppo (with --policy llm: one reward source, default outcome)",
     )
     p.add_argument(
         "--policy",

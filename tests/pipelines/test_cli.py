@@ -131,6 +131,9 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
             "unknown form 'linear'; choose one of shaped, decay, shuffled",
         ),
         (["--runs", "outcome+progrm"], "say how the source is added"),
+        # the estimator's suffix is not part of the form: the error names the form, not 'linear_kl_apart'
+        (["--runs", "outcome+progrm_env:linear_kl_apart"], "unknown form 'linear'; choose one of"),
+        (["--runs", "progrm_kl_apart"], "with _kl_apart for REINFORCE++ with its KL penalty kept out"),
         (["--runs", "progrm"], "or a composed reward outcome+<source>:<form>"),
     ):
         code, _, stderr = run_in_process(capsys, "rl", *args)

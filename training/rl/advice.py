@@ -4,9 +4,10 @@ The README's "Which reward to use" answers for the runs in it; a user who runs `
 their own tasks needs the same answer for theirs. :func:`reward_advice` takes the report of
 :func:`training.rl.report.table_one` (with its hacking alarms) and, per task block:
 
-* judges every REINFORCE++ row against the **exact outcome** run of its block and against
-  **SFT** (:func:`judge_comparison`): "better" or "worse" needs the paired McNemar test the report
-  already made, Holm-adjusted over every test the block's advice reads
+* judges every REINFORCE++ row (and every row of REINFORCE++ with the KL penalty kept out of the
+  batch normalisation, :data:`ADVISED_ESTIMATORS`) against the block's **exact outcome** run under
+  REINFORCE++ and against **SFT** (:func:`judge_comparison`): "better" or "worse" needs the paired
+  McNemar test the report already made, Holm-adjusted over every test the block's advice reads
   (:func:`warehouse.statistics.holm_adjusted`, so that "better" is not the luckiest of many
   comparisons), **and** the paired difference's interval over RL seeds on one side of 0 (McNemar
   treats episodes as independent; the episodes of one RL seed share its training);
@@ -41,6 +42,10 @@ ADVICE_ALPHA = 0.05
 NON_INFERIORITY_MARGIN = 0.05
 #: Fewer RL seeds than this per row and the advice says it is provisional (issue 41 item 6).
 ADVICE_MIN_SEEDS = 5
+#: The estimators whose rows the advice judges: REINFORCE++ and its variant that only keeps the KL
+#: penalty out of the batch normalisation (the same reward and learner otherwise, so a user can take
+#: either). GRPO, RLOO and PPO rows change the learner with the reward: table only.
+ADVISED_ESTIMATORS: frozenset[str] = frozenset({"reinforce_pp", "reinforce_pp_kl_apart"})
 
 #: How the report tags a run whose reward model a flywheel round trained (``flywheel r2``); a run
 #: pinned to another model is tagged ``model <id>`` (``training.rl.evaluation.run_rl_report``).
@@ -88,14 +93,15 @@ def judge_comparison(comparison: Mapping[str, Any] | None, adjusted_p: float, *,
 
 def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per block that has REINFORCE++ rows, the judged rows and the two recommendations (see the
-    module's docstring). Rows of another estimator (``admire_grpo``, ``prm_ppo``) change the learner
-    as well as the reward, so they stay in the table and out of the advice; so do controls
-    (``outcome+<source>:shuffled``), which no user should train with.
+    module's docstring). Rows of REINFORCE++ and of :data:`ADVISED_ESTIMATORS` are judged, each against
+    the block's REINFORCE++ outcome and SFT; rows of another estimator (``admire_grpo``, ``prm_ppo``)
+    change the learner with the reward, so they stay in the table and out of the advice; so do
+    controls (``outcome+<source>:shuffled``), which no user should train with.
 
     Each block: ``block``, ``outcome_actor`` and ``sft_actor`` (None where the block has none),
     ``tests`` (how many p-values Holm adjusted over: each row's comparison with the outcome and with
     SFT that has paired episodes), ``rows`` (per row: ``actor``, ``reward_source``,
-    ``reward_model_tag``, ``seeds``, ``success_rate``, ``uses_exact_outcome``, ``alarms``, and for
+    ``estimator``, ``reward_model_tag``, ``seeds``, ``success_rate``, ``uses_exact_outcome``, ``alarms``, and for
     ``versus_outcome`` and ``versus_sft`` the comparison's ``difference``, ``difference_low``,
     ``difference_high``, ``pairs``, the raw and adjusted p and the ``judgement``), ``with_outcome``
     and ``without_outcome`` (the ``actor`` recommended or None, and ``why``), ``safe_to_add``,
@@ -105,13 +111,15 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     alarms = {a["actor"]: list(a["alarms"]) for a in report.get("hacking_alarms", [])}
     blocks: dict[str, list[Mapping[str, Any]]] = {}
     for r in report["rows"]:
-        if r.get("reward_source") and r.get("estimator") == "reinforce_pp" and not is_control(r["reward_source"]):
+        if r.get("reward_source") and r.get("estimator") in ADVISED_ESTIMATORS and not is_control(r["reward_source"]):
             blocks.setdefault(r["block"], []).append(r)
     advice = []
     for block, rl_rows in blocks.items():
         actors = {r["actor"] for r in rl_rows}
         # the outcome never has a reward model, so its row carries no tag
-        outcome_actor = next((r["actor"] for r in rl_rows if r["reward_source"] == "outcome"), None)
+        outcome_actor = next(
+            (r["actor"] for r in rl_rows if r["reward_source"] == "outcome" and r["estimator"] == "reinforce_pp"), None
+        )
         sft_actor = next((a for a, r in rows.items() if not r.get("reward_source") and r.get("block") == block), None)
         found: list[tuple[str, str, Mapping[str, Any]]] = []
         for c in report["comparisons"]:
@@ -126,6 +134,7 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             r["actor"]: {
                 "actor": r["actor"],
                 "reward_source": r["reward_source"],
+                "estimator": r["estimator"],
                 "reward_model_tag": r.get("reward_model_tag"),
                 "seeds": r["seeds"],
                 "success_rate": r["success_rate"],
@@ -178,7 +187,10 @@ def _recommend(
         with_outcome = {"actor": None, "why": "no outcome run in this block to compare with"}
     elif beat_outcome:
         best = max(beat_outcome, key=_by_success)
-        with_outcome = {"actor": best["actor"], "why": "beat the exact outcome, alarm silent"}
+        why = "beat the exact outcome, alarm silent"
+        if best["estimator"] != "reinforce_pp":
+            why += f"; trained with {best['estimator']}, not REINFORCE++: the learner changed as well as the reward"
+        with_outcome = {"actor": best["actor"], "why": why}
     else:
         over_fitting = "; its own alarm: " + "; ".join(by_actor[outcome_actor]["alarms"])
         with_outcome = {
@@ -256,7 +268,8 @@ def advice_markdown(advice: Sequence[Mapping[str, Any]]) -> list[str]:
     for block in advice:
         with_outcome, without = block["with_outcome"], block["without_outcome"]
         lines += [
-            f"**Which reward to use here ({block['block']} block)**, REINFORCE++ rows. Better or worse: "
+            f"**Which reward to use here ({block['block']} block)**, REINFORCE++ rows (and REINFORCE++ with the KL "
+            "kept apart), each against the REINFORCE++ outcome. Better or worse: "
             f"McNemar's p Holm-adjusted over this block's {block['tests']} tests under {ADVICE_ALPHA} "
             "**and** the 95% interval over RL seeds on one side of 0; within "
             f"{100 * NON_INFERIORITY_MARGIN:.0f} points: that interval's lower bound above "

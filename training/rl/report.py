@@ -259,8 +259,10 @@ def compared_runs(groups: Mapping[str, Sequence[Mapping[str, Any]]], run: Mappin
     row label): the block's ORM (ProgRM's baseline, its model from the same place) and the outcome
     (ADMIRE's and GUI-Shepherd's); the same source with today's models when its model came from a
     flywheel round, and the same source pinned to a model no flywheel round trained (``model <id>``:
-    e.g. the demonstration-trained model, pinned after a round replaced it); a composed source's
-    learned part alone, and a control (``outcome+<source>:shuffled``) the shaped form it controls for."""
+    e.g. the demonstration-trained model, pinned after a round replaced it); a run of another estimator
+    the same reward under REINFORCE++ (what the estimator alone changed) and the outcome under its own
+    estimator; a composed source's learned part alone, and a control (``outcome+<source>:shuffled``)
+    the shaped form it controls for."""
     block = run.get("block") or DENSE_BLOCK
     tag = run.get("reward_model_tag")
     others = [block_orm(groups, block, tag), {"reward_source": "outcome", "estimator": "reinforce_pp", "block": block}]
@@ -278,6 +280,10 @@ def compared_runs(groups: Mapping[str, Sequence[Mapping[str, Any]]], run: Mappin
                 and all(other.get(k) == run.get(k) for k in same)
             ):
                 others.append(dict(other))
+    if run["estimator"] != "reinforce_pp":  # the estimator's own effect: the same reward under REINFORCE++
+        others.append({**run, "estimator": "reinforce_pp"})
+        if run["reward_source"] != "outcome":  # and the outcome under the same estimator
+            others.append({"reward_source": "outcome", "estimator": run["estimator"], "block": block})
     if composition := parse_composition(run["reward_source"]):
         others.append({**run, "reward_source": composition.source, "estimator": "reinforce_pp"})
         if composition.form in CONTROL_FORMS:  # a control is read against what it controls for

@@ -91,15 +91,20 @@ from warehouse.tables_rl import POLICIES
 # 6: the acting policy's draws are keyed by (RL seed, SFT policy, iteration, instance), not the run key
 RL_CODE_VERSION = "rl-6"
 
-#: The runs of the experiment by partition key: a reward source with ProgRM's REINFORCE++, and
-#: each paper's own estimator for its source (ADMIRE: step-level GRPO; GUI-Shepherd: PPO).
+#: A run variant's suffix for REINFORCE++ with its KL penalty kept out of the batch normalisation
+#: (estimator ``reinforce_pp_kl_apart``, estimators.py): ``outcome_kl_apart``,
+#: ``outcome+progrm_env:shaped_kl_apart``: the same reward, another normalisation.
+KL_APART_SUFFIX = "_kl_apart"
+
+#: The runs of the experiment by partition key: a reward source with ProgRM's REINFORCE++, the same
+#: with the KL kept apart (:data:`KL_APART_SUFFIX`), and each paper's own estimator for its source
+#: (ADMIRE: step-level GRPO; GUI-Shepherd: PPO).
 RUN_VARIANTS: dict[str, tuple[str, str]] = {
     **{source: (source, "reinforce_pp") for source in REWARD_SOURCES},
+    **{f"{source}{KL_APART_SUFFIX}": (source, "reinforce_pp_kl_apart") for source in REWARD_SOURCES},
     "admire_grpo": ("admire", "grpo"),
     "prm_ppo": ("prm", "ppo"),
     "outcome_rloo": ("outcome", "rloo"),
-    # the outcome with REINFORCE++'s KL penalty kept out of the batch normalisation (estimators.py)
-    "outcome_kl_apart": ("outcome", "reinforce_pp_kl_apart"),
 }
 #: The Table-1 experiment: every source with the same estimator.
 TABLE_ONE_VARIANTS: tuple[str, ...] = ("outcome", "orm", "progrm_lcs", "progrm_env", "prm", "admire")

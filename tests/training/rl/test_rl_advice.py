@@ -227,6 +227,46 @@ def test_other_estimators_empty_comparisons_and_blocks_without_sft_stay_out_of_t
     assert sparse["with_outcome"]["actor"] == "outcome [sparse]"
 
 
+def test_rows_with_the_kl_kept_apart_are_judged_against_the_reinforce_pp_outcome_and_say_their_estimator():
+    """REINFORCE++ with the KL penalty kept out of the normalisation changes the learner, not the reward:
+    its rows join the advice, judged against the REINFORCE++ outcome (never taken for it), and a
+    recommendation of one says the estimator changed."""
+    apart = {"estimator": "reinforce_pp_kl_apart"}
+    report = {
+        "rows": [
+            _row("SFT", None, 0.5),
+            {**_row("outcome (reinforce_pp_kl_apart)", "outcome", 0.98), **apart},  # listed before the outcome
+            _row("outcome", "outcome", 0.9),
+            {**_row("outcome+progrm_env:shaped (reinforce_pp_kl_apart)", "outcome+progrm_env:shaped", 0.97), **apart},
+            {**_row("outcome (rloo)", "outcome", 0.99), "estimator": "rloo"},  # another learner: table only
+        ],
+        "comparisons": [
+            _cmp("outcome (reinforce_pp_kl_apart)", "outcome", 0.08, 0.04, 0.12, 1e-4),
+            _cmp("outcome (reinforce_pp_kl_apart)", "SFT", 0.48, 0.4, 0.55, 1e-9),
+            _cmp("outcome", "SFT", 0.4, 0.33, 0.47, 1e-9),
+            _cmp("outcome+progrm_env:shaped (reinforce_pp_kl_apart)", "outcome", 0.07, -0.01, 0.12, 0.01),
+            _cmp("outcome+progrm_env:shaped (reinforce_pp_kl_apart)", "SFT", 0.47, 0.4, 0.55, 1e-9),
+            _cmp("outcome (rloo)", "outcome", 0.09, 0.05, 0.13, 1e-5),
+        ],
+        "hacking_alarms": [],
+    }
+    (dense,) = reward_advice(report)
+    assert dense["outcome_actor"] == "outcome" and dense["tests"] == 5
+    judged = {r["actor"]: r for r in dense["rows"]}
+    assert set(judged) == {
+        "outcome",
+        "outcome (reinforce_pp_kl_apart)",
+        "outcome+progrm_env:shaped (reinforce_pp_kl_apart)",
+    }
+    assert judged["outcome (reinforce_pp_kl_apart)"]["versus_outcome"]["judgement"] == BETTER
+    assert judged["outcome (reinforce_pp_kl_apart)"]["estimator"] == "reinforce_pp_kl_apart"
+    assert dense["with_outcome"]["actor"] == "outcome (reinforce_pp_kl_apart)"
+    assert "trained with reinforce_pp_kl_apart, not REINFORCE++" in dense["with_outcome"]["why"]
+    # its interval reaches -1 point: within the margin, safe to add, not better
+    assert dense["safe_to_add"] == ["outcome+progrm_env:shaped (reinforce_pp_kl_apart)"]
+    assert "REINFORCE++ with the KL kept apart" in "\n".join(advice_markdown([dense]))
+
+
 def test_a_block_where_no_run_beat_sft_says_so_instead_of_calling_rewards_safe():
     """This stop's sparse block, as measured (375 paired held-out episodes per row): the outcome 2
     successes, the decaying bonus the same 2, the shaped form 0, SFT 0. Every composed row is

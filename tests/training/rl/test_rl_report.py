@@ -427,6 +427,38 @@ def test_a_control_is_compared_with_the_shaped_form_it_controls_for():
     )
 
 
+def test_a_run_of_another_estimator_is_compared_with_the_same_reward_under_reinforce_pp():
+    """``outcome+progrm_env:shaped_kl_apart`` is paired with the same reward under REINFORCE++ (what the
+    estimator alone changed) and with the outcome under its own estimator (what the learned part adds
+    there), besides the REINFORCE++ outcome; REINFORCE++ rows are not paired with estimator rows."""
+    base = {"rl_seed": 0, "env_steps": 1, "block": "sparse"}
+    pp, apart = {"estimator": "reinforce_pp"}, {"estimator": "reinforce_pp_kl_apart"}
+    runs = [
+        base | pp | {"policy_id": "out", "reward_source": "outcome"},
+        base | apart | {"policy_id": "out_apart", "reward_source": "outcome"},
+        base | pp | {"policy_id": "shaped", "reward_source": "outcome+progrm_env:shaped"},
+        base | apart | {"policy_id": "shaped_apart", "reward_source": "outcome+progrm_env:shaped"},
+    ]
+    solved = [("sft", 1), ("out", 1), ("out_apart", 4), ("shaped", 2), ("shaped_apart", 7)]
+    report = table_one("sft", runs, {p: _episodes(p, _solved(n)) for p, n in solved})
+    versus = {c["versus"]: c for c in report["comparisons"] if c["actor"].startswith("outcome+progrm_env:shaped (")}
+    assert {
+        "outcome [sparse]",
+        "outcome (reinforce_pp_kl_apart) [sparse]",
+        "outcome+progrm_env:shaped [sparse]",
+    } <= set(versus)
+    assert versus["outcome (reinforce_pp_kl_apart) [sparse]"]["only_a"] == 3 * len(TASKS)  # 7 against 4 a task
+    assert versus["outcome+progrm_env:shaped [sparse]"]["only_a"] == 5 * len(TASKS)
+    outcome_apart = {
+        c["versus"] for c in report["comparisons"] if c["actor"] == "outcome (reinforce_pp_kl_apart) [sparse]"
+    }
+    assert "outcome [sparse]" in outcome_apart and not any("kl_apart" in v for v in outcome_apart)
+    assert not any(
+        c["actor"] in ("outcome [sparse]", "outcome+progrm_env:shaped [sparse]") and "kl_apart" in c["versus"]
+        for c in report["comparisons"]
+    )
+
+
 def test_runs_on_flywheel_models_are_their_own_rows_compared_with_todays_models():
     """A source trained against a flywheel round's reward model is a row of its own (not averaged
     with the same source on today's model), compared with that source on today's model (the

@@ -83,7 +83,8 @@ def resolve_policy(warehouse: Warehouse, policy: str) -> dict[str, Any]:
         if policy == "sft":
             return latest_policy(warehouse, "sft")
         if policy.startswith("rl-"):
-            return latest_policy(warehouse, "rl", reward_source=policy.removeprefix("rl-"))
+            # the source's own REINFORCE++ run, not a run of another estimator (outcome_kl_apart, admire_grpo)
+            return latest_policy(warehouse, "rl", reward_source=policy.removeprefix("rl-"), estimator="reinforce_pp")
         return latest_policy(warehouse, policy_id=policy)
     except PolicyNotFoundError as exc:
         raise CollectionError(f"policy {policy!r}: {exc}") from None

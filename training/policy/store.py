@@ -50,12 +50,22 @@ def keep_policy_cache(model: PolicyModel, home: Path | str) -> Path:
 
 
 def latest_policy(
-    warehouse: Warehouse, policy_kind: str = "sft", policy_id: str | None = None, *, reward_source: str | None = None
+    warehouse: Warehouse,
+    policy_kind: str = "sft",
+    policy_id: str | None = None,
+    *,
+    reward_source: str | None = None,
+    estimator: str | None = None,
 ) -> dict:
     """The newest ``policies`` row of a kind (``sft`` | ``rl``: the ``policies.kind`` column; for
-    ``rl``, of one reward source when given), or the one named, with its checkpoint resolved."""
+    ``rl``, of one reward source when given, and of one estimator when given too), or the one named,
+    with its checkpoint resolved."""
     if policy_id:
         where, params = "policy_id = ?", [policy_id]
+    elif reward_source and estimator:
+        # rows from before the column existed were REINFORCE++ runs
+        where = "kind = ? AND reward_source = ? AND coalesce(estimator, 'reinforce_pp') = ?"
+        params = [policy_kind, reward_source, estimator]
     elif reward_source:
         where, params = "kind = ? AND reward_source = ?", [policy_kind, reward_source]
     else:
@@ -65,7 +75,9 @@ def latest_policy(
         wanted = (
             f"policy {policy_id}"
             if policy_id
-            else f"{policy_kind} policy" + (f" trained with reward {reward_source}" if reward_source else "")
+            else f"{policy_kind} policy"
+            + (f" trained with reward {reward_source}" if reward_source else "")
+            + (f" and estimator {estimator}" if reward_source and estimator else "")
         )
         raise PolicyNotFoundError(f"no {wanted} in the warehouse: materialize policy_sft first (stepwise rl)")
     row = rows[0]

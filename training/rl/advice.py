@@ -99,10 +99,11 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     controls (``outcome+<source>:shuffled``), which no user should train with.
 
     Each block: ``block``, ``outcome_actor`` and ``sft_actor`` (None where the block has none),
-    ``tests`` (how many p-values Holm adjusted over: each row's comparison with the outcome and with
-    SFT that has paired episodes), ``rows`` (per row: ``actor``, ``reward_source``,
+    ``tests`` (how many p-values Holm adjusted over: each row's comparison with the outcome, with SFT
+    and with its estimator's outcome that has paired episodes), ``rows`` (per row: ``actor``, ``reward_source``,
     ``estimator``, ``reward_model_tag``, ``seeds``, ``success_rate``, ``uses_exact_outcome``, ``alarms``, and for
-    ``versus_outcome`` and ``versus_sft`` the comparison's ``difference``, ``difference_low``,
+    ``versus_outcome``, ``versus_sft`` and, for a row of another estimator, ``versus_estimator_outcome``
+    (against the outcome under that estimator) the comparison's ``difference``, ``difference_low``,
     ``difference_high``, ``pairs``, the raw and adjusted p and the ``judgement``), ``with_outcome``
     and ``without_outcome`` (the ``actor`` recommended or None, and ``why``), ``safe_to_add``,
     ``worse_than_outcome``, ``provisional`` (the rows with too few seeds) and ``no_run_beat_sft``
@@ -115,20 +116,24 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             blocks.setdefault(r["block"], []).append(r)
     advice = []
     for block, rl_rows in blocks.items():
-        actors = {r["actor"] for r in rl_rows}
-        # the outcome never has a reward model, so its row carries no tag
-        outcome_actor = next(
-            (r["actor"] for r in rl_rows if r["reward_source"] == "outcome" and r["estimator"] == "reinforce_pp"), None
-        )
+        estimator_of = {r["actor"]: r["estimator"] for r in rl_rows}
+        # the outcome never has a reward model, so its row carries no tag; one per estimator
+        outcome_of = {r["estimator"]: r["actor"] for r in rl_rows if r["reward_source"] == "outcome"}
+        outcome_actor = outcome_of.get("reinforce_pp")
         sft_actor = next((a for a, r in rows.items() if not r.get("reward_source") and r.get("block") == block), None)
         found: list[tuple[str, str, Mapping[str, Any]]] = []
         for c in report["comparisons"]:
-            if c["actor"] not in actors or not c.get("pairs") or math.isnan(float(c["mcnemar_p"])):
+            if c["actor"] not in estimator_of or not c.get("pairs") or math.isnan(float(c["mcnemar_p"])):
                 continue
+            own_outcome = (
+                outcome_of.get(estimator_of[c["actor"]]) if estimator_of[c["actor"]] != "reinforce_pp" else None
+            )
             if outcome_actor and c["versus"] == outcome_actor and c["actor"] != outcome_actor:
                 found.append((c["actor"], "versus_outcome", c))
             elif sft_actor and c["versus"] == sft_actor:
                 found.append((c["actor"], "versus_sft", c))
+            elif own_outcome and c["versus"] == own_outcome and c["actor"] != own_outcome:
+                found.append((c["actor"], "versus_estimator_outcome", c))
         adjusted = holm_adjusted([float(c["mcnemar_p"]) for _, _, c in found])
         judged: dict[str, dict[str, Any]] = {
             r["actor"]: {
@@ -142,6 +147,7 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "alarms": alarms.get(r["actor"], []),
                 "versus_outcome": None,
                 "versus_sft": None,
+                "versus_estimator_outcome": None,
             }
             for r in rl_rows
         }
@@ -153,9 +159,7 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "pairs": c["pairs"],
                 "mcnemar_p": float(c["mcnemar_p"]),
                 "adjusted_p": p,
-                "judgement": judge_comparison(
-                    c, p, margin=NON_INFERIORITY_MARGIN if side == "versus_outcome" else None
-                ),
+                "judgement": judge_comparison(c, p, margin=None if side == "versus_sft" else NON_INFERIORITY_MARGIN),
             }
         advice.append(_recommend(block, outcome_actor, sft_actor, list(judged.values()), len(found)))
     return advice
@@ -163,6 +167,40 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def _judgement(row: Mapping[str, Any], side: str) -> str:
     return row[side]["judgement"] if row[side] else NOT_RUN
+
+
+def _beat_its_estimators_outcome(row: Mapping[str, Any]) -> bool:
+    """A row of another estimator that pays more than the outcome (a composed or learned reward) must
+    also beat the outcome under its own estimator, where that was run: otherwise its gain over the
+    REINFORCE++ outcome may be the estimator's alone (stop 65 on use-spinner: the outcome with the KL
+    kept apart and the shaped ProgRM-Env reward, no difference shown)."""
+    if row["estimator"] == "reinforce_pp" or row["reward_source"] == "outcome":
+        return True
+    return _judgement(row, "versus_estimator_outcome") in (BETTER, NOT_RUN)
+
+
+def _addition_baseline(row: Mapping[str, Any]) -> str:
+    """What "safe to add" reads a composed row against: the outcome under its own estimator where that
+    was run (adding the learned part is then the only change), else the REINFORCE++ outcome."""
+    return "versus_estimator_outcome" if row.get("versus_estimator_outcome") else "versus_outcome"
+
+
+def _estimator_note(row: Mapping[str, Any], *, against_outcome: bool = True) -> str:
+    """What a recommendation of a row of another estimator must say besides the reward (``against_outcome``:
+    it was chosen for beating the outcome, not SFT)."""
+    estimator = row["estimator"]
+    if estimator == "reinforce_pp":
+        return ""
+    if row["reward_source"] == "outcome":
+        return f"; the same reward, trained with {estimator} instead of REINFORCE++"
+    if not against_outcome:
+        return f"; trained with {estimator}, not REINFORCE++"
+    if row.get("versus_estimator_outcome") is None:
+        return (
+            f"; trained with {estimator}, not REINFORCE++, and the outcome under {estimator} was not run: "
+            "the gain may be the estimator's"
+        )
+    return f"; trained with {estimator}, not REINFORCE++, and beat the outcome under it too"
 
 
 def _by_success(row: Mapping[str, Any]) -> float:
@@ -180,17 +218,14 @@ def _recommend(
     its alarm (a training return rising while held-out success falls: over-fitting) is only named."""
     by_actor = {r["actor"]: r for r in rows}
     clean = [r for r in rows if not r["alarms"]]
-    beat_outcome = [r for r in clean if _judgement(r, "versus_outcome") == BETTER]
+    beat_outcome = [r for r in clean if _judgement(r, "versus_outcome") == BETTER and _beat_its_estimators_outcome(r)]
     learned_beat_sft = [r for r in clean if not r["uses_exact_outcome"] and _judgement(r, "versus_sft") == BETTER]
     with_outcome: dict[str, Any]
     if outcome_actor is None:
         with_outcome = {"actor": None, "why": "no outcome run in this block to compare with"}
     elif beat_outcome:
         best = max(beat_outcome, key=_by_success)
-        why = "beat the exact outcome, alarm silent"
-        if best["estimator"] != "reinforce_pp":
-            why += f"; trained with {best['estimator']}, not REINFORCE++: the learner changed as well as the reward"
-        with_outcome = {"actor": best["actor"], "why": why}
+        with_outcome = {"actor": best["actor"], "why": "beat the exact outcome, alarm silent" + _estimator_note(best)}
     else:
         over_fitting = "; its own alarm: " + "; ".join(by_actor[outcome_actor]["alarms"])
         with_outcome = {
@@ -200,7 +235,7 @@ def _recommend(
     without_outcome: dict[str, Any]
     if learned_beat_sft:
         best = max(learned_beat_sft, key=_by_success)
-        why = "beat SFT without the outcome, alarm silent"
+        why = "beat SFT without the outcome, alarm silent" + _estimator_note(best, against_outcome=False)
         if (best.get("reward_model_tag") or "").startswith(FLYWHEEL_TAG_PREFIX):
             why += (
                 "; its model was retrained on the agent's episodes labelled with success (here by the "
@@ -225,7 +260,7 @@ def _recommend(
         "safe_to_add": [
             r["actor"]
             for r in clean
-            if parse_composition(r["reward_source"]) and _judgement(r, "versus_outcome") == WITHIN_MARGIN
+            if parse_composition(r["reward_source"]) and _judgement(r, _addition_baseline(r)) == WITHIN_MARGIN
         ],
         "worse_than_outcome": [r["actor"] for r in rows if _judgement(r, "versus_outcome") == WORSE],
         "provisional": [r["actor"] for r in rows if r["seeds"] < ADVICE_MIN_SEEDS],
@@ -297,11 +332,15 @@ def advice_markdown(advice: Sequence[Mapping[str, Any]]) -> list[str]:
                 f"({', '.join(block['provisional'])}); between-seed spread dominates with fewer"
             )
         sft = block["sft_actor"] or "SFT"
+        # rows of another estimator also against the outcome under it (a column only where one was run)
+        own = any(r.get("versus_estimator_outcome") for r in block["rows"])
         lines += [
             "",
             "| reward | RL seeds | held-out success % | vs the outcome, points [95% over RL seeds], McNemar "
-            f"| vs {sft}, points [95% over RL seeds], McNemar | alarm |",
-            "|---|---:|---:|---|---|---|",
+            f"| vs {sft}, points [95% over RL seeds], McNemar |"
+            + (" vs the outcome under its estimator |" if own else "")
+            + " alarm |",
+            "|---|---:|---:|---|---|" + ("---|" if own else "") + "---|",
         ]
         for r in block["rows"]:
             cells = [
@@ -310,6 +349,7 @@ def advice_markdown(advice: Sequence[Mapping[str, Any]]) -> list[str]:
                 f"{100 * r['success_rate']:.1f}",
                 _comparison_cell(r["versus_outcome"]),
                 _comparison_cell(r["versus_sft"]),
+                *([_comparison_cell(r.get("versus_estimator_outcome"))] if own else []),
                 "yes" if r["alarms"] else "none",
             ]
             lines.append("| " + " | ".join(cells) + " |")

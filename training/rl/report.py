@@ -286,6 +286,7 @@ def compared_runs(groups: Mapping[str, Sequence[Mapping[str, Any]]], run: Mappin
             others.append({"reward_source": "outcome", "estimator": run["estimator"], "block": block})
     if composition := parse_composition(run["reward_source"]):
         others.append({**run, "reward_source": composition.source, "estimator": "reinforce_pp"})
+        others.append({**run, "reward_source": composition.source})  # under its own estimator, where run
         if composition.form in CONTROL_FORMS:  # a control is read against what it controls for
             others.append({**run, "reward_source": Composition(composition.source, "shaped").name})
     return others

@@ -30,11 +30,14 @@ def _policies(wh: Warehouse, rows: list[dict]) -> None:
     wh.publish(m, [wh.stage_table("policies", "p", table, m)])
 
 
-def _row(policy_id: str, kind: str, created: int, reward_source: str | None = None) -> dict:
+def _row(
+    policy_id: str, kind: str, created: int, reward_source: str | None = None, estimator: str | None = None
+) -> dict:
     return {
         "policy_id": policy_id,
         "kind": kind,
         "reward_source": reward_source,
+        "estimator": estimator or ("reinforce_pp" if reward_source else None),
         "checkpoint_path": f"policies/{policy_id}",
         "tasks": ["login-user", "click-tab-2-medium"],
         "created_at": datetime(2026, 1, created, tzinfo=UTC),
@@ -79,8 +82,10 @@ def test_the_policy_named_by_a_partition_is_the_newest_of_its_kind(tmp_path):
             _row("rl-orm-a", "rl", 3, "orm"),
             _row("rl-orm-b", "rl", 4, "orm"),
             _row("rl-outcome-a", "rl", 5, "outcome"),
+            _row("rl-outcome-kl-apart", "rl", 6, "outcome", "reinforce_pp_kl_apart"),  # newer, another estimator
         ],
     )
+    assert resolve_policy(wh, "rl-outcome")["policy_id"] == "rl-outcome-a"
     assert resolve_policy(wh, "sft")["policy_id"] == "sft-new"
     assert resolve_policy(wh, "rl-orm")["policy_id"] == "rl-orm-b"
     assert resolve_policy(wh, "sft-old")["policy_id"] == "sft-old"

@@ -227,44 +227,65 @@ def test_other_estimators_empty_comparisons_and_blocks_without_sft_stay_out_of_t
     assert sparse["with_outcome"]["actor"] == "outcome [sparse]"
 
 
-def test_rows_with_the_kl_kept_apart_are_judged_against_the_reinforce_pp_outcome_and_say_their_estimator():
+def test_rows_with_the_kl_kept_apart_are_judged_against_both_outcomes_and_say_their_estimator():
     """REINFORCE++ with the KL penalty kept out of the normalisation changes the learner, not the reward:
-    its rows join the advice, judged against the REINFORCE++ outcome (never taken for it), and a
-    recommendation of one says the estimator changed."""
+    its rows join the advice, judged against the REINFORCE++ outcome (never taken for it) and, for a
+    reward other than the outcome, against the outcome under the same estimator, which it must beat
+    too: otherwise its gain may be the estimator's (stop 65's use-spinner reading)."""
     apart = {"estimator": "reinforce_pp_kl_apart"}
+    outcome_apart, shaped_apart = "outcome (reinforce_pp_kl_apart)", "outcome+progrm_env:shaped (reinforce_pp_kl_apart)"
     report = {
         "rows": [
             _row("SFT", None, 0.5),
-            {**_row("outcome (reinforce_pp_kl_apart)", "outcome", 0.98), **apart},  # listed before the outcome
+            {**_row(outcome_apart, "outcome", 0.96), **apart},  # listed before the outcome
             _row("outcome", "outcome", 0.9),
-            {**_row("outcome+progrm_env:shaped (reinforce_pp_kl_apart)", "outcome+progrm_env:shaped", 0.97), **apart},
+            {**_row(shaped_apart, "outcome+progrm_env:shaped", 0.97), **apart},  # highest, beat only the outcome
+            {**_row("progrm_env (reinforce_pp_kl_apart)", "progrm_env", 0.7), **apart},
             {**_row("outcome (rloo)", "outcome", 0.99), "estimator": "rloo"},  # another learner: table only
         ],
         "comparisons": [
-            _cmp("outcome (reinforce_pp_kl_apart)", "outcome", 0.08, 0.04, 0.12, 1e-4),
-            _cmp("outcome (reinforce_pp_kl_apart)", "SFT", 0.48, 0.4, 0.55, 1e-9),
+            _cmp(outcome_apart, "outcome", 0.06, 0.03, 0.1, 1e-4),
+            _cmp(outcome_apart, "SFT", 0.46, 0.4, 0.55, 1e-9),
             _cmp("outcome", "SFT", 0.4, 0.33, 0.47, 1e-9),
-            _cmp("outcome+progrm_env:shaped (reinforce_pp_kl_apart)", "outcome", 0.07, -0.01, 0.12, 0.01),
-            _cmp("outcome+progrm_env:shaped (reinforce_pp_kl_apart)", "SFT", 0.47, 0.4, 0.55, 1e-9),
+            _cmp(shaped_apart, "outcome", 0.07, 0.03, 0.11, 1e-4),
+            _cmp(shaped_apart, "SFT", 0.47, 0.4, 0.55, 1e-9),
+            _cmp(shaped_apart, outcome_apart, 0.01, -0.02, 0.04, 0.8),
+            _cmp("progrm_env (reinforce_pp_kl_apart)", "SFT", 0.2, 0.1, 0.3, 1e-6),
+            _cmp("progrm_env (reinforce_pp_kl_apart)", outcome_apart, -0.26, -0.35, -0.2, 1e-9),
             _cmp("outcome (rloo)", "outcome", 0.09, 0.05, 0.13, 1e-5),
         ],
         "hacking_alarms": [],
     }
     (dense,) = reward_advice(report)
-    assert dense["outcome_actor"] == "outcome" and dense["tests"] == 5
+    assert dense["outcome_actor"] == "outcome" and dense["tests"] == 8
     judged = {r["actor"]: r for r in dense["rows"]}
-    assert set(judged) == {
-        "outcome",
-        "outcome (reinforce_pp_kl_apart)",
-        "outcome+progrm_env:shaped (reinforce_pp_kl_apart)",
-    }
-    assert judged["outcome (reinforce_pp_kl_apart)"]["versus_outcome"]["judgement"] == BETTER
-    assert judged["outcome (reinforce_pp_kl_apart)"]["estimator"] == "reinforce_pp_kl_apart"
-    assert dense["with_outcome"]["actor"] == "outcome (reinforce_pp_kl_apart)"
-    assert "trained with reinforce_pp_kl_apart, not REINFORCE++" in dense["with_outcome"]["why"]
-    # its interval reaches -1 point: within the margin, safe to add, not better
-    assert dense["safe_to_add"] == ["outcome+progrm_env:shaped (reinforce_pp_kl_apart)"]
-    assert "REINFORCE++ with the KL kept apart" in "\n".join(advice_markdown([dense]))
+    assert set(judged) == {"outcome", outcome_apart, shaped_apart, "progrm_env (reinforce_pp_kl_apart)"}
+    assert judged[outcome_apart]["versus_outcome"]["judgement"] == BETTER
+    assert judged[outcome_apart]["estimator"] == "reinforce_pp_kl_apart"
+    assert judged[outcome_apart]["versus_estimator_outcome"] is None  # it is that outcome
+    assert judged[shaped_apart]["versus_outcome"]["judgement"] == BETTER
+    assert judged[shaped_apart]["versus_estimator_outcome"]["judgement"] == WITHIN_MARGIN
+    # the composed row is higher but did not beat the outcome under its own estimator: the estimator's
+    # outcome is recommended, and the composed row is safe to add to it
+    assert dense["with_outcome"]["actor"] == outcome_apart
+    assert "the same reward, trained with reinforce_pp_kl_apart" in dense["with_outcome"]["why"]
+    assert dense["safe_to_add"] == [shaped_apart]
+    assert dense["without_outcome"]["actor"] == "progrm_env (reinforce_pp_kl_apart)"
+    assert dense["without_outcome"]["why"].endswith("trained with reinforce_pp_kl_apart, not REINFORCE++")
+    markdown = "\n".join(advice_markdown([dense]))
+    assert "REINFORCE++ with the KL kept apart" in markdown and "vs the outcome under its estimator" in markdown
+
+    # had it beaten that outcome too, the composed row would be the choice, saying so
+    report["comparisons"][5] = _cmp(shaped_apart, outcome_apart, 0.04, 0.01, 0.07, 1e-3)
+    (dense,) = reward_advice(report)
+    assert dense["with_outcome"]["actor"] == shaped_apart
+    assert "and beat the outcome under it too" in dense["with_outcome"]["why"]
+    # and without that outcome's run it still qualifies, saying the gain may be the estimator's
+    report["rows"] = [r for r in report["rows"] if r["actor"] != outcome_apart]
+    report["comparisons"] = [c for c in report["comparisons"] if outcome_apart not in (c["actor"], c["versus"])]
+    (dense,) = reward_advice(report)
+    assert dense["with_outcome"]["actor"] == shaped_apart
+    assert "was not run: the gain may be the estimator's" in dense["with_outcome"]["why"]
 
 
 def test_a_block_where_no_run_beat_sft_says_so_instead_of_calling_rewards_safe():

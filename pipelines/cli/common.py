@@ -61,7 +61,10 @@ def print_checks(evaluations) -> None:
             data.setdefault((e.asset_key.to_user_string(), e.check_name), []).append(bool(e.passed))
     findings = [e for e in evaluations if e.severity == AssetCheckSeverity.WARN]
     failed = sum(not all(results) for results in data.values())
-    print(f"   data checks: {len(data) - failed} of {len(data)} passed in every run")
+    if data:
+        print(f"   data checks: {len(data) - failed} of {len(data)} passed in every run")
+    else:
+        print("   data checks: none ran")
     for (asset, name), results in data.items():
         runs = f", {len(results)} runs" if len(results) > 1 else ""
         if all(results):

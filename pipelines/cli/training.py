@@ -66,6 +66,7 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
         return 2  # before any training: a typo must not cost a whole training run
     started = time.perf_counter()
     outcomes: list[tuple[str, bool]] = []
+    checks: list = []  # every run's asset checks, printed together at the end
     with DagsterInstance.get() as instance:
         job = defs.resolve_job_def("reward_models")
         for kind in kinds:
@@ -76,6 +77,7 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
                 run_config=quiet | {"ops": {"reward_model": {"config": training}} | dataset_config},
             )
             outcomes.append((f"reward_models[{kind}]", run.success))
+            checks += run.get_asset_check_evaluations()
         warehouse = Warehouse()
         trained = {m.kind for m in latest_models(warehouse, REPORT_REQUIRED_KINDS)}
         missing = [k for k in REPORT_REQUIRED_KINDS if k not in trained]
@@ -86,7 +88,8 @@ def cmd_reward_models(args: argparse.Namespace) -> int:
                 run_config=quiet | {"ops": {"reward_model_report": {"config": report_config}}},
             )
             outcomes.append(("reward_model_report", report.success))
-            print_checks(report.get_asset_check_evaluations())
+            checks += report.get_asset_check_evaluations()
+        print_checks(checks)
     all_ok = all(ok for _, ok in outcomes)
     print(
         f"\n== Stepwise reward models: {'succeeded' if all_ok else 'FAILED'} in {time.perf_counter() - started:.0f} s"
@@ -276,6 +279,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
     warehouse = Warehouse()
     started = time.perf_counter()
     outcomes: list[tuple[str, bool]] = []
+    checks: list = []  # every run's asset checks, printed together at the end
     with DagsterInstance.get() as instance:
         needed = sorted({k for r in runs if (k := SOURCE_MODEL_KIND[RUN_VARIANTS[r][0]]) is not None and not pinned})
         if any(RUN_VARIANTS[r][1] == "ppo" for r in runs):
@@ -290,6 +294,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
                 run_config=quiet | {"ops": {"reward_model": {"config": {"train_steps": args.rm_train_steps}}}},
             )
             outcomes.append((f"reward_models[{kind}]", run.success))
+            checks += run.get_asset_check_evaluations()
             if not run.success:
                 return summary("rl", started, outcomes)
         if not args.reuse_sft:
@@ -299,6 +304,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
                 run_config=quiet | {"ops": {"policy_sft": {"config": sft_config}}},
             )
             outcomes.append(("policy_sft", run.success))
+            checks += run.get_asset_check_evaluations()
             if not run.success:
                 return summary("rl", started, outcomes)
         job = defs.resolve_job_def("rl_runs")
@@ -320,11 +326,12 @@ def cmd_rl(args: argparse.Namespace) -> int:
                 label = f"rl_runs[{variant}|{seed}] ({time.perf_counter() - run_started:.0f} s)"
                 print(f"   {label}: {'ok' if run.success else 'FAILED'}", flush=True)
                 outcomes.append((label, run.success))
+                checks += run.get_asset_check_evaluations()
         report = defs.resolve_job_def("rl_report_job").execute_in_process(
             instance=instance, raise_on_error=False, run_config=quiet
         )
         outcomes.append(("rl_report", report.success))
-        print_checks(report.get_asset_check_evaluations())
+        print_checks([*checks, *report.get_asset_check_evaluations()])
     if report.success:
         print()
         print(report_markdown(run_rl_report(warehouse)))

@@ -176,6 +176,8 @@ def test_the_summary_gives_a_check_one_line_and_shows_any_failed_run(capsys):
         "   findings (claims this run tested; 'no' is a result, not a failure):",
         "     progrm_beats_orm: no",
     ]
+    print_checks([evaluation("reward_model_report", "progrm_beats_orm", True, AssetCheckSeverity.WARN)])
+    assert capsys.readouterr().out.splitlines()[0] == "   data checks: none ran"  # not "0 of 0 passed"
 
 
 def test_the_demo_never_shrinks_the_demonstrations_a_home_holds(small_demos, home):

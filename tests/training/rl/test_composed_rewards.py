@@ -23,7 +23,7 @@ from training.rl.rewards.composed import (
 from training.rl.rewards.outcome import OutcomeReward
 from training.rl.rewards.prm import StepJudgeReward
 from training.rl.rewards.progrm import ProgressReward
-from training.rl.runs import RL_CODE_VERSION, RUN_VARIANTS, RLSettings
+from training.rl.runs import RL_CODE_VERSION, RUN_VARIANTS, RLSettings, rl_settings_for
 
 
 def test_shaping_by_hand_telescopes_to_minus_the_first_potential():
@@ -98,6 +98,16 @@ def test_a_composed_run_has_its_own_key_and_old_keys_stand():
     assert shaped.startswith("outcome+progrm_env:shaped-reinforce_pp-s0-") and len({plain, shaped, decay}) == 3
     assert RLSettings("outcome+progrm_env:decay", dense_weight=0.5).run_key("sft-x") != decay
     assert RLSettings("outcome+progrm_env:shaped", dense_weight=0.5).run_key("sft-x") == shaped  # unused there
+    # the same reward with the KL kept apart: its own run (estimator in the key), its settings from the name
+    apart = rl_settings_for("outcome+progrm_env:shaped_kl_apart", "sparse-s3")
+    assert (apart.reward_source, apart.estimator, apart.learner.estimator) == (
+        "outcome+progrm_env:shaped",
+        "reinforce_pp_kl_apart",
+        "reinforce_pp_kl_apart",
+    )
+    assert (apart.block, apart.rl_seed) == ("sparse", 3)
+    assert apart.run_key("sft-x").startswith("outcome+progrm_env:shaped-reinforce_pp_kl_apart-s3-")
+    assert all(f"{source}_kl_apart" in RUN_VARIANTS for source in REWARD_SOURCES)
     assert RLSettings("outcome+orm:decay").orm_rule == "threshold" and RLSettings("outcome+prm:decay").orm_rule is None
 
 

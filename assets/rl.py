@@ -29,7 +29,6 @@ from pydantic import Field
 from assets.metadata import check_result, table_metadata, to_metadata, unique_key_checks
 from assets.resources import EnvPoolResource, WarehouseResource
 from training.policy.episodes import PolicyStageError
-from training.policy.sft import SFTSettings
 from training.policy.sft_stage import SFT_CODE_VERSION, PolicySettings, check_sft_policy, run_policy_sft
 from training.policy.store import PolicyNotFoundError
 from training.rl.advice import advice_metadata
@@ -54,6 +53,7 @@ RUN_PARTITIONS = MultiPartitionsDefinition(
 class PolicySFTConfig(Config):
     tasks: list[str] = Field(default=[], description="candidate tasks; empty: every catalog task with demonstrations")
     epochs: int = Field(default=12, description="SFT epochs (early stopping on validation loss)")
+    sft_seed: int = Field(default=0, description="SFT's seed (init, shuffling): another seed, another SFT policy")
     selection_seeds: int = Field(
         default=40, description="greedy episodes per task to choose the RL tasks (the sparse rule's 15%: 6 of 40)"
     )
@@ -144,11 +144,7 @@ def _settings(context: AssetExecutionContext, config: RLRunConfig):
 def policy_sft(
     context: AssetExecutionContext, config: PolicySFTConfig, warehouse: WarehouseResource, env_pool: EnvPoolResource
 ) -> MaterializeResult:
-    settings = PolicySettings(  # every other config field is the PolicySettings field of its name
-        tasks=tuple(config.tasks),
-        sft=SFTSettings(epochs=config.epochs),
-        **config.model_dump(exclude={"tasks", "epochs"}),
-    )
+    settings = PolicySettings.from_config(config.model_dump())
     wh = warehouse.get()
     try:
         result = run_policy_sft(

@@ -269,8 +269,13 @@ def cmd_rl(args: argparse.Namespace) -> int:
         return 2
     if (pinned := _pins(args, runs)) is None:
         return 2
+    if args.sft_seed is not None and (args.reuse_sft or args.sft_seed < 0):
+        refusal = "--sft-seed (>= 0) trains a new SFT policy; --reuse-sft keeps the newest one"
+        print(f"stepwise rl: {refusal}", file=sys.stderr)
+        return 2
     reduced = RL_REDUCED if args.reduced else {"sft": {}, "run": {}, "evaluation": {}}
     sft_config = reduced["sft"] | ({"tasks": args.tasks.split(",")} if args.tasks else {})
+    sft_config |= {"sft_seed": args.sft_seed} if args.sft_seed is not None else {}
     run_config = reduced["run"] | ({"iterations": args.iterations} if args.iterations else {})
     run_config |= {"common_sampling": False} if args.per_run_sampling else {}
     # the block is in the partition: s0 (dense) or sparse-s0
@@ -592,6 +597,14 @@ def _add_rl(sub: Any) -> None:
     )
     p.add_argument("--reduced", action="store_true", help="a small experiment (what CI runs end to end)")
     p.add_argument("--reuse-sft", action="store_true", help="keep the newest SFT policy instead of training one")
+    p.add_argument(
+        "--sft-seed",
+        dest="sft_seed",
+        type=int,
+        default=None,
+        help="train the SFT policy with this seed (default 0): another SFT policy to replicate a finding on; its "
+        "runs start from it (the newest SFT policy)",
+    )
     p.add_argument(
         "--rm-train-steps",
         "--rm-max-steps",  # the name before one meaning per name

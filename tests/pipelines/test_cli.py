@@ -134,6 +134,8 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
         # the estimator's suffix is not part of the form: the error names the form, not 'linear_kl_apart'
         (["--runs", "outcome+progrm_env:linear_kl_apart"], "unknown form 'linear'; choose one of"),
         (["--runs", "progrm_kl_apart"], "with _kl_apart for REINFORCE++ with its KL penalty kept out"),
+        (["--reuse-sft", "--sft-seed", "1"], "--sft-seed (>= 0) trains a new SFT policy; --reuse-sft keeps"),
+        (["--sft-seed", "-1"], "--sft-seed (>= 0) trains a new SFT policy"),
         (["--runs", "progrm"], "or a composed reward outcome+<source>:<form>"),
     ):
         code, _, stderr = run_in_process(capsys, "rl", *args)

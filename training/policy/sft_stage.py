@@ -89,6 +89,15 @@ class PolicySettings:
     workers: int = 2
     max_episodes_per_task: int = 400  # demonstrations per task used for SFT (the large crowd tasks dominate otherwise)
 
+    @classmethod
+    def from_config(cls, fields: Mapping[str, Any]) -> PolicySettings:
+        """The settings a flat config names (the policy_sft asset's): ``epochs`` and ``sft_seed`` are
+        SFT's (:class:`SFTSettings`), ``tasks`` a list; every other field is this class's of its name."""
+        rest = dict(fields)
+        defaults = SFTSettings()
+        sft = SFTSettings(epochs=rest.pop("epochs", defaults.epochs), seed=rest.pop("sft_seed", defaults.seed))
+        return cls(tasks=tuple(rest.pop("tasks", ())), sft=sft, **rest)
+
 
 def run_policy_sft(
     warehouse: Warehouse, settings: PolicySettings, pool_factory: PoolFactory, *, run_id: str, log: Log = print

@@ -382,3 +382,21 @@ def test_policies_in_one_sampling_stream_draw_the_same_numbers_on_an_instance(mo
     # the stream travels to the nodes with the policy
     snapshot = LearnedPolicy(model, policy_id="rl:orm:i000", sampling_stream="s0|i000").portable()
     assert snapshot.sampling_stream == "s0|i000"
+
+
+def test_the_policy_sft_assets_config_names_every_setting_and_the_sft_seed_reaches_sft():
+    """Every field of the asset's config is a :class:`PolicySettings` field of its name, except SFT's own
+    (``epochs``, ``sft_seed``): a renamed field fails here instead of in a run (issue 41: another SFT seed
+    is another SFT policy to replicate a finding on)."""
+    from assets.rl import PolicySFTConfig
+    from training.policy.sft_stage import PolicySettings
+
+    default = PolicySettings.from_config(PolicySFTConfig().model_dump())
+    assert default == PolicySettings()  # the config's defaults are the stage's
+    chosen = PolicySettings.from_config(
+        PolicySFTConfig(sft_seed=3, epochs=2, tasks=["use-spinner"], selection_seeds=7).model_dump()
+    )
+    assert chosen.sft == SFTSettings(epochs=2, seed=3)
+    assert chosen.tasks == ("use-spinner",) and chosen.selection_seeds == 7
+    with pytest.raises(TypeError, match="no_such_setting"):
+        PolicySettings.from_config({"no_such_setting": 1})

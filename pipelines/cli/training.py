@@ -233,6 +233,34 @@ def _unknown_runs(runs: list[str]) -> str | None:
     return None
 
 
+def _rl_arguments(args: argparse.Namespace) -> tuple[list[str], list[str], dict[str, str]] | None:
+    """``stepwise rl``'s runs, RL seed keys and reward-model pins (:func:`_pins`), checked before
+    anything runs; None after a one-line error."""
+    from training.rl.runs import RL_SEEDS
+
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    if (error := _unknown_runs(runs)) is not None:
+        print(f"stepwise rl: {error}", file=sys.stderr)
+        return None
+    if not 1 <= args.seeds <= len(RL_SEEDS):
+        print(f"stepwise rl: --seeds must be 1..{len(RL_SEEDS)}", file=sys.stderr)
+        return None
+    seed_keys = [k.strip() for k in args.seed_keys.split(",") if k.strip()] or list(RL_SEEDS[: args.seeds])
+    if bad_keys := sorted(set(seed_keys) - set(RL_SEEDS)):
+        # a partition key as the UI shows it (sparse-s5): the block comes from --block, not the key
+        prefixed = any(_names_a_block(k) for k in bad_keys)
+        hint = " (name the RL seed alone: --block adds the block's prefix to the partition)" if prefixed else ""
+        print(f"stepwise rl: --seed-keys {bad_keys} unknown; choose from {list(RL_SEEDS)}{hint}", file=sys.stderr)
+        return None
+    if (pinned := _pins(args, runs)) is None:
+        return None
+    if args.sft_seed is not None and (args.reuse_sft or args.sft_seed < 0):
+        refusal = "--sft-seed (>= 0) trains a new SFT policy; --reuse-sft keeps the newest one"
+        print(f"stepwise rl: {refusal}", file=sys.stderr)
+        return None
+    return runs, seed_keys, pinned
+
+
 def cmd_rl(args: argparse.Namespace) -> int:
     """The RL experiment: reward models it needs (trained briefly when missing), the SFT policy,
     one run per reward source and seed with its held-out evaluation, then ProgRM Table 1. With
@@ -250,29 +278,12 @@ def cmd_rl(args: argparse.Namespace) -> int:
     from training.rl.evaluation import run_rl_report
     from training.rl.report import report_markdown
     from training.rl.rewards import SOURCE_MODEL_KIND
-    from training.rl.runs import RL_SEEDS, RUN_VARIANTS, seed_key
+    from training.rl.runs import RUN_VARIANTS, seed_key
     from warehouse.catalog import Warehouse
 
-    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
-    if (error := _unknown_runs(runs)) is not None:
-        print(f"stepwise rl: {error}", file=sys.stderr)
+    if (checked := _rl_arguments(args)) is None:
         return 2
-    if not 1 <= args.seeds <= len(RL_SEEDS):
-        print(f"stepwise rl: --seeds must be 1..{len(RL_SEEDS)}", file=sys.stderr)
-        return 2
-    seed_keys = [k.strip() for k in args.seed_keys.split(",") if k.strip()] or list(RL_SEEDS[: args.seeds])
-    if bad_keys := sorted(set(seed_keys) - set(RL_SEEDS)):
-        # a partition key as the UI shows it (sparse-s5): the block comes from --block, not the key
-        prefixed = any(_names_a_block(k) for k in bad_keys)
-        hint = " (name the RL seed alone: --block adds the block's prefix to the partition)" if prefixed else ""
-        print(f"stepwise rl: --seed-keys {bad_keys} unknown; choose from {list(RL_SEEDS)}{hint}", file=sys.stderr)
-        return 2
-    if (pinned := _pins(args, runs)) is None:
-        return 2
-    if args.sft_seed is not None and (args.reuse_sft or args.sft_seed < 0):
-        refusal = "--sft-seed (>= 0) trains a new SFT policy; --reuse-sft keeps the newest one"
-        print(f"stepwise rl: {refusal}", file=sys.stderr)
-        return 2
+    runs, seed_keys, pinned = checked
     reduced = RL_REDUCED if args.reduced else {"sft": {}, "run": {}, "evaluation": {}}
     sft_config = reduced["sft"] | ({"tasks": args.tasks.split(",")} if args.tasks else {})
     sft_config |= {"sft_seed": args.sft_seed} if args.sft_seed is not None else {}

@@ -136,10 +136,11 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
 
 
 def _report_curves(warehouse: Warehouse, runs: Sequence[dict]) -> list[dict]:
-    """Each reported run's training success and mean episode reward per iteration, labelled with its row."""
+    """Each reported run's training success, mean episode reward and KL to the reference (SFT) policy
+    per iteration, labelled with its row."""
     keys = {r["run_key"]: r for r in runs}
     rows = warehouse.query(
-        "SELECT run_key, iteration, success_rate, mean_reward FROM rl_iterations "
+        "SELECT run_key, iteration, success_rate, mean_reward, kl_to_reference FROM rl_iterations "
         "WHERE list_contains(?, run_key) ORDER BY run_key, iteration",
         [list(keys)],
     ).to_pylist()

@@ -502,8 +502,10 @@ def reward_hacking_alarms(report: Mapping[str, Any]) -> list[dict[str, Any]]:
       ending, whatever the ranking within tasks says (a PRM bonus paid never-submitted episodes
       1.29 against 1.25 for successes, and its agents repeated actions until the step limit).
 
-    Each row lists its ``alarms`` in words (none: the reward shows no sign of being gamed). Rows
-    without a curve of two iterations or an AUC judge only by what they have."""
+    Each row lists its ``alarms`` in words (none: the reward shows no sign of being gamed), and,
+    beside them, ``mean_kl``: the mean over its seeds' iterations of the KL to SFT (how far training
+    moved the policy; stop 65's estimator finding was read from it). Rows without a curve of two
+    iterations or an AUC judge only by what they have."""
     rows = {r["actor"]: r for r in report["rows"]}
     sft_p = {c["actor"]: c["mcnemar_p"] for c in report["comparisons"] if c["versus"].startswith("SFT")}
     auc = {a["actor"]: a for a in report.get("training_reward_auc", [])}
@@ -524,6 +526,13 @@ def reward_hacking_alarms(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             for first, last in [(min(curve, key=lambda c: c["iteration"]), max(curve, key=lambda c: c["iteration"]))]
         ]
         return_change = float(np.mean(changes)) if changes else float("nan")
+        kls = [
+            float(c["kl_to_reference"])
+            for curve in by_seed[actor].values()
+            for c in curve
+            if c.get("kl_to_reference") is not None
+        ]
+        mean_kl = float(np.mean(kls)) if kls else float("nan")
         success_change = row["success_rate"] - sft["success_rate"] if sft else float("nan")
         judged = auc.get(actor, {})
         within = judged.get("within_task_auc", float("nan"))
@@ -545,6 +554,7 @@ def reward_hacking_alarms(report: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "return_change": return_change,
                 "success_change": success_change,
                 "ranking_auc": ranking,
+                "mean_kl": mean_kl,
                 "alarms": said,
             }
         )
@@ -621,13 +631,15 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
         lines += [
             "",
             "| actor | training return, last - first iteration | held-out success vs SFT | AUC on its episodes "
-            "| reward-hacking alarm |",
-            "|---|---:|---:|---:|---|",
+            "| mean KL to SFT over iterations | reward-hacking alarm |",
+            "|---|---:|---:|---:|---:|---|",
         ]
         for a in alarms:
+            kl = a.get("mean_kl", math.nan)
+            kl_cell = "-" if math.isnan(kl) else f"{kl:.3f}"
             lines.append(
                 f"| {a['actor']} | {a['return_change']:+.3f} | {100 * a['success_change']:+.1f} points | "
-                f"{a['ranking_auc']:.2f} | {'; '.join(a['alarms']) or 'none'} |"
+                f"{a['ranking_auc']:.2f} | {kl_cell} | {'; '.join(a['alarms']) or 'none'} |"
             )
     if report.get("design"):
         lines += [

@@ -514,7 +514,7 @@ def test_the_hacking_alarm_flags_a_rising_return_with_falling_success_and_a_rewa
     ]
     report = table_one("sft", runs, by_policy)
     report["curves"] = [
-        {"actor": actor, "seed": 0, "iteration": i, "mean_reward": reward}
+        {"actor": actor, "seed": 0, "iteration": i, "mean_reward": reward, "kl_to_reference": 0.1 * i}
         for actor, rewards in (("outcome", (0.3, 0.4, 0.6)), ("orm", (0.5, 0.9, 0.8)))
         for i, reward in enumerate(rewards)
     ]
@@ -529,6 +529,7 @@ def test_the_hacking_alarm_flags_a_rising_return_with_falling_success_and_a_rewa
     alarms = {a["actor"]: a for a in reward_hacking_alarms(report)}
     assert alarms["outcome"]["alarms"] == []  # its return rose and so did held-out success
     assert alarms["outcome"]["return_change"] == pytest.approx(0.3)
+    assert alarms["outcome"]["mean_kl"] == pytest.approx(0.1)  # (0 + 0.1 + 0.2) / 3: how far it moved from SFT
     orm = alarms["orm"]
     assert orm["return_change"] == pytest.approx(0.3) and orm["success_change"] == pytest.approx(-0.1)
     assert orm["ranking_auc"] == pytest.approx(0.5)
@@ -538,7 +539,7 @@ def test_the_hacking_alarm_flags_a_rising_return_with_falling_success_and_a_rewa
     report["hacking_alarms"] = list(alarms.values())
     check = check_table_one(report)["no_reward_hacking_alarm"]
     assert not check.passed and set(check.metadata) == {"orm"}
-    assert "| orm | +0.300 | -10.0 points | 0.50 | training return +0.300" in report_markdown(report)
+    assert "| orm | +0.300 | -10.0 points | 0.50 | 0.100 | training return +0.300" in report_markdown(report)
     # a return that fell, with success below SFT, raises no alarm on that count
     report["curves"] = [c | {"mean_reward": -c["iteration"]} for c in report["curves"]]
     again = {a["actor"]: a["alarms"] for a in reward_hacking_alarms(report)}

@@ -62,12 +62,11 @@ def latest_policy(
     with its checkpoint resolved."""
     if policy_id:
         where, params = "policy_id = ?", [policy_id]
-    elif reward_source and estimator:
-        # rows from before the column existed were REINFORCE++ runs
-        where = "kind = ? AND reward_source = ? AND coalesce(estimator, 'reinforce_pp') = ?"
-        params = [policy_kind, reward_source, estimator]
     elif reward_source:
         where, params = "kind = ? AND reward_source = ?", [policy_kind, reward_source]
+        if estimator:  # rows from before the column existed were REINFORCE++ runs
+            where += " AND coalesce(estimator, 'reinforce_pp') = ?"
+            params.append(estimator)
     else:
         where, params = "kind = ?", [policy_kind]
     rows = warehouse.query(f"SELECT * FROM policies WHERE {where} ORDER BY created_at DESC LIMIT 1", params).to_pylist()

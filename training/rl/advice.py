@@ -120,19 +120,18 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         # the outcome never has a reward model, so its row carries no tag; one per estimator
         outcome_of = {r["estimator"]: r["actor"] for r in rl_rows if r["reward_source"] == "outcome"}
         outcome_actor = outcome_of.get("reinforce_pp")
+        # a row of another estimator is also read against the outcome under that estimator
+        own_outcome = {a: outcome_of.get(e) for a, e in estimator_of.items() if e != "reinforce_pp"}
         sft_actor = next((a for a, r in rows.items() if not r.get("reward_source") and r.get("block") == block), None)
         found: list[tuple[str, str, Mapping[str, Any]]] = []
         for c in report["comparisons"]:
             if c["actor"] not in estimator_of or not c.get("pairs") or math.isnan(float(c["mcnemar_p"])):
                 continue
-            own_outcome = (
-                outcome_of.get(estimator_of[c["actor"]]) if estimator_of[c["actor"]] != "reinforce_pp" else None
-            )
             if outcome_actor and c["versus"] == outcome_actor and c["actor"] != outcome_actor:
                 found.append((c["actor"], "versus_outcome", c))
             elif sft_actor and c["versus"] == sft_actor:
                 found.append((c["actor"], "versus_sft", c))
-            elif own_outcome and c["versus"] == own_outcome and c["actor"] != own_outcome:
+            elif c["versus"] == own_outcome.get(c["actor"]) and c["actor"] != c["versus"]:
                 found.append((c["actor"], "versus_estimator_outcome", c))
         adjusted = holm_adjusted([float(c["mcnemar_p"]) for _, _, c in found])
         judged: dict[str, dict[str, Any]] = {

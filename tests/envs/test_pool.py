@@ -182,7 +182,7 @@ def test_killing_the_parent_leaves_no_worker_or_browser(tmp_path):
     pids_file = tmp_path / "pids.json"
     script = tmp_path / "hold_pool.py"
     script.write_text(
-        "import json, sys, time, psutil\n"
+        "import json, os, sys, time, psutil\n"
         "from envs.miniwob.live import MiniWoBConfig\n"
         "from envs.pool import EnvPool\nfrom envs.pool_jobs import PoolConfig\n"
         "if __name__ == '__main__':\n"
@@ -191,7 +191,9 @@ def test_killing_the_parent_leaves_no_worker_or_browser(tmp_path):
         "        for w in pool.status():\n"
         "            root = psutil.Process(w['pid'])\n"
         "            pids += [root.pid] + [c.pid for c in root.children(recursive=True)]\n"
-        "        open(sys.argv[1], 'w').write(json.dumps(pids))\n"
+        # written whole, then renamed: the test polls for the file and must never read it half-written
+        "        open(sys.argv[1] + '.tmp', 'w').write(json.dumps(pids))\n"
+        "        os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
         "        time.sleep(600)\n"
     )
     repo = Path(__file__).resolve().parents[2]

@@ -51,8 +51,9 @@ from warehouse.trajectories import Trajectory
 
 #: The policy_sft asset's code version. The SFT stage kept the RL stage's version ("rl-6") when it
 #: moved out of ``training/rl/runs.py``, so no home's SFT policy reads as stale; bump it on a change
-#: to what SFT trains or how it chooses tasks.
-SFT_CODE_VERSION = "rl-7"
+#: to what SFT trains or how it chooses tasks (rl-8: a long task without human demonstrations is
+#: read from its experts' rollouts).
+SFT_CODE_VERSION = "rl-8"
 
 #: The sampling stream of SFT's sampled episodes on the long tasks' selection seeds (evaluation
 #: :data:`~warehouse.purposes.SAMPLED_SELECTION`): fixed, so the draws depend on the model and the
@@ -78,7 +79,8 @@ class PolicySettings:
     max_tasks: int = 4
     # the sparse block (Table-1 issue), chosen by its own rule and recorded beside the dense one:
     sparse_high: float = 0.15  # SFT success on selection seeds in (0, sparse_high] ...
-    sparse_min_solution_steps: float = 5.0  # ... and the demonstrations' median solution at least this long
+    # ... and the median successful demonstration (human; else the experts' rollouts) at least this long
+    sparse_min_solution_steps: float = 5.0
     # none in (0, sparse_high]: the long tasks greedy SFT never solved (success 0) instead (sparse_block)
     sparse_fallback_unsolved: bool = True
     # the sparse rule reads the long tasks' success when SFT samples at temperature 1 on their selection
@@ -331,12 +333,19 @@ def _sampled_selection(
 
 
 def demonstration_solution_steps(warehouse: Warehouse) -> dict[str, float]:
-    """The median length of each task's successful human demonstrations (its solution's steps)."""
+    """The median length of each task's successful human demonstrations (its solution's steps);
+    for a task no human demonstrated successfully, of its successful exploration rollouts (the
+    scripted and noisy experts of the rollouts asset) instead. Without that fallback a task with a
+    spec but no human demonstrations (click-checkboxes-large: up to a dozen boxes, then submit)
+    could never count as long, so never join the sparse block. The noisy experts' detours make
+    their median a little longer than the solution; human demonstrations hold detours too."""
     rows = warehouse.query(
-        "SELECT task_id, median(n_steps) AS steps FROM episodes WHERE purpose = 'demonstration' AND success "
-        "GROUP BY task_id"
+        "SELECT task_id, median(n_steps) FILTER (WHERE purpose = ?) AS human, "
+        "median(n_steps) FILTER (WHERE purpose = ?) AS expert FROM episodes "
+        "WHERE success AND purpose IN (?, ?) GROUP BY task_id",
+        [EpisodePurpose.DEMONSTRATION.value, EpisodePurpose.EXPLORATION.value] * 2,
     ).to_pylist()
-    return {r["task_id"]: float(r["steps"]) for r in rows}
+    return {r["task_id"]: float(r["human"] if r["human"] is not None else r["expert"]) for r in rows}
 
 
 def _sft_plot(result: Any, path: Path) -> Markdown:

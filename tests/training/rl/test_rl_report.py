@@ -273,6 +273,8 @@ def test_each_block_has_its_own_sft_row_and_is_compared_with_it():
     improves = check_table_one(report)["rl_improves_on_sft"]
     assert not improves.passed  # outcome 50% < SFT 60% on the dense block, though 30% > 10% on the sparse one
     assert improves.metadata["sft_sparse"] == 0.1
+    assert improves.metadata["not_above_sft"] == {"outcome": {"rl": 0.5, "sft": 0.6}}
+    assert improves.metadata["every_run_above_sft_by_block"] == {"dense": False, "sparse": True}
     empty_sparse = table_one("sft", runs[:1], {"sft": sft_episodes}, {"dense": ["click-tab-2"], "sparse": []})
     assert [r["actor"] for r in empty_sparse["rows"]] == ["SFT", "outcome"]
     # the rule that chose the sparse block is said above the table, where a sparse row is in it

@@ -247,11 +247,30 @@ def per_task_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def _paired(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str, float]:
-    """McNemar's counts of two actors on the same (task, seed, RL seed) and the paired difference
-    in success with its interval over RL seeds (the issue's "lower bound above -5 points")."""
+def paired_by_task(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str, dict[str, float]]:
+    """McNemar's counts and p of two actors task by task (keys (task, seed, RL seed)), where their
+    common episodes span more than one task ({} otherwise): a block's pooled test can hide that one
+    task moved and another did not, or went the other way."""
+    tasks = sorted({k[0] for k in a.keys() & b.keys()})
+    if len(tasks) < 2:
+        return {}
+    return {
+        t: paired_comparison({k: v for k, v in a.items() if k[0] == t}, {k: v for k, v in b.items() if k[0] == t})
+        for t in tasks
+    }
+
+
+def _paired(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str, Any]:
+    """McNemar's counts of two actors on the same (task, seed, RL seed), the paired difference
+    in success with its interval over RL seeds (the issue's "lower bound above -5 points"), and the
+    counts task by task (:func:`paired_by_task`)."""
     difference, low, high = paired_difference(a, b)
-    return paired_comparison(a, b) | {"difference": difference, "difference_low": low, "difference_high": high}
+    return paired_comparison(a, b) | {
+        "difference": difference,
+        "difference_low": low,
+        "difference_high": high,
+        "by_task": paired_by_task(a, b),
+    }
 
 
 def compared_runs(groups: Mapping[str, Sequence[Mapping[str, Any]]], run: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -680,6 +699,18 @@ def _comparison_lines(comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
             )
             + " |"
         )
+    by_task = [(c, t, n) for c in comparisons for t, n in (c.get("by_task") or {}).items()]
+    if by_task:
+        lines += [
+            "",
+            "| task | actor | versus | pairs | only actor solves | only the other solves | McNemar p |",
+            "|---|---|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {t} | {c['actor']} | {c['versus']} | {n['pairs']} | {n['only_a']} | {n['only_b']} | "
+            f"{p_value_text(n['mcnemar_p'])} |"
+            for c, t, n in by_task
+        ]
     return lines
 
 

@@ -224,7 +224,7 @@ def test_learning_curves_are_the_mean_over_seeds_with_the_lowest_and_highest_see
 def test_markdown_has_one_row_per_actor_and_comparison(report: dict) -> None:
     text = str(report_markdown(report))
     assert "| outcome | 2 | 50.0 [" in text
-    assert text.count("| progrm_lcs | SFT |") == 1
+    assert [line.startswith("| progrm_lcs | SFT |") for line in text.splitlines()].count(True) == 1
     assert "click SR / Rwd" in text and "type SR / Rwd" in text
 
 
@@ -569,3 +569,22 @@ def test_every_report_prints_a_p_value_one_way():
         "n/a",
         "n/a",
     ]
+
+
+def test_a_block_of_two_tasks_is_also_compared_task_by_task():
+    """The pooled test says 5 / 2; task by task one task moved up and the other down."""
+    solved = {("click-tab-2", s) for s in range(9)} | {("enter-text", s) for s in range(2)}
+    by_policy = {"sft": _episodes("sft", _solved(4)), "out0": _episodes("out0", solved)}
+    report = table_one("sft", BASE_RUNS[:1], by_policy)
+    (versus_sft,) = [c for c in report["comparisons"] if c["versus"] == "SFT"]
+    assert (versus_sft["only_a"], versus_sft["only_b"]) == (5, 2)
+    by_task = versus_sft["by_task"]
+    assert {t: (n["pairs"], n["only_a"], n["only_b"]) for t, n in by_task.items()} == {
+        "click-tab-2": (10, 5, 0),
+        "enter-text": (10, 0, 2),
+    }
+    assert by_task["click-tab-2"]["mcnemar_p"] == pytest.approx(0.0625)  # 2 * 0.5 ** 5
+    assert "| enter-text | outcome | SFT | 10 | 0 | 2 | 0.500 |" in str(report_markdown(report))
+    # one task: nothing to split
+    one = {p: [e for e in eps if e["task_id"] == "click-tab-2"] for p, eps in by_policy.items()}
+    assert table_one("sft", BASE_RUNS[:1], one)["comparisons"][0]["by_task"] == {}

@@ -588,3 +588,29 @@ def test_a_block_of_two_tasks_is_also_compared_task_by_task():
     # one task: nothing to split
     one = {p: [e for e in eps if e["task_id"] == "click-tab-2"] for p, eps in by_policy.items()}
     assert table_one("sft", BASE_RUNS[:1], one)["comparisons"][0]["by_task"] == {}
+
+
+def test_seeds_that_learned_a_task_outright_are_counted_as_seeds_not_as_episodes():
+    """Two of three RL seeds learn a task outright (10 of 10) where the other row's seeds solve 1:
+    McNemar sees 18 discordant episodes; over seeds it is 2 higher, 0 lower, 1 tied."""
+    sft = _episodes("sft", set())
+    learned = {("click-tab-2", s) for s in SEEDS}
+    runs = [
+        {"policy_id": f"{src}{k}", "reward_source": src, "estimator": "reinforce_pp", "rl_seed": k, "env_steps": 1}
+        for src in ("outcome", "orm")
+        for k in range(3)
+    ]
+    by_policy = {"sft": sft} | {
+        "outcome0": _episodes("outcome0", learned),
+        "outcome1": _episodes("outcome1", learned),
+        "outcome2": _episodes("outcome2", {("click-tab-2", 0)}),
+    }
+    by_policy |= {f"orm{k}": _episodes(f"orm{k}", {("click-tab-2", 0)}) for k in range(3)}
+    report = table_one("sft", runs, by_policy)
+    by = {(c["actor"], c["versus"]): c for c in report["comparisons"]}
+    versus_orm = by[("outcome", "orm")]
+    assert (versus_orm["only_a"], versus_orm["only_b"]) == (18, 0)
+    assert (versus_orm["seeds_higher"], versus_orm["seeds_lower"]) == (2, 0)
+    assert (by[("orm", "outcome")]["seeds_higher"], by[("orm", "outcome")]["seeds_lower"]) == (0, 2)
+    line = next(x for x in str(report_markdown(report)).splitlines() if x.startswith("| outcome | orm |"))
+    assert line.endswith("| 2 / 0 |")

@@ -254,10 +254,12 @@ def paired_by_task(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str
     tasks = sorted({k[0] for k in a.keys() & b.keys()})
     if len(tasks) < 2:
         return {}
-    return {
-        t: paired_comparison({k: v for k, v in a.items() if k[0] == t}, {k: v for k, v in b.items() if k[0] == t})
-        for t in tasks
-    }
+    by_task: dict[str, dict[str, float]] = {}
+    for t in tasks:
+        mine, theirs = ({k: v for k, v in x.items() if k[0] == t} for x in (a, b))
+        higher, lower = seeds_higher_lower(mine, theirs)
+        by_task[t] = paired_comparison(mine, theirs) | {"seeds_higher": higher, "seeds_lower": lower}
+    return by_task
 
 
 def seeds_higher_lower(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> tuple[int, int]:
@@ -719,12 +721,13 @@ def _comparison_lines(comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
     if by_task:
         lines += [
             "",
-            "| task | actor | versus | pairs | only actor solves | only the other solves | McNemar p |",
-            "|---|---|---|---:|---:|---:|---:|",
+            "| task | actor | versus | pairs | only actor solves | only the other solves | McNemar p "
+            "| RL seeds higher / lower |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
         ]
         lines += [
             f"| {t} | {c['actor']} | {c['versus']} | {n['pairs']} | {n['only_a']} | {n['only_b']} | "
-            f"{p_value_text(n['mcnemar_p'])} |"
+            f"{p_value_text(n['mcnemar_p'])} | {n['seeds_higher']} / {n['seeds_lower']} |"
             for c, t, n in by_task
         ]
     return lines

@@ -584,7 +584,8 @@ def test_a_block_of_two_tasks_is_also_compared_task_by_task():
         "enter-text": (10, 0, 2),
     }
     assert by_task["click-tab-2"]["mcnemar_p"] == pytest.approx(0.0625)  # 2 * 0.5 ** 5
-    assert "| enter-text | outcome | SFT | 10 | 0 | 2 | 0.500 |" in str(report_markdown(report))
+    assert by_task["enter-text"]["seeds_lower"] == 1 and by_task["click-tab-2"]["seeds_higher"] == 1  # one RL seed
+    assert "| enter-text | outcome | SFT | 10 | 0 | 2 | 0.500 | 0 / 1 |" in str(report_markdown(report))
     # one task: nothing to split
     one = {p: [e for e in eps if e["task_id"] == "click-tab-2"] for p, eps in by_policy.items()}
     assert table_one("sft", BASE_RUNS[:1], one)["comparisons"][0]["by_task"] == {}

@@ -31,6 +31,7 @@ from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
 from warehouse.statistics import (
     bootstrap_auc,
+    mcnemar_exact_p,
     p_value_text,
     paired_comparison,
     paired_difference,
@@ -283,6 +284,7 @@ def _paired(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str, Any]:
     return paired_comparison(a, b) | {
         "seeds_higher": higher,
         "seeds_lower": lower,
+        "seeds_sign_p": mcnemar_exact_p(higher, lower),  # the exact sign test over RL seeds
         "difference": difference,
         "difference_low": low,
         "difference_high": high,
@@ -701,7 +703,7 @@ def _comparison_lines(comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = [
         "",
         "| actor | versus | pairs | only actor solves | only the other solves | McNemar p "
-        "| difference, points [95%, over RL seeds] | RL seeds higher / lower |",
+        "| difference, points [95%, over RL seeds] | RL seeds higher / lower (sign test p) |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for c in comparisons:
@@ -715,7 +717,11 @@ def _comparison_lines(comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
                 if math.isnan(difference)
                 else f"{100 * difference:+.1f} [{100 * c['difference_low']:+.1f}, {100 * c['difference_high']:+.1f}]"
             )
-            + f" | {c.get('seeds_higher', '-')} / {c.get('seeds_lower', '-')} |"
+            + (
+                f" | {c['seeds_higher']} / {c['seeds_lower']} ({p_value_text(c['seeds_sign_p'])}) |"
+                if "seeds_higher" in c
+                else " | - |"
+            )
         )
     by_task = [(c, t, n) for c in comparisons for t, n in (c.get("by_task") or {}).items()]
     if by_task:

@@ -614,4 +614,5 @@ def test_seeds_that_learned_a_task_outright_are_counted_as_seeds_not_as_episodes
     assert (versus_orm["seeds_higher"], versus_orm["seeds_lower"]) == (2, 0)
     assert (by[("orm", "outcome")]["seeds_higher"], by[("orm", "outcome")]["seeds_lower"]) == (0, 2)
     line = next(x for x in str(report_markdown(report)).splitlines() if x.startswith("| outcome | orm |"))
-    assert line.endswith("| 2 / 0 |")
+    assert versus_orm["seeds_sign_p"] == 0.5  # 2 of 2 seeds one way: 2 * 0.5 ** 2
+    assert line.endswith("| 2 / 0 (0.500) |")

@@ -597,7 +597,8 @@ def _add_rl(sub: Any) -> None:
         choices=("dense", "sparse"),
         default="dense",
         help="the task block the runs train on, as the SFT policy pre-registered it (dense: SFT success in "
-        "(low, high); sparse: SFT success in (0, 15%%] and demonstrations of >= 5 steps)",
+        "(low, high); sparse: SFT's sampled success in (0, 15%%] and a median successful demonstration, human or "
+        "else the experts' rollouts, of >= 5 steps)",
     )
     p.add_argument(
         "--per-run-sampling",

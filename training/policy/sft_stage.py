@@ -253,9 +253,10 @@ def long_task_selection_seeds(
 ) -> dict[str, list[int]]:
     """The selection seeds a long task gets beyond ``selection_seeds`` (issue 41 item 3): up to
     ``settings.sparse_selection_seeds`` in all, drawn from the same seed range (the first
-    ``selection_seeds`` are among them), for every task whose demonstrations' median solution has at
-    least ``sparse_min_solution_steps`` steps, so the sparse rule's (0, 15%] is judged on enough
-    episodes. Empty when ``sparse_selection_seeds`` is not above ``selection_seeds``."""
+    ``selection_seeds`` are among them), for every task whose median successful demonstration
+    (:func:`demonstration_solution_steps`) has at least ``sparse_min_solution_steps`` steps, so the
+    sparse rule's (0, 15%] is judged on enough episodes. Empty when ``sparse_selection_seeds`` is not
+    above ``selection_seeds``."""
     if settings.sparse_selection_seeds <= len(selection_seeds):
         return {}
     have = set(selection_seeds)
@@ -338,7 +339,10 @@ def demonstration_solution_steps(warehouse: Warehouse) -> dict[str, float]:
     scripted and noisy experts of the rollouts asset) instead. Without that fallback a task with a
     spec but no human demonstrations (click-checkboxes-large: up to a dozen boxes, then submit)
     could never count as long, so never join the sparse block. The noisy experts' detours make
-    their median a little longer than the solution; human demonstrations hold detours too."""
+    their median a little longer than the solution; human demonstrations hold detours too. On a home
+    written before ``episodes.purpose`` existed the purpose is inferred from the source and the id
+    (``LEGACY_PURPOSE_SQL``), which reads an old policy rollout as exploration: SFT's imitation data
+    shares that exposure."""
     rows = warehouse.query(
         "SELECT task_id, median(n_steps) FILTER (WHERE purpose = ?) AS human, "
         "median(n_steps) FILTER (WHERE purpose = ?) AS expert FROM episodes "

@@ -66,10 +66,10 @@ def choose_sparse_tasks(
 ) -> list[str]:
     """The sparse block of the Table-1 issue: tasks where SFT succeeds on the selection seeds
     sometimes but rarely (success in (0, ``high``]: an outcome signal that RL rarely sees, and still
-    some) and whose demonstrations' median solution takes at least ``min_steps`` steps (long
-    horizons, ProgRM's argument), hardest first, at most ``max_tasks``; may be empty (then the
-    report says no sparse block ran). ``include_unsolved``: success in [0, ``high``] instead (the
-    fallback rule of :func:`sparse_block`)."""
+    some) and whose median successful demonstration takes at least ``min_steps`` steps (human, else
+    the experts' rollouts: ``solution_steps``; long horizons, ProgRM's argument), hardest first, at
+    most ``max_tasks``; may be empty (then the report says no sparse block ran).
+    ``include_unsolved``: success in [0, ``high``] instead (the fallback rule of :func:`sparse_block`)."""
     eligible = [
         t
         for t, r in rates.items()

@@ -25,7 +25,11 @@ def paired_by_task(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str
     for t in tasks:
         mine, theirs = ({k: v for k, v in x.items() if k[0] == t} for x in (a, b))
         higher, lower = seeds_higher_lower(mine, theirs)
-        by_task[t] = paired_comparison(mine, theirs) | {"seeds_higher": higher, "seeds_lower": lower}
+        by_task[t] = paired_comparison(mine, theirs) | {
+            "seeds_higher": higher,
+            "seeds_lower": lower,
+            "seeds_sign_p": mcnemar_exact_p(higher, lower),
+        }
     return by_task
 
 
@@ -78,23 +82,27 @@ def comparison_lines(comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
                 if math.isnan(difference)
                 else f"{100 * difference:+.1f} [{100 * c['difference_low']:+.1f}, {100 * c['difference_high']:+.1f}]"
             )
-            + (
-                f" | {c['seeds_higher']} / {c['seeds_lower']} ({p_value_text(c['seeds_sign_p'])}) |"
-                if "seeds_higher" in c
-                else " | - |"
-            )
+            + f" | {_seeds_cell(c)} |"
         )
     by_task = [(c, t, n) for c in comparisons for t, n in (c.get("by_task") or {}).items()]
     if by_task:
         lines += [
             "",
             "| task | actor | versus | pairs | only actor solves | only the other solves | McNemar p "
-            "| RL seeds higher / lower |",
+            "| RL seeds higher / lower (sign test p) |",
             "|---|---|---|---:|---:|---:|---:|---:|",
         ]
         lines += [
             f"| {t} | {c['actor']} | {c['versus']} | {n['pairs']} | {n['only_a']} | {n['only_b']} | "
-            f"{p_value_text(n['mcnemar_p'])} | {n['seeds_higher']} / {n['seeds_lower']} |"
+            f"{p_value_text(n['mcnemar_p'])} | {_seeds_cell(n)} |"
             for c, t, n in by_task
         ]
     return lines
+
+
+def _seeds_cell(paired: Mapping[str, Any]) -> str:
+    """ "higher / lower (sign test p)", or a dash where the rows share no episode (or the counts are
+    missing: a comparison made before they existed)."""
+    if not paired.get("pairs") or "seeds_higher" not in paired:
+        return "-"
+    return f"{paired['seeds_higher']} / {paired['seeds_lower']} ({p_value_text(paired['seeds_sign_p'])})"

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from training.rl.pairing import comparison_lines
 from training.rl.report import (
     FIRST_TABLE_SEED_SD,
     check_table_one,
@@ -585,7 +586,7 @@ def test_a_block_of_two_tasks_is_also_compared_task_by_task():
     }
     assert by_task["click-tab-2"]["mcnemar_p"] == pytest.approx(0.0625)  # 2 * 0.5 ** 5
     assert by_task["enter-text"]["seeds_lower"] == 1 and by_task["click-tab-2"]["seeds_higher"] == 1  # one RL seed
-    assert "| enter-text | outcome | SFT | 10 | 0 | 2 | 0.500 | 0 / 1 |" in str(report_markdown(report))
+    assert "| enter-text | outcome | SFT | 10 | 0 | 2 | 0.500 | 0 / 1 (1.000) |" in str(report_markdown(report))
     # one task: nothing to split
     one = {p: [e for e in eps if e["task_id"] == "click-tab-2"] for p, eps in by_policy.items()}
     assert table_one("sft", BASE_RUNS[:1], one)["comparisons"][0]["by_task"] == {}
@@ -615,4 +616,12 @@ def test_seeds_that_learned_a_task_outright_are_counted_as_seeds_not_as_episodes
     assert (by[("orm", "outcome")]["seeds_higher"], by[("orm", "outcome")]["seeds_lower"]) == (0, 2)
     line = next(x for x in str(report_markdown(report)).splitlines() if x.startswith("| outcome | orm |"))
     assert versus_orm["seeds_sign_p"] == 0.5  # 2 of 2 seeds one way: 2 * 0.5 ** 2
+    # against SFT (one policy, no RL seed of its own) each RL seed is paired with SFT's episodes
+    assert (by[("outcome", "SFT")]["seeds_higher"], by[("outcome", "SFT")]["seeds_lower"]) == (3, 0)
     assert line.endswith("| 2 / 0 (0.500) |")
+
+
+def test_rows_without_a_common_episode_show_dashes_not_a_sign_test():
+    none_shared = {"actor": "a", "versus": "b", "pairs": 0, "only_a": 0, "only_b": 0, "mcnemar_p": 1.0}
+    none_shared |= {"difference": float("nan"), "seeds_higher": 0, "seeds_lower": 0, "seeds_sign_p": 1.0}
+    assert comparison_lines([none_shared])[-1] == "| a | b | 0 | 0 | 0 | 1.000 | - | - |"

@@ -24,12 +24,7 @@ def paired_by_task(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str
     by_task: dict[str, dict[str, float]] = {}
     for t in tasks:
         mine, theirs = ({k: v for k, v in x.items() if k[0] == t} for x in (a, b))
-        higher, lower = seeds_higher_lower(mine, theirs)
-        by_task[t] = paired_comparison(mine, theirs) | {
-            "seeds_higher": higher,
-            "seeds_lower": lower,
-            "seeds_sign_p": mcnemar_exact_p(higher, lower),
-        }
+        by_task[t] = paired_comparison(mine, theirs) | _seed_counts(mine, theirs)
     return by_task
 
 
@@ -45,21 +40,27 @@ def seeds_higher_lower(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> tupl
     return sum(m > 0 for m in margin.values()), sum(m < 0 for m in margin.values())
 
 
+def _seed_counts(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str, float]:
+    """:func:`seeds_higher_lower` as a comparison's fields, with the exact sign test over RL seeds."""
+    higher, lower = seeds_higher_lower(a, b)
+    return {"seeds_higher": higher, "seeds_lower": lower, "seeds_sign_p": mcnemar_exact_p(higher, lower)}
+
+
 def paired_rows(a: Mapping[tuple, bool], b: Mapping[tuple, bool]) -> dict[str, Any]:
     """McNemar's counts of two actors on the same (task, seed, RL seed), the paired difference
     in success with its interval over RL seeds (the issue's "lower bound above -5 points"), and the
     counts task by task (:func:`paired_by_task`)."""
     difference, low, high = paired_difference(a, b)
-    higher, lower = seeds_higher_lower(a, b)
-    return paired_comparison(a, b) | {
-        "seeds_higher": higher,
-        "seeds_lower": lower,
-        "seeds_sign_p": mcnemar_exact_p(higher, lower),  # the exact sign test over RL seeds
-        "difference": difference,
-        "difference_low": low,
-        "difference_high": high,
-        "by_task": paired_by_task(a, b),
-    }
+    return (
+        paired_comparison(a, b)
+        | _seed_counts(a, b)
+        | {
+            "difference": difference,
+            "difference_low": low,
+            "difference_high": high,
+            "by_task": paired_by_task(a, b),
+        }
+    )
 
 
 def comparison_lines(comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -101,8 +102,7 @@ def comparison_lines(comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _seeds_cell(paired: Mapping[str, Any]) -> str:
-    """ "higher / lower (sign test p)", or a dash where the rows share no episode (or the counts are
-    missing: a comparison made before they existed)."""
-    if not paired.get("pairs") or "seeds_higher" not in paired:
+    """ "higher / lower (sign test p)", or a dash where the rows share no episode."""
+    if not paired["pairs"]:
         return "-"
     return f"{paired['seeds_higher']} / {paired['seeds_lower']} ({p_value_text(paired['seeds_sign_p'])})"

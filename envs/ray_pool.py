@@ -74,7 +74,7 @@ def _split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def connect(address: str, *, timeout_s: float = 5.0) -> None:
+def connect(address: str, *, node_ip: str | None = None, timeout_s: float = 5.0) -> None:
     """Join the Ray cluster at ``address`` (the head's ``host:port``) as a driver, once per process.
 
     A head that does not answer is a one-line ``PoolError`` naming the address, raised before any
@@ -83,6 +83,11 @@ def connect(address: str, *, timeout_s: float = 5.0) -> None:
     A process joined to another cluster is refused rather than silently sent there. Ray's habit of
     starting a cluster of its own on the first API call without one is switched off: a worker
     handle outliving ``ray.shutdown`` must fail, not start a stray local cluster.
+
+    ``node_ip`` picks the local raylet where one machine runs several nodes (Ray otherwise takes the
+    head's). It matters when the head is lost: a driver whose own raylet dies with the head is ended
+    by Ray at its next call to it ("Shutting down the core worker because the local raylet
+    failed"), before the pool can fail the batch in one line; a driver on another node is not.
     """
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -103,7 +108,13 @@ def connect(address: str, *, timeout_s: float = 5.0) -> None:
             )
         return
     try:
-        ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+        ray.init(
+            address=address,
+            namespace=RAY_NAMESPACE,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+            _node_ip_address=node_ip,
+        )
     except Exception as exc:  # noqa: BLE001 - whatever Ray raises, the user needs the address and the reason
         cause = f" ({first_line(exc.__cause__)})" if exc.__cause__ is not None else ""
         raise PoolError(f"could not join the Ray cluster at {address}: {first_line(exc)}{cause}") from None

@@ -51,6 +51,12 @@ def jobs():
     return plan_jobs([catalog["login-user-popup"], catalog["click-option"]], batch="ray", episodes_per_task=2)
 
 
+def _head_node_id(cluster) -> str:
+    """The Ray node id of the cluster's head (127.0.0.2), read from the GCS's node table."""
+    (head,) = [node["NodeID"] for node in ray.nodes() if node["NodeManagerAddress"] == cluster.node_ips[0]]
+    return str(head)
+
+
 def wait_for_free_cpus(cluster, timeout_s: float = 60.0) -> None:
     """Until the previous test's actors have given their CPUs back."""
     from envs.ray_pool import connect
@@ -470,7 +476,11 @@ def test_losing_the_head_fails_the_batch_in_one_line_and_returns_nothing(cluster
     and fails as a whole with a one-line error naming the address; nothing of it reaches the caller
     to be published, and the driver has left the dead cluster (Ray would end the process later).
     Per step the driver's hook kills the head; on the actors an episode on the head kills it, and
-    the driver, waiting for whole episodes, notices by watching the head's port."""
+    the driver, waiting for whole episodes, notices by watching the head's port.
+
+    The driver joins through the second node's raylet, as docs/ray.md deploys it (a node of its own
+    with no CPUs): a driver whose raylet is the head's is ended by Ray at its next call to that
+    raylet, in a race with the pool's own check (it once took this test's xdist worker with it)."""
     from envs.ray_pool import connect
 
     connect(cluster.address)  # this process is joined to the module's cluster
@@ -478,6 +488,8 @@ def test_losing_the_head_fails_the_batch_in_one_line_and_returns_nothing(cluster
         with pytest.raises(PoolError, match=f"joined to the Ray cluster at {cluster.address}, not {other.address}"):
             connect(other.address)  # one cluster per process: refused, not silently sent to the first
         ray.shutdown()
+        connect(other.address, node_ip=other.node_ips[1])
+        assert ray.get_runtime_context().get_node_id() != _head_node_id(other)
         killed = []
 
         def kill_head(ctx):

@@ -28,6 +28,7 @@ from training.rl.advice import FLYWHEEL_TAG_PREFIX, advice_markdown
 from training.rl.pairing import comparison_lines, paired_rows
 from training.rl.rewards.composed import CONTROL_FORMS, Composition, parse_composition
 from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
+from training.rl.task_breakdown import per_seed_lines, per_seed_task_successes, per_task_lines, per_task_successes
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
 from warehouse.statistics import (
@@ -179,6 +180,9 @@ def table_one(
         modes = Counter(e["failure_mode"] for e in items if e["failure_mode"])
         row["failure_modes"] = {mode: modes.get(mode, 0) for mode in FAILURE_MODES}
         row["task_successes"] = per_task_successes(items)
+        if run:
+            rl_seed = {m["policy_id"]: m["rl_seed"] for m in runs}
+            row["seed_task_successes"] = per_seed_task_successes({rl_seed[p]: kept[p] for p in policy_ids if kept[p]})
         return row
 
     if blocks is None:
@@ -217,33 +221,6 @@ def table_one(
         "comparisons": comparisons,
         "design": experiment_design(rows),
     }
-
-
-def per_task_successes(episodes: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
-    """Task -> [successes, episodes] over ``episodes`` (a row's held-out episodes, every RL seed)."""
-    counts: dict[str, list[int]] = {}
-    for e in episodes:
-        tally = counts.setdefault(e["task_id"], [0, 0])
-        tally[0] += int(bool(e["success"]))
-        tally[1] += 1
-    return dict(sorted(counts.items()))
-
-
-def per_task_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One table per block: each row's held-out successes per task (successes / episodes, every RL
-    seed pooled), so a pooled rate's gain can be traced to the tasks that made it."""
-    lines: list[str] = []
-    for block in dict.fromkeys(r.get("block") or DENSE_BLOCK for r in rows):
-        members = [r for r in rows if (r.get("block") or DENSE_BLOCK) == block and r.get("task_successes")]
-        tasks = sorted({t for r in members for t in r["task_successes"]})
-        if not tasks:
-            continue
-        lines += ["", f"| {block} block: held-out successes / episodes | " + " | ".join(tasks) + " |"]
-        lines.append("|---|" + "---:|" * len(tasks))
-        for r in members:
-            cells = ["-" if t not in r["task_successes"] else "{} / {}".format(*r["task_successes"][t]) for t in tasks]
-            lines.append(f"| {r['actor']} | " + " | ".join(cells) + " |")
-    return lines
 
 
 def compared_runs(groups: Mapping[str, Sequence[Mapping[str, Any]]], run: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -584,6 +561,7 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
         lines.append("| " + " | ".join(cells) + " |")
     lines += comparison_lines(report["comparisons"])
     lines += per_task_lines(report["rows"])
+    lines += per_seed_lines(report["rows"])
     if report.get("training_reward_auc"):
         lines += [
             "",

@@ -21,6 +21,7 @@ from training.rl.report import (
     table_one,
     training_reward_auc,
 )
+from training.rl.task_breakdown import per_seed_lines
 from warehouse.statistics import paired_difference
 
 TASKS = [("click-tab-2", "click"), ("enter-text", "type")]
@@ -625,3 +626,40 @@ def test_rows_without_a_common_episode_show_dashes_not_a_sign_test():
     none_shared = {"actor": "a", "versus": "b", "pairs": 0, "only_a": 0, "only_b": 0, "mcnemar_p": 1.0}
     none_shared |= {"difference": float("nan"), "seeds_higher": 0, "seeds_lower": 0, "seeds_sign_p": 1.0}
     assert comparison_lines([none_shared])[-1] == "| a | b | 0 | 0 | 0 | 1.000 | - | - |"
+
+
+def test_each_rl_row_counts_its_successes_per_task_and_rl_seed_in_a_table_per_task():
+    """The per-seed table shows what a pooled count hides: outcome's 21 successes on click-tab-2 are
+    two seeds at 10 of 10 and one at 1; the ORM's are 1, 1 and 1; a seed a row never ran is a dash."""
+    sft = _episodes("sft", set())
+    learned = {("click-tab-2", s) for s in SEEDS}
+    runs = [
+        {"policy_id": f"{src}{k}", "reward_source": src, "estimator": "reinforce_pp", "rl_seed": k, "env_steps": 1}
+        for src, seeds in (("outcome", (0, 1, 2)), ("orm", (0, 1, 3)))
+        for k in seeds
+    ]
+    by_policy = {"sft": sft, "outcome0": _episodes("outcome0", learned), "outcome1": _episodes("outcome1", learned)}
+    by_policy |= {"outcome2": _episodes("outcome2", {("click-tab-2", 0)})}
+    by_policy |= {f"orm{k}": _episodes(f"orm{k}", {("click-tab-2", 0), ("enter-text", 5)}) for k in (0, 1, 3)}
+    report = table_one("sft", runs, by_policy)
+    rows = {r["actor"]: r for r in report["rows"]}
+    assert "seed_task_successes" not in rows["SFT"]  # SFT has no RL seed
+    assert rows["outcome"]["seed_task_successes"]["s2"] == {"click-tab-2": [1, 10], "enter-text": [0, 10]}
+    assert sorted(rows["orm"]["seed_task_successes"]) == ["s0", "s1", "s3"]
+    lines = str(report_markdown(report)).splitlines()
+    header = "| dense block, click-tab-2: held-out successes per RL seed (of 10) | s0 | s1 | s2 | s3 |"
+    at = lines.index(header)
+    assert lines[at + 2 : at + 4] == ["| orm | 1 | 1 | - | 1 |", "| outcome | 10 | 10 | 1 | - |"]
+    at = lines.index(header.replace("click-tab-2", "enter-text"))
+    assert lines[at + 2 : at + 4] == ["| orm | 1 | 1 | - | 1 |", "| outcome | 0 | 0 | 0 | - |"]
+
+
+def test_per_seed_cells_show_episodes_where_seeds_evaluated_different_numbers():
+    rows = [
+        {"actor": "outcome", "block": "sparse", "seed_task_successes": {"s0": {"t": [3, 25]}, "s1": {"t": [2, 20]}}}
+    ]
+    assert per_seed_lines(rows)[1:] == [
+        "| sparse block, t: held-out successes per RL seed | s0 | s1 |",
+        "|---|---:|---:|",
+        "| outcome | 3 / 25 | 2 / 20 |",
+    ]

@@ -85,9 +85,11 @@ def connect(address: str, *, node_ip: str | None = None, timeout_s: float = 5.0)
     handle outliving ``ray.shutdown`` must fail, not start a stray local cluster.
 
     ``node_ip`` picks the local raylet where one machine runs several nodes (Ray otherwise takes the
-    head's). It matters when the head is lost: a driver whose own raylet dies with the head is ended
-    by Ray at its next call to it ("Shutting down the core worker because the local raylet
-    failed"), before the pool can fail the batch in one line; a driver on another node is not.
+    head's); a process already joined to ``address`` keeps the raylet it joined through. It matters
+    when the head is lost: a driver whose own raylet dies with the head is ended by Ray at its next
+    call to it (measured: "The connection to the plasma store is failed. Terminate the process."),
+    before the pool can fail the batch in one line; a driver on another node lasts until that
+    node's raylet gives up on the head (about a minute), long after the pool's check.
     """
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

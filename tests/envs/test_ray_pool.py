@@ -478,8 +478,8 @@ def test_losing_the_head_fails_the_batch_in_one_line_and_returns_nothing(cluster
     Per step the driver's hook kills the head; on the actors an episode on the head kills it, and
     the driver, waiting for whole episodes, notices by watching the head's port.
 
-    The driver joins through the second node's raylet, as docs/ray.md deploys it (a node of its own
-    with no CPUs): a driver whose raylet is the head's is ended by Ray at its next call to that
+    The driver joins through a raylet other than the head's (the second node's), as docs/ray.md
+    deploys it: a driver whose raylet is the head's is ended by Ray at its next call to that
     raylet, in a race with the pool's own check (it once took this test's xdist worker with it)."""
     from envs.ray_pool import connect
 

@@ -142,6 +142,7 @@ def table_one(
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
         groups[run_label(r)].append(r)
+    rl_seed_of = {r["policy_id"]: r["rl_seed"] for r in runs}
 
     def summarise(
         label: str,
@@ -180,9 +181,11 @@ def table_one(
         modes = Counter(e["failure_mode"] for e in items if e["failure_mode"])
         row["failure_modes"] = {mode: modes.get(mode, 0) for mode in FAILURE_MODES}
         row["task_successes"] = per_task_successes(items)
-        if run:
-            rl_seed = {m["policy_id"]: m["rl_seed"] for m in runs}
-            row["seed_task_successes"] = per_seed_task_successes({rl_seed[p]: kept[p] for p in policy_ids if kept[p]})
+        if run:  # two runs of one seed in a row (an ORM of each rule, say) add up rather than hide one
+            by_seed: dict[int, list[dict]] = defaultdict(list)
+            for p in policy_ids:
+                by_seed[rl_seed_of[p]].extend(kept[p])
+            row["seed_task_successes"] = per_seed_task_successes({s: e for s, e in by_seed.items() if e})
         return row
 
     if blocks is None:

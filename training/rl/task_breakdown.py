@@ -2,8 +2,8 @@
 task and RL seed, so a pooled gain can be traced to the tasks and the training runs that made it.
 
 A McNemar test pairs episodes as if independent; the 25 held-out episodes of one RL seed share one
-training run, and on a task RL learns outright or not at all per seed (click-checkboxes-large: 0 or
-23-25 of 25) a large discordant count can come from two seeds. The per-seed table shows that
+training run, and on a task RL learns outright or not at all per seed (click-checkboxes-large: 28
+of 30 runs ended at 0 or 23-25 of 25) a large discordant count can come from two seeds. The per-seed table shows that
 without a script over the warehouse.
 """
 
@@ -25,7 +25,9 @@ def per_task_successes(episodes: Sequence[Mapping[str, Any]]) -> dict[str, list[
     return dict(sorted(counts.items()))
 
 
-def per_seed_task_successes(episodes_by_seed: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, dict]:
+def per_seed_task_successes(
+    episodes_by_seed: Mapping[int, Sequence[Mapping[str, Any]]],
+) -> dict[str, dict[str, list[int]]]:
     """RL seed key (``s<seed>``, as the ``rl_run`` partitions) -> task -> [successes, episodes]."""
     return {f"s{seed}": per_task_successes(episodes) for seed, episodes in sorted(episodes_by_seed.items())}
 

@@ -635,19 +635,19 @@ def test_each_rl_row_counts_its_successes_per_task_and_rl_seed_in_a_table_per_ta
     learned = {("click-tab-2", s) for s in SEEDS}
     runs = [
         {"policy_id": f"{src}{k}", "reward_source": src, "estimator": "reinforce_pp", "rl_seed": k, "env_steps": 1}
-        for src, seeds in (("outcome", (0, 1, 2)), ("orm", (0, 1, 3)))
+        for src, seeds in (("outcome", (0, 1, 2)), ("orm", (0, 1, 10)))
         for k in seeds
     ]
     by_policy = {"sft": sft, "outcome0": _episodes("outcome0", learned), "outcome1": _episodes("outcome1", learned)}
     by_policy |= {"outcome2": _episodes("outcome2", {("click-tab-2", 0)})}
-    by_policy |= {f"orm{k}": _episodes(f"orm{k}", {("click-tab-2", 0), ("enter-text", 5)}) for k in (0, 1, 3)}
+    by_policy |= {f"orm{k}": _episodes(f"orm{k}", {("click-tab-2", 0), ("enter-text", 5)}) for k in (0, 1, 10)}
     report = table_one("sft", runs, by_policy)
     rows = {r["actor"]: r for r in report["rows"]}
     assert "seed_task_successes" not in rows["SFT"]  # SFT has no RL seed
     assert rows["outcome"]["seed_task_successes"]["s2"] == {"click-tab-2": [1, 10], "enter-text": [0, 10]}
-    assert sorted(rows["orm"]["seed_task_successes"]) == ["s0", "s1", "s3"]
+    assert sorted(rows["orm"]["seed_task_successes"]) == ["s0", "s1", "s10"]
     lines = str(report_markdown(report)).splitlines()
-    header = "| dense block, click-tab-2: held-out successes per RL seed (of 10) | s0 | s1 | s2 | s3 |"
+    header = "| dense block, click-tab-2: held-out successes per RL seed (of 10) | s0 | s1 | s2 | s10 |"
     at = lines.index(header)
     assert lines[at + 2 : at + 4] == ["| orm | 1 | 1 | - | 1 |", "| outcome | 10 | 10 | 1 | - |"]
     at = lines.index(header.replace("click-tab-2", "enter-text"))
@@ -663,3 +663,17 @@ def test_per_seed_cells_show_episodes_where_seeds_evaluated_different_numbers():
         "|---|---:|---:|",
         "| outcome | 3 / 25 | 2 / 20 |",
     ]
+
+
+def test_two_runs_of_one_seed_in_a_row_add_up_in_the_per_seed_table():
+    runs = [
+        {"policy_id": p, "reward_source": "outcome", "estimator": "reinforce_pp", "rl_seed": 0, "env_steps": 1}
+        for p in ("old", "new")
+    ]
+    by_policy = {
+        "sft": _episodes("sft", set()),
+        "old": _episodes("old", _solved(2)),
+        "new": _episodes("new", _solved(3)),
+    }
+    rows = {r["actor"]: r for r in table_one("sft", runs, by_policy)["rows"]}
+    assert rows["outcome"]["seed_task_successes"] == {"s0": {"click-tab-2": [5, 20], "enter-text": [5, 20]}}

@@ -181,11 +181,8 @@ def table_one(
         modes = Counter(e["failure_mode"] for e in items if e["failure_mode"])
         row["failure_modes"] = {mode: modes.get(mode, 0) for mode in FAILURE_MODES}
         row["task_successes"] = per_task_successes(items)
-        if run:  # two runs of one seed in a row (an ORM of each rule, say) add up rather than hide one
-            by_seed: dict[int, list[dict]] = defaultdict(list)
-            for p in policy_ids:
-                by_seed[rl_seed_of[p]].extend(kept[p])
-            row["seed_task_successes"] = per_seed_task_successes({s: e for s, e in by_seed.items() if e})
+        if run:
+            row["seed_task_successes"] = per_seed_task_successes((rl_seed_of[p], kept[p]) for p in policy_ids)
         return row
 
     if blocks is None:

@@ -9,7 +9,7 @@ without a script over the warehouse.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from training.policy.task_blocks import DENSE_BLOCK
@@ -26,10 +26,15 @@ def per_task_successes(episodes: Sequence[Mapping[str, Any]]) -> dict[str, list[
 
 
 def per_seed_task_successes(
-    episodes_by_seed: Mapping[int, Sequence[Mapping[str, Any]]],
+    runs: Iterable[tuple[int, Sequence[Mapping[str, Any]]]],
 ) -> dict[str, dict[str, list[int]]]:
-    """RL seed key (``s<seed>``, as the ``rl_run`` partitions) -> task -> [successes, episodes]."""
-    return {f"s{seed}": per_task_successes(episodes) for seed, episodes in sorted(episodes_by_seed.items())}
+    """RL seed key (``s<seed>``, as the ``rl_run`` partitions) -> task -> [successes, episodes], from
+    (RL seed, episodes) per run; two runs of one seed in a row (an ORM of each rule, say) add up
+    rather than hide one another, and a seed without episodes is left out."""
+    by_seed: dict[int, list[Mapping[str, Any]]] = {}
+    for rl_seed, episodes in runs:
+        by_seed.setdefault(rl_seed, []).extend(episodes)
+    return {f"s{seed}": per_task_successes(episodes) for seed, episodes in sorted(by_seed.items()) if episodes}
 
 
 def _block_rows(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, list[Mapping[str, Any]]]:
@@ -76,3 +81,31 @@ def per_seed_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
                     cells.append("-" if tally is None else str(tally[0]) if of else "{} / {}".format(*tally))
                 lines.append(f"| {r['actor']} | " + " | ".join(cells) + " |")
     return lines
+
+
+def success_spread(episodes: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Task -> how a run's successes spread over the instances' instructions: ``successes``,
+    ``instructions`` (distinct instructions among them), ``most_common`` (the one solved most) and
+    ``top_share`` (its share of the successes).
+
+    A run that learned one constant answer solves only the instances asking for it, so its
+    successes share one instruction however many there are (stop 68: on use-spinner every RL run
+    that left the floor clicked the arrow a fixed number of times and submitted, solving the 6-11%
+    of instances whose target was that number); a policy that reads the instruction spreads."""
+    solved: dict[str, list[str]] = {}
+    for e in episodes:
+        if e["success"]:
+            solved.setdefault(e["task_id"], []).append(str(e["instruction"]))
+    spread = {}
+    for task, instructions in sorted(solved.items()):
+        counts: dict[str, int] = {}
+        for instruction in instructions:
+            counts[instruction] = counts.get(instruction, 0) + 1
+        most_common = max(sorted(counts), key=lambda i: counts[i])
+        spread[task] = {
+            "successes": len(instructions),
+            "instructions": len(counts),
+            "most_common": most_common,
+            "top_share": counts[most_common] / len(instructions),
+        }
+    return spread

@@ -31,10 +31,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-#: The runs' own held-out evaluation draws this many instances per task (``rl_run``'s default);
-#: they are left out of the fresh ones.
-RUN_HELD_OUT_INSTANCES = 25
-
 
 def fresh_seeds(count: int, salt: str, used: Sequence[int]) -> list[int]:
     """``count`` seeds of the held-out range fixed by ``salt``, none of ``used``."""
@@ -42,7 +38,8 @@ def fresh_seeds(count: int, salt: str, used: Sequence[int]) -> list[int]:
     from training.policy.store import HELD_OUT_SEED_BASE
 
     drawn = sample_seeds(HELD_OUT_SEED_BASE, count + len(used), salt)
-    seeds = [s for s in drawn if s not in set(used)][:count]
+    left_out = set(used)
+    seeds = [s for s in drawn if s not in left_out][:count]
     if len(seeds) < count:
         raise ValueError(f"the salt {salt!r} left fewer than {count} fresh seeds")
     return seeds
@@ -92,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     from assets.resources import EnvPoolResource
     from envs.task_catalog import load_catalog
     from training.policy.episodes import evaluate_policy
-    from training.policy.evaluation import sample_seeds
     from training.policy.learned import PolicyModel
-    from training.policy.store import HELD_OUT_SEED_BASE, warm_policy_cache
+    from training.policy.store import PolicyNotFoundError, latest_policy, warm_policy_cache
+    from training.policy.task_blocks import DENSE_BLOCK
     from training.rl.runs import RUN_VARIANTS
     from warehouse.catalog import Warehouse
 
@@ -104,12 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     warehouse = Warehouse()
     home = warehouse.home
-    sft = (
-        args.sft
-        or warehouse.query(
-            "SELECT policy_id FROM policies WHERE kind = 'sft' ORDER BY created_at DESC LIMIT 1"
-        ).to_pylist()[0]["policy_id"]
-    )
+    try:
+        sft = latest_policy(warehouse, "sft", args.sft)["policy_id"]
+    except PolicyNotFoundError as exc:
+        print(f"fresh_instances: {exc}", file=sys.stderr)
+        return 2
     runs = []
     for label in labels:
         source, estimator = RUN_VARIANTS[label]
@@ -118,14 +114,22 @@ def main(argv: list[str] | None = None) -> int:
             "AND parent_policy_id = ? AND reward_source = ? AND estimator = ? ORDER BY created_at",
             [sft, source, estimator],
         ).to_pylist()
-        newest = {r["rl_seed"]: r for r in found if json.loads(r["parameters"] or "{}").get("block") == args.block}
+        newest = {
+            r["rl_seed"]: r
+            for r in found
+            if (json.loads(r["parameters"] or "{}").get("block") or DENSE_BLOCK) == args.block  # older runs: dense
+        }
         if not newest:
             print(f"no {args.block} runs of {label} from {sft} in {home}", file=sys.stderr)
             return 2
         runs += [(label, seed, r) for seed, r in sorted(newest.items())]
     catalog = load_catalog()
     task_ids = args.tasks.split(",") if args.tasks else sorted({t for _, _, r in runs for t in r["tasks"]})
-    seeds = fresh_seeds(args.instances, args.salt, sample_seeds(HELD_OUT_SEED_BASE, RUN_HELD_OUT_INSTANCES, "held_out"))
+    evaluated = warehouse.query(  # the instances the runs were evaluated on, whatever their number
+        "SELECT DISTINCT seed FROM agent_eval_episodes WHERE evaluation = 'held_out' AND list_contains(?, policy_id)",
+        [[r["policy_id"] for _, _, r in runs]],
+    ).to_pylist()
+    seeds = fresh_seeds(args.instances, args.salt, sorted(int(r["seed"]) for r in evaluated))
     episodes: list[dict[str, Any]] = []
     with EnvPoolResource().pool("miniwob", args.workers, log=print) as pool:
         for label, rl_seed, run in runs:

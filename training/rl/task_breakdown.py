@@ -3,12 +3,13 @@ task and RL seed, so a pooled gain can be traced to the tasks and the training r
 
 A McNemar test pairs episodes as if independent; the 25 held-out episodes of one RL seed share one
 training run, and on a task RL learns outright or not at all per seed (click-checkboxes-large: 28
-of 30 runs ended at 0 or 23-25 of 25) a large discordant count can come from two seeds. The per-seed table shows that
-without a script over the warehouse.
+of 30 runs ended at 0 or 23-25 of 25) a large discordant count can come from two seeds. The
+per-seed table shows that without a script over the warehouse.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -90,22 +91,20 @@ def success_spread(episodes: Sequence[Mapping[str, Any]]) -> dict[str, dict[str,
 
     A run that learned one constant answer solves only the instances asking for it, so its
     successes share one instruction however many there are (stop 68: on use-spinner every RL run
-    that left the floor clicked the arrow a fixed number of times and submitted, solving the 6-11%
-    of instances whose target was that number); a policy that reads the instruction spreads."""
-    solved: dict[str, list[str]] = {}
+    that left the floor clicked the arrow a fixed number of times and submitted, solving the
+    4.5-11% of instances whose target was that number); a policy that reads the instruction spreads."""
+    solved: dict[str, Counter[str]] = {}
     for e in episodes:
         if e["success"]:
-            solved.setdefault(e["task_id"], []).append(str(e["instruction"]))
+            solved.setdefault(e["task_id"], Counter())[str(e["instruction"])] += 1
     spread = {}
-    for task, instructions in sorted(solved.items()):
-        counts: dict[str, int] = {}
-        for instruction in instructions:
-            counts[instruction] = counts.get(instruction, 0) + 1
-        most_common = max(sorted(counts), key=lambda i: counts[i])
+    for task, counts in sorted(solved.items()):
+        successes = counts.total()
+        most_common = max(sorted(counts), key=counts.__getitem__)  # ties: the first in order, every run
         spread[task] = {
-            "successes": len(instructions),
+            "successes": successes,
             "instructions": len(counts),
             "most_common": most_common,
-            "top_share": counts[most_common] / len(instructions),
+            "top_share": counts[most_common] / successes,
         }
     return spread

@@ -245,6 +245,12 @@ def agent_evaluation(
             description="no run's training return rose while its held-out success fell below SFT, and every reward "
             "ranks its own training episodes (within-task AUC >= 0.6)",
         ),
+        AssetCheckSpec(
+            "no_constant_answer",
+            asset="rl_report",
+            description="no row's held-out successes on a task sit, run by run, on one instruction more often than "
+            "the instances' own repeats explain (a policy that answers one constant, not the task)",
+        ),
     ],
     code_version=RL_CODE_VERSION,
     kinds={"duckdb", "matplotlib"},

@@ -7,6 +7,8 @@
   episodes, and over RL seeds and their episodes (two levels).
 * :func:`mcnemar_exact_p` and :func:`paired_comparison`: two judges or two policies on the same
   items, by their discordant pairs; :func:`holm_adjusted` when one report makes several such claims.
+* :func:`poisson_binomial_upper_tail`: how likely at least k of several independent events, each of
+  its own probability, happen (the constant-answer test over RL seeds).
 
 Every resampling is seeded, so the same data give the same intervals.
 """
@@ -46,6 +48,25 @@ def holm_adjusted(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (len(present) - rank) * p))
         adjusted[i] = running
     return adjusted
+
+
+def poisson_binomial_upper_tail(probabilities: Sequence[float], at_least: int) -> float:
+    """The probability that at least ``at_least`` of independent events of the given
+    ``probabilities`` happen (the Poisson-binomial distribution's upper tail, by its exact
+    recursion over events: after each event the count's distribution shifts by one with its
+    probability). 1.0 where ``at_least`` is 0 or less, 0.0 where it exceeds the events."""
+    if at_least <= 0:
+        return 1.0
+    if at_least > len(probabilities):
+        return 0.0
+    counts = np.zeros(len(probabilities) + 1)
+    counts[0] = 1.0
+    for n, p in enumerate(probabilities, start=1):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"probability {p} of event {n} is not in [0, 1]")
+        counts[1 : n + 1] = counts[1 : n + 1] * (1 - p) + counts[:n] * p
+        counts[0] *= 1 - p
+    return float(min(1.0, counts[at_least:].sum()))
 
 
 def p_value_text(p: float | None) -> str:

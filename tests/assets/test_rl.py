@@ -18,7 +18,7 @@ from pipelines.cli.common import job_runner
 from pipelines.figures import reward_models_on_agents
 from pipelines.flywheel import FlywheelSettings, run_flywheel
 from training.policy.store import POLICY_ROLLOUT_SEED_BASE
-from training.rl.evaluation import run_rl_report
+from training.rl.evaluation import held_out_episodes, run_rl_report
 from training.rl.export import export_rl_data
 from warehouse.catalog import Warehouse
 from warehouse.purposes import SAMPLED_SELECTION, greedy_evaluation_filter
@@ -115,6 +115,10 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
     assert {("outcome+progrm_env:shaped", "progrm_env"), ("outcome+progrm_env:shaped", "outcome")} <= versus
     # learning curves over seeds: every run's iterations, labelled as its row, plotted per block
     curves = run_rl_report(Warehouse(home))["curves"]
+    # the report reads every held-out episode with its instance's instruction (the constant-answer test)
+    policies = Warehouse(home).query("SELECT policy_id FROM policies").to_pylist()
+    held_out = held_out_episodes(Warehouse(home), [p["policy_id"] for p in policies])
+    assert held_out and all(e["instruction"] for episodes in held_out.values() for e in episodes)
     assert sorted((c["actor"], c["iteration"]) for c in curves) == sorted((r, i) for r in RUNS for i in (0, 1))
     assert report.asset_materializations_for_node("rl_report")[0].metadata["learning_curves"].value.count("![") == 1
 

@@ -12,7 +12,9 @@ their own tasks needs the same answer for theirs. :func:`reward_advice` takes th
   comparisons), **and** the paired difference's interval over RL seeds on one side of 0 (McNemar
   treats episodes as independent; the episodes of one RL seed share its training);
 * vetoes a row whose reward raised a hacking alarm (:func:`training.rl.report.reward_hacking_alarms`):
-  its agents may be learning what the reward pays rather than the task;
+  its agents may be learning what the reward pays rather than the task; and a row whose held-out
+  successes on a task are one constant answer per run
+  (:func:`training.rl.task_breakdown.constant_answer_test`): its gain is not the task's;
 * recommends one reward to a user **with** an exact outcome (the outcome itself unless a row beat
   it, issue 41's dense target: composed rewards within :data:`NON_INFERIORITY_MARGIN` of it are
   listed as safe to add) and one to a user **without** one (the best row that uses no exact outcome
@@ -33,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from training.rl.rewards.composed import is_control, parse_composition
+from training.rl.task_breakdown import constant_answer_alarms
 from warehouse.statistics import holm_adjusted, p_value_text
 
 #: Family-wise error rate of the advice's claims (Holm over each block's tests).
@@ -110,6 +113,8 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     (True where the block has an SFT row, some row was compared with it, and none was better)."""
     rows = {r["actor"]: r for r in report["rows"]}
     alarms = {a["actor"]: list(a["alarms"]) for a in report.get("hacking_alarms", [])}
+    for actor, said in constant_answer_alarms(report["rows"]).items():
+        alarms[actor] = alarms.get(actor, []) + said
     blocks: dict[str, list[Mapping[str, Any]]] = {}
     for r in report["rows"]:
         if r.get("reward_source") and r.get("estimator") in ADVISED_ESTIMATORS and not is_control(r["reward_source"]):
@@ -214,7 +219,8 @@ def _recommend(
     """The block's two recommendations from its judged rows: among the rows that qualify, the one of
     highest held-out success (a ranking by point estimate: they are not tested against each other).
     A learned or composed row with an alarm never qualifies; the exact outcome cannot be gamed, so
-    its alarm (a training return rising while held-out success falls: over-fitting) is only named."""
+    its alarm (a training return rising while held-out success falls: over-fitting; or a constant
+    answer, which it pays on the instances that ask for it) is only named: it is still the baseline."""
     by_actor = {r["actor"]: r for r in rows}
     clean = [r for r in rows if not r["alarms"]]
     beat_outcome = [r for r in clean if _judgement(r, "versus_outcome") == BETTER and _beat_its_estimators_outcome(r)]
@@ -308,7 +314,8 @@ def advice_markdown(advice: Sequence[Mapping[str, Any]]) -> list[str]:
             "**and** the 95% interval over RL seeds on one side of 0; within "
             f"{100 * NON_INFERIORITY_MARGIN:.0f} points: that interval's lower bound above "
             f"-{100 * NON_INFERIORITY_MARGIN:.0f} (not adjusted). A learned or composed reward with a "
-            "reward-hacking alarm is never recommended; the best qualifying row is chosen by its point estimate:",
+            "reward-hacking or constant-answer alarm is never recommended; the best qualifying row is chosen by its "
+            "point estimate:",
             "",
             f"- with the exact outcome: **{with_outcome['actor'] or 'no advice'}** ({with_outcome['why']})"
             + (

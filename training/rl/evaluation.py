@@ -110,15 +110,7 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
         r["reward_model_tag"] = key_tags[run_key] = tags.get(model) or (f"model {pinned}" if pinned else None)
         key = (r["reward_source"], r["estimator"], r["rl_seed"], r["block"], r["reward_model_tag"], r["orm_rule"])
         latest[key] = r
-    policy_ids = [sft["policy_id"], *(r["policy_id"] for r in latest.values())]
-    episodes = warehouse.query(
-        "SELECT e.*, a.task_family FROM agent_eval_episodes e JOIN agent_eval a "
-        "USING (policy_id, evaluation, task_id) WHERE e.evaluation = 'held_out' AND list_contains(?, e.policy_id)",
-        [policy_ids],
-    ).to_pylist()
-    by_policy: dict[str, list[dict]] = defaultdict(list)
-    for e in episodes:
-        by_policy[e["policy_id"]].append(e)
+    by_policy = held_out_episodes(warehouse, [sft["policy_id"], *(r["policy_id"] for r in latest.values())])
     report = table_one(sft["policy_id"], list(latest.values()), by_policy, task_blocks(sft))
     training = _training_episodes(warehouse, sft["policy_id"])
     for key in {e["run_key"] for e in training} - set(key_tags):  # runs not registered yet
@@ -133,6 +125,21 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     report["hacking_alarms"] = reward_hacking_alarms(report)
     report["advice"] = reward_advice(report)
     return report
+
+
+def held_out_episodes(warehouse: Warehouse, policy_ids: Sequence[str]) -> dict[str, list[dict]]:
+    """Each policy's held-out evaluation episodes, by policy id, with its task's family and the
+    instance's instruction (what the constant-answer test reads)."""
+    episodes = warehouse.query(
+        "SELECT e.*, a.task_family, ep.instruction FROM agent_eval_episodes e JOIN agent_eval a "
+        "USING (policy_id, evaluation, task_id) LEFT JOIN episodes ep ON ep.episode_id = e.episode_id "
+        "WHERE e.evaluation = 'held_out' AND list_contains(?, e.policy_id)",
+        [list(policy_ids)],
+    ).to_pylist()
+    by_policy: dict[str, list[dict]] = defaultdict(list)
+    for e in episodes:
+        by_policy[e["policy_id"]].append(e)
+    return by_policy
 
 
 def _report_curves(warehouse: Warehouse, runs: Sequence[dict]) -> list[dict]:

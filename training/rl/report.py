@@ -28,7 +28,15 @@ from training.rl.advice import FLYWHEEL_TAG_PREFIX, advice_markdown
 from training.rl.pairing import comparison_lines, paired_rows
 from training.rl.rewards.composed import CONTROL_FORMS, Composition, parse_composition
 from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
-from training.rl.task_breakdown import per_seed_lines, per_seed_task_successes, per_task_lines, per_task_successes
+from training.rl.task_breakdown import (
+    constant_answer_alarms,
+    constant_answer_lines,
+    constant_answer_test,
+    per_seed_lines,
+    per_seed_task_successes,
+    per_task_lines,
+    per_task_successes,
+)
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
 from warehouse.statistics import (
@@ -183,6 +191,7 @@ def table_one(
         row["task_successes"] = per_task_successes(items)
         if run:
             row["seed_task_successes"] = per_seed_task_successes((rl_seed_of[p], kept[p]) for p in policy_ids)
+            row["constant_answers"] = constant_answer_test((rl_seed_of[p], kept[p]) for p in policy_ids)
         return row
 
     if blocks is None:
@@ -562,6 +571,7 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
     lines += comparison_lines(report["comparisons"])
     lines += per_task_lines(report["rows"])
     lines += per_seed_lines(report["rows"])
+    lines += constant_answer_lines(report["rows"])
     if report.get("training_reward_auc"):
         lines += [
             "",
@@ -688,8 +698,9 @@ def _beats_per_block(report: dict[str, Any], sources: Sequence[str]) -> CheckOut
 def check_table_one(report: dict[str, Any]) -> dict[str, CheckOutcome]:
     """The claims on our runs, on held-out success: RL from SFT improves on SFT; ProgRM's progress
     rewards beat the learned ORM (ProgRM §4.2, Table 1: the ORM is its baseline); on the sparse
-    block, every dense reward beats the exact outcome (ADMIRE's and GUI-Shepherd's claim); and no
-    run's reward raised an alarm (:func:`reward_hacking_alarms`)."""
+    block, every dense reward beats the exact outcome (ADMIRE's and GUI-Shepherd's claim); no
+    run's reward raised an alarm (:func:`reward_hacking_alarms`); and no row's held-out successes on
+    a task are one constant answer per run (:func:`training.rl.task_breakdown.constant_answer_test`)."""
     rates = {r["actor"]: r["success_rate"] for r in report["rows"]}
     sft = rates.get("SFT", float("nan"))
     rl_rows = [r for r in report["rows"] if r.get("reward_source")]
@@ -721,4 +732,5 @@ def check_table_one(report: dict[str, Any]) -> dict[str, CheckOutcome]:
             not any(a["alarms"] for a in report.get("hacking_alarms", [])),
             {a["actor"]: a["alarms"] for a in report.get("hacking_alarms", []) if a["alarms"]},
         ),
+        "no_constant_answer": CheckOutcome(not (constant := constant_answer_alarms(report["rows"])), constant),
     }

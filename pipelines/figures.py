@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from decimal import Decimal
+from functools import partial
 
 from training.base.registry import LATEST_REPORT_RUN
 from warehouse.catalog import Warehouse
@@ -98,11 +99,15 @@ def flywheel(warehouse: Warehouse) -> str:
     return rounds_markdown(warehouse.query("SELECT * FROM flywheel_rounds ORDER BY round, kind").to_pylist())
 
 
-def rl(warehouse: Warehouse) -> str:
+def rl(warehouse: Warehouse, sft_policy_id: str | None = None) -> str:
+    """Table 1 of the RL runs from ``sft_policy_id`` (default: the newest SFT policy)."""
     from training.rl.evaluation import run_rl_report
     from training.rl.report import report_markdown
 
-    return str(report_markdown(run_rl_report(warehouse)))
+    return str(report_markdown(run_rl_report(warehouse, sft_policy_id=sft_policy_id)))
+
+
+RL_SECTION = "RL (ProgRM Table 1)"
 
 
 SECTIONS: dict[str, Callable[[Warehouse], str]] = {
@@ -112,14 +117,18 @@ SECTIONS: dict[str, Callable[[Warehouse], str]] = {
     "reward models on agent episodes": reward_models_on_agents,
     "reward models choosing among alternatives": reward_models_choosing,
     "flywheel rounds": flywheel,
-    "RL (ProgRM Table 1)": rl,
+    RL_SECTION: rl,
 }
 
 
-def print_figures(warehouse: Warehouse, only: str | None = None) -> int:
-    """Print every section (or ``only`` one) whose tables exist; returns how many printed."""
+def print_figures(warehouse: Warehouse, only: str | None = None, *, sft_policy_id: str | None = None) -> int:
+    """Print every section (or ``only`` one) whose tables exist, the RL one for ``sft_policy_id``
+    where given; returns how many printed."""
+    sections = dict(SECTIONS)
+    if sft_policy_id:
+        sections[RL_SECTION] = partial(rl, sft_policy_id=sft_policy_id)
     printed = 0
-    for name, section in SECTIONS.items():
+    for name, section in sections.items():
         if only and only != name:
             continue
         try:

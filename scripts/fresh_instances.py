@@ -4,7 +4,9 @@ runs' or the held-out evaluation's luck, and did the runs learn the task or one 
 A Table-1 row is evaluated on 25 held-out instances per task. On a task at 2-5% that is 0-2
 successes per RL seed, too few to tell a run that learned something from one that did not. This
 takes every run of two rows (``--runs outcome,outcome_kl_apart``: run names as ``stepwise rl
---runs`` spells them) of one SFT policy and block, loads each run's final policy and evaluates it
+--runs`` spells them) of one SFT policy and block, the runs the report reads
+(:func:`training.rl.evaluation.reported_runs`: the newest per RL seed, of today's reward models
+unless ``--model-tag`` names another), loads each run's final policy and evaluates it
 greedily on ``--instances`` fresh instances per task, the same for every run, drawn from the
 held-out seed range with a salt of their own, the runs' own held-out instances left out. Nothing is
 written to the warehouse. It prints:
@@ -79,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default="outcome,outcome_kl_apart", help="A,B: run names; B is tested against A")
     parser.add_argument("--block", default="sparse", help="the runs' block (dense or sparse)")
     parser.add_argument("--sft", default=None, help="the SFT policy the runs started from (default: the newest)")
+    parser.add_argument(
+        "--model-tag",
+        default=None,
+        help="the runs' reward-model tag as the report names it ('flywheel r1', 'model <id>'; default: today's models)",
+    )
     parser.add_argument("--tasks", default=None, help="comma-separated tasks (default: every task of the block)")
     parser.add_argument("--instances", type=int, default=200, help="fresh instances per task")
     parser.add_argument("--salt", default="fresh-instances", help="which fresh instances (a seed stream's name)")
@@ -91,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     from training.policy.episodes import evaluate_policy
     from training.policy.learned import PolicyModel
     from training.policy.store import PolicyNotFoundError, latest_policy, warm_policy_cache
-    from training.policy.task_blocks import DENSE_BLOCK
+    from training.rl.evaluation import reported_runs
     from training.rl.runs import RUN_VARIANTS
     from warehouse.catalog import Warehouse
 
@@ -106,23 +113,29 @@ def main(argv: list[str] | None = None) -> int:
     except PolicyNotFoundError as exc:
         print(f"fresh_instances: {exc}", file=sys.stderr)
         return 2
+    reported, _ = reported_runs(warehouse, sft)  # the runs the report reads: the newest per seed and row
     runs = []
     for label in labels:
         source, estimator = RUN_VARIANTS[label]
-        found = warehouse.query(
-            "SELECT policy_id, rl_seed, checkpoint_path, tasks, parameters FROM policies WHERE kind = 'rl' "
-            "AND parent_policy_id = ? AND reward_source = ? AND estimator = ? ORDER BY created_at",
-            [sft, source, estimator],
-        ).to_pylist()
-        newest = {
-            r["rl_seed"]: r
-            for r in found
-            if (json.loads(r["parameters"] or "{}").get("block") or DENSE_BLOCK) == args.block  # older runs: dense
-        }
-        if not newest:
-            print(f"no {args.block} runs of {label} from {sft} in {home}", file=sys.stderr)
+        mine = [
+            r
+            for r in reported
+            if (r["reward_source"], r["estimator"], r["block"], r["reward_model_tag"])
+            == (source, estimator, args.block, args.model_tag)
+        ]
+        if not mine:
+            tag = f" with reward-model tag {args.model_tag!r}" if args.model_tag else ""
+            print(f"no {args.block} runs of {label}{tag} from {sft} in {home}", file=sys.stderr)
             return 2
-        runs += [(label, seed, r) for seed, r in sorted(newest.items())]
+        if len({r["orm_rule"] for r in mine}) > 1:
+            print(f"{label}: runs of several ORM rules; not one row", file=sys.stderr)
+            return 2
+        stored = warehouse.query(
+            "SELECT policy_id, checkpoint_path, tasks FROM policies WHERE list_contains(?, policy_id)",
+            [[r["policy_id"] for r in mine]],
+        ).to_pylist()
+        by_id = {r["policy_id"]: r for r in stored}
+        runs += [(label, r["rl_seed"], by_id[r["policy_id"]]) for r in sorted(mine, key=lambda r: r["rl_seed"])]
     catalog = load_catalog()
     task_ids = args.tasks.split(",") if args.tasks else sorted({t for _, _, r in runs for t in r["tasks"]})
     evaluated = warehouse.query(  # the instances the runs were evaluated on, whatever their number

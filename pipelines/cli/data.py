@@ -215,7 +215,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
     if args.section and args.section not in SECTIONS:
         print(f"stepwise figures: unknown section {args.section!r}; choose from {list(SECTIONS)}", file=sys.stderr)
         return 2
-    return 0 if print_figures(Warehouse(), args.section) else 1
+    return 0 if print_figures(Warehouse(), args.section, sft_policy_id=args.sft) else 1
 
 
 def add_commands(sub: Any) -> None:
@@ -291,6 +291,7 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_specs_validate)
     p = sub.add_parser("figures", help="the README's tables, printed from the warehouse as markdown")
     p.add_argument("--section", default=None, help="one section (demonstrations, label quality, ...)")
+    p.add_argument("--sft", default=None, help="the RL section for the runs from this SFT policy (default: the newest)")
     p.set_defaults(func=cmd_figures)
     p = sub.add_parser("lineage", help="where an episode came from, down to the raw files")
     p.add_argument("episode_id")

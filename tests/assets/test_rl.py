@@ -96,6 +96,9 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
         assert checks == {"every_iteration_recorded": True}
     report = materialize([rl_report], resources=resources, instance=instance)
     assert report.success
+    named = {"ops": {"rl_report": {"config": {"sft_policy_id": "sft-0123456789"}}}}  # another SFT policy's runs
+    missing = materialize([rl_report], resources=resources, instance=instance, run_config=named, raise_on_error=False)
+    assert not missing.success
     table = report.asset_materializations_for_node("rl_report")[0].metadata["table_one"].value
     for actor in ("SFT", *RUNS):
         assert f"| {actor} |" in table

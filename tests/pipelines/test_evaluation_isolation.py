@@ -121,7 +121,7 @@ def test_no_evaluation_episode_reaches_a_training_table(mixed_home):
 
 
 def test_figures_print_the_sections_whose_stages_ran(mixed_home, capsys):
-    from pipelines.figures import print_figures
+    from pipelines.figures import RL_SECTION, print_figures
 
     wh, _ = mixed_home
     assert print_figures(wh, "demonstrations") == 1
@@ -130,3 +130,5 @@ def test_figures_print_the_sections_whose_stages_ran(mixed_home, capsys):
     assert "| rollout | guidance_evaluation |" in out
     print_figures(wh, "reward models on agent episodes")  # no report yet: said, not raised
     assert "_(nothing yet)_" in capsys.readouterr().out
+    assert print_figures(wh, RL_SECTION, sft_policy_id="sft-0123456789") == 0  # the RL section of a named policy
+    assert "not available: no policy sft-0123456789 in the warehouse" in capsys.readouterr().out

@@ -22,7 +22,13 @@ from training.policy.episodes import (
 )
 from training.policy.evaluation import per_task_rows, sample_seeds
 from training.policy.learned import PolicyModel
-from training.policy.store import HELD_OUT_SEED_BASE, keep_policy_cache, latest_policy, warm_policy_cache
+from training.policy.store import (
+    HELD_OUT_SEED_BASE,
+    PolicyNotFoundError,
+    keep_policy_cache,
+    latest_policy,
+    warm_policy_cache,
+)
 from training.policy.task_blocks import DENSE_BLOCK, sparse_block_rule, task_blocks
 from training.rl.advice import FLYWHEEL_TAG_PREFIX, reward_advice
 from training.rl.report import (
@@ -90,29 +96,13 @@ def run_agent_evaluation(
 def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> dict[str, Any]:
     """ProgRM Table 1 from the held-out evaluations of the SFT policy and the RL runs from it."""
     sft = latest_policy(warehouse, "sft", sft_policy_id)
-    runs = warehouse.query(
-        "SELECT policy_id, reward_source, estimator, rl_seed, env_steps, "
-        "json_extract_string(parameters, '$.reward_model') AS reward_model, "
-        "json_extract_string(parameters, '$.reward_model_id') AS pinned, "
-        "json_extract_string(parameters, '$.orm_rule') AS orm_rule, "
-        "coalesce(json_extract_string(parameters, '$.block'), ?) AS block FROM policies "
-        "WHERE kind = 'rl' AND parent_policy_id = ? ORDER BY created_at",
-        [DENSE_BLOCK, sft["policy_id"]],
-    ).to_pylist()
-    tags = reward_model_tags(warehouse)
-    latest: dict[tuple[str, str, int, str, str | None, str | None], dict] = {}
-    key_tags: dict[str, str | None] = {}
-    for r in runs:
-        run_key = run_key_of_policy(r["policy_id"], sft["policy_id"])
-        model = r.pop("reward_model") or run_reward_model(warehouse, run_key) or ""
-        pinned = r.pop("pinned")  # a pin to a model no flywheel round trained is still a run of its own
-        r["run_key"] = run_key
-        r["reward_model_tag"] = key_tags[run_key] = tags.get(model) or (f"model {pinned}" if pinned else None)
-        key = (r["reward_source"], r["estimator"], r["rl_seed"], r["block"], r["reward_model_tag"], r["orm_rule"])
-        latest[key] = r
-    by_policy = held_out_episodes(warehouse, [sft["policy_id"], *(r["policy_id"] for r in latest.values())])
-    report = table_one(sft["policy_id"], list(latest.values()), by_policy, task_blocks(sft))
+    if sft["kind"] != "sft":
+        raise PolicyNotFoundError(f"{sft['policy_id']} is an {sft['kind']} policy; the report starts from an SFT one")
+    runs, key_tags = reported_runs(warehouse, sft["policy_id"])
+    by_policy = held_out_episodes(warehouse, [sft["policy_id"], *(r["policy_id"] for r in runs)])
+    report = table_one(sft["policy_id"], runs, by_policy, task_blocks(sft))
     training = _training_episodes(warehouse, sft["policy_id"])
+    tags = reward_model_tags(warehouse)
     for key in {e["run_key"] for e in training} - set(key_tags):  # runs not registered yet
         key_tags[key] = tags.get(run_reward_model(warehouse, key) or "")
     for e in training:
@@ -121,10 +111,37 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     report["reward_by_ending"] = reward_by_ending(training)
     report["exploits"] = exploits_by_actor(training)
     report["sparse_rule"] = sparse_block_rule(sft)
-    report["curves"] = _report_curves(warehouse, list(latest.values()))
+    report["curves"] = _report_curves(warehouse, runs)
     report["hacking_alarms"] = reward_hacking_alarms(report)
     report["advice"] = reward_advice(report)
     return report
+
+
+def reported_runs(warehouse: Warehouse, sft_policy_id: str) -> tuple[list[dict], dict[str, str | None]]:
+    """The RL runs Table 1 reports from an SFT policy: per reward source, estimator, RL seed, block,
+    reward-model tag (``flywheel r<n>``, ``model <id>`` for a pinned one, None for today's models)
+    and ORM rule, the newest run; and every registered run's tag by run key."""
+    runs = warehouse.query(
+        "SELECT policy_id, reward_source, estimator, rl_seed, env_steps, "
+        "json_extract_string(parameters, '$.reward_model') AS reward_model, "
+        "json_extract_string(parameters, '$.reward_model_id') AS pinned, "
+        "json_extract_string(parameters, '$.orm_rule') AS orm_rule, "
+        "coalesce(json_extract_string(parameters, '$.block'), ?) AS block FROM policies "
+        "WHERE kind = 'rl' AND parent_policy_id = ? ORDER BY created_at",
+        [DENSE_BLOCK, sft_policy_id],
+    ).to_pylist()
+    tags = reward_model_tags(warehouse)
+    latest: dict[tuple[str, str, int, str, str | None, str | None], dict] = {}
+    key_tags: dict[str, str | None] = {}
+    for r in runs:
+        run_key = run_key_of_policy(r["policy_id"], sft_policy_id)
+        model = r.pop("reward_model") or run_reward_model(warehouse, run_key) or ""
+        pinned = r.pop("pinned")  # a pin to a model no flywheel round trained is still a run of its own
+        r["run_key"] = run_key
+        r["reward_model_tag"] = key_tags[run_key] = tags.get(model) or (f"model {pinned}" if pinned else None)
+        key = (r["reward_source"], r["estimator"], r["rl_seed"], r["block"], r["reward_model_tag"], r["orm_rule"])
+        latest[key] = r
+    return list(latest.values()), key_tags
 
 
 def held_out_episodes(warehouse: Warehouse, policy_ids: Sequence[str]) -> dict[str, list[dict]]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from training.policy.evaluation import sample_seeds
 from training.policy.store import HELD_OUT_SEED_BASE
 from training.rl.task_breakdown import success_spread
@@ -62,3 +64,49 @@ def test_the_printout_pairs_the_runs_by_seed_and_instance_and_shows_the_spread()
     paired = next(line for line in lines if line.startswith("| b | a |"))
     assert paired.startswith("| b | a | 60 | 8 | 4 |") and paired.endswith("| 2 / 1 (1.000) |")
     assert "| b | s1 | use-spinner | 4 | 1 | Select 2 with the spinner and hit Submit. (100%) |" in lines
+
+
+def test_the_script_reads_the_runs_the_report_reads(tmp_path):
+    """``reported_runs``: per source, estimator, seed, block and reward-model tag the newest run; a
+    run without a block is dense; a run pinned to a model is a row of its own, not a newer run of
+    today's models (the script used to take the newest run of a seed whatever its model)."""
+    import json
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+
+    from training.policy.store import PolicyNotFoundError
+    from training.rl.evaluation import reported_runs, run_rl_report
+    from warehouse.catalog import Materialization, Warehouse
+    from warehouse.tables_rl import POLICIES
+
+    def run(key: str, minute: int, **parameters: str) -> dict:
+        return {
+            "policy_id": f"rl-{key}-sft-1",
+            "kind": "rl",
+            "parent_policy_id": "sft-1",
+            "reward_source": "outcome",
+            "estimator": "reinforce_pp",
+            "rl_seed": 0,
+            "parameters": json.dumps(parameters),
+            "checkpoint_path": f"models/policies/{key}",
+            "created_at": datetime(2026, 12, 1, 12, minute, tzinfo=UTC),
+        }
+
+    rows = [
+        run("old", 1, block="sparse"),
+        run("new", 2, block="sparse"),
+        run("pinned", 3, block="sparse", reward_model_id="rm-7"),
+        run("dense", 4),
+    ]
+    warehouse = Warehouse(tmp_path / "home")
+    m = Materialization(asset="rl_run")
+    base = dict.fromkeys(POLICIES.names)
+    table = pa.Table.from_pylist([base | r for r in rows], schema=POLICIES)
+    warehouse.publish(m, [warehouse.stage_table("policies", "rl", table, m)])
+    runs, tags = reported_runs(warehouse, "sft-1")
+    chosen = {(r["run_key"], r["block"], r["reward_model_tag"]) for r in runs}
+    assert chosen == {("new", "sparse", None), ("pinned", "sparse", "model rm-7"), ("dense", "dense", None)}
+    assert tags == {"old": None, "new": None, "pinned": "model rm-7", "dense": None}
+    with pytest.raises(PolicyNotFoundError, match="rl-new-sft-1 is an rl policy; the report starts from an SFT one"):
+        run_rl_report(warehouse, sft_policy_id="rl-new-sft-1")

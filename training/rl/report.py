@@ -109,7 +109,7 @@ def learning_curves_by_actor(curves: Sequence[Mapping[str, Any]], path: Path) ->
 
 
 #: The sources whose reward is dense (per step), against the outcome's one signal at the end.
-DENSE_SOURCES: tuple[str, ...] = (*PROGRESS_KINDS, "prm", "guidnav", "admire")
+DENSE_SOURCES: tuple[str, ...] = (*PROGRESS_KINDS, "prm", "guidnav", "admire", "milestones")
 
 
 def run_label(run: Mapping[str, Any]) -> str:

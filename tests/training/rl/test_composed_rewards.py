@@ -16,6 +16,7 @@ from training.rl.rewards.composed import (
     Composition,
     decayed_weight,
     episode_potentials,
+    model_step_scores,
     parse_composition,
     shaping_rewards,
     shuffled_step_scores,
@@ -117,7 +118,8 @@ def test_shaped_progress_pays_the_outcome_and_moves_credit_between_steps(trained
     scorer = LocalScorer(trained_progrm)
     rollouts = [_rollout("success"), _rollout("stopped", 2, "e2"), _rollout("wrong_user", 1, "e1")]
     gamma = 0.9
-    source = ComposedReward(Composition("progrm_env", "shaped"), ProgressReward(scorer), scorer, gamma=gamma)
+    scores = model_step_scores(scorer)
+    source = ComposedReward(Composition("progrm_env", "shaped"), ProgressReward(scorer), scores, gamma=gamma)
     batch = source.rewards(rollouts, iteration=3)
     outcome = OutcomeReward().rewards(rollouts, 3).rewards
     scores = scorer.score([text_trajectory(r.record) for r in rollouts])
@@ -133,7 +135,8 @@ def test_decayed_prm_adds_its_judgement_with_a_weight_that_fades(trained_prm):
     scorer = LocalScorer(trained_prm)
     rollouts = [_rollout("success"), _rollout("wrong_user", 1, "e1")]
     judge = StepJudgeReward(scorer, kind="prm")
-    source = ComposedReward(Composition("prm", "decay"), judge, scorer, gamma=0.9, weight=0.3, rate=0.5)
+    scores = model_step_scores(scorer)
+    source = ComposedReward(Composition("prm", "decay"), judge, scores, gamma=0.9, weight=0.3, rate=0.5)
     outcome = OutcomeReward().rewards(rollouts, 0).rewards
     dense = judge.rewards(rollouts, 0).rewards
     for iteration in (0, 2):
@@ -163,7 +166,8 @@ def test_shuffled_shaping_still_pays_only_the_outcome_and_is_the_same_when_score
     scorer = LocalScorer(trained_progrm)
     rollouts = [_rollout("success"), _rollout("stopped", 2, "e2"), _rollout("wrong_user", 1, "e1")]
     gamma = 0.9
-    source = ComposedReward(Composition("progrm_env", "shuffled"), ProgressReward(scorer), scorer, gamma=gamma)
+    step_scores = model_step_scores(scorer)
+    source = ComposedReward(Composition("progrm_env", "shuffled"), ProgressReward(scorer), step_scores, gamma=gamma)
     batch = source.rewards(rollouts, iteration=3)
     outcome = OutcomeReward().rewards(rollouts, 3).rewards
     for shuffled, plain in zip(batch.rewards, outcome, strict=True):
@@ -184,7 +188,7 @@ def test_shuffled_shaping_still_pays_only_the_outcome_and_is_the_same_when_score
     def same(a, b):
         return all(np.allclose(x, y) for x, y in zip(a.rewards, b.rewards, strict=True))
 
-    shaped = ComposedReward(Composition("progrm_env", "shaped"), ProgressReward(scorer), scorer, gamma=gamma)
+    shaped = ComposedReward(Composition("progrm_env", "shaped"), ProgressReward(scorer), step_scores, gamma=gamma)
     # not the shaped form under another name: over a few iterations some permutation moves a potential
     assert not all(same(source.rewards(rollouts, i), shaped.rewards(rollouts, i)) for i in range(6))
     assert not all(same(source.rewards(rollouts, i), batch) for i in range(4, 10))  # the iteration reseeds it

@@ -17,8 +17,11 @@ from training.rl.rewards.composed import (
     DECAY_WEIGHT,
     ComposedReward,
     Composition,
+    StepScores,
+    model_step_scores,
     parse_composition,
 )
+from training.rl.rewards.milestones import MilestoneReward
 from training.rl.rewards.orm import ORM_RULES, ORMReward
 from training.rl.rewards.outcome import OutcomeReward
 from training.rl.rewards.prm import StepJudgeReward
@@ -26,7 +29,16 @@ from training.rl.rewards.progrm import ProgressReward
 from warehouse.catalog import Warehouse
 
 #: Each source alone (the papers' comparison), then each learned one added to the outcome.
-SINGLE_SOURCES: tuple[str, ...] = ("outcome", "orm", "progrm_lcs", "progrm_env", "prm", "guidnav", "admire")
+SINGLE_SOURCES: tuple[str, ...] = (
+    "outcome",
+    "orm",
+    "progrm_lcs",
+    "progrm_env",
+    "prm",
+    "guidnav",
+    "admire",
+    "milestones",
+)
 REWARD_SOURCES: tuple[str, ...] = SINGLE_SOURCES + COMPOSED_SOURCES
 #: The reward model each source needs (none for outcome and ADMIRE; a composed source its part's).
 SOURCE_MODEL_KIND: dict[str, str | None] = {
@@ -37,6 +49,7 @@ SOURCE_MODEL_KIND: dict[str, str | None] = {
     "prm": "prm",
     "guidnav": "guidnav",
     "admire": None,
+    "milestones": None,
 }
 SOURCE_MODEL_KIND |= {
     Composition(source, form).name: SOURCE_MODEL_KIND[source]
@@ -104,10 +117,17 @@ def make_reward_source(
             orm_rule=orm_rule,
             model_id=model_id,
         )
-        assert isinstance(dense, ORMReward | ProgressReward | StepJudgeReward)  # the composable sources
-        return ComposedReward(composition, dense, dense.scorer, gamma=gamma, weight=dense_weight, rate=dense_decay)
+        scores: StepScores
+        if isinstance(dense, MilestoneReward):
+            scores = dense.step_scores
+        else:
+            assert isinstance(dense, ORMReward | ProgressReward | StepJudgeReward)  # the composable models
+            scores = model_step_scores(dense.scorer)
+        return ComposedReward(composition, dense, scores, gamma=gamma, weight=dense_weight, rate=dense_decay)
     if name == "outcome":
         return OutcomeReward()
+    if name == "milestones":
+        return MilestoneReward()
     if name == "admire":
         store = MilestoneStore(milestone_generator) if milestone_generator is not None else MilestoneStore()
         return AdmireReward(cache, settings=admire, store=store, outcome_every_step=outcome_every_step)

@@ -32,7 +32,7 @@ control for the first), named
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,8 +47,9 @@ from warehouse.catalog import LineageInput
 COMPOSITION_FORMS: tuple[str, ...] = ("shaped", "decay", "shuffled")
 #: Forms that are experimental controls, not rewards to train with (the advice never recommends one).
 CONTROL_FORMS: tuple[str, ...] = ("shuffled",)
-#: The learned sources that compose with the outcome (ADMIRE already adds its milestones to it).
-COMPOSABLE_SOURCES: tuple[str, ...] = ("orm", "progrm_lcs", "progrm_env", "prm", "guidnav")
+#: The sources that compose with the outcome: the learned ones and the spec's exact milestones
+#: (ADMIRE already adds its milestones to it).
+COMPOSABLE_SOURCES: tuple[str, ...] = ("orm", "progrm_lcs", "progrm_env", "prm", "guidnav", "milestones")
 #: ADMIRE App. A.1.2: the bonus's initial weight and its decay per training iteration.
 DECAY_WEIGHT = 0.3
 DECAY_RATE = 0.99
@@ -135,6 +136,22 @@ def decayed_weight(iteration: int, weight: float = DECAY_WEIGHT, rate: float = D
     return weight * rate**iteration
 
 
+#: Each episode's per-step scores of a batch (``scores[t]``: the state after action ``a_t``), what
+#: ``shaped`` makes potentials of: a reward model's (:func:`model_step_scores`) or the spec's
+#: milestone progress (``training.rl.rewards.milestones``).
+StepScores = Callable[[Sequence[Rollout]], list[np.ndarray]]
+
+
+def model_step_scores(scorer: TrajectoryScorer) -> StepScores:
+    """A reward model's step scores of a batch of rollouts (the episodes as models read them)."""
+
+    def scores(rollouts: Sequence[Rollout]) -> list[np.ndarray]:
+        scored = scorer.score([text_trajectory(r.record) for r in rollouts])
+        return [np.asarray(s.scores, dtype=np.float64) for s in scored]
+
+    return scores
+
+
 class ComposedReward:
     """The outcome plus a learned source, shaped or with a decaying weight (module docstring)."""
 
@@ -142,13 +159,13 @@ class ComposedReward:
         self,
         composition: Composition,
         dense: RewardSource,
-        scorer: TrajectoryScorer,
+        step_scores: StepScores,
         *,
         gamma: float,
         weight: float = DECAY_WEIGHT,
         rate: float = DECAY_RATE,
     ) -> None:
-        self.composition, self.dense, self.scorer = composition, dense, scorer
+        self.composition, self.dense, self.step_scores = composition, dense, step_scores
         self.gamma, self.weight, self.rate = gamma, weight, rate
         self.name = composition.name
         self.outcome = OutcomeReward()
@@ -156,8 +173,7 @@ class ComposedReward:
     def rewards(self, rollouts: Sequence[Rollout], iteration: int) -> RewardBatch:
         base = self.outcome.rewards(rollouts, iteration)
         if self.composition.form in ("shaped", "shuffled"):
-            scored = self.scorer.score([text_trajectory(r.record) for r in rollouts])
-            scores = [np.asarray(s.scores, dtype=np.float64) for s in scored]
+            scores = self.step_scores(rollouts)
             details = {"shaping_weight": 1.0, "mean_final_potential": _mean([s[-1] for s in scores if s.size])}
             if self.composition.form == "shuffled":
                 scores = shuffled_step_scores(scores, _batch_seed(rollouts, iteration))

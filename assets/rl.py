@@ -109,11 +109,13 @@ class RLRunConfig(Config):
     )
     # false: each run draws its own samples (rl-5's keying), only to measure what common random numbers buy
     common_sampling: bool = Field(default=True, description="every source samples one stream per RL seed and iteration")
+    sft_policy_id: str | None = Field(default=None, description="start from this SFT policy (default: the newest)")
     workers: int = 2
 
 
 class AgentEvaluationConfig(Config):
     held_out_seeds: int = Field(default=25, description="greedy episodes per task on held-out seeds")
+    sft_policy_id: str | None = Field(default=None, description="the run from this SFT policy (default: the newest)")
     workers: int = 2
 
 
@@ -143,7 +145,7 @@ def _run_keys(context: AssetExecutionContext) -> tuple[str, str]:
 
 def _settings(context: AssetExecutionContext, config: RLRunConfig):
     run, seed = _run_keys(context)
-    overrides = config.model_dump(exclude={"epochs"}) | {"epochs": config.epochs}
+    overrides = config.model_dump(exclude={"epochs", "sft_policy_id"}) | {"epochs": config.epochs}
     try:
         return rl_settings_for(run, seed, **overrides)
     except ValueError as exc:
@@ -198,6 +200,7 @@ def rl_run(
             settings,
             lambda workers: env_pool.pool("miniwob", workers, log=context.log.warning),
             run_id=context.run_id,
+            sft_policy_id=config.sft_policy_id,
             log=context.log.info,
         )
     except (PolicyStageError, PolicyNotFoundError, ValueError) as exc:
@@ -226,7 +229,7 @@ def agent_evaluation(
     run, seed = _run_keys(context)
     wh = warehouse.get()
     try:
-        policy = latest_rl_policy(wh, run, seed)
+        policy = latest_rl_policy(wh, run, seed, config.sft_policy_id)
         result = run_agent_evaluation(
             wh,
             policy["policy_id"],

@@ -254,10 +254,19 @@ def _rl_arguments(args: argparse.Namespace) -> tuple[list[str], list[str], dict[
         return None
     if (pinned := _pins(args, runs)) is None:
         return None
-    if args.sft_seed is not None and (args.reuse_sft or args.sft_seed < 0):
-        refusal = "--sft-seed (>= 0) trains a new SFT policy; --reuse-sft keeps the newest one"
+    if args.sft_seed is not None and (args.reuse_sft or args.sft or args.sft_seed < 0):
+        refusal = "--sft-seed (>= 0) trains a new SFT policy; --reuse-sft keeps the newest one, --sft names one"
         print(f"stepwise rl: {refusal}", file=sys.stderr)
         return None
+    if args.sft:
+        from training.policy.store import PolicyNotFoundError, latest_sft_policy
+        from warehouse.catalog import Warehouse
+
+        try:
+            latest_sft_policy(Warehouse(), args.sft)
+        except PolicyNotFoundError as exc:
+            print(f"stepwise rl: --sft: {exc}", file=sys.stderr)
+            return None
     return runs, seed_keys, pinned
 
 
@@ -289,6 +298,8 @@ def cmd_rl(args: argparse.Namespace) -> int:
     sft_config |= {"sft_seed": args.sft_seed} if args.sft_seed is not None else {}
     run_config = reduced["run"] | ({"iterations": args.iterations} if args.iterations else {})
     run_config |= {"common_sampling": False} if args.per_run_sampling else {}
+    named_sft = {"sft_policy_id": args.sft} if args.sft else {}  # runs from an SFT policy other than the newest
+    run_config |= named_sft
     # the block is in the partition: s0 (dense) or sparse-s0
     partition_seeds = [seed_key(args.block, int(k[1:])) for k in seed_keys]
     quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
@@ -313,7 +324,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
             checks += run.get_asset_check_evaluations()
             if not run.success:
                 return summary("rl", started, outcomes)
-        if not args.reuse_sft:
+        if not args.reuse_sft and not args.sft:
             run = defs.resolve_job_def("policy_sft_job").execute_in_process(
                 instance=instance,
                 raise_on_error=False,
@@ -335,7 +346,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
                     | {
                         "ops": {
                             "rl_run": {"config": run_config | ({"reward_model_id": pinned[variant]} if pinned else {})},
-                            "agent_evaluation": {"config": reduced["evaluation"]},
+                            "agent_evaluation": {"config": reduced["evaluation"] | named_sft},
                         }
                     },
                 )
@@ -344,13 +355,13 @@ def cmd_rl(args: argparse.Namespace) -> int:
                 outcomes.append((label, run.success))
                 checks += run.get_asset_check_evaluations()
         report = defs.resolve_job_def("rl_report_job").execute_in_process(
-            instance=instance, raise_on_error=False, run_config=quiet
+            instance=instance, raise_on_error=False, run_config=quiet | {"ops": {"rl_report": {"config": named_sft}}}
         )
         outcomes.append(("rl_report", report.success))
         print_checks([*checks, *report.get_asset_check_evaluations()])
     if report.success:
         print()
-        print(report_markdown(run_rl_report(warehouse)))
+        print(report_markdown(run_rl_report(warehouse, sft_policy_id=args.sft)))
         print(f"\n   plots: {warehouse.home / 'plots' / 'rl'}; SQL: SELECT * FROM agent_eval / rl_iterations")
     return summary("rl", started, outcomes)
 
@@ -609,6 +620,12 @@ def _add_rl(sub: Any) -> None:
     )
     p.add_argument("--reduced", action="store_true", help="a small experiment (what CI runs end to end)")
     p.add_argument("--reuse-sft", action="store_true", help="keep the newest SFT policy instead of training one")
+    p.add_argument(
+        "--sft",
+        default="",
+        help="start the runs from this SFT policy (a policies.policy_id) instead of the newest; nothing is trained "
+        "before them, and the report is that policy's",
+    )
     p.add_argument(
         "--sft-seed",
         dest="sft_seed",

@@ -136,6 +136,8 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
         (["--runs", "progrm_kl_apart"], "with _kl_apart for REINFORCE++ with its KL penalty kept out"),
         (["--reuse-sft", "--sft-seed", "1"], "--sft-seed (>= 0) trains a new SFT policy; --reuse-sft keeps"),
         (["--sft-seed", "-1"], "--sft-seed (>= 0) trains a new SFT policy"),
+        (["--sft", "sft-0123456789", "--sft-seed", "1"], "--sft names one"),
+        (["--sft", "sft-0123456789", "--runs", "outcome"], "--sft: no policy sft-0123456789 in the warehouse"),
         (["--runs", "progrm"], "or a composed reward outcome+<source>:<form>"),
     ):
         code, _, stderr = run_in_process(capsys, "rl", *args)

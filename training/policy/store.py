@@ -84,6 +84,15 @@ def latest_policy(
     return row
 
 
+def latest_sft_policy(warehouse: Warehouse, policy_id: str | None = None) -> dict:
+    """The newest SFT policy, or the one named, which must be an SFT policy (an RL policy's id names
+    no task blocks to start runs from or report on)."""
+    row = latest_policy(warehouse, "sft", policy_id)
+    if row["kind"] != "sft":
+        raise PolicyNotFoundError(f"{row['policy_id']} is an {row['kind']} policy, not an SFT policy")
+    return row
+
+
 def imitation_trajectories(warehouse: Warehouse, task_id: str, limit: int) -> Iterator[Trajectory]:
     """What SFT imitates for a task: up to ``limit`` successful episodes of an expert purpose
     (human demonstrations, the rollouts asset's scripted and noisy experts), never an evaluation

@@ -24,9 +24,9 @@ from training.policy.evaluation import per_task_rows, sample_seeds
 from training.policy.learned import PolicyModel
 from training.policy.store import (
     HELD_OUT_SEED_BASE,
-    PolicyNotFoundError,
     keep_policy_cache,
     latest_policy,
+    latest_sft_policy,
     warm_policy_cache,
 )
 from training.policy.task_blocks import DENSE_BLOCK, sparse_block_rule, task_blocks
@@ -95,9 +95,7 @@ def run_agent_evaluation(
 
 def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> dict[str, Any]:
     """ProgRM Table 1 from the held-out evaluations of the SFT policy and the RL runs from it."""
-    sft = latest_policy(warehouse, "sft", sft_policy_id)
-    if sft["kind"] != "sft":
-        raise PolicyNotFoundError(f"{sft['policy_id']} is an {sft['kind']} policy; the report starts from an SFT one")
+    sft = latest_sft_policy(warehouse, sft_policy_id)
     runs, key_tags = reported_runs(warehouse, sft["policy_id"])
     by_policy = held_out_episodes(warehouse, [sft["policy_id"], *(r["policy_id"] for r in runs)])
     report = table_one(sft["policy_id"], runs, by_policy, task_blocks(sft))

@@ -50,6 +50,7 @@ from training.policy.store import (
     TRAIN_SEED_BASE,
     keep_policy_cache,
     latest_policy,
+    latest_sft_policy,
     warm_policy_cache,
 )
 from training.policy.task_blocks import DENSE_BLOCK, SPARSE_BLOCK, TASK_BLOCKS, task_blocks
@@ -369,7 +370,7 @@ def run_rl(
 
 def _prepare_rl_run(warehouse: Warehouse, settings: RLSettings, sft_policy_id: str | None, log: Log) -> _RLRun:
     """Load the SFT policy, its tasks, the reward source and the learner (a missing model fails here)."""
-    sft = latest_policy(warehouse, "sft", sft_policy_id)
+    sft = latest_sft_policy(warehouse, sft_policy_id)
     tasks = catalog_tasks(task_blocks(sft)[settings.block])
     if not tasks:
         raise RLStageError(f"the SFT policy {sft['policy_id']} chose no tasks for RL in the {settings.block} block")
@@ -543,7 +544,7 @@ def latest_rl_policy(warehouse: Warehouse, variant: str, partition_seed: str, sf
     current SFT policy, whatever its other settings."""
     source, estimator = RUN_VARIANTS[variant]
     block, rl_seed = split_seed_key(partition_seed)
-    sft = latest_policy(warehouse, "sft", sft_policy_id)
+    sft = latest_sft_policy(warehouse, sft_policy_id)
     rows = warehouse.query(
         "SELECT policy_id FROM policies WHERE kind = 'rl' AND reward_source = ? AND estimator = ? AND rl_seed = ? "
         "AND parent_policy_id = ? AND coalesce(json_extract_string(parameters, '$.block'), ?) = ? "

@@ -108,5 +108,5 @@ def test_the_script_reads_the_runs_the_report_reads(tmp_path):
     chosen = {(r["run_key"], r["block"], r["reward_model_tag"]) for r in runs}
     assert chosen == {("new", "sparse", None), ("pinned", "sparse", "model rm-7"), ("dense", "dense", None)}
     assert tags == {"old": None, "new": None, "pinned": "model rm-7", "dense": None}
-    with pytest.raises(PolicyNotFoundError, match="rl-new-sft-1 is an rl policy; the report starts from an SFT one"):
+    with pytest.raises(PolicyNotFoundError, match="rl-new-sft-1 is an rl policy, not an SFT policy"):
         run_rl_report(warehouse, sft_policy_id="rl-new-sft-1")

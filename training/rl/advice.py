@@ -58,6 +58,10 @@ FLYWHEEL_TAG_PREFIX = "flywheel r"
 #: ``outcome+<source>:<form>``: ADMIRE adds its milestone reward to the outcome (Alg. 1).
 OUTCOME_PAYING_SOURCES: frozenset[str] = frozenset({"outcome", "admire"})
 
+#: Sources that read each task's spec (its milestones, checked by the environment) instead of a model:
+#: a user without an exact outcome can use one only where someone wrote the task's milestones.
+SPEC_SOURCES: frozenset[str] = frozenset({"milestones"})
+
 BETTER, WORSE, WITHIN_MARGIN, UNRESOLVED, NO_DIFFERENCE, NOT_RUN = (
     "better",
     "worse",
@@ -241,6 +245,8 @@ def _recommend(
     if learned_beat_sft:
         best = max(learned_beat_sft, key=_by_success)
         why = "beat SFT without the outcome, alarm silent" + _estimator_note(best, against_outcome=False)
+        if best["reward_source"] in SPEC_SOURCES:
+            why += "; it pays each task's milestones as its spec defines them, checked by the environment"
         if (best.get("reward_model_tag") or "").startswith(FLYWHEEL_TAG_PREFIX):
             why += (
                 "; its model was retrained on the agent's episodes labelled with success (here by the "

@@ -128,6 +128,20 @@ def test_with_the_outcome_the_outcome_unless_a_reward_beat_it_and_without_it_the
     assert {r["actor"]: r for r in block["rows"]}["outcome+prm:decay"]["versus_outcome"]["judgement"] == WITHIN_MARGIN
 
 
+def test_the_specs_milestones_without_the_outcome_say_they_need_a_spec():
+    report = {
+        "rows": [_row("SFT", None, 0.50), _row("outcome", "outcome", 0.70), _row("milestones", "milestones", 0.64)],
+        "comparisons": [
+            _cmp("outcome", "SFT", 0.20, 0.15, 0.25, 1e-6),
+            _cmp("milestones", "SFT", 0.14, 0.08, 0.20, 1e-5),
+            _cmp("milestones", "outcome", -0.06, -0.10, -0.02, 1e-3),
+        ],
+    }
+    (block,) = reward_advice(report)
+    assert block["without_outcome"]["actor"] == "milestones" and not uses_exact_outcome("milestones")
+    assert block["without_outcome"]["why"].endswith("its spec defines them, checked by the environment")
+
+
 def test_no_outcome_run_and_no_learned_reward_that_beat_sft_say_so():
     report = {
         "rows": [_row("SFT", None, 0.5), _row("orm", "orm", 0.45), _row("SFT [sparse]", None, 0.0, block="sparse")],

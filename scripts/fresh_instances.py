@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from envs.task_catalog import load_catalog
     from training.policy.episodes import evaluate_policy
     from training.policy.learned import PolicyModel
-    from training.policy.store import PolicyNotFoundError, latest_policy, warm_policy_cache
+    from training.policy.store import PolicyNotFoundError, latest_sft_policy, warm_policy_cache
     from training.rl.evaluation import reported_runs
     from training.rl.runs import RUN_VARIANTS
     from warehouse.catalog import Warehouse
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     warehouse = Warehouse()
     home = warehouse.home
     try:
-        sft = latest_policy(warehouse, "sft", args.sft)["policy_id"]
+        sft = latest_sft_policy(warehouse, args.sft)["policy_id"]
     except PolicyNotFoundError as exc:
         print(f"fresh_instances: {exc}", file=sys.stderr)
         return 2

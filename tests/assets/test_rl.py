@@ -77,6 +77,9 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
     )
     assert sft.success
     assert all(e.passed for e in sft.get_asset_check_evaluations())
+    # runs named to their SFT policy (here the newest anyway): how `stepwise rl --sft` adds to an older one
+    (named,) = Warehouse(home).query("SELECT policy_id FROM policies WHERE kind = 'sft'").to_pylist()
+    from_sft = {"sft_policy_id": named["policy_id"]}
     for run in RUNS:
         partition = MultiPartitionKey({"run": run, "seed": "s0"})
         result = materialize(
@@ -86,8 +89,8 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
             instance=instance,
             run_config={
                 "ops": {
-                    "rl_run": {"config": {"iterations": 2, "instances_per_task": 2, "group_size": 2}},
-                    "agent_evaluation": {"config": {"held_out_seeds": 4}},
+                    "rl_run": {"config": {"iterations": 2, "instances_per_task": 2, "group_size": 2} | from_sft},
+                    "agent_evaluation": {"config": {"held_out_seeds": 4} | from_sft},
                 }
             },
         )

@@ -215,7 +215,20 @@ def cmd_figures(args: argparse.Namespace) -> int:
     if args.section and args.section not in SECTIONS:
         print(f"stepwise figures: unknown section {args.section!r}; choose from {list(SECTIONS)}", file=sys.stderr)
         return 2
-    return 0 if print_figures(Warehouse(), args.section, sft_policy_id=args.sft) else 1
+    warehouse = Warehouse()
+    if args.sft:
+        from pipelines.figures import RL_SECTION
+        from training.policy.store import PolicyNotFoundError, latest_sft_policy
+
+        if args.section and args.section != RL_SECTION:
+            print(f"stepwise figures: --sft chooses the {RL_SECTION!r} section's runs", file=sys.stderr)
+            return 2
+        try:
+            latest_sft_policy(warehouse, args.sft)
+        except PolicyNotFoundError as exc:
+            print(f"stepwise figures: --sft: {exc}", file=sys.stderr)
+            return 2
+    return 0 if print_figures(warehouse, args.section, sft_policy_id=args.sft) else 1
 
 
 def add_commands(sub: Any) -> None:

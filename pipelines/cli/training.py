@@ -183,8 +183,8 @@ def _reward_model_pins(model_id: str, runs: list[str]) -> dict[str, str] | None:
 
 
 LLM_PIN_REFUSAL = (
-    "--reward-model and --flywheel-round pin the learned policy's runs; the LLM agent trains against the "
-    "newest model of its source's kind"
+    "--reward-model, --flywheel-round and --sft pin the learned policy's runs; the LLM agent trains against the "
+    "newest model of its source's kind, from its own SFT"
 )
 
 
@@ -258,16 +258,28 @@ def _rl_arguments(args: argparse.Namespace) -> tuple[list[str], list[str], dict[
         refusal = "--sft-seed (>= 0) trains a new SFT policy; --reuse-sft keeps the newest one, --sft names one"
         print(f"stepwise rl: {refusal}", file=sys.stderr)
         return None
-    if args.sft:
-        from training.policy.store import PolicyNotFoundError, latest_sft_policy
-        from warehouse.catalog import Warehouse
-
-        try:
-            latest_sft_policy(Warehouse(), args.sft)
-        except PolicyNotFoundError as exc:
-            print(f"stepwise rl: --sft: {exc}", file=sys.stderr)
-            return None
+    if args.sft and (named_refusal := _named_sft_refusal(args)):
+        print(f"stepwise rl: --sft: {named_refusal}", file=sys.stderr)
+        return None
     return runs, seed_keys, pinned
+
+
+def _named_sft_refusal(args: argparse.Namespace) -> str | None:
+    """Why ``--sft`` cannot start these runs (None: it can): what would train a new SFT policy is
+    ignored with it, and the named policy must be an SFT policy with tasks in the block."""
+    from training.policy.store import PolicyNotFoundError, latest_sft_policy
+    from training.policy.task_blocks import task_blocks
+    from warehouse.catalog import Warehouse
+
+    if args.tasks:
+        return "--tasks chooses a new SFT policy's candidate tasks; the named one has chosen its own"
+    try:
+        sft = latest_sft_policy(Warehouse(), args.sft)
+    except PolicyNotFoundError as exc:
+        return str(exc)
+    if not task_blocks(sft).get(args.block):
+        return f"{args.sft} chose no tasks for its {args.block} block"
+    return None
 
 
 def cmd_rl(args: argparse.Namespace) -> int:
@@ -275,7 +287,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
     one run per reward source and seed with its held-out evaluation, then ProgRM Table 1. With
     ``--policy llm``: the LLM agent instead (:func:`cmd_rl_llm`)."""
     if args.policy == "llm":
-        if args.reward_model or args.flywheel_round is not None:
+        if args.reward_model or args.flywheel_round is not None or args.sft:
             print(f"stepwise rl: {LLM_PIN_REFUSAL}", file=sys.stderr)
             return 2
         return cmd_rl_llm(args)

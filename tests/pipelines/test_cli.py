@@ -138,6 +138,8 @@ def test_rl_refuses_bad_seeds_and_flywheel_pins_in_one_line(home, capsys):
         (["--sft-seed", "-1"], "--sft-seed (>= 0) trains a new SFT policy"),
         (["--sft", "sft-0123456789", "--sft-seed", "1"], "--sft names one"),
         (["--sft", "sft-0123456789", "--runs", "outcome"], "--sft: no policy sft-0123456789 in the warehouse"),
+        (["--sft", "sft-0123456789", "--tasks", "use-spinner"], "--sft: --tasks chooses a new SFT policy's"),
+        (["--policy", "llm", "--sft", "sft-0123456789"], "--sft pin the learned policy's runs"),
         (["--runs", "progrm"], "or a composed reward outcome+<source>:<form>"),
     ):
         code, _, stderr = run_in_process(capsys, "rl", *args)
@@ -204,6 +206,20 @@ def test_reward_models_refuses_an_unknown_compared_model_before_training(home, c
     assert "--compare-models: no reward model 'orm-nowhere' in the models table" in err
     assert len(err.strip().splitlines()) == 1
     assert not Warehouse(home).has_table("models")  # nothing was trained
+
+
+def test_figures_refuses_an_sft_policy_it_cannot_report_in_one_line(home, capsys):
+    """``--sft`` names the RL section's SFT policy: a missing id, or another section, is exit 2 and one
+    line (a typo used to print "not available" in the RL section and exit 0)."""
+    from pipelines.cli import main
+
+    for args, message in (
+        (["--sft", "sft-0123456789"], "--sft: no policy sft-0123456789 in the warehouse"),
+        (["--sft", "sft-0123456789", "--section", "demonstrations"], "--sft chooses the 'RL (ProgRM Table 1)'"),
+    ):
+        assert main(["figures", *args]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_specs_validate_refuses_bad_arguments_before_it_opens_the_home(home, capsys):

@@ -78,7 +78,9 @@ def latest_policy(
             + (f" trained with reward {reward_source}" if reward_source else "")
             + (f" and estimator {estimator}" if reward_source and estimator else "")
         )
-        raise PolicyNotFoundError(f"no {wanted} in the warehouse: materialize policy_sft first (stepwise rl)")
+        # a named policy that is missing is more likely a typo than a stage that has not run
+        first = "" if policy_id else ": materialize policy_sft first (stepwise rl)"
+        raise PolicyNotFoundError(f"no {wanted} in the warehouse{first}")
     row = rows[0]
     row["checkpoint"] = warehouse.resolve(row["checkpoint_path"])
     return row

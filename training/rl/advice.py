@@ -222,7 +222,8 @@ def _recommend(
 ) -> dict[str, Any]:
     """The block's two recommendations from its judged rows: among the rows that qualify, the one of
     highest held-out success (a ranking by point estimate: they are not tested against each other).
-    A learned or composed row with an alarm never qualifies; the exact outcome cannot be gamed, so
+    A row with an alarm never qualifies (the KL-apart outcome's included); the exact outcome under
+    REINFORCE++ cannot be gamed, so
     its alarm (a training return rising while held-out success falls: over-fitting; or a constant
     answer, which it pays on the instances that ask for it) is only named: it is still the baseline."""
     by_actor = {r["actor"]: r for r in rows}
@@ -319,9 +320,9 @@ def advice_markdown(advice: Sequence[Mapping[str, Any]]) -> list[str]:
             f"McNemar's p Holm-adjusted over this block's {block['tests']} tests under {ADVICE_ALPHA} "
             "**and** the 95% interval over RL seeds on one side of 0; within "
             f"{100 * NON_INFERIORITY_MARGIN:.0f} points: that interval's lower bound above "
-            f"-{100 * NON_INFERIORITY_MARGIN:.0f} (not adjusted). A learned or composed reward with a "
-            "reward-hacking or constant-answer alarm is never recommended; the best qualifying row is chosen by its "
-            "point estimate:",
+            f"-{100 * NON_INFERIORITY_MARGIN:.0f} (not adjusted). A row with a reward-hacking or constant-answer "
+            "alarm is never recommended (the REINFORCE++ outcome's is named: it is the baseline); the best "
+            "qualifying row is chosen by its point estimate:",
             "",
             f"- with the exact outcome: **{with_outcome['actor'] or 'no advice'}** ({with_outcome['why']})"
             + (

@@ -32,6 +32,7 @@ from training.rl.task_breakdown import (
     constant_answer_alarms,
     constant_answer_lines,
     constant_answer_test,
+    mark_inherited_answers,
     per_seed_lines,
     per_seed_task_successes,
     per_task_lines,
@@ -189,9 +190,9 @@ def table_one(
         modes = Counter(e["failure_mode"] for e in items if e["failure_mode"])
         row["failure_modes"] = {mode: modes.get(mode, 0) for mode in FAILURE_MODES}
         row["task_successes"] = per_task_successes(items)
+        row["constant_answers"] = constant_answer_test((rl_seed_of.get(p, 0), kept[p]) for p in policy_ids)
         if run:
             row["seed_task_successes"] = per_seed_task_successes((rl_seed_of[p], kept[p]) for p in policy_ids)
-            row["constant_answers"] = constant_answer_test((rl_seed_of[p], kept[p]) for p in policy_ids)
         return row
 
     if blocks is None:
@@ -223,6 +224,7 @@ def table_one(
             if other in groups and other != label:
                 theirs = outcomes([m["policy_id"] for m in groups[other]], True)
                 comparisons.append({"actor": label, "versus": other} | paired_rows(mine, theirs))
+    mark_inherited_answers(rows)
     return {
         "sft_policy_id": sft_id,
         "families": families,

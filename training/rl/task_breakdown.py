@@ -147,7 +147,7 @@ def constant_answer_test(runs: Iterable[tuple[int, Sequence[Mapping[str, Any]]]]
     instructions: use-spinner's 25 held-out instances carry 13 targets), so over the tested runs the
     count has a Poisson-binomial law: ``expected`` its mean, ``p_value`` the chance of at least the
     count seen (:func:`warehouse.statistics.poisson_binomial_upper_tail`). ``answers``: the
-    instruction of each run on one instruction. ``alarm``: at least
+    instruction of each run on one instruction, as (RL seed key, instruction). ``alarm``: at least
     :data:`CONSTANT_ANSWER_MIN_RUNS` runs on one instruction and ``p_value`` under
     :data:`CONSTANT_ANSWER_ALPHA`. A policy that reads the instruction but solves one of its values
     only (the easiest) is flagged too: it has not learned the task either. Runs whose episodes
@@ -174,7 +174,7 @@ def constant_answer_test(runs: Iterable[tuple[int, Sequence[Mapping[str, Any]]]]
             "on_one_instruction": len(answers),
             "expected": sum(chance for _, chance, _ in seen),
             "p_value": p,
-            "answers": {f"s{seed}": answer for seed, answer in sorted(answers)},
+            "answers": [(f"s{seed}", answer) for seed, answer in sorted(answers)],  # two runs of a seed: both
             "alarm": len(answers) >= CONSTANT_ANSWER_MIN_RUNS and p < CONSTANT_ANSWER_ALPHA,
         }
     return result
@@ -187,7 +187,7 @@ def constant_answer_alarms(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[
     for row in rows:
         for task, t in (row.get("constant_answers") or {}).items():
             if t["alarm"]:
-                common = Counter(t["answers"].values()).most_common(1)[0][0]
+                common = Counter(answer for _, answer in t["answers"]).most_common(1)[0][0]
                 alarms.setdefault(row["actor"], []).append(
                     f"constant answer on {task}: in {t['on_one_instruction']} of {t['tested']} runs with 2+ held-out "
                     f"successes every success is one instruction ({t['expected']:.2f} expected by chance, "
@@ -198,8 +198,14 @@ def constant_answer_alarms(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[
 
 def constant_answer_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The constant-answer test of every row and task where some run had all its successes on one
-    instruction (:func:`constant_answer_test`), as a table; nothing where none did."""
-    found = [(r, task, t) for r in rows for task, t in (r.get("constant_answers") or {}).items() if t["answers"]]
+    instruction and that was not certain (:func:`constant_answer_test`; SFT's rows too), as a
+    table; nothing where none did."""
+    found = [
+        (r, task, t)
+        for r in rows
+        for task, t in (r.get("constant_answers") or {}).items()
+        if t["answers"] and t["p_value"] < 1.0  # 1.0: one instruction on every instance, nothing to see
+    ]
     if not found:
         return []
     lines = [
@@ -210,11 +216,32 @@ def constant_answer_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
     for r, task, t in found:
         runs_of: dict[str, list[str]] = {}
-        for seed, answer in t["answers"].items():
+        for seed, answer in t["answers"]:
             runs_of.setdefault(answer, []).append(seed)
         answers = "; ".join(f"'{answer}': {' '.join(seeds)}" for answer, seeds in runs_of.items())
+        alarm = "yes" if t["alarm"] else "no (SFT's own)" if t.get("inherited") else "no"
         lines.append(
             f"| {r['actor']} | {task} | {t['tested']} | {t['on_one_instruction']} | {t['expected']:.2f} | "
-            f"{p_value_text(t['p_value'])} | {'yes' if t['alarm'] else 'no'} | {answers} |"
+            f"{p_value_text(t['p_value'])} | {alarm} | {answers} |"
         )
     return lines
+
+
+def mark_inherited_answers(rows: Sequence[Mapping[str, Any]]) -> None:
+    """Silence the alarm of an RL row's task where its block's SFT row already answered one constant
+    there (SFT's held-out successes, two or more, all on one instruction): the runs inherited it
+    from the policy they started from, which RL did not teach. Marks such a test ``inherited``.
+    SFT rows carry their own ``constant_answers`` (one run, so never an alarm of their own)."""
+    sft_on_one = {
+        (r.get("block") or DENSE_BLOCK, task)
+        for r in rows
+        if not r.get("reward_source")
+        for task, t in (r.get("constant_answers") or {}).items()
+        if t["on_one_instruction"]
+    }
+    for r in rows:
+        if not r.get("reward_source"):
+            continue
+        for task, t in (r.get("constant_answers") or {}).items():
+            if (r.get("block") or DENSE_BLOCK, task) in sft_on_one:
+                t["inherited"], t["alarm"] = True, False

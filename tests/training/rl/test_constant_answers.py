@@ -56,7 +56,9 @@ def test_runs_that_each_solve_one_target_raise_the_alarm_and_readers_do_not():
     fixed = constant_answer_test((s, button) for s in range(3))  # one instruction everywhere: sharing says nothing
     t = constant["use-spinner"]
     assert (t["tested"], t["on_one_instruction"], t["alarm"]) == (3, 3, True)
-    assert t["answers"] == {f"s{s}": f"Select {s} with the spinner" for s in range(3)}
+    assert t["answers"] == [(f"s{s}", f"Select {s} with the spinner") for s in range(3)]
+    twice = constant_answer_test((0, _episodes("c", lambda seed, s=s: _target(seed) == s)) for s in (1, 2))
+    assert twice["use-spinner"]["answers"] == [("s0", "Select 1 with the spinner"), ("s0", "Select 2 with the spinner")]
     assert t["expected"] == pytest.approx(3 * 10 / math.comb(40, 4)) and t["p_value"] < 1e-9
     assert reader["use-spinner"]["on_one_instruction"] == 0 and reader["use-spinner"]["p_value"] == 1.0
     assert not reader["use-spinner"]["alarm"]
@@ -107,3 +109,21 @@ def test_a_constant_answer_that_beats_the_outcome_is_flagged_and_not_advised():
     assert not check.passed and set(check.metadata) == {"outcome+progrm_env:decay"}
     readers = [r for r in runs if r["reward_source"] != "outcome+progrm_env:decay"]
     assert check_table_one(table_one("sft", readers, by_policy))["no_constant_answer"].passed
+
+
+def test_a_constant_sft_already_answered_is_not_blamed_on_rl():
+    """SFT solves the instances of target 2 (4 of 40); RL runs keep doing so: the table shows it, the
+    alarm stays silent, and the check passes."""
+    by_policy = {"sft": _episodes("sft", lambda seed: _target(seed) == 2)}
+    runs = []
+    for rl_seed in range(5):
+        pid = f"outcome-{rl_seed}"
+        by_policy[pid] = _episodes(pid, lambda seed: _target(seed) == 2)
+        runs.append({"policy_id": pid, "reward_source": "outcome", "estimator": "reinforce_pp"} | {"rl_seed": rl_seed})
+    report = table_one("sft", [r | {"env_steps": 10} for r in runs], by_policy)
+    rl = next(r for r in report["rows"] if r["reward_source"])["constant_answers"]["use-spinner"]
+    assert rl["on_one_instruction"] == 5 and rl["p_value"] < 1e-9 and rl["inherited"] and not rl["alarm"]
+    assert constant_answer_alarms(report["rows"]) == {}
+    text = str(report_markdown(report))
+    assert "| SFT | use-spinner | 1 | 1 |" in text and "| no (SFT's own) |" in text
+    assert check_table_one(report)["no_constant_answer"].passed

@@ -8,6 +8,7 @@ import pytest
 from tests.training.rl.test_rl_rewards import _rollout
 from training.reward_models.scoring import LocalScorer
 from training.rl.estimators import discounted_returns
+from training.rl.iterations import reward_model_of
 from training.rl.rewards import REWARD_SOURCES, SOURCE_MODEL_KIND, check_reward_source
 from training.rl.rewards.base import text_trajectory
 from training.rl.rewards.composed import (
@@ -129,6 +130,9 @@ def test_shaped_progress_pays_the_outcome_and_moves_credit_between_steps(trained
         assert discounted_returns(shaped, gamma)[0] == pytest.approx(discounted_returns(plain, gamma)[0], abs=1e-9)
     assert batch.details["mean_dense_return"] == pytest.approx(0.0, abs=1e-9)  # discounted as the learner does
     assert source.lineage() == ProgressReward(scorer).lineage()
+    # the run records, and a resumed run is pinned to, the model of its learned part
+    scorer.model_id = "progrm_env-0123456789abcdef"  # as a registered model has (the fixture's is not)
+    assert reward_model_of(source) == "progrm_env-0123456789abcdef"
 
 
 def test_decayed_prm_adds_its_judgement_with_a_weight_that_fades(trained_prm):

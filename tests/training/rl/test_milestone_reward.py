@@ -11,6 +11,7 @@ from annotation.progress.key_steps import milestone_progress
 from tests.training.rl.test_rl_rewards import _rollout
 from training.policy.rollouts import Rollout
 from training.rl.estimators import discounted_returns
+from training.rl.iterations import reward_model_of
 from training.rl.rewards import SOURCE_MODEL_KIND, make_reward_source
 from training.rl.rewards.composed import ComposedReward, Composition, decayed_weight
 from training.rl.rewards.milestones import MilestoneReward, episode_milestone_progress
@@ -80,3 +81,4 @@ def test_the_sources_need_no_reward_model(tmp_path):
         make_reward_source("outcome+milestones:decay", warehouse, cache=None, model_id="progrm_env-1")  # type: ignore[arg-type]
     composed = make_reward_source("outcome+milestones:shaped", warehouse, cache=None)  # type: ignore[arg-type]
     assert isinstance(composed, ComposedReward) and isinstance(composed.dense, MilestoneReward)
+    assert reward_model_of(composed) is None  # nothing to record or pin

@@ -188,6 +188,12 @@ class ComposedReward:
         dense_return = _mean([float(discounted_returns(e, self.gamma)[0]) for e in extra if e.size])
         return RewardBatch(rewards, base.details | details | {"mean_dense_return": dense_return})
 
+    @property
+    def scorer(self) -> TrajectoryScorer | None:
+        """The dense part's reward model (None for the spec's milestones): the model the run records
+        and a resumed run is pinned to (``training.rl.iterations.reward_model_of``)."""
+        return getattr(self.dense, "scorer", None)
+
     def lineage(self) -> list[LineageInput]:
         return self.dense.lineage()
 

@@ -223,9 +223,9 @@ def _recommend(
     """The block's two recommendations from its judged rows: among the rows that qualify, the one of
     highest held-out success (a ranking by point estimate: they are not tested against each other).
     A row with an alarm never qualifies (the KL-apart outcome's included); the exact outcome under
-    REINFORCE++ cannot be gamed, so
-    its alarm (a training return rising while held-out success falls: over-fitting; or a constant
-    answer, which it pays on the instances that ask for it) is only named: it is still the baseline."""
+    REINFORCE++ cannot be gamed, so its alarm (a training return rising while held-out success
+    falls: over-fitting; or a constant answer, which it pays on the instances that ask for it) is
+    only named: it is still the baseline."""
     by_actor = {r["actor"]: r for r in rows}
     clean = [r for r in rows if not r["alarms"]]
     beat_outcome = [r for r in clean if _judgement(r, "versus_outcome") == BETTER and _beat_its_estimators_outcome(r)]

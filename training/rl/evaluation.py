@@ -96,11 +96,11 @@ def run_agent_evaluation(
 def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> dict[str, Any]:
     """ProgRM Table 1 from the held-out evaluations of the SFT policy and the RL runs from it."""
     sft = latest_sft_policy(warehouse, sft_policy_id)
-    runs, key_tags = reported_runs(warehouse, sft["policy_id"])
+    tags = reward_model_tags(warehouse)
+    runs, key_tags = reported_runs(warehouse, sft["policy_id"], tags)
     by_policy = held_out_episodes(warehouse, [sft["policy_id"], *(r["policy_id"] for r in runs)])
     report = table_one(sft["policy_id"], runs, by_policy, task_blocks(sft))
     training = _training_episodes(warehouse, sft["policy_id"])
-    tags = reward_model_tags(warehouse)
     for key in {e["run_key"] for e in training} - set(key_tags):  # runs not registered yet
         key_tags[key] = tags.get(run_reward_model(warehouse, key) or "")
     for e in training:
@@ -115,10 +115,13 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     return report
 
 
-def reported_runs(warehouse: Warehouse, sft_policy_id: str) -> tuple[list[dict], dict[str, str | None]]:
+def reported_runs(
+    warehouse: Warehouse, sft_policy_id: str, tags: dict[str, str] | None = None
+) -> tuple[list[dict], dict[str, str | None]]:
     """The RL runs Table 1 reports from an SFT policy: per reward source, estimator, RL seed, block,
     reward-model tag (``flywheel r<n>``, ``model <id>`` for a pinned one, None for today's models)
-    and ORM rule, the newest run; and every registered run's tag by run key."""
+    and ORM rule, the newest run; and every registered run's tag by run key. ``tags``: the
+    flywheel's model tags (:func:`reward_model_tags`) where the caller has read them already."""
     runs = warehouse.query(
         "SELECT policy_id, reward_source, estimator, rl_seed, env_steps, "
         "json_extract_string(parameters, '$.reward_model') AS reward_model, "
@@ -128,7 +131,7 @@ def reported_runs(warehouse: Warehouse, sft_policy_id: str) -> tuple[list[dict],
         "WHERE kind = 'rl' AND parent_policy_id = ? ORDER BY created_at",
         [DENSE_BLOCK, sft_policy_id],
     ).to_pylist()
-    tags = reward_model_tags(warehouse)
+    tags = reward_model_tags(warehouse) if tags is None else tags
     latest: dict[tuple[str, str, int, str, str | None, str | None], dict] = {}
     key_tags: dict[str, str | None] = {}
     for r in runs:

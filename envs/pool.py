@@ -151,8 +151,8 @@ class EnvPool:
     def _provision(self) -> None:
         """Start one more worker in the background; it joins the ready queue when it is up."""
         with self._lock:
-            if self._closed:
-                return
+            if self._closed or self._cluster_lost:
+                return  # a lost cluster cannot start workers: a start would wait out its whole timeout
             index = self._free_config_index()
             if index is None:
                 return
@@ -191,7 +191,7 @@ class EnvPool:
                 self._all.pop(worker_id, None)
                 self._ready_cv.notify_all()
             self._log(f"worker {worker_id} failed to start: {exc}")
-            if not self._give_up_starting():
+            if not self._lost_cluster() and not self._give_up_starting():
                 # back off before the next try (0.5, 1, 2 s ...): a browser that cannot start often
                 # cannot for a moment (seen in CI: three Chromium starts failed within 3 s)
                 time.sleep(min(4.0, 0.5 * 2 ** (self._start_failures - 1)))
@@ -229,7 +229,7 @@ class EnvPool:
             with self._ready_cv:
                 if self._ready:
                     worker = self._ready.popleft()
-                elif self._closed or time.monotonic() > deadline or self._give_up_starting():
+                elif self._closed or self._cluster_lost or time.monotonic() > deadline or self._give_up_starting():
                     return None
                 else:
                     idle = self._starting == 0
@@ -245,6 +245,8 @@ class EnvPool:
             if self._probe(worker):
                 return worker
             self._retire(worker, "failed its health check")
+            if self._lost_cluster():
+                return None
 
     def _probe(self, worker: PoolWorker) -> bool:
         if not worker.is_alive():
@@ -361,19 +363,27 @@ class EnvPool:
                 if worker is not None and not recently_fine and not self._probe(worker):
                     self._retire(worker, "failed its health check between episodes")
                     worker = None
+                    self._lost_cluster()  # a worker lost between episodes: is the whole cluster gone?
                 if worker is None:
                     try:
                         worker = self._acquire()
                     except Exception as exc:  # noqa: BLE001 - the job was taken: it must be resolved (below)
                         self._last_start_error = first_line(exc)
                 if worker is None:
-                    why = self._last_start_error or (
-                        "the pool is closed"
-                        if self._closed
-                        else f"none became ready within {self.config.start_timeout_s + 5:g} s"
+                    why = (
+                        f"the cluster is gone ({self._cluster_lost})"
+                        if self._cluster_lost
+                        else self._last_start_error
+                        or (
+                            "the pool is closed"
+                            if self._closed
+                            else f"none became ready within {self.config.start_timeout_s + 5:g} s"
+                        )
                     )
                     reason = f"no worker available: {why}"
                     state.abort(job, attempt, None, reason, 0, datetime.now(UTC), 0, final=True)
+                    if self._cluster_lost:
+                        state.stop()  # no worker can be had: the batch fails as a whole (run() raises)
                     if on_episode is not None:
                         on_episode(None, *state.progress())
                     continue

@@ -323,7 +323,9 @@ class RayWorker:
 
     def wait_ready(self, timeout: float) -> None:
         # An actor waits for a free CPU on some node, then starts its environment: both count.
-        info = self._get(self.actor.ready.remote(), timeout + _CALL_GRACE_S, "start")
+        # Watching the head: without it no actor can start, and Ray's client ends this process
+        # about a minute after losing it, before a start's timeout would.
+        info = self._get(self.actor.ready.remote(), timeout + _CALL_GRACE_S, "start", watch_head=True)
         self.backend = info["backend"]
         self.supported = frozenset(ActionType(a) for a in info["supported"])
         self.scratch = tuple(info["scratch"])

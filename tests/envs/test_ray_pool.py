@@ -14,9 +14,12 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -469,47 +472,84 @@ def test_the_ray_backend_needs_an_address():
         PoolConfig(backend="kubernetes")
 
 
-@pytest.mark.parametrize("path", ["per step", "on the actors"])
-def test_losing_the_head_fails_the_batch_in_one_line_and_returns_nothing(cluster, jobs, tmp_path, path):
+def _lose_the_head(cluster: LocalRayCluster, path: str, marker: str) -> dict[str, Any]:
+    """Run in a child process (``python -c``): join ``cluster`` through its second node, as docs/ray.md
+    deploys a driver, start a pool of two workers, lose the head (its GCS and raylet) on ``path``,
+    and report what the caller saw. Ray ends a process whose cluster is gone, so this never runs in
+    the pytest worker: a regression here fails the test, not the worker with all its other tests."""
+    from envs.ray_pool import connect
+
+    connect(cluster.address, node_ip=cluster.node_ips[1])
+    own_node = ray.get_runtime_context().get_node_id()
+    seen: dict[str, Any] = {"joined_through_the_head": own_node == _head_node_id(cluster)}
+    killed: list[int] = []
+
+    def kill_head(ctx=None) -> None:
+        if not killed and (ctx is None or ctx.step_idx == 2):
+            killed.extend(cluster.kill_node("127.0.0.2"))
+            for process in cluster.processes():
+                if process.name() == "gcs_server":
+                    process.kill()
+
+    catalog = load_catalog(fresh=True)
+    jobs = plan_jobs([catalog["login-user-popup"], catalog["click-option"]], batch="ray", episodes_per_task=2)
+    returned = None
+    pool = RayEnvPool(MiniWoBConfig(), ray_config(cluster, workers=2, step_timeout_s=10))
+    try:
+        with pool:
+            if path == "per step":
+                returned = pool.run(jobs, make_policy("expert"), before_step=kill_head)
+            elif path == "on the actors":
+                returned = pool.run(jobs, KillsItsNode(cluster, victim="127.0.0.2", marker=marker, head=True))
+            else:  # between batches: a long-lived pool (an RL run's) whose head goes while it is idle
+                seen["first_batch"] = len(pool.run(jobs[:2], make_policy("expert")).episodes)
+                kill_head()
+                returned = pool.run(jobs, make_policy("expert"))
+    except PoolError as exc:
+        seen["error"] = str(exc)
+    seen |= {"killed": bool(killed) or os.path.exists(marker), "returned": returned is not None}
+    return seen | {"still_joined": ray.is_initialized()}
+
+
+@pytest.mark.parametrize("path", ["per step", "on the actors", "between batches"])
+def test_losing_the_head_fails_the_batch_in_one_line_and_returns_nothing(cluster, tmp_path, path):
     """The head (its GCS and raylet) killed mid-batch: the second node's worker may finish its
     episode, but none can be replaced without a head, so the batch stops at the first lost worker
     and fails as a whole with a one-line error naming the address; nothing of it reaches the caller
-    to be published, and the driver has left the dead cluster (Ray would end the process later).
-    Per step the driver's hook kills the head; on the actors an episode on the head kills it, and
-    the driver, waiting for whole episodes, notices by watching the head's port.
+    to be published, and the driver has left the dead cluster (Ray would end the process about a
+    minute after losing the head). Per step the driver's hook kills the head; on the actors an
+    episode on the head kills it, and the driver, waiting for whole episodes, notices by watching
+    the head's port; between batches the pool finds the head's worker dead at its health check and
+    must not wait for a replacement that cannot start (it once did, past Ray's minute, and Ray
+    ended the process: it took this test's xdist worker with it).
 
-    The driver joins through a raylet other than the head's (the second node's), as docs/ray.md
-    deploys it: a driver whose raylet is the head's is ended by Ray at its next call to that
-    raylet, in a race with the pool's own check (it once took this test's xdist worker with it)."""
+    The driver runs in a child process joined through the second node's raylet (a driver whose
+    raylet is the head's is ended by Ray at its next call to that raylet)."""
     from envs.ray_pool import connect
 
     connect(cluster.address)  # this process is joined to the module's cluster
     with LocalRayCluster(cpus=(2, 1)) as other:
         with pytest.raises(PoolError, match=f"joined to the Ray cluster at {cluster.address}, not {other.address}"):
             connect(other.address)  # one cluster per process: refused, not silently sent to the first
-        ray.shutdown()
-        connect(other.address, node_ip=other.node_ips[1])
-        assert ray.get_runtime_context().get_node_id() != _head_node_id(other)
-        killed = []
-
-        def kill_head(ctx):
-            if not killed and ctx.step_idx == 2:
-                killed.extend(other.kill_node("127.0.0.2"))
-                for process in other.processes():
-                    if process.name() == "gcs_server":
-                        process.kill()
-
-        returned = None
-        marker = tmp_path / "fired.json"
-        pool = RayEnvPool(MiniWoBConfig(), ray_config(other, workers=2, step_timeout_s=10))
-        with pytest.raises(PoolError) as failed:
-            with pool:
-                if path == "per step":
-                    returned = pool.run(jobs, make_policy("expert"), before_step=kill_head)
-                else:
-                    head_killer = KillsItsNode(other, victim="127.0.0.2", marker=str(marker), head=True)
-                    returned = pool.run(jobs, head_killer)
-        assert not ray.is_initialized()
-    message = str(failed.value)
-    assert (killed if path == "per step" else marker.exists()) and returned is None
+        marker, report = tmp_path / "fired.json", tmp_path / "seen.json"
+        child = (
+            "import json, sys; from tests.envs import test_ray_pool as t; "
+            "cluster, path, marker, report = t.LocalRayCluster(**json.loads(sys.argv[1])), *sys.argv[2:]; "
+            "open(report, 'w').write(json.dumps(t._lose_the_head(cluster, path, marker)))"
+        )
+        spec = {"cpus": list(other.cpus), "address": other.address, "node_ips": other.node_ips}
+        spec["temp_dir"] = str(other.temp_dir)
+        done = subprocess.run(
+            [sys.executable, "-c", child, json.dumps(spec), path, str(marker), str(report)],
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    tail = " / ".join((done.stderr or "").strip().splitlines()[-3:])
+    assert done.returncode == 0 and report.exists(), f"the driver process ended with {done.returncode}: {tail}"
+    seen = json.loads(report.read_text())
+    assert not seen["joined_through_the_head"] and seen["killed"] and not seen["returned"]
+    assert seen.get("first_batch", 2) == 2 and not seen["still_joined"]
+    message = seen.get("error", "")
     assert message.startswith(f"the Ray cluster's head at {other.address} is gone") and "\n" not in message

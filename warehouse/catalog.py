@@ -52,7 +52,8 @@ from warehouse.tables_training import LABELLED_BY_REPLAY
 # 9: step_alternatives.labelled_by (replay, or from the recording: issue 42 item 2) and field_match.
 # 10: episodes.final_screen and episodes.spec_digest (the spec version behind recorded milestones).
 # 11: label_ledger.spec_digest (the spec version an episode's env labels were made with).
-VIEWS_VERSION = "11"
+# 12: rl_episode_rewards.iteration (how soon a run takes off on a task: training.rl.take_off).
+VIEWS_VERSION = "12"
 #: Columns a view derives for rows written before the column existed (``coalesce(stored, derived)``).
 _DERIVED_COLUMNS: dict[str, dict[str, str]] = {
     "episodes": {"purpose": LEGACY_PURPOSE_SQL},
@@ -73,7 +74,8 @@ _JOINED_VIEWS: dict[str, str] = {
     # One row per RL training episode: what its run's reward source paid it over its steps, beside
     # how it ended (the RL report's tables and the exploits handed to reward-model training read this).
     "rl_episode_rewards": (
-        "SELECT r.episode_id, r.run_key, any_value(r.reward_source) AS reward_source, any_value(e.task_id) AS task_id, "
+        "SELECT r.episode_id, r.run_key, any_value(r.iteration) AS iteration, "
+        "any_value(r.reward_source) AS reward_source, any_value(e.task_id) AS task_id, "
         "sum(r.reward) AS reward, count(*) AS steps, bool_or(e.success) AS success, "
         "any_value(e.outcome_reward) AS env_outcome "
         "FROM rl_step_rewards r JOIN episodes e USING (episode_id) GROUP BY r.episode_id, r.run_key"

@@ -127,6 +127,27 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
     assert held_out and all(e["instruction"] for episodes in held_out.values() for e in episodes)
     assert sorted((c["actor"], c["iteration"]) for c in curves) == sorted((r, i) for r in RUNS for i in (0, 1))
     assert report.asset_materializations_for_node("rl_report")[0].metadata["learning_curves"].value.count("![") == 1
+    # how soon each run took off on each task, read back from its training episodes by hand
+    take_off = {(r["actor"], r["task_id"]): r for r in run_rl_report(Warehouse(home))["take_off"]}
+    shares = (
+        Warehouse(home)
+        .query(
+            "SELECT reward_source, task_id, iteration, avg(success::INT) AS share FROM rl_episode_rewards "
+            "GROUP BY ALL ORDER BY iteration"
+        )
+        .to_pylist()
+    )
+    by_hand: dict[tuple[str, str], int | None] = {}
+    for s in shares:
+        first = by_hand.get((s["reward_source"], s["task_id"]))
+        by_hand[(s["reward_source"], s["task_id"])] = (
+            first if first is not None else (s["iteration"] if s["share"] >= 0.5 else None)
+        )
+    assert {key: r["median_take_off"] for key, r in take_off.items()} == {
+        key: None if first is None else float(first) for key, first in by_hand.items()
+    }
+    assert {r["versus"] for (actor, _), r in take_off.items() if actor != "outcome"} == {"outcome"}
+    assert ("How soon runs take off" in table) == any(r["versus"] for r in take_off.values())
 
     warehouse = Warehouse(home)
     iterations = warehouse.query(

@@ -37,9 +37,11 @@ from training.rl.report import (
     reward_hacking_alarms,
     run_label,
     table_one,
+    take_off_baselines,
     training_reward_auc,
 )
 from training.rl.runs import RL_CODE_VERSION, run_key_of_policy, run_reward_model
+from training.rl.take_off import take_off_by_seed, take_off_rows
 from warehouse.catalog import LineageInput, Materialization, Warehouse
 from warehouse.purposes import EpisodePurpose
 from warehouse.storage import git_revision
@@ -110,6 +112,9 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     report["exploits"] = exploits_by_actor(training)
     report["sparse_rule"] = sparse_block_rule(sft)
     report["curves"] = _report_curves(warehouse, runs)
+    row_of = {r["run_key"]: {"actor": run_label(r), "rl_seed": r["rl_seed"]} for r in runs}
+    reported = [e | row_of[e["run_key"]] for e in training if e["run_key"] in row_of]
+    report["take_off"] = take_off_rows(take_off_by_seed(reported), take_off_baselines(runs))
     report["hacking_alarms"] = reward_hacking_alarms(report)
     report["advice"] = reward_advice(report)
     return report
@@ -216,10 +221,10 @@ def _training_episodes(warehouse: Warehouse, sft_policy_id: str) -> list[dict]:
         "SELECT v.episode_id, v.run_key, runs.reward_source, runs.estimator, v.task_id, "
         "coalesce(json_extract_string(any_value(p.parameters), '$.block'), ?) AS block, "
         "json_extract_string(any_value(p.parameters), '$.orm_rule') AS orm_rule, "
-        "v.reward, v.success, v.env_outcome "
+        "v.iteration, v.reward, v.success, v.env_outcome "
         "FROM rl_episode_rewards v JOIN runs USING (run_key) "
         "LEFT JOIN policies p ON p.policy_id = 'rl-' || v.run_key || '-' || ? "
-        "GROUP BY v.episode_id, v.run_key, runs.reward_source, runs.estimator, v.task_id, v.reward, v.success, "
-        "v.env_outcome",
+        "GROUP BY v.episode_id, v.run_key, runs.reward_source, runs.estimator, v.task_id, v.iteration, v.reward, "
+        "v.success, v.env_outcome",
         [sft_policy_id, DENSE_BLOCK, sft_policy_id],
     ).to_pylist()

@@ -28,6 +28,7 @@ from training.rl.advice import FLYWHEEL_TAG_PREFIX, advice_markdown
 from training.rl.pairing import comparison_lines, paired_rows
 from training.rl.rewards.composed import CONTROL_FORMS, Composition, parse_composition
 from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
+from training.rl.take_off import take_off_lines
 from training.rl.task_breakdown import (
     constant_answer_alarms,
     constant_answer_lines,
@@ -125,6 +126,16 @@ def run_label(run: Mapping[str, Any]) -> str:
         label = f"{label} · {tag}"
     block = run.get("block") or DENSE_BLOCK
     return label if block == DENSE_BLOCK else f"{label} [{block}]"
+
+
+def take_off_baselines(runs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Each row's baseline for how soon it takes off (:mod:`training.rl.take_off`): the outcome under
+    the row's own estimator on its block (rows of the outcome itself have none)."""
+    return {
+        run_label(r): run_label({"reward_source": "outcome", "estimator": r["estimator"], "block": r.get("block")})
+        for r in runs
+        if r["reward_source"] != "outcome"
+    }
 
 
 def sft_label(block: str) -> str:
@@ -574,6 +585,7 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
     lines += per_task_lines(report["rows"])
     lines += per_seed_lines(report["rows"])
     lines += constant_answer_lines(report["rows"])
+    lines += take_off_lines(report.get("take_off", []))
     if report.get("training_reward_auc"):
         lines += [
             "",

@@ -1,0 +1,103 @@
+"""How far one fixed answer gets on a task: a solved instance's actions carried out, unchanged, on
+other instances of the same task.
+
+An RL run can leave a sparse task's floor without learning it, by repeating one constant answer
+that some instances ask for (use-spinner: the arrow clicked a fixed number of times, then Submit;
+the RL report's constant-answer alarm finds it afterwards). How often a constant solves the task
+is a property of the task, measurable before any run: take the scripted expert's solution of a
+*source* instance and carry it out on *target* instances. Each action's element is found on the
+target's screen by its description (role, id or classes, and text: ``UIElement.describe``), the
+element a policy that ignores the instruction would pick; typed text is typed unchanged. An action
+whose element is not on the screen ends the attempt (the answer does not fit this instance).
+
+The *constant-answer rate* of a task is the best source's share of targets solved (the constant an
+RL run could settle on), with the mean over sources beside it (a constant picked at random).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from envs.pool_jobs import EpisodeJob
+from envs.protocol import Actor, EpisodeContext, StatelessSnapshot, StepResult
+from warehouse.model import Action, ActionType, Screen
+
+
+def transplant(action: Action, screen: Screen) -> Action | None:
+    """``action`` on ``screen``: its target replaced by the first element there with the same
+    description (None: no such element, the answer does not fit); untargeted actions unchanged."""
+    if action.target is None:
+        return action
+    wanted = action.target.describe()
+    for element in screen.elements:
+        if element.describe() == wanted:
+            return replace(action, target=element)
+    return None
+
+
+def fixed_answer_jobs(source: EpisodeJob, answer_length: int, targets: Sequence[EpisodeJob]) -> list[EpisodeJob]:
+    """The target instances as jobs of their own for one source's answer: ids naming the source,
+    and a step budget of the answer's length plus one (an answer that did not end the episode has
+    failed; the extra step lets a last action's effect be seen)."""
+    return [
+        replace(
+            target,
+            episode_id=f"fixed-answer:{source.task.task_id}:{source.seed}:{target.seed}",
+            max_steps=answer_length + 1,
+        )
+        for target in targets
+        if target.seed != source.seed
+    ]
+
+
+@dataclass(frozen=True)
+class FixedAnswerPolicy:
+    """Carries out each episode's assigned answer (:func:`transplant`), then does nothing."""
+
+    answers: Mapping[str, tuple[Action, ...]]
+    policy_id: str = "fixed-answer"
+
+    def start(self, context: EpisodeContext) -> Actor:
+        return _FixedAnswer(self.answers[context.episode_id])
+
+    def portable(self) -> StatelessSnapshot:  # the answers are plain data: episodes can run whole on a node
+        return StatelessSnapshot(self)
+
+    def absorb(self, episode_id: str, output: Any) -> None:
+        pass
+
+
+class _FixedAnswer:
+    def __init__(self, answer: tuple[Action, ...]) -> None:
+        self.answer, self.index, self.stuck = answer, 0, False
+
+    def act(self, screen: Screen) -> Action:
+        if self.stuck or self.index >= len(self.answer):
+            return Action(ActionType.NOTHING)
+        action = transplant(self.answer[self.index], screen)
+        self.index += 1
+        if action is None:
+            self.stuck = True
+            return Action(ActionType.NOTHING, detail="the fixed answer's element is not on this screen")
+        return action
+
+    def observe(self, action: Action, result: StepResult) -> None:
+        pass
+
+
+def constant_answer_rate(solved: Mapping[int, Sequence[bool]]) -> dict[str, Any]:
+    """Per source seed the targets its answer solved: the best source's share (the constant an RL
+    run could settle on), the mean share over sources, and the best source."""
+    shares = {source: sum(outcomes) / len(outcomes) for source, outcomes in solved.items() if outcomes}
+    if not shares:
+        return {"best": None, "mean": None, "best_source": None, "sources": 0, "targets": 0}
+    best = max(sorted(shares), key=lambda s: shares[s])
+    return {
+        "best": shares[best],
+        "mean": sum(shares.values()) / len(shares),
+        "best_source": best,
+        "sources": len(shares),
+        "targets": max(len(o) for o in solved.values()),
+    }

@@ -1,0 +1,100 @@
+"""How often one fixed answer solves a task (envs.fixed_answer): measured before any RL run.
+
+The scripted expert solves ``--sources`` instances of each task; each solution is then carried out
+unchanged on ``--targets`` other instances (elements found by their description, typed text typed as
+recorded). Per task it prints the best source's share of targets solved (the constant an RL run
+could settle on: use-spinner's "click the arrow k times, Submit"), the mean over sources, and the
+best answer. A sparse task on which a constant scores about as well as the policies it is meant to
+separate measures constant answers, not learning (README, "Question M").
+
+    .venv/bin/python scripts/constant_answers.py --tasks use-spinner,click-checkboxes-large
+
+Seeds are ``--base-seed`` onward (sources first, then targets): outside the selection and held-out
+ranges the SFT stage draws from. Nothing is written to the warehouse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+#: Instances no stage draws (SFT training, selection, held-out evaluation and policy rollouts take
+#: their seeds from 1, 2, 3 and 4 million on: training.policy.store).
+BASE_SEED = 7_000_000
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", required=True, help="comma-separated catalog task ids")
+    parser.add_argument("--sources", type=int, default=10, help="instances the expert solves, per task")
+    parser.add_argument("--targets", type=int, default=40, help="instances each solution is tried on, per task")
+    parser.add_argument("--base-seed", type=int, default=BASE_SEED)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="also write every attempt here (JSON lines)")
+    args = parser.parse_args(argv)
+
+    from assets.resources import EnvPoolResource
+    from envs.fixed_answer import FixedAnswerPolicy, constant_answer_rate, fixed_answer_jobs
+    from envs.policies import make_policy
+    from envs.pool_jobs import plan_jobs
+    from envs.task_catalog import load_catalog
+
+    catalog = load_catalog()
+    task_ids = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = [t for t in task_ids if t not in catalog]
+    if unknown:
+        print(f"constant_answers: not in the task catalog: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    tasks = [catalog[t] for t in task_ids]
+    source_seeds = range(args.base_seed, args.base_seed + args.sources)
+    target_seeds = range(args.base_seed + args.sources, args.base_seed + args.sources + args.targets)
+    sources = plan_jobs(tasks, batch="constant-answer-sources", seeds=source_seeds)
+    targets = plan_jobs(tasks, batch="constant-answer-targets", seeds=target_seeds)
+    rows: list[dict[str, Any]] = []
+    with EnvPoolResource().pool("miniwob", args.workers, log=print) as pool:
+        solved_sources = pool.run(sources, make_policy("expert")).episodes
+        answers, jobs, source_of = {}, [], {}
+        by_id = {job.episode_id: job for job in sources}
+        for record in solved_sources:
+            if not record.success:
+                continue
+            answer = tuple(step.action for step in record.steps)
+            job = by_id[record.episode_id]
+            mine = fixed_answer_jobs(job, len(answer), [t for t in targets if t.task.task_id == job.task.task_id])
+            answers |= {j.episode_id: answer for j in mine}
+            source_of |= {j.episode_id: (job.task.task_id, job.seed, record.instruction) for j in mine}
+            jobs += mine
+        tried = pool.run(jobs, FixedAnswerPolicy(answers)).episodes if jobs else []
+    solved: dict[str, dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for record in tried:
+        task_id, source_seed, instruction = source_of[record.episode_id]
+        solved[task_id][source_seed].append(bool(record.success))
+        rows.append(
+            {"task_id": task_id, "source_seed": source_seed, "source_instruction": instruction}
+            | {"target_seed": record.seed, "target_instruction": record.instruction, "success": bool(record.success)}
+        )
+    if args.out:
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    instruction_of = {(r["task_id"], r["source_seed"]): r["source_instruction"] for r in rows}
+    print("\n| task | expert solved | targets per answer | best answer's share | mean share | best answer's instance |")
+    print("|---|---:|---:|---:|---:|---|")
+    for task in task_ids:
+        solved_here = sum(r.success for r in solved_sources if r.task_id == task)
+        rate = constant_answer_rate(solved.get(task, {}))
+        if rate["best"] is None:
+            print(f"| {task} | {solved_here} of {args.sources} | - | - | - | - |")
+            continue
+        shown = json.dumps(instruction_of[(task, rate["best_source"])])
+        print(
+            f"| {task} | {solved_here} of {args.sources} | {rate['targets']} | {rate['best']:.1%} "
+            f"| {rate['mean']:.1%} | {shown} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -75,6 +75,9 @@ class PolicySFTConfig(Config):
         description="the sparse rule reads the long tasks' SFT success sampling at temperature 1 (as RL's first "
         "iteration) on their selection seeds before the greedy rates",
     )
+    sparse_max_constant_share: float = Field(
+        default=0.05, description="leave out of the sparse block tasks a fixed answer solves this often (>1: none)"
+    )
     max_episodes_per_task: int = Field(default=400, description="successful trajectories per task used for SFT")
     workers: int = 2
 

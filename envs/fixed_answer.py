@@ -12,17 +12,26 @@ whose element is not on the screen ends the attempt (the answer does not fit thi
 
 The *constant-answer rate* of a task is the best source's share of targets solved (the constant an
 RL run could settle on), with the mean over sources beside it (a constant picked at random).
+``scripts/constant_answers.py --write`` records it per task in :data:`CONSTANT_ANSWERS_FILE`, which
+the sparse block's rule reads (``training.policy.task_blocks``).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from envs.pool_jobs import EpisodeJob
 from envs.protocol import Actor, EpisodeContext, StatelessSnapshot, StepResult
 from warehouse.model import Action, ActionType, Screen
+from warehouse.storage import write_atomic
+
+#: The measured constant-answer rates of the MiniWoB++ tasks, beside their specs (not in them: a
+#: spec's digest versions its labels, and a measurement is not part of the task).
+CONSTANT_ANSWERS_FILE = Path(__file__).parent / "task_specs" / "miniwob" / "constant_answers.json"
 
 
 def transplant(action: Action, screen: Screen) -> Action | None:
@@ -101,3 +110,37 @@ def constant_answer_rate(solved: Mapping[int, Sequence[bool]]) -> dict[str, Any]
         "sources": len(shares),
         "targets": max(len(o) for o in solved.values()),
     }
+
+
+def load_constant_answer_rates(path: Path = CONSTANT_ANSWERS_FILE) -> dict[str, float]:
+    """Each measured task's best fixed answer's share of instances solved; tasks the measurement
+    could not rate (the expert solved no source) are left out, as is everything without the file.
+    A malformed file is a ValueError naming it and the task."""
+    if not path.exists():
+        return {}
+    try:
+        tasks = json.loads(path.read_text())["tasks"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a constant-answer file ({exc})") from None
+    rates = {}
+    for task_id, entry in tasks.items():
+        best = entry.get("best") if isinstance(entry, dict) else "missing"
+        if best is None:
+            continue
+        if isinstance(best, bool) or not isinstance(best, int | float) or not 0.0 <= best <= 1.0:
+            raise ValueError(f"{path}: task {task_id!r}: 'best' must be a share in [0, 1], got {best!r}")
+        rates[task_id] = float(best)
+    return rates
+
+
+def write_constant_answer_rates(measured: Mapping[str, Mapping[str, Any]], path: Path = CONSTANT_ANSWERS_FILE) -> Path:
+    """Merge ``measured`` (per task: best, mean, sources, targets, ...) into the file, atomically:
+    tasks measured before and not now keep their entries."""
+    existing = json.loads(path.read_text())["tasks"] if path.exists() else {}
+    document = {
+        "about": "The best fixed answer's share of a task's instances solved (envs.fixed_answer; "
+        "written by scripts/constant_answers.py --write). The sparse block leaves out tasks at or above "
+        "training.policy.task_blocks.MAX_CONSTANT_SHARE; best null: not measurable (the expert solved no source).",
+        "tasks": dict(sorted((existing | dict(measured)).items())),
+    }
+    return write_atomic(path, json.dumps(document, indent=1) + "\n")

@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-seed", type=int, default=BASE_SEED)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="also write every attempt here (JSON lines)")
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="record the rates in envs/task_specs/miniwob/constant_answers.json (what the sparse block's rule reads)",
+    )
     args = parser.parse_args(argv)
 
     from assets.resources import EnvPoolResource
-    from envs.fixed_answer import FixedAnswerPolicy, constant_answer_rate, fixed_answer_jobs
+    from envs.fixed_answer import (
+        CONSTANT_ANSWERS_FILE,
+        FixedAnswerPolicy,
+        constant_answer_rate,
+        fixed_answer_jobs,
+        write_constant_answer_rates,
+    )
     from envs.policies import make_policy
     from envs.pool_jobs import plan_jobs
     from envs.task_catalog import load_catalog
@@ -79,20 +91,28 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.out:
         args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    today = datetime.now(UTC).date().isoformat()
     instruction_of = {(r["task_id"], r["source_seed"]): r["source_instruction"] for r in rows}
+    measured: dict[str, dict[str, Any]] = {}
     print("\n| task | expert solved | targets per answer | best answer's share | mean share | best answer's instance |")
     print("|---|---:|---:|---:|---:|---|")
     for task in task_ids:
         solved_here = sum(r.success for r in solved_sources if r.task_id == task)
         rate = constant_answer_rate(solved.get(task, {}))
+        common = {"sources": args.sources, "targets": args.targets, "base_seed": args.base_seed, "measured": today}
         if rate["best"] is None:
             print(f"| {task} | {solved_here} of {args.sources} | - | - | - | - |")
+            measured[task] = {"best": None, "why": f"the expert solved none of {args.sources} instances"} | common
             continue
         shown = json.dumps(instruction_of[(task, rate["best_source"])])
+        measured[task] = {"best": round(rate["best"], 4), "mean": round(rate["mean"], 4)} | common
+        measured[task] |= {"best_instance": instruction_of[(task, rate["best_source"])]}
         print(
             f"| {task} | {solved_here} of {args.sources} | {rate['targets']} | {rate['best']:.1%} "
             f"| {rate['mean']:.1%} | {shown} |"
         )
+    if args.write:
+        print(f"\nrecorded in {write_constant_answer_rates(measured, CONSTANT_ANSWERS_FILE)}")
     return 0
 
 

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from envs.fixed_answer import FixedAnswerPolicy, constant_answer_rate, fixed_answer_jobs, transplant
+from envs.fixed_answer import (
+    CONSTANT_ANSWERS_FILE,
+    FixedAnswerPolicy,
+    constant_answer_rate,
+    fixed_answer_jobs,
+    load_constant_answer_rates,
+    transplant,
+    write_constant_answer_rates,
+)
 from envs.miniwob.live import MiniWoBConfig
 from envs.policies import make_policy
 from envs.pool import EnvPool
@@ -56,6 +64,32 @@ def test_jobs_leave_out_the_source_and_budget_one_step_past_the_answer():
     jobs = fixed_answer_jobs(source, 3, [source, *targets])
     assert [j.seed for j in jobs] == [6, 7] and {j.max_steps for j in jobs} == {4}
     assert len({j.episode_id for j in jobs}) == 2 and all(":5:" in j.episode_id for j in jobs)
+
+
+def test_the_rates_file_merges_atomically_and_a_bad_entry_names_the_file_and_task(tmp_path):
+    path = tmp_path / "constant_answers.json"
+    assert load_constant_answer_rates(path) == {}
+    write_constant_answer_rates({"a": {"best": 0.1, "mean": 0.05}, "b": {"best": None, "why": "no source"}}, path)
+    write_constant_answer_rates({"c": {"best": 0.0, "mean": 0.0}}, path)  # a, b kept
+    assert load_constant_answer_rates(path) == {"a": 0.1, "c": 0.0}  # b could not be rated
+    assert list(tmp_path.iterdir()) == [path]  # no temporary file left
+    path.write_text('{"tasks": {"a": {"best": 1.5}}}')
+    with pytest.raises(
+        ValueError, match=r"constant_answers.json: task 'a': 'best' must be a share in \[0, 1\], got 1.5"
+    ):
+        load_constant_answer_rates(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="constant_answers.json: not a constant-answer file"):
+        load_constant_answer_rates(path)
+
+
+def test_the_catalog_s_measured_rates_leave_the_farmable_long_tasks_out():
+    """The recorded measurement (stop 70: 10 sources x 40 targets per long task) read by the rule."""
+    from training.policy.task_blocks import farmable_tasks
+
+    rates = load_constant_answer_rates(CONSTANT_ANSWERS_FILE)
+    assert set(farmable_tasks(rates)) == {"click-shades", "guess-number", "use-spinner"}
+    assert rates["click-checkboxes-large"] == 0.0 and "book-flight-nodelay" not in rates  # not measurable
 
 
 @pytest.mark.e2e

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from envs.fixed_answer import load_constant_answer_rates
 from envs.pool import EnvPool
 from envs.pool_jobs import BatchResult
 from envs.task_catalog import CatalogTask, load_catalog
@@ -40,7 +41,7 @@ from training.policy.store import (
     keep_policy_cache,
     warm_policy_cache,
 )
-from training.policy.task_blocks import choose_tasks, sparse_block, task_blocks
+from training.policy.task_blocks import MAX_CONSTANT_SHARE, choose_tasks, farmable_tasks, sparse_block, task_blocks
 from warehouse.catalog import Materialization, Warehouse
 from warehouse.checks import CheckOutcome
 from warehouse.plotting import Markdown, figure_markdown, pyplot
@@ -87,6 +88,9 @@ class PolicySettings:
     # seeds (what RL's first iteration sees) before the greedy rates (sparse_block; stop 63: greedy 9%,
     # sampled 57.5% on guess-number); false: greedy rates alone, as policies before it
     sparse_sampled: bool = True
+    # the sparse rule leaves out tasks whose best fixed answer solves this share of instances or more
+    # (envs/task_specs/miniwob/constant_answers.json; stop 70: use-spinner 10%); above 1: none left out
+    sparse_max_constant_share: float = MAX_CONSTANT_SHARE
     held_out_seeds: int = 25  # greedy evaluation episodes per chosen task
     workers: int = 2
     max_episodes_per_task: int = 400  # demonstrations per task used for SFT (the large crowd tasks dominate otherwise)
@@ -126,6 +130,7 @@ def run_policy_sft(
     extra_seeds = long_task_selection_seeds(warehouse, settings, tasks, selection_seeds)
     solution_steps = demonstration_solution_steps(warehouse)
     long_tasks = [t for t in tasks if solution_steps.get(t.task_id, 0.0) >= settings.sparse_min_solution_steps]
+    shares = load_constant_answer_rates()  # a malformed file fails here, before any episode
     with pool_factory(settings.workers) as pool:
         selection_result, selection = evaluate_policy(
             model, policy_id, tasks, selection_seeds, pool, evaluation="selection", log=log, extra_seeds=extra_seeds
@@ -135,12 +140,15 @@ def run_policy_sft(
             model, policy_id, settings, long_tasks, selection_seeds, extra_seeds, pool, log
         )
         sampled_rates = {row["task_id"]: row["success_rate"] for row in per_task_rows(sampled)}
+        constant_shares = {t.task_id: share for t in long_tasks if (share := shares.get(t.task_id)) is not None}
         chosen, sparse, sparse_rule = _task_blocks_by_rule(
-            settings, rates, solution_steps, sampled_rates if settings.sparse_sampled else None
+            settings, rates, solution_steps, sampled_rates if settings.sparse_sampled else None, constant_shares
         )
+        left_out = farmable_tasks(constant_shares, settings.sparse_max_constant_share)
         log(
             f"SFT success on selection seeds: {rates}; sampling at temperature 1 (long tasks): {sampled_rates}; "
-            f"experiment tasks: {chosen}; sparse block ({sparse_rule} rule): {sparse}"
+            f"experiment tasks: {chosen}; sparse block ({sparse_rule} rule): {sparse}; left out of it, a fixed "
+            f"answer solving too many instances: {left_out or 'none'}"
         )
         held_result, held = evaluate_policy(  # both blocks: every RL run is paired with SFT on its tasks
             model,
@@ -152,9 +160,9 @@ def run_policy_sft(
             log=log,
         )
     keep_policy_cache(model, warehouse.home)
-    policy_row = _policy_row(
-        warehouse, settings, policy_id, checkpoint, run_id, rates, sampled_rates, (chosen, sparse, sparse_rule)
-    )
+    blocks = (chosen, sparse, sparse_rule, left_out)
+    policy_row = _policy_row(warehouse, settings, policy_id, checkpoint, run_id, rates, sampled_rates, blocks)
+
     outputs = [warehouse.stage_table("policies", policy_id, pa.Table.from_pylist([policy_row], schema=POLICIES), m)]
     for evaluation, batch, episodes in (
         ("selection", selection_result, selection),
@@ -197,10 +205,11 @@ def _policy_row(
     run_id: str,
     rates: dict[str, float],
     sampled_rates: dict[str, float],
-    blocks: tuple[list[str], list[str], str],
+    blocks: tuple[list[str], list[str], str, dict[str, float]],
 ) -> dict[str, Any]:
-    """The policies row of an SFT policy: its settings, selection rates and the task blocks chosen."""
-    chosen, sparse, sparse_rule = blocks
+    """The policies row of an SFT policy: its settings, selection rates and the task blocks chosen
+    (and the long tasks the sparse rule left out for a constant answer, with their shares)."""
+    chosen, sparse, sparse_rule, left_out = blocks
     return {
         "policy_id": policy_id,
         "kind": "sft",
@@ -213,7 +222,12 @@ def _policy_row(
                 "selection_success": rates,
                 "sampled_selection_success": sampled_rates,
                 # pre-registered before any RL run: the blocks' rules and what they chose
-                "task_blocks": {"dense": chosen, "sparse": sparse, "sparse_rule": sparse_rule},
+                "task_blocks": {
+                    "dense": chosen,
+                    "sparse": sparse,
+                    "sparse_rule": sparse_rule,
+                    "sparse_left_out_constant": left_out,
+                },
             },
             default=str,
         ),
@@ -288,9 +302,11 @@ def _task_blocks_by_rule(
     rates: dict[str, float],
     solution_steps: dict[str, float],
     sampled_rates: dict[str, float] | None,
+    constant_shares: dict[str, float],
 ) -> tuple[list[str], list[str], str]:
     """The dense and the sparse block, each by its rule, from SFT's success on the selection seeds
-    (greedy, and sampling on the long tasks), and the rule that chose the sparse one."""
+    (greedy, and sampling on the long tasks) and, for the sparse one, the long tasks' measured
+    constant-answer shares; and the rule that chose the sparse one."""
     dense = choose_tasks(rates, settings.low, settings.high, settings.max_tasks)
     sparse, rule = sparse_block(
         rates,
@@ -300,6 +316,8 @@ def _task_blocks_by_rule(
         max_tasks=settings.max_tasks,
         fallback=settings.sparse_fallback_unsolved,
         sampled_rates=sampled_rates,
+        constant_shares=constant_shares,
+        max_constant_share=settings.sparse_max_constant_share,
     )
     return dense, sparse, rule
 

@@ -42,6 +42,12 @@ SPARSE_RULES: dict[str, str] = {
 
 TASK_BLOCKS: tuple[str, ...] = (DENSE_BLOCK, SPARSE_BLOCK)
 
+#: A task whose best fixed answer solves this share of its instances or more is left out of the
+#: sparse block (``envs.fixed_answer``): a constant reaching a third of the block's 15% ceiling lets a
+#: run leave the floor without learning the task (use-spinner, stop 69's constant-answer alarm). Fixed
+#: before the catalog's rates were measured (stop 70, question M).
+MAX_CONSTANT_SHARE = 0.05
+
 
 def choose_tasks(rates: dict[str, float], low: float, high: float, max_tasks: int) -> list[str]:
     """The tasks whose SFT success is strictly between ``low`` and ``high``, closest to 1/2 first,
@@ -63,19 +69,33 @@ def choose_sparse_tasks(
     min_steps: float = 5.0,
     max_tasks: int = 4,
     include_unsolved: bool = False,
+    constant_shares: Mapping[str, float] | None = None,
+    max_constant_share: float = MAX_CONSTANT_SHARE,
 ) -> list[str]:
     """The sparse block of the Table-1 issue: tasks where SFT succeeds on the selection seeds
     sometimes but rarely (success in (0, ``high``]: an outcome signal that RL rarely sees, and still
     some) and whose median successful demonstration takes at least ``min_steps`` steps (human, else
     the experts' rollouts: ``solution_steps``; long horizons, ProgRM's argument), hardest first, at
     most ``max_tasks``; may be empty (then the report says no sparse block ran).
-    ``include_unsolved``: success in [0, ``high``] instead (the fallback rule of :func:`sparse_block`)."""
+    ``include_unsolved``: success in [0, ``high``] instead (the fallback rule of :func:`sparse_block`).
+    ``constant_shares``: each measured task's best fixed answer's share of instances solved
+    (:func:`envs.fixed_answer.load_constant_answer_rates`); tasks at ``max_constant_share`` or more
+    are left out (:func:`farmable_tasks`), unmeasured ones stay."""
+    farmable = farmable_tasks(constant_shares or {}, max_constant_share)
     eligible = [
         t
         for t, r in rates.items()
-        if (0.0 <= r if include_unsolved else 0.0 < r) and r <= high and solution_steps.get(t, 0.0) >= min_steps
+        if (0.0 <= r if include_unsolved else 0.0 < r)
+        and r <= high
+        and solution_steps.get(t, 0.0) >= min_steps
+        and t not in farmable
     ]
     return sorted(sorted(eligible), key=lambda t: rates[t])[:max_tasks]
+
+
+def farmable_tasks(constant_shares: Mapping[str, float], max_share: float = MAX_CONSTANT_SHARE) -> dict[str, float]:
+    """The tasks one fixed answer solves too often for the sparse block, with their shares."""
+    return {t: share for t, share in sorted(constant_shares.items()) if share >= max_share}
 
 
 def sparse_block(
@@ -87,6 +107,8 @@ def sparse_block(
     max_tasks: int = 4,
     fallback: bool = True,
     sampled_rates: Mapping[str, float] | None = None,
+    constant_shares: Mapping[str, float] | None = None,
+    max_constant_share: float = MAX_CONSTANT_SHARE,
 ) -> tuple[list[str], str]:
     """The sparse block and the rule that chose it: the issue's rule (:func:`choose_sparse_tasks`,
     SFT success in (0, ``high``]); when that chooses nothing and ``fallback`` holds, the long tasks
@@ -100,15 +122,18 @@ def sparse_block(
     on 57.5% of its episodes (stop 63), so a block chosen on greedy rates need not be sparse for RL.
     The same two rules then read the sampled rates (``sampled``, then with ``fallback`` the long
     tasks SFT never solved even sampling, ``sampled_unsolved``), so no task that samples above
-    ``high`` can join the block."""
+    ``high`` can join the block.
+
+    Either rule leaves out the tasks one fixed answer solves too often (``constant_shares`` at
+    ``max_constant_share`` or more: :func:`choose_sparse_tasks`)."""
     sampled = sampled_rates is not None
     read = sampled_rates if sampled_rates is not None else rates
-    rare = choose_sparse_tasks(read, solution_steps, high=high, min_steps=min_steps, max_tasks=max_tasks)
+    common: dict[str, Any] = {"high": high, "min_steps": min_steps, "max_tasks": max_tasks}
+    common |= {"constant_shares": constant_shares, "max_constant_share": max_constant_share}
+    rare = choose_sparse_tasks(read, solution_steps, **common)
     if rare or not fallback:
         return rare, SPARSE_RULE_SAMPLED if sampled else SPARSE_RULE_STRICT
-    never = choose_sparse_tasks(
-        read, solution_steps, high=high, min_steps=min_steps, max_tasks=max_tasks, include_unsolved=True
-    )
+    never = choose_sparse_tasks(read, solution_steps, include_unsolved=True, **common)
     return never, SPARSE_RULE_SAMPLED_UNSOLVED if sampled else SPARSE_RULE_UNSOLVED
 
 
@@ -131,3 +156,9 @@ def sparse_block_rule(sft: Mapping[str, Any]) -> str:
     """The rule that chose an SFT policy's sparse block (:func:`sparse_block`); policies made
     before the fallback existed were chosen by the strict rule."""
     return str(_recorded_blocks(sft).get("sparse_rule") or SPARSE_RULE_STRICT)
+
+
+def sparse_left_out(sft: Mapping[str, Any]) -> dict[str, float]:
+    """The long tasks an SFT policy's sparse rule left out for a constant answer, with each one's
+    best fixed answer's share ({} for policies made before the rule read them)."""
+    return dict(_recorded_blocks(sft).get("sparse_left_out_constant") or {})

@@ -29,7 +29,7 @@ from training.policy.store import (
     latest_sft_policy,
     warm_policy_cache,
 )
-from training.policy.task_blocks import DENSE_BLOCK, sparse_block_rule, task_blocks
+from training.policy.task_blocks import DENSE_BLOCK, sparse_block_rule, sparse_left_out, task_blocks
 from training.rl.advice import FLYWHEEL_TAG_PREFIX, reward_advice
 from training.rl.report import (
     exploits_by_actor,
@@ -111,6 +111,7 @@ def run_rl_report(warehouse: Warehouse, *, sft_policy_id: str | None = None) -> 
     report["reward_by_ending"] = reward_by_ending(training)
     report["exploits"] = exploits_by_actor(training)
     report["sparse_rule"] = sparse_block_rule(sft)
+    report["sparse_left_out"] = sparse_left_out(sft)
     report["curves"] = _report_curves(warehouse, runs)
     row_of = {r["run_key"]: {"actor": run_label(r), "rl_seed": r["rl_seed"]} for r in runs}
     reported = [e | row_of[e["run_key"]] for e in training if e["run_key"] in row_of]

@@ -34,7 +34,10 @@ def pool_factory(workers: int) -> EnvPool:
     return EnvPool(MiniWoBConfig(), PoolConfig(workers=workers, spares=0))
 
 
-def test_sft_samples_the_long_tasks_and_the_draws_do_not_depend_on_the_policy_id(small_demos, tmp_path):
+def test_sft_samples_the_long_tasks_and_the_draws_do_not_depend_on_the_policy_id(small_demos, tmp_path, monkeypatch):
+    # login-user as if one fixed answer solved 6% of its instances (use-spinner is no candidate here)
+    shares = {"login-user": 0.06, "use-spinner": 0.1}
+    monkeypatch.setattr("training.policy.sft_stage.load_constant_answer_rates", lambda: shares)
     warehouse = Warehouse(tmp_path / "home")
     import_demonstrations(small_demos, warehouse, workers=1)
     settings = PolicySettings(
@@ -72,8 +75,11 @@ def test_sft_samples_the_long_tasks_and_the_draws_do_not_depend_on_the_policy_id
         demonstration_solution_steps(warehouse),
         min_steps=1.0,
         sampled_rates={"login-user": rate},
+        constant_shares={"login-user": 0.06},
     )
     assert (blocks["sparse"], blocks["sparse_rule"]) == expected
+    # the one long task is farmable by a constant: left out of the sparse block whatever its rate
+    assert blocks["sparse"] == [] and blocks["sparse_left_out_constant"] == {"login-user": 0.06}
 
     def actions(evaluation: str) -> dict[tuple[str, int], str]:
         rows = warehouse.query(

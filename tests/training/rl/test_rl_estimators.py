@@ -198,6 +198,26 @@ def test_the_sparse_block_is_chosen_by_its_own_rule_and_may_be_empty():
     assert choose_tasks(rates, 0.1, 0.9, 4) == ["long-often", "long-edge"]  # the dense block, as before
 
 
+def test_the_sparse_block_leaves_out_tasks_a_fixed_answer_solves_too_often():
+    """A task one fixed answer solves 5% of the time or more (envs.fixed_answer) is left out, by either
+    rule; a task never measured stays; the threshold can be switched off."""
+    from training.policy.task_blocks import MAX_CONSTANT_SHARE, farmable_tasks, sparse_block
+
+    rates = {"spinner": 0.04, "boxes": 0.1, "unmeasured": 0.12, "edge": 0.02}
+    steps = dict.fromkeys(rates, 6.0)
+    shares = {"spinner": 0.1, "boxes": 0.0, "edge": MAX_CONSTANT_SHARE}
+    assert farmable_tasks(shares) == {"edge": MAX_CONSTANT_SHARE, "spinner": 0.1}
+    assert sparse_block(rates, steps, constant_shares=shares) == (["boxes", "unmeasured"], "strict")
+    assert sparse_block(rates, steps, constant_shares=shares, max_constant_share=1.01)[0] == [
+        "edge",
+        "spinner",
+        "boxes",
+        "unmeasured",
+    ]
+    never = {"spinner": 0.0, "boxes": 0.0}  # the fallback rule (success 0) leaves it out too
+    assert sparse_block(never, steps, constant_shares=shares) == (["boxes"], "unsolved")
+
+
 def test_an_empty_sparse_block_falls_back_to_the_long_tasks_sft_never_solved():
     from training.policy.task_blocks import SPARSE_RULE_STRICT, SPARSE_RULE_UNSOLVED, sparse_block, sparse_block_rule
 

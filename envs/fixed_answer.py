@@ -122,9 +122,13 @@ def load_constant_answer_rates(path: Path = CONSTANT_ANSWERS_FILE) -> dict[str, 
         tasks = json.loads(path.read_text())["tasks"]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a constant-answer file ({exc})") from None
+    if not isinstance(tasks, dict):
+        raise ValueError(f"{path}: 'tasks' must map task ids to their measurements, got {type(tasks).__name__}")
     rates = {}
     for task_id, entry in tasks.items():
-        best = entry.get("best") if isinstance(entry, dict) else "missing"
+        if not isinstance(entry, dict) or "best" not in entry:
+            raise ValueError(f"{path}: task {task_id!r}: no 'best' (null where it could not be measured)")
+        best = entry["best"]
         if best is None:
             continue
         if isinstance(best, bool) or not isinstance(best, int | float) or not 0.0 <= best <= 1.0:

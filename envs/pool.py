@@ -127,10 +127,16 @@ class EnvPool:
         need = min(self.config.workers, self._target())
         deadline = time.monotonic() + self.config.start_timeout_s + 5
         with self._ready_cv:
-            while len(self._ready) < need and not self._give_up_starting() and time.monotonic() < deadline:
+            while (
+                len(self._ready) < need
+                and not self._give_up_starting()
+                and not self._cluster_lost
+                and time.monotonic() < deadline
+            ):
                 self._ready_cv.wait(0.2)
             if not self._ready:
-                raise PoolError(f"no worker could be started: {self._last_start_error or 'timed out'}")
+                why = f"the cluster is gone ({self._cluster_lost})" if self._cluster_lost else None
+                raise PoolError(f"no worker could be started: {why or self._last_start_error or 'timed out'}")
         return self
 
     def _target(self) -> int:
@@ -227,9 +233,11 @@ class EnvPool:
         while True:
             worker = None
             with self._ready_cv:
+                if self._closed or self._cluster_lost:
+                    return None  # a spare on a surviving node must not carry the batch on past a lost cluster
                 if self._ready:
                     worker = self._ready.popleft()
-                elif self._closed or self._cluster_lost or time.monotonic() > deadline or self._give_up_starting():
+                elif time.monotonic() > deadline or self._give_up_starting():
                     return None
                 else:
                     idle = self._starting == 0
@@ -244,9 +252,9 @@ class EnvPool:
             self._top_up()  # a spare was taken: start another
             if self._probe(worker):
                 return worker
-            self._retire(worker, "failed its health check")
             if self._lost_cluster():
-                return None
+                return None  # nothing can replace it: left to close(), as a worker lost mid-episode is
+            self._retire(worker, "failed its health check")
 
     def _probe(self, worker: PoolWorker) -> bool:
         if not worker.is_alive():
@@ -361,9 +369,11 @@ class EnvPool:
                 job, attempt = item
                 recently_fine = worker is not None and time.monotonic() - worker.last_ok < HEALTH_FRESH_S
                 if worker is not None and not recently_fine and not self._probe(worker):
-                    self._retire(worker, "failed its health check between episodes")
+                    # a worker lost between episodes: is the whole cluster gone? Then nothing can
+                    # replace it (the batch fails as a whole, below) and close() ends it
+                    if not self._lost_cluster():
+                        self._retire(worker, "failed its health check between episodes")
                     worker = None
-                    self._lost_cluster()  # a worker lost between episodes: is the whole cluster gone?
                 if worker is None:
                     try:
                         worker = self._acquire()

@@ -78,6 +78,12 @@ def test_the_rates_file_merges_atomically_and_a_bad_entry_names_the_file_and_tas
         ValueError, match=r"constant_answers.json: task 'a': 'best' must be a share in \[0, 1\], got 1.5"
     ):
         load_constant_answer_rates(path)
+    path.write_text('{"tasks": {"a": {"Best": 0.2}}}')  # a misspelt key is not "could not be measured"
+    with pytest.raises(ValueError, match="task 'a': no 'best'"):
+        load_constant_answer_rates(path)
+    path.write_text('{"tasks": []}')
+    with pytest.raises(ValueError, match="'tasks' must map task ids"):
+        load_constant_answer_rates(path)
     path.write_text("{not json")
     with pytest.raises(ValueError, match="constant_answers.json: not a constant-answer file"):
         load_constant_answer_rates(path)

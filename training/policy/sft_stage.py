@@ -53,8 +53,8 @@ from warehouse.trajectories import Trajectory
 #: The policy_sft asset's code version. The SFT stage kept the RL stage's version ("rl-6") when it
 #: moved out of ``training/rl/runs.py``, so no home's SFT policy reads as stale; bump it on a change
 #: to what SFT trains or how it chooses tasks (rl-8: a long task without human demonstrations is
-#: read from its experts' rollouts).
-SFT_CODE_VERSION = "rl-8"
+#: read from its experts' rollouts; rl-9: the sparse rule leaves out tasks one fixed answer farms).
+SFT_CODE_VERSION = "rl-9"
 
 #: The sampling stream of SFT's sampled episodes on the long tasks' selection seeds (evaluation
 #: :data:`~warehouse.purposes.SAMPLED_SELECTION`): fixed, so the draws depend on the model and the
@@ -111,6 +111,7 @@ def run_policy_sft(
     """Train the SFT policy, choose the experiment's tasks on selection seeds, evaluate it on
     held-out seeds, and publish the policy, its evaluations and their episodes."""
     torch.set_num_threads(settings.sft.threads)
+    shares = load_constant_answer_rates()  # a malformed file fails here, before any training
     tasks, trajectories = _imitation_data(warehouse, settings)
     log(f"SFT on {len(trajectories)} successful trajectories of {len(tasks)} tasks")
     model, data, result = _supervised_model(warehouse, settings, tasks, trajectories, log)
@@ -130,7 +131,6 @@ def run_policy_sft(
     extra_seeds = long_task_selection_seeds(warehouse, settings, tasks, selection_seeds)
     solution_steps = demonstration_solution_steps(warehouse)
     long_tasks = [t for t in tasks if solution_steps.get(t.task_id, 0.0) >= settings.sparse_min_solution_steps]
-    shares = load_constant_answer_rates()  # a malformed file fails here, before any episode
     with pool_factory(settings.workers) as pool:
         selection_result, selection = evaluate_policy(
             model, policy_id, tasks, selection_seeds, pool, evaluation="selection", log=log, extra_seeds=extra_seeds
@@ -141,10 +141,9 @@ def run_policy_sft(
         )
         sampled_rates = {row["task_id"]: row["success_rate"] for row in per_task_rows(sampled)}
         constant_shares = {t.task_id: share for t in long_tasks if (share := shares.get(t.task_id)) is not None}
-        chosen, sparse, sparse_rule = _task_blocks_by_rule(
+        chosen, sparse, sparse_rule, left_out = _task_blocks_by_rule(
             settings, rates, solution_steps, sampled_rates if settings.sparse_sampled else None, constant_shares
         )
-        left_out = farmable_tasks(constant_shares, settings.sparse_max_constant_share)
         log(
             f"SFT success on selection seeds: {rates}; sampling at temperature 1 (long tasks): {sampled_rates}; "
             f"experiment tasks: {chosen}; sparse block ({sparse_rule} rule): {sparse}; left out of it, a fixed "
@@ -160,7 +159,8 @@ def run_policy_sft(
             log=log,
         )
     keep_policy_cache(model, warehouse.home)
-    blocks = (chosen, sparse, sparse_rule, left_out)
+    blocks = {"dense": chosen, "sparse": sparse, "sparse_rule": sparse_rule, "sparse_left_out_constant": left_out}
+    blocks["sparse_constant_shares"] = constant_shares  # what the rule read ({}: no measurement of any candidate)
     policy_row = _policy_row(warehouse, settings, policy_id, checkpoint, run_id, rates, sampled_rates, blocks)
 
     outputs = [warehouse.stage_table("policies", policy_id, pa.Table.from_pylist([policy_row], schema=POLICIES), m)]
@@ -205,16 +205,15 @@ def _policy_row(
     run_id: str,
     rates: dict[str, float],
     sampled_rates: dict[str, float],
-    blocks: tuple[list[str], list[str], str, dict[str, float]],
+    blocks: dict[str, Any],
 ) -> dict[str, Any]:
     """The policies row of an SFT policy: its settings, selection rates and the task blocks chosen
     (and the long tasks the sparse rule left out for a constant answer, with their shares)."""
-    chosen, sparse, sparse_rule, left_out = blocks
     return {
         "policy_id": policy_id,
         "kind": "sft",
         "checkpoint_path": warehouse.relative(checkpoint),
-        "tasks": chosen,
+        "tasks": blocks["dense"],
         "env_steps": 0,
         "parameters": json.dumps(
             {
@@ -222,12 +221,7 @@ def _policy_row(
                 "selection_success": rates,
                 "sampled_selection_success": sampled_rates,
                 # pre-registered before any RL run: the blocks' rules and what they chose
-                "task_blocks": {
-                    "dense": chosen,
-                    "sparse": sparse,
-                    "sparse_rule": sparse_rule,
-                    "sparse_left_out_constant": left_out,
-                },
+                "task_blocks": blocks,
             },
             default=str,
         ),
@@ -303,23 +297,26 @@ def _task_blocks_by_rule(
     solution_steps: dict[str, float],
     sampled_rates: dict[str, float] | None,
     constant_shares: dict[str, float],
-) -> tuple[list[str], list[str], str]:
+) -> tuple[list[str], list[str], str, dict[str, float]]:
     """The dense and the sparse block, each by its rule, from SFT's success on the selection seeds
     (greedy, and sampling on the long tasks) and, for the sparse one, the long tasks' measured
-    constant-answer shares; and the rule that chose the sparse one."""
+    constant-answer shares; the rule that chose the sparse one; and the tasks the sparse block left
+    out for a constant answer (those it would have held without that exclusion), with their shares."""
     dense = choose_tasks(rates, settings.low, settings.high, settings.max_tasks)
+    rule_settings: dict[str, Any] = {
+        "high": settings.sparse_high,
+        "min_steps": settings.sparse_min_solution_steps,
+        "max_tasks": settings.max_tasks,
+        "fallback": settings.sparse_fallback_unsolved,
+        "sampled_rates": sampled_rates,
+    }
+    limit = settings.sparse_max_constant_share
     sparse, rule = sparse_block(
-        rates,
-        solution_steps,
-        high=settings.sparse_high,
-        min_steps=settings.sparse_min_solution_steps,
-        max_tasks=settings.max_tasks,
-        fallback=settings.sparse_fallback_unsolved,
-        sampled_rates=sampled_rates,
-        constant_shares=constant_shares,
-        max_constant_share=settings.sparse_max_constant_share,
+        rates, solution_steps, constant_shares=constant_shares, max_constant_share=limit, **rule_settings
     )
-    return dense, sparse, rule
+    unfiltered, _ = sparse_block(rates, solution_steps, **rule_settings)
+    farmable = farmable_tasks(constant_shares, limit)
+    return dense, sparse, rule, {t: farmable[t] for t in unfiltered if t in farmable}
 
 
 def _sampled_selection(

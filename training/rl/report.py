@@ -571,7 +571,7 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
         rule = SPARSE_RULES.get(report["sparse_rule"], report["sparse_rule"])
         lines += [f"Sparse block chosen by the {report['sparse_rule']} rule: {rule}.", ""]
         if left_out := report.get("sparse_left_out"):
-            shares = ", ".join(f"{task} ({share:.0%})" for task, share in left_out.items())
+            shares = ", ".join(f"{task} ({share:.1%})" for task, share in left_out.items())
             lines[-1:] = [f"Left out of it, one fixed answer solving too many of their instances: {shares}.", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in report["rows"]:

@@ -4,8 +4,10 @@ Two rewards that end level after a fixed budget may still differ in how fast the
 dense reward added to the outcome (ADMIRE's milestone bonus, ADMIRE §3.2; potential-based shaping)
 is meant to help exploration, which should show first as speed. A run's *take-off iteration* on a
 task is the first iteration whose training episodes there succeed at a share of at least
-:data:`TAKE_OFF_SHARE`; a run that never gets there is censored at its number of iterations (later
-than any run that took off; two censored runs tie). Rows are compared seed by seed against the
+:data:`TAKE_OFF_SHARE`; a run that never gets there is censored. Two runs are compared over the
+iterations both ran (a run resumed for a larger budget against one that was not): one that had not
+taken off by the shorter budget counts as that budget, later than any that had, and two such tie.
+Rows are compared seed by seed against the
 outcome under the same estimator on the same block, with an exact sign test (ties dropped), as the
 report's other per-seed comparisons are.
 
@@ -53,9 +55,11 @@ def take_off_by_seed(episodes: Iterable[Mapping[str, Any]]) -> dict[tuple[str, s
     return dict(table)
 
 
-def _censored(run: Mapping[str, Any]) -> int:
-    """The take-off iteration, a run that never took off counted at its number of iterations."""
-    return run["iterations"] if run["take_off"] is None else run["take_off"]
+def _censored(run: Mapping[str, Any], horizon: int) -> int:
+    """The take-off iteration seen over the first ``horizon`` iterations: a run that had not taken
+    off by then counts as ``horizon`` (so two runs of different budgets compare on the shorter)."""
+    took_off = run["take_off"]
+    return horizon if took_off is None or took_off >= horizon else took_off
 
 
 def take_off_rows(
@@ -78,8 +82,9 @@ def take_off_rows(
         baseline = table.get((baselines.get(actor, ""), task))
         if baseline is not None:
             common = sorted(set(seeds) & set(baseline))
-            sooner = sum(_censored(seeds[s]) < _censored(baseline[s]) for s in common)
-            later = sum(_censored(seeds[s]) > _censored(baseline[s]) for s in common)
+            horizon = {s: min(seeds[s]["iterations"], baseline[s]["iterations"]) for s in common}
+            sooner = sum(_censored(seeds[s], horizon[s]) < _censored(baseline[s], horizon[s]) for s in common)
+            later = sum(_censored(seeds[s], horizon[s]) > _censored(baseline[s], horizon[s]) for s in common)
             row |= {"versus": baselines[actor], "paired_seeds": len(common), "sooner": sooner, "later": later}
             row["p"] = mcnemar_exact_p(sooner, later)  # the exact sign test: the same binomial
         rows.append(row)
@@ -103,8 +108,9 @@ def take_off_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = [
         "",
         f"**How soon runs take off** (the first iteration whose training episodes on a task succeed at "
-        f"{TAKE_OFF_SHARE:.0%} or more, iterations from 0; a run that never does counts as its number of "
-        "iterations), seed by seed against the outcome under the same estimator; exact sign test, ties dropped:",
+        f"{TAKE_OFF_SHARE:.0%} or more, iterations from 0), seed by seed against the outcome under the same "
+        "estimator over the iterations both runs ran (not taken off by then: later than any that did; two such "
+        "tie); exact sign test, ties dropped:",
         "",
         "| row | task | took off | median iteration | versus | sooner / later | p |",
         "|---|---|---|---|---|---|---|",

@@ -46,6 +46,7 @@ def test_sft_samples_the_long_tasks_and_the_draws_do_not_depend_on_the_policy_id
         selection_seeds=3,
         sparse_selection_seeds=0,
         sparse_min_solution_steps=1.0,  # login-user counts as long here: its selection seeds are sampled
+        sparse_high=1.0,  # ... and rare enough, whatever its rate: only the constant-answer rule can leave it out
         held_out_seeds=1,
         low=-1,
         high=2,
@@ -73,13 +74,22 @@ def test_sft_samples_the_long_tasks_and_the_draws_do_not_depend_on_the_policy_id
     expected = sparse_block(
         parameters["selection_success"],
         demonstration_solution_steps(warehouse),
+        high=1.0,
         min_steps=1.0,
         sampled_rates={"login-user": rate},
         constant_shares={"login-user": 0.06},
     )
     assert (blocks["sparse"], blocks["sparse_rule"]) == expected
-    # the one long task is farmable by a constant: left out of the sparse block whatever its rate
+    # the one long task is farmable by a constant: left out of the sparse block it would have formed
+    assert sparse_block(
+        parameters["selection_success"],
+        demonstration_solution_steps(warehouse),
+        high=1.0,
+        min_steps=1.0,
+        sampled_rates={"login-user": rate},
+    )[0] == ["login-user"]
     assert blocks["sparse"] == [] and blocks["sparse_left_out_constant"] == {"login-user": 0.06}
+    assert blocks["sparse_constant_shares"] == {"login-user": 0.06}  # what it read, of the long tasks
 
     def actions(evaluation: str) -> dict[tuple[str, int], str]:
         rows = warehouse.query(

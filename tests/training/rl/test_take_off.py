@@ -79,3 +79,19 @@ def test_a_row_is_compared_with_the_outcome_under_its_own_estimator_on_its_block
         "progrm_env": "outcome",
         "outcome+milestones:decay (reinforce_pp_kl_apart) [sparse]": "outcome (reinforce_pp_kl_apart) [sparse]",
     }
+
+
+def test_runs_of_different_budgets_compare_over_the_iterations_both_ran():
+    """A 10-iteration run that never took off is not sooner than a 20-iteration baseline that took
+    off at 12: over the 10 both ran, neither had; a baseline that took off at 4 is sooner."""
+    never_in_10, at = [(0, 2)] * 10, lambda i, n: [(0, 2)] * i + [(2, 2)] * (n - i)
+    episodes = [
+        *_episodes("outcome", 0, "t", at(12, 20)),
+        *_episodes("outcome", 1, "t", at(4, 20)),
+        *_episodes("outcome", 2, "t", at(3, 20)),
+        *_episodes("bonus", 0, "t", never_in_10),  # tie over 10 iterations
+        *_episodes("bonus", 1, "t", never_in_10),  # later
+        *_episodes("bonus", 2, "t", at(1, 10)),  # sooner
+    ]
+    (bonus,) = [r for r in take_off_rows(take_off_by_seed(episodes), {"bonus": "outcome"}) if r["versus"]]
+    assert (bonus["sooner"], bonus["later"]) == (1, 1)

@@ -494,7 +494,10 @@ def _lose_the_head(cluster: LocalRayCluster, path: str, marker: str) -> dict[str
     catalog = load_catalog(fresh=True)
     jobs = plan_jobs([catalog["login-user-popup"], catalog["click-option"]], batch="ray", episodes_per_task=2)
     returned = None
-    pool = RayEnvPool(MiniWoBConfig(), ray_config(cluster, workers=2, step_timeout_s=10))
+    # between batches with a spare (the env_pool resource's default): a spare on the surviving node
+    # must not carry the batch on once the head is known to be gone
+    spares = 1 if path == "between batches" else 0
+    pool = RayEnvPool(MiniWoBConfig(), ray_config(cluster, workers=2, spares=spares, step_timeout_s=10))
     try:
         with pool:
             if path == "per step":

@@ -74,6 +74,17 @@ def _retry(action: Callable[[], T], seconds: float = 20.0) -> T:
             time.sleep(0.3)
 
 
+def _a_choice_is_checked(driver) -> bool:
+    """Whether any choice on the page is checked (False while the page re-renders under us)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return any(box.is_selected() for box in driver.find_elements(By.CSS_SELECTOR, "input.ant-radio-input"))
+    except StaleElementReferenceException:
+        return False
+
+
 def _choose(driver, value: str, seconds: float = 30.0) -> None:
     """Click a choice until it is checked and stays checked (the page may re-render while the pre-annotation loads)."""
     from selenium.webdriver.common.by import By
@@ -130,6 +141,9 @@ def test_submission_in_chromium_reaches_human_labels(ls_server, ls_credentials, 
         driver.get(f"{url}/projects/{correctness['ls_project_id']}/data?task={correctness['ls_task_id']}")
         wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "input.ant-radio-input[name=negative]")))
         assert "target" in driver.page_source and "Earlier actions" in driver.page_source
+        # the model's pre-annotation checks its choice once loaded: a click before that starts an
+        # annotation from scratch (no parent prediction; seen once in CI under load)
+        wait.until(_a_choice_is_checked)
         _choose(driver, "negative")
         _retry(lambda: driver.find_element(By.CSS_SELECTOR, "textarea[name=rationale]").click())
         _retry(

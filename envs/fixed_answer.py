@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.pool_jobs import EpisodeJob
-from envs.protocol import Actor, EpisodeContext, StatelessSnapshot, StepResult
+from envs.protocol import Actor, EpisodeContext, EpisodeRecord, StatelessSnapshot, StepResult
 from warehouse.model import Action, ActionType, Screen
 from warehouse.storage import write_atomic
 
@@ -59,6 +59,21 @@ def fixed_answer_jobs(source: EpisodeJob, answer_length: int, targets: Sequence[
         for target in targets
         if target.seed != source.seed
     ]
+
+
+def fixed_answer_batch(
+    solved: Sequence[tuple[EpisodeJob, EpisodeRecord]], targets: Sequence[EpisodeJob]
+) -> tuple[list[EpisodeJob], dict[str, tuple[Action, ...]]]:
+    """Every solved source's answer on the targets of its task: the jobs (:func:`fixed_answer_jobs`)
+    and each job's answer (what :class:`FixedAnswerPolicy` carries out)."""
+    jobs: list[EpisodeJob] = []
+    answers: dict[str, tuple[Action, ...]] = {}
+    for source, record in solved:
+        answer = tuple(step.action for step in record.steps)
+        mine = fixed_answer_jobs(source, len(answer), [t for t in targets if t.task.task_id == source.task.task_id])
+        answers |= dict.fromkeys((j.episode_id for j in mine), answer)
+        jobs += mine
+    return jobs, answers
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         CONSTANT_ANSWERS_FILE,
         FixedAnswerPolicy,
         constant_answer_rate,
-        fixed_answer_jobs,
+        fixed_answer_batch,
         write_constant_answer_rates,
     )
     from envs.policies import make_policy
@@ -69,17 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     with EnvPoolResource().pool("miniwob", args.workers, log=print) as pool:
         solved_sources = pool.run(sources, make_policy("expert")).episodes
-        answers, jobs, source_of = {}, [], {}
         by_id = {job.episode_id: job for job in sources}
-        for record in solved_sources:
-            if not record.success:
-                continue
-            answer = tuple(step.action for step in record.steps)
-            job = by_id[record.episode_id]
-            mine = fixed_answer_jobs(job, len(answer), [t for t in targets if t.task.task_id == job.task.task_id])
-            answers |= {j.episode_id: answer for j in mine}
-            source_of |= {j.episode_id: (job.task.task_id, job.seed, record.instruction) for j in mine}
-            jobs += mine
+        solved_pairs = [(by_id[r.episode_id], r) for r in solved_sources if r.success]
+        jobs, answers = fixed_answer_batch(solved_pairs, targets)
+        instruction = {(job.task.task_id, job.seed): r.instruction for job, r in solved_pairs}
+        source_of = {}  # target episode id -> (task, source seed, source instruction)
+        for job in jobs:
+            _, task_id, source_seed, _ = job.episode_id.split(":")
+            source_of[job.episode_id] = (task_id, int(source_seed), instruction[(task_id, int(source_seed))])
         tried = pool.run(jobs, FixedAnswerPolicy(answers)).episodes if jobs else []
     solved: dict[str, dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for record in tried:

@@ -10,6 +10,7 @@ from envs.fixed_answer import (
     CONSTANT_ANSWERS_FILE,
     FixedAnswerPolicy,
     constant_answer_rate,
+    fixed_answer_batch,
     fixed_answer_jobs,
     load_constant_answer_rates,
     transplant,
@@ -109,11 +110,7 @@ def test_live_a_constant_solves_click_button_sequence_and_not_click_checkboxes_l
     with EnvPool(MiniWoBConfig(), PoolConfig(workers=2, spares=0)) as pool:
         solved = pool.run(sources, make_policy("expert")).episodes
         assert [r.success for r in solved] == [True, True]
-        answers, jobs = {}, []
-        for job, record in zip(sources, solved, strict=True):
-            mine = fixed_answer_jobs(job, len(record.steps), [t for t in targets if t.task.task_id == job.task.task_id])
-            answers |= {j.episode_id: tuple(s.action for s in record.steps) for j in mine}
-            jobs += mine
+        jobs, answers = fixed_answer_batch(list(zip(sources, solved, strict=True)), targets)
         tried = pool.run(jobs, FixedAnswerPolicy(answers)).episodes
     by_task = {t.task_id: [r.success for r in tried if r.task_id == t.task_id] for t in tasks}
     assert by_task == {"click-button-sequence": [True] * 5, "click-checkboxes-large": [False] * 5}

@@ -20,6 +20,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from warehouse.statistics import mcnemar_exact_p
 
 #: The training success share on a task at which a run counts as taken off (fixed before any take-off
@@ -76,7 +78,7 @@ def take_off_rows(
             "task_id": task,
             "seeds": len(seeds),
             "took_off": len(took_off),
-            "median_take_off": _median(took_off),
+            "median_take_off": float(np.median(took_off)) if took_off else None,
             "versus": None,
         }
         baseline = table.get((baselines.get(actor, ""), task))
@@ -89,13 +91,6 @@ def take_off_rows(
             row["p"] = mcnemar_exact_p(sooner, later)  # the exact sign test: the same binomial
         rows.append(row)
     return rows
-
-
-def _median(values: Sequence[int]) -> float | None:
-    if not values:
-        return None
-    middle = len(values) // 2
-    return float(values[middle]) if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
 def take_off_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -148,6 +148,10 @@ def test_sft_rl_runs_evaluation_and_report(small_demos, tmp_path, monkeypatch):
     }
     assert {r["versus"] for (actor, _), r in take_off.items() if actor != "outcome"} == {"outcome"}
     assert ("How soon runs take off" in table) == any(r["versus"] for r in take_off.values())
+    # each row's budget is read back from its runs' recorded settings: all ran 2, so no warning
+    rows = run_rl_report(Warehouse(home))["rows"]
+    assert {r["actor"]: r["iterations"] for r in rows if r["reward_source"]} == {run: [2] for run in RUNS}
+    assert "Budgets differ" not in table
 
     warehouse = Warehouse(home)
     iterations = warehouse.query(

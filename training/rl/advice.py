@@ -34,6 +34,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from training.rl.budgets import budget_text, mixed_budgets
 from training.rl.rewards.composed import is_control, parse_composition
 from training.rl.task_breakdown import constant_answer_alarms
 from warehouse.statistics import holm_adjusted, p_value_text
@@ -113,8 +114,11 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     (against the outcome under that estimator) the comparison's ``difference``, ``difference_low``,
     ``difference_high``, ``pairs``, the raw and adjusted p and the ``judgement``), ``with_outcome``
     and ``without_outcome`` (the ``actor`` recommended or None, and ``why``), ``safe_to_add``,
-    ``worse_than_outcome``, ``provisional`` (the rows with too few seeds) and ``no_run_beat_sft``
-    (True where the block has an SFT row, some row was compared with it, and none was better)."""
+    ``worse_than_outcome``, ``provisional`` (the rows with too few seeds), ``no_run_beat_sft``
+    (True where the block has an SFT row, some row was compared with it, and none was better) and
+    ``mixed_budgets`` (each RL row's iterations where the block's rows did not all run one budget,
+    :func:`training.rl.budgets.mixed_budgets`; empty otherwise): the judgements stand, but a
+    difference between rows of different budgets is partly the budget's."""
     rows = {r["actor"]: r for r in report["rows"]}
     alarms = {a["actor"]: list(a["alarms"]) for a in report.get("hacking_alarms", [])}
     for actor, said in constant_answer_alarms(report["rows"]).items():
@@ -124,6 +128,7 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         if r.get("reward_source") and r.get("estimator") in ADVISED_ESTIMATORS and not is_control(r["reward_source"]):
             blocks.setdefault(r["block"], []).append(r)
     advice = []
+    budgets = mixed_budgets(report["rows"])
     for block, rl_rows in blocks.items():
         estimator_of = {r["actor"]: r["estimator"] for r in rl_rows}
         # the outcome never has a reward model, so its row carries no tag; one per estimator
@@ -169,7 +174,8 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "adjusted_p": p,
                 "judgement": judge_comparison(c, p, margin=None if side == "versus_sft" else NON_INFERIORITY_MARGIN),
             }
-        advice.append(_recommend(block, outcome_actor, sft_actor, list(judged.values()), len(found)))
+        recommended = _recommend(block, outcome_actor, sft_actor, list(judged.values()), len(found))
+        advice.append(recommended | {"mixed_budgets": budgets.get(block, {})})
     return advice
 
 
@@ -294,9 +300,10 @@ def advice_summary(block: Mapping[str, Any]) -> str:
     """One block's advice in one line (the ``rl_report`` asset's ``which_reward_<block>`` metadata)."""
     floor = "; no run beat SFT here" if block.get("no_run_beat_sft") else ""
     provisional = f" (provisional: fewer than {ADVICE_MIN_SEEDS} RL seeds)" if block["provisional"] else ""
+    budgets = " (rows of different budgets)" if block.get("mixed_budgets") else ""
     return (
         f"with the exact outcome: {block['with_outcome']['actor'] or 'no advice'}; "
-        f"without one: {block['without_outcome']['actor'] or 'none'}{floor}{provisional}"
+        f"without one: {block['without_outcome']['actor'] or 'none'}{floor}{provisional}{budgets}"
     )
 
 
@@ -343,6 +350,12 @@ def advice_markdown(advice: Sequence[Mapping[str, Any]]) -> list[str]:
             lines.append(
                 f"- provisional: {len(block['provisional'])} row(s) have fewer than {ADVICE_MIN_SEEDS} RL seeds "
                 f"({', '.join(block['provisional'])}); between-seed spread dominates with fewer"
+            )
+        if mixed := block.get("mixed_budgets"):
+            listed = "; ".join(f"{actor} {budget_text(b)}" for actor, b in sorted(mixed.items()))
+            lines.append(
+                f"- **rows of different budgets** (iterations per run: {listed}): a difference between two of "
+                "them is partly the budget's; compare rows of one budget, or resume the others to it"
             )
         sft = block["sft_actor"] or "SFT"
         # rows of another estimator also against the outcome under it (a column only where one was run)

@@ -133,6 +133,7 @@ def reported_runs(
         "json_extract_string(parameters, '$.reward_model') AS reward_model, "
         "json_extract_string(parameters, '$.reward_model_id') AS pinned, "
         "json_extract_string(parameters, '$.orm_rule') AS orm_rule, "
+        "TRY_CAST(json_extract_string(parameters, '$.iterations') AS INTEGER) AS iterations, "
         "coalesce(json_extract_string(parameters, '$.block'), ?) AS block FROM policies "
         "WHERE kind = 'rl' AND parent_policy_id = ? ORDER BY created_at",
         [DENSE_BLOCK, sft_policy_id],

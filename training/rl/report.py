@@ -25,6 +25,7 @@ from training.policy.task_blocks import (
 from training.reward_models.exploits import PAID_FAILURE, UNPAID_SUCCESS, PaidEpisode, select_exploits
 from training.reward_models.kinds import PROGRESS_KINDS
 from training.rl.advice import FLYWHEEL_TAG_PREFIX, advice_markdown
+from training.rl.budgets import budget_lines, row_budgets
 from training.rl.pairing import comparison_lines, paired_rows
 from training.rl.rewards.composed import CONTROL_FORMS, Composition, parse_composition
 from training.rl.rewards.orm import ORM_RULE_BY_BLOCK, ORM_RULES
@@ -171,6 +172,7 @@ def table_one(
         run: dict | None = None,
         tasks: Collection[str] | None = None,
         block: str | None = None,
+        budgets: Sequence[int] = (),
     ) -> dict:
         kept = {p: [e for e in by_policy.get(p, []) if tasks is None or e["task_id"] in tasks] for p in policy_ids}
         items = [e for p in policy_ids for e in kept[p]]
@@ -193,6 +195,7 @@ def table_one(
             "env_return_low": reward_low,
             "env_return_high": reward_high,
             "env_steps": int(np.mean(env_steps)) if env_steps else 0,
+            "iterations": list(budgets),
         }
         for family in families:
             fam = [e for e in items if e["task_family"] == family]
@@ -212,15 +215,10 @@ def table_one(
         rows = [summarise(sft_label(b), [sft_id], [0], tasks=set(t), block=b) for b, t in blocks.items() if t]
     for label, members in sorted(groups.items()):
         ids, steps = [m["policy_id"] for m in members], [m["env_steps"] or 0 for m in members]
-        rows.append(summarise(label, ids, steps, members[0]))
+        rows.append(summarise(label, ids, steps, members[0], budgets=row_budgets(members)))
 
     def outcomes(policy_ids: Sequence[str], with_seed: bool) -> dict[tuple, bool]:
-        out = {}
-        for p in policy_ids:
-            seed = next((m["rl_seed"] for m in runs if m["policy_id"] == p), 0)
-            for e in by_policy.get(p, []):
-                out[(e["task_id"], e["seed"], seed if with_seed else 0)] = bool(e["success"])
-        return out
+        return held_out_outcomes(by_policy, policy_ids, rl_seed_of if with_seed else {})
 
     comparisons = []
     sft_outcomes = outcomes([sft_id], False)
@@ -242,6 +240,19 @@ def table_one(
         "rows": rows,
         "comparisons": comparisons,
         "design": experiment_design(rows),
+    }
+
+
+def held_out_outcomes(
+    by_policy: Mapping[str, Sequence[Mapping[str, Any]]], policy_ids: Sequence[str], rl_seed_of: Mapping[str, int]
+) -> dict[tuple, bool]:
+    """Each held-out episode's success by (task, instance seed, RL seed) over ``policy_ids``, the RL seed
+    read from ``rl_seed_of`` (0 for a policy not in it: SFT, or where seeds are not to be told apart):
+    the keys the paired tests match episodes on."""
+    return {
+        (e["task_id"], e["seed"], rl_seed_of.get(p, 0)): bool(e["success"])
+        for p in policy_ids
+        for e in by_policy.get(p, [])
     }
 
 
@@ -584,6 +595,7 @@ def report_markdown(report: dict[str, Any]) -> Markdown:
             f"{r['env_steps']:,}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += budget_lines(report["rows"])
     lines += comparison_lines(report["comparisons"])
     lines += per_task_lines(report["rows"])
     lines += per_seed_lines(report["rows"])

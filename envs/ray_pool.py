@@ -141,6 +141,31 @@ def head_unreachable(address: str, *, timeout_s: float = 5.0) -> str | None:
         return first_line(exc, bare=True)
 
 
+#: How many times, and how far apart, :func:`head_lost` asks the head before calling it gone.
+HEAD_LOST_ATTEMPTS, HEAD_LOST_PAUSE_S = 3, 1.0
+
+
+def head_lost(
+    address: str,
+    *,
+    attempts: int = HEAD_LOST_ATTEMPTS,
+    pause_s: float = HEAD_LOST_PAUSE_S,
+    timeout_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
+    """Why the head is gone, or None: :func:`head_unreachable` asked ``attempts`` times ``pause_s``
+    apart, gone only if no attempt was answered. A pool that calls its cluster lost fails the batch
+    and starts nothing more, so one connect that timed out on a loaded head must not decide it."""
+    why = None
+    for attempt in range(attempts):
+        if attempt:
+            sleep(pause_s)
+        why = head_unreachable(address, timeout_s=timeout_s)
+        if why is None:
+            return None
+    return why
+
+
 #: Rebuilt policies an actor keeps (the newest snapshots): a batch uses one, and the one before may
 #: still be finishing in a batch that overlaps.
 _POLICIES_KEPT = 2
@@ -394,7 +419,7 @@ class RayWorker:
                 except GetTimeoutError:
                     if not watch_head or time.monotonic() >= deadline:
                         raise
-                gone = head_unreachable(self.config.ray_address or "", timeout_s=1.0)
+                gone = head_lost(self.config.ray_address or "", timeout_s=1.0)
                 if gone:
                     raise WorkerFailure(
                         f"worker {self.id} ({op}, node {self.node}): the Ray cluster's head at "
@@ -516,7 +541,7 @@ class RayEnvPool(EnvPool):
     def _lost_cluster(self) -> bool:
         """Was the lost worker the head? Ray's client ends this process about a minute after
         losing the head, so the batch must not wait for replacements that cannot come."""
-        unreachable = head_unreachable(self.config.ray_address or "", timeout_s=2.0)
+        unreachable = head_lost(self.config.ray_address or "")
         if unreachable:
             self._cluster_lost = unreachable
         return unreachable is not None
@@ -526,7 +551,7 @@ class RayEnvPool(EnvPool):
         is returned to be published (workers on other nodes may have finished theirs, but the
         cluster cannot replace a worker without its head, so a rerun is the only way to finish)."""
         address = self.config.ray_address or ""
-        unreachable = self._cluster_lost or head_unreachable(address)
+        unreachable = self._cluster_lost or head_lost(address)
         if unreachable:
             self.close()
             disconnect()

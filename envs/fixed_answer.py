@@ -129,8 +129,8 @@ def constant_answer_rate(solved: Mapping[int, Sequence[bool]]) -> dict[str, Any]
 
 def load_constant_answer_rates(path: Path = CONSTANT_ANSWERS_FILE) -> dict[str, float]:
     """Each measured task's best fixed answer's share of instances solved; tasks the measurement
-    could not rate (the expert solved no source) are left out, as is everything without the file.
-    A malformed file is a ValueError naming it and the task."""
+    could not rate (no scripted solution, or the expert solved no source) are left out, as is
+    everything without the file. A malformed file is a ValueError naming it and the task."""
     if not path.exists():
         return {}
     try:
@@ -159,7 +159,8 @@ def write_constant_answer_rates(measured: Mapping[str, Mapping[str, Any]], path:
     document = {
         "about": "The best fixed answer's share of a task's instances solved (envs.fixed_answer; "
         "written by scripts/constant_answers.py --write). The sparse block leaves out tasks at or above "
-        "training.policy.task_blocks.MAX_CONSTANT_SHARE; best null: not measurable (the expert solved no source).",
+        "training.policy.task_blocks.MAX_CONSTANT_SHARE; best null: not measurable (no scripted solution, "
+        "or the expert solved no source).",
         "tasks": dict(sorted((existing | dict(measured)).items())),
     }
     return write_atomic(path, json.dumps(document, indent=1) + "\n")

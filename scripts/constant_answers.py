@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,11 @@ from typing import Any
 #: Instances no stage draws (SFT training, selection, held-out evaluation and policy rollouts take
 #: their seeds from 1, 2, 3 and 4 million on: training.policy.store).
 BASE_SEED = 7_000_000
+#: Why a task without a scripted solution is not rated: the measurement's sources are the expert's
+#: solutions. (Human demonstrations transplanted instead were tried on book-flight-nodelay and
+#: search-engine: every attempt stopped at an element whose description carries the instance's own
+#: text or a generated id, so they would rate any such task 0 for a reason that is not the task's.)
+NO_SOLUTION = "no scripted solution in its spec: the expert has no source to solve"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,15 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from assets.resources import EnvPoolResource
-    from envs.fixed_answer import (
-        CONSTANT_ANSWERS_FILE,
-        FixedAnswerPolicy,
-        constant_answer_rate,
-        fixed_answer_batch,
-        write_constant_answer_rates,
-    )
-    from envs.policies import make_policy
+    from envs.fixed_answer import CONSTANT_ANSWERS_FILE, constant_answer_rate, write_constant_answer_rates
     from envs.pool_jobs import plan_jobs
     from envs.task_catalog import load_catalog
 
@@ -64,20 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [catalog[t] for t in task_ids]
     source_seeds = range(args.base_seed, args.base_seed + args.sources)
     target_seeds = range(args.base_seed + args.sources, args.base_seed + args.sources + args.targets)
-    sources = plan_jobs(tasks, batch="constant-answer-sources", seeds=source_seeds)
+    # a task whose spec has no scripted solution cannot give the expert a source to solve
+    unsolvable = {t.task_id for t in tasks if not t.has_solution}
+    sources = plan_jobs(
+        [t for t in tasks if t.task_id not in unsolvable], batch="constant-answer-sources", seeds=source_seeds
+    )
     targets = plan_jobs(tasks, batch="constant-answer-targets", seeds=target_seeds)
     rows: list[dict[str, Any]] = []
-    with EnvPoolResource().pool("miniwob", args.workers, log=print) as pool:
-        solved_sources = pool.run(sources, make_policy("expert")).episodes
-        by_id = {job.episode_id: job for job in sources}
-        solved_pairs = [(by_id[r.episode_id], r) for r in solved_sources if r.success]
-        jobs, answers = fixed_answer_batch(solved_pairs, targets)
-        instruction = {(job.task.task_id, job.seed): r.instruction for job, r in solved_pairs}
-        source_of = {}  # target episode id -> (task, source seed, source instruction)
-        for job in jobs:
-            _, task_id, source_seed, _ = job.episode_id.split(":")
-            source_of[job.episode_id] = (task_id, int(source_seed), instruction[(task_id, int(source_seed))])
-        tried = pool.run(jobs, FixedAnswerPolicy(answers)).episodes if jobs else []
+    # no pool (no browser) where no task has a source to solve
+    solved_sources, tried, source_of = _run_answers(sources, targets, args.workers) if sources else ([], [], {})
     solved: dict[str, dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for record in tried:
         task_id, source_seed, instruction = source_of[record.episode_id]
@@ -98,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         rate = constant_answer_rate(solved.get(task, {}))
         common = {"sources": args.sources, "targets": args.targets, "base_seed": args.base_seed, "measured": today}
         if rate["best"] is None:
-            print(f"| {task} | {solved_here} of {args.sources} | - | - | - | - |")
-            measured[task] = {"best": None, "why": f"the expert solved none of {args.sources} instances"} | common
+            why = NO_SOLUTION if task in unsolvable else f"the expert solved none of {args.sources} instances"
+            tried_here = "-" if task in unsolvable else f"{solved_here} of {args.sources}"
+            print(f"| {task} | {tried_here} | - | - | - | not measurable: {why} |")
+            measured[task] = {"best": None, "why": why} | common
             continue
         shown = json.dumps(instruction_of[(task, rate["best_source"])])
         measured[task] = {"best": round(rate["best"], 4), "mean": round(rate["mean"], 4)} | common
@@ -111,6 +105,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         print(f"\nrecorded in {write_constant_answer_rates(measured, CONSTANT_ANSWERS_FILE)}")
     return 0
+
+
+def _run_answers(
+    sources: list[Any], targets: list[Any], workers: int
+) -> tuple[list[Any], list[Any], dict[str, tuple[str, int, str]]]:
+    """The expert on the sources, then each solved source's answer on its task's targets: the source
+    episodes, the target episodes, and per target episode its (task, source seed, source instruction)."""
+    from assets.resources import EnvPoolResource
+    from envs.fixed_answer import FixedAnswerPolicy, fixed_answer_batch
+    from envs.policies import make_policy
+
+    with EnvPoolResource().pool("miniwob", workers, log=print) as pool:
+        ran = pool.run(sources, make_policy("expert"))
+        for reason, times in Counter(a.reason for a in ran.attempts if a.status == "aborted").items():
+            # a source lost is not a source the expert failed: said, not hidden in "solved none"
+            print(f"constant_answers: {times} source episode(s) aborted: {reason}", file=sys.stderr)
+        by_id = {job.episode_id: job for job in sources}
+        solved_pairs = [(by_id[r.episode_id], r) for r in ran.episodes if r.success]
+        jobs, answers = fixed_answer_batch(solved_pairs, targets)
+        instruction = {(job.task.task_id, job.seed): r.instruction for job, r in solved_pairs}
+        source_of = {}
+        for job in jobs:
+            _, task_id, source_seed, _ = job.episode_id.split(":")
+            source_of[job.episode_id] = (task_id, int(source_seed), instruction[(task_id, int(source_seed))])
+        tried = pool.run(jobs, FixedAnswerPolicy(answers)).episodes if jobs else []
+    return ran.episodes, tried, source_of
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ MiniWoB++ for a task a constant solves and one it cannot."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from envs.fixed_answer import (
@@ -97,6 +100,38 @@ def test_the_catalog_s_measured_rates_leave_the_farmable_long_tasks_out():
     rates = load_constant_answer_rates(CONSTANT_ANSWERS_FILE)
     assert set(farmable_tasks(rates)) == {"click-shades", "guess-number", "use-spinner"}
     assert rates["click-checkboxes-large"] == 0.0 and "book-flight-nodelay" not in rates  # not measurable
+
+
+def _script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "constant_answers.py"
+    spec = importlib.util.spec_from_file_location("constant_answers", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_task_without_a_scripted_solution_is_said_to_be_unmeasurable_not_solved_by_nobody(
+    tmp_path, capsys, monkeypatch
+):
+    """book-flight-nodelay's and search-engine's specs have no solution: the script says so, and starts
+    no browser for them (the old script ran the expert anyway and reported "solved none of 10")."""
+    script = _script()
+
+    def no_pool(*_: object) -> None:
+        raise AssertionError("a pool was started for tasks without a source")
+
+    monkeypatch.setattr(script, "_run_answers", no_pool)
+    out = tmp_path / "attempts.jsonl"
+    assert script.main(["--tasks", "book-flight-nodelay,search-engine", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for task in ("book-flight-nodelay", "search-engine"):
+        assert f"| {task} | - | - | - | - | not measurable: {script.NO_SOLUTION} |" in printed
+    assert out.read_text() == ""
+    entries = json.loads(CONSTANT_ANSWERS_FILE.read_text())["tasks"]
+    assert entries["book-flight-nodelay"]["why"] == entries["search-engine"]["why"] == script.NO_SOLUTION
 
 
 @pytest.mark.e2e

@@ -5,10 +5,16 @@ Each node is its own ``ray start`` (own raylet, object store and worker processe
 loopback address (127.0.0.2 for the head, 127.0.0.3, ... for the others: Ray rewrites 127.0.0.1 to
 the interface address but keeps the others), under one temporary folder of this cluster's own.
 ``stop`` kills this cluster's processes only, never a machine-wide ``ray stop``.
+
+Ray's processes detach from the one that started them, so a test process killed before its
+``stop`` (a pytest worker that crashed, a CI job cut off) leaves its cluster running. Each cluster
+records its owner in its folder (:data:`OWNER_FILE`); ``start`` first stops every cluster of this
+kind whose owner is gone (:func:`reap_orphaned_clusters`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -19,6 +25,40 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+#: The file in a cluster's temporary folder that names the process that started it.
+OWNER_FILE = "stepwise-owner.json"
+#: Where clusters' folders are made (a short path: Ray's unix sockets live under it, 108-byte limit).
+CLUSTERS_DIR = Path("/tmp")
+
+
+def _process_started(pid: int) -> float | None:
+    """When process ``pid`` started (None: there is no such process)."""
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def reap_orphaned_clusters(clusters_dir: Path = CLUSTERS_DIR) -> list[Path]:
+    """Stop every local cluster under ``clusters_dir`` whose owner process is gone (or is another
+    process under a reused pid: its start time differs), and remove its folder; the folders reaped.
+    A cluster whose owner lives is never touched, nor a folder without an owner file."""
+    reaped = []
+    for owner_file in sorted(clusters_dir.glob(f"ray-*/{OWNER_FILE}")):
+        try:
+            owner = json.loads(owner_file.read_text())
+            pid, started, address = int(owner["pid"]), float(owner["started"]), str(owner["address"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # being written, or not ours to judge
+        alive = _process_started(pid)
+        if alive is not None and abs(alive - started) < 1.0:
+            continue
+        LocalRayCluster(temp_dir=owner_file.parent, address=address).stop()
+        reaped.append(owner_file.parent)
+    return reaped
 
 
 def _free_port(host: str) -> int:
@@ -45,12 +85,15 @@ class LocalRayCluster:
     node_ips: list[str] = field(default_factory=list)
 
     def start(self, timeout_s: float = 120.0) -> LocalRayCluster:
-        """Start the head, then each worker node; returns when every node is up."""
-        # a short path: Ray's unix sockets live under it (108-byte limit)
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+        """Start the head, then each worker node; returns when every node is up. Clusters left by
+        owners that died first are stopped (:func:`reap_orphaned_clusters`)."""
+        reap_orphaned_clusters()
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir=CLUSTERS_DIR))
         head = "127.0.0.2"
         port = _free_port(head)
         self.address = f"{head}:{port}"
+        owner = {"pid": os.getpid(), "started": _process_started(os.getpid()), "address": self.address}
+        (self.temp_dir / OWNER_FILE).write_text(json.dumps(owner))
         common = ["--temp-dir", str(self.temp_dir), "--disable-usage-stats"]
         env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"} | self.env
         try:

@@ -77,6 +77,7 @@ def write_recording(path: Path, recording: dict) -> Path:
 _SHARED_GROUPS = {
     "tests/envs/test_ray_pool.py": "ray",
     "tests/assets/test_label_families_ray.py": "ray",
+    "tests/envs/test_ray_local.py": "ray",
     "tests/benchmarks/test_benchmarks_smoke.py::test_benchmark_smoke_run[bench_rollouts]": "ray",
 }
 

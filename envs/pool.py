@@ -356,6 +356,17 @@ class EnvPool:
             workers_replaced=self.workers_replaced - replaced_before,
         )
 
+    def _why_no_worker(self) -> str:
+        """Why a job found no worker: the cluster gone, the last start's error, the pool closed, or
+        no worker ready in time (in that order: the first is the cause of the others)."""
+        if self._cluster_lost:
+            return f"the cluster is gone ({self._cluster_lost})"
+        if self._last_start_error:
+            return self._last_start_error
+        if self._closed:
+            return "the pool is closed"
+        return f"none became ready within {self.config.start_timeout_s + 5:g} s"
+
     def _slot(
         self,
         state: _BatchState,
@@ -380,17 +391,7 @@ class EnvPool:
                     except Exception as exc:  # noqa: BLE001 - the job was taken: it must be resolved (below)
                         self._last_start_error = first_line(exc)
                 if worker is None:
-                    why = (
-                        f"the cluster is gone ({self._cluster_lost})"
-                        if self._cluster_lost
-                        else self._last_start_error
-                        or (
-                            "the pool is closed"
-                            if self._closed
-                            else f"none became ready within {self.config.start_timeout_s + 5:g} s"
-                        )
-                    )
-                    reason = f"no worker available: {why}"
+                    reason = f"no worker available: {self._why_no_worker()}"
                     state.abort(job, attempt, None, reason, 0, datetime.now(UTC), 0, final=True)
                     if self._cluster_lost:
                         state.stop()  # no worker can be had: the batch fails as a whole (run() raises)

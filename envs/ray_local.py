@@ -15,6 +15,7 @@ kind whose owner is gone (:func:`reap_orphaned_clusters`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -26,37 +27,56 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 #: The file in a cluster's temporary folder that names the process that started it.
 OWNER_FILE = "stepwise-owner.json"
 #: Where clusters' folders are made (a short path: Ray's unix sockets live under it, 108-byte limit).
 CLUSTERS_DIR = Path("/tmp")
 
 
-def _process_started(pid: int) -> float | None:
-    """When process ``pid`` started (None: there is no such process)."""
+def _started(pid: int) -> float:
+    import psutil
+
+    return float(psutil.Process(pid).create_time())
+
+
+def _owner_alive(pid: int, started: float) -> bool:
+    """Whether the process that started a cluster still runs: pid ``pid``, started at ``started``
+    (another start time: the pid was reused). A process this user may not inspect counts as alive."""
     import psutil
 
     try:
-        return float(psutil.Process(pid).create_time())
+        process = psutil.Process(pid)
+        return process.status() != psutil.STATUS_ZOMBIE and abs(process.create_time() - started) < 1.0
+    except psutil.NoSuchProcess:
+        return False
     except psutil.Error:
-        return None
+        return True
 
 
 def reap_orphaned_clusters(clusters_dir: Path = CLUSTERS_DIR) -> list[Path]:
-    """Stop every local cluster under ``clusters_dir`` whose owner process is gone (or is another
-    process under a reused pid: its start time differs), and remove its folder; the folders reaped.
-    A cluster whose owner lives is never touched, nor a folder without an owner file."""
+    """Stop every local cluster under ``clusters_dir`` that this user started and whose owner
+    process is gone (or is another process under a reused pid), and remove its folder; the folders
+    reaped. A cluster whose owner lives is never touched, nor a folder without an owner file (one
+    being started). The head's address marks the cluster's processes only while some process still
+    names the folder: a dead cluster's port may since belong to a live one."""
     reaped = []
     for owner_file in sorted(clusters_dir.glob(f"ray-*/{OWNER_FILE}")):
         try:
+            if owner_file.stat().st_uid != os.getuid():
+                continue
             owner = json.loads(owner_file.read_text())
             pid, started, address = int(owner["pid"]), float(owner["started"]), str(owner["address"])
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being written, or not ours to judge
-        alive = _process_started(pid)
-        if alive is not None and abs(alive - started) < 1.0:
+        if _owner_alive(pid, started):
             continue
-        LocalRayCluster(temp_dir=owner_file.parent, address=address).stop()
+        orphan = LocalRayCluster(temp_dir=owner_file.parent)
+        if orphan.processes():
+            orphan.address = address
+        orphan.stop()
+        logger.warning("stopped a local Ray cluster whose owner (pid %d) is gone: %s", pid, owner_file.parent)
         reaped.append(owner_file.parent)
     return reaped
 
@@ -92,7 +112,7 @@ class LocalRayCluster:
         head = "127.0.0.2"
         port = _free_port(head)
         self.address = f"{head}:{port}"
-        owner = {"pid": os.getpid(), "started": _process_started(os.getpid()), "address": self.address}
+        owner = {"pid": os.getpid(), "started": _started(os.getpid()), "address": self.address}
         (self.temp_dir / OWNER_FILE).write_text(json.dumps(owner))
         common = ["--temp-dir", str(self.temp_dir), "--disable-usage-stats"]
         env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"} | self.env

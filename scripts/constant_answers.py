@@ -118,7 +118,7 @@ def _run_answers(
 
     with EnvPoolResource().pool("miniwob", workers, log=print) as pool:
         ran = pool.run(sources, make_policy("expert"))
-        for reason, times in Counter(a.reason for a in ran.attempts if a.status == "aborted").items():
+        for reason, times in Counter(a.reason for a in ran.attempts if a.status == "aborted" and a.final).items():
             # a source lost is not a source the expert failed: said, not hidden in "solved none"
             print(f"constant_answers: {times} source episode(s) aborted: {reason}", file=sys.stderr)
         by_id = {job.episode_id: job for job in sources}

@@ -29,8 +29,9 @@ def _cluster_folder(root: Path, name: str, owner: dict | str | None) -> Path:
 def test_only_clusters_whose_owner_is_gone_are_reaped(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    me = {"pid": os.getpid(), "started": psutil.Process().create_time(), "address": "127.0.0.2:1"}
-    dead = _cluster_folder(tmp_path, "dead", {"pid": gone.pid, "started": 1.0, "address": "127.0.0.2:2"})
+    # no address: a folder without processes is never stopped by its address (a live cluster may hold it now)
+    me = {"pid": os.getpid(), "started": psutil.Process().create_time(), "address": ""}
+    dead = _cluster_folder(tmp_path, "dead", {"pid": gone.pid, "started": 1.0, "address": ""})
     reused = _cluster_folder(tmp_path, "reused", me | {"started": me["started"] - 3600})  # another process's pid now
     alive = _cluster_folder(tmp_path, "alive", me)
     unowned = _cluster_folder(tmp_path, "unowned", None)  # being started: no owner written yet
@@ -62,3 +63,18 @@ def test_a_cluster_left_by_a_killed_owner_is_stopped_by_the_next_start():
             time.sleep(0.2)
         assert orphan.processes() == []
         assert fresh.processes() and (fresh.temp_dir / OWNER_FILE).exists()
+
+
+def test_a_dead_clusters_address_does_not_mark_a_live_process_once_its_own_processes_are_gone(tmp_path):
+    """Its port may belong to a live cluster now: only the folder marks what to stop then."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    address = "127.0.0.2:59999"
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"--address={address}"])
+    try:
+        dead = _cluster_folder(tmp_path, "dead", {"pid": gone.pid, "started": 1.0, "address": address})
+        assert reap_orphaned_clusters(tmp_path) == [dead]
+        assert bystander.poll() is None, "a process naming the dead cluster's address was killed"
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -128,7 +128,6 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         if r.get("reward_source") and r.get("estimator") in ADVISED_ESTIMATORS and not is_control(r["reward_source"]):
             blocks.setdefault(r["block"], []).append(r)
     advice = []
-    budgets = mixed_budgets(report["rows"])
     for block, rl_rows in blocks.items():
         estimator_of = {r["actor"]: r["estimator"] for r in rl_rows}
         # the outcome never has a reward model, so its row carries no tag; one per estimator
@@ -175,7 +174,8 @@ def reward_advice(report: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "judgement": judge_comparison(c, p, margin=None if side == "versus_sft" else NON_INFERIORITY_MARGIN),
             }
         recommended = _recommend(block, outcome_actor, sft_actor, list(judged.values()), len(found))
-        advice.append(recommended | {"mixed_budgets": budgets.get(block, {})})
+        # only the rows judged here: a GRPO row or a control at another budget changes no judgement
+        advice.append(recommended | {"mixed_budgets": mixed_budgets(rl_rows).get(block, {})})
     return advice
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 
 def row_budgets(members: Iterable[Mapping[str, Any]]) -> list[int]:
-    """The distinct budgets (iterations) of one row's runs, ascending; a run that does not record its
-    budget (made before the policy row carried its settings) is left out."""
+    """The distinct budgets (iterations run) of one row's runs, ascending; a run without a figure (a
+    hand-made row) is left out."""
     return sorted({int(m["iterations"]) for m in members if m.get("iterations") is not None})
 
 

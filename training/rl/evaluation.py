@@ -126,7 +126,8 @@ def reported_runs(
 ) -> tuple[list[dict], dict[str, str | None]]:
     """The RL runs Table 1 reports from an SFT policy: per reward source, estimator, RL seed, block,
     reward-model tag (``flywheel r<n>``, ``model <id>`` for a pinned one, None for today's models)
-    and ORM rule, the newest run; and every registered run's tag by run key. ``tags``: the
+    and ORM rule, the newest run, with the ``iterations`` it ran (recorded in ``rl_iterations``, else
+    its settings' budget); and every registered run's tag by run key. ``tags``: the
     flywheel's model tags (:func:`reward_model_tags`) where the caller has read them already."""
     runs = warehouse.query(
         "SELECT policy_id, reward_source, estimator, rl_seed, env_steps, "
@@ -149,7 +150,18 @@ def reported_runs(
         r["reward_model_tag"] = key_tags[run_key] = tags.get(model) or (f"model {pinned}" if pinned else None)
         key = (r["reward_source"], r["estimator"], r["rl_seed"], r["block"], r["reward_model_tag"], r["orm_rule"])
         latest[key] = r
+    ran = _iterations_ran(warehouse)
+    for r in latest.values():  # what ran, not the budget asked for: a rerun asking fewer trains nothing
+        r["iterations"] = ran.get(r["run_key"], r["iterations"])
     return list(latest.values()), key_tags
+
+
+def _iterations_ran(warehouse: Warehouse) -> dict[str, int]:
+    """Each RL run's iterations recorded in ``rl_iterations``, by run key."""
+    if not warehouse.has_table("rl_iterations"):
+        return {}
+    rows = warehouse.query("SELECT run_key, count(DISTINCT iteration) AS n FROM rl_iterations GROUP BY run_key")
+    return {r["run_key"]: int(r["n"]) for r in rows.to_pylist()}
 
 
 def held_out_episodes(warehouse: Warehouse, policy_ids: Sequence[str]) -> dict[str, list[dict]]:

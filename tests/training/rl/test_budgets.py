@@ -17,8 +17,15 @@ def _episodes(policy_id: str, solved: int) -> list[dict]:
     ]  # fmt: skip
 
 
-def _run(policy_id: str, source: str, seed: int, iterations: int | None, block: str = "sparse") -> dict:
-    return {"policy_id": policy_id, "reward_source": source, "estimator": "reinforce_pp", "rl_seed": seed,
+def _run(
+    policy_id: str,
+    source: str,
+    seed: int,
+    iterations: int | None,
+    block: str = "sparse",
+    estimator: str = "reinforce_pp",
+) -> dict:
+    return {"policy_id": policy_id, "reward_source": source, "estimator": estimator, "rl_seed": seed,
             "env_steps": 100, "block": block, "iterations": iterations}  # fmt: skip
 
 
@@ -72,3 +79,14 @@ def test_the_report_and_the_advice_say_where_budgets_differ():
     assert "Budgets differ" not in str(report_markdown(level))
     assert level["advice"][0]["mixed_budgets"] == {}
     assert "different budgets" not in advice_summary(level["advice"][0])
+
+
+def test_the_advice_looks_only_at_the_rows_it_judges():
+    """A GRPO row at another budget is in the table's warning, but it changes none of the advice's
+    judgements (it judges REINFORCE++ rows only), so the advice does not call its block mixed."""
+    runs = [_run("o0", "outcome", 0, 10), _run("o1", "outcome", 1, 10),
+            _run("g0", "admire", 0, 20, estimator="grpo"), _run("g1", "admire", 1, 20, estimator="grpo")]  # fmt: skip
+    report = _report(runs)
+    assert "**Budgets differ on the sparse block**" in str(report_markdown(report))
+    (block,) = report["advice"]
+    assert block["mixed_budgets"] == {} and "different budgets" not in advice_summary(block)

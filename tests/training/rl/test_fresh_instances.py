@@ -80,7 +80,7 @@ def test_the_script_reads_the_runs_the_report_reads(tmp_path):
     from warehouse.catalog import Materialization, Warehouse
     from warehouse.tables_rl import POLICIES
 
-    def run(key: str, minute: int, **parameters: str) -> dict:
+    def run(key: str, minute: int, **parameters: object) -> dict:
         return {
             "policy_id": f"rl-{key}-sft-1",
             "kind": "rl",
@@ -95,8 +95,8 @@ def test_the_script_reads_the_runs_the_report_reads(tmp_path):
 
     rows = [
         run("old", 1, block="sparse"),
-        run("new", 2, block="sparse"),
-        run("pinned", 3, block="sparse", reward_model_id="rm-7"),
+        run("new", 2, block="sparse", iterations=10),
+        run("pinned", 3, block="sparse", reward_model_id="rm-7", iterations=20),
         run("dense", 4),
     ]
     warehouse = Warehouse(tmp_path / "home")
@@ -108,5 +108,15 @@ def test_the_script_reads_the_runs_the_report_reads(tmp_path):
     chosen = {(r["run_key"], r["block"], r["reward_model_tag"]) for r in runs}
     assert chosen == {("new", "sparse", None), ("pinned", "sparse", "model rm-7"), ("dense", "dense", None)}
     assert tags == {"old": None, "new": None, "pinned": "model rm-7", "dense": None}
+    # each run's budget: its settings' where nothing is recorded yet ...
+    assert {r["run_key"]: r["iterations"] for r in runs} == {"new": 10, "pinned": 20, "dense": None}
+    # ... and what ran once rl_iterations has it: "new" trained 20, then a rerun asked for 10 (nothing trains)
+    from warehouse.tables_rl import RL_ITERATIONS
+
+    ran = [dict.fromkeys(RL_ITERATIONS.names) | {"run_key": "new", "iteration": i} for i in range(20)]
+    m = Materialization(asset="rl_run")
+    warehouse.publish(m, [warehouse.stage_table("rl_iterations", "new", pa.Table.from_pylist(ran, RL_ITERATIONS), m)])
+    runs, _ = reported_runs(warehouse, "sft-1")
+    assert {r["run_key"]: r["iterations"] for r in runs} == {"new": 20, "pinned": 20, "dense": None}
     with pytest.raises(PolicyNotFoundError, match="rl-new-sft-1 is an rl policy, not an SFT policy"):
         run_rl_report(warehouse, sft_policy_id="rl-new-sft-1")

@@ -359,6 +359,11 @@ def run_rl(
         run_id=run_id,
         iterations=settings.iterations,
     )
+    if state.iteration > settings.iterations:
+        log(
+            f"{run.run_key} has trained {state.iteration} iterations already, more than the {settings.iterations} "
+            f"asked: nothing is trained, and its policy stays the {state.iteration}-iteration one"
+        )
     with pool_factory(settings.workers) as pool:
         for iteration in range(state.iteration, settings.iterations):
             run_iteration(
@@ -491,7 +496,10 @@ def _register_rl_policy(
         "checkpoint_path": warehouse.relative(final),
         "tasks": [t.task_id for t in run.tasks],  # its block's: what it is evaluated on
         "env_steps": state.env_steps,
-        "parameters": json.dumps(asdict(settings) | {"reward_model": reward_model_of(run.source)}, default=str),
+        # the iterations the policy trained: a rerun asking fewer than a resumed run already did trains none
+        "parameters": json.dumps(
+            asdict(settings) | {"reward_model": reward_model_of(run.source), "iterations": state.iteration}, default=str
+        ),
         "created_at": _now(),
         "run_id": run_id,
     }

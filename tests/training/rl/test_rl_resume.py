@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,15 @@ def test_a_killed_run_resumes_and_loses_no_iteration(small_demos, tmp_path):
         "SELECT count(*) AS n, count(DISTINCT episode_id) AS d FROM episodes WHERE policy_id LIKE 'rl:%'"
     ).to_pylist()[0]
     assert counts["n"] == counts["d"] == ITERATIONS * 2 * 2
+
+    # asked again for fewer iterations: nothing trains, and the policy still says what it trained
+    fewer = replace(settings(), iterations=ITERATIONS - 1)
+    run_rl(warehouse, fewer, pool_factory, run_id="fewer", log=messages.append)
+    assert any(
+        f"has trained {ITERATIONS} iterations already, more than the {ITERATIONS - 1} asked" in m for m in messages
+    )
+    assert _iterations(home) == list(range(ITERATIONS))
+    recorded = warehouse.query(
+        "SELECT DISTINCT json_extract_string(parameters, '$.iterations') AS n FROM policies WHERE kind = 'rl'"
+    ).to_pylist()
+    assert recorded == [{"n": str(ITERATIONS)}]

@@ -521,22 +521,27 @@ SOCKET_PATH_LIMIT = 107
 _SINGLETON_SOCKET_SUFFIX = "/.org.chromium.Chromium.XXXXXX/SingletonSocket"
 
 
-def browser_tmpdir(tmpdir: str | None = None) -> str | None:
-    """A short temporary folder for the browser when ``tmpdir`` (default: the process's temporary
-    folder) is too long for Chromium's singleton socket; None when it is short enough.
+def browser_tmpdir(tmpdir: str | None = None) -> str:
+    """A fresh temporary folder of the browser's own, its TMPDIR, which the caller removes.
 
-    The folder is created under ``/tmp`` and is the caller's to remove. Raises ``OSError`` naming
-    both folders when no short folder can be made."""
+    Chromium keeps its singleton socket (and, with ``--disable-dev-shm-usage``, its shared memory)
+    in a folder it makes under TMPDIR, which it removes only when it exits cleanly: a browser killed
+    with its worker (the pool kills a worker that hangs, and every worker of a pool that stops)
+    left one in /tmp each time (459 of them on this machine, 2026-12-01). Inside a folder of the
+    environment's own, the pool's removal of a killed worker's scratch takes it too.
+
+    The folder is made under ``tmpdir`` (default: the process's temporary folder) when the socket's
+    path there stays within :data:`SOCKET_PATH_LIMIT`, else under ``/tmp``. Raises ``OSError`` naming
+    the folder when none can be made."""
     tmpdir = tmpdir or tempfile.gettempdir()
-    if len(os.fsencode(tmpdir)) + len(_SINGLETON_SOCKET_SUFFIX) <= SOCKET_PATH_LIMIT:
-        return None
+    made = len("/sw-XXXXXXXX")  # what mkdtemp adds to the path
+    fits = len(os.fsencode(tmpdir)) + made + len(_SINGLETON_SOCKET_SUFFIX) <= SOCKET_PATH_LIMIT
+    base = tmpdir if fits else "/tmp"
     try:
-        return tempfile.mkdtemp(prefix="sw-", dir="/tmp")
+        return tempfile.mkdtemp(prefix="sw-", dir=base)
     except OSError as exc:
-        raise OSError(
-            f"TMPDIR {tmpdir!r} is too long for Chromium's singleton socket (the path may not exceed "
-            f"{SOCKET_PATH_LIMIT} bytes) and no short folder could be made under /tmp: {exc}"
-        ) from exc
+        why = "" if fits else f" (TMPDIR {tmpdir!r} is too long for Chromium's singleton socket)"
+        raise OSError(f"no temporary folder for the browser could be made under {base}{why}: {exc}") from exc
 
 
 class _ChromiumInstance(SeleniumInstance):
@@ -546,7 +551,7 @@ class _ChromiumInstance(SeleniumInstance):
         super().__init__(index=0, subdomain="click-test", headless=config.headless)
         self.config = config
         self.profile_dir = profile_dir
-        self.tmpdir = tmpdir  # the browser's TMPDIR when the process's is too long (browser_tmpdir)
+        self.tmpdir = tmpdir  # the browser's own TMPDIR (browser_tmpdir)
         self.subdomain: str | None = None
 
     def create_driver(self) -> None:

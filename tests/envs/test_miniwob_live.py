@@ -1,6 +1,8 @@
 """MiniWoB++ in real Chromium: screens, the action mapping, failed steps, milestones, the catalog."""
 
+import contextlib
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -327,6 +329,7 @@ def test_random_walk_explores_without_crashing(miniwob_env, catalog):
 def test_a_long_tmpdir_does_not_stop_the_browser(tmp_path, monkeypatch, catalog):
     """Chromium's singleton socket lives under $TMPDIR; past 107 bytes the browser exited at its
     start. The environment gives it a short TMPDIR of its own then, and removes it on close."""
+    import shutil
     import tempfile
 
     from envs.miniwob.live import SOCKET_PATH_LIMIT, MiniWoBEnv, browser_tmpdir
@@ -334,7 +337,11 @@ def test_a_long_tmpdir_does_not_stop_the_browser(tmp_path, monkeypatch, catalog)
     long_dir = tmp_path / ("x" * 80)
     long_dir.mkdir()
     assert len(str(long_dir)) + 46 > SOCKET_PATH_LIMIT
-    assert browser_tmpdir("/tmp") is None  # a short TMPDIR is left as it is
+    short_tmpdir = tempfile.mkdtemp(dir="/tmp")
+    try:  # a short TMPDIR: the browser's folder is made inside it
+        assert Path(browser_tmpdir(short_tmpdir)).parent == Path(short_tmpdir)
+    finally:
+        shutil.rmtree(short_tmpdir)
     monkeypatch.setenv("TMPDIR", str(long_dir))
     monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile caches the folder it chose
     env = MiniWoBEnv()
@@ -346,6 +353,30 @@ def test_a_long_tmpdir_does_not_stop_the_browser(tmp_path, monkeypatch, catalog)
     finally:
         env.close()
     assert not Path(short).exists()
+
+
+def test_a_killed_browser_leaves_no_folder_behind(catalog):
+    """Chromium makes a folder for its singleton socket under TMPDIR and removes it only on a clean
+    exit: every browser killed with its worker left one in /tmp. The browser's TMPDIR is now a
+    folder of the environment's own (in its scratch paths, which the pool removes for a killed
+    worker), so the folder goes with it."""
+    import glob
+    import signal
+
+    from envs.miniwob.live import MiniWoBEnv
+
+    env = MiniWoBEnv()
+    own = env._browser_tmpdir
+    try:
+        assert own is not None and own in env.scratch_paths
+        env.reset(catalog["click-option"].spec, 3)
+        assert glob.glob(f"{own}/org.chromium.Chromium.*/SingletonSocket"), "the socket lives in the env's folder"
+        for pid in env.browser_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    finally:
+        env.close()
+    assert not Path(own).exists()
 
 
 def test_the_episode_clock_can_be_set_for_slow_policies(catalog):

@@ -8,13 +8,12 @@ the interface address but keeps the others), under one temporary folder of this 
 
 Ray's processes detach from the one that started them, so a test process killed before its
 ``stop`` (a pytest worker that crashed, a CI job cut off) leaves its cluster running. Each cluster
-records its owner in its folder (:data:`OWNER_FILE`); ``start`` first stops every cluster of this
+records its owner in its folder (:data:`envs.scratch.OWNER_FILE`); ``start`` first stops every cluster of this
 kind whose owner is gone (:func:`reap_orphaned_clusters`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -27,58 +26,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envs.scratch import reap_abandoned, write_owner
+
 logger = logging.getLogger(__name__)
 
-#: The file in a cluster's temporary folder that names the process that started it.
-OWNER_FILE = "stepwise-owner.json"
 #: Where clusters' folders are made (a short path: Ray's unix sockets live under it, 108-byte limit).
 CLUSTERS_DIR = Path("/tmp")
 
 
-def _started(pid: int) -> float:
-    import psutil
-
-    return float(psutil.Process(pid).create_time())
-
-
-def _owner_alive(pid: int, started: float) -> bool:
-    """Whether the process that started a cluster still runs: pid ``pid``, started at ``started``
-    (another start time: the pid was reused). A process this user may not inspect counts as alive."""
-    import psutil
-
-    try:
-        process = psutil.Process(pid)
-        return process.status() != psutil.STATUS_ZOMBIE and abs(process.create_time() - started) < 1.0
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:
-        return True
-
-
 def reap_orphaned_clusters(clusters_dir: Path = CLUSTERS_DIR) -> list[Path]:
     """Stop every local cluster under ``clusters_dir`` that this user started and whose owner
-    process is gone (or is another process under a reused pid), and remove its folder; the folders
-    reaped. A cluster whose owner lives is never touched, nor a folder without an owner file (one
-    being started). The head's address marks the cluster's processes only while some process still
-    names the folder: a dead cluster's port may since belong to a live one."""
-    reaped = []
-    for owner_file in sorted(clusters_dir.glob(f"ray-*/{OWNER_FILE}")):
-        try:
-            if owner_file.stat().st_uid != os.getuid():
-                continue
-            owner = json.loads(owner_file.read_text())
-            pid, started, address = int(owner["pid"]), float(owner["started"]), str(owner["address"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # being written, or not ours to judge
-        if _owner_alive(pid, started):
-            continue
-        orphan = LocalRayCluster(temp_dir=owner_file.parent)
+    process is gone (or is another process under a reused pid), and remove its folder
+    (:func:`envs.scratch.reap_abandoned`); the folders reaped. The head's address marks the
+    cluster's processes only while some process still names the folder: a dead cluster's port may
+    since belong to a live one."""
+
+    def stop(folder: Path, owner: dict) -> None:
+        orphan = LocalRayCluster(temp_dir=folder)
         if orphan.processes():
-            orphan.address = address
+            orphan.address = str(owner.get("address", ""))
         orphan.stop()
-        logger.warning("stopped a local Ray cluster whose owner (pid %d) is gone: %s", pid, owner_file.parent)
-        reaped.append(owner_file.parent)
-    return reaped
+        logger.warning("stopped a local Ray cluster whose owner (pid %s) is gone: %s", owner["pid"], folder)
+
+    return reap_abandoned("ray-*", clusters_dir, stop=stop)
 
 
 def _free_port(host: str) -> int:
@@ -112,8 +82,7 @@ class LocalRayCluster:
         head = "127.0.0.2"
         port = _free_port(head)
         self.address = f"{head}:{port}"
-        owner = {"pid": os.getpid(), "started": _started(os.getpid()), "address": self.address}
-        (self.temp_dir / OWNER_FILE).write_text(json.dumps(owner))
+        write_owner(self.temp_dir, address=self.address)
         common = ["--temp-dir", str(self.temp_dir), "--disable-usage-stats"]
         env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"} | self.env
         try:

@@ -62,6 +62,7 @@ from envs.miniwob.dom import _CLICKABLE_ROLES as CLICKABLE_ROLES
 from envs.miniwob.dom import EDITABLE_ROLES, TEXT_NODE_TAGS, dom_to_screen, rgb_colour_name, role_of
 from envs.miniwob.fields import utterance_fields
 from envs.protocol import InvalidAction, MilestoneTracker, Observation, StepResult, resolve_target
+from envs.scratch import make_owned_folder, reap_abandoned, reap_abandoned_chromium_profiles
 from envs.tasks import TaskSpec, TaskSpecError
 from warehouse.model import Action, ActionType, Screen, UIElement
 
@@ -521,27 +522,34 @@ SOCKET_PATH_LIMIT = 107
 _SINGLETON_SOCKET_SUFFIX = "/.org.chromium.Chromium.XXXXXX/SingletonSocket"
 
 
-def browser_tmpdir(tmpdir: str | None = None) -> str:
-    """A fresh temporary folder of the browser's own, its TMPDIR, which the caller removes.
+#: An environment's folder: ``<base>/stepwise-env-XXXXXXXX`` holding the browser's profile
+#: (``profile``, unless the config names one) and its TMPDIR (``tmp``), owned by the worker process
+#: (envs.scratch): one folder for the pool to remove when it kills a worker, and for the next
+#: environment to remove when the worker died with its parent.
+SCRATCH_PREFIX = "stepwise-env-"
+_BROWSER_TMPDIR = "/stepwise-env-XXXXXXXX/tmp"
 
-    Chromium keeps its singleton socket (and, with ``--disable-dev-shm-usage``, its shared memory)
-    in a folder it makes under TMPDIR, which it removes only when it exits cleanly: a browser killed
-    with its worker (the pool kills a worker that hangs, and every worker of a pool that stops)
-    left one in /tmp each time (459 of them on this machine, 2026-12-01). Inside a folder of the
-    environment's own, the pool's removal of a killed worker's scratch takes it too.
 
-    The folder is made under ``tmpdir`` (default: the process's temporary folder) when the socket's
-    path there stays within :data:`SOCKET_PATH_LIMIT`, else under ``/tmp``. Raises ``OSError`` naming
-    the folder when none can be made."""
+def scratch_base(tmpdir: str | None = None) -> str:
+    """Where an environment makes its folder: ``tmpdir`` (default: the process's temporary folder)
+    when Chromium's singleton socket under the folder's ``tmp`` stays within
+    :data:`SOCKET_PATH_LIMIT`, else ``/tmp``.
+
+    Chromium keeps that socket (and, with ``--disable-dev-shm-usage``, its shared memory) in a
+    folder it makes under TMPDIR and removes only when it exits cleanly: a browser killed with its
+    worker left one in /tmp each time (459 here by 2026-12-01) until the browser's TMPDIR became a
+    folder of the environment's own."""
     tmpdir = tmpdir or tempfile.gettempdir()
-    made = len("/sw-XXXXXXXX")  # what mkdtemp adds to the path
-    fits = len(os.fsencode(tmpdir)) + made + len(_SINGLETON_SOCKET_SUFFIX) <= SOCKET_PATH_LIMIT
-    base = tmpdir if fits else "/tmp"
-    try:
-        return tempfile.mkdtemp(prefix="sw-", dir=base)
-    except OSError as exc:
-        why = "" if fits else f" (TMPDIR {tmpdir!r} is too long for Chromium's singleton socket)"
-        raise OSError(f"no temporary folder for the browser could be made under {base}{why}: {exc}") from exc
+    needed = len(os.fsencode(tmpdir)) + len(_BROWSER_TMPDIR) + len(_SINGLETON_SOCKET_SUFFIX)
+    return tmpdir if needed <= SOCKET_PATH_LIMIT else "/tmp"
+
+
+def reap_abandoned_environments() -> list[Path]:
+    """Remove the folders of environments whose worker process is gone (envs.scratch), in both
+    places an environment may make one, and the profiles earlier versions left."""
+    bases = dict.fromkeys([scratch_base(), "/tmp"])
+    reaped = [folder for base in bases for folder in reap_abandoned(f"{SCRATCH_PREFIX}*", base)]
+    return reaped + [folder for base in bases for folder in reap_abandoned_chromium_profiles(base)]
 
 
 class _ChromiumInstance(SeleniumInstance):
@@ -551,7 +559,7 @@ class _ChromiumInstance(SeleniumInstance):
         super().__init__(index=0, subdomain="click-test", headless=config.headless)
         self.config = config
         self.profile_dir = profile_dir
-        self.tmpdir = tmpdir  # the browser's own TMPDIR (browser_tmpdir)
+        self.tmpdir = tmpdir  # the browser's own TMPDIR, in the environment's folder (scratch_base)
         self.subdomain: str | None = None
 
     def create_driver(self) -> None:
@@ -594,11 +602,18 @@ class MiniWoBEnv:
 
     def __init__(self, config: MiniWoBConfig | None = None) -> None:
         self.config = config or MiniWoBConfig()
-        self._own_profile = self.config.profile_dir is None
-        self._profile_dir = self.config.profile_dir or tempfile.mkdtemp(prefix="stepwise-chromium-")
-        self._browser_tmpdir: str | None = None
+        reap_abandoned_environments()
+        base = scratch_base()
         try:
-            self._browser_tmpdir = browser_tmpdir()
+            self._scratch = make_owned_folder(SCRATCH_PREFIX, base)
+        except OSError as exc:
+            raise OSError(f"no folder for the browser could be made under {base}: {exc}") from exc
+        self._own_profile = self.config.profile_dir is None
+        self._profile_dir = self.config.profile_dir or str(self._scratch / "profile")
+        self._browser_tmpdir = str(self._scratch / "tmp")
+        try:
+            for folder in (self._profile_dir, self._browser_tmpdir):
+                os.makedirs(folder, exist_ok=True)
             self._instance = _ChromiumInstance(self.config, self._profile_dir, self._browser_tmpdir)
             self._instance.create_driver()
         except BaseException:
@@ -709,8 +724,7 @@ class MiniWoBEnv:
     def scratch_paths(self) -> tuple[str, ...]:
         """Folders this environment created and removes on close (the pool removes them when it
         has to kill the worker instead)."""
-        own = (self._profile_dir,) if self._own_profile else ()
-        return own + ((self._browser_tmpdir,) if self._browser_tmpdir else ())
+        return (str(self._scratch),)
 
     def healthy(self) -> bool:
         try:
@@ -746,11 +760,8 @@ class MiniWoBEnv:
         return live_dom_to_screen(state["dom"], path)
 
     def _remove_profile(self) -> None:
-        """Remove the folders this environment made: its browser profile and the browser's TMPDIR."""
-        if self._own_profile:
-            shutil.rmtree(self._profile_dir, ignore_errors=True)
-        if self._browser_tmpdir:
-            shutil.rmtree(self._browser_tmpdir, ignore_errors=True)
+        """Remove the folder this environment made: its browser profile (its own) and the browser's TMPDIR."""
+        shutil.rmtree(self._scratch, ignore_errors=True)
 
     def __enter__(self) -> MiniWoBEnv:
         return self

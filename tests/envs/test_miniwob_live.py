@@ -328,55 +328,84 @@ def test_random_walk_explores_without_crashing(miniwob_env, catalog):
 
 def test_a_long_tmpdir_does_not_stop_the_browser(tmp_path, monkeypatch, catalog):
     """Chromium's singleton socket lives under $TMPDIR; past 107 bytes the browser exited at its
-    start. The environment gives it a short TMPDIR of its own then, and removes it on close."""
+    start. The environment makes its folder (the browser's TMPDIR inside) under /tmp then, and
+    removes it on close."""
     import shutil
     import tempfile
 
-    from envs.miniwob.live import SOCKET_PATH_LIMIT, MiniWoBEnv, browser_tmpdir
+    from envs.miniwob.live import SOCKET_PATH_LIMIT, MiniWoBEnv, scratch_base
 
     long_dir = tmp_path / ("x" * 80)
     long_dir.mkdir()
     assert len(str(long_dir)) + 46 > SOCKET_PATH_LIMIT
+    assert scratch_base(str(long_dir)) == "/tmp"
     short_tmpdir = tempfile.mkdtemp(dir="/tmp")
-    try:  # a short TMPDIR: the browser's folder is made inside it
-        assert Path(browser_tmpdir(short_tmpdir)).parent == Path(short_tmpdir)
+    try:  # a short TMPDIR is where the folder is made
+        assert scratch_base(short_tmpdir) == short_tmpdir
     finally:
         shutil.rmtree(short_tmpdir)
     monkeypatch.setenv("TMPDIR", str(long_dir))
     monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile caches the folder it chose
     env = MiniWoBEnv()
     try:
-        short = env._browser_tmpdir
-        assert short is not None and short.startswith("/tmp/") and short in env.scratch_paths
+        (scratch,) = env.scratch_paths
+        assert scratch.startswith("/tmp/stepwise-env-") and env._browser_tmpdir == f"{scratch}/tmp"
         observation = env.reset(catalog["click-option"].spec, 3)
         assert observation.screen.elements
     finally:
         env.close()
-    assert not Path(short).exists()
+    assert not Path(scratch).exists()
 
 
 def test_a_killed_browser_leaves_no_folder_behind(catalog):
     """Chromium makes a folder for its singleton socket under TMPDIR and removes it only on a clean
-    exit: every browser killed with its worker left one in /tmp. The browser's TMPDIR is now a
-    folder of the environment's own (in its scratch paths, which the pool removes for a killed
-    worker), so the folder goes with it."""
+    exit: every browser killed with its worker left one in /tmp. The browser's TMPDIR and profile
+    are now inside the environment's own folder (its scratch path, which the pool removes for a
+    killed worker), so they go with it."""
     import glob
     import signal
 
     from envs.miniwob.live import MiniWoBEnv
 
     env = MiniWoBEnv()
-    own = env._browser_tmpdir
+    (scratch,) = env.scratch_paths
     try:
-        assert own is not None and own in env.scratch_paths
+        assert env._browser_tmpdir == f"{scratch}/tmp" and env._profile_dir == f"{scratch}/profile"
         env.reset(catalog["click-option"].spec, 3)
-        assert glob.glob(f"{own}/org.chromium.Chromium.*/SingletonSocket"), "the socket lives in the env's folder"
+        assert glob.glob(f"{scratch}/tmp/org.chromium.Chromium.*/SingletonSocket"), "the socket is in the env's folder"
         for pid in env.browser_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     finally:
         env.close()
-    assert not Path(own).exists()
+    assert not Path(scratch).exists()
+
+
+def test_the_folder_of_an_environment_whose_process_died_is_removed_by_the_next_one():
+    """A worker killed with its parent (a test run or CI job cut off) cannot remove its folder, nor
+    can the pool: the next environment made on the machine removes it (its owner is gone)."""
+    import signal
+    import subprocess
+    import sys
+
+    from envs.miniwob.live import MiniWoBEnv
+
+    owner = subprocess.Popen(
+        [sys.executable, "-c",
+         "import time; from envs.miniwob.live import MiniWoBEnv; e = MiniWoBEnv(); "
+         "print(e.scratch_paths[0], flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    try:
+        scratch = owner.stdout.readline().strip()
+        assert Path(scratch, "profile").is_dir()
+    finally:
+        os.killpg(owner.pid, signal.SIGKILL)  # the process and its browser, as die_with_parent ends a worker
+        owner.wait()
+    assert Path(scratch).exists()
+    with MiniWoBEnv() as env:
+        assert not Path(scratch).exists()
+        assert Path(env.scratch_paths[0]).exists()  # a live environment's folder is never taken
 
 
 def test_the_episode_clock_can_be_set_for_slow_policies(catalog):

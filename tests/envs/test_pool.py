@@ -125,13 +125,13 @@ def test_a_step_hanging_past_its_timeout_gets_its_worker_replaced(jobs, monkeypa
             process.suspend()  # SIGSTOP: the next WebDriver command waits forever
         return frozen
 
-    profiles_before = set(Path(tempfile.gettempdir()).glob("stepwise-chromium-*"))
+    folders_before = set(Path(tempfile.gettempdir()).glob("stepwise-env-*"))
     injector = Injector(target, 1, freeze_browser)
     with EnvPool(MiniWoBConfig(), PoolConfig(workers=2, spares=1, step_timeout_s=2)) as pool:
         result = pool.run(jobs, make_policy("noisy_expert"), before_step=injector)
     assert injector.fired
-    # the killed worker could not remove its browser profile; the pool did
-    assert set(Path(tempfile.gettempdir()).glob("stepwise-chromium-*")) <= profiles_before
+    # the killed worker could not remove its folder (browser profile and TMPDIR); the pool did
+    assert set(Path(tempfile.gettempdir()).glob("stepwise-env-*")) <= folders_before
     assert_nothing_lost_or_duplicated(result, jobs)
     aborted = [a for a in result.attempts if a.status == "aborted"]
     assert len(aborted) == 1 and aborted[0].episode_id == target
@@ -286,7 +286,8 @@ def test_workers_come_from_the_fork_server_with_the_pools_environment_as_it_is_n
             assert browser_environs, method
             environ = browser_environs[0]
             assert environ.get("STEPWISE_POOL_TEST_MARK") == "set-after-the-server-started", method
-            assert environ.get("TMPDIR") == os.environ["TMPDIR"], method
+            # the browser's TMPDIR is a folder of its environment's own, made under the pool's TMPDIR
+            assert environ.get("TMPDIR", "").startswith(f"{os.environ['TMPDIR']}/stepwise-env-"), method
     assert worker_context().get_start_method() == "forkserver"
     with pytest.raises(ValueError, match="forkserver or spawn"):
         worker_context("fork")

@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from envs.ray_local import OWNER_FILE, LocalRayCluster, reap_orphaned_clusters
+from envs.ray_local import LocalRayCluster, reap_orphaned_clusters
+from envs.scratch import OWNER_FILE
 
 
 def _cluster_folder(root: Path, name: str, owner: dict | str | None) -> Path:

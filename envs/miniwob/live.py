@@ -41,6 +41,7 @@ demonstrations). Milestones of the task spec are checked on every screen after a
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -65,6 +66,8 @@ from envs.protocol import InvalidAction, MilestoneTracker, Observation, StepResu
 from envs.scratch import make_owned_folder, reap_abandoned, reap_abandoned_chromium_profiles
 from envs.tasks import TaskSpec, TaskSpecError
 from warehouse.model import Action, ActionType, Screen, UIElement
+
+logger = logging.getLogger(__name__)
 
 BACKEND = "miniwob"
 TASK_PAGES = HTML_DIR / "miniwob"
@@ -523,11 +526,12 @@ _SINGLETON_SOCKET_SUFFIX = "/.org.chromium.Chromium.XXXXXX/SingletonSocket"
 
 
 #: An environment's folder: ``<base>/stepwise-env-XXXXXXXX`` holding the browser's profile
-#: (``profile``, unless the config names one) and its TMPDIR (``tmp``), owned by the worker process
-#: (envs.scratch): one folder for the pool to remove when it kills a worker, and for the next
-#: environment to remove when the worker died with its parent.
+#: (``profile``, unless the config names one) and its TMPDIR (``tmp``), owned by the process that
+#: made the environment (a pool's worker, or the caller's own; envs.scratch): one folder for the
+#: pool to remove when it kills a worker, and for the next environment to remove when its owner
+#: died without removing it.
 SCRATCH_PREFIX = "stepwise-env-"
-_BROWSER_TMPDIR = "/stepwise-env-XXXXXXXX/tmp"
+_BROWSER_TMPDIR = f"/{SCRATCH_PREFIX}XXXXXXXX/tmp"
 
 
 def scratch_base(tmpdir: str | None = None) -> str:
@@ -545,8 +549,9 @@ def scratch_base(tmpdir: str | None = None) -> str:
 
 
 def reap_abandoned_environments() -> list[Path]:
-    """Remove the folders of environments whose worker process is gone (envs.scratch), in both
-    places an environment may make one, and the profiles earlier versions left."""
+    """Remove the folders of environments whose owner process is gone (envs.scratch) under this
+    process's temporary folder and under /tmp (where environments made with another TMPDIR are
+    not seen), and the ``stepwise-chromium-*`` profiles whose browser is gone."""
     bases = dict.fromkeys([scratch_base(), "/tmp"])
     reaped = [folder for base in bases for folder in reap_abandoned(f"{SCRATCH_PREFIX}*", base)]
     return reaped + [folder for base in bases for folder in reap_abandoned_chromium_profiles(base)]
@@ -602,13 +607,15 @@ class MiniWoBEnv:
 
     def __init__(self, config: MiniWoBConfig | None = None) -> None:
         self.config = config or MiniWoBConfig()
-        reap_abandoned_environments()
+        try:
+            reap_abandoned_environments()
+        except Exception as exc:  # noqa: BLE001 - another's leftovers must not stop this browser
+            logger.warning("could not look for abandoned environment folders: %s", exc)
         base = scratch_base()
         try:
             self._scratch = make_owned_folder(SCRATCH_PREFIX, base)
         except OSError as exc:
             raise OSError(f"no folder for the browser could be made under {base}: {exc}") from exc
-        self._own_profile = self.config.profile_dir is None
         self._profile_dir = self.config.profile_dir or str(self._scratch / "profile")
         self._browser_tmpdir = str(self._scratch / "tmp")
         try:
@@ -617,7 +624,7 @@ class MiniWoBEnv:
             self._instance = _ChromiumInstance(self.config, self._profile_dir, self._browser_tmpdir)
             self._instance.create_driver()
         except BaseException:
-            self._remove_profile()
+            self._remove_scratch()
             raise
         self._task: TaskSpec | None = None
         self._tracker: MilestoneTracker | None = None
@@ -718,7 +725,7 @@ class MiniWoBEnv:
             self._instance.driver.quit()
         except Exception:  # the browser may already be gone; the profile still has to go
             pass
-        self._remove_profile()
+        self._remove_scratch()
 
     @property
     def scratch_paths(self) -> tuple[str, ...]:
@@ -759,8 +766,9 @@ class MiniWoBEnv:
             self._instance.driver.save_screenshot(path)
         return live_dom_to_screen(state["dom"], path)
 
-    def _remove_profile(self) -> None:
-        """Remove the folder this environment made: its browser profile (its own) and the browser's TMPDIR."""
+    def _remove_scratch(self) -> None:
+        """Remove the folder this environment made: the browser's profile (unless the config named
+        one) and its TMPDIR."""
         shutil.rmtree(self._scratch, ignore_errors=True)
 
     def __enter__(self) -> MiniWoBEnv:

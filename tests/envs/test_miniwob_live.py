@@ -397,15 +397,59 @@ def test_the_folder_of_an_environment_whose_process_died_is_removed_by_the_next_
         stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     try:
+        import select
+
+        assert select.select([owner.stdout], [], [], 60)[0], "the child made no environment within 60 s"
         scratch = owner.stdout.readline().strip()
+        # before the kill: after it, another test's new environment may rightly reap the folder
         assert Path(scratch, "profile").is_dir()
     finally:
         os.killpg(owner.pid, signal.SIGKILL)  # the process and its browser, as die_with_parent ends a worker
         owner.wait()
-    assert Path(scratch).exists()
     with MiniWoBEnv() as env:
         assert not Path(scratch).exists()
         assert Path(env.scratch_paths[0]).exists()  # a live environment's folder is never taken
+
+
+def test_an_environments_folder_without_a_browser(tmp_path, monkeypatch):
+    """Its layout, owner and removal (no Chromium: the driver's start is replaced): the profile and
+    the browser's TMPDIR in one owned folder, a profile the config names left where it is and out of
+    the scratch paths, and the folder removed on close and when the browser cannot start."""
+    import json
+
+    from envs.miniwob import live
+    from envs.scratch import OWNER_FILE
+
+    monkeypatch.setattr(live._ChromiumInstance, "create_driver", lambda self: None)
+    env = live.MiniWoBEnv()
+    (scratch,) = env.scratch_paths
+    assert Path(scratch).name.startswith(live.SCRATCH_PREFIX)
+    assert sorted(p.name for p in Path(scratch).iterdir()) == sorted(["profile", "tmp", OWNER_FILE])
+    assert json.loads(Path(scratch, OWNER_FILE).read_text())["pid"] == os.getpid()
+    assert env._instance.tmpdir == f"{scratch}/tmp" and env._instance.profile_dir == f"{scratch}/profile"
+    env.close()
+    assert not Path(scratch).exists()
+
+    mine = tmp_path / "my-profile"
+    env = live.MiniWoBEnv(live.MiniWoBConfig(profile_dir=str(mine)))
+    (scratch,) = env.scratch_paths
+    assert env._instance.profile_dir == str(mine) and sorted(p.name for p in Path(scratch).iterdir()) == [
+        OWNER_FILE,
+        "tmp",
+    ]
+    env.close()
+    assert mine.is_dir() and not Path(scratch).exists()
+
+    made: list[str] = []
+
+    def fails(self) -> None:
+        made.append(self.tmpdir)
+        raise RuntimeError("no browser")
+
+    monkeypatch.setattr(live._ChromiumInstance, "create_driver", fails)
+    with pytest.raises(RuntimeError, match="no browser"):
+        live.MiniWoBEnv()
+    assert made and not Path(made[0]).parent.exists()
 
 
 def test_the_episode_clock_can_be_set_for_slow_policies(catalog):

@@ -613,7 +613,14 @@ def _add_rl(sub: Any) -> None:
         "its kind): runs of their own, where without it a run trains against the newest model of its kind, or "
         "resumes against the one it started with",
     )
-    p.add_argument("--iterations", type=int, default=0, help="RL iterations per run (0: the asset's default)")
+    p.add_argument(
+        "--iterations",
+        type=int,
+        default=0,
+        help="RL iterations per run (0: the asset's default); a run's key leaves its budget out, so more "
+        "than an existing run trained resumes it, and fewer trains nothing (the report flags rows of "
+        "different budgets)",
+    )
     p.add_argument("--tasks", default="", help="comma-separated candidate tasks (default: every catalog task)")
     p.add_argument(
         "--block",

@@ -63,17 +63,20 @@ def fixed_answer_jobs(source: EpisodeJob, answer_length: int, targets: Sequence[
 
 def fixed_answer_batch(
     solved: Sequence[tuple[EpisodeJob, EpisodeRecord]], targets: Sequence[EpisodeJob]
-) -> tuple[list[EpisodeJob], dict[str, tuple[Action, ...]]]:
-    """Every solved source's answer on the targets of its task: the jobs (:func:`fixed_answer_jobs`)
-    and each job's answer (what :class:`FixedAnswerPolicy` carries out)."""
+) -> tuple[list[EpisodeJob], dict[str, tuple[Action, ...]], dict[str, tuple[EpisodeJob, EpisodeRecord]]]:
+    """Every solved source's answer on the targets of its task: the jobs (:func:`fixed_answer_jobs`),
+    each job's answer (what :class:`FixedAnswerPolicy` carries out) and each job's source (its job
+    and solved episode), by job id."""
     jobs: list[EpisodeJob] = []
     answers: dict[str, tuple[Action, ...]] = {}
+    sources: dict[str, tuple[EpisodeJob, EpisodeRecord]] = {}
     for source, record in solved:
         answer = tuple(step.action for step in record.steps)
         mine = fixed_answer_jobs(source, len(answer), [t for t in targets if t.task.task_id == source.task.task_id])
         answers |= dict.fromkeys((j.episode_id for j in mine), answer)
+        sources |= dict.fromkeys((j.episode_id for j in mine), (source, record))
         jobs += mine
-    return jobs, answers
+    return jobs, answers, sources
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ kind whose owner is gone (:func:`reap_orphaned_clusters`).
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import socket
@@ -27,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from envs.scratch import reap_abandoned, write_owner
-
-logger = logging.getLogger(__name__)
 
 #: Where clusters' folders are made (a short path: Ray's unix sockets live under it, 108-byte limit).
 CLUSTERS_DIR = Path("/tmp")
@@ -45,8 +42,7 @@ def reap_orphaned_clusters(clusters_dir: Path = CLUSTERS_DIR) -> list[Path]:
         orphan = LocalRayCluster(temp_dir=folder)
         if orphan.processes():
             orphan.address = str(owner.get("address", ""))
-        orphan.stop()
-        logger.warning("stopped a local Ray cluster whose owner (pid %s) is gone: %s", owner["pid"], folder)
+        orphan.stop()  # reap_abandoned logs the folders it removed
 
     return reap_abandoned("ray-*", clusters_dir, stop=stop)
 

@@ -19,6 +19,7 @@ shared between containers) is not ours to judge and is kept.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -57,8 +58,10 @@ def _start_ticks(pid: int) -> int | None:
     return int(stat[stat.rindex(")") + 2 :].split()[19])
 
 
+@functools.cache
 def _machine() -> dict[str, Any]:
-    """What a record must match to be judged here: host, boot and pid namespace."""
+    """What a record must match to be judged here: host, boot and pid namespace (read once: they do
+    not change under a running process)."""
     with contextlib.suppress(OSError):
         namespace = os.stat("/proc/self/ns/pid").st_ino
         return {"host": os.uname().nodename, "boot": _read("/proc/sys/kernel/random/boot_id"), "pid_ns": namespace}

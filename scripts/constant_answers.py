@@ -123,12 +123,11 @@ def _run_answers(
             print(f"constant_answers: {times} source episode(s) aborted: {reason}", file=sys.stderr)
         by_id = {job.episode_id: job for job in sources}
         solved_pairs = [(by_id[r.episode_id], r) for r in ran.episodes if r.success]
-        jobs, answers = fixed_answer_batch(solved_pairs, targets)
-        instruction = {(job.task.task_id, job.seed): r.instruction for job, r in solved_pairs}
-        source_of = {}
-        for job in jobs:
-            _, task_id, source_seed, _ = job.episode_id.split(":")
-            source_of[job.episode_id] = (task_id, int(source_seed), instruction[(task_id, int(source_seed))])
+        jobs, answers, sources_of = fixed_answer_batch(solved_pairs, targets)
+        source_of = {
+            job_id: (source.task.task_id, source.seed, record.instruction)
+            for job_id, (source, record) in sources_of.items()
+        }
         tried = pool.run(jobs, FixedAnswerPolicy(answers)).episodes if jobs else []
     return ran.episodes, tried, source_of
 

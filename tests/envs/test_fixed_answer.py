@@ -145,7 +145,7 @@ def test_live_a_constant_solves_click_button_sequence_and_not_click_checkboxes_l
     with EnvPool(MiniWoBConfig(), PoolConfig(workers=2, spares=0)) as pool:
         solved = pool.run(sources, make_policy("expert")).episodes
         assert [r.success for r in solved] == [True, True]
-        jobs, answers = fixed_answer_batch(list(zip(sources, solved, strict=True)), targets)
+        jobs, answers, _ = fixed_answer_batch(list(zip(sources, solved, strict=True)), targets)
         tried = pool.run(jobs, FixedAnswerPolicy(answers)).episodes
     by_task = {t.task_id: [r.success for r in tried if r.task_id == t.task_id] for t in tasks}
     assert by_task == {"click-button-sequence": [True] * 5, "click-checkboxes-large": [False] * 5}
